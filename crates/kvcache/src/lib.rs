@@ -1,0 +1,1 @@
+//! (module map: filled in as files land)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs what the tests need when missing
+# (PostgreSQL server binaries, ibverbs headers and clang for the rdma feature, NVRTC for the
+# CUDA compile test, the default model), then checks formatting, lints every feature, and runs
+# every test of the workspace.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+need_apt=()
+for pkg in postgresql libibverbs-dev librdmacm-dev clang libclang-dev pkg-config; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "== installing ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+# NVRTC (for compiling the CUDA kernels to PTX without a GPU) comes from PyPI.
+if ! python3 -c 'import nvidia.cuda_nvrtc' >/dev/null 2>&1; then
+  echo "== installing NVRTC (nvidia-cuda-nvrtc-cu12)"
+  python3 -m pip install -q --no-deps 'nvidia-cuda-nvrtc-cu12==12.*'
+fi
+nvrtc_dir=$(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib"))')
+export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+PAGEWARDEN_MODEL=$(scripts/fetch-model.sh)
+export PAGEWARDEN_MODEL
+export PAGEWARDEN_REFERENCE="${PAGEWARDEN_REFERENCE:-$root/../shared/reference/smollm2-135m-instruct-q4_1.json}"
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== cargo clippy (all features, all targets)"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+echo "== cargo test"
+cargo test --workspace --all-features

@@ -1,0 +1,3 @@
+fn main() {
+    println!("pagewarden-decode: not built yet");
+}

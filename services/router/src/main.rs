@@ -1,0 +1,3 @@
+fn main() {
+    println!("pagewarden-router: not built yet");
+}
