@@ -34,5 +34,7 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy (all features, all targets)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+echo "== cargo build (every binary: the system tests start them)"
+cargo build --workspace --bins --all-features
 echo "== cargo test"
 cargo test --workspace --all-features
