@@ -1,1 +1,39 @@
-//! (module map: filled in as files land)
+//! Compute kernels for Pagewarden. The CPU functions here are the reference implementation;
+//! SIMD paths are selected at run time and tested against the portable code.
+//!
+//! - `isa`: run-time detection of the instruction set used by the fast paths.
+//! - `parallel`: a configurable thread pool that splits work over output rows.
+//! - `quant`: ggml block layouts (Q4_0, Q4_1, Q8_0, F16, F32), weight quantize/dequantize.
+//! - `act`: per-32-block Q8 quantization of activations (Q8_0 / Q8_1 style).
+//! - `matmul`: quantized matrix x vector / matrix x matrix products (`matmul/portable.rs`
+//!   is the reference, `matmul/avx2.rs` the x86 fast path).
+//! - `vec`: f32 dot product and axpy with SIMD dispatch.
+//! - `norm`: RMSNorm.
+//! - `rope`: rotary position embedding, llama "normal" (adjacent pairs) style.
+//! - `activation`: SiLU, SwiGLU, softmax.
+//! - `attention`: causal grouped-query attention over paged f16 K/V blocks.
+//! - `device`: backend selection, `Device { Cpu, Cuda(n) }` from `cpu|cuda:N` (file
+//!   `cuda/device.rs`, always compiled).
+//! - `cuda` (feature `cuda`): the CUDA backend, the same kernels on the GPU (`cuda/mod.rs`).
+
+pub mod act;
+pub mod activation;
+pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[path = "cuda/device.rs"]
+pub mod device;
+pub mod isa;
+pub mod matmul;
+pub mod norm;
+pub mod parallel;
+pub mod quant;
+pub mod rope;
+pub mod vec;
+
+pub use attention::{paged_attention, AttnGeometry, KvBlock};
+pub use device::{Device, ParseDeviceError};
+pub use isa::Isa;
+pub use matmul::{matmul, matmul_with, QMatrix};
+pub use parallel::Parallel;
+pub use quant::WeightType;

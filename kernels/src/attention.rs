@@ -1,0 +1,181 @@
+//! Causal grouped-query attention over paged f16 K/V.
+//!
+//! The caller passes, in order, the K and V blocks of every page of one sequence for one layer
+//! (in Pagewarden these come from `ReadablePages::layer_block`, which checks the page
+//! generation; this kernel never sees a page it was not handed). Query token `i` sits at
+//! position `first_pos + i` and attends to keys `0..=first_pos + i`.
+//!
+//! Work is split over (kv head, block of query tokens). Each task converts the K/V rows of its
+//! kv head to f32 once and reuses them for every query head of the group and every token.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use crate::activation::softmax;
+use crate::isa::Isa;
+use crate::parallel::Parallel;
+use crate::vec::{axpy_body, dot_body};
+
+/// Query tokens per task.
+const Q_BLOCK: usize = 16;
+
+/// Shape of attention for one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnGeometry {
+    /// Query heads.
+    pub heads: usize,
+    /// K/V heads (divides `heads`).
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Tokens per page.
+    pub page_size: usize,
+}
+
+impl AttnGeometry {
+    /// f16 elements of K (or V) per token: `kv_heads * head_dim`.
+    pub fn token_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+}
+
+/// One page's K and V blocks for one layer: `page_size * token_width` f16 each, token-major.
+#[derive(Clone, Copy, Debug)]
+pub struct KvBlock<'a> {
+    /// Keys.
+    pub k: &'a [f16],
+    /// Values.
+    pub v: &'a [f16],
+}
+
+/// Attention for `n` query tokens: `q` and `out` are `n * heads * head_dim`.
+pub fn paged_attention(
+    geo: &AttnGeometry,
+    q: &[f32],
+    n: usize,
+    first_pos: usize,
+    blocks: &[KvBlock<'_>],
+    out: &mut [f32],
+    par: &Parallel,
+) {
+    paged_attention_with(Isa::detect(), geo, q, n, first_pos, blocks, out, par)
+}
+
+/// [`paged_attention`] with an explicit instruction set.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_with(
+    isa: Isa,
+    geo: &AttnGeometry,
+    q: &[f32],
+    n: usize,
+    first_pos: usize,
+    blocks: &[KvBlock<'_>],
+    out: &mut [f32],
+    par: &Parallel,
+) {
+    let qw = geo.heads * geo.head_dim;
+    assert!(
+        geo.kv_heads > 0 && geo.heads.is_multiple_of(geo.kv_heads),
+        "attention: head counts"
+    );
+    assert_eq!(q.len(), n * qw, "attention: q shape");
+    assert_eq!(out.len(), n * qw, "attention: out shape");
+    let block_elems = geo.page_size * geo.token_width();
+    for b in blocks {
+        assert_eq!(b.k.len(), block_elems, "attention: K block size");
+        assert_eq!(b.v.len(), block_elems, "attention: V block size");
+    }
+    assert!(
+        first_pos + n <= blocks.len() * geo.page_size,
+        "attention: {} tokens need more than {} pages",
+        first_pos + n,
+        blocks.len()
+    );
+    if n == 0 {
+        return;
+    }
+    let qblocks = n.div_ceil(Q_BLOCK);
+    let results = par.map(geo.kv_heads * qblocks, |task| {
+        let (g, qb) = (task / qblocks, task % qblocks);
+        let (i0, i1) = (qb * Q_BLOCK, ((qb + 1) * Q_BLOCK).min(n));
+        let job = Task {
+            geo,
+            q,
+            first_pos,
+            blocks,
+            g,
+            i0,
+            i1,
+        };
+        match isa {
+            Isa::Portable => job.run(),
+            // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
+            Isa::Avx2 => unsafe { run_avx2(&job) },
+        }
+    });
+    let group = geo.heads / geo.kv_heads;
+    let gw = group * geo.head_dim;
+    for (task, res) in results.into_iter().enumerate() {
+        let (g, qb) = (task / qblocks, task % qblocks);
+        for (k, row) in res.chunks_exact(gw).enumerate() {
+            let i = qb * Q_BLOCK + k;
+            out[i * qw + g * gw..i * qw + (g + 1) * gw].copy_from_slice(row);
+        }
+    }
+}
+
+struct Task<'a, 'b> {
+    geo: &'a AttnGeometry,
+    q: &'a [f32],
+    first_pos: usize,
+    blocks: &'a [KvBlock<'b>],
+    g: usize,
+    i0: usize,
+    i1: usize,
+}
+
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn run_avx2(job: &Task<'_, '_>) -> Vec<f32> {
+    job.run()
+}
+
+impl Task<'_, '_> {
+    /// Returns `(i1 - i0) * group * head_dim` outputs for kv head `g`.
+    #[inline(always)]
+    fn run(&self) -> Vec<f32> {
+        let geo = self.geo;
+        let (hd, tw, ps) = (geo.head_dim, geo.token_width(), geo.page_size);
+        let group = geo.heads / geo.kv_heads;
+        let ctx = self.first_pos + self.i1;
+        // Gather this kv head's K and V rows as f32, [ctx][hd].
+        let mut k = vec![0f32; ctx * hd];
+        let mut v = vec![0f32; ctx * hd];
+        for j in 0..ctx {
+            let blk = &self.blocks[j / ps];
+            let at = (j % ps) * tw + self.g * hd;
+            blk.k[at..at + hd].convert_to_f32_slice(&mut k[j * hd..(j + 1) * hd]);
+            blk.v[at..at + hd].convert_to_f32_slice(&mut v[j * hd..(j + 1) * hd]);
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let qw = geo.heads * hd;
+        let mut out = vec![0f32; (self.i1 - self.i0) * group * hd];
+        let mut scores = vec![0f32; ctx];
+        for i in self.i0..self.i1 {
+            let keys = self.first_pos + i + 1;
+            for h in 0..group {
+                let head = self.g * group + h;
+                let qv = &self.q[i * qw + head * hd..][..hd];
+                let s = &mut scores[..keys];
+                for (j, sj) in s.iter_mut().enumerate() {
+                    *sj = dot_body(qv, &k[j * hd..(j + 1) * hd]) * scale;
+                }
+                softmax(s);
+                let o = &mut out[((i - self.i0) * group + h) * hd..][..hd];
+                for (j, p) in s.iter().enumerate() {
+                    axpy_body(*p, &v[j * hd..(j + 1) * hd], o);
+                }
+            }
+        }
+        out
+    }
+}

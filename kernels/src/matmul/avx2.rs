@@ -1,0 +1,181 @@
+//! x86-64 AVX2 + FMA kernels. Each quantized kernel unpacks one weight block and multiplies
+//! it with up to four tokens' activation blocks (`maddubs` on u8 x i8, the sign trick for
+//! signed weights), accumulating per token in f32 lanes.
+
+use super::{portable, Acts, QMatrix};
+use crate::act::QuantizedActs;
+use crate::quant::{f16_at, WeightType, QK};
+
+/// Tokens per tile: each weight block is unpacked once for this many tokens.
+const TILE: usize = 4;
+
+pub(super) fn rows(
+    w: &QMatrix<'_>,
+    r0: usize,
+    n: usize,
+    acts: &Acts<'_>,
+    tokens: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let Acts::Quant(a) = acts {
+            assert_eq!(a.qs.len(), tokens * w.cols);
+            assert_eq!(a.d.len(), tokens * a.blocks());
+        }
+        let mut t0 = 0;
+        while t0 < tokens {
+            let nt = (tokens - t0).min(TILE);
+            for i in 0..n {
+                let row = w.row(r0 + i);
+                let o = &mut out[i * tokens + t0..i * tokens + t0 + nt];
+                // SAFETY: `Isa::Avx2` is only selected when avx2, fma and f16c were detected;
+                // slice lengths were checked above and by `QMatrix::new`.
+                unsafe { x86::tile(w.ty, row, acts, w.cols, t0, o) };
+            }
+            t0 += nt;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    portable::rows(w, r0, n, acts, tokens, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// Dispatches one row x `out.len()` tokens tile.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile(
+        ty: WeightType,
+        row: &[u8],
+        acts: &Acts<'_>,
+        cols: usize,
+        t0: usize,
+        out: &mut [f32],
+    ) {
+        match (ty, acts) {
+            (WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0, Acts::Quant(a)) => {
+                match out.len() {
+                    4 => out.copy_from_slice(&quant::<4>(ty, row, a, t0)),
+                    3 => out.copy_from_slice(&quant::<3>(ty, row, a, t0)),
+                    2 => out.copy_from_slice(&quant::<2>(ty, row, a, t0)),
+                    _ => out.copy_from_slice(&quant::<1>(ty, row, a, t0)),
+                }
+            }
+            (WeightType::F32, Acts::Float(x)) => {
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = dot_f32(row, &x[(t0 + j) * cols..][..cols]);
+                }
+            }
+            (WeightType::F16, Acts::Float(x)) => {
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = dot_f16(row, &x[(t0 + j) * cols..][..cols]);
+                }
+            }
+            (ty, _) => unreachable!("activations prepared for the wrong type {ty:?}"),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// One quantized row against `NT` consecutive tokens starting at `t0`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quant<const NT: usize>(
+        ty: WeightType,
+        row: &[u8],
+        a: &QuantizedActs,
+        t0: usize,
+    ) -> [f32; NT] {
+        let nb = a.blocks();
+        let bb = ty.block_bytes();
+        debug_assert_eq!(row.len(), nb * bb);
+        let mut acc = [_mm256_setzero_ps(); NT];
+        let mut msum = [0f32; NT];
+        let mask = _mm256_set1_epi8(0x0F);
+        let eight = _mm256_set1_epi8(8);
+        let ones = _mm256_set1_epi16(1);
+        let rp = row.as_ptr();
+        let qp = a.qs.as_ptr();
+        for b in 0..nb {
+            let blk = rp.add(b * bb);
+            let dw = f16_at(row, b * bb);
+            let yat = |j: usize| qp.add((t0 + j) * a.cols + b * QK) as *const __m256i;
+            match ty {
+                WeightType::Q4_0 => {
+                    let qs = _mm_loadu_si128(blk.add(2) as *const __m128i);
+                    let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), mask);
+                    let w = _mm256_sub_epi8(w, eight);
+                    let aw = _mm256_sign_epi8(w, w);
+                    for j in 0..NT {
+                        let y = _mm256_loadu_si256(yat(j));
+                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(y, w));
+                        let p = _mm256_madd_epi16(p, ones);
+                        let sc = _mm256_set1_ps(dw * *a.d.get_unchecked((t0 + j) * nb + b));
+                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
+                    }
+                }
+                WeightType::Q4_1 => {
+                    let mw = f16_at(row, b * bb + 2);
+                    let qs = _mm_loadu_si128(blk.add(4) as *const __m128i);
+                    let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), mask);
+                    for j in 0..NT {
+                        let y = _mm256_loadu_si256(yat(j));
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), ones);
+                        let k = (t0 + j) * nb + b;
+                        let sc = _mm256_set1_ps(dw * *a.d.get_unchecked(k));
+                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
+                        msum[j] += mw * *a.s.get_unchecked(k);
+                    }
+                }
+                WeightType::Q8_0 => {
+                    let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                    let aw = _mm256_sign_epi8(w, w);
+                    for j in 0..NT {
+                        let y = _mm256_loadu_si256(yat(j));
+                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(y, w));
+                        let p = _mm256_madd_epi16(p, ones);
+                        let sc = _mm256_set1_ps(dw * *a.d.get_unchecked((t0 + j) * nb + b));
+                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
+                    }
+                }
+                WeightType::F32 | WeightType::F16 => unreachable!("float weights"),
+            }
+        }
+        let mut out = [0f32; NT];
+        for j in 0..NT {
+            out[j] = hsum(acc[j]) + msum[j];
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+        let n = x.len() / 8 * 8;
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..n).step_by(8) {
+            let w = _mm256_loadu_ps(row.as_ptr().add(i * 4) as *const f32);
+            acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x.as_ptr().add(i)), acc);
+        }
+        hsum(acc) + portable::dot_f32(&row[n * 4..], &x[n..])
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
+        let n = x.len() / 8 * 8;
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..n).step_by(8) {
+            let w = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(i * 2) as *const __m128i));
+            acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x.as_ptr().add(i)), acc);
+        }
+        hsum(acc) + portable::dot_f16(&row[n * 2..], &x[n..])
+    }
+}

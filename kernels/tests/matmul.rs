@@ -1,0 +1,127 @@
+//! Every SIMD matmul path against the portable reference, and the reference against a
+//! dequantized f32 product, for every weight type and awkward shapes.
+
+mod common;
+
+use common::{max_rel_err, Rng};
+use pagewarden_kernels::quant::{dequantize_row, quantize_row};
+use pagewarden_kernels::{matmul_with, Isa, Parallel, QMatrix, WeightType};
+
+const TYPES: [WeightType; 5] = [
+    WeightType::F32,
+    WeightType::F16,
+    WeightType::Q4_0,
+    WeightType::Q4_1,
+    WeightType::Q8_0,
+];
+
+fn make(rng: &mut Rng, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
+    (0..rows)
+        .flat_map(|_| quantize_row(ty, &rng.vec(cols, 1.0)))
+        .collect()
+}
+
+fn dense(w: &QMatrix<'_>, x: &[f32], tokens: usize) -> Vec<f32> {
+    let mut wf = vec![0f32; w.cols];
+    let mut out = vec![0f32; tokens * w.rows];
+    for r in 0..w.rows {
+        dequantize_row(w.ty, w.row(r), &mut wf);
+        for t in 0..tokens {
+            let xr = &x[t * w.cols..(t + 1) * w.cols];
+            out[t * w.rows + r] = wf.iter().zip(xr).map(|(a, b)| a * b).sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn simd_matches_portable_for_every_type_and_shape() {
+    let mut rng = Rng::new(7);
+    let shapes = [
+        (1, 32, 1),
+        (3, 64, 2),
+        (17, 96, 5),
+        (70, 576, 4),
+        (9, 1536, 7),
+        (130, 64, 9),
+    ];
+    for ty in TYPES {
+        for &(rows, cols, tokens) in &shapes {
+            let data = make(&mut rng, ty, rows, cols);
+            let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+            let x = rng.vec(tokens * cols, 2.0);
+            let mut reference = vec![0f32; tokens * rows];
+            matmul_with(
+                Isa::Portable,
+                &w,
+                &x,
+                tokens,
+                &mut reference,
+                &Parallel::single(),
+            );
+            // The reference itself is a faithful product (activation quantization error only).
+            let exact = dense(&w, &x, tokens);
+            let tol = if matches!(ty, WeightType::F32 | WeightType::F16) {
+                1e-5
+            } else {
+                2e-2
+            };
+            let e = max_rel_err(&reference, &exact);
+            assert!(
+                e < tol,
+                "{ty:?} {rows}x{cols}x{tokens}: reference vs dense err {e}"
+            );
+            for isa in Isa::available() {
+                for threads in [1, 3] {
+                    let mut got = vec![0f32; tokens * rows];
+                    matmul_with(isa, &w, &x, tokens, &mut got, &Parallel::new(threads));
+                    let e = max_rel_err(&got, &reference);
+                    assert!(
+                        e < 1e-5,
+                        "{ty:?} {isa:?} t{threads} {rows}x{cols}x{tokens}: err {e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_activations_and_zero_weights_give_zero() {
+    for ty in TYPES {
+        let data = quantize_row(ty, &[0.0; 64]);
+        let w = QMatrix::new(ty, 1, 64, &data).unwrap();
+        for isa in Isa::available() {
+            let mut out = [1f32; 2];
+            matmul_with(isa, &w, &[0.5; 128], 2, &mut out, &Parallel::single());
+            assert_eq!(out, [0.0, 0.0], "{ty:?} {isa:?}");
+        }
+    }
+}
+
+#[test]
+fn qmatrix_rejects_wrong_sizes() {
+    assert!(QMatrix::new(WeightType::Q4_1, 2, 64, &[0u8; 79]).is_none());
+    assert!(QMatrix::new(WeightType::Q4_0, 1, 33, &[0u8; 18]).is_none());
+    assert!(QMatrix::new(WeightType::Q8_0, 2, 32, &[0u8; 68]).is_some());
+}
+
+#[test]
+fn dequantize_matches_block_layout() {
+    // Q4_0: d = 1.0, nibble j = j for low half, 15 - j for high half.
+    let mut blk = half::f16::from_f32(1.0).to_le_bytes().to_vec();
+    blk.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let mut out = [0f32; 32];
+    dequantize_row(WeightType::Q4_0, &blk, &mut out);
+    for j in 0..16 {
+        assert_eq!(out[j], j as f32 - 8.0);
+        assert_eq!(out[j + 16], (15 - j) as f32 - 8.0);
+    }
+    // Q4_1: d = 0.5, m = -1.
+    let mut blk = half::f16::from_f32(0.5).to_le_bytes().to_vec();
+    blk.extend(half::f16::from_f32(-1.0).to_le_bytes());
+    blk.extend((0..16u8).map(|j| j | (3 << 4)));
+    dequantize_row(WeightType::Q4_1, &blk, &mut out);
+    assert_eq!(out[5], 5.0 * 0.5 - 1.0);
+    assert_eq!(out[20], 3.0 * 0.5 - 1.0);
+}
