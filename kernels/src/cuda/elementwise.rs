@@ -1,0 +1,183 @@
+//! Launch wrappers for `norm.cu`, `rope.cu` and `activation.cu`.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::context::CudaBackend;
+use super::error::{ensure, CudaError, DriverContext};
+use super::source::Module;
+use crate::rope::Rope;
+
+fn u32_of(op: &'static str, v: usize) -> Result<u32, CudaError> {
+    u32::try_from(v).map_err(|_| CudaError::Shape {
+        op,
+        why: format!("size {v} does not fit in 32 bits"),
+    })
+}
+
+fn flat(n: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn per_row(rows: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    /// RMSNorm of `rows` rows of `w.len()` elements, as [`crate::norm::rms_norm`].
+    pub fn rms_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        eps: f32,
+        rows: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "rms_norm";
+        let dim = w.len();
+        ensure(x.len() >= rows * dim && out.len() >= rows * dim, OP, || {
+            format!(
+                "x {} / out {} floats, {rows} x {dim} needed",
+                x.len(),
+                out.len()
+            )
+        })?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let (r, d) = (u32_of(OP, rows)?, u32_of(OP, dim)?);
+        let f = self.func(Module::Norm, "rmsnorm_f32")?;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(x).arg(w).arg(out).arg(&d).arg(&eps);
+        // SAFETY: sizes checked above.
+        unsafe { b.launch(per_row(r)) }.during("launching rmsnorm")?;
+        Ok(())
+    }
+
+    /// Softmax in place over `rows` rows of `cols`, as [`crate::activation::softmax`].
+    pub fn softmax(
+        &self,
+        x: &mut CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "softmax";
+        ensure(x.len() >= rows * cols, OP, || {
+            format!("x holds {}, {rows} x {cols} needed", x.len())
+        })?;
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let (r, c) = (u32_of(OP, rows)?, u32_of(OP, cols)?);
+        let f = self.func(Module::Norm, "softmax_f32")?;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(x).arg(&c);
+        // SAFETY: sizes checked above.
+        unsafe { b.launch(per_row(r)) }.during("launching softmax")?;
+        Ok(())
+    }
+
+    /// Rotary embedding in place: `x` is `[tokens][heads][head_dim]`, token `t` at `pos[t]`,
+    /// the same function as [`Rope::apply`].
+    pub fn rope(
+        &self,
+        rope: &Rope,
+        x: &mut CudaSlice<f32>,
+        pos: &CudaSlice<u32>,
+        heads: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "rope";
+        let tokens = pos.len();
+        ensure(
+            rope.n_dims.is_multiple_of(2) && rope.n_dims <= rope.head_dim,
+            OP,
+            || {
+                format!(
+                    "n_dims {} must be even and <= head_dim {}",
+                    rope.n_dims, rope.head_dim
+                )
+            },
+        )?;
+        ensure(x.len() >= tokens * heads * rope.head_dim, OP, || {
+            format!(
+                "x holds {}, {tokens} x {heads} x {} needed",
+                x.len(),
+                rope.head_dim
+            )
+        })?;
+        let n = u32_of(OP, tokens * heads * (rope.n_dims / 2))?;
+        if n == 0 {
+            return Ok(());
+        }
+        // Same f32 expression as the CPU, so both multiply by the same scale.
+        let scale = rope.base.powf(-2.0 / rope.n_dims as f32);
+        let (t, h, hd, nd) = (
+            u32_of(OP, tokens)?,
+            u32_of(OP, heads)?,
+            u32_of(OP, rope.head_dim)?,
+            u32_of(OP, rope.n_dims)?,
+        );
+        let f = self.func(Module::Rope, "rope_norm_f32")?;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(x)
+            .arg(pos)
+            .arg(&t)
+            .arg(&h)
+            .arg(&hd)
+            .arg(&nd)
+            .arg(&scale);
+        // SAFETY: sizes checked above.
+        unsafe { b.launch(flat(n)) }.during("launching rope")?;
+        Ok(())
+    }
+
+    /// SwiGLU in place on the first `n` elements: `gate = silu(gate) * up`.
+    pub fn swiglu(
+        &self,
+        gate: &mut CudaSlice<f32>,
+        up: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        self.binary("swiglu", "swiglu_f32", gate, up, n)
+    }
+
+    /// Residual add on the first `n` elements: `a += b`.
+    pub fn add(
+        &self,
+        a: &mut CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        self.binary("add", "add_f32", a, b, n)
+    }
+
+    fn binary(
+        &self,
+        op: &'static str,
+        kernel: &'static str,
+        a: &mut CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        ensure(a.len() >= n && b.len() >= n, op, || {
+            format!("buffers hold {} and {}, {n} needed", a.len(), b.len())
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        let n32 = u32_of(op, n)?;
+        let f = self.func(Module::Activation, kernel)?;
+        let mut l = self.stream().launch_builder(&f);
+        l.arg(a).arg(b).arg(&n32);
+        // SAFETY: sizes checked above.
+        unsafe { l.launch(flat(n32)) }.during("launching an elementwise kernel")?;
+        Ok(())
+    }
+}

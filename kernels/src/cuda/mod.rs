@@ -1,0 +1,46 @@
+//! CUDA backend (feature `cuda`): the same kernels as the CPU reference, on an NVIDIA GPU.
+//!
+//! Kernel sources live in `kernels/cuda/*.cu`, are embedded in the binary and compiled with
+//! NVRTC on first use (or read as precompiled PTX from `PAGEWARDEN_PTX_DIR` on machines with only
+//! the driver). cudarc loads libcuda and libnvrtc at run time, so a build with this feature runs
+//! anywhere and reports a clear [`CudaError`] where there is no GPU.
+//!
+//! (`device.rs` in this directory is the crate-level `device` module, compiled without the
+//! feature too: `Device { Cpu, Cuda(n) }` parsed from `cpu|cuda:N`.)
+//!
+//! - `error`: [`CudaError`].
+//! - `loader`: finding libcuda / libnvrtc without panicking.
+//! - `source`: the embedded `.cu` modules and their kernel names.
+//! - `ptx`: NVRTC compilation and PTX files on disk.
+//! - `context`: [`CudaBackend`], one GPU with lazily loaded kernels and buffer helpers.
+//! - `matmul`: quantized / dense matrix products and embedding rows.
+//! - `elementwise`: RMSNorm, softmax, RoPE, SwiGLU, residual add.
+//! - `pool`: the device KV page pool ([`DeviceKvPool`], [`PageShape`]).
+//! - `attention`: paged attention with the on-GPU generation check.
+//! - `pages`: page checksums, zeroing, guard words.
+//! - `checksum`: PWSUM64, the page checksum, on the CPU.
+
+mod attention;
+mod checksum;
+mod context;
+mod elementwise;
+mod error;
+mod loader;
+mod matmul;
+mod pages;
+mod pool;
+mod ptx;
+mod source;
+
+pub use attention::{AttentionBatch, PageFault};
+pub use checksum::{fmix64, pwsum64};
+pub use context::{device_count, CudaBackend, PtxSource};
+pub use error::CudaError;
+pub use loader::{driver_present, ensure_nvrtc, nvrtc_present};
+pub use matmul::DeviceMatrix;
+pub use pool::{DeviceKvPool, PageShape};
+pub use ptx::{compile, ptx_path, read_ptx, write_ptx, DEFAULT_PTX_ARCH, PTX_DIR_ENV};
+pub use source::Module;
+
+/// The cudarc version this backend is built on (for buffer types such as `CudaSlice`).
+pub use cudarc;

@@ -1,0 +1,81 @@
+//! The KV page pool in device memory: page data (f16), and beside it, where a transfer into page
+//! data cannot reach them, each page's current generation and guard word.
+
+use cudarc::driver::CudaSlice;
+use half::f16;
+
+use super::context::CudaBackend;
+use super::error::{ensure, CudaError};
+
+/// Shape of one page; the same fields and layout as `pagewarden_kvcache::KvLayout`
+/// (kernels cannot depend on kvcache): `[layer][K|V][slot][kv head][dim]`, f16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageShape {
+    /// Transformer layers.
+    pub layers: usize,
+    /// K/V heads per layer.
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Tokens per page.
+    pub page_size: usize,
+}
+
+impl PageShape {
+    /// f16 elements per token per K or V.
+    pub fn token_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// f16 elements per page.
+    pub fn page_elems(&self) -> usize {
+        self.layers * 2 * self.page_size * self.token_width()
+    }
+
+    /// Bytes per page.
+    pub fn page_bytes(&self) -> usize {
+        self.page_elems() * 2
+    }
+
+    /// Element offset inside a page of the K (`kind = 0`) or V (`kind = 1`) block of `layer`.
+    pub fn block_offset(&self, layer: usize, kind: usize) -> usize {
+        ((layer * 2 + kind) * self.page_size) * self.token_width()
+    }
+}
+
+/// A pool of `pages` pages on one GPU.
+#[derive(Debug)]
+pub struct DeviceKvPool {
+    /// Page shape.
+    pub shape: PageShape,
+    /// Number of pages.
+    pub pages: usize,
+    /// `pages * page_elems` f16, page after page.
+    pub data: CudaSlice<f16>,
+    /// The pool's current generation of each page (the kvcache owner keeps it in step with the
+    /// host pool; attention compares the presented generation against it).
+    pub generations: CudaSlice<u64>,
+    /// One guard word per page (see `pages.cu`).
+    pub guards: CudaSlice<u64>,
+}
+
+impl CudaBackend {
+    /// Allocates a zeroed pool (generations 0, guards 0).
+    pub fn kv_pool(&self, shape: PageShape, pages: usize) -> Result<DeviceKvPool, CudaError> {
+        ensure(
+            shape.token_width() > 0 && shape.page_size > 0 && shape.layers > 0,
+            "kv_pool",
+            || format!("empty page shape {shape:?}"),
+        )?;
+        ensure(shape.head_dim.is_multiple_of(2), "kv_pool", || {
+            format!("head_dim {} must be even", shape.head_dim)
+        })?;
+        Ok(DeviceKvPool {
+            shape,
+            pages,
+            data: self.zeros(pages * shape.page_elems())?,
+            generations: self.zeros(pages)?,
+            guards: self.zeros(pages)?,
+        })
+    }
+}

@@ -1,0 +1,99 @@
+//! The CUDA kernel sources (kernels/cuda/*.cu), embedded in the binary, one NVRTC module each.
+
+/// Helpers prepended to every module (NVRTC gets no include path).
+const PRELUDE: &str = include_str!("../../cuda/prelude.cuh");
+
+/// One compilation unit of kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Module {
+    /// Quantized and dense matrix products, embedding rows (`matmul.cu`).
+    Matmul,
+    /// RMSNorm and softmax (`norm.cu`).
+    Norm,
+    /// Rotary embedding (`rope.cu`).
+    Rope,
+    /// SwiGLU and residual add (`activation.cu`).
+    Activation,
+    /// Paged attention with the generation check (`attention.cu`).
+    Attention,
+    /// Page checksum, zeroing, guard words (`pages.cu`).
+    Pages,
+}
+
+impl Module {
+    /// Every module, in a fixed order.
+    pub const ALL: [Module; 6] = [
+        Module::Matmul,
+        Module::Norm,
+        Module::Rope,
+        Module::Activation,
+        Module::Attention,
+        Module::Pages,
+    ];
+
+    /// File stem under kernels/cuda (also the PTX file stem).
+    pub fn name(self) -> &'static str {
+        match self {
+            Module::Matmul => "matmul",
+            Module::Norm => "norm",
+            Module::Rope => "rope",
+            Module::Activation => "activation",
+            Module::Attention => "attention",
+            Module::Pages => "pages",
+        }
+    }
+
+    /// The .cu file without the prelude.
+    fn body(self) -> &'static str {
+        match self {
+            Module::Matmul => include_str!("../../cuda/matmul.cu"),
+            Module::Norm => include_str!("../../cuda/norm.cu"),
+            Module::Rope => include_str!("../../cuda/rope.cu"),
+            Module::Activation => include_str!("../../cuda/activation.cu"),
+            Module::Attention => include_str!("../../cuda/attention.cu"),
+            Module::Pages => include_str!("../../cuda/pages.cu"),
+        }
+    }
+
+    /// The full source handed to NVRTC (prelude + file).
+    pub fn source(self) -> String {
+        format!(
+            "{PRELUDE}\n// ---- {}.cu ----\n{}",
+            self.name(),
+            self.body()
+        )
+    }
+
+    /// The `extern "C"` kernels this module defines (each is looked up after loading).
+    pub fn functions(self) -> &'static [&'static str] {
+        match self {
+            Module::Matmul => &[
+                "matmul_q4_0",
+                "matmul_q4_1",
+                "matmul_q8_0",
+                "matmul_f16",
+                "matmul_f32",
+                "get_rows_q4_0",
+                "get_rows_q4_1",
+                "get_rows_q8_0",
+                "get_rows_f16",
+                "get_rows_f32",
+            ],
+            Module::Norm => &["rmsnorm_f32", "softmax_f32"],
+            Module::Rope => &["rope_norm_f32"],
+            Module::Activation => &["swiglu_f32", "add_f32"],
+            Module::Attention => &["paged_attention_f32"],
+            Module::Pages => &["page_checksum", "page_zero", "guard_stamp", "guard_check"],
+        }
+    }
+
+    /// A 64-bit FNV-1a hash of [`Module::source`], written into PTX files so a stale file is
+    /// refused instead of silently running old code.
+    pub fn source_hash(self) -> u64 {
+        self.source()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+            })
+    }
+}
