@@ -1,1 +1,92 @@
-//! (module map: filled in as files land)
+//! The paged KV pool: fixed-size pages of K and V for all layers, whose types make reading
+//! another request's KV unrepresentable.
+//!
+//! Module map:
+//! - `ids`: `PageId`, `Generation`, `GrantKey` newtypes.
+//! - `layout`: `KvLayout` (page shape), `PoolConfig`, test-only `Defenses`.
+//! - `error`: `ReserveError`, `WriteError`, `CommitError`, `ReadError`.
+//! - `metrics`: `PoolMetrics` counters, `PoolMetricsSnapshot`, `PoolStats`.
+//! - `page`: `PageState` (the lifecycle below) and per-page metadata.
+//! - `store`: the page bytes (one aligned buffer) and guard words.
+//! - `free_list`: the free list (mutex over a stack; loom-tested).
+//! - `sync`: std/loom shim for the free list's mutex.
+//! - `grant`: `WriteGrant`, `CommitManifest`, `PageWrite`, checksums, the grant registry.
+//! - `pool`: `KvPool`: construction, `allocate`, `reserve`, stats.
+//! - `receive`: `KvPool::write_page`, the grant fence.
+//! - `reserved`: `ReservedPages` and `commit` (I2).
+//! - `readable`: `ReadablePages`, generation-checked reads (I1), RAII release.
+//! - `release`: revoke, `mark_drained`, `sweep_expired`, `release_quarantined` (I4).
+//! - `checks`: which defenses run (constant `true` outside tests).
+//!
+//! # Page lifecycle
+//!
+//! ```text
+//!              allocate (local, no grant)
+//!       ┌──────────────────────────────────────────────┐
+//!       │                                              ▼
+//!     Free ──reserve──▶ Reserved(grant) ──commit ok──▶ Readable ──drop──▶ Free
+//!       ▲                     │
+//!       │        abort / drop / commit err (revoke: writes fenced)
+//!       │                     ▼
+//!       ├──mark_drained── Draining(grant) ──sweep_expired (drain_timeout)──▶ Quarantined(grant)
+//!       │                                                                        │
+//!       └──────────────────release_quarantined (peer gone) / mark_drained────────┘
+//! ```
+//!
+//! Every move to Reserved or Readable bumps the page's `Generation`. A page reaches Free only
+//! when no write can still land on it: Readable pages have no grant; Draining pages wait for
+//! the transfer layer's drain confirmation; Quarantined ones for their peer to be gone.
+//!
+//! # Safety model
+//!
+//! Page bytes live in one buffer reached through raw pointers, with no global lock. Access is
+//! safe because each page has exactly one owner at a time: a `ReadablePages` (reads through
+//! `&self`, writes through `&mut self`), or a writer holding the page's metadata lock while the
+//! page is Reserved to its grant, or the pool itself while freeing under that lock.
+//!
+//! # Test-only switches
+//!
+//! The `unsafe-test-switches` feature (test use only) adds `PoolConfig::defenses` to switch
+//! single checks off, plus fault-injection hooks (`test_*`). Without it the checks are
+//! unconditional. Loom test: `RUSTFLAGS="--cfg loom" cargo test -p pagewarden-kvcache --test
+//! loom --release`.
+
+mod checks;
+mod error;
+mod free_list;
+mod grant;
+mod ids;
+mod layout;
+mod metrics;
+mod page;
+mod pool;
+mod readable;
+mod receive;
+mod release;
+mod reserved;
+mod store;
+mod sync;
+
+pub use error::{CommitError, ReadError, ReserveError, WriteError};
+pub use free_list::FreeList;
+pub use grant::{manifest_digest, page_checksum, CommitManifest, PageWrite, WriteGrant};
+pub use half::f16;
+pub use ids::{Generation, GrantKey, PageId};
+#[cfg(any(test, feature = "unsafe-test-switches"))]
+pub use layout::Defenses;
+pub use layout::{KvLayout, PoolConfig, DEFAULT_PAGE_SIZE};
+pub use metrics::{PoolMetrics, PoolMetricsSnapshot, PoolStats};
+pub use page::PageState;
+pub use pagewarden_common::{RequestId, TenantId};
+pub use pool::KvPool;
+pub use readable::ReadablePages;
+pub use reserved::ReservedPages;
+
+/// Who owns an allocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// The request the pages hold KV for.
+    pub request: RequestId,
+    /// The tenant that made the request.
+    pub tenant: TenantId,
+}

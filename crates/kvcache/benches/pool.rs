@@ -1,0 +1,2 @@
+//! Pool benchmarks (placeholder while the real ones land).
+fn main() {}

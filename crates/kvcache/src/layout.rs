@@ -1,0 +1,127 @@
+//! Page shape (`KvLayout`) and pool configuration (`PoolConfig`, test-only `Defenses`).
+
+use std::time::Duration;
+
+/// Shape of one page. A page holds `page_size` tokens of K and V for ALL layers, f16,
+/// contiguous: `[layer][K|V][slot][head][dim]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Transformer layers.
+    pub layers: usize,
+    /// Key/value heads per layer.
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Tokens per page (default 16).
+    pub page_size: usize,
+}
+
+/// Tokens per page unless configured otherwise.
+pub const DEFAULT_PAGE_SIZE: usize = 16;
+
+impl KvLayout {
+    /// f16 elements per token per K or V: `kv_heads * head_dim`.
+    pub fn token_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// f16 elements in one page: `layers * 2 * page_size * token_width`.
+    pub fn page_elems(&self) -> usize {
+        self.layers * 2 * self.page_size * self.token_width()
+    }
+
+    /// Bytes in one page (`page_elems * 2`).
+    pub fn page_bytes(&self) -> usize {
+        self.page_elems() * 2
+    }
+
+    /// Element offset inside a page of the K (`kind = 0`) or V (`kind = 1`) block of `layer`:
+    /// `((layer * 2 + kind) * page_size) * token_width`. Within that block, token slot `s`,
+    /// head `h`, dim `d` is at `s * token_width + h * head_dim + d`.
+    pub fn block_offset(&self, layer: usize, kind: usize) -> usize {
+        ((layer * 2 + kind) * self.page_size) * self.token_width()
+    }
+
+    /// f16 elements in one K or V block of one layer (`page_size * token_width`).
+    pub fn block_elems(&self) -> usize {
+        self.page_size * self.token_width()
+    }
+
+    /// Pages needed to hold `tokens` tokens.
+    pub fn pages_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.page_size)
+    }
+}
+
+/// Configuration of one pool.
+///
+/// Build it with [`PoolConfig::with_pages`] or [`PoolConfig::from_byte_budget`] and then set
+/// fields; the struct may gain fields, so struct literals outside this crate will break.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Shape of each page.
+    pub layout: KvLayout,
+    /// Number of pages.
+    pub pages: usize,
+    /// Zero a page's bytes when it returns to the free list.
+    pub zero_on_release: bool,
+    /// How long a revoked grant may wait for its drain confirmation before its pages move to
+    /// quarantine (on the next `sweep_expired`).
+    pub drain_timeout: Duration,
+    /// Lifetime of a write grant; commit after `expires_at` fails with `CommitError::Expired`.
+    pub grant_ttl: Duration,
+    /// TEST-ONLY switches that remove single defenses (feature `unsafe-test-switches`).
+    #[cfg(any(test, feature = "unsafe-test-switches"))]
+    pub defenses: Defenses,
+}
+
+impl PoolConfig {
+    /// A pool of exactly `pages` pages, defaults elsewhere (no zeroing, 5 s drain timeout,
+    /// 60 s grant lifetime).
+    pub fn with_pages(layout: KvLayout, pages: usize) -> Self {
+        Self {
+            layout,
+            pages,
+            zero_on_release: false,
+            drain_timeout: Duration::from_secs(5),
+            grant_ttl: Duration::from_secs(60),
+            #[cfg(any(test, feature = "unsafe-test-switches"))]
+            defenses: Defenses::default(),
+        }
+    }
+
+    /// As many pages as fit in `bytes` (`bytes / page_bytes`, guard words not counted).
+    pub fn from_byte_budget(layout: KvLayout, bytes: usize) -> Self {
+        let per = layout.page_bytes().max(1);
+        Self::with_pages(layout, bytes / per)
+    }
+}
+
+/// TEST-ONLY: which defenses are active. All on by default. Exists only with `cfg(test)` or
+/// the `unsafe-test-switches` feature; in normal builds every check is unconditional code.
+#[cfg(any(test, feature = "unsafe-test-switches"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Defenses {
+    /// Every read compares the presented generation with the page's current one (I1).
+    pub read_generation_check: bool,
+    /// Commit verifies tokens written == tokens reserved, in total and per page (I2).
+    pub commit_token_count: bool,
+    /// Writes verify their checksum and commit verifies manifest/landed checksums.
+    pub checksum_check: bool,
+    /// Writes must carry a live grant for a page reserved to it at the presented generation.
+    /// Off: a write lands on the page whatever its state (an unfenced one-sided write). Data
+    /// race if the page is read concurrently: single-threaded tests only.
+    pub grant_fencing: bool,
+}
+
+#[cfg(any(test, feature = "unsafe-test-switches"))]
+impl Default for Defenses {
+    fn default() -> Self {
+        Self {
+            read_generation_check: true,
+            commit_token_count: true,
+            checksum_check: true,
+            grant_fencing: true,
+        }
+    }
+}

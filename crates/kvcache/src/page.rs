@@ -1,0 +1,111 @@
+//! One page's lifecycle state (`PageState`) and the metadata kept beside its bytes.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::ids::GrantKey;
+use pagewarden_common::RequestId;
+
+/// Where a page is in its lifecycle (see the crate docs for the diagram). Exactly one state
+/// per page, held under the page's metadata lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageState {
+    /// On the free list; owned by nobody.
+    Free,
+    /// Allocated to a reservation; only writes under `grant` may land.
+    Reserved {
+        /// The live grant the page is reserved to.
+        grant: GrantKey,
+    },
+    /// Owned by a `ReadablePages`; readable by its owner only.
+    Readable,
+    /// `grant` was revoked; waiting until no write of it can still land.
+    Draining {
+        /// The revoked grant.
+        grant: GrantKey,
+    },
+    /// The drain of `grant` was never confirmed; held until its peer is declared gone.
+    Quarantined {
+        /// The revoked grant.
+        grant: GrantKey,
+    },
+}
+
+/// Metadata of one page, under its lock. Never stored inside the page's bytes.
+#[derive(Debug)]
+pub(crate) struct PageMeta {
+    pub(crate) state: PageState,
+    pub(crate) owner: Option<RequestId>,
+    /// Whether a write under the current grant has landed.
+    pub(crate) written: bool,
+    /// Tokens that write claimed.
+    pub(crate) tokens: u32,
+    /// xxh3 of the bytes that landed.
+    pub(crate) landed_checksum: u64,
+}
+
+/// A page's metadata lock plus its generation, readable without the lock (hot path).
+#[derive(Debug)]
+pub(crate) struct PageSlot {
+    /// Current generation; written only under `meta`'s lock, when the page is allocated.
+    pub(crate) generation: AtomicU64,
+    pub(crate) meta: Mutex<PageMeta>,
+}
+
+impl PageSlot {
+    pub(crate) fn new() -> Self {
+        Self {
+            generation: AtomicU64::new(0),
+            meta: Mutex::new(PageMeta {
+                state: PageState::Free,
+                owner: None,
+                written: false,
+                tokens: 0,
+                landed_checksum: 0,
+            }),
+        }
+    }
+}
+
+/// Page counts per non-free state, kept in step with every transition.
+#[derive(Debug, Default)]
+pub(crate) struct Gauges {
+    reserved: AtomicUsize,
+    readable: AtomicUsize,
+    draining: AtomicUsize,
+    quarantined: AtomicUsize,
+}
+
+impl Gauges {
+    fn counter(&self, s: PageState) -> Option<&AtomicUsize> {
+        match s {
+            PageState::Free => None,
+            PageState::Reserved { .. } => Some(&self.reserved),
+            PageState::Readable => Some(&self.readable),
+            PageState::Draining { .. } => Some(&self.draining),
+            PageState::Quarantined { .. } => Some(&self.quarantined),
+        }
+    }
+
+    /// Moves `meta` to `to`, keeping the gauges in step. Caller holds the page's lock.
+    pub(crate) fn transition(&self, meta: &mut PageMeta, to: PageState) {
+        if let Some(c) = self.counter(meta.state) {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(c) = self.counter(to) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        meta.state = to;
+    }
+
+    /// (reserved, readable, draining, quarantined).
+    pub(crate) fn read(&self) -> [usize; 4] {
+        [
+            self.reserved.load(Ordering::Relaxed),
+            self.readable.load(Ordering::Relaxed),
+            self.draining.load(Ordering::Relaxed),
+            self.quarantined.load(Ordering::Relaxed),
+        ]
+    }
+}

@@ -1,0 +1,169 @@
+//! `ReservedPages`: pages under a live write grant. `commit` is the only way to readable pages.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::MutexGuard;
+
+use crate::error::CommitError;
+use crate::grant::{manifest_digest, page_checksum, CommitManifest, GrantStatus, WriteGrant};
+use crate::page::{PageMeta, PageState};
+use crate::pool::PoolInner;
+use crate::readable::ReadablePages;
+
+/// Pages reserved for a remote writer. `!Clone`. Dropping it without `commit` is an abort:
+/// the grant is revoked and the pages drain.
+pub struct ReservedPages {
+    pool: Arc<PoolInner>,
+    grant: WriteGrant,
+    /// Set once `commit` or `abort` has consumed the reservation, so `Drop` does nothing.
+    finished: bool,
+}
+
+impl ReservedPages {
+    pub(crate) fn new(pool: Arc<PoolInner>, grant: WriteGrant) -> Self {
+        Self {
+            pool,
+            grant,
+            finished: false,
+        }
+    }
+
+    /// The grant to hand to the writer.
+    pub fn grant(&self) -> &WriteGrant {
+        &self.grant
+    }
+
+    /// Verifies the manifest against what landed (I2): the key matches, the grant has not
+    /// expired, tokens written == tokens reserved (claimed and landed, page by page), every
+    /// page was written exactly once under this grant, the manifest's checksums match the
+    /// landed bytes, guard words are intact, and the digest matches. All page locks are held
+    /// during the check, so nothing lands in between. On `Err` the grant is revoked and the
+    /// pages are draining: they wait for `mark_drained` or go to quarantine.
+    pub fn commit(mut self, m: &CommitManifest) -> Result<ReadablePages, CommitError> {
+        self.finished = true;
+        let pool = self.pool.clone();
+        let grant = &self.grant;
+        let mut metas: Vec<MutexGuard<'_, PageMeta>> = grant
+            .pages
+            .iter()
+            .map(|(p, _)| pool.slots[p.index()].meta.lock())
+            .collect();
+        match pool.verify(grant, m, &metas) {
+            Ok(()) => {
+                for meta in metas.iter_mut() {
+                    pool.gauges.transition(meta, PageState::Readable);
+                }
+                // Retire the key while still holding the page locks: later writes are Unknown.
+                pool.grants.lock().remove(&grant.key);
+                drop(metas);
+                let grant = self.grant.clone();
+                Ok(ReadablePages::new(
+                    pool,
+                    grant.owner,
+                    grant.pages,
+                    grant.tokens,
+                ))
+            }
+            Err(e) => {
+                pool.metrics.commit_failed(&e);
+                // Revoke with the page locks still held: no write lands between check and fence.
+                if let Some(rec) = pool.grants.lock().get_mut(&grant.key) {
+                    rec.status = GrantStatus::Revoked {
+                        since: Instant::now(),
+                    };
+                }
+                for meta in metas.iter_mut() {
+                    if meta.state == (PageState::Reserved { grant: grant.key }) {
+                        pool.gauges
+                            .transition(meta, PageState::Draining { grant: grant.key });
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Revokes the grant (fences later writes); the pages wait for `mark_drained` or go to
+    /// quarantine on `sweep_expired`.
+    pub fn abort(mut self) {
+        self.finished = true;
+        self.pool.revoke(self.grant.key, &self.grant.pages);
+    }
+}
+
+impl Drop for ReservedPages {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.pool.revoke(self.grant.key, &self.grant.pages);
+        }
+    }
+}
+
+impl std::fmt::Debug for ReservedPages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReservedPages")
+            .field("grant", &self.grant)
+            .finish()
+    }
+}
+
+impl PoolInner {
+    /// The checks of `commit`, with every page's lock held by the caller (`metas` in grant
+    /// order).
+    fn verify(
+        &self,
+        grant: &WriteGrant,
+        m: &CommitManifest,
+        metas: &[MutexGuard<'_, PageMeta>],
+    ) -> Result<(), CommitError> {
+        if m.key != grant.key {
+            return Err(CommitError::KeyMismatch);
+        }
+        if Instant::now() > grant.expires_at {
+            return Err(CommitError::Expired);
+        }
+        if self.check_commit_tokens() && m.tokens_written != grant.tokens {
+            return Err(CommitError::TokenCountMismatch {
+                written: m.tokens_written,
+                reserved: grant.tokens,
+            });
+        }
+        if m.page_checksums.len() != grant.pages.len()
+            || m.digest != manifest_digest(&m.page_checksums, m.tokens_written)
+        {
+            return Err(CommitError::DigestMismatch);
+        }
+        let mut per_page_ok = true;
+        for (i, ((page, generation), meta)) in grant.pages.iter().zip(metas).enumerate() {
+            let ours = meta.state == (PageState::Reserved { grant: grant.key })
+                && self.slots[page.index()]
+                    .generation
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    == generation.0;
+            if !ours || !meta.written {
+                return Err(CommitError::PageNotWritten(*page));
+            }
+            if self.store.guard(*page) != self.store.expected_guard(*page, *generation) {
+                return Err(CommitError::GuardWordCorrupt(*page));
+            }
+            if self.check_checksums() {
+                // SAFETY: we hold the page's lock and it is Reserved to this grant, so no
+                // write can be mid-copy and no reader exists.
+                let landed = page_checksum(unsafe { self.store.bytes(*page) });
+                if m.page_checksums[i] != meta.landed_checksum || landed != meta.landed_checksum {
+                    return Err(CommitError::ChecksumMismatch(*page));
+                }
+            }
+            per_page_ok &= meta.tokens as usize == grant.tokens_in_page(i);
+        }
+        if self.check_commit_tokens() && !per_page_ok {
+            let landed: usize = metas.iter().map(|m| m.tokens as usize).sum();
+            return Err(CommitError::TokenCountMismatch {
+                written: landed,
+                reserved: grant.tokens,
+            });
+        }
+        Ok(())
+    }
+}
