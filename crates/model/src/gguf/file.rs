@@ -1,0 +1,160 @@
+//! `GgufFile`: a parsed header over memory-mapped (or owned, aligned) bytes, with tensor views.
+
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+
+use super::reader::{self, Header};
+use super::{GgmlType, GgufError, Metadata};
+
+/// One tensor's header entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Tensor name, e.g. `blk.0.attn_q.weight`.
+    pub name: String,
+    /// Shape in ggml order: `dims[0]` is the contiguous row length.
+    pub dims: Vec<u64>,
+    /// Element type.
+    pub ggml_type: GgmlType,
+    /// Offset of the data relative to the start of the data section.
+    pub offset: u64,
+    /// Size of the data in bytes.
+    pub n_bytes: u64,
+}
+
+impl TensorInfo {
+    /// Total number of elements.
+    pub fn n_elements(&self) -> u64 {
+        // The reader checked that the product does not overflow.
+        self.dims.iter().product()
+    }
+}
+
+/// A tensor's header entry and its bytes inside the file.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    /// The header entry.
+    pub info: &'a TensorInfo,
+    /// The raw (possibly quantized) data, `info.n_bytes` long.
+    pub data: &'a [u8],
+}
+
+/// Bytes kept 64-byte aligned so tensor data can be reinterpreted as f32/f16 slices.
+struct AlignedBytes {
+    words: Vec<[u64; 8]>,
+    len: usize,
+}
+
+impl AlignedBytes {
+    fn new(bytes: &[u8]) -> Self {
+        let mut words = vec![[0u64; 8]; bytes.len().div_ceil(64)];
+        let dst = Self::view_mut(&mut words);
+        dst[..bytes.len()].copy_from_slice(bytes);
+        AlignedBytes {
+            words,
+            len: bytes.len(),
+        }
+    }
+
+    fn view_mut(words: &mut [[u64; 8]]) -> &mut [u8] {
+        // SAFETY: [u64; 8] has no padding and every byte pattern is a valid u8.
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 64) }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len <= words.len() * 64`; [u64; 8] has no padding.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+enum Backing {
+    Mmap(Mmap),
+    Owned(AlignedBytes),
+}
+
+/// A parsed GGUF file. Tensor data stays in the mapping; the struct is `Send + Sync`.
+pub struct GgufFile {
+    backing: Backing,
+    header: Header,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("version", &self.header.version)
+            .field("metadata_keys", &self.header.metadata.len())
+            .field("tensors", &self.header.tensors.len())
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Memory-maps and parses the file at `path`.
+    pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the mapping is read-only; a model file changing under a running server is
+        // outside what this crate can defend against (llama.cpp makes the same assumption).
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let header = reader::parse(&map)?;
+        Ok(GgufFile {
+            backing: Backing::Mmap(map),
+            header,
+        })
+    }
+
+    /// Parses an in-memory file (tests, fuzzing).
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
+        let owned = AlignedBytes::new(&bytes);
+        let header = reader::parse(owned.as_slice())?;
+        Ok(GgufFile {
+            backing: Backing::Owned(owned),
+            header,
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match &self.backing {
+            Backing::Mmap(m) => m,
+            Backing::Owned(o) => o.as_slice(),
+        }
+    }
+
+    /// The GGUF version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.header.version
+    }
+
+    /// The metadata key/value pairs.
+    pub fn metadata(&self) -> &Metadata {
+        &self.header.metadata
+    }
+
+    /// The data alignment (`general.alignment`, default 32).
+    pub fn alignment(&self) -> u64 {
+        self.header.alignment
+    }
+
+    /// All tensor header entries, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.header.tensors
+    }
+
+    /// The tensor named `name` with its bytes.
+    pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
+        let info = self.header.tensors.iter().find(|t| t.name == name)?;
+        // The reader checked start + n_bytes <= file length, so these casts and the slice hold.
+        let start = (self.header.data_start + info.offset) as usize;
+        let data = &self.bytes()[start..start + info.n_bytes as usize];
+        Some(TensorView { info, data })
+    }
+
+    /// `general.architecture`, e.g. `llama`.
+    pub fn architecture(&self) -> Result<&str, GgufError> {
+        self.header.metadata.get_str("general.architecture")
+    }
+}

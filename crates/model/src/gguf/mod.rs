@@ -1,0 +1,23 @@
+//! GGUF (v2/v3) files: a memory-mapped reader that rejects malformed input with typed errors,
+//! a writer for tests, ggml quantizers, and the tiny random Llama used by model-free tests.
+
+mod cursor;
+mod error;
+mod file;
+mod quant;
+mod reader;
+mod tiny;
+mod types;
+mod value;
+mod writer;
+
+pub use error::GgufError;
+pub use file::{GgufFile, TensorInfo, TensorView};
+pub use quant::{
+    dequantize, f16_bytes, f32_bytes, quantize, quantize_q4_0, quantize_q4_1, quantize_q8_0,
+};
+pub use reader::{DEFAULT_ALIGNMENT, MAX_DIMS};
+pub use tiny::{tiny_llama_gguf, tiny_llama_gguf_with, TinyLlamaSpec};
+pub use types::GgmlType;
+pub use value::{MetaArray, MetaValue, Metadata};
+pub use writer::GgufWriter;

@@ -1,0 +1,99 @@
+//! Fuzzing the GGUF reader under `cargo test`: bounded proptest mutations of a valid tiny model
+//! (byte flips, u64 field overwrites, truncation, splices). The reader must return `Ok` or a
+//! typed error, never panic, and every tensor it accepts must be readable.
+
+use pagewarden_model::gguf::{dequantize, tiny_llama_gguf, GgufFile};
+use proptest::prelude::*;
+use std::sync::OnceLock;
+
+fn base() -> &'static [u8] {
+    static B: OnceLock<Vec<u8>> = OnceLock::new();
+    B.get_or_init(|| tiny_llama_gguf(11))
+}
+
+/// Mutations concentrate on the header, where the parser makes its decisions.
+const HEADER: usize = 8192;
+
+fn check(bytes: Vec<u8>) {
+    if let Ok(f) = GgufFile::from_bytes(bytes) {
+        for t in f.tensors() {
+            let v = f.tensor(&t.name).expect("listed tensor is found");
+            assert_eq!(v.data.len() as u64, t.n_bytes);
+            if t.ggml_type.is_supported() && t.n_elements() <= 1 << 16 {
+                dequantize(t.ggml_type, v.data, t.n_elements() as usize)
+                    .expect("dequantize accepted tensor");
+            }
+        }
+        let _ = f.architecture();
+        let _ = f.metadata().get_str_array("tokenizer.ggml.tokens");
+    }
+}
+
+fn interesting_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(u64::MAX),
+        Just(u64::MAX - 31),
+        Just(u32::MAX as u64),
+        Just(1 << 63),
+        Just(i64::MAX as u64),
+        0u64..4096,
+        any::<u64>(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn byte_flips_never_panic(flips in prop::collection::vec((0usize..HEADER, any::<u8>()), 1..8)) {
+        let mut b = base().to_vec();
+        for (pos, val) in flips {
+            let n = b.len();
+            b[pos % n] = val;
+        }
+        check(b);
+    }
+
+    #[test]
+    fn u64_overwrites_never_panic(pos in 0usize..HEADER, val in interesting_u64(), width in prop_oneof![Just(4usize), Just(8)]) {
+        let mut b = base().to_vec();
+        let pos = pos.min(b.len() - width);
+        b[pos..pos + width].copy_from_slice(&val.to_le_bytes()[..width]);
+        check(b);
+    }
+
+    #[test]
+    fn truncations_and_splices_never_panic(
+        cut in 0usize..HEADER * 2,
+        from in 0usize..HEADER,
+        to in 0usize..HEADER,
+        len in 0usize..256,
+        tail in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let src = base();
+        let mut b = src.to_vec();
+        // Copy a run of the file over another place (duplicates keys, shifts fields).
+        let len = len.min(src.len() - from).min(b.len() - to);
+        b[to..to + len].copy_from_slice(&src[from..from + len]);
+        b.truncate(cut.min(b.len()));
+        b.extend_from_slice(&tail);
+        check(b);
+    }
+
+    #[test]
+    fn random_bodies_after_a_valid_prefix_never_panic(
+        version in prop_oneof![Just(2u32), Just(3)],
+        n_tensors in interesting_u64(),
+        n_kv in interesting_u64(),
+        body in prop::collection::vec(any::<u8>(), 0..512),
+    ) {
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&version.to_le_bytes());
+        b.extend_from_slice(&(n_tensors % 8).to_le_bytes());
+        b.extend_from_slice(&(n_kv % 8).to_le_bytes());
+        b.extend_from_slice(&body);
+        check(b);
+    }
+}
