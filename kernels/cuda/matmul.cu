@@ -52,8 +52,9 @@ struct FmtQ4_1 {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const u32 byte = (four >> (8 * j)) & 0xff;
-                out[4 * i + j] = (float)(byte & 15) * d + m;
-                out[8 + 4 * i + j] = (float)(byte >> 4) * d + m;
+                // Rounded multiply then add, never fused: bit-identical to the CPU dequantizer.
+                out[4 * i + j] = __fadd_rn(__fmul_rn((float)(byte & 15), d), m);
+                out[8 + 4 * i + j] = __fadd_rn(__fmul_rn((float)(byte >> 4), d), m);
             }
         }
         idx[0] = blk * 32 + 8 * half;

@@ -266,5 +266,14 @@ fn pages(
         ok,
         String::new(),
     ));
+
+    // Page staging copies (the transfer engine's device <-> host step).
+    let pe = SHAPE.page_elems();
+    let fresh: Vec<f16> = (0..pe)
+        .map(|i| f16::from_f32((i % 97) as f32 / 8.0))
+        .collect();
+    gpu.write_page(pool, 7, &fresh)?;
+    let ok = gpu.read_page(pool, 7)? == fresh && gpu.read_page(pool, 8)? == host[8 * pe..9 * pe];
+    rows.push(verdict("read_page / write_page", shape, ok, String::new()));
     Ok(())
 }

@@ -5,7 +5,7 @@ use cudarc::driver::CudaSlice;
 use half::f16;
 
 use super::context::CudaBackend;
-use super::error::{ensure, CudaError};
+use super::error::{ensure, CudaError, DriverContext};
 
 /// Shape of one page; the same fields and layout as `pagewarden_kvcache::KvLayout`
 /// (kernels cannot depend on kvcache): `[layer][K|V][slot][kv head][dim]`, f16.
@@ -77,5 +77,43 @@ impl CudaBackend {
             generations: self.zeros(pages)?,
             guards: self.zeros(pages)?,
         })
+    }
+}
+
+impl CudaBackend {
+    /// Copies page `page` to the host (the transfer sender's staging step).
+    pub fn read_page(&self, pool: &DeviceKvPool, page: usize) -> Result<Vec<f16>, CudaError> {
+        ensure(page < pool.pages, "read_page", || {
+            format!("page {page} out of range ({} pages)", pool.pages)
+        })?;
+        let pe = pool.shape.page_elems();
+        let view = pool.data.slice(page * pe..(page + 1) * pe);
+        let mut host = vec![f16::ZERO; pe];
+        self.stream()
+            .memcpy_dtoh(&view, &mut host)
+            .during("copying a page to the host")?;
+        Ok(host)
+    }
+
+    /// Overwrites page `page` with `data` (`page_elems` f16; the transfer receiver's step, after
+    /// the kvcache grant checks).
+    pub fn write_page(
+        &self,
+        pool: &mut DeviceKvPool,
+        page: usize,
+        data: &[f16],
+    ) -> Result<(), CudaError> {
+        let pe = pool.shape.page_elems();
+        ensure(page < pool.pages && data.len() == pe, "write_page", || {
+            format!(
+                "page {page} of {} with {} elements (page holds {pe})",
+                pool.pages,
+                data.len()
+            )
+        })?;
+        let mut view = pool.data.slice_mut(page * pe..(page + 1) * pe);
+        self.stream()
+            .memcpy_htod(data, &mut view)
+            .during("copying a page to the device")
     }
 }
