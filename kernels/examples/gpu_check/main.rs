@@ -67,11 +67,16 @@ fn main() -> Result<()> {
     let par = Parallel::new(0);
     let mut rng = Rng(0x5eed_0009);
     let mut rows = Vec::new();
-    math::matmuls(&gpu, &par, &mut rng, &mut rows)?;
-    math::elementwise(&gpu, &mut rng, &mut rows)?;
-    paged::attention(&gpu, &par, &mut rng, &mut rows)?;
+    // Sections run in order; if one fails (a launch error poisons the context), the rows so far
+    // are still printed and the error names the section.
+    let run = (|| -> Result<()> {
+        math::matmuls(&gpu, &par, &mut rng, &mut rows).context("matmul / get_rows checks")?;
+        math::elementwise(&gpu, &mut rng, &mut rows).context("elementwise checks")?;
+        paged::attention(&gpu, &par, &mut rng, &mut rows).context("attention / page checks")
+    })();
     let failed = report::print(&rows);
     println!("\n{} checks, {failed} failed", rows.len());
+    run?;
 
     println!("\nCPU reference threads: {}", par.threads());
     bench::matvec(&gpu, &par, &mut rng)?;
