@@ -139,10 +139,8 @@ pub fn attention(
 
     // Faults: seq 0 asks past its table, seq 2 presents a stale generation (its page was
     // reallocated), seq 3 names a page beyond the pool; seq 1 is healthy and must still match.
-    let mut gens = s.gens.clone();
-    let bumped = s.tables[2][3].0 as usize;
-    gens[bumped] += 1;
-    gpu.write(&mut pool.generations, &gens)?;
+    let bumped = s.tables[2][3].0;
+    gpu.set_generations(&mut pool, &[bumped], &[s.gens[bumped as usize] + 1])?;
     let mut t3 = s.tables[3].clone();
     t3[5].0 = PAGES as u32 + 7;
     let tables: Vec<&[(u32, u64)]> = vec![&s.tables[0], &s.tables[1], &s.tables[2], &t3];

@@ -84,7 +84,31 @@ impl CudaBackend {
         values: &[u64],
     ) -> Result<(), CudaError> {
         let n = check_ids("stamp_guards", pool, ids)?;
-        super::error::ensure(values.len() == ids.len(), "stamp_guards", || {
+        self.scatter_u64("stamp_guards", &mut pool.guards, ids, values, n)
+    }
+
+    /// Records `gens[i]` as the current generation of page `ids[i]` (the kvcache owner calls this
+    /// whenever it bumps a page's generation, so attention on the GPU checks against it).
+    pub fn set_generations(
+        &self,
+        pool: &mut DeviceKvPool,
+        ids: &[u32],
+        gens: &[u64],
+    ) -> Result<(), CudaError> {
+        let n = check_ids("set_generations", pool, ids)?;
+        self.scatter_u64("set_generations", &mut pool.generations, ids, gens, n)
+    }
+
+    /// `dst[ids[i]] = values[i]` with the `guard_stamp` kernel (ids already checked).
+    fn scatter_u64(
+        &self,
+        op: &'static str,
+        dst: &mut CudaSlice<u64>,
+        ids: &[u32],
+        values: &[u64],
+        n: u32,
+    ) -> Result<(), CudaError> {
+        super::error::ensure(values.len() == ids.len(), op, || {
             format!("{} values for {} pages", values.len(), ids.len())
         })?;
         if n == 0 {
@@ -93,8 +117,8 @@ impl CudaBackend {
         let (d_ids, d_vals) = (self.upload(ids)?, self.upload(values)?);
         let f = self.func(Module::Pages, "guard_stamp")?;
         let mut b = self.stream().launch_builder(&f);
-        b.arg(&mut pool.guards).arg(&d_ids).arg(&d_vals).arg(&n);
-        // SAFETY: ids checked against the pool (guards has one word per page).
+        b.arg(dst).arg(&d_ids).arg(&d_vals).arg(&n);
+        // SAFETY: ids were checked against the pool; dst has one word per page.
         unsafe { b.launch(flat(n)) }.during("launching guard_stamp")?;
         Ok(())
     }
