@@ -1,0 +1,59 @@
+//! Helpers shared by the kvcache integration tests.
+#![allow(dead_code)]
+
+use pagewarden_kvcache::{
+    page_checksum, CommitManifest, Generation, KvLayout, KvPool, Owner, PageId, PageWrite,
+    PoolConfig, RequestId, ReservedPages, TenantId,
+};
+
+/// A tiny page: 2 layers, 1 head of 4, 4 tokens per page = 128 bytes.
+pub const LAYOUT: KvLayout = KvLayout {
+    layers: 2,
+    kv_heads: 1,
+    head_dim: 4,
+    page_size: 4,
+};
+
+pub fn pool(pages: usize) -> KvPool {
+    KvPool::new(PoolConfig::with_pages(LAYOUT, pages))
+}
+
+pub fn owner(n: u8) -> Owner {
+    Owner {
+        request: RequestId([n; 16]),
+        tenant: TenantId::new(format!("tenant-{n}")),
+    }
+}
+
+/// Page bytes that can only have been written for (request, page, generation).
+pub fn fill(layout: KvLayout, request: u8, page: PageId, generation: Generation) -> Vec<u8> {
+    let seed = (request as u64) << 48 ^ (page.0 as u64) << 24 ^ generation.0;
+    (0..layout.page_bytes())
+        .map(|i| {
+            let x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ (i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+            (x >> 29) as u8
+        })
+        .collect()
+}
+
+/// Writes every page of a reservation correctly for `request`; returns the manifest.
+pub fn write_all(pool: &KvPool, r: &ReservedPages, request: u8) -> CommitManifest {
+    let g = r.grant().clone();
+    let mut sums = Vec::new();
+    for (i, &(page, generation)) in g.pages.iter().enumerate() {
+        let data = fill(pool.layout(), request, page, generation);
+        let checksum = page_checksum(&data);
+        pool.write_page(PageWrite {
+            key: g.key,
+            page,
+            generation,
+            tokens: g.tokens_in_page(i) as u32,
+            data: &data,
+            checksum,
+        })
+        .expect("valid write lands");
+        sums.push(checksum);
+    }
+    CommitManifest::new(g.key, g.tokens, sums)
+}
