@@ -1,7 +1,21 @@
 //! Shared by every Pagewarden crate and service.
 //!
 //! - `ids`: newtypes for request, tenant, attempt and grant identifiers.
+//! - `config`: worker configuration from a TOML file and clap flags, with one-machine defaults.
+//! - `telemetry`: tracing subscriber, OTLP export, trace context in gRPC metadata.
+//! - `metrics`: the workers' Prometheus metrics (`pagewarden_*`) and the `/metrics` server.
+//! - `preflight`: start-up check of pool capacity against advertised context (I7).
+//! - `admission`: prompt + max_tokens against the effective context, before allocation (I3).
+//! - `shutdown`: SIGTERM / Ctrl-C as a cancellation token.
+//! - `integrity`: the `IntegritySink` hook through which workers report violations (I8).
 
+pub mod admission;
+pub mod config;
 pub mod ids;
+pub mod integrity;
+pub mod metrics;
+pub mod preflight;
+pub mod shutdown;
+pub mod telemetry;
 
 pub use ids::{AttemptId, RequestId, TenantId};

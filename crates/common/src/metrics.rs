@@ -1,0 +1,350 @@
+//! Prometheus metrics shared by the workers (`pagewarden_` prefix) and the `/metrics` HTTP server.
+//!
+//! One [`WorkerMetrics`] per process, shared with `Arc`. Pool figures that live in the KV pool's
+//! own counters are mirrored into the registry at scrape time by a refresh hook
+//! ([`serve_metrics`]'s `refresh`), so the text is always current.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// A label set with one `outcome` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// e.g. `ok`, `rejected`, `aborted`, `error`.
+    pub outcome: &'static str,
+}
+
+/// A label set with one `reason` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// e.g. `context_length_exceeded`.
+    pub reason: &'static str,
+}
+
+/// A label set with one `state` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// `free`, `used`, `draining`, `quarantined`.
+    pub state: &'static str,
+}
+
+/// A label set with one `kind` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// e.g. `generation_mismatch`, `checksum_mismatch`.
+    pub kind: &'static str,
+}
+
+/// Page counts of one KV pool, as the pool reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolGauges {
+    /// Free pages.
+    pub free: u64,
+    /// Pages held by requests (reserved or readable).
+    pub used: u64,
+    /// Pages of revoked grants waiting for their drain.
+    pub draining: u64,
+    /// Pages whose drain could not be confirmed.
+    pub quarantined: u64,
+}
+
+/// Every metric a worker exports.
+pub struct WorkerMetrics {
+    registry: Registry,
+    requests: Family<OutcomeLabel, Counter>,
+    rejections: Family<ReasonLabel, Counter>,
+    pool_pages: Family<StateLabel, Gauge>,
+    deferred_releases: Family<OutcomeLabel, Counter>,
+    integrity_failures: Family<KindLabel, Counter>,
+    stale_messages: Counter,
+    active_requests: Gauge,
+    ttft: Histogram,
+    inter_token: Histogram,
+    transfer_bytes: Counter,
+    transfer_duration: Histogram,
+    prefill_duration: Histogram,
+    generated_tokens: Counter,
+}
+
+impl WorkerMetrics {
+    /// Registers every metric under the `pagewarden_` prefix, with a constant `role` label.
+    pub fn new(role: &'static str) -> Self {
+        let mut registry = Registry::with_prefix_and_labels(
+            "pagewarden",
+            [(
+                std::borrow::Cow::Borrowed("role"),
+                std::borrow::Cow::Borrowed(role),
+            )]
+            .into_iter(),
+        );
+        let m = Self {
+            requests: Family::default(),
+            rejections: Family::default(),
+            pool_pages: Family::default(),
+            deferred_releases: Family::default(),
+            integrity_failures: Family::default(),
+            stale_messages: Counter::default(),
+            active_requests: Gauge::default(),
+            ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            inter_token: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            transfer_bytes: Counter::default(),
+            transfer_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            prefill_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            generated_tokens: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("requests", "Requests by outcome", m.requests.clone());
+        registry.register(
+            "rejections",
+            "Admission rejections by reason",
+            m.rejections.clone(),
+        );
+        registry.register("pool_pages", "KV pool pages by state", m.pool_pages.clone());
+        registry.register(
+            "deferred_releases",
+            "Deferred page releases of revoked grants by outcome (drained, quarantined, released)",
+            m.deferred_releases.clone(),
+        );
+        registry.register(
+            "integrity_failures",
+            "Integrity violations detected, by kind",
+            m.integrity_failures.clone(),
+        );
+        registry.register(
+            "stale_messages",
+            "Stale messages (old attempt, revoked grant) dropped",
+            m.stale_messages.clone(),
+        );
+        registry.register(
+            "active_requests",
+            "Requests in flight",
+            m.active_requests.clone(),
+        );
+        registry.register(
+            "ttft_seconds",
+            "Time to first token (decode: commit to first event)",
+            m.ttft.clone(),
+        );
+        registry.register(
+            "inter_token_seconds",
+            "Time between streamed tokens",
+            m.inter_token.clone(),
+        );
+        registry.register(
+            "transfer_bytes",
+            "KV bytes transferred",
+            m.transfer_bytes.clone(),
+        );
+        registry.register(
+            "transfer_duration_seconds",
+            "Duration of one request's KV transfer",
+            m.transfer_duration.clone(),
+        );
+        registry.register(
+            "prefill_duration_seconds",
+            "Duration of one prompt's forward pass",
+            m.prefill_duration.clone(),
+        );
+        registry.register(
+            "generated_tokens",
+            "Tokens generated",
+            m.generated_tokens.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// Counts a finished request.
+    pub fn request(&self, outcome: &'static str) {
+        self.requests.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// Counts an admission rejection.
+    pub fn rejection(&self, reason: &'static str) {
+        self.rejections.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Counts an integrity violation.
+    pub fn integrity_failure(&self, kind: &'static str) {
+        self.integrity_failures
+            .get_or_create(&KindLabel { kind })
+            .inc();
+    }
+
+    /// Counts a dropped stale message.
+    pub fn stale_message(&self) {
+        self.stale_messages.inc();
+    }
+
+    /// Sets the in-flight gauge.
+    pub fn set_active(&self, n: usize) {
+        self.active_requests.set(n as i64);
+    }
+
+    /// Records a time to first token.
+    pub fn observe_ttft(&self, secs: f64) {
+        self.ttft.observe(secs);
+    }
+
+    /// Records an inter-token gap.
+    pub fn observe_inter_token(&self, secs: f64) {
+        self.inter_token.observe(secs);
+    }
+
+    /// Counts generated tokens.
+    pub fn generated(&self, n: u64) {
+        self.generated_tokens.inc_by(n);
+    }
+
+    /// Records one transfer.
+    pub fn observe_transfer(&self, bytes: u64, secs: f64) {
+        self.transfer_bytes.inc_by(bytes);
+        self.transfer_duration.observe(secs);
+    }
+
+    /// Records one prompt's forward pass.
+    pub fn observe_prefill(&self, secs: f64) {
+        self.prefill_duration.observe(secs);
+    }
+
+    /// Mirrors the pool's page counts.
+    pub fn set_pool(&self, g: PoolGauges) {
+        for (state, v) in [
+            ("free", g.free),
+            ("used", g.used),
+            ("draining", g.draining),
+            ("quarantined", g.quarantined),
+        ] {
+            self.pool_pages
+                .get_or_create(&StateLabel { state })
+                .set(v as i64);
+        }
+    }
+
+    /// Mirrors a monotonic total kept elsewhere (the pool's deferred-release counters) into
+    /// the `deferred_releases` counter of `outcome`.
+    pub fn mirror_deferred_release(&self, outcome: &'static str, total: u64) {
+        let c = self
+            .deferred_releases
+            .get_or_create(&OutcomeLabel { outcome });
+        let seen = c.get();
+        if total > seen {
+            c.inc_by(total - seen);
+        }
+    }
+
+    /// Mirrors a monotonic integrity total kept elsewhere (the pool's counters).
+    pub fn mirror_integrity(&self, kind: &'static str, total: u64) {
+        let c = self.integrity_failures.get_or_create(&KindLabel { kind });
+        let seen = c.get();
+        if total > seen {
+            c.inc_by(total - seen);
+        }
+    }
+
+    /// Prometheus text of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Called before each scrape to copy external figures (pool stats) into the metrics.
+pub type RefreshHook = Arc<dyn Fn(&WorkerMetrics) + Send + Sync>;
+
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<WorkerMetrics>,
+    refresh: RefreshHook,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let metrics = metrics.clone();
+            let refresh = refresh.clone();
+            async move {
+                refresh(&metrics);
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    metrics.render(),
+                )
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Reads one sample's value out of Prometheus text (`name{labels} value`); labels must match
+/// exactly as rendered (e.g. `pagewarden_pool_pages{role="decode",state="free"}`). For tests.
+pub fn sample_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_prefixed_and_values_render() {
+        let m = WorkerMetrics::new("decode");
+        m.rejection("context_length_exceeded");
+        m.set_pool(PoolGauges {
+            free: 7,
+            used: 1,
+            draining: 0,
+            quarantined: 2,
+        });
+        m.mirror_deferred_release("drained", 3);
+        m.mirror_deferred_release("drained", 5);
+        m.observe_ttft(0.1);
+        let text = m.render();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            assert!(line.starts_with("pagewarden_"), "{line}");
+        }
+        assert_eq!(
+            sample_value(
+                &text,
+                "pagewarden_rejections_total{role=\"decode\",reason=\"context_length_exceeded\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample_value(
+                &text,
+                "pagewarden_pool_pages{role=\"decode\",state=\"free\"}"
+            ),
+            Some(7.0)
+        );
+        assert_eq!(
+            sample_value(
+                &text,
+                "pagewarden_deferred_releases_total{role=\"decode\",outcome=\"drained\"}"
+            ),
+            Some(5.0)
+        );
+    }
+}
