@@ -25,15 +25,19 @@ pub fn owner(n: u8) -> Owner {
     }
 }
 
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Page bytes that can only have been written for (request, page, generation).
 pub fn fill(layout: KvLayout, request: u8, page: PageId, generation: Generation) -> Vec<u8> {
-    let seed = (request as u64) << 48 ^ (page.0 as u64) << 24 ^ generation.0;
-    (0..layout.page_bytes())
-        .map(|i| {
-            let x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                ^ (i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93);
-            (x >> 29) as u8
-        })
+    let seed = splitmix64(splitmix64(splitmix64(request as u64) ^ page.0 as u64) ^ generation.0);
+    (0..layout.page_bytes().div_ceil(8) as u64)
+        .flat_map(|chunk| splitmix64(seed ^ chunk).to_le_bytes())
+        .take(layout.page_bytes())
         .collect()
 }
 
