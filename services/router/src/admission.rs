@@ -1,0 +1,102 @@
+//! Admission (I3): a tokenized request is admitted only when prompt + max_tokens fits the
+//! effective context. A rejection here is terminal: nothing reaches any worker.
+
+use crate::error::RouterError;
+
+/// `max_tokens` when the client gives none, capped by the room left in the context.
+pub const DEFAULT_MAX_TOKENS: u32 = 256;
+
+/// A request that fits: its tokens, its completion budget, and the context it was checked against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admitted {
+    /// The prompt's token ids (non-empty).
+    pub prompt: Vec<u32>,
+    /// Completion budget; `prompt.len() + max_tokens <= context`.
+    pub max_tokens: u32,
+    /// The effective context at admission.
+    pub context: u32,
+}
+
+/// Checks `prompt + max_tokens <= context`. `requested = None` picks
+/// `min(DEFAULT_MAX_TOKENS, context - prompt)`; a prompt that leaves no room for one token is
+/// rejected either way. `prompt_param` is the field to blame (`prompt` or `messages`).
+pub fn admit(
+    prompt: Vec<u32>,
+    requested: Option<u32>,
+    context: u32,
+    prompt_param: &'static str,
+) -> Result<Admitted, RouterError> {
+    let p = prompt.len() as u64;
+    let ctx = u64::from(context);
+    if p >= ctx {
+        return Err(RouterError::ContextLengthExceeded {
+            param: prompt_param,
+            message: format!(
+                "This model's maximum context length is {context} tokens. However, your prompt \
+                 has {p} tokens, which leaves no room for a completion. Please shorten the prompt."
+            ),
+        });
+    }
+    let room = (ctx - p) as u32;
+    let max_tokens = match requested {
+        None => DEFAULT_MAX_TOKENS.min(room),
+        Some(m) if u64::from(m) + p <= ctx => m,
+        Some(m) => {
+            return Err(RouterError::ContextLengthExceeded {
+                param: "max_tokens",
+                message: format!(
+                    "This model's maximum context length is {context} tokens. However, you \
+                     requested {} tokens ({p} in the prompt, {m} for the completion). Please \
+                     reduce the prompt or max_tokens (at most {room} here).",
+                    u64::from(m) + p
+                ),
+            })
+        }
+    };
+    Ok(Admitted {
+        prompt,
+        max_tokens,
+        context,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(r: Result<Admitted, RouterError>) -> &'static str {
+        match r {
+            Ok(_) => "ok",
+            Err(e) => e.reason(),
+        }
+    }
+
+    #[test]
+    fn boundaries() {
+        let toks = |n: usize| vec![1u32; n];
+        assert_eq!(code(admit(toks(99), None, 100, "prompt")), "ok");
+        assert_eq!(admit(toks(99), None, 100, "prompt").unwrap().max_tokens, 1);
+        assert_eq!(admit(toks(10), None, 100, "prompt").unwrap().max_tokens, 90);
+        assert_eq!(
+            admit(toks(10), None, 1000, "prompt").unwrap().max_tokens,
+            256
+        );
+        assert_eq!(
+            code(admit(toks(100), None, 100, "prompt")),
+            "context_length_exceeded"
+        );
+        assert_eq!(
+            code(admit(toks(101), None, 100, "prompt")),
+            "context_length_exceeded"
+        );
+        assert_eq!(code(admit(toks(50), Some(50), 100, "prompt")), "ok");
+        assert_eq!(
+            code(admit(toks(50), Some(51), 100, "prompt")),
+            "context_length_exceeded"
+        );
+        assert_eq!(
+            code(admit(toks(1), Some(u32::MAX), u32::MAX, "prompt")),
+            "context_length_exceeded"
+        );
+    }
+}

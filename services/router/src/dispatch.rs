@@ -1,0 +1,440 @@
+//! One request's life after admission, as one enum owned by one [`Flight`]:
+//!
+//! ```text
+//! Admitted ──Reserve(decode)──▶ Reserved{grant} ──Prefill(prefill, grant)──▶ Prefilled{reply}
+//!   ──Generate(decode, manifest)──▶ Streaming{tokens} ──finish──▶ Finished
+//! any step ──error / deadline──▶ Failed            (drop at any point = client gone)
+//! ```
+//!
+//! Every transition consumes the old state. The [`AbortGuard`] is armed from the start and only
+//! `Finished` disarms it, so `Failed`, a deadline and a dropped `Flight` all abort both halves.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pagewarden_common::{AttemptId, RequestId, TenantId};
+use pagewarden_proto::v1::{
+    FinishReason, GenerateRequest, PrefillReply, PrefillRequest, RequestRef, ReserveRequest,
+    SamplingParams, TokenEvent, WriteGrant,
+};
+use tonic::Streaming;
+use tracing::Instrument;
+
+use crate::admission::Admitted;
+use crate::error::{from_status, Half, RouterError};
+use crate::guard::{AbortGuard, AbortReason};
+use crate::metrics::Metrics;
+use crate::telemetry::traced;
+use crate::validation::ValidSampling;
+use crate::workers::{Lease, WorkerPool};
+
+/// How a generation ended, as OpenAI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// EOS or a stop sequence.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// A worker aborted the generation.
+    Abort,
+}
+
+impl Finish {
+    /// `stop`, `length` or `abort`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::Abort => "abort",
+        }
+    }
+}
+
+/// One generated token relayed to the client; the last one carries `finish`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Token {
+    /// Token id.
+    pub id: u32,
+    /// Text it completes (may be empty mid-UTF-8 or inside a held-back stop prefix).
+    pub text: String,
+    /// Set on the last token only.
+    pub finish: Option<Finish>,
+}
+
+/// Timeouts for dispatch.
+#[derive(Clone, Copy, Debug)]
+pub struct DispatchConfig {
+    /// Whole-request deadline (`--request-timeout`).
+    pub request_timeout: Duration,
+    /// Bound on each best-effort `Abort` RPC.
+    pub abort_timeout: Duration,
+}
+
+/// Everything admission produced for one request.
+pub struct Job {
+    /// The request id.
+    pub id: RequestId,
+    /// Who asked.
+    pub tenant: TenantId,
+    /// Prompt tokens and completion budget, checked against the context.
+    pub admitted: Admitted,
+    /// Sampling.
+    pub sampling: ValidSampling,
+    /// When the HTTP request arrived (for TTFT).
+    pub arrived: Instant,
+}
+
+/// The request's state (see the module diagram). Exactly one of these at any time.
+enum RequestState {
+    Admitted,
+    Reserved { grant: WriteGrant },
+    Prefilled { reply: PrefillReply },
+    Streaming { tokens: Streaming<TokenEvent> },
+    Finished(Finish),
+    Failed,
+}
+
+/// A dispatched request: its state, its workers and its abort guard.
+pub struct Flight {
+    state: RequestState,
+    req: RequestRef,
+    job: Job,
+    decode: Lease,
+    prefill: Lease,
+    guard: AbortGuard,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+    span: tracing::Span,
+    completion_tokens: u32,
+    last_token_at: Option<Instant>,
+    ttft: Option<Duration>,
+}
+
+impl Flight {
+    /// Picks the least-loaded live decode and prefill workers and arms the abort guard. Sends
+    /// nothing yet; the first [`Flight::next`] does.
+    pub fn start(
+        pool: &WorkerPool,
+        cfg: DispatchConfig,
+        metrics: Arc<Metrics>,
+        job: Job,
+    ) -> Result<Self, RouterError> {
+        let decode = pool.pick(Half::Decode)?;
+        let prefill = pool.pick(Half::Prefill)?;
+        let req = RequestRef {
+            request_id: job.id.as_bytes().to_vec(),
+            attempt: AttemptId(1).0,
+        };
+        let guard = AbortGuard::new(
+            req.clone(),
+            decode.worker().clone(),
+            prefill.worker().clone(),
+            metrics.clone(),
+            cfg.abort_timeout,
+        );
+        let span = tracing::info_span!(
+            "request",
+            request_id = %job.id,
+            tenant = %job.tenant,
+            decode = decode.worker().url(),
+            prefill = prefill.worker().url(),
+        );
+        Ok(Self {
+            state: RequestState::Admitted,
+            req,
+            deadline: tokio::time::Instant::from_std(job.arrived + cfg.request_timeout),
+            timeout: cfg.request_timeout,
+            job,
+            decode,
+            prefill,
+            guard,
+            metrics,
+            span,
+            completion_tokens: 0,
+            last_token_at: None,
+            ttft: None,
+        })
+    }
+
+    /// Completion tokens relayed so far (marker-only events do not count).
+    pub fn completion_tokens(&self) -> u32 {
+        self.completion_tokens
+    }
+
+    /// How the generation ended, once it has.
+    pub fn finish(&self) -> Option<Finish> {
+        match self.state {
+            RequestState::Finished(f) => Some(f),
+            RequestState::Admitted
+            | RequestState::Reserved { .. }
+            | RequestState::Prefilled { .. }
+            | RequestState::Streaming { .. }
+            | RequestState::Failed => None,
+        }
+    }
+
+    /// Prompt tokens.
+    pub fn prompt_tokens(&self) -> u32 {
+        self.job.admitted.prompt.len() as u32
+    }
+
+    /// Time to first token, once there was one.
+    pub fn ttft(&self) -> Option<Duration> {
+        self.ttft
+    }
+
+    /// The request id.
+    pub fn id(&self) -> RequestId {
+        self.job.id
+    }
+
+    /// The tenant.
+    pub fn tenant(&self) -> &TenantId {
+        &self.job.tenant
+    }
+
+    /// Drives the request to its next token. `None` after the last token or after an error.
+    pub async fn next(&mut self) -> Option<Result<Token, RouterError>> {
+        loop {
+            let state = std::mem::replace(&mut self.state, RequestState::Failed);
+            let next = match state {
+                RequestState::Admitted => self
+                    .reserve()
+                    .await
+                    .map(|grant| RequestState::Reserved { grant }),
+                RequestState::Reserved { grant } => self
+                    .prefill(grant)
+                    .await
+                    .map(|reply| RequestState::Prefilled { reply }),
+                RequestState::Prefilled { reply } => self
+                    .generate(reply)
+                    .await
+                    .map(|tokens| RequestState::Streaming { tokens }),
+                RequestState::Streaming { mut tokens } => match self.receive(&mut tokens).await {
+                    Ok(Some(token)) => {
+                        self.state = match token.finish {
+                            Some(finish) => {
+                                self.guard.disarm();
+                                RequestState::Finished(finish)
+                            }
+                            None => RequestState::Streaming { tokens },
+                        };
+                        return Some(Ok(token));
+                    }
+                    Ok(None) => Ok(RequestState::Streaming { tokens }),
+                    Err(e) => Err(e),
+                },
+                done @ (RequestState::Finished(_) | RequestState::Failed) => {
+                    self.state = done;
+                    return None;
+                }
+            };
+            match next {
+                Ok(state) => self.state = state,
+                Err(e) => {
+                    tracing::warn!(parent: &self.span, error = %e, "request failed");
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+
+    /// Runs one RPC under the request's deadline and span; classifies failures once.
+    async fn call<T>(
+        &mut self,
+        half: Half,
+        fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, RouterError> {
+        match tokio::time::timeout_at(self.deadline, fut.instrument(self.span.clone())).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            Ok(Err(status)) => {
+                self.guard.set_reason(failed(half));
+                if status.code() == tonic::Code::Unavailable {
+                    self.lease(half).worker().mark_down(status.to_string());
+                }
+                Err(from_status(half, &status))
+            }
+            Err(_) => {
+                self.guard.set_reason(AbortReason::Deadline);
+                Err(RouterError::Timeout(self.timeout))
+            }
+        }
+    }
+
+    fn lease(&self, half: Half) -> &Lease {
+        match half {
+            Half::Decode => &self.decode,
+            Half::Prefill => &self.prefill,
+        }
+    }
+
+    /// A reply that names another request or attempt is stale (I5): counted, and this request
+    /// fails rather than use it.
+    fn check_ref(&mut self, half: Half, got: Option<&RequestRef>) -> Result<(), RouterError> {
+        if got == Some(&self.req) {
+            return Ok(());
+        }
+        self.metrics.stale_messages.inc();
+        self.guard.set_reason(failed(half));
+        Err(RouterError::Worker {
+            half,
+            message: "reply names another request or attempt".into(),
+        })
+    }
+
+    fn sampling(&self) -> SamplingParams {
+        let s = &self.job.sampling;
+        SamplingParams {
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            seed: s.seed,
+            max_tokens: self.job.admitted.max_tokens,
+            stop: s.stop.clone(),
+        }
+    }
+
+    async fn reserve(&mut self) -> Result<WriteGrant, RouterError> {
+        let msg = ReserveRequest {
+            req: Some(self.req.clone()),
+            tenant: self.job.tenant.to_string(),
+            prompt_tokens: self.prompt_tokens(),
+            max_tokens: self.job.admitted.max_tokens,
+        };
+        let mut client = self.decode.worker().decode();
+        let reply = self
+            .call(
+                Half::Decode,
+                async move { client.reserve(traced(msg)).await },
+            )
+            .await?;
+        self.check_ref(Half::Decode, reply.req.as_ref())?;
+        reply.grant.ok_or_else(|| missing(Half::Decode, "grant"))
+    }
+
+    async fn prefill(&mut self, grant: WriteGrant) -> Result<PrefillReply, RouterError> {
+        let msg = PrefillRequest {
+            req: Some(self.req.clone()),
+            tenant: self.job.tenant.to_string(),
+            prompt_tokens: self.job.admitted.prompt.clone(),
+            grant: Some(grant),
+            sampling: Some(self.sampling()),
+        };
+        let mut client = self.prefill.worker().prefill();
+        let reply = self
+            .call(
+                Half::Prefill,
+                async move { client.prefill(traced(msg)).await },
+            )
+            .await?;
+        self.check_ref(Half::Prefill, reply.req.as_ref())?;
+        if reply.manifest.is_none() {
+            self.guard.set_reason(AbortReason::PrefillFailed);
+            return Err(missing(Half::Prefill, "manifest"));
+        }
+        Ok(reply)
+    }
+
+    async fn generate(
+        &mut self,
+        reply: PrefillReply,
+    ) -> Result<Streaming<TokenEvent>, RouterError> {
+        let msg = GenerateRequest {
+            req: Some(self.req.clone()),
+            manifest: reply.manifest,
+            first_token: reply.first_token,
+            sampling: Some(self.sampling()),
+            prompt_tokens: self.job.admitted.prompt.clone(),
+        };
+        let mut client = self.decode.worker().decode();
+        self.call(
+            Half::Decode,
+            async move { client.generate(traced(msg)).await },
+        )
+        .await
+    }
+
+    /// The next token event for this request; `Ok(None)` for a stale event (dropped, counted).
+    async fn receive(
+        &mut self,
+        tokens: &mut Streaming<TokenEvent>,
+    ) -> Result<Option<Token>, RouterError> {
+        let event = match tokio::time::timeout_at(self.deadline, tokens.message()).await {
+            Ok(Ok(Some(event))) => event,
+            Ok(Ok(None)) => {
+                self.guard.set_reason(AbortReason::DecodeFailed);
+                return Err(RouterError::Worker {
+                    half: Half::Decode,
+                    message: "token stream ended without a finish reason".into(),
+                });
+            }
+            Ok(Err(status)) => {
+                self.guard.set_reason(AbortReason::DecodeFailed);
+                return Err(from_status(Half::Decode, &status));
+            }
+            Err(_) => {
+                self.guard.set_reason(AbortReason::Deadline);
+                return Err(RouterError::Timeout(self.timeout));
+            }
+        };
+        if event.req.as_ref() != Some(&self.req) {
+            self.metrics.stale_messages.inc();
+            tracing::warn!(parent: &self.span, "dropped a token event naming another request");
+            return Ok(None);
+        }
+        let finish = match FinishReason::try_from(event.finish) {
+            Ok(FinishReason::Unspecified) => None,
+            Ok(FinishReason::Stop) => Some(Finish::Stop),
+            Ok(FinishReason::Length) => Some(Finish::Length),
+            Ok(FinishReason::Abort) => Some(Finish::Abort),
+            Err(_) => {
+                self.guard.set_reason(AbortReason::DecodeFailed);
+                return Err(missing(Half::Decode, "a known finish reason"));
+            }
+        };
+        // A marker-only event ends the stream without a completion token (EOG or abort).
+        if !event.marker_only {
+            self.completion_tokens += 1;
+        }
+        if self.completion_tokens > self.job.admitted.max_tokens {
+            self.guard.set_reason(AbortReason::DecodeFailed);
+            return Err(RouterError::Worker {
+                half: Half::Decode,
+                message: format!(
+                    "sent more than max_tokens = {} tokens",
+                    self.job.admitted.max_tokens
+                ),
+            });
+        }
+        let now = Instant::now();
+        match self.last_token_at {
+            None => {
+                let ttft = now - self.job.arrived;
+                self.ttft = Some(ttft);
+                self.metrics.ttft.observe(ttft.as_secs_f64());
+            }
+            Some(prev) => self.metrics.inter_token.observe((now - prev).as_secs_f64()),
+        }
+        self.last_token_at = Some(now);
+        Ok(Some(Token {
+            id: event.token,
+            text: event.text,
+            finish,
+        }))
+    }
+}
+
+fn failed(half: Half) -> AbortReason {
+    match half {
+        Half::Decode => AbortReason::DecodeFailed,
+        Half::Prefill => AbortReason::PrefillFailed,
+    }
+}
+
+fn missing(half: Half, what: &str) -> RouterError {
+    RouterError::Worker {
+        half,
+        message: format!("reply is missing {what}"),
+    }
+}

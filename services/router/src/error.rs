@@ -1,0 +1,322 @@
+//! Every way a router request can fail, classified once, and the one mapping from a failure to an
+//! HTTP status and an OpenAI-shaped error body (TGI `server.rs` shape).
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+/// Which half of the disaggregated pair a worker error came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    /// A prefill worker.
+    Prefill,
+    /// A decode worker.
+    Decode,
+}
+
+impl Half {
+    /// Lower-case name for logs, metrics and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Half::Prefill => "prefill",
+            Half::Decode => "decode",
+        }
+    }
+}
+
+/// A request parameter the client got wrong, with a message written for the client.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ValidationError {
+    /// The offending field, as the client spelled it (`max_tokens`, `messages[2].role`).
+    pub param: String,
+    /// What is wrong, naming the field.
+    pub message: String,
+}
+
+impl ValidationError {
+    /// An error about `param`; the message should name the field.
+    pub fn new(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            param: param.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Why the router refused or failed a request.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// No API key, or one that maps to no tenant.
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// The body is larger than `--max-body-bytes`.
+    #[error("request body exceeds the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The body is not valid UTF-8.
+    #[error("request body is not valid UTF-8: {0}")]
+    InvalidUtf8(String),
+    /// The body is not valid JSON (or not a JSON object).
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(String),
+    /// A parameter is missing, of the wrong type or out of range.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// The request names a model this router does not serve.
+    #[error("the model `{0}` does not exist; see GET /v1/models")]
+    ModelNotFound(String),
+    /// prompt + max_tokens exceeds the effective context (I3).
+    #[error("{message}")]
+    ContextLengthExceeded {
+        /// The parameter to blame: the prompt field when the prompt alone does not fit.
+        param: &'static str,
+        /// Client-facing message with the numbers.
+        message: String,
+    },
+    /// The router's own concurrency limit is reached.
+    #[error("the router is at its concurrency limit of {0} requests; retry later")]
+    Overloaded(usize),
+    /// No live decode or no live prefill worker.
+    #[error("no live {0} worker; retry later")]
+    NoLiveWorkers(&'static str),
+    /// A worker has no free KV pages for this request now.
+    #[error("the {half} worker's KV pool is exhausted: {message}", half = .half.as_str())]
+    PoolExhausted {
+        /// Which half refused.
+        half: Half,
+        /// The worker's message.
+        message: String,
+    },
+    /// A worker refused the request as invalid (it re-checks admission).
+    #[error("the {half} worker rejected the request: {message}", half = .half.as_str())]
+    WorkerRejected {
+        /// Which half refused.
+        half: Half,
+        /// The worker's message.
+        message: String,
+    },
+    /// A worker failed or broke the protocol.
+    #[error("the {half} worker failed: {message}", half = .half.as_str())]
+    Worker {
+        /// Which half failed.
+        half: Half,
+        /// What happened.
+        message: String,
+    },
+    /// The request ran past `--request-timeout`.
+    #[error("the request did not finish within {0:?}")]
+    Timeout(Duration),
+    /// The route does not exist.
+    #[error("no route for {0}")]
+    NotFound(String),
+    /// A bug in the router; never expected.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct ErrorBody {
+    /// The error itself.
+    pub error: ErrorDetail,
+}
+
+/// The inside of [`ErrorBody`].
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct ErrorDetail {
+    /// Human-readable, names the field when a field is to blame.
+    pub message: String,
+    /// OpenAI's error type (`invalid_request_error`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The offending parameter, if any.
+    pub param: Option<String>,
+    /// A stable machine-readable code, if any.
+    pub code: Option<String>,
+}
+
+/// How long a client should wait before retrying a 429/503.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+impl RouterError {
+    /// The one classification: status, OpenAI type, code and param.
+    fn classify(
+        &self,
+    ) -> (
+        StatusCode,
+        &'static str,
+        Option<&'static str>,
+        Option<String>,
+    ) {
+        use RouterError as E;
+        const BAD: &str = "invalid_request_error";
+        match self {
+            E::Unauthorized(_) => (
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                Some("invalid_api_key"),
+                None,
+            ),
+            E::PayloadTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                BAD,
+                Some("payload_too_large"),
+                None,
+            ),
+            E::InvalidUtf8(_) => (StatusCode::BAD_REQUEST, BAD, Some("invalid_utf8"), None),
+            E::InvalidJson(_) => (StatusCode::BAD_REQUEST, BAD, Some("invalid_json"), None),
+            E::Invalid(v) => (
+                StatusCode::BAD_REQUEST,
+                BAD,
+                Some("invalid_value"),
+                Some(v.param.clone()),
+            ),
+            E::ModelNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                BAD,
+                Some("model_not_found"),
+                Some("model".into()),
+            ),
+            E::ContextLengthExceeded { param, .. } => (
+                StatusCode::BAD_REQUEST,
+                BAD,
+                Some("context_length_exceeded"),
+                Some((*param).into()),
+            ),
+            E::Overloaded(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                Some("rate_limit_exceeded"),
+                None,
+            ),
+            E::NoLiveWorkers(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                Some("no_live_workers"),
+                None,
+            ),
+            E::PoolExhausted { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                Some("kv_pool_exhausted"),
+                None,
+            ),
+            E::WorkerRejected { .. } => (
+                StatusCode::BAD_REQUEST,
+                BAD,
+                Some("rejected_by_worker"),
+                None,
+            ),
+            E::Worker { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                Some("worker_failed"),
+                None,
+            ),
+            E::Timeout(_) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "server_error",
+                Some("timeout"),
+                None,
+            ),
+            E::NotFound(_) => (StatusCode::NOT_FOUND, BAD, Some("not_found"), None),
+            E::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                None,
+            ),
+        }
+    }
+
+    /// The HTTP status this error maps to.
+    pub fn status(&self) -> StatusCode {
+        self.classify().0
+    }
+
+    /// `Some(seconds)` for the over-capacity errors that carry `Retry-After`.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self.status() {
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                Some(RETRY_AFTER_SECS)
+            }
+            _ => None,
+        }
+    }
+
+    /// Label for `pagewarden_router_rejections_total{reason}` and logs.
+    pub fn reason(&self) -> &'static str {
+        self.classify().2.unwrap_or("internal")
+    }
+
+    /// The OpenAI error body.
+    pub fn body(&self) -> ErrorBody {
+        let (_, kind, code, param) = self.classify();
+        ErrorBody {
+            error: ErrorDetail {
+                message: self.to_string(),
+                kind: kind.into(),
+                param,
+                code: code.map(Into::into),
+            },
+        }
+    }
+}
+
+impl From<&RouterError> for (StatusCode, Json<ErrorBody>) {
+    fn from(e: &RouterError) -> Self {
+        (e.status(), Json(e.body()))
+    }
+}
+
+impl From<RouterError> for (StatusCode, Json<ErrorBody>) {
+    fn from(e: RouterError) -> Self {
+        (&e).into()
+    }
+}
+
+impl IntoResponse for RouterError {
+    fn into_response(self) -> Response {
+        let retry = self.retry_after();
+        let mut resp = <(StatusCode, Json<ErrorBody>)>::from(&self).into_response();
+        if let Some(secs) = retry {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+/// Maps a worker's gRPC status to a router error, classified once here.
+pub fn from_status(half: Half, status: &tonic::Status) -> RouterError {
+    use tonic::Code;
+    let message = status.message().to_string();
+    match status.code() {
+        Code::ResourceExhausted => RouterError::PoolExhausted { half, message },
+        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
+            RouterError::WorkerRejected { half, message }
+        }
+        Code::Ok
+        | Code::Cancelled
+        | Code::Unknown
+        | Code::DeadlineExceeded
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::PermissionDenied
+        | Code::Aborted
+        | Code::Unimplemented
+        | Code::Internal
+        | Code::Unavailable
+        | Code::DataLoss
+        | Code::Unauthenticated => RouterError::Worker {
+            half,
+            message: format!("{:?}: {message}", status.code()),
+        },
+    }
+}

@@ -1,0 +1,152 @@
+//! The HTTP handlers: thin, each turning its input into `Valid*` types and handing over to
+//! `respond`. Every error leaves through `RouterError`'s one mapping.
+
+use std::time::Instant;
+
+use axum::extract::{Extension, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use pagewarden_common::TenantId;
+use serde_json::json;
+
+use crate::error::{Half, RouterError, RETRY_AFTER_SECS};
+use crate::extract::JsonObject;
+use crate::openai::{model_list, Endpoint};
+use crate::record::{Record, Slot};
+use crate::respond::{respond, Prepared};
+use crate::server::AppState;
+use crate::validation::{ValidChatRequest, ValidCompletionRequest};
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<TenantId>,
+    body: Result<JsonObject, RouterError>,
+) -> Response {
+    let arrived = Instant::now();
+    let mut record = Record::new(Endpoint::Completions, state.metrics.clone());
+    let prepared = async {
+        let slot = state.slot()?;
+        let req = ValidCompletionRequest::parse(&body?.0)?;
+        check_model(&state, req.common.model.as_deref())?;
+        let frontend = state.frontend.clone();
+        let prompt = req.prompt;
+        let tokens = blocking(move || frontend.completion_tokens(&prompt)).await?;
+        Ok::<_, RouterError>(Prepared {
+            endpoint: Endpoint::Completions,
+            tenant,
+            tokens,
+            common: req.common,
+            arrived,
+            slot,
+        })
+    };
+    match prepared.await {
+        Ok(p) => respond(&state, p, record).await,
+        Err(e) => {
+            record.fail(&e);
+            e.into_response()
+        }
+    }
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<TenantId>,
+    body: Result<JsonObject, RouterError>,
+) -> Response {
+    let arrived = Instant::now();
+    let mut record = Record::new(Endpoint::Chat, state.metrics.clone());
+    let prepared = async {
+        let slot = state.slot()?;
+        let req = ValidChatRequest::parse(&body?.0)?;
+        check_model(&state, req.common.model.as_deref())?;
+        let frontend = state.frontend.clone();
+        let messages = req.messages;
+        let tokens = blocking(move || frontend.chat_tokens(&messages)).await?;
+        Ok::<_, RouterError>(Prepared {
+            endpoint: Endpoint::Chat,
+            tenant,
+            tokens,
+            common: req.common,
+            arrived,
+            slot,
+        })
+    };
+    match prepared.await {
+        Ok(p) => respond(&state, p, record).await,
+        Err(e) => {
+            record.fail(&e);
+            e.into_response()
+        }
+    }
+}
+
+/// Tokenizing a long prompt is CPU work: keep it off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, RouterError> + Send + 'static,
+) -> Result<T, RouterError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| RouterError::Internal(format!("tokenizer task failed: {e}")))?
+}
+
+fn check_model(state: &AppState, model: Option<&str>) -> Result<(), RouterError> {
+    match model {
+        Some(m) if m != state.frontend.model_name() => Err(RouterError::ModelNotFound(m.into())),
+        Some(_) | None => Ok(()),
+    }
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
+    Json(model_list(
+        state.frontend.model_name(),
+        state.pool.effective_context().ok(),
+    ))
+}
+
+/// `GET /health`: 200 when at least one decode and one prefill worker are live, else 503.
+pub async fn health(State(state): State<AppState>) -> Response {
+    let context = state.pool.effective_context();
+    let body = json!({
+        "status": if context.is_ok() { "ok" } else { "unavailable" },
+        "live_decode": state.pool.live_count(Half::Decode),
+        "live_prefill": state.pool.live_count(Half::Prefill),
+        "effective_context": context.as_ref().ok(),
+    });
+    match context {
+        Ok(_) => (StatusCode::OK, Json(body)).into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, RETRY_AFTER_SECS.to_string())],
+            Json(body),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// Unknown routes: an OpenAI-shaped 404.
+pub async fn not_found(uri: axum::http::Uri) -> RouterError {
+    RouterError::NotFound(uri.path().to_string())
+}
+
+impl AppState {
+    fn slot(&self) -> Result<Slot, RouterError> {
+        Slot::acquire(&self.limiter, self.settings.max_concurrency, &self.metrics)
+    }
+}

@@ -1,0 +1,49 @@
+//! Pagewarden's router: OpenAI-compatible HTTP in front, admission against the effective context
+//! (I3), dispatch to a decode and a prefill worker over gRPC, and cancellation of both halves (I6).
+//!
+//! - `config.rs`: flags (clap) over a toml file over defaults → `RouterConfig`
+//! - `server.rs`: `AppState`, the route table, the `Info` poller, `serve(listener, state, shutdown)`
+//! - `tenants.rs`: API keys → tenants; the auth middleware (401)
+//! - `extract.rs`: body extractor: 413 / invalid UTF-8 / invalid JSON as OpenAI errors
+//! - `params.rs`: typed field readers whose errors name the field
+//! - `validation.rs`: `ValidCompletionRequest`, `ValidChatRequest` (parse, don't validate)
+//! - `frontend.rs`: tokenizer and chat template → prompt tokens
+//! - `admission.rs`: prompt + max_tokens against the effective context; default `max_tokens`
+//! - `workers.rs`: worker channels, liveness from `Info`, effective context, least-loaded pick
+//! - `dispatch.rs`: the request state enum: Reserve → Prefill → Generate → tokens
+//! - `guard.rs`: `AbortGuard`, whose drop aborts both halves
+//! - `respond.rs`: the shared path from tokens to a response (full JSON or stream)
+//! - `sse.rs`: OpenAI chunks as server-sent events, `[DONE]`
+//! - `openai.rs`: response bodies, usage, model list
+//! - `handlers.rs`: the HTTP handlers
+//! - `record.rs`: concurrency slot (429) and the per-request outcome count
+//! - `error.rs`: `RouterError` and its one mapping to status + OpenAI error body
+//! - `metrics.rs`: `pagewarden_router_*` Prometheus metrics
+//! - `telemetry.rs`: trace context into gRPC metadata
+//! - `sample.rs`: `SampleSink`, the auditor's sampling hook (no-op default)
+
+pub mod admission;
+pub mod config;
+pub mod dispatch;
+pub mod error;
+pub mod extract;
+pub mod frontend;
+pub mod guard;
+pub mod handlers;
+pub mod metrics;
+pub mod openai;
+pub mod params;
+pub mod record;
+pub mod respond;
+pub mod sample;
+pub mod server;
+pub mod sse;
+pub mod telemetry;
+pub mod tenants;
+pub mod validation;
+pub mod workers;
+
+pub use config::{Args, RouterConfig};
+pub use error::{ErrorBody, RouterError};
+pub use sample::{NoSampling, ResponseSample, SampleSink};
+pub use server::{router, serve, AppState, Settings};

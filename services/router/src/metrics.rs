@@ -1,0 +1,170 @@
+//! The router's Prometheus metrics (`pagewarden_router_*`): requests by outcome, rejections by
+//! reason, time to first token, inter-token latency, stale messages, aborts sent, live workers.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// How a request that reached a handler ended.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Outcome {
+    /// Finished with `stop` or `length`.
+    Completed,
+    /// Refused before anything was sent to a worker (4xx, 429, 503 at admission).
+    Rejected,
+    /// Client went away before the end.
+    Cancelled,
+    /// A worker failed or the protocol broke.
+    Failed,
+    /// Ran past the deadline.
+    TimedOut,
+    /// A worker ended the stream with `abort`.
+    Aborted,
+}
+
+/// Labels of `pagewarden_router_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `completions` or `chat`.
+    pub endpoint: &'static str,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// Labels of `pagewarden_router_rejections_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// The error code (`context_length_exceeded`, `invalid_api_key`, ...).
+    pub reason: &'static str,
+}
+
+/// Labels of `pagewarden_router_aborts_sent_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AbortLabels {
+    /// `prefill` or `decode`.
+    pub half: &'static str,
+    /// `ok` (acknowledged), `error` (RPC failed) or `timeout`.
+    pub result: &'static str,
+}
+
+/// Labels of `pagewarden_router_live_workers`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabels {
+    /// `prefill` or `decode`.
+    pub role: &'static str,
+}
+
+/// Every metric the router exports, registered in one registry.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by endpoint and outcome.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Requests refused, by reason.
+    pub rejections: Family<ReasonLabels, Counter>,
+    /// Seconds from arrival to the first token.
+    pub ttft: Histogram,
+    /// Seconds between consecutive tokens of one request.
+    pub inter_token: Histogram,
+    /// Worker messages dropped because they named another request or attempt (I5).
+    pub stale_messages: Counter,
+    /// Abort RPCs sent, by half and result (I6).
+    pub aborts: Family<AbortLabels, Counter>,
+    /// Live workers by role.
+    pub live_workers: Family<RoleLabels, Gauge>,
+    /// The effective context (0 while no worker is live).
+    pub effective_context: Gauge,
+    /// Requests being served now.
+    pub in_flight: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("pagewarden_router");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let rejections = Family::<ReasonLabels, Counter>::default();
+        let ttft = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let inter_token = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        let stale_messages = Counter::default();
+        let aborts = Family::<AbortLabels, Counter>::default();
+        let live_workers = Family::<RoleLabels, Gauge>::default();
+        let effective_context = Gauge::default();
+        let in_flight = Gauge::default();
+        registry.register(
+            "requests",
+            "Requests by endpoint and outcome",
+            requests.clone(),
+        );
+        registry.register(
+            "rejections",
+            "Requests refused, by reason",
+            rejections.clone(),
+        );
+        registry.register(
+            "ttft_seconds",
+            "Time from request arrival to the first token",
+            ttft.clone(),
+        );
+        registry.register(
+            "inter_token_latency_seconds",
+            "Time between consecutive tokens of one request",
+            inter_token.clone(),
+        );
+        registry.register(
+            "stale_messages",
+            "Worker messages dropped for naming another request or attempt",
+            stale_messages.clone(),
+        );
+        registry.register("aborts_sent", "Abort RPCs sent to workers", aborts.clone());
+        registry.register("live_workers", "Live workers by role", live_workers.clone());
+        registry.register(
+            "effective_context_tokens",
+            "min over live workers of min(context_length, pool_tokens)",
+            effective_context.clone(),
+        );
+        registry.register("in_flight", "Requests being served", in_flight.clone());
+        Self {
+            registry,
+            requests,
+            rejections,
+            ttft,
+            inter_token,
+            stale_messages,
+            aborts,
+            live_workers,
+            effective_context,
+            in_flight,
+        }
+    }
+
+    /// Counts one finished request.
+    pub fn request(&self, endpoint: &'static str, outcome: Outcome) {
+        self.requests
+            .get_or_create(&RequestLabels { endpoint, outcome })
+            .inc();
+    }
+
+    /// Counts one rejection.
+    pub fn reject(&self, reason: &'static str) {
+        self.rejections
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// The Prometheus/OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

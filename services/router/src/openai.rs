@@ -1,0 +1,170 @@
+//! Response bodies in OpenAI's shapes: completion and chat objects, their streaming chunks, the
+//! usage object, and the model list.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::dispatch::Finish;
+
+/// Which endpoint a response belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+impl Endpoint {
+    /// Metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "completions",
+            Endpoint::Chat => "chat",
+        }
+    }
+
+    /// The field a too-long prompt is blamed on.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "prompt",
+            Endpoint::Chat => "messages",
+        }
+    }
+}
+
+/// `usage`: token counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens (the tokenizer's count).
+    pub prompt_tokens: u32,
+    /// Generated tokens.
+    pub completion_tokens: u32,
+    /// The sum.
+    pub total_tokens: u32,
+}
+
+impl Usage {
+    /// Builds the sum.
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+/// What every body of one response shares.
+#[derive(Clone, Debug)]
+pub struct ResponseMeta {
+    /// `cmpl-…` or `chatcmpl-…`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Served model name.
+    pub model: String,
+    /// Which endpoint.
+    pub endpoint: Endpoint,
+}
+
+impl ResponseMeta {
+    /// Meta for request `id` (hex) at the current time.
+    pub fn new(endpoint: Endpoint, request_hex: &str, model: &str) -> Self {
+        let prefix = match endpoint {
+            Endpoint::Completions => "cmpl",
+            Endpoint::Chat => "chatcmpl",
+        };
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Self {
+            id: format!("{prefix}-{request_hex}"),
+            created,
+            model: model.to_string(),
+            endpoint,
+        }
+    }
+
+    /// The complete (non-streaming) body.
+    pub fn full(&self, text: &str, finish: Finish, usage: Usage) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Completions => json!({
+                "index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_str(),
+            }),
+            Endpoint::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": finish.as_str(),
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": match self.endpoint {
+                Endpoint::Completions => "text_completion",
+                Endpoint::Chat => "chat.completion",
+            },
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        })
+    }
+
+    /// One streaming chunk carrying `text`; `first` adds the assistant role to a chat delta.
+    pub fn chunk(&self, text: &str, finish: Option<Finish>, first: bool) -> Value {
+        let finish = finish.map(Finish::as_str);
+        let choice = match self.endpoint {
+            Endpoint::Completions => json!({
+                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+            }),
+            Endpoint::Chat => {
+                let delta = if first {
+                    json!({"role": "assistant", "content": text})
+                } else {
+                    json!({"content": text})
+                };
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+        };
+        self.chunk_with(vec![choice], None)
+    }
+
+    /// The final usage chunk (`stream_options.include_usage`): no choices, only usage.
+    pub fn usage_chunk(&self, usage: Usage) -> Value {
+        self.chunk_with(Vec::new(), Some(usage))
+    }
+
+    fn chunk_with(&self, choices: Vec<Value>, usage: Option<Usage>) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": match self.endpoint {
+                Endpoint::Completions => "text_completion",
+                Endpoint::Chat => "chat.completion.chunk",
+            },
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = json!(u);
+        }
+        v
+    }
+}
+
+/// `GET /v1/models`: the served model with its effective context (`null` while no worker is live).
+pub fn model_list(model: &str, max_model_len: Option<u32>) -> Value {
+    json!({
+        "object": "list",
+        "data": [{
+            "id": model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "pagewarden",
+            "max_model_len": max_model_len,
+        }],
+    })
+}

@@ -1,0 +1,171 @@
+//! The path shared by both generation endpoints, from validated tokens to an HTTP response:
+//! admission against the effective context (I3), dispatch, then one JSON body or an SSE stream.
+
+use std::time::Instant;
+
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use pagewarden_common::{RequestId, TenantId};
+
+use crate::admission::admit;
+use crate::dispatch::{Finish, Flight, Job, Token};
+use crate::error::RouterError;
+use crate::metrics::Outcome;
+use crate::openai::{Endpoint, ResponseMeta, Usage};
+use crate::record::{Record, Slot};
+use crate::sample::ResponseSample;
+use crate::server::AppState;
+use crate::sse;
+use crate::validation::ValidCommon;
+
+/// A request that passed auth, parsing and tokenization.
+pub struct Prepared {
+    /// Which endpoint.
+    pub endpoint: Endpoint,
+    /// Who asked.
+    pub tenant: TenantId,
+    /// The prompt's tokens.
+    pub tokens: Vec<u32>,
+    /// Parameters.
+    pub common: ValidCommon,
+    /// Arrival time.
+    pub arrived: Instant,
+    /// The concurrency slot, held until the response ends.
+    pub slot: Slot,
+}
+
+/// Admits, dispatches and answers. Errors before the first token become an error status; errors
+/// after it (streaming) become an error event.
+pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Response {
+    match start(state, p).await {
+        Ok(Started::Stream(s)) => sse::response(s, record),
+        Ok(Started::Full(mut s)) => match collect(&mut s).await {
+            Ok((text, finish)) => {
+                let usage = Usage::new(s.flight.prompt_tokens(), s.flight.completion_tokens());
+                record.set(outcome_of_finish(finish));
+                offer(state, &s, &text, finish);
+                Json(s.meta.full(&text, finish, usage)).into_response()
+            }
+            Err(e) => {
+                record.fail(&e);
+                e.into_response()
+            }
+        },
+        Err(e) => {
+            record.fail(&e);
+            e.into_response()
+        }
+    }
+}
+
+/// A request whose first token has arrived.
+pub struct Streaming {
+    /// The dispatched request.
+    pub flight: Flight,
+    /// Its first token, not yet sent.
+    pub first: Token,
+    /// Shared body fields.
+    pub meta: ResponseMeta,
+    /// Send a usage chunk at the end.
+    pub include_usage: bool,
+    /// The app (for the sample sink).
+    pub state: AppState,
+    /// Held until the stream ends.
+    pub slot: Slot,
+}
+
+enum Started {
+    Stream(Streaming),
+    Full(Streaming),
+}
+
+async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
+    let context = state.pool.effective_context()?;
+    let admitted = admit(
+        p.tokens,
+        p.common.max_tokens,
+        context,
+        p.endpoint.prompt_param(),
+    )?;
+    let job = Job {
+        id: RequestId::random(),
+        tenant: p.tenant,
+        admitted,
+        sampling: p.common.sampling,
+        arrived: p.arrived,
+    };
+    let mut flight = Flight::start(
+        &state.pool,
+        state.settings.dispatch,
+        state.metrics.clone(),
+        job,
+    )?;
+    let meta = ResponseMeta::new(
+        p.endpoint,
+        &flight.id().to_string(),
+        state.frontend.model_name(),
+    );
+    let first = match flight.next().await {
+        Some(Ok(token)) => token,
+        Some(Err(e)) => return Err(e),
+        None => {
+            return Err(RouterError::Internal(
+                "request ended before any token".into(),
+            ))
+        }
+    };
+    let s = Streaming {
+        flight,
+        first,
+        meta,
+        include_usage: p.common.include_usage,
+        state: state.clone(),
+        slot: p.slot,
+    };
+    Ok(if p.common.stream {
+        Started::Stream(s)
+    } else {
+        Started::Full(s)
+    })
+}
+
+async fn collect(s: &mut Streaming) -> Result<(String, Finish), RouterError> {
+    let mut text = std::mem::take(&mut s.first.text);
+    if let Some(finish) = s.first.finish {
+        return Ok((text, finish));
+    }
+    loop {
+        match s.flight.next().await {
+            Some(Ok(token)) => {
+                text.push_str(&token.text);
+                if let Some(finish) = token.finish {
+                    return Ok((text, finish));
+                }
+            }
+            Some(Err(e)) => return Err(e),
+            None => return Err(RouterError::Internal("token stream ended early".into())),
+        }
+    }
+}
+
+/// `completed` for stop/length, `aborted` when a worker aborted.
+pub fn outcome_of_finish(finish: Finish) -> Outcome {
+    match finish {
+        Finish::Stop | Finish::Length => Outcome::Completed,
+        Finish::Abort => Outcome::Aborted,
+    }
+}
+
+/// Offers a finished response to the sample sink.
+pub fn offer(state: &AppState, s: &Streaming, text: &str, finish: Finish) {
+    state.sink.offer(ResponseSample {
+        request: s.flight.id(),
+        tenant: s.flight.tenant().clone(),
+        endpoint: s.meta.endpoint.as_str(),
+        prompt_tokens: s.flight.prompt_tokens(),
+        completion_tokens: s.flight.completion_tokens(),
+        text: text.to_string(),
+        finish_reason: finish.as_str(),
+        ttft: s.flight.ttft(),
+    });
+}

@@ -1,0 +1,174 @@
+//! The app: one typed [`AppState`], the route table, the `Info` poller, and `serve` with an
+//! injected shutdown future.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::config::{ModelSource, RouterConfig};
+use crate::dispatch::DispatchConfig;
+use crate::error::{Half, RouterError};
+use crate::frontend::{Frontend, FrontendError};
+use crate::handlers;
+use crate::metrics::{Metrics, RoleLabels};
+use crate::sample::SampleSink;
+use crate::tenants::{require_tenant, Tenants, TenantsError};
+use crate::workers::{PoolError, WorkerPool};
+
+/// Runtime settings the handlers read.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Largest accepted body (413 above).
+    pub max_body_bytes: usize,
+    /// Concurrent generation requests (429 above).
+    pub max_concurrency: usize,
+    /// Deadlines for dispatch.
+    pub dispatch: DispatchConfig,
+    /// How often every worker's `Info` is polled.
+    pub info_interval: Duration,
+}
+
+/// Everything a handler needs, cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// Settings.
+    pub settings: Settings,
+    /// API keys → tenants.
+    pub tenants: Arc<Tenants>,
+    /// Tokenizer and chat template.
+    pub frontend: Arc<Frontend>,
+    /// Workers.
+    pub pool: Arc<WorkerPool>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The concurrency limit.
+    pub limiter: Arc<Semaphore>,
+    /// The auditor's sampling hook.
+    pub sink: Arc<dyn SampleSink>,
+}
+
+/// Why the router could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Tenants file.
+    #[error(transparent)]
+    Tenants(#[from] TenantsError),
+    /// Model file.
+    #[error(transparent)]
+    Frontend(#[from] FrontendError),
+    /// Worker URLs.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
+impl AppState {
+    /// Builds the state from parts (tests pass their own frontend).
+    pub fn new(
+        settings: Settings,
+        tenants: Tenants,
+        frontend: Frontend,
+        pool: WorkerPool,
+        sink: Arc<dyn SampleSink>,
+    ) -> Self {
+        Self {
+            settings,
+            tenants: Arc::new(tenants),
+            frontend: Arc::new(frontend),
+            pool: Arc::new(pool),
+            metrics: Arc::new(Metrics::new()),
+            limiter: Arc::new(Semaphore::new(settings.max_concurrency)),
+            sink,
+        }
+    }
+
+    /// Loads tenants, the model's text side and the worker list from a resolved config.
+    pub fn from_config(cfg: &RouterConfig, sink: Arc<dyn SampleSink>) -> Result<Self, StartError> {
+        let tenants = Tenants::new(&cfg.tenants)?;
+        let frontend = match &cfg.model {
+            ModelSource::File(path) => Frontend::load(path, cfg.served_model_name.clone())?,
+            ModelSource::Tiny(seed) => Frontend::tiny(
+                *seed,
+                cfg.served_model_name
+                    .clone()
+                    .unwrap_or_else(|| "tiny".into()),
+            )?,
+        };
+        let pool = WorkerPool::new(
+            &cfg.decode,
+            &cfg.prefill,
+            cfg.connect_timeout,
+            cfg.info_timeout,
+        )?;
+        Ok(Self::new(cfg.settings(), tenants, frontend, pool, sink))
+    }
+
+    /// Polls every worker once and updates the worker gauges.
+    pub async fn refresh_workers(&self) {
+        self.pool.refresh().await;
+        for half in [Half::Decode, Half::Prefill] {
+            self.metrics
+                .live_workers
+                .get_or_create(&RoleLabels {
+                    role: half.as_str(),
+                })
+                .set(self.pool.live_count(half) as i64);
+        }
+        self.metrics
+            .effective_context
+            .set(self.pool.effective_context().map_or(0, i64::from));
+    }
+}
+
+/// The route table.
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/chat/completions", post(handlers::chat))
+        .route("/v1/models", get(handlers::models))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_tenant,
+        ));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(handlers::health))
+        .route("/metrics", get(handlers::metrics))
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(|| async {
+            RouterError::NotFound("this method on this route".into())
+        })
+        .layer(DefaultBodyLimit::max(state.settings.max_body_bytes))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` resolves. Polls workers once before accepting requests, then every
+/// `info_interval` in the background.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    state.refresh_workers().await;
+    let poller = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(state.settings.info_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                state.refresh_workers().await;
+            }
+        })
+    };
+    let result = axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    poller.abort();
+    result
+}

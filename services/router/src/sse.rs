@@ -1,0 +1,108 @@
+//! The streaming response: OpenAI chunks as server-sent events, an optional usage chunk, then
+//! `data: [DONE]`. A failure after the first token becomes an `{"error": …}` event. The stream
+//! owns the [`Flight`](crate::dispatch::Flight); a client that disconnects drops it, which aborts
+//! both halves.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::stream::{self, Stream};
+
+use crate::dispatch::Token;
+use crate::openai::Usage;
+use crate::record::Record;
+use crate::respond::{offer, outcome_of_finish, Streaming};
+
+struct State {
+    s: Streaming,
+    record: Record,
+    queue: VecDeque<Event>,
+    text: String,
+    first: bool,
+    done: bool,
+}
+
+impl State {
+    fn push(&mut self, token: Token) {
+        let chunk = self.s.meta.chunk(&token.text, token.finish, self.first);
+        self.first = false;
+        self.text.push_str(&token.text);
+        self.queue.push_back(json_event(&chunk));
+        if let Some(finish) = token.finish {
+            if self.s.include_usage {
+                let usage = Usage::new(
+                    self.s.flight.prompt_tokens(),
+                    self.s.flight.completion_tokens(),
+                );
+                self.queue
+                    .push_back(json_event(&self.s.meta.usage_chunk(usage)));
+            }
+            self.record.set(outcome_of_finish(finish));
+            offer(&self.s.state, &self.s, &self.text, finish);
+            self.finish();
+        }
+    }
+
+    fn finish(&mut self) {
+        self.queue.push_back(Event::default().data("[DONE]"));
+        self.done = true;
+    }
+}
+
+fn json_event(v: &serde_json::Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+/// Turns a started request into an SSE response.
+pub fn response(s: Streaming, record: Record) -> Response {
+    Sse::new(events(s, record))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+fn events(mut s: Streaming, record: Record) -> impl Stream<Item = Result<Event, Infallible>> {
+    let first = std::mem::replace(
+        &mut s.first,
+        Token {
+            id: 0,
+            text: String::new(),
+            finish: None,
+        },
+    );
+    let mut state = State {
+        s,
+        record,
+        queue: VecDeque::new(),
+        text: String::new(),
+        first: true,
+        done: false,
+    };
+    state.push(first);
+    stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(ev) = st.queue.pop_front() {
+                return Some((Ok(ev), st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.s.flight.next().await {
+                Some(Ok(token)) => st.push(token),
+                Some(Err(e)) => {
+                    st.record.fail(&e);
+                    st.queue.push_back(json_event(&serde_json::json!(e.body())));
+                    st.finish();
+                }
+                None => {
+                    let e = crate::error::RouterError::Internal("token stream ended early".into());
+                    st.record.fail(&e);
+                    st.queue.push_back(json_event(&serde_json::json!(e.body())));
+                    st.finish();
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,326 @@
+//! Parse, don't validate: request bodies become [`ValidCompletionRequest`] / [`ValidChatRequest`]
+//! here, and nothing downstream accepts anything else. Every error names its field.
+
+use serde_json::{json, Map, Value};
+
+use crate::error::ValidationError;
+use crate::extract::kind_of;
+use crate::params::Fields;
+
+/// Largest `max_tokens` accepted before the context check (which is tighter).
+pub const MAX_TOKENS_LIMIT: i64 = u32::MAX as i64;
+/// At most this many stop sequences.
+pub const MAX_STOP: usize = 16;
+
+/// A completion prompt: text to tokenize, or token ids given by the client.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// Text; tokenized with special tokens parsed.
+    Text(String),
+    /// Token ids; checked against the vocabulary when tokenized.
+    Tokens(Vec<u32>),
+}
+
+/// One chat turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatTurn {
+    /// `system`, `user` or `assistant` (`developer` is read as `system`).
+    pub role: String,
+    /// The text of the turn (content parts concatenated).
+    pub content: String,
+}
+
+/// Sampling parameters, in range.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidSampling {
+    /// 0 = greedy; at most 2.
+    pub temperature: f32,
+    /// In (0, 1]; 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    /// Seed for reproducible sampling.
+    pub seed: Option<u64>,
+    /// Stop sequences, each non-empty.
+    pub stop: Vec<String>,
+}
+
+/// What every generation request carries besides its prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidCommon {
+    /// The model named by the client, if any.
+    pub model: Option<String>,
+    /// `max_tokens` as given; `None` means "default" (decided at admission).
+    pub max_tokens: Option<u32>,
+    /// Sampling.
+    pub sampling: ValidSampling,
+    /// Server-sent events instead of one JSON body.
+    pub stream: bool,
+    /// `stream_options.include_usage`: a final chunk with `usage`.
+    pub include_usage: bool,
+}
+
+/// A `/v1/completions` body that passed every check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidCompletionRequest {
+    /// The prompt.
+    pub prompt: Prompt,
+    /// Everything else.
+    pub common: ValidCommon,
+}
+
+/// A `/v1/chat/completions` body that passed every check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidChatRequest {
+    /// The conversation, at least one turn.
+    pub messages: Vec<ChatTurn>,
+    /// Everything else.
+    pub common: ValidCommon,
+}
+
+impl ValidCompletionRequest {
+    /// Parses a `/v1/completions` body.
+    pub fn parse(body: &Map<String, Value>) -> Result<Self, ValidationError> {
+        let f = Fields::new(body);
+        let prompt = parse_prompt(&f)?;
+        f.only_default("echo", &[json!(false)])?;
+        f.only_default("logprobs", &[json!(0)])?;
+        f.only_default("best_of", &[json!(1)])?;
+        f.only_default("suffix", &[json!("")])?;
+        let common = parse_common(&f, "max_tokens")?;
+        Ok(Self { prompt, common })
+    }
+}
+
+impl ValidChatRequest {
+    /// Parses a `/v1/chat/completions` body.
+    pub fn parse(body: &Map<String, Value>) -> Result<Self, ValidationError> {
+        let f = Fields::new(body);
+        let messages = parse_messages(&f)?;
+        f.only_default("logprobs", &[json!(false)])?;
+        f.only_default("top_logprobs", &[json!(0)])?;
+        f.only_default("tools", &[json!([])])?;
+        f.only_default("tool_choice", &[json!("none"), json!("auto")])?;
+        f.only_default("response_format", &[json!({"type": "text"})])?;
+        let max_field = if f.get("max_completion_tokens").is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        let common = parse_common(&f, max_field)?;
+        Ok(Self { messages, common })
+    }
+}
+
+fn parse_common(f: &Fields<'_>, max_field: &str) -> Result<ValidCommon, ValidationError> {
+    let model = f.string("model")?.map(str::to_owned);
+    let max_tokens = f.integer(max_field, 1, MAX_TOKENS_LIMIT)?.map(|n| n as u32);
+    f.only_default("n", &[json!(1)])?;
+    f.only_default("presence_penalty", &[json!(0), json!(0.0)])?;
+    f.only_default("frequency_penalty", &[json!(0), json!(0.0)])?;
+    f.only_default("logit_bias", &[json!({})])?;
+    f.string("user")?;
+    let temperature = f.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
+    let top_p = match f.number("top_p", 0.0, 1.0)? {
+        Some(p) if p <= 0.0 => return Err(f.err("top_p", "must be greater than 0")),
+        Some(p) => p as f32,
+        None => 1.0,
+    };
+    let top_k = match f.integer("top_k", -1, i64::from(u32::MAX))? {
+        None | Some(-1) => 0,
+        Some(k) => k as u32,
+    };
+    // OpenAI seeds are any 64-bit integer; negative ones keep their bits.
+    let seed = f.integer("seed", i64::MIN, i64::MAX)?.map(|s| s as u64);
+    let stop = parse_stop(f)?;
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.get("stream_options") {
+        None => false,
+        Some(Value::Object(o)) => Fields::nested(o, "stream_options")
+            .bool("include_usage")?
+            .unwrap_or(false),
+        Some(v) => {
+            return Err(f.err(
+                "stream_options",
+                format!("must be an object, found {}", kind_of(v)),
+            ))
+        }
+    };
+    Ok(ValidCommon {
+        model,
+        max_tokens,
+        sampling: ValidSampling {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+            stop,
+        },
+        stream,
+        include_usage,
+    })
+}
+
+fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ValidationError> {
+    let items: Vec<&Value> = match f.get("stop") {
+        None => return Ok(Vec::new()),
+        Some(Value::String(s)) if s.is_empty() => {
+            return Err(f.err("stop", "must not be an empty string"))
+        }
+        Some(Value::String(s)) => return Ok(vec![s.clone()]),
+        Some(Value::Array(a)) => a.iter().collect(),
+        Some(v) => {
+            return Err(f.err(
+                "stop",
+                format!(
+                    "must be a string or an array of strings, found {}",
+                    kind_of(v)
+                ),
+            ))
+        }
+    };
+    if items.len() > MAX_STOP {
+        return Err(f.err("stop", format!("may hold at most {MAX_STOP} sequences")));
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Value::String(s) if !s.is_empty() => Ok(s.clone()),
+            Value::String(_) => Err(f.err(&format!("stop[{i}]"), "must not be empty")),
+            other => Err(f.err(
+                &format!("stop[{i}]"),
+                format!("must be a string, found {}", kind_of(other)),
+            )),
+        })
+        .collect()
+}
+
+fn parse_prompt(f: &Fields<'_>) -> Result<Prompt, ValidationError> {
+    match f.require("prompt")? {
+        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::Array(items) => match items.as_slice() {
+            [] => Err(f.err("prompt", "must not be empty")),
+            [Value::String(s)] => Ok(Prompt::Text(s.clone())),
+            [Value::Array(ids)] => token_ids(f, "prompt[0]", ids).map(Prompt::Tokens),
+            [Value::Number(_), ..] => token_ids(f, "prompt", items).map(Prompt::Tokens),
+            [_, _, ..] if items.iter().all(|v| v.is_string() || v.is_array()) => Err(f.err(
+                "prompt",
+                "holds several prompts; batched prompts are not supported, send one per request",
+            )),
+            _ => Err(f.err(
+                "prompt",
+                "must be a string, an array of token ids, or an array holding one of those",
+            )),
+        },
+        v => Err(f.err(
+            "prompt",
+            format!(
+                "must be a string or an array of token ids, found {}",
+                kind_of(v)
+            ),
+        )),
+    }
+}
+
+fn token_ids(f: &Fields<'_>, field: &str, ids: &[Value]) -> Result<Vec<u32>, ValidationError> {
+    if ids.is_empty() {
+        return Err(f.err(field, "must not be empty"));
+    }
+    ids.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .ok_or_else(|| {
+                    f.err(
+                        &format!("{field}[{i}]"),
+                        format!("must be a token id (a non-negative integer), got {v}"),
+                    )
+                })
+        })
+        .collect()
+}
+
+fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatTurn>, ValidationError> {
+    let items = match f.require("messages")? {
+        Value::Array(a) if a.is_empty() => return Err(f.err("messages", "must not be empty")),
+        Value::Array(a) => a,
+        v => {
+            return Err(f.err(
+                "messages",
+                format!("must be an array of messages, found {}", kind_of(v)),
+            ))
+        }
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| parse_message(f, i, m))
+        .collect()
+}
+
+fn parse_message(f: &Fields<'_>, i: usize, m: &Value) -> Result<ChatTurn, ValidationError> {
+    let at = format!("messages[{i}]");
+    let obj = match m {
+        Value::Object(o) => o,
+        v => return Err(f.err(&at, format!("must be an object, found {}", kind_of(v)))),
+    };
+    let mf = Fields::nested(obj, f.name(&at));
+    let role = match mf.require("role")? {
+        Value::String(r) => match r.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            other => {
+                return Err(mf.err(
+                    "role",
+                    format!("must be one of system, developer, user, assistant; got `{other}`"),
+                ))
+            }
+        },
+        v => return Err(mf.err("role", format!("must be a string, found {}", kind_of(v)))),
+    };
+    let content = match mf.get("content") {
+        None if role == "assistant" => String::new(),
+        None => return Err(mf.err("content", "is required")),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => text_parts(&mf, parts)?,
+        Some(v) => {
+            return Err(mf.err(
+                "content",
+                format!(
+                    "must be a string or an array of text parts, found {}",
+                    kind_of(v)
+                ),
+            ))
+        }
+    };
+    Ok(ChatTurn {
+        role: role.to_string(),
+        content,
+    })
+}
+
+fn text_parts(mf: &Fields<'_>, parts: &[Value]) -> Result<String, ValidationError> {
+    let mut text = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        let at = format!("content[{j}]");
+        let Value::Object(p) = part else {
+            return Err(mf.err(&at, format!("must be an object, found {}", kind_of(part))));
+        };
+        let pf = Fields::nested(p, mf.name(&at));
+        match (pf.string("type")?, pf.string("text")?) {
+            (Some("text"), Some(t)) => text.push_str(t),
+            (Some("text"), None) => return Err(pf.err("text", "is required")),
+            (Some(other), _) => {
+                return Err(pf.err(
+                    "type",
+                    format!("`{other}` is not supported; only `text` parts are"),
+                ))
+            }
+            (None, _) => return Err(pf.err("type", "is required")),
+        }
+    }
+    Ok(text)
+}

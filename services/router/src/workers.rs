@@ -1,0 +1,289 @@
+//! The workers behind the router: their gRPC channels, liveness learned by polling `Info`, the
+//! effective context (I3), and least-loaded picking with an RAII in-flight lease.
+//!
+//! Liveness of one worker: `Unknown ──poll ok──▶ Live ──poll fails / RPC unavailable──▶ Down`,
+//! and `Down ──poll ok──▶ Live`. Only `Live` workers count for the context and for picking.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pagewarden_proto::v1::decode_client::DecodeClient;
+use pagewarden_proto::v1::prefill_client::PrefillClient;
+use pagewarden_proto::v1::{InfoRequest, WorkerInfo};
+use parking_lot::Mutex;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{Half, RouterError};
+use crate::telemetry::traced;
+
+/// What a live worker last advertised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InfoSnapshot {
+    /// Node id.
+    pub node_id: String,
+    /// Advertised context length (after its preflight).
+    pub context_length: u32,
+    /// KV pool capacity in tokens.
+    pub pool_tokens: u64,
+    /// Free pages at the last poll.
+    pub free_pages: u64,
+    /// Requests active at the last poll.
+    pub active_requests: u32,
+}
+
+impl InfoSnapshot {
+    /// The longest sequence this worker can hold: min(context, pool).
+    pub fn usable_context(&self) -> u32 {
+        u64::from(self.context_length).min(self.pool_tokens) as u32
+    }
+}
+
+impl From<WorkerInfo> for InfoSnapshot {
+    fn from(i: WorkerInfo) -> Self {
+        Self {
+            node_id: i.node_id,
+            context_length: i.context_length,
+            pool_tokens: i.pool_tokens,
+            free_pages: i.free_pages,
+            active_requests: i.active_requests,
+        }
+    }
+}
+
+/// A worker's liveness.
+#[derive(Clone, Debug)]
+pub enum Liveness {
+    /// Not polled yet.
+    Unknown,
+    /// The last poll succeeded.
+    Live {
+        /// What it advertised.
+        info: InfoSnapshot,
+        /// When.
+        at: Instant,
+    },
+    /// The last poll or RPC failed.
+    Down {
+        /// Why.
+        error: String,
+    },
+}
+
+/// One configured worker.
+pub struct Worker {
+    half: Half,
+    url: String,
+    channel: Channel,
+    liveness: Mutex<Liveness>,
+    in_flight: AtomicUsize,
+}
+
+impl Worker {
+    /// Which half this worker is.
+    pub fn half(&self) -> Half {
+        self.half
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A decode client on this worker's channel.
+    pub fn decode(&self) -> DecodeClient<Channel> {
+        DecodeClient::new(self.channel.clone())
+    }
+
+    /// A prefill client on this worker's channel.
+    pub fn prefill(&self) -> PrefillClient<Channel> {
+        PrefillClient::new(self.channel.clone())
+    }
+
+    /// Its current liveness.
+    pub fn liveness(&self) -> Liveness {
+        self.liveness.lock().clone()
+    }
+
+    /// The snapshot when live.
+    pub fn live_info(&self) -> Option<InfoSnapshot> {
+        match &*self.liveness.lock() {
+            Liveness::Live { info, .. } => Some(info.clone()),
+            Liveness::Unknown | Liveness::Down { .. } => None,
+        }
+    }
+
+    /// Marks the worker down until its next successful poll.
+    pub fn mark_down(&self, error: impl Into<String>) {
+        *self.liveness.lock() = Liveness::Down {
+            error: error.into(),
+        };
+    }
+
+    async fn poll(&self, timeout: Duration) {
+        let fut = async {
+            match self.half {
+                Half::Decode => self.decode().info(traced(InfoRequest {})).await,
+                Half::Prefill => self.prefill().info(traced(InfoRequest {})).await,
+            }
+        };
+        let next = match tokio::time::timeout(timeout, fut).await {
+            Ok(Ok(reply)) => Liveness::Live {
+                info: reply.into_inner().into(),
+                at: Instant::now(),
+            },
+            Ok(Err(status)) => Liveness::Down {
+                error: format!("Info failed: {status}"),
+            },
+            Err(_) => Liveness::Down {
+                error: format!("Info timed out after {timeout:?}"),
+            },
+        };
+        if let Liveness::Down { error } = &next {
+            tracing::debug!(url = %self.url, half = self.half.as_str(), %error, "worker not live");
+        }
+        *self.liveness.lock() = next;
+    }
+}
+
+/// A worker picked for one request; its in-flight count drops when the lease does.
+pub struct Lease {
+    worker: Arc<Worker>,
+}
+
+impl Lease {
+    fn new(worker: Arc<Worker>) -> Self {
+        worker.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self { worker }
+    }
+
+    /// The leased worker.
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Why the pool could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("bad worker URL `{url}`: {message}")]
+pub struct PoolError {
+    url: String,
+    message: String,
+}
+
+/// Every configured worker, by half.
+pub struct WorkerPool {
+    decode: Vec<Arc<Worker>>,
+    prefill: Vec<Arc<Worker>>,
+    info_timeout: Duration,
+}
+
+impl WorkerPool {
+    /// Creates lazy channels (nothing connects until the first poll).
+    pub fn new(
+        decode: &[String],
+        prefill: &[String],
+        connect_timeout: Duration,
+        info_timeout: Duration,
+    ) -> Result<Self, PoolError> {
+        let make = |half: Half, urls: &[String]| -> Result<Vec<Arc<Worker>>, PoolError> {
+            urls.iter()
+                .map(|url| {
+                    let url = normalize(url);
+                    let endpoint = Endpoint::from_shared(url.clone())
+                        .map_err(|e| PoolError {
+                            url: url.clone(),
+                            message: e.to_string(),
+                        })?
+                        .connect_timeout(connect_timeout)
+                        .tcp_nodelay(true);
+                    Ok(Arc::new(Worker {
+                        half,
+                        url,
+                        channel: endpoint.connect_lazy(),
+                        liveness: Mutex::new(Liveness::Unknown),
+                        in_flight: AtomicUsize::new(0),
+                    }))
+                })
+                .collect()
+        };
+        Ok(Self {
+            decode: make(Half::Decode, decode)?,
+            prefill: make(Half::Prefill, prefill)?,
+            info_timeout,
+        })
+    }
+
+    /// Workers of one half.
+    pub fn workers(&self, half: Half) -> &[Arc<Worker>] {
+        match half {
+            Half::Decode => &self.decode,
+            Half::Prefill => &self.prefill,
+        }
+    }
+
+    /// Polls every worker's `Info` concurrently.
+    pub async fn refresh(&self) {
+        let polls = self
+            .decode
+            .iter()
+            .chain(&self.prefill)
+            .map(|w| w.poll(self.info_timeout));
+        futures::future::join_all(polls).await;
+    }
+
+    /// Number of live workers of one half.
+    pub fn live_count(&self, half: Half) -> usize {
+        self.workers(half)
+            .iter()
+            .filter(|w| w.live_info().is_some())
+            .count()
+    }
+
+    /// min over live workers of min(context_length, pool_tokens); 503 unless at least one decode
+    /// and one prefill worker are live.
+    pub fn effective_context(&self) -> Result<u32, RouterError> {
+        let min_of = |half: Half| {
+            self.workers(half)
+                .iter()
+                .filter_map(|w| w.live_info())
+                .map(|i| i.usable_context())
+                .min()
+        };
+        let decode = min_of(Half::Decode).ok_or(RouterError::NoLiveWorkers("decode"))?;
+        let prefill = min_of(Half::Prefill).ok_or(RouterError::NoLiveWorkers("prefill"))?;
+        Ok(decode.min(prefill))
+    }
+
+    /// The least-loaded live worker of one half: fewest requests in flight from this router,
+    /// then fewest active at its last poll, then most free pages.
+    pub fn pick(&self, half: Half) -> Result<Lease, RouterError> {
+        self.workers(half)
+            .iter()
+            .filter_map(|w| w.live_info().map(|i| (w, i)))
+            .min_by_key(|(w, i)| {
+                (
+                    w.in_flight.load(Ordering::Relaxed),
+                    i.active_requests,
+                    std::cmp::Reverse(i.free_pages),
+                )
+            })
+            .map(|(w, _)| Lease::new(w.clone()))
+            .ok_or(RouterError::NoLiveWorkers(half.as_str()))
+    }
+}
+
+/// Accepts `host:port` as well as `http://host:port`.
+fn normalize(url: &str) -> String {
+    if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    }
+}

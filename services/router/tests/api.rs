@@ -1,0 +1,277 @@
+//! The HTTP surface: auth (401), body limit (413), malformed bodies and bad parameters (400 naming
+//! the field), unknown routes, /v1/models, /health, /metrics, and a fuzz over request parsing.
+
+mod common;
+
+use common::{expect_error, Harness, Opts, KEY, MODEL};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn missing_or_bad_key_is_401_and_reaches_no_worker() {
+    let h = Harness::start(Opts::default()).await;
+    let body = serde_json::to_vec(&json!({"prompt": "hi", "max_tokens": 2})).unwrap();
+    for key in [None, Some("sk-wrong")] {
+        let r = h.post_raw("/v1/completions", body.clone(), key).await;
+        let err = expect_error(r, 401).await;
+        assert_eq!(err["code"], "invalid_api_key");
+    }
+    let r = h.client.get(h.url("/v1/models")).send().await.unwrap();
+    expect_error(r, 401).await;
+    assert_eq!(h.total_reserves(), 0);
+    assert_eq!(h.total_prefills(), 0);
+}
+
+#[tokio::test]
+async fn oversized_body_is_413() {
+    let h = Harness::start(Opts {
+        max_body_bytes: 1024,
+        ..Opts::default()
+    })
+    .await;
+    let big = json!({"prompt": "a".repeat(4096), "max_tokens": 1});
+    let err = expect_error(h.post("/v1/completions", &big).await, 413).await;
+    assert_eq!(err["code"], "payload_too_large");
+    // Just under the limit is fine.
+    let ok = h
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "hello", "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(ok.status(), 200);
+    assert_eq!(h.total_reserves(), 1);
+}
+
+#[tokio::test]
+async fn malformed_bodies_are_400_with_clear_messages() {
+    let h = Harness::start(Opts::default()).await;
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"{\"prompt\": \"hi\"".to_vec(), "invalid_json"),
+        (b"not json".to_vec(), "invalid_json"),
+        (b"".to_vec(), "invalid_json"),
+        (b"[1,2]".to_vec(), "invalid_json"),
+        (b"{\"prompt\": \"\xff\xfe\"}".to_vec(), "invalid_utf8"),
+    ];
+    for (body, code) in cases {
+        for path in ["/v1/completions", "/v1/chat/completions"] {
+            let err = expect_error(h.post_raw(path, body.clone(), Some(KEY)).await, 400).await;
+            assert_eq!(err["code"], code, "{path} {body:?}");
+            let msg = err["message"].as_str().unwrap();
+            assert!(msg.contains("JSON") || msg.contains("UTF-8"), "{msg}");
+        }
+    }
+    assert_eq!(h.total_reserves(), 0);
+}
+
+#[tokio::test]
+async fn bad_parameters_are_400_naming_the_field() {
+    let h = Harness::start(Opts::default()).await;
+    let completion_cases = [
+        (json!({}), "prompt"),
+        (json!({"prompt": 5}), "prompt"),
+        (json!({"prompt": []}), "prompt"),
+        (json!({"prompt": ["a", "b"]}), "prompt"),
+        (json!({"prompt": [1, -2]}), "prompt[1]"),
+        (json!({"prompt": [1, 99999999]}), "prompt[1]"),
+        (json!({"prompt": "hi", "max_tokens": 0}), "max_tokens"),
+        (json!({"prompt": "hi", "max_tokens": "3"}), "max_tokens"),
+        (json!({"prompt": "hi", "max_tokens": 1.5}), "max_tokens"),
+        (json!({"prompt": "hi", "temperature": 2.5}), "temperature"),
+        (json!({"prompt": "hi", "temperature": "hot"}), "temperature"),
+        (json!({"prompt": "hi", "top_p": 0}), "top_p"),
+        (json!({"prompt": "hi", "top_p": 1.5}), "top_p"),
+        (json!({"prompt": "hi", "top_k": -5}), "top_k"),
+        (json!({"prompt": "hi", "n": 2}), "n"),
+        (json!({"prompt": "hi", "stop": 3}), "stop"),
+        (json!({"prompt": "hi", "stop": ["ok", ""]}), "stop[1]"),
+        (json!({"prompt": "hi", "stream": "yes"}), "stream"),
+        (
+            json!({"prompt": "hi", "stream_options": {"include_usage": 1}}),
+            "stream_options.include_usage",
+        ),
+        (json!({"prompt": "hi", "echo": true}), "echo"),
+        (json!({"prompt": "hi", "model": 3}), "model"),
+        (json!({"prompt": ""}), "prompt"),
+    ];
+    for (body, field) in completion_cases {
+        let err = expect_error(h.post("/v1/completions", &body).await, 400).await;
+        assert_eq!(err["param"], field, "{body}");
+        let msg = err["message"].as_str().unwrap();
+        assert!(
+            msg.contains(field),
+            "message `{msg}` does not name `{field}`"
+        );
+    }
+    let chat_cases = [
+        (json!({}), "messages"),
+        (json!({"messages": []}), "messages"),
+        (json!({"messages": "hi"}), "messages"),
+        (
+            json!({"messages": [{"role": "robot", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            json!({"messages": [{"role": "user"}]}),
+            "messages[0].content",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "a"}, 7]}),
+            "messages[1]",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}),
+            "max_completion_tokens",
+        ),
+    ];
+    for (body, field) in chat_cases {
+        let err = expect_error(h.post("/v1/chat/completions", &body).await, 400).await;
+        assert_eq!(err["param"], field, "{body}");
+        assert!(err["message"].as_str().unwrap().contains(field));
+    }
+    let err = expect_error(
+        h.post(
+            "/v1/completions",
+            &json!({"prompt": "hi", "model": "gpt-9"}),
+        )
+        .await,
+        404,
+    )
+    .await;
+    assert_eq!(err["code"], "model_not_found");
+    assert_eq!(
+        h.total_reserves(),
+        0,
+        "no invalid request may reach a worker"
+    );
+}
+
+#[tokio::test]
+async fn unknown_route_and_method_are_openai_errors() {
+    let h = Harness::start(Opts::default()).await;
+    expect_error(h.get("/v1/nope").await, 404).await;
+    expect_error(h.get("/v1/completions").await, 404).await;
+}
+
+#[tokio::test]
+async fn models_health_and_metrics() {
+    let h = Harness::start(Opts::default()).await;
+    let models: Value = h.get("/v1/models").await.json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+    assert_eq!(models["data"][0]["max_model_len"], 256);
+    let health = h.client.get(h.url("/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let r = h
+        .post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}))
+        .await;
+    assert_eq!(r.status(), 200);
+    let _ = h.post("/v1/completions", &json!({"prompt": 1})).await;
+    let m = h.metrics().await;
+    for needle in [
+        "pagewarden_router_requests_total{endpoint=\"completions\",outcome=\"Completed\"} 1",
+        "pagewarden_router_rejections_total{reason=\"invalid_value\"} 1",
+        "pagewarden_router_ttft_seconds_count 1",
+        "pagewarden_router_inter_token_latency_seconds_count 1",
+        "pagewarden_router_effective_context_tokens 256",
+    ] {
+        assert!(m.contains(needle), "metrics lack `{needle}`:\n{m}");
+    }
+}
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        (-10.0f64..10.0).prop_map(Value::from),
+        "[a-z ]{0,12}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Value::from),
+            prop::collection::btree_map(
+                prop_oneof![
+                    Just("prompt".to_string()),
+                    Just("messages".to_string()),
+                    Just("role".to_string()),
+                    Just("content".to_string()),
+                    Just("max_tokens".to_string()),
+                    Just("temperature".to_string()),
+                    Just("stop".to_string()),
+                    Just("stream".to_string()),
+                    "[a-z_]{1,8}",
+                ],
+                inner,
+                0..6
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Arbitrary bytes and arbitrary JSON never panic the parsers and only ever yield 4xx errors.
+    #[test]
+    fn parsing_never_panics_and_errors_are_4xx(
+        bytes in prop::collection::vec(any::<u8>(), 0..64),
+        value in arb_json(),
+    ) {
+        use pagewarden_router::extract::JsonObject;
+        use pagewarden_router::validation::{ValidChatRequest, ValidCompletionRequest};
+        for raw in [bytes, serde_json::to_vec(&value).unwrap()] {
+            match JsonObject::parse(&raw) {
+                Err(e) => prop_assert!(e.status().is_client_error()),
+                Ok(obj) => {
+                    if let Err(e) = ValidCompletionRequest::parse(&obj.0) {
+                        prop_assert_eq!(e.param.is_empty(), false);
+                    }
+                    if let Err(e) = ValidChatRequest::parse(&obj.0) {
+                        prop_assert_eq!(e.param.is_empty(), false);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The same fuzz end to end over HTTP (fewer cases): every answer is 2xx or 4xx, never 5xx.
+#[tokio::test]
+async fn fuzzed_requests_over_http_are_2xx_or_4xx() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let h = Harness::start(Opts::default()).await;
+    let mut runner = TestRunner::deterministic();
+    let strategy = prop_oneof![
+        arb_json().prop_map(|v| serde_json::to_vec(&v).unwrap()),
+        prop::collection::vec(any::<u8>(), 0..48),
+        arb_json()
+            .prop_map(|v| { serde_json::to_vec(&json!({"prompt": v, "max_tokens": 2})).unwrap() }),
+        arb_json().prop_map(|v| {
+            serde_json::to_vec(
+                &json!({"messages": [{"role": "user", "content": v}], "max_tokens": 2}),
+            )
+            .unwrap()
+        }),
+    ];
+    for i in 0..96 {
+        let body = strategy.new_tree(&mut runner).unwrap().current();
+        let path = if i % 2 == 0 {
+            "/v1/completions"
+        } else {
+            "/v1/chat/completions"
+        };
+        let r = h.post_raw(path, body.clone(), Some(KEY)).await;
+        let s = r.status().as_u16();
+        assert!(
+            (200..300).contains(&s) || (400..500).contains(&s),
+            "{path} answered {s} to {:?}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+}

@@ -1,0 +1,226 @@
+//! Test harness: fake workers, the tiny test model in a temp file, and a router served in-process
+//! on 127.0.0.1:0.
+#![allow(dead_code)]
+
+pub mod fakes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fakes::{start_decode, start_prefill, Fake, FakeOpts};
+use pagewarden_router::config::DEFAULT_MAX_BODY_BYTES;
+use pagewarden_router::dispatch::DispatchConfig;
+use pagewarden_router::frontend::Frontend;
+use pagewarden_router::tenants::{TenantEntry, Tenants};
+use pagewarden_router::workers::WorkerPool;
+use pagewarden_router::{serve, AppState, NoSampling, Settings};
+use serde_json::Value;
+
+pub const KEY: &str = "sk-alpha-1";
+pub const OTHER_KEY: &str = "sk-beta-1";
+pub const MODEL: &str = "tiny";
+
+pub struct Opts {
+    pub decode: Vec<FakeOpts>,
+    pub prefill: Vec<FakeOpts>,
+    /// Extra decode URLs that point nowhere.
+    pub dead_decode: Vec<String>,
+    pub max_body_bytes: usize,
+    pub max_concurrency: usize,
+    pub request_timeout: Duration,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Self {
+            decode: vec![FakeOpts::default()],
+            prefill: vec![FakeOpts::default()],
+            dead_decode: vec![],
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_concurrency: 64,
+            request_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+pub struct Harness {
+    pub base: String,
+    pub decode: Vec<Fake>,
+    pub prefill: Vec<Fake>,
+    pub state: AppState,
+    pub client: reqwest::Client,
+    _dir: tempfile::TempDir,
+    _shutdown: tokio::sync::oneshot::Sender<()>,
+}
+
+/// The tiny model's text side, loaded from a temp file as the router binary would.
+pub fn tiny_frontend(dir: &std::path::Path) -> Frontend {
+    let path = dir.join("tiny.gguf");
+    std::fs::write(&path, pagewarden_model::tiny_llama_gguf(7)).unwrap();
+    Frontend::load(&path, Some(MODEL.into())).expect("tiny model loads")
+}
+
+impl Harness {
+    pub async fn start(opts: Opts) -> Harness {
+        let mut decode = Vec::new();
+        for o in opts.decode {
+            decode.push(start_decode(o).await);
+        }
+        let mut prefill = Vec::new();
+        for o in opts.prefill {
+            prefill.push(start_prefill(o).await);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let frontend = tiny_frontend(dir.path());
+        let tenants = Tenants::new(&[
+            TenantEntry {
+                name: "alpha".into(),
+                keys: vec![KEY.into()],
+            },
+            TenantEntry {
+                name: "beta".into(),
+                keys: vec![OTHER_KEY.into()],
+            },
+        ])
+        .unwrap();
+        let mut decode_urls: Vec<String> = decode.iter().map(Fake::url).collect();
+        decode_urls.extend(opts.dead_decode);
+        let prefill_urls: Vec<String> = prefill.iter().map(Fake::url).collect();
+        let pool = WorkerPool::new(
+            &decode_urls,
+            &prefill_urls,
+            Duration::from_millis(300),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        let settings = Settings {
+            max_body_bytes: opts.max_body_bytes,
+            max_concurrency: opts.max_concurrency,
+            dispatch: DispatchConfig {
+                request_timeout: opts.request_timeout,
+                abort_timeout: Duration::from_secs(1),
+            },
+            info_interval: Duration::from_millis(100),
+        };
+        let state = AppState::new(settings, tenants, frontend, pool, Arc::new(NoSampling));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let served = state.clone();
+        tokio::spawn(async move {
+            serve(listener, served, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap()
+        });
+        let h = Harness {
+            base: format!("http://{addr}"),
+            decode,
+            prefill,
+            state,
+            client: reqwest::Client::new(),
+            _dir: dir,
+            _shutdown: tx,
+        };
+        h.wait_ready().await;
+        h
+    }
+
+    /// Waits until the server answers (the first Info poll happens before it accepts).
+    async fn wait_ready(&self) {
+        for _ in 0..100 {
+            if self.client.get(self.url("/health")).send().await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("router did not start");
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(KEY)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        key: Option<&str>,
+    ) -> reqwest::Response {
+        let mut req = self
+            .client
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        req.send().await.unwrap()
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    pub fn tokens(&self, text: &str) -> Vec<u32> {
+        self.state.frontend.tokenizer().encode(text, true)
+    }
+
+    pub fn total_reserves(&self) -> usize {
+        self.decode.iter().map(Fake::reserves).sum()
+    }
+
+    pub fn total_prefills(&self) -> usize {
+        self.prefill.iter().map(Fake::prefills).sum()
+    }
+}
+
+/// Asserts an OpenAI error body with `status` and returns the `error` object.
+pub async fn expect_error(resp: reqwest::Response, status: u16) -> Value {
+    let got = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    assert_eq!(got, status, "unexpected status, body: {text}");
+    let v: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("error body is not JSON ({e}): {text}"));
+    let err = v["error"].clone();
+    assert!(err["message"].is_string(), "no error.message in {text}");
+    assert!(err["type"].is_string(), "no error.type in {text}");
+    assert!(err.get("param").is_some(), "no error.param in {text}");
+    assert!(err.get("code").is_some(), "no error.code in {text}");
+    err
+}
+
+/// Parses an SSE body into its `data:` payloads.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| d.trim_start().to_string())
+        .collect()
+}

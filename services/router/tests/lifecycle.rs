@@ -1,0 +1,518 @@
+//! A request's life through fake workers: streaming and full answers agree, usage counts, the
+//! over-length sweep (I3: rejected requests reach no worker), cancellation of both halves (I6),
+//! capacity errors with Retry-After, least-loaded picking, stale events (I5), the binary's start
+//! line.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fakes::{fake_text, FakeOpts};
+use common::{expect_error, sse_data, Harness, Opts, KEY};
+use serde_json::{json, Value};
+
+fn text_of(v: &Value) -> String {
+    let c = &v["choices"][0];
+    c["text"]
+        .as_str()
+        .or(c["message"]["content"].as_str())
+        .or(c["delta"]["content"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+async fn stream_body(h: &Harness, path: &str, body: &Value) -> (Vec<Value>, Vec<String>) {
+    let r = h.post(path, body).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let data = sse_data(&r.text().await.unwrap());
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let chunks = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    (chunks, data)
+}
+
+#[tokio::test]
+async fn streaming_and_full_agree_and_usage_is_the_tokenizer_count() {
+    let h = Harness::start(Opts::default()).await;
+    let prompt = "The capital of France is";
+    let want_prompt = h.tokens(prompt).len() as u64;
+    assert!(want_prompt > 0);
+    let expected: String = (0..7).map(fake_text).collect();
+
+    let full: Value = h
+        .post(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 7}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(full["object"], "text_completion");
+    assert_eq!(text_of(&full), expected);
+    assert_eq!(full["choices"][0]["finish_reason"], "length");
+    assert_eq!(full["usage"]["prompt_tokens"], want_prompt);
+    assert_eq!(full["usage"]["completion_tokens"], 7);
+    assert_eq!(full["usage"]["total_tokens"], want_prompt + 7);
+
+    let (chunks, _) = stream_body(
+        &h,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 7, "stream": true,
+                "stream_options": {"include_usage": true}}),
+    )
+    .await;
+    let streamed: String = chunks.iter().map(text_of).collect();
+    assert_eq!(streamed, expected);
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage, &full["usage"]);
+    let finishes: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0].get("finish_reason"))
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finishes, vec![&json!("length")]);
+
+    // The router sent the tokenizer's ids, unchanged, to both halves.
+    let d = h.decode[0].calls.lock();
+    assert_eq!(d.reserve[0].prompt_tokens as u64, want_prompt);
+    assert_eq!(d.generate[0].prompt_tokens, h.tokens(prompt));
+    assert_eq!(
+        h.prefill[0].calls.lock().prefill[0].prompt_tokens,
+        h.tokens(prompt)
+    );
+}
+
+#[tokio::test]
+async fn chat_streaming_and_full_agree() {
+    let h = Harness::start(Opts::default()).await;
+    let messages = json!([{"role": "system", "content": "be brief"},
+                          {"role": "user", "content": "hello there"}]);
+    let full: Value = h
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "max_tokens": 4}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(full["object"], "chat.completion");
+    assert_eq!(full["choices"][0]["message"]["role"], "assistant");
+    let (chunks, _) = stream_body(
+        &h,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 4, "stream": true}),
+    )
+    .await;
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks.iter().map(text_of).collect();
+    assert_eq!(streamed, text_of(&full));
+    // The prompt is the chat template's rendering, tokenized with specials.
+    let sent = h.decode[0].calls.lock().reserve[0].prompt_tokens;
+    assert_eq!(full["usage"]["prompt_tokens"], sent);
+    assert!(sent as usize > h.tokens("be brief hello there").len());
+}
+
+/// I3: context−1/context/context+1, 1..16 pages over, and over the pool but under the context.
+#[tokio::test]
+async fn over_length_sweep_rejects_before_any_worker_call() {
+    const CTX: usize = 128;
+    let h = Harness::start(Opts {
+        decode: vec![FakeOpts {
+            context_length: CTX as u32,
+            pool_tokens: 4096,
+            ..FakeOpts::default()
+        }],
+        ..Opts::default()
+    })
+    .await;
+    let prompt = |n: usize| json!((0..n).map(|i| 1 + (i % 50) as u32).collect::<Vec<_>>());
+    let mut cases: Vec<(Value, bool)> = vec![
+        (json!({"prompt": prompt(CTX - 1)}), true),
+        (json!({"prompt": prompt(CTX - 1), "max_tokens": 1}), true),
+        (json!({"prompt": prompt(CTX - 1), "max_tokens": 2}), false),
+        (json!({"prompt": prompt(CTX - 8), "max_tokens": 8}), true),
+        (json!({"prompt": prompt(CTX)}), false),
+        (json!({"prompt": prompt(CTX), "max_tokens": 1}), false),
+        (json!({"prompt": prompt(CTX + 1)}), false),
+        (json!({"prompt": prompt(1), "max_tokens": CTX}), false),
+    ];
+    for pages in 1..=16 {
+        cases.push((json!({"prompt": prompt(CTX + 16 * pages)}), false));
+    }
+    for (i, (body, fits)) in cases.iter().enumerate() {
+        for stream in [false, true] {
+            let mut body = body.clone();
+            body["stream"] = json!(stream);
+            let before = (h.total_reserves(), h.total_prefills());
+            let r = h.post("/v1/completions", &body).await;
+            if *fits {
+                assert_eq!(r.status(), 200, "case {i}");
+                let _ = r.text().await;
+                assert_eq!(h.total_reserves(), before.0 + 1);
+            } else {
+                let err = expect_error(r, 400).await;
+                assert_eq!(err["code"], "context_length_exceeded", "case {i}");
+                assert!(err["message"].as_str().unwrap().contains("128"));
+                assert_eq!((h.total_reserves(), h.total_prefills()), before, "case {i}");
+            }
+        }
+    }
+    // Default max_tokens = min(256, room): context−1 gets exactly one token.
+    let v: Value = h
+        .post("/v1/completions", &json!({"prompt": prompt(CTX - 1)}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 1);
+    assert_eq!(
+        h.decode[0].calls.lock().reserve.last().unwrap().max_tokens,
+        1
+    );
+}
+
+#[tokio::test]
+async fn pool_smaller_than_context_bounds_the_effective_context() {
+    let h = Harness::start(Opts {
+        decode: vec![FakeOpts {
+            context_length: 256,
+            pool_tokens: 64,
+            ..FakeOpts::default()
+        }],
+        prefill: vec![FakeOpts {
+            context_length: 200,
+            pool_tokens: 4096,
+            ..FakeOpts::default()
+        }],
+        ..Opts::default()
+    })
+    .await;
+    let models: Value = h.get("/v1/models").await.json().await.unwrap();
+    assert_eq!(models["data"][0]["max_model_len"], 64);
+    let over_pool = json!({"prompt": vec![3u32; 100], "max_tokens": 1});
+    let err = expect_error(h.post("/v1/completions", &over_pool).await, 400).await;
+    assert_eq!(err["code"], "context_length_exceeded");
+    let text = "word ".repeat(200);
+    assert!(h.tokens(&text).len() > 64);
+    let err = expect_error(
+        h.post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": text}]}),
+        )
+        .await,
+        400,
+    )
+    .await;
+    assert_eq!(err["param"], "messages");
+    assert_eq!(h.total_reserves() + h.total_prefills(), 0);
+    let fits = json!({"prompt": vec![3u32; 60], "max_tokens": 4});
+    assert_eq!(h.post("/v1/completions", &fits).await.status(), 200);
+}
+
+/// I6: a client that drops a stream mid-way gets both halves aborted.
+#[tokio::test]
+async fn client_disconnect_mid_stream_aborts_both_halves() {
+    let h = Harness::start(Opts {
+        decode: vec![FakeOpts {
+            hang_after: Some(2),
+            ..FakeOpts::default()
+        }],
+        ..Opts::default()
+    })
+    .await;
+    let mut r = h
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "tell me a story", "max_tokens": 50, "stream": true}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let first = r.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("data:"));
+    assert!(
+        h.decode[0].aborts().is_empty(),
+        "no abort before the disconnect"
+    );
+    drop(r);
+    let d = h.decode[0].wait_abort().await.expect("decode got Abort");
+    let p = h.prefill[0].wait_abort().await.expect("prefill got Abort");
+    let sent = h.decode[0].calls.lock().reserve[0].req.clone();
+    assert_eq!(d.req, sent);
+    assert_eq!(p.req, sent);
+    assert_eq!(d.reason, "client_disconnected");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let m = h.metrics().await;
+    assert!(m.contains("outcome=\"Cancelled\"} 1"), "{m}");
+    assert!(m.contains("pagewarden_router_in_flight 0"), "{m}");
+}
+
+/// I6 again, for a non-streaming request whose client gives up.
+#[tokio::test]
+async fn client_disconnect_while_waiting_aborts_both_halves() {
+    let h = Harness::start(Opts {
+        decode: vec![FakeOpts {
+            hang_after: Some(1),
+            ..FakeOpts::default()
+        }],
+        ..Opts::default()
+    })
+    .await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let r = client
+        .post(h.url("/v1/completions"))
+        .bearer_auth(KEY)
+        .json(&json!({"prompt": "hi", "max_tokens": 10}))
+        .send()
+        .await;
+    assert!(
+        r.is_err(),
+        "the request should hang until the client gives up"
+    );
+    assert!(h.decode[0].wait_abort().await.is_some());
+    assert!(h.prefill[0].wait_abort().await.is_some());
+}
+
+#[tokio::test]
+async fn failing_prefill_aborts_decode_and_answers_cleanly() {
+    let h = Harness::start(Opts {
+        prefill: vec![FakeOpts {
+            fail: Some(tonic::Code::Internal),
+            ..FakeOpts::default()
+        }],
+        ..Opts::default()
+    })
+    .await;
+    for stream in [false, true] {
+        let r = h
+            .post(
+                "/v1/completions",
+                &json!({"prompt": "hi", "max_tokens": 3, "stream": stream}),
+            )
+            .await;
+        let err = expect_error(r, 502).await;
+        assert_eq!(err["code"], "worker_failed");
+        assert!(err["message"].as_str().unwrap().contains("prefill"));
+    }
+    let a = h.decode[0].wait_abort().await.expect("decode got Abort");
+    assert_eq!(a.reason, "prefill_failed");
+    assert!(h.decode[0].calls.lock().generate.is_empty());
+}
+
+#[tokio::test]
+async fn deadline_aborts_both_halves_and_answers_504() {
+    let h = Harness::start(Opts {
+        prefill: vec![FakeOpts {
+            hang_prefill: true,
+            ..FakeOpts::default()
+        }],
+        request_timeout: Duration::from_millis(300),
+        ..Opts::default()
+    })
+    .await;
+    let r = h
+        .post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 3}))
+        .await;
+    let err = expect_error(r, 504).await;
+    assert_eq!(err["code"], "timeout");
+    assert_eq!(h.decode[0].wait_abort().await.unwrap().reason, "deadline");
+    assert!(h.prefill[0].wait_abort().await.is_some());
+}
+
+#[tokio::test]
+async fn over_capacity_is_429_with_retry_after() {
+    let h = Harness::start(Opts {
+        decode: vec![FakeOpts {
+            hang_after: Some(1),
+            ..FakeOpts::default()
+        }],
+        max_concurrency: 1,
+        ..Opts::default()
+    })
+    .await;
+    let mut held = h
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "a", "max_tokens": 9, "stream": true}),
+        )
+        .await;
+    assert_eq!(held.status(), 200);
+    let _ = held.chunk().await;
+    let r = h
+        .post("/v1/completions", &json!({"prompt": "b", "max_tokens": 2}))
+        .await;
+    assert_eq!(r.headers()["retry-after"], "1");
+    let err = expect_error(r, 429).await;
+    assert_eq!(err["code"], "rate_limit_exceeded");
+    drop(held);
+    // The slot comes back once the held stream is gone.
+    h.decode[0].wait_abort().await.unwrap();
+    h.decode[0].opts.lock().hang_after = None;
+    let mut ok = false;
+    for _ in 0..50 {
+        let r = h
+            .post("/v1/completions", &json!({"prompt": "c", "max_tokens": 2}))
+            .await;
+        if r.status() == 200 {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok, "slot was not released");
+}
+
+#[tokio::test]
+async fn no_live_worker_or_exhausted_pool_is_503_with_retry_after() {
+    let h = Harness::start(Opts {
+        decode: vec![FakeOpts {
+            info_fails: true,
+            ..FakeOpts::default()
+        }],
+        ..Opts::default()
+    })
+    .await;
+    let body = json!({"prompt": "hi", "max_tokens": 2});
+    let r = h.post("/v1/completions", &body).await;
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(expect_error(r, 503).await["code"], "no_live_workers");
+    assert_eq!(h.total_reserves(), 0);
+    let health = h.client.get(h.url("/health")).send().await.unwrap();
+    assert_eq!(health.status(), 503);
+    let models: Value = h.get("/v1/models").await.json().await.unwrap();
+    assert!(models["data"][0]["max_model_len"].is_null());
+
+    // The worker comes back (next poll), then its pool is exhausted.
+    {
+        let mut o = h.decode[0].opts.lock();
+        o.info_fails = false;
+        o.fail = Some(tonic::Code::ResourceExhausted);
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let r = h.post("/v1/completions", &body).await;
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(expect_error(r, 503).await["code"], "kv_pool_exhausted");
+    assert_eq!(h.total_prefills(), 0);
+    assert!(h.decode[0].wait_abort().await.is_some());
+}
+
+#[tokio::test]
+async fn least_loaded_workers_are_picked_and_dead_ones_skipped() {
+    let busy = FakeOpts {
+        active_requests: 5,
+        hang_after: Some(1),
+        ..FakeOpts::default()
+    };
+    let idle = FakeOpts {
+        hang_after: Some(1),
+        ..FakeOpts::default()
+    };
+    let h = Harness::start(Opts {
+        decode: vec![busy, idle.clone()],
+        prefill: vec![idle.clone(), idle],
+        dead_decode: vec!["http://127.0.0.1:1".into()],
+        ..Opts::default()
+    })
+    .await;
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let mut r = h
+            .post(
+                "/v1/completions",
+                &json!({"prompt": "x", "max_tokens": 5, "stream": true}),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        let _ = r.chunk().await;
+        streams.push(r);
+    }
+    // First request: the idle decode (fewer active), prefill 0; second: busy decode is now tied
+    // on router in-flight... the idle one has 1 in flight, so the busy one gets it; prefill 1.
+    assert_eq!(h.decode[1].reserves(), 1);
+    assert_eq!(h.decode[0].reserves(), 1);
+    assert_eq!(h.prefill[0].prefills(), 1);
+    assert_eq!(h.prefill[1].prefills(), 1);
+    let m = h.metrics().await;
+    assert!(
+        m.contains("pagewarden_router_live_workers{role=\"decode\"} 2"),
+        "{m}"
+    );
+    drop(streams);
+}
+
+/// I5: a token event naming another request is dropped and counted, never relayed.
+#[tokio::test]
+async fn stale_token_events_are_dropped_and_counted() {
+    let h = Harness::start(Opts {
+        decode: vec![FakeOpts {
+            stale_event: true,
+            ..FakeOpts::default()
+        }],
+        ..Opts::default()
+    })
+    .await;
+    let v: Value = h
+        .post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 3}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(!text_of(&v).contains("STALE"));
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert!(h
+        .metrics()
+        .await
+        .contains("pagewarden_router_stale_messages_total 1"));
+}
+
+/// The binary prints one parseable start line and serves.
+#[tokio::test]
+async fn binary_prints_its_start_line() {
+    use tokio::io::AsyncBufReadExt;
+    let d = common::fakes::start_decode(FakeOpts::default()).await;
+    let p = common::fakes::start_prefill(FakeOpts::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    std::fs::write(&model, pagewarden_model::tiny_llama_gguf(3)).unwrap();
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(&tenants, "[[tenants]]\nname = \"a\"\nkeys = [\"k1\"]\n").unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pagewarden-router"))
+        .args(["--http-addr", "127.0.0.1:0", "--model"])
+        .arg(&model)
+        .arg("--tenants")
+        .arg(&tenants)
+        .args(["--decode", &d.url(), "--prefill", &p.url()])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("start line in time")
+        .unwrap()
+        .unwrap();
+    let addr = line
+        .strip_prefix("pagewarden-router listening http=")
+        .unwrap_or_else(|| panic!("bad start line: {line}"));
+    let r = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/completions"))
+        .bearer_auth("k1")
+        .json(&json!({"prompt": "hi", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    child.kill().await.unwrap();
+}
