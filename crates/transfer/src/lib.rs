@@ -1,1 +1,42 @@
-//! (module map: filled in as files land)
+//! Mooncake-style KV page transfer with write grants, per-page checksums and fencing.
+//!
+//! A decode worker registers its pool as a segment; a prefill worker opens it, submits
+//! batches of page writes under the grant the decode worker issued, awaits or polls their
+//! completion, and ends the grant with a drain (or a cancel). The receiver hands every write to
+//! the pool, which checks grant, page, generation, length and checksum before writing.
+//!
+//! - `types.rs`: page, generation, grant and checksum types re-used from `pagewarden-kvcache`.
+//! - `frame.rs`: the versioned binary wire format, with lengths checked before allocation.
+//! - `receiver.rs`: sans-IO receiver session (checks via the sink, drain, acks, counters).
+//! - `sink.rs`: the `PageSink` seam and an in-memory test sink.
+//! - `pool_sink.rs`: `PageSink` for `KvPool`.
+//! - `engine.rs`: the `TransferBackend` API, its request, config and error types.
+//! - `batch.rs`: batch completion handles (poll / await).
+//! - `manifest.rs`: commit manifest builder (tokens, per-page checksums, digest).
+//! - `memory.rs`: in-memory backend for unit tests (with a tamper hook).
+//! - `tcp/`: the default TCP backend (listener and sender).
+//! - `rdma/`: RDMA backend over ibverbs (feature `rdma`; built, not run: see its docs).
+
+pub mod batch;
+pub mod engine;
+pub mod frame;
+pub mod manifest;
+pub mod memory;
+mod pool_sink;
+#[cfg(feature = "rdma")]
+pub mod rdma;
+pub mod receiver;
+pub mod sink;
+pub mod tcp;
+pub mod types;
+
+pub use batch::{BatchFailure, BatchHandle, BatchStatus};
+pub use engine::{
+    EngineConfig, FailureEvent, PageWriteReq, SegmentDesc, SegmentId, TransferBackend,
+    TransferError,
+};
+pub use manifest::ManifestBuilder;
+pub use memory::MemoryBackend;
+pub use receiver::{CountersSnapshot, ReceiverCounters, ReceiverSession};
+pub use sink::{MemorySink, PageSink};
+pub use tcp::{TcpBackend, TcpReceiver};

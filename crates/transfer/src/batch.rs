@@ -1,0 +1,115 @@
+//! Completion of one submitted batch: poll it, or await it.
+//!
+//! `Pending --> Completed | Failed | Cancelled`; the terminal state never changes again.
+
+use tokio::sync::watch;
+
+use crate::frame::BatchId;
+use crate::types::WriteError;
+
+/// Why a batch did not complete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BatchFailure {
+    /// The receiver dropped some pages (see the first reason).
+    Rejected {
+        /// Pages that landed.
+        written: u32,
+        /// Pages dropped.
+        rejected: u32,
+        /// Reason of the first drop.
+        first: Option<WriteError>,
+    },
+    /// The connection died before the batch was acknowledged.
+    ConnectionLost(String),
+}
+
+/// State of a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BatchStatus {
+    /// Not yet acknowledged.
+    Pending,
+    /// Every page landed.
+    Completed {
+        /// Pages written.
+        pages: u32,
+    },
+    /// Some pages did not land.
+    Failed(BatchFailure),
+    /// Cancelled before every page was sent.
+    Cancelled {
+        /// Pages that landed before the cancel took effect.
+        written: u32,
+    },
+}
+
+impl BatchStatus {
+    /// Whether the state is terminal.
+    pub fn is_done(&self) -> bool {
+        match self {
+            BatchStatus::Pending => false,
+            BatchStatus::Completed { .. }
+            | BatchStatus::Failed(_)
+            | BatchStatus::Cancelled { .. } => true,
+        }
+    }
+}
+
+/// Sender's handle to a submitted batch.
+#[derive(Debug)]
+pub struct BatchHandle {
+    id: BatchId,
+    rx: watch::Receiver<BatchStatus>,
+}
+
+/// Backend side of a batch's completion.
+#[derive(Debug)]
+pub struct BatchCompleter(watch::Sender<BatchStatus>);
+
+impl BatchCompleter {
+    /// Sets the terminal state (later calls are ignored).
+    pub fn finish(&self, s: BatchStatus) {
+        self.0.send_if_modified(|cur| {
+            if cur.is_done() {
+                false
+            } else {
+                *cur = s;
+                true
+            }
+        });
+    }
+}
+
+impl Drop for BatchCompleter {
+    fn drop(&mut self) {
+        // A backend that forgets a batch must not leave its waiter hanging.
+        self.finish(BatchStatus::Failed(BatchFailure::ConnectionLost(
+            "batch dropped by the backend".into(),
+        )));
+    }
+}
+
+/// A fresh pending batch: the handle for the caller, the completer for the backend.
+pub fn new_batch(id: BatchId) -> (BatchHandle, BatchCompleter) {
+    let (tx, rx) = watch::channel(BatchStatus::Pending);
+    (BatchHandle { id, rx }, BatchCompleter(tx))
+}
+
+impl BatchHandle {
+    /// The batch's number on its connection.
+    pub fn id(&self) -> BatchId {
+        self.id
+    }
+
+    /// Current state, without waiting.
+    pub fn poll(&self) -> BatchStatus {
+        self.rx.borrow().clone()
+    }
+
+    /// Waits for the terminal state.
+    pub async fn wait(mut self) -> BatchStatus {
+        match self.rx.wait_for(BatchStatus::is_done).await {
+            Ok(s) => s.clone(),
+            Err(_) => BatchStatus::Failed(BatchFailure::ConnectionLost("backend gone".into())),
+        }
+    }
+}

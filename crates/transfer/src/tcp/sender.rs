@@ -1,0 +1,336 @@
+//! TCP sending side of one opened segment: a writer task (owns the write half, sends batches
+//! and DRAINs in submission order, holds in-flight byte permits) and an ack reader task
+//! (BATCH_ACK / DRAIN_ACK). A lost connection fails every pending batch and drain at once.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{broadcast, mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::batch::{new_batch, BatchCompleter, BatchFailure, BatchHandle, BatchStatus};
+use crate::engine::{FailureEvent, OutPage, SegmentId, TransferError};
+use crate::frame::{
+    decode_header, decode_payload, encode, encode_write_prefix, BatchAck, BatchId, Frame,
+    WriteFrame, HEADER_LEN,
+};
+use crate::types::GrantKey;
+
+/// In-flight budget unit: permits count KiB so a budget above 4 GiB still fits a permit count.
+const UNIT: usize = 1024;
+
+enum Cmd {
+    Batch {
+        key: GrantKey,
+        id: BatchId,
+        pages: Vec<OutPage>,
+        done: BatchCompleter,
+    },
+    Drain {
+        key: GrantKey,
+        reply: oneshot::Sender<Result<(), TransferError>>,
+    },
+}
+
+struct PendingBatch {
+    done: BatchCompleter,
+    _permit: OwnedSemaphorePermit,
+    sent: u32,
+    cancelled: bool,
+}
+
+#[derive(Default)]
+struct Pending {
+    batches: HashMap<BatchId, PendingBatch>,
+    drains: HashMap<GrantKey, VecDeque<oneshot::Sender<Result<(), TransferError>>>>,
+    dead: Option<String>,
+}
+
+struct Shared {
+    seg: SegmentId,
+    pending: Mutex<Pending>,
+    cancelled: Mutex<HashSet<GrantKey>>,
+    failures: broadcast::Sender<FailureEvent>,
+}
+
+impl Shared {
+    fn fail_all(&self, reason: String) {
+        let (batches, drains) = {
+            let mut p = self.pending.lock();
+            if p.dead.is_some() {
+                return;
+            }
+            p.dead = Some(reason.clone());
+            (
+                std::mem::take(&mut p.batches),
+                std::mem::take(&mut p.drains),
+            )
+        };
+        for (_, b) in batches {
+            b.done
+                .finish(BatchStatus::Failed(BatchFailure::ConnectionLost(
+                    reason.clone(),
+                )));
+        }
+        for tx in drains.into_values().flatten() {
+            let _ = tx.send(Err(TransferError::ConnectionLost(reason.clone())));
+        }
+        tracing::warn!(segment = ?self.seg, %reason, "transfer connection failed");
+        let _ = self.failures.send(FailureEvent {
+            segment: self.seg,
+            reason,
+        });
+    }
+
+    fn on_ack(&self, a: BatchAck) {
+        let Some(b) = self.pending.lock().batches.remove(&a.batch) else {
+            return;
+        };
+        let status = if b.cancelled && a.rejected == 0 {
+            BatchStatus::Cancelled { written: a.written }
+        } else if a.rejected == 0 && a.written == b.sent {
+            BatchStatus::Completed { pages: a.written }
+        } else {
+            BatchStatus::Failed(BatchFailure::Rejected {
+                written: a.written,
+                rejected: a.rejected,
+                first: a.first_reject,
+            })
+        };
+        b.done.finish(status);
+    }
+
+    fn on_drain_ack(&self, key: GrantKey) {
+        let tx = {
+            let mut p = self.pending.lock();
+            let q = p.drains.get_mut(&key);
+            let tx = q.and_then(|q| q.pop_front());
+            if p.drains.get(&key).is_some_and(|q| q.is_empty()) {
+                p.drains.remove(&key);
+            }
+            tx
+        };
+        self.cancelled.lock().remove(&key);
+        if let Some(tx) = tx {
+            let _ = tx.send(Ok(()));
+        }
+    }
+}
+
+/// One open TCP segment (sender side).
+pub struct SenderConn {
+    tx: mpsc::UnboundedSender<Cmd>,
+    shared: Arc<Shared>,
+    next_batch: AtomicU64,
+    writer: JoinHandle<()>,
+    reader: JoinHandle<()>,
+}
+
+impl SenderConn {
+    /// Connects to a receiver.
+    pub async fn connect(
+        seg: SegmentId,
+        addr: &str,
+        max_inflight_bytes: usize,
+        failures: broadcast::Sender<FailureEvent>,
+    ) -> Result<Self, TransferError> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (rd, wr) = stream.into_split();
+        let shared = Arc::new(Shared {
+            seg,
+            pending: Mutex::default(),
+            cancelled: Mutex::default(),
+            failures,
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let inflight = Arc::new(Semaphore::new(max_inflight_bytes.div_ceil(UNIT)));
+        let writer = tokio::spawn(write_loop(wr, rx, shared.clone(), inflight));
+        let reader = tokio::spawn(read_loop(rd, shared.clone()));
+        Ok(Self {
+            tx,
+            shared,
+            next_batch: AtomicU64::new(1),
+            writer,
+            reader,
+        })
+    }
+
+    /// Queues a prepared batch.
+    pub fn submit(&self, key: GrantKey, pages: Vec<OutPage>) -> Result<BatchHandle, TransferError> {
+        if let Some(r) = &self.shared.pending.lock().dead {
+            return Err(TransferError::ConnectionLost(r.clone()));
+        }
+        let id = BatchId(self.next_batch.fetch_add(1, Ordering::Relaxed));
+        let (handle, done) = new_batch(id);
+        // If the writer is gone the command is dropped and its completer fails the batch.
+        let _ = self.tx.send(Cmd::Batch {
+            key,
+            id,
+            pages,
+            done,
+        });
+        Ok(handle)
+    }
+
+    /// Sends DRAIN(key) after everything queued before it and waits for the ack.
+    pub async fn drain(&self, key: GrantKey) -> Result<(), TransferError> {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.tx.send(Cmd::Drain { key, reply });
+        rx.await
+            .unwrap_or_else(|_| Err(TransferError::ConnectionLost("writer stopped".into())))
+    }
+
+    /// Stops sending unsent pages of `key`, then drains it.
+    pub async fn cancel(&self, key: GrantKey) -> Result<(), TransferError> {
+        self.shared.cancelled.lock().insert(key);
+        self.drain(key).await
+    }
+}
+
+impl Drop for SenderConn {
+    fn drop(&mut self) {
+        self.writer.abort();
+        self.reader.abort();
+        self.shared.fail_all("segment closed".into());
+    }
+}
+
+async fn write_loop(
+    wr: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Cmd>,
+    shared: Arc<Shared>,
+    inflight: Arc<Semaphore>,
+) {
+    let mut wr = BufWriter::with_capacity(256 << 10, wr);
+    let mut hdr = Vec::with_capacity(128);
+    while let Some(cmd) = rx.recv().await {
+        let res = match cmd {
+            Cmd::Batch {
+                key,
+                id,
+                pages,
+                done,
+            } => send_batch(&mut wr, &mut hdr, &shared, &inflight, key, id, pages, done).await,
+            Cmd::Drain { key, reply } => {
+                {
+                    let mut p = shared.pending.lock();
+                    if let Some(r) = &p.dead {
+                        let _ = reply.send(Err(TransferError::ConnectionLost(r.clone())));
+                        continue;
+                    }
+                    p.drains.entry(key).or_default().push_back(reply);
+                }
+                hdr.clear();
+                encode(&mut hdr, &Frame::Drain(key));
+                match wr.write_all(&hdr).await {
+                    Ok(()) => wr.flush().await,
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        if let Err(e) = res {
+            shared.fail_all(format!("write failed: {e}"));
+            return;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn send_batch(
+    wr: &mut BufWriter<OwnedWriteHalf>,
+    hdr: &mut Vec<u8>,
+    shared: &Shared,
+    inflight: &Arc<Semaphore>,
+    key: GrantKey,
+    id: BatchId,
+    pages: Vec<OutPage>,
+    done: BatchCompleter,
+) -> std::io::Result<()> {
+    let bytes: usize = pages.iter().map(|p| p.src.len()).sum();
+    let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
+    let Ok(permit) = inflight.clone().acquire_many_owned(units).await else {
+        return Ok(());
+    };
+    let mut sent = 0u32;
+    for p in &pages {
+        if shared.cancelled.lock().contains(&key) {
+            break;
+        }
+        hdr.clear();
+        let w = WriteFrame {
+            key,
+            batch: id,
+            page: p.page,
+            generation: p.generation,
+            tokens: p.tokens,
+            checksum: p.checksum,
+            data: &p.src,
+        };
+        encode_write_prefix(hdr, &w);
+        wr.write_all(hdr).await?;
+        wr.write_all(&p.src).await?;
+        sent += 1;
+    }
+    {
+        let mut pend = shared.pending.lock();
+        if let Some(r) = &pend.dead {
+            done.finish(BatchStatus::Failed(BatchFailure::ConnectionLost(r.clone())));
+            return Ok(());
+        }
+        pend.batches.insert(
+            id,
+            PendingBatch {
+                done,
+                _permit: permit,
+                sent,
+                cancelled: (sent as usize) < pages.len(),
+            },
+        );
+    }
+    hdr.clear();
+    encode(
+        hdr,
+        &Frame::BatchEnd {
+            key,
+            batch: id,
+            pages: sent,
+        },
+    );
+    wr.write_all(hdr).await?;
+    wr.flush().await
+}
+
+async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>) {
+    let mut hdr = [0u8; HEADER_LEN];
+    let mut buf = [0u8; 64];
+    let reason = loop {
+        if let Err(e) = rd.read_exact(&mut hdr).await {
+            break format!("receiver closed the connection ({e})");
+        }
+        // Acks are tiny; anything larger is a broken peer.
+        let h = match decode_header(&hdr, buf.len()) {
+            Ok(h) => h,
+            Err(e) => break format!("malformed ack: {e}"),
+        };
+        let p = &mut buf[..h.payload_len as usize];
+        if let Err(e) = rd.read_exact(p).await {
+            break format!("receiver closed the connection ({e})");
+        }
+        match decode_payload(h, p) {
+            Ok(Frame::BatchAck(a)) => shared.on_ack(a),
+            Ok(Frame::DrainAck(k)) => shared.on_drain_ack(k),
+            Ok(f @ (Frame::Write(_) | Frame::BatchEnd { .. } | Frame::Drain(_))) => {
+                break format!("unexpected frame from receiver: {f:?}")
+            }
+            Err(e) => break format!("malformed ack: {e}"),
+        }
+    };
+    shared.fail_all(reason);
+}
