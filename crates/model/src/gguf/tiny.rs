@@ -53,7 +53,7 @@ const MERGES: &[&str] = &[
     "ĠĠ ĠĠ",
     "Ċ Ċ",
     "l o",
-    "Ġh e",
+    "Ġ he",
     "Ġhe ll",
     "Ġhell o",
     "Ġ W",
