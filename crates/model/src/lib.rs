@@ -11,21 +11,30 @@
 //! - `gguf/writer.rs`: `GgufWriter` for tests
 //! - `gguf/quant.rs`: ggml reference quantizers/dequantizers (Q4_0, Q4_1, Q8_0, F16, F32)
 //! - `gguf/tiny.rs`: `tiny_llama_gguf`, the seeded tiny random Llama for model-free tests
+//! - `chat.rs`: `ChatTemplate` (minijinja, HF-compatible), `ChatMessage`
+//! - `sampling.rs`: `SamplingParams`, `Sampler` (greedy, temperature, top-k, top-p, seeded)
+//! - `stop.rs`: `StopMatcher`, stop sequences across streamed text
 //! - `tokenizer.rs`: `Tokenizer` (byte-level BPE from GGUF metadata, llama.cpp-exact ids)
 //! - `tokenizer_bytes.rs`: GPT-2 byte ↔ unicode stand-in table
 //! - `tokenizer_pretok.rs`: `PreTokenizer`, llama.cpp's word splitting per `tokenizer.ggml.pre`
 //! - `tokenizer_bpe.rs`: ranked BPE merging of one word
 //! - `tokenizer_stream.rs`: `StreamDecoder`, UTF-8-safe incremental detokenizing
 
+pub mod chat;
 pub mod gguf;
+pub mod sampling;
+pub mod stop;
 pub mod tokenizer;
 mod tokenizer_bpe;
 mod tokenizer_bytes;
 pub mod tokenizer_pretok;
 mod tokenizer_stream;
 
+pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use gguf::{
     tiny_llama_gguf, GgmlType, GgufError, GgufFile, GgufWriter, TensorInfo, TensorView,
 };
+pub use sampling::{argmax, Sampler, SamplingParams};
+pub use stop::{StopMatcher, StopOutcome};
 pub use tokenizer::{TokenKind, Tokenizer, TokenizerError};
 pub use tokenizer_stream::StreamDecoder;

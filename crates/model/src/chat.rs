@@ -1,0 +1,123 @@
+//! `ChatTemplate`: renders `tokenizer.chat_template` (a Hugging Face Jinja template) with
+//! minijinja, configured the way transformers does (trim_blocks, lstrip_blocks) and with the
+//! helpers HF templates call (`raise_exception`, `tojson`, Python string methods).
+
+use minijinja::{context, Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+use crate::gguf::GgufFile;
+
+/// Why a template could not be loaded or rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    /// `tokenizer.chat_template` is not a string.
+    #[error("tokenizer.chat_template: {0}")]
+    Metadata(#[from] crate::gguf::GgufError),
+    /// The template does not compile.
+    #[error("chat template does not compile: {0}")]
+    Syntax(String),
+    /// Rendering failed (including the template's own `raise_exception`).
+    #[error("chat template failed to render: {0}")]
+    Render(String),
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, …
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with `role` and `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template plus the special-token texts templates refer to.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+const NAME: &str = "chat_template";
+
+impl ChatTemplate {
+    /// The template in `tokenizer.chat_template`, or `None` when the file has none.
+    pub fn from_gguf(f: &GgufFile) -> Result<Option<ChatTemplate>, ChatError> {
+        let md = f.metadata();
+        if md.get("tokenizer.chat_template").is_none() {
+            return Ok(None);
+        }
+        let src = md.get_str("tokenizer.chat_template")?;
+        let token_text = |key: &str| -> String {
+            let tokens = md.get_str_array("tokenizer.ggml.tokens").unwrap_or(&[]);
+            md.get_u32(key)
+                .ok()
+                .and_then(|id| tokens.get(id as usize))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let bos = token_text("tokenizer.ggml.bos_token_id");
+        let eos = token_text("tokenizer.ggml.eos_token_id");
+        ChatTemplate::new(src, &bos, &eos).map(Some)
+    }
+
+    /// Compiles `source`; `bos_token` and `eos_token` are exposed to the template.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, ChatError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(|e| ChatError::Syntax(e.to_string()))?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
+    }
+
+    /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
+    /// reply begins.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| ChatError::Render(e.to_string()))?;
+        tmpl.render(context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        })
+        .map_err(|e| ChatError::Render(render_error(&e)))
+    }
+}
+
+/// The error with its causes, so a template's `raise_exception` message reaches the caller.
+fn render_error(e: &Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}

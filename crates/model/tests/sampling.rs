@@ -1,0 +1,133 @@
+//! Sampling and stop sequences: greedy ties, reproducible seeds, top-k/top-p reductions,
+//! the temperature-1 distribution, and stop strings split across pushes.
+
+use pagewarden_model::{argmax, Sampler, SamplingParams, StopMatcher, StopOutcome};
+use proptest::prelude::*;
+
+fn params(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    }
+}
+
+fn logits_strategy() -> impl Strategy<Value = Vec<f32>> {
+    // Coarse values so ties are common.
+    prop::collection::vec((-8i32..8).prop_map(|x| x as f32 * 0.5), 1..64)
+}
+
+#[test]
+fn greedy_is_argmax_with_ties_to_lowest_id() {
+    let mut s = Sampler::new(&SamplingParams::greedy(4));
+    assert_eq!(s.sample(&[0.0, 3.0, 1.0, 3.0]), 1);
+    assert_eq!(s.sample(&[f32::NAN, -1.0, -1.0]), 1);
+    assert_eq!(s.sample(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
+    assert_eq!(argmax(&[2.0, f32::NAN, 5.0]), 2);
+}
+
+#[test]
+fn temperature_one_follows_the_softmax() {
+    // p(1) = 3 / (1 + 3) = 0.75.
+    let logits = [0.0, 3f32.ln()];
+    let mut s = Sampler::new(&params(1.0, 0, 1.0, 42));
+    let n = 8000;
+    let ones = (0..n).filter(|_| s.sample(&logits) == 1).count();
+    let freq = ones as f64 / n as f64;
+    assert!((freq - 0.75).abs() < 0.03, "frequency {freq}");
+    // Top-k 1 of the same logits is always the favourite.
+    let mut k1 = Sampler::new(&params(1.0, 1, 1.0, 42));
+    assert!((0..100).all(|_| k1.sample(&logits) == 1));
+}
+
+#[test]
+fn top_k_and_top_p_restrict_the_candidates() {
+    let logits = [5.0, 4.9, 4.8, -10.0, 4.7];
+    let mut s = Sampler::new(&params(1.0, 2, 1.0, 7));
+    assert!((0..500).all(|_| s.sample(&logits) <= 1));
+    // top_p = 0.5 keeps the top two (0.26 + 0.24 ≈ 0.5 is reached at the second or third).
+    let mut s = Sampler::new(&params(1.0, 0, 0.5, 7));
+    let seen: std::collections::BTreeSet<u32> = (0..500).map(|_| s.sample(&logits)).collect();
+    assert!(seen.iter().all(|&t| t <= 2) && seen.len() >= 2, "{seen:?}");
+}
+
+#[test]
+fn unseeded_samplers_still_sample() {
+    let mut s = Sampler::new(&SamplingParams::default());
+    assert!(s.sample(&[0.0, 0.0, 0.0]) < 3);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn same_seed_same_tokens(logits in logits_strategy(), seed in any::<u64>(), t in 0.1f32..2.0, k in 0usize..8, p in 0.05f32..1.0) {
+        let mut a = Sampler::new(&params(t, k, p, seed));
+        let mut b = Sampler::new(&params(t, k, p, seed));
+        let xs: Vec<u32> = (0..32).map(|_| a.sample(&logits)).collect();
+        let ys: Vec<u32> = (0..32).map(|_| b.sample(&logits)).collect();
+        prop_assert_eq!(xs, ys);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy(logits in logits_strategy(), seed in any::<u64>(), t in 0.1f32..2.0) {
+        let mut s = Sampler::new(&params(t, 1, 1.0, seed));
+        prop_assert_eq!(s.sample(&logits), argmax(&logits));
+    }
+
+    #[test]
+    fn tiny_top_p_is_greedy(logits in logits_strategy(), seed in any::<u64>(), t in 0.1f32..2.0) {
+        let mut s = Sampler::new(&params(t, 0, 1e-6, seed));
+        prop_assert_eq!(s.sample(&logits), argmax(&logits));
+    }
+
+    #[test]
+    fn zero_temperature_is_greedy(logits in logits_strategy(), seed in any::<u64>()) {
+        let mut s = Sampler::new(&params(0.0, 0, 1.0, seed));
+        prop_assert_eq!(s.sample(&logits), argmax(&logits));
+    }
+
+    #[test]
+    fn stop_matching_is_split_invariant(text in "[ab<|>]{0,24}", cuts in prop::collection::vec(0usize..24, 0..6)) {
+        // Emitted text never contains the stop string and equals the text before its first
+        // occurrence, however the text is chunked.
+        let stop = "<|a";
+        let mut m = StopMatcher::new(&[stop, ""]);
+        let mut out = String::new();
+        let mut stopped = false;
+        let mut cuts = cuts;
+        cuts.push(text.len());
+        cuts.sort_unstable();
+        let mut from = 0;
+        for c in cuts {
+            let c = c.min(text.len()).max(from);
+            match m.push(&text[from..c]) {
+                StopOutcome::Continue(s) => out.push_str(&s),
+                StopOutcome::Stop(s) => { out.push_str(&s); stopped = true; break; }
+            }
+            from = c;
+        }
+        if !stopped {
+            out.push_str(&m.finish());
+        }
+        let want = text.find(stop).map_or(text.as_str(), |i| &text[..i]);
+        prop_assert_eq!(out, want);
+        prop_assert_eq!(stopped, text.contains(stop));
+    }
+}
+
+#[test]
+fn stop_matcher_holds_possible_prefixes() {
+    let mut m = StopMatcher::new(&["\n\nUser:", "###"]);
+    assert_eq!(m.push("Hello"), StopOutcome::Continue("Hello".into()));
+    assert_eq!(m.push(" world\n"), StopOutcome::Continue(" world".into()));
+    assert_eq!(m.push("\nUs"), StopOutcome::Continue(String::new()));
+    assert_eq!(m.push("ually"), StopOutcome::Continue("\n\nUsually".into()));
+    assert_eq!(m.push("#"), StopOutcome::Continue(String::new()));
+    assert_eq!(m.push("##tail"), StopOutcome::Stop(String::new()));
+    let mut m = StopMatcher::new(&["é!"]);
+    assert_eq!(m.push("café"), StopOutcome::Continue("caf".into()));
+    assert_eq!(m.finish(), "é");
+}
