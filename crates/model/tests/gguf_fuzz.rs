@@ -1,8 +1,10 @@
 //! Fuzzing the GGUF reader under `cargo test`: bounded proptest mutations of a valid tiny model
 //! (byte flips, u64 field overwrites, truncation, splices). The reader must return `Ok` or a
-//! typed error, never panic, and every tensor it accepts must be readable.
+//! typed error, never panic, and every tensor it accepts must be readable; the tokenizer and
+//! chat template built from whatever metadata survives must not panic either.
 
 use pagewarden_model::gguf::{dequantize, tiny_llama_gguf, GgufFile};
+use pagewarden_model::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
@@ -25,7 +27,18 @@ fn check(bytes: Vec<u8>) {
             }
         }
         let _ = f.architecture();
-        let _ = f.metadata().get_str_array("tokenizer.ggml.tokens");
+        // Whatever metadata survived, building and using the tokenizer and template is safe.
+        if let Ok(tok) = Tokenizer::from_gguf(&f) {
+            let ids = tok.encode("Hi <|im_start|>user 123 héllo<|im_end|>", true);
+            let mut d = StreamDecoder::new(&tok);
+            for &id in &ids {
+                let _ = d.push(id);
+            }
+            let _ = tok.decode(&ids);
+        }
+        if let Ok(Some(t)) = ChatTemplate::from_gguf(&f) {
+            let _ = t.render(&[ChatMessage::new("user", "hi")], true);
+        }
     }
 }
 
@@ -44,7 +57,7 @@ fn interesting_u64() -> impl Strategy<Value = u64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1000, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn byte_flips_never_panic(flips in prop::collection::vec((0usize..HEADER, any::<u8>()), 1..8)) {
