@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 
 use pagewarden_model::{GgufFile, StreamDecoder, Tokenizer};
+use proptest::prelude::*;
+use std::sync::OnceLock;
 
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -103,5 +105,50 @@ fn greedy_tokens_decode_to_greedy_text() {
                 );
             }
         }
+    }
+}
+
+fn real() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| {
+        Tokenizer::from_gguf(&GgufFile::open(&model_path()).expect("model opens"))
+            .expect("tokenizer builds")
+    })
+}
+
+#[test]
+fn pre_tokenizer_edge_cases() {
+    let t = real();
+    // Digits never merge (smollm isolates each \p{N}); contractions are lowercase-only.
+    assert_eq!(t.encode("12345", false).len(), 5);
+    for s in [
+        "don't",
+        "I'LL",
+        "a  b\t\tc\n\n\n",
+        " \u{a0}x",
+        "emoji 🦀🦀!",
+        "\r\n",
+        "x'",
+    ] {
+        let ids = t.encode(s, false);
+        assert_eq!(t.decode(&ids), s);
+    }
+    // Control tokens stay text without parse_special.
+    let plain = t.encode("<|im_end|>", false);
+    assert!(!plain.contains(&2));
+    assert_eq!(t.encode("<|im_end|>", true), [2]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn real_vocab_round_trips(s in "(\\PC|[ \t\n]){0,48}") {
+        let t = real();
+        let ids = t.encode(&s, false);
+        prop_assert_eq!(t.decode(&ids), s.clone());
+        let mut d = StreamDecoder::new(t);
+        let streamed: String = ids.iter().map(|&i| d.push(i)).collect();
+        prop_assert_eq!(streamed, s);
     }
 }

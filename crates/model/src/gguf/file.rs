@@ -73,7 +73,9 @@ enum Backing {
     Owned(AlignedBytes),
 }
 
-/// A parsed GGUF file. Tensor data stays in the mapping; the struct is `Send + Sync`.
+/// A parsed GGUF file. Tensor data stays in the mapping (or a heap buffer for `from_bytes`),
+/// so the addresses of tensor bytes never change while the file lives, even when the
+/// `GgufFile` value itself moves. `Send + Sync`.
 pub struct GgufFile {
     backing: Backing,
     header: Header,
