@@ -160,17 +160,23 @@ impl Task<'_, '_> {
         let qw = geo.heads * hd;
         let mut out = vec![0f32; (self.i1 - self.i0) * group * hd];
         let mut scores = vec![0f32; ctx];
+        let mut qh = vec![0f32; hd];
         for i in self.i0..self.i1 {
             let keys = self.first_pos + i + 1;
             for h in 0..group {
                 let head = self.g * group + h;
-                let qv = &self.q[i * qw + head * hd..][..hd];
+                // Like llama.cpp with an f16 KV cache, q and the probabilities are rounded to
+                // f16 before they meet K and V (keeps logits within reach of its reference).
+                for (d, x) in qh.iter_mut().zip(&self.q[i * qw + head * hd..][..hd]) {
+                    *d = f16::from_f32(*x).to_f32();
+                }
                 let s = &mut scores[..keys];
                 for (j, sj) in s.iter_mut().enumerate() {
-                    *sj = dot_body(qv, &k[j * hd..(j + 1) * hd]) * scale;
+                    *sj = dot_body(&qh, &k[j * hd..(j + 1) * hd]) * scale;
                 }
-                softmax(s);
                 let o = &mut out[((i - self.i0) * group + h) * hd..][..hd];
+                softmax(s);
+                s.iter_mut().for_each(|p| *p = f16::from_f32(*p).to_f32());
                 for (j, p) in s.iter().enumerate() {
                     axpy_body(*p, &v[j * hd..(j + 1) * hd], o);
                 }

@@ -11,6 +11,10 @@
 //! - `gguf/writer.rs`: `GgufWriter` for tests
 //! - `gguf/quant.rs`: ggml reference quantizers/dequantizers (Q4_0, Q4_1, Q8_0, F16, F32)
 //! - `gguf/tiny.rs`: `tiny_llama_gguf`, the seeded tiny random Llama for model-free tests
+//! - `config.rs`: `LlamaConfig` from GGUF `llama.*` metadata
+//! - `engine.rs`: `Engine::generate`, single-process generation over a local `KvPool`
+//! - `weights.rs`: Llama weights as zero-copy views into the GGUF mapping
+//! - `llama/`: `Model` (load, prefill, batched decode over paged KV), `ModelError`
 //! - `chat.rs`: `ChatTemplate` (minijinja, HF-compatible), `ChatMessage`
 //! - `sampling.rs`: `SamplingParams`, `Sampler` (greedy, temperature, top-k, top-p, seeded)
 //! - `stop.rs`: `StopMatcher`, stop sequences across streamed text
@@ -21,7 +25,10 @@
 //! - `tokenizer_stream.rs`: `StreamDecoder`, UTF-8-safe incremental detokenizing
 
 pub mod chat;
+pub mod config;
+pub mod engine;
 pub mod gguf;
+pub mod llama;
 pub mod sampling;
 pub mod stop;
 pub mod tokenizer;
@@ -29,11 +36,15 @@ mod tokenizer_bpe;
 mod tokenizer_bytes;
 pub mod tokenizer_pretok;
 mod tokenizer_stream;
+pub mod weights;
 
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
+pub use config::LlamaConfig;
+pub use engine::{Engine, FinishReason, GenerationOutput};
 pub use gguf::{
     tiny_llama_gguf, GgmlType, GgufError, GgufFile, GgufWriter, TensorInfo, TensorView,
 };
+pub use llama::{LoadOptions, Model, ModelError};
 pub use sampling::{argmax, Sampler, SamplingParams};
 pub use stop::{StopMatcher, StopOutcome};
 pub use tokenizer::{TokenKind, Tokenizer, TokenizerError};

@@ -1,0 +1,153 @@
+//! `Engine`: single-process generation (prefill, then decode one token at a time) over pages
+//! from a local `KvPool`. Services that split prefill and decode use `Model` directly.
+
+use std::sync::Arc;
+
+use pagewarden_kvcache::{KvPool, Owner, RequestId, TenantId};
+
+use crate::llama::{Model, ModelError};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::stop::{StopMatcher, StopOutcome};
+use crate::tokenizer_stream::StreamDecoder;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop sequence.
+    Stop,
+    /// `max_tokens` were generated.
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI-style name (`"stop"` or `"length"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// The result of one generation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationOutput {
+    /// The prompt's token ids.
+    pub prompt_tokens: Vec<u32>,
+    /// Generated token ids (an end-of-generation token is not included).
+    pub tokens: Vec<u32>,
+    /// Generated text, cut before any stop sequence.
+    pub text: String,
+    /// Why generation ended.
+    pub finish_reason: FinishReason,
+}
+
+/// A model plus a KV pool: generates for one prompt at a time per call (calls may run
+/// concurrently; each allocates its own pages and frees them when done).
+#[derive(Clone)]
+pub struct Engine {
+    model: Arc<Model>,
+    pool: KvPool,
+    tenant: TenantId,
+}
+
+impl Engine {
+    /// An engine over `model` drawing pages from `pool` (whose layout must be the model's).
+    pub fn new(model: Arc<Model>, pool: KvPool) -> Engine {
+        Engine {
+            model,
+            pool,
+            tenant: TenantId::new("local"),
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Generates a continuation of `prompt`.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        params: &SamplingParams,
+    ) -> Result<GenerationOutput, ModelError> {
+        self.generate_streaming(prompt, params, |_| {})
+    }
+
+    /// [`Engine::generate`], calling `on_text` with each piece of text as it becomes final.
+    pub fn generate_streaming(
+        &self,
+        prompt: &[u32],
+        params: &SamplingParams,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<GenerationOutput, ModelError> {
+        let model = &*self.model;
+        if prompt.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        // Refuse before allocating anything when the request cannot fit.
+        let total = prompt.len() + params.max_tokens;
+        if total > model.context_length() {
+            return Err(ModelError::ContextExceeded {
+                tokens: total,
+                context: model.context_length(),
+            });
+        }
+        let owner = Owner {
+            request: RequestId::random(),
+            tenant: self.tenant.clone(),
+        };
+        let mut seq = self.pool.allocate(owner, total)?;
+        let mut logits = model.prefill(&mut seq, prompt)?;
+        let tok = model.tokenizer();
+        let mut sampler = Sampler::new(params);
+        let mut stop = StopMatcher::new(&params.stop);
+        let mut detok = StreamDecoder::new(tok);
+        let mut tokens = Vec::new();
+        let mut text = String::new();
+        let mut emit = |s: &str, text: &mut String| {
+            if !s.is_empty() {
+                on_text(s);
+                text.push_str(s);
+            }
+        };
+        let finish_reason = loop {
+            if tokens.len() >= params.max_tokens {
+                let tail = detok.finish();
+                let tail = match stop.push(&tail) {
+                    StopOutcome::Continue(s) => s + &stop.finish(),
+                    StopOutcome::Stop(s) => s,
+                };
+                emit(&tail, &mut text);
+                break FinishReason::Length;
+            }
+            let t = sampler.sample(&logits);
+            if tok.is_eog(t) {
+                let tail = detok.finish() + &stop.finish();
+                emit(&tail, &mut text);
+                break FinishReason::Stop;
+            }
+            tokens.push(t);
+            match stop.push(&detok.push(t)) {
+                StopOutcome::Continue(s) => emit(&s, &mut text),
+                StopOutcome::Stop(s) => {
+                    emit(&s, &mut text);
+                    break FinishReason::Stop;
+                }
+            }
+            if tokens.len() < params.max_tokens {
+                logits = model
+                    .decode_step(&mut [(&mut seq, t)])
+                    .pop()
+                    .expect("one result per sequence")?;
+            }
+        };
+        Ok(GenerationOutput {
+            prompt_tokens: prompt.to_vec(),
+            tokens,
+            text,
+            finish_reason,
+        })
+    }
+}

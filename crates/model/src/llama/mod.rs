@@ -1,0 +1,182 @@
+//! The Llama model: loading (`Model::load`), prefill and batched decode over paged KV.
+//!
+//! - `error.rs`: `ModelError`.
+//! - `forward.rs`: the batched transformer forward pass over `ReadablePages`.
+
+mod error;
+mod forward;
+
+use std::path::Path;
+
+use pagewarden_kernels::Parallel;
+use pagewarden_kvcache::{KvLayout, ReadablePages};
+
+pub use error::ModelError;
+
+use crate::chat::ChatTemplate;
+use crate::config::LlamaConfig;
+use crate::gguf::GgufFile;
+use crate::tokenizer::Tokenizer;
+use crate::weights::LlamaWeights;
+use forward::SeqWork;
+
+/// How to load and run a model.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Kernel threads (0 = every available CPU).
+    pub threads: usize,
+    /// Largest number of prompt tokens run through one forward pass during prefill.
+    pub prefill_chunk: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            threads: 0,
+            prefill_chunk: 256,
+        }
+    }
+}
+
+/// A loaded Llama model. `Send + Sync`: share it with `Arc`.
+pub struct Model {
+    // Declared before `file` so it is dropped first: it borrows the file's bytes.
+    weights: LlamaWeights<'static>,
+    file: Box<GgufFile>,
+    config: LlamaConfig,
+    tokenizer: Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    par: Parallel,
+    opts: LoadOptions,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("config", &self.config)
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+impl Model {
+    /// Memory-maps and loads the GGUF model at `path`.
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, ModelError> {
+        Model::from_gguf(GgufFile::open(path)?, opts)
+    }
+
+    /// Loads a model from an opened GGUF file.
+    pub fn from_gguf(file: GgufFile, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let config = LlamaConfig::from_gguf(&file)?;
+        let tokenizer =
+            Tokenizer::from_gguf(&file).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let chat_template =
+            ChatTemplate::from_gguf(&file).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let file = Box::new(file);
+        // SAFETY: the weights borrow tensor bytes owned by `file` (a memory map or a heap
+        // buffer, neither of which moves when the `GgufFile` value moves, and neither is ever
+        // mutated). `file` lives in the same `Model` and is dropped after `weights` (field
+        // order), and `weights()` hands out borrows no longer than `&self`.
+        let file_ref: &'static GgufFile = unsafe { &*(file.as_ref() as *const GgufFile) };
+        let weights = LlamaWeights::from_gguf(file_ref, &config)?;
+        let mut opts = opts.clone();
+        opts.prefill_chunk = opts.prefill_chunk.max(1);
+        Ok(Model {
+            weights,
+            file,
+            config,
+            tokenizer,
+            chat_template,
+            par: Parallel::new(opts.threads),
+            opts,
+        })
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The tokenizer built from the file's metadata.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The chat template, when the file has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// The weights (views into the file).
+    pub fn weights(&self) -> &LlamaWeights<'_> {
+        &self.weights
+    }
+
+    /// The underlying GGUF file.
+    pub fn gguf(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// Kernel threads in use.
+    pub fn threads(&self) -> usize {
+        self.par.threads()
+    }
+
+    /// The KV page shape this model needs for pages of `page_size` tokens.
+    pub fn kv_layout(&self, page_size: usize) -> KvLayout {
+        KvLayout {
+            layers: self.config.layers,
+            kv_heads: self.config.kv_heads,
+            head_dim: self.config.head_dim,
+            page_size,
+        }
+    }
+
+    /// The trained context length.
+    pub fn context_length(&self) -> usize {
+        self.config.context_length
+    }
+
+    /// Runs `tokens` at positions `[seq.len(), seq.len() + tokens.len())` in chunks, writing
+    /// their K/V into `seq`'s pages (growing them) and reading earlier KV only through `seq`
+    /// (generation-checked). Returns the logits of the last position.
+    pub fn prefill(&self, seq: &mut ReadablePages, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        // Refuse the whole prompt before any chunk runs (no partial prefill).
+        let end = seq.len() + tokens.len();
+        if end > self.config.context_length {
+            return Err(ModelError::ContextExceeded {
+                tokens: end,
+                context: self.config.context_length,
+            });
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
+            return Err(ModelError::TokenOutOfRange {
+                token: t,
+                vocab: self.config.vocab,
+            });
+        }
+        seq.grow(end)?;
+        let mut logits = Vec::new();
+        for chunk in tokens.chunks(self.opts.prefill_chunk) {
+            let mut work = [SeqWork::new(&mut *seq, chunk)];
+            logits = self.forward(&mut work).pop().expect("one sequence")?;
+        }
+        Ok(logits)
+    }
+
+    /// One batched decode step: each sequence gets one new token at position `seq.len()`.
+    /// A failure (e.g. a generation mismatch) fails only that sequence.
+    pub fn decode_step(
+        &self,
+        batch: &mut [(&mut ReadablePages, u32)],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        let mut work: Vec<SeqWork<'_>> = batch
+            .iter_mut()
+            .map(|(pages, tok)| SeqWork::new(pages, std::slice::from_ref(tok)))
+            .collect();
+        self.forward(&mut work)
+    }
+}
