@@ -224,6 +224,12 @@ impl Tokenizer {
     fn encode_text(&self, text: &str, out: &mut Vec<u32>) {
         let mut ids = Vec::new();
         for word in self.pre.split(text) {
+            if self.pre.ignores_merges() {
+                if let Some(&id) = self.by_bytes.get(word.as_bytes()) {
+                    out.push(id);
+                    continue;
+                }
+            }
             ids.clear();
             // Bytes without a token are dropped, as llama.cpp does.
             ids.extend(word.bytes().filter_map(|b| self.byte_ids[b as usize]));

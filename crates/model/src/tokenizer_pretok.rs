@@ -1,7 +1,9 @@
 //! Pre-tokenizers: split text into words before BPE, reproducing llama.cpp's splitting for the
 //! `tokenizer.ggml.pre` types it maps to the GPT-2 pattern
 //! `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`, optionally after
-//! isolating every `\p{N}` code point (starcoder, smollm, …).
+//! isolating every `\p{N}` code point (starcoder, smollm, …), and the Llama 3 pattern
+//! `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+//! (Qwen2's differs only in taking one digit at a time).
 
 use unicode_properties::{GeneralCategoryGroup, UnicodeGeneralCategory};
 
@@ -13,6 +15,11 @@ pub enum PreTokenizer {
     /// Every number code point on its own, then the GPT-2 pattern (`starcoder`, `refact`,
     /// `command-r`, `smollm`, `codeshell`, `exaone`, `minerva-7b`).
     DigitsThenGpt2,
+    /// The Llama 3 pattern (`llama3`, `llama-v3`, `llama-bpe`, `falcon3`, `pixtral`); words
+    /// that are whole tokens skip merging (llama.cpp's `ignore_merges`).
+    Llama3,
+    /// The Llama 3 pattern with single digits (`qwen2`, `deepseek-r1-qwen`, `megrez`).
+    Qwen2,
 }
 
 impl PreTokenizer {
@@ -22,6 +29,10 @@ impl PreTokenizer {
             "gpt2" | "gpt-2" | "mpt" | "olmo" | "jais" => Some(PreTokenizer::Gpt2),
             "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone"
             | "minerva-7b" => Some(PreTokenizer::DigitsThenGpt2),
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => {
+                Some(PreTokenizer::Llama3)
+            }
+            "qwen2" | "deepseek-r1-qwen" | "megrez" => Some(PreTokenizer::Qwen2),
             _ => None,
         }
     }
@@ -36,8 +47,15 @@ impl PreTokenizer {
                     gpt2_split(piece, &mut out);
                 }
             }
+            PreTokenizer::Llama3 => llama3_split(text, 3, &mut out),
+            PreTokenizer::Qwen2 => llama3_split(text, 1, &mut out),
         }
         out
+    }
+
+    /// Whether a word that is already a token is emitted without merging.
+    pub fn ignores_merges(self) -> bool {
+        self == PreTokenizer::Llama3
     }
 }
 
@@ -149,6 +167,94 @@ fn gpt2_split<'t>(text: &'t str, out: &mut Vec<&'t str>) {
     }
 }
 
+/// The Llama 3 pattern, matched by hand as llama.cpp's custom splitter does
+/// (case-insensitive contractions, `max_digits` numbers per word).
+fn llama3_split<'t>(text: &'t str, max_digits: usize, out: &mut Vec<&'t str>) {
+    let cps: Vec<(usize, char)> = text.char_indices().collect();
+    let n = cps.len();
+    let at = |i: usize| cps.get(i).map(|&(_, c)| c);
+    let cls = |i: usize| at(i).map(class);
+    let byte = |i: usize| cps.get(i).map_or(text.len(), |&(b, _)| b);
+    let is_nl = |i: usize| matches!(at(i), Some('\r' | '\n'));
+    let emit = |from: usize, to: usize, out: &mut Vec<&'t str>| {
+        if to > from {
+            out.push(&text[byte(from)..byte(to)]);
+        }
+    };
+    let mut pos = 0;
+    while pos < n {
+        let start = pos;
+        let c = cps[pos].1;
+        if c == '\'' {
+            let lower = |i: usize| at(i).map(|c| c.to_ascii_lowercase());
+            let len = match (lower(pos + 1), lower(pos + 2)) {
+                (Some('s' | 't' | 'm' | 'd'), _) => 2,
+                (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l')) => 3,
+                _ => 0,
+            };
+            if len > 0 {
+                emit(pos, pos + len, out);
+                pos += len;
+                continue;
+            }
+        }
+        // [^\r\n\p{L}\p{N}]?\p{L}+
+        if !(c == '\r' || c == '\n' || cls(pos) == Some(Class::Number))
+            && (cls(pos) == Some(Class::Letter) || cls(pos + 1) == Some(Class::Letter))
+        {
+            pos += 1;
+            while cls(pos) == Some(Class::Letter) {
+                pos += 1;
+            }
+            emit(start, pos, out);
+            continue;
+        }
+        // \p{N}{1,max}
+        if cls(pos) == Some(Class::Number) {
+            while cls(pos) == Some(Class::Number) && pos - start < max_digits {
+                pos += 1;
+            }
+            emit(start, pos, out);
+            continue;
+        }
+        // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+        let lead = if c == ' ' { cls(pos + 1) } else { cls(pos) };
+        if lead == Some(Class::Other) {
+            if c == ' ' {
+                pos += 1;
+            }
+            while cls(pos) == Some(Class::Other) {
+                pos += 1;
+            }
+            while is_nl(pos) {
+                pos += 1;
+            }
+            emit(start, pos, out);
+            continue;
+        }
+        let mut ws = 0;
+        let mut last_nl = None;
+        while cls(pos + ws) == Some(Class::Space) {
+            if is_nl(pos + ws) {
+                last_nl = Some(pos + ws + 1);
+            }
+            ws += 1;
+        }
+        if let Some(end) = last_nl {
+            // \s*[\r\n]+
+            pos = end;
+        } else if ws > 1 && pos + ws < n {
+            // \s+(?!\S)
+            pos += ws - 1;
+        } else if ws > 0 {
+            pos += ws;
+        } else {
+            pos += 1;
+        }
+        emit(start, pos, out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +279,16 @@ mod tests {
         assert_eq!(split("日本語のテキスト。"), ["日本語のテキスト", "。"]);
         assert_eq!(PreTokenizer::Gpt2.split("x 12"), ["x", " 12"]);
         assert_eq!(split("'S"), ["'", "S"]);
+    }
+
+    #[test]
+    fn llama3_pattern_cases() {
+        let l3 = |t| PreTokenizer::Llama3.split(t);
+        assert_eq!(l3("Hello world"), ["Hello", " world"]);
+        assert_eq!(l3("I'LL 12345"), ["I", "'LL", " ", "123", "45"]);
+        assert_eq!(l3("(hi)!!\n\nx"), ["(hi", ")!!\n\n", "x"]);
+        assert_eq!(l3("a \n  b"), ["a", " \n", " ", " b"]);
+        assert_eq!(l3("a   b"), ["a", "  ", " b"]);
+        assert_eq!(PreTokenizer::Qwen2.split("x123"), ["x", "1", "2", "3"]);
     }
 }
