@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use pagewarden_model::chat::strftime_utc;
 use pagewarden_model::{tiny_llama_gguf, ChatMessage, ChatTemplate, GgufFile, Tokenizer};
 
 fn model_path() -> PathBuf {
@@ -110,4 +111,16 @@ fn hf_template_features() {
         .to_string();
     assert!(err.contains("bad role: tool"), "{err}");
     assert!(ChatTemplate::new("{% for %}", "", "").is_err());
+}
+
+#[test]
+fn strftime_covers_template_dates() {
+    // 2024-02-29 13:05:09 UTC
+    assert_eq!(
+        strftime_utc("%d %b %Y %H:%M:%S %B %m %y %%", 1_709_211_909),
+        "29 Feb 2024 13:05:09 February 02 24 %"
+    );
+    assert_eq!(strftime_utc("%d-%m-%Y", 0), "01-01-1970");
+    let t = ChatTemplate::new("{{ strftime_now('%Y') | length }}", "", "").unwrap();
+    assert_eq!(t.render(&[], false).unwrap(), "4");
 }
