@@ -189,7 +189,11 @@ fn quantizers_match_ggml_layouts() {
     let q = quantize_q4_0(&x);
     assert_eq!(q.len(), 18);
     assert_eq!(&q[..2], &half::f16::from_f32(1.0).to_le_bytes());
-    assert_eq!(q[2], 15 << 4, "low nibble 0 (for -8), high nibble 15 (for 7)");
+    assert_eq!(
+        q[2],
+        15 << 4,
+        "low nibble 0 (for -8), high nibble 15 (for 7)"
+    );
     assert_eq!(q[3], 8 | (8 << 4));
     // Q4_1: d = (max-min)/15, m = min.
     let mut x = [1f32; 32];
