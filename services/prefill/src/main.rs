@@ -1,3 +1,125 @@
-fn main() {
-    println!("pagewarden-prefill: not built yet");
+//! `pagewarden-prefill`: the prefill worker.
+//!
+//! - `startup.rs`: model loading, pool sizing, preflight (I7).
+//! - `grant.rs`: parsing the request and decode's write grant.
+//! - `job.rs`: one job: chunked forward pass, first token, KV transfer, manifest.
+//! - `segments.rs`: the transfer backend and its open segments.
+//! - `service.rs`: the `Prefill` gRPC service (admission, cancellation).
+
+mod grant;
+mod job;
+mod segments;
+mod service;
+mod startup;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use pagewarden_common::admission::Admission;
+use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
+use pagewarden_common::metrics::{serve_metrics, PoolGauges, WorkerMetrics};
+use pagewarden_common::shutdown;
+use pagewarden_proto::v1::prefill_server::PrefillServer;
+use pagewarden_transfer::{EngineConfig, TcpBackend};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// The prefill worker: runs prompts and writes their KV into decode's granted pages.
+#[derive(Parser, Debug)]
+#[command(name = "pagewarden-prefill", version)]
+struct Cli {
+    #[command(flatten)]
+    flags: WorkerFlags,
+    /// Pages per transfer batch.
+    #[arg(long, default_value_t = 16)]
+    batch_pages: usize,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::prefill())?;
+    let _telemetry =
+        pagewarden_common::telemetry::init_telemetry("pagewarden-prefill", cfg.log_json)?;
+    let shutdown = shutdown::on_signal();
+    let loaded = {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || startup::load(&cfg)).await??
+    };
+    let admission = Admission::new(
+        loaded.preflight.advertised_context,
+        loaded.preflight.pool_tokens,
+    );
+    let metrics = Arc::new(WorkerMetrics::new("prefill"));
+    let grpc = TcpListener::bind(cfg.grpc_addr)
+        .await
+        .with_context(|| format!("binding gRPC {}", cfg.grpc_addr))?;
+    let grpc_addr = grpc.local_addr()?;
+    let metrics_listener = TcpListener::bind(cfg.metrics_addr)
+        .await
+        .with_context(|| format!("binding metrics {}", cfg.metrics_addr))?;
+    let metrics_addr = metrics_listener.local_addr()?;
+
+    let backend = TcpBackend::new(EngineConfig::default(), cfg.transfer_addr);
+    let deps = Arc::new(job::JobDeps {
+        model: loaded.model.clone(),
+        pool: loaded.pool.clone(),
+        segments: segments::Segments::new(backend),
+        permits: Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrency)),
+        metrics: metrics.clone(),
+        chunk_tokens: cfg.chunk_tokens,
+        batch_pages: cli.batch_pages,
+    });
+    let service = service::PrefillService {
+        deps,
+        info: Arc::new(service::Static {
+            node_id: cfg.node_id.clone(),
+            model: loaded.model_name.clone(),
+            admission,
+            page_size: cfg.page_size,
+        }),
+        active: Arc::new(parking_lot::Mutex::new(HashMap::new())),
+    };
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<PrefillServer<service::PrefillService>>()
+        .await;
+
+    let pool = loaded.pool.clone();
+    let refresh = Arc::new(move |m: &WorkerMetrics| {
+        let s = pool.stats();
+        m.set_pool(PoolGauges {
+            free: s.free as u64,
+            used: (s.reserved + s.readable) as u64,
+            draining: s.draining as u64,
+            quarantined: s.quarantined as u64,
+        });
+    });
+    let m = tokio::spawn(serve_metrics(
+        metrics_listener,
+        metrics.clone(),
+        refresh,
+        shutdown.clone().cancelled_owned(),
+    ));
+    // The one parseable line tests and the launcher look for. Prefill has no transfer listener
+    // (it only sends); `transfer=` names the sending bind address.
+    println!(
+        "pagewarden-prefill listening grpc={grpc_addr} metrics={metrics_addr} transfer={}",
+        cfg.transfer_addr
+    );
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(PrefillServer::new(service))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc),
+            shutdown.clone().cancelled_owned(),
+        )
+        .await
+        .context("gRPC server")?;
+    shutdown.cancel();
+    let _ = m.await;
+    tracing::info!("prefill worker stopped");
+    Ok(())
 }

@@ -1,0 +1,164 @@
+//! The `Decode` gRPC service: parses each call, hands it to the scheduler, maps the reply.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pagewarden_common::admission::{Admission, Rejection};
+use pagewarden_common::telemetry::accept_trace_context;
+use pagewarden_common::TenantId;
+use pagewarden_kvcache::KvPool;
+use pagewarden_proto::v1 as pb;
+use pagewarden_proto::v1::decode_server::Decode;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::convert;
+use crate::scheduler::Command;
+use crate::state::GenerateArgs;
+
+/// Maps an admission rejection to the wire: `INVALID_ARGUMENT` with the reason in metadata.
+pub fn rejection_status(r: &Rejection) -> Status {
+    let mut s = Status::invalid_argument(r.to_string());
+    if let Ok(v) = r.reason().parse() {
+        s.metadata_mut().insert("pagewarden-reason", v);
+    }
+    s
+}
+
+/// What `Info` reports besides live figures.
+pub struct Static {
+    pub node_id: String,
+    pub model: String,
+    pub admission: Admission,
+    pub page_size: usize,
+    pub transfer_addr: String,
+}
+
+/// The service.
+pub struct DecodeService {
+    pub tx: mpsc::Sender<Command>,
+    pub pool: KvPool,
+    pub info: Arc<Static>,
+}
+
+impl DecodeService {
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| Status::unavailable("decode scheduler stopped"))?;
+        rx.await
+            .map_err(|_| Status::unavailable("decode scheduler stopped"))
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::TokenEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Decode for DecodeService {
+    async fn reserve(
+        &self,
+        request: Request<pb::ReserveRequest>,
+    ) -> Result<Response<pb::ReserveReply>, Status> {
+        let span = tracing::info_span!("decode.reserve");
+        accept_trace_context(&span, request.metadata());
+        let _e = span.enter();
+        let m = request.into_inner();
+        let (req, attempt) = convert::request_ref(m.req.as_ref())?;
+        if m.tenant.is_empty() {
+            return Err(Status::invalid_argument("tenant is required"));
+        }
+        let grant = self
+            .ask(|reply| Command::Reserve {
+                req,
+                attempt,
+                tenant: TenantId::new(m.tenant),
+                prompt_tokens: m.prompt_tokens as usize,
+                max_tokens: m.max_tokens as usize,
+                reply,
+            })
+            .await??;
+        Ok(Response::new(pb::ReserveReply {
+            req: m.req,
+            grant: Some(convert::grant(&grant, &self.info.transfer_addr)),
+        }))
+    }
+
+    type GenerateStream = EventStream;
+
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let received_at = Instant::now();
+        let span = tracing::info_span!("decode.generate");
+        accept_trace_context(&span, request.metadata());
+        let _e = span.enter();
+        let m = request.into_inner();
+        let (req, attempt) = convert::request_ref(m.req.as_ref())?;
+        let manifest = convert::manifest(m.manifest.as_ref())?;
+        let sampling = convert::sampling(m.sampling.as_ref())?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let max_tokens = sampling.max_tokens;
+        let stop = sampling.stop.clone();
+        let args = GenerateArgs {
+            manifest,
+            first_token: m.first_token,
+            sampling,
+            tx,
+            received_at,
+        };
+        self.ask(|reply| Command::Generate {
+            req,
+            attempt,
+            max_tokens,
+            stop,
+            args,
+            reply,
+        })
+        .await??;
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+
+    async fn abort(
+        &self,
+        request: Request<pb::AbortRequest>,
+    ) -> Result<Response<pb::AbortReply>, Status> {
+        let m = request.into_inner();
+        let (req, attempt) = convert::request_ref(m.req.as_ref())?;
+        let found = self
+            .ask(|reply| Command::Abort {
+                req,
+                attempt,
+                reason: m.reason,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(pb::AbortReply { found }))
+    }
+
+    async fn info(
+        &self,
+        _request: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::WorkerInfo>, Status> {
+        let load = self.ask(|reply| Command::Load { reply }).await?;
+        let stats = self.pool.stats();
+        Ok(Response::new(pb::WorkerInfo {
+            node_id: self.info.node_id.clone(),
+            role: "decode".into(),
+            model: self.info.model.clone(),
+            context_length: self.info.admission.advertised_context() as u32,
+            pool_tokens: self.pool.capacity_tokens() as u64,
+            page_size: self.info.page_size as u32,
+            free_pages: stats.free as u64,
+            total_pages: self.pool.capacity_pages() as u64,
+            active_requests: load as u32,
+            transfer_addr: self.info.transfer_addr.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }))
+    }
+}

@@ -1,0 +1,136 @@
+//! One enum per request: its whole state on this decode worker, owned by the scheduler task.
+//!
+//! ```text
+//!   Reserve ──▶ Reserved ──commit ok (I2)──▶ Running ⇄ Stepping ──eog/stop/length──▶ Finished
+//!                  │                            │         │
+//!                  │ expiry / abort /           │ abort / client gone / KV read refused (I1)
+//!                  │ commit refused             ▼         ▼
+//!                  └────────────────────────▶ Aborted ◀───┘
+//! ```
+//!
+//! `Stepping` means the sequence's pages are on the model thread for one batched step; an abort
+//! that arrives meanwhile is recorded and applied when the step returns. `Finished` and
+//! `Aborted` are terminal and hold no pages (tombstones, kept so a late or repeated message is
+//! recognised as stale, I5).
+
+use std::time::Instant;
+
+use pagewarden_common::AttemptId;
+use pagewarden_kvcache::{CommitError, CommitManifest, Owner, ReadablePages, ReservedPages};
+use pagewarden_model::{Sampler, SamplingParams};
+use pagewarden_proto::v1::TokenEvent;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::output::Output;
+
+/// Events sent to one `Generate` stream.
+pub type EventTx = mpsc::UnboundedSender<Result<TokenEvent, Status>>;
+
+/// Pages reserved under a write grant, waiting for prefill's commit.
+pub struct Reservation {
+    pub owner: Owner,
+    pub pages: ReservedPages,
+    pub prompt_tokens: usize,
+    pub max_tokens: usize,
+}
+
+/// What `Generate` brings to a reservation.
+pub struct GenerateArgs {
+    pub manifest: CommitManifest,
+    pub first_token: u32,
+    pub sampling: SamplingParams,
+    pub tx: EventTx,
+    pub received_at: Instant,
+}
+
+impl Reservation {
+    /// I2: verifies the manifest against what landed; only then do the pages become readable.
+    /// On refusal the pool has revoked the grant and the pages wait for their drain.
+    pub fn commit(
+        self,
+        args: GenerateArgs,
+        output: Output,
+    ) -> Result<Running, (CommitError, EventTx)> {
+        let pages = match self.pages.commit(&args.manifest) {
+            Ok(p) => p,
+            Err(e) => return Err((e, args.tx)),
+        };
+        Ok(Running {
+            owner: self.owner,
+            pages,
+            next_input: args.first_token,
+            sampler: Sampler::new(&args.sampling),
+            output,
+            tx: args.tx,
+            received_at: args.received_at,
+            last_emit: None,
+            max_total: self.prompt_tokens + self.max_tokens,
+        })
+    }
+
+    /// Revokes the grant; pages go to the free list after the drain (or to quarantine).
+    pub fn abort(self) {
+        self.pages.abort();
+    }
+}
+
+/// A committed sequence being generated.
+pub struct Running {
+    pub owner: Owner,
+    pub pages: ReadablePages,
+    /// The token whose KV the next step writes (the last one emitted).
+    pub next_input: u32,
+    pub sampler: Sampler,
+    pub output: Output,
+    pub tx: EventTx,
+    pub received_at: Instant,
+    pub last_emit: Option<Instant>,
+    /// prompt + max_tokens: pages are grown to this up front.
+    pub max_total: usize,
+}
+
+/// The state of one request.
+pub enum RequestState {
+    Reserved(Reservation),
+    Running(Box<Running>),
+    /// On the model thread; `abort` records an abort that arrived meanwhile.
+    Stepping {
+        abort: bool,
+    },
+    Finished,
+    Aborted,
+}
+
+/// A request's entry in the scheduler's table.
+pub struct Entry {
+    pub attempt: AttemptId,
+    pub state: RequestState,
+    /// When a reservation must be committed by; irrelevant after commit.
+    pub expires_at: Instant,
+    /// When the entry became terminal (tombstones are pruned after a while).
+    pub ended_at: Option<Instant>,
+}
+
+impl RequestState {
+    /// Label for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RequestState::Reserved(_) => "reserved",
+            RequestState::Running(_) => "running",
+            RequestState::Stepping { .. } => "stepping",
+            RequestState::Finished => "finished",
+            RequestState::Aborted => "aborted",
+        }
+    }
+
+    /// Whether the request still holds (or is about to hold) pages.
+    pub fn is_live(&self) -> bool {
+        match self {
+            RequestState::Reserved(_)
+            | RequestState::Running(_)
+            | RequestState::Stepping { .. } => true,
+            RequestState::Finished | RequestState::Aborted => false,
+        }
+    }
+}

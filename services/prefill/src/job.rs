@@ -1,0 +1,185 @@
+//! One prefill job: forward pass over local pages, first-token sampling, and the KV transfer
+//! into decode's granted pages, with cancellation checked between chunks and batches.
+//!
+//! ```text
+//! Admitted ──permit──▶ Computing ──logits──▶ Transferring ──drain ack──▶ Done(manifest)
+//!     │                    │                      │
+//!     └────── cancel ──────┴──────── cancel ──────┴─▶ Cancelled (transfer cancelled + drained)
+//! ```
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use pagewarden_common::metrics::WorkerMetrics;
+use pagewarden_kvcache::{KvPool, Owner, ReadablePages, ReserveError};
+use pagewarden_model::{Model, Sampler};
+use pagewarden_proto::v1 as pb;
+use pagewarden_transfer::{BatchStatus, ManifestBuilder, PageWriteReq, TransferBackend};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::grant::ValidPrefill;
+use crate::segments::Segments;
+
+/// Everything a job needs, shared by all jobs.
+pub struct JobDeps {
+    pub model: Arc<Model>,
+    pub pool: KvPool,
+    pub segments: Segments,
+    pub permits: Arc<Semaphore>,
+    pub metrics: Arc<WorkerMetrics>,
+    pub chunk_tokens: usize,
+    pub batch_pages: usize,
+}
+
+/// Runs one admitted job to its end.
+pub async fn run(
+    deps: Arc<JobDeps>,
+    job: ValidPrefill,
+    cancel: CancellationToken,
+) -> Result<pb::PrefillReply, Status> {
+    let _permit = tokio::select! {
+        p = deps.permits.clone().acquire_owned() => p.map_err(|_| Status::unavailable("shutting down"))?,
+        () = cancel.cancelled() => return Err(cancelled()),
+    };
+    let started = Instant::now();
+    let (pages, first_token) = compute(&deps, &job, &cancel).await?;
+    deps.metrics
+        .observe_prefill(started.elapsed().as_secs_f64());
+    let t0 = Instant::now();
+    let (manifest, bytes) = transfer(&deps, &job, &pages, &cancel).await?;
+    let secs = t0.elapsed();
+    deps.metrics.observe_transfer(bytes, secs.as_secs_f64());
+    Ok(pb::PrefillReply {
+        req: Some(pb::RequestRef {
+            request_id: job.req.as_bytes().to_vec(),
+            attempt: job.attempt.0,
+        }),
+        manifest: Some(pb::CommitManifest {
+            grant_key: manifest.key.0.to_vec(),
+            tokens_written: manifest.tokens_written as u32,
+            page_checksums: manifest.page_checksums,
+            digest: manifest.digest,
+        }),
+        first_token,
+        transfer_bytes: bytes,
+        transfer_micros: secs.as_micros() as u64,
+    })
+}
+
+fn cancelled() -> Status {
+    Status::cancelled("prefill aborted")
+}
+
+/// Forward pass on a blocking thread, chunk by chunk, checking for cancellation in between.
+async fn compute(
+    deps: &Arc<JobDeps>,
+    job: &ValidPrefill,
+    cancel: &CancellationToken,
+) -> Result<(ReadablePages, u32), Status> {
+    let owner = Owner {
+        request: job.req,
+        tenant: job.tenant.clone(),
+    };
+    let mut pages = deps
+        .pool
+        .allocate(owner, job.prompt.len())
+        .map_err(|e| match e {
+            ReserveError::Exhausted { .. } => {
+                deps.metrics.rejection("pool_exhausted");
+                Status::resource_exhausted(format!("prefill KV pool busy: {e}"))
+            }
+            ReserveError::TooLarge { .. } | ReserveError::ZeroTokens => {
+                Status::invalid_argument(e.to_string())
+            }
+        })?;
+    let d = deps.clone();
+    let prompt = job.prompt.clone();
+    let sampling = job.sampling.clone();
+    let cancel = cancel.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut logits = Vec::new();
+        for chunk in prompt.chunks(d.chunk_tokens) {
+            if cancel.is_cancelled() {
+                return Err(cancelled());
+            }
+            logits = d
+                .model
+                .prefill(&mut pages, chunk)
+                .map_err(|e| Status::internal(format!("prefill forward pass failed: {e}")))?;
+        }
+        let first = Sampler::new(&sampling).sample(&logits);
+        Ok((pages, first))
+    })
+    .await
+    .map_err(|e| Status::internal(format!("prefill task failed: {e}")))?
+}
+
+/// Sends every page of the prompt into the granted pages in bounded batches; ends the grant
+/// with a drain, or with a cancel (which also drains) when aborted or failed.
+async fn transfer(
+    deps: &JobDeps,
+    job: &ValidPrefill,
+    pages: &ReadablePages,
+    cancel: &CancellationToken,
+) -> Result<(pagewarden_kvcache::CommitManifest, u64), Status> {
+    let g = &job.grant;
+    let backend = deps.segments.backend();
+    let seg = deps.segments.open(&g.transfer_addr).await?;
+    let mut manifest = ManifestBuilder::new(g.key);
+    let mut bytes = 0u64;
+    let indices: Vec<usize> = (0..g.pages.len()).collect();
+    for batch in indices.chunks(deps.batch_pages.max(1)) {
+        let mut reqs = Vec::with_capacity(batch.len());
+        for &i in batch {
+            let data = pages
+                .page_bytes(i)
+                .map_err(|e| Status::internal(format!("reading local KV page {i}: {e}")))?;
+            let (page, generation) = g.pages[i];
+            reqs.push(PageWriteReq {
+                dst_page: page,
+                dst_generation: generation,
+                tokens: g.tokens_in_page(i) as u32,
+                src: Bytes::copy_from_slice(data),
+            });
+        }
+        manifest.add_batch(&reqs);
+        bytes += reqs.iter().map(|r| r.src.len() as u64).sum::<u64>();
+        let handle = match backend.submit_batch(seg, g.key, reqs) {
+            Ok(h) => h,
+            Err(e) => {
+                deps.segments.forget(&g.transfer_addr, seg);
+                return Err(Status::unavailable(format!("KV transfer failed: {e}")));
+            }
+        };
+        let status = tokio::select! {
+            s = handle.wait() => s,
+            () = cancel.cancelled() => {
+                let _ = backend.cancel(seg, g.key).await;
+                return Err(cancelled());
+            }
+        };
+        match status {
+            BatchStatus::Completed { .. } => {}
+            BatchStatus::Pending | BatchStatus::Cancelled { .. } => {
+                let _ = backend.cancel(seg, g.key).await;
+                return Err(cancelled());
+            }
+            BatchStatus::Failed(f) => {
+                if backend.cancel(seg, g.key).await.is_err() {
+                    deps.segments.forget(&g.transfer_addr, seg);
+                }
+                return Err(Status::unavailable(format!("KV transfer failed: {f:?}")));
+            }
+        }
+    }
+    if let Err(e) = backend.drain(seg, g.key).await {
+        deps.segments.forget(&g.transfer_addr, seg);
+        return Err(Status::unavailable(format!(
+            "KV transfer drain failed: {e}"
+        )));
+    }
+    Ok((manifest.build(), bytes))
+}

@@ -1,0 +1,65 @@
+//! Open transfer segments, one per decode worker's transfer address, reopened after a failure.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pagewarden_transfer::{SegmentDesc, SegmentId, TcpBackend, TransferBackend};
+use tonic::Status;
+
+/// The TCP transfer backend and its open segments.
+#[derive(Clone)]
+pub struct Segments {
+    backend: Arc<TcpBackend>,
+    open: Arc<tokio::sync::Mutex<HashMap<String, SegmentId>>>,
+}
+
+impl Segments {
+    pub fn new(backend: TcpBackend) -> Self {
+        Self {
+            backend: Arc::new(backend),
+            open: Arc::default(),
+        }
+    }
+
+    pub fn backend(&self) -> &TcpBackend {
+        &self.backend
+    }
+
+    /// The open segment for `addr`, connecting if needed.
+    pub async fn open(&self, addr: &str) -> Result<SegmentId, Status> {
+        let mut open = self.open.lock().await;
+        if let Some(seg) = open.get(addr) {
+            return Ok(*seg);
+        }
+        let seg = self
+            .backend
+            .open_segment(&SegmentDesc {
+                addr: addr.to_string(),
+            })
+            .await
+            .map_err(|e| {
+                Status::unavailable(format!("cannot reach decode transfer listener {addr}: {e}"))
+            })?;
+        open.insert(addr.to_string(), seg);
+        Ok(seg)
+    }
+
+    /// Drops a failed segment so the next job reconnects.
+    pub fn forget(&self, addr: &str, seg: SegmentId) {
+        self.backend.close_segment(seg);
+        if let Ok(mut open) = self.open.try_lock() {
+            if open.get(addr) == Some(&seg) {
+                open.remove(addr);
+            }
+        } else {
+            let open = self.open.clone();
+            let addr = addr.to_string();
+            tokio::spawn(async move {
+                let mut open = open.lock().await;
+                if open.get(&addr) == Some(&seg) {
+                    open.remove(&addr);
+                }
+            });
+        }
+    }
+}

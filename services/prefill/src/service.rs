@@ -1,0 +1,166 @@
+//! The `Prefill` gRPC service: admission (I3) before any allocation, then one job per call in
+//! its own task. A dropped call or an `Abort` cancels the job, which cancels its transfer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pagewarden_common::admission::Admission;
+use pagewarden_common::telemetry::accept_trace_context;
+use pagewarden_common::{AttemptId, RequestId};
+use pagewarden_proto::v1 as pb;
+use pagewarden_proto::v1::prefill_server::Prefill;
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::grant;
+use crate::job::{self, JobDeps};
+
+/// Static figures for `Info`.
+pub struct Static {
+    pub node_id: String,
+    pub model: String,
+    pub admission: Admission,
+    pub page_size: usize,
+}
+
+/// The service.
+pub struct PrefillService {
+    pub deps: Arc<JobDeps>,
+    pub info: Arc<Static>,
+    pub active: Arc<Mutex<HashMap<RequestId, (AttemptId, CancellationToken)>>>,
+}
+
+fn rejection_status(r: &pagewarden_common::admission::Rejection) -> Status {
+    let mut s = Status::invalid_argument(r.to_string());
+    if let Ok(v) = r.reason().parse() {
+        s.metadata_mut().insert("pagewarden-reason", v);
+    }
+    s
+}
+
+/// Removes the job from the active table when the call ends, however it ends.
+struct ActiveGuard {
+    active: Arc<Mutex<HashMap<RequestId, (AttemptId, CancellationToken)>>>,
+    req: RequestId,
+    attempt: AttemptId,
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        let mut a = self.active.lock();
+        if a.get(&self.req)
+            .is_some_and(|(att, _)| *att == self.attempt)
+        {
+            a.remove(&self.req);
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Prefill for PrefillService {
+    async fn prefill(
+        &self,
+        request: Request<pb::PrefillRequest>,
+    ) -> Result<Response<pb::PrefillReply>, Status> {
+        let span = tracing::info_span!("prefill.prefill");
+        accept_trace_context(&span, request.metadata());
+        let metrics = self.deps.metrics.clone();
+        let admission = self.info.admission;
+        let job = grant::parse(
+            request.into_inner(),
+            self.info.page_size,
+            |prompt, max_tokens| {
+                admission
+                    .check(prompt, max_tokens)
+                    .map(|_| ())
+                    .map_err(|r| {
+                        metrics.rejection(r.reason());
+                        metrics.request("rejected");
+                        rejection_status(&r)
+                    })
+            },
+        )?;
+        let cancel = CancellationToken::new();
+        {
+            let mut active = self.active.lock();
+            if let Some((att, _)) = active.get(&job.req) {
+                if *att >= job.attempt {
+                    metrics.stale_message();
+                    return Err(Status::aborted(format!(
+                        "stale message: prefill of attempt {} after {}",
+                        job.attempt.0, att.0
+                    )));
+                }
+            }
+            active.insert(job.req, (job.attempt, cancel.clone()));
+        }
+        let _guard = ActiveGuard {
+            active: self.active.clone(),
+            req: job.req,
+            attempt: job.attempt,
+        };
+        // The call being dropped (client gone) cancels the job; the job itself runs in its own
+        // task so it can still cancel its transfer and drain.
+        let _drop_cancels = cancel.clone().drop_guard();
+        metrics.set_active(self.active.lock().len());
+        let req = job.req;
+        let handle = tokio::spawn(job::run(self.deps.clone(), job, cancel).instrument(span));
+        let result = handle
+            .await
+            .map_err(|e| Status::internal(format!("prefill job failed: {e}")))?;
+        match &result {
+            Ok(_) => metrics.request("ok"),
+            Err(s) if s.code() == tonic::Code::Cancelled => metrics.request("aborted"),
+            Err(s) => {
+                tracing::warn!(request = %req, error = %s.message(), "prefill failed");
+                metrics.request("error")
+            }
+        }
+        result.map(Response::new)
+    }
+
+    async fn abort(
+        &self,
+        request: Request<pb::AbortRequest>,
+    ) -> Result<Response<pb::AbortReply>, Status> {
+        let m = request.into_inner();
+        let (req, attempt) = grant::request_ref(m.req.as_ref())?;
+        let found = match self.active.lock().get(&req) {
+            Some((att, token)) if *att == attempt => {
+                token.cancel();
+                true
+            }
+            Some(_) => {
+                self.deps.metrics.stale_message();
+                false
+            }
+            None => false,
+        };
+        if found {
+            tracing::info!(request = %req, reason = %m.reason, "prefill aborted");
+        }
+        Ok(Response::new(pb::AbortReply { found }))
+    }
+
+    async fn info(
+        &self,
+        _request: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::WorkerInfo>, Status> {
+        let pool = &self.deps.pool;
+        Ok(Response::new(pb::WorkerInfo {
+            node_id: self.info.node_id.clone(),
+            role: "prefill".into(),
+            model: self.info.model.clone(),
+            context_length: self.info.admission.advertised_context() as u32,
+            pool_tokens: pool.capacity_tokens() as u64,
+            page_size: self.info.page_size as u32,
+            free_pages: pool.stats().free as u64,
+            total_pages: pool.capacity_pages() as u64,
+            active_requests: self.active.lock().len() as u32,
+            transfer_addr: String::new(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }))
+    }
+}
