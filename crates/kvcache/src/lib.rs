@@ -48,8 +48,11 @@
 //!
 //! The `unsafe-test-switches` feature (test use only) adds `PoolConfig::defenses` to switch
 //! single checks off, plus fault-injection hooks (`test_*`). Without it the checks are
-//! unconditional. Loom test: `RUSTFLAGS="--cfg loom" cargo test -p pagewarden-kvcache --test
-//! loom --release`.
+//! unconditional.
+//!
+//! Loom test of the free list: `RUSTFLAGS="--cfg pagewarden_loom" cargo test -p
+//! pagewarden-kvcache --test loom --release`. (Not `--cfg loom`: that also switches tokio,
+//! which `pagewarden-common` pulls in, to its loom mode, where `tokio::net` does not exist.)
 
 mod checks;
 mod error;

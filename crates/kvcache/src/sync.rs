@@ -1,6 +1,6 @@
-//! Sync shim: the free list's mutex is loom's under `--cfg loom`, std's otherwise.
+//! Sync shim: the free list's mutex is loom's under `--cfg pagewarden_loom`, std's otherwise.
 
-#[cfg(loom)]
+#[cfg(pagewarden_loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
-#[cfg(not(loom))]
+#[cfg(not(pagewarden_loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
