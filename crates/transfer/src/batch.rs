@@ -4,6 +4,7 @@
 
 use tokio::sync::watch;
 
+use crate::engine::OutPage;
 use crate::frame::BatchId;
 use crate::types::WriteError;
 
@@ -59,6 +60,7 @@ impl BatchStatus {
 pub struct BatchHandle {
     id: BatchId,
     rx: watch::Receiver<BatchStatus>,
+    sent: Vec<(u64, u32)>,
 }
 
 /// Backend side of a batch's completion.
@@ -88,16 +90,23 @@ impl Drop for BatchCompleter {
     }
 }
 
-/// A fresh pending batch: the handle for the caller, the completer for the backend.
-pub fn new_batch(id: BatchId) -> (BatchHandle, BatchCompleter) {
+/// A fresh pending batch of `pages`: the handle for the caller, the completer for the backend.
+pub fn new_batch(id: BatchId, pages: &[OutPage]) -> (BatchHandle, BatchCompleter) {
     let (tx, rx) = watch::channel(BatchStatus::Pending);
-    (BatchHandle { id, rx }, BatchCompleter(tx))
+    let sent = pages.iter().map(|p| (p.checksum, p.tokens)).collect();
+    (BatchHandle { id, rx, sent }, BatchCompleter(tx))
 }
 
 impl BatchHandle {
     /// The batch's number on its connection.
     pub fn id(&self) -> BatchId {
         self.id
+    }
+
+    /// `(checksum, tokens)` of each page of the batch, in submission order: what the commit
+    /// manifest must claim (see `ManifestBuilder::add_sent`), so pages are hashed only once.
+    pub fn sent_pages(&self) -> &[(u64, u32)] {
+        &self.sent
     }
 
     /// Current state, without waiting.

@@ -1,6 +1,7 @@
 //! Commit manifest builder: what the sender claims it wrote (tokens, per-page checksums in
 //! grant order, digest). Decode's commit checks it against what actually landed.
 
+use crate::batch::BatchHandle;
 use crate::engine::PageWriteReq;
 use crate::types::{manifest_digest, page_checksum, CommitManifest, GrantKey};
 
@@ -33,6 +34,14 @@ impl ManifestBuilder {
     pub fn add_batch(&mut self, reqs: &[PageWriteReq]) -> &mut Self {
         for r in reqs {
             self.add_page(page_checksum(&r.src), r.tokens as usize);
+        }
+        self
+    }
+
+    /// Records the pages of a submitted batch, using the checksums the engine already computed.
+    pub fn add_sent(&mut self, batch: &BatchHandle) -> &mut Self {
+        for &(checksum, tokens) in batch.sent_pages() {
+            self.add_page(checksum, tokens as usize);
         }
         self
     }

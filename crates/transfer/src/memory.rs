@@ -203,7 +203,7 @@ impl TransferBackend for MemoryBackend {
         if let Some(t) = &self.tamper {
             t(&mut frames);
         }
-        let (handle, done) = new_batch(batch);
+        let (handle, done) = new_batch(batch, &pages);
         match self.deliver(seg, frames) {
             Ok(replies) => {
                 let ack = replies.iter().find_map(|r| match r {

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -88,7 +88,7 @@ async fn accept_loop(
 /// Serves one ordered stream until it ends; closes the session (peer-gone for undrained
 /// grants) only after the read side is finished, so no frame of it can still be processed.
 pub async fn serve_stream<R, W>(
-    rd: R,
+    mut rd: R,
     mut wr: W,
     mut session: ReceiverSession<dyn PageSink>,
     mut shutdown: watch::Receiver<bool>,
@@ -98,7 +98,7 @@ where
     W: AsyncWrite + Unpin,
 {
     let max_payload = session.max_payload();
-    let mut rd = BufReader::with_capacity(64 << 10, rd);
+    // No read buffer: page payloads are read straight into `buf` (one copy out of the kernel).
     let mut buf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::with_capacity(64);
     let reason = loop {

@@ -167,7 +167,7 @@ impl SenderConn {
             return Err(TransferError::ConnectionLost(r.clone()));
         }
         let id = BatchId(self.next_batch.fetch_add(1, Ordering::Relaxed));
-        let (handle, done) = new_batch(id);
+        let (handle, done) = new_batch(id, &pages);
         // If the writer is gone the command is dropped and its completer fails the batch.
         let _ = self.tx.send(Cmd::Batch {
             key,
