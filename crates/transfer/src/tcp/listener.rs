@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::frame::{decode_header, decode_payload, encode, FrameError, HEADER_LEN};
+use crate::frame::{decode_header, decode_payload, encode, FrameError, Header, HEADER_LEN};
 use crate::receiver::{CloseReason, ReceiverCounters, ReceiverSession};
 use crate::sink::PageSink;
 
@@ -85,50 +85,92 @@ async fn accept_loop(
     }
 }
 
-/// Serves one ordered stream until it ends; closes the session (peer-gone for undrained
-/// grants) only after the read side is finished, so no frame of it can still be processed.
+/// Frames read ahead of the one being written into the pool.
+const PIPELINE: usize = 2;
+
+enum Item {
+    Frame(Header, Vec<u8>),
+    End(CloseReason),
+}
+
+/// Serves one ordered stream until it ends. The read side (this task) reads frames ahead
+/// while a processing task checks and writes them into the pool in stream order, so the
+/// kernel copy of page N+1 overlaps the checksum and copy of page N. The session is closed
+/// (peer-gone for undrained grants) by the processing task after its last frame, so no
+/// frame of the stream can still be processed when that happens.
 pub async fn serve_stream<R, W>(
     mut rd: R,
-    mut wr: W,
-    mut session: ReceiverSession<dyn PageSink>,
+    wr: W,
+    session: ReceiverSession<dyn PageSink>,
     mut shutdown: watch::Receiver<bool>,
 ) -> CloseReason
 where
     R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
 {
     let max_payload = session.max_payload();
-    // No read buffer: page payloads are read straight into `buf` (one copy out of the kernel).
-    let mut buf: Vec<u8> = Vec::new();
-    let mut out: Vec<u8> = Vec::with_capacity(64);
-    let reason = loop {
+    let (tx, rx) = mpsc::channel::<Item>(PIPELINE);
+    let (recycle_tx, mut recycle_rx) = mpsc::channel::<Vec<u8>>(PIPELINE + 2);
+    let processor = tokio::spawn(process(rx, recycle_tx, wr, session));
+    let end = loop {
         let mut hdr = [0u8; HEADER_LEN];
         let first = tokio::select! {
-            _ = shutdown.changed() => break CloseReason::Shutdown,
+            _ = shutdown.changed() => break Some(CloseReason::Shutdown),
+            _ = tx.closed() => break None,
             r = rd.read(&mut hdr) => r,
         };
         match first {
-            Ok(0) => break CloseReason::PeerClosed,
+            Ok(0) => break Some(CloseReason::PeerClosed),
             Ok(n) => {
                 if let Err(e) = rd.read_exact(&mut hdr[n..]).await {
-                    break io_reason(e);
+                    break Some(io_reason(e));
                 }
             }
-            Err(e) => break CloseReason::Transport(e.to_string()),
+            Err(e) => break Some(CloseReason::Transport(e.to_string())),
         }
         let h = match decode_header(&hdr, max_payload) {
             Ok(h) => h,
-            Err(e) => break CloseReason::Malformed(e),
+            Err(e) => break Some(CloseReason::Malformed(e)),
         };
-        // Safe to size the buffer now: payload_len <= max_payload was checked above.
+        // Safe to size the buffer now: payload_len <= max_payload was checked above. No read
+        // buffer in between: page payloads go straight from the kernel into `buf`.
+        let mut buf = recycle_rx.try_recv().unwrap_or_default();
         buf.resize(h.payload_len as usize, 0);
         if let Err(e) = rd.read_exact(&mut buf).await {
-            break io_reason(e);
+            break Some(io_reason(e));
         }
+        if tx.send(Item::Frame(h, buf)).await.is_err() {
+            break None;
+        }
+    };
+    if let Some(reason) = end {
+        let _ = tx.send(Item::End(reason)).await;
+    }
+    drop(tx);
+    drop(rd);
+    processor
+        .await
+        .unwrap_or_else(|e| CloseReason::Transport(format!("receiver task failed: {e}")))
+}
+
+async fn process<W: AsyncWrite + Unpin>(
+    mut rx: mpsc::Receiver<Item>,
+    recycle: mpsc::Sender<Vec<u8>>,
+    mut wr: W,
+    mut session: ReceiverSession<dyn PageSink>,
+) -> CloseReason {
+    let mut out: Vec<u8> = Vec::with_capacity(64);
+    let reason = loop {
+        let (h, buf) = match rx.recv().await {
+            Some(Item::Frame(h, buf)) => (h, buf),
+            Some(Item::End(r)) => break r,
+            None => break CloseReason::Shutdown,
+        };
         let reply = match decode_payload(h, &buf).and_then(|f| session.on_frame(f)) {
             Ok(r) => r,
             Err(e) => break CloseReason::Malformed(e),
         };
+        let _ = recycle.try_send(buf);
         if let Some(r) = reply {
             out.clear();
             encode(&mut out, &r);
@@ -137,8 +179,9 @@ where
             }
         }
     };
+    // Frames still queued after a malformed one are never processed.
+    rx.close();
     let _ = wr.shutdown().await;
-    drop(rd);
     drop(wr);
     session.close(&reason);
     reason

@@ -3,6 +3,7 @@
 //! (BATCH_ACK / DRAIN_ACK). A lost connection fails every pending batch and drain at once.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::IoSlice;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -20,6 +21,9 @@ use crate::frame::{
     WriteFrame, HEADER_LEN,
 };
 use crate::types::GrantKey;
+
+/// Pages at least this long bypass the write buffer.
+const DIRECT_WRITE: usize = 32 << 10;
 
 /// In-flight budget unit: permits count KiB so a budget above 4 GiB still fits a permit count.
 const UNIT: usize = 1024;
@@ -274,8 +278,14 @@ async fn send_batch(
             data: &p.src,
         };
         encode_write_prefix(hdr, &w);
-        wr.write_all(hdr).await?;
-        wr.write_all(&p.src).await?;
+        if p.src.len() >= DIRECT_WRITE {
+            // Big page: header and page in one syscall, straight from the caller's bytes.
+            wr.flush().await?;
+            write_two(wr.get_mut(), hdr, &p.src).await?;
+        } else {
+            wr.write_all(hdr).await?;
+            wr.write_all(&p.src).await?;
+        }
         sent += 1;
     }
     {
@@ -305,6 +315,25 @@ async fn send_batch(
     );
     wr.write_all(hdr).await?;
     wr.flush().await
+}
+
+/// Writes `a` then `b` with vectored writes until both are fully sent.
+async fn write_two(w: &mut OwnedWriteHalf, mut a: &[u8], mut b: &[u8]) -> std::io::Result<()> {
+    while !a.is_empty() || !b.is_empty() {
+        let n = w
+            .write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+            .await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        if n <= a.len() {
+            a = &a[n..];
+        } else {
+            b = &b[n - a.len()..];
+            a = &[];
+        }
+    }
+    Ok(())
 }
 
 async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>) {
