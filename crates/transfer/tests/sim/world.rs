@@ -43,7 +43,7 @@ impl SimConfig {
     pub fn fenced() -> Self {
         Self {
             fencing: true,
-            requests: 5,
+            requests: 8,
             pages: 6,
             workers: 2,
         }
