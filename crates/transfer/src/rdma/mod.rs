@@ -10,6 +10,7 @@
 //!
 //! - `verbs.rs`: device, registered regions, memory windows, WRITE / BIND_MW / LOCAL_INV posts.
 //! - `staging.rs`: staging slots per reservation and the completion path (device-free, tested).
+//! - `segment.rs`: receiver segment tying them together (bind window, revoke, complete).
 //!
 //! What is NOT done or tested here (no RDMA device, no Soft-RoCE on this host):
 //! - queue-pair connection management (rdma_cm address/route resolution, QP state
@@ -19,8 +20,10 @@
 //! - `staging.rs` is exercised by unit tests with a plain byte buffer standing in for the
 //!   registered region.
 
+pub mod segment;
 pub mod staging;
 pub mod verbs;
 
+pub use segment::{RdmaSegment, RemoteWindow};
 pub use staging::{StagingTable, WindowSpec};
 pub use verbs::{Device, Region, Window};

@@ -63,13 +63,25 @@ struct Shared {
 }
 
 impl Shared {
+    /// Fails every pending batch and drain, and broadcasts the failure.
     fn fail_all(&self, reason: String) {
+        if self.fail_pending(&reason) {
+            tracing::warn!(segment = ?self.seg, %reason, "transfer connection failed");
+            let _ = self.failures.send(FailureEvent {
+                segment: self.seg,
+                reason,
+            });
+        }
+    }
+
+    /// Fails every pending batch and drain; false if the connection was already dead.
+    fn fail_pending(&self, reason: &str) -> bool {
         let (batches, drains) = {
             let mut p = self.pending.lock();
             if p.dead.is_some() {
-                return;
+                return false;
             }
-            p.dead = Some(reason.clone());
+            p.dead = Some(reason.to_string());
             (
                 std::mem::take(&mut p.batches),
                 std::mem::take(&mut p.drains),
@@ -78,17 +90,13 @@ impl Shared {
         for (_, b) in batches {
             b.done
                 .finish(BatchStatus::Failed(BatchFailure::ConnectionLost(
-                    reason.clone(),
+                    reason.to_string(),
                 )));
         }
         for tx in drains.into_values().flatten() {
-            let _ = tx.send(Err(TransferError::ConnectionLost(reason.clone())));
+            let _ = tx.send(Err(TransferError::ConnectionLost(reason.to_string())));
         }
-        tracing::warn!(segment = ?self.seg, %reason, "transfer connection failed");
-        let _ = self.failures.send(FailureEvent {
-            segment: self.seg,
-            reason,
-        });
+        true
     }
 
     fn on_ack(&self, a: BatchAck) {
@@ -201,7 +209,8 @@ impl Drop for SenderConn {
     fn drop(&mut self) {
         self.writer.abort();
         self.reader.abort();
-        self.shared.fail_all("segment closed".into());
+        // A deliberate close is not a failure: pending work fails, nothing is broadcast.
+        self.shared.fail_pending("segment closed");
     }
 }
 

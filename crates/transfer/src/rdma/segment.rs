@@ -1,0 +1,113 @@
+//! Receiver side of the RDMA backend: one registered staging region, one memory window per
+//! open reservation, and the completion path into the shared [`ReceiverSession`].
+//!
+//! Per grant: `open_window` (bind a window over the grant's staging slots; the sender gets
+//! only that window's address and rkey) → RDMA WRITEs land in staging → `complete` (checked
+//! pool writes) → `close_window`, or on abort `revoke` (LOCAL_INV: later WRITEs under the old
+//! rkey fault at the NIC, then the slots are forgotten). UNTESTED on hardware; see `mod.rs`.
+
+use std::collections::HashMap;
+
+use rdma_sys::ibv_qp;
+
+use super::staging::StagingTable;
+use super::verbs::{post_bind_window, post_invalidate, Device, Region, Window};
+use crate::engine::TransferError;
+use crate::frame::{BatchId, FrameError, WriteFrame};
+use crate::receiver::ReceiverSession;
+use crate::sink::PageSink;
+use crate::types::GrantKey;
+
+/// Where a sender may write one grant's pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteWindow {
+    /// Remote virtual address of slot 0.
+    pub addr: u64,
+    /// The window's rkey (valid until revoke).
+    pub rkey: u32,
+    /// Page-sized slots in the window.
+    pub slots: usize,
+}
+
+/// A registered staging region with per-grant memory windows.
+pub struct RdmaSegment {
+    device: Device,
+    staging: Region,
+    table: StagingTable,
+    windows: HashMap<GrantKey, Window>,
+    next_wr: u64,
+}
+
+impl RdmaSegment {
+    /// Registers `slots` page-sized staging slots on `device`.
+    pub fn new(device: Device, slots: usize, page_bytes: usize) -> Result<Self, TransferError> {
+        let staging = device.register(slots * page_bytes)?;
+        Ok(Self {
+            device,
+            staging,
+            table: StagingTable::new(slots, page_bytes),
+            windows: HashMap::new(),
+            next_wr: 1,
+        })
+    }
+
+    fn wr_id(&mut self) -> u64 {
+        self.next_wr += 1;
+        self.next_wr
+    }
+
+    /// Binds a fresh window over `pages` staging slots for `key`.
+    ///
+    /// # Safety
+    /// `qp` must be a live, connected queue pair of this segment's device.
+    pub unsafe fn open_window(
+        &mut self,
+        qp: *mut ibv_qp,
+        key: GrantKey,
+        pages: usize,
+        page_bytes: usize,
+    ) -> Result<RemoteWindow, TransferError> {
+        let spec = self
+            .table
+            .open(key, pages)
+            .ok_or(TransferError::Unsupported("staging region full"))?;
+        let window = self.device.alloc_window()?;
+        let len = (spec.slots * page_bytes) as u64;
+        let wr = self.wr_id();
+        if let Err(e) = post_bind_window(qp, &window, &self.staging, spec.offset, len, wr) {
+            self.table.close(key);
+            return Err(e);
+        }
+        let remote = RemoteWindow {
+            addr: self.staging.bytes().as_ptr() as u64 + spec.offset as u64,
+            rkey: window.rkey(),
+            slots: spec.slots,
+        };
+        self.windows.insert(key, window);
+        Ok(remote)
+    }
+
+    /// Fences `key`: invalidates its window, then forgets its slots.
+    ///
+    /// # Safety
+    /// `qp` must be a live queue pair of this segment's device.
+    pub unsafe fn revoke(&mut self, qp: *mut ibv_qp, key: GrantKey) -> Result<(), TransferError> {
+        if let Some(w) = self.windows.remove(&key) {
+            let wr = self.wr_id();
+            post_invalidate(qp, &w, wr)?;
+        }
+        self.table.close(key);
+        Ok(())
+    }
+
+    /// Feeds a completion message (WRITE headers naming staging slots) through `session`.
+    pub fn complete<S: PageSink + ?Sized>(
+        &self,
+        session: &mut ReceiverSession<S>,
+        headers: &[WriteFrame<'_>],
+        batch: BatchId,
+    ) -> Result<(), FrameError> {
+        self.table
+            .complete(self.staging.bytes(), session, headers, batch)
+    }
+}
