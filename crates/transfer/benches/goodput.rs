@@ -9,12 +9,13 @@
 //! `--profile dev` to reuse test builds: deps and this crate are opt-level 3 there too).
 //!
 //! Measured 2026-11-29 on the shared 2-core dev box (load average 5-6 from other builds),
-//! dev profile: raw 1.9-2.7 GiB/s, checked 1.1-1.55 GiB/s; interleaved median ratio between
-//! 49% and 79% across runs (56.5% on the last run). BELOW the 80% goal there. The extra work per
-//! byte is one xxh3 pass on each side and one copy into the pool (`KvPool::write_page` takes a
-//! slice); the receiver overlaps its hash+copy of page N with the kernel read of page N+1 and
-//! the sender hashes batch N+1 while batch N is on the wire, which only pays off when spare
-//! cores exist. Not yet measured on an idle multi-core host.
+//! dev profile, pipelined receiver: raw 2.5-2.65 GiB/s, checked 1.55-1.60 GiB/s; interleaved
+//! median ratio 56.5% and 57.6% on the last two runs (criterion groups: 81 ms vs 156 ms,
+//! then 106 ms checked). BELOW the 80% goal on this box. The extra work per byte is one xxh3
+//! pass on each side and one copy into the pool (`KvPool::write_page` takes a slice); the
+//! receiver overlaps its hash+copy of page N with the kernel read of page N+1 and the sender
+//! hashes batch N+1 while batch N is on the wire, which only pays off when spare cores exist.
+//! Not yet measured on an idle multi-core host, nor with AVX2 enabled for xxh3.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
