@@ -266,3 +266,37 @@ async fn a_dead_receiver_fails_pending_work_and_is_broadcast() {
     }
     assert!(prefill.drain(seg, g).await.is_err());
 }
+
+// current_thread runtime: the engine's tasks cannot run before `cancel` is first polled, so
+// no page has been sent yet when the grant is cancelled.
+#[tokio::test(flavor = "current_thread")]
+async fn cancel_stops_pages_that_were_not_sent_yet() {
+    let pool = pool(4);
+    let decode = backend();
+    let desc = decode
+        .register_segment(Arc::new(pool.clone()) as Arc<dyn PageSink>)
+        .await
+        .unwrap();
+    let prefill = backend();
+    let seg = prefill.open_segment(&desc).await.unwrap();
+    let res = pool.reserve(owner(1), 16).unwrap();
+    let g = res.grant().clone();
+    let reqs = reqs_for(&g, 1, LAYOUT.page_bytes());
+    let a = prefill
+        .submit_batch(seg, g.key, reqs[..2].to_vec())
+        .unwrap();
+    let b = prefill
+        .submit_batch(seg, g.key, reqs[2..].to_vec())
+        .unwrap();
+    res.abort();
+    prefill.cancel(seg, g.key).await.unwrap();
+    assert_eq!(a.wait().await, BatchStatus::Cancelled { written: 0 });
+    assert_eq!(b.wait().await, BatchStatus::Cancelled { written: 0 });
+    let c = decode.receiver_counters().snapshot();
+    assert_eq!((c.frames_ok, c.dropped_total(), c.drains), (0, 0, 1));
+    assert_eq!(
+        pool.stats().free,
+        4,
+        "the drain freed the aborted grant's pages"
+    );
+}
