@@ -1,0 +1,257 @@
+//! `AuditorClient`: how router and workers report to the auditor without ever waiting on it.
+//!
+//! Reports go into a bounded channel; one background task sends them over gRPC. When the
+//! channel is full the report is dropped and counted; when a send fails it is counted and not
+//! retried. The serving path only ever pays for a `try_send`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), pagewarden_auditor::client::ClientError> {
+//! use pagewarden_auditor::client::AuditorClient;
+//! let auditor = AuditorClient::spawn("http://127.0.0.1:7400", 1024)?;
+//! auditor.report_preflight(pagewarden_proto::v1::PreflightReport::default());
+//! # Ok(()) }
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind as CommonKind, IntegritySink};
+use pagewarden_proto::v1 as pb;
+use pagewarden_proto::v1::auditor_client::AuditorClient as GrpcClient;
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint};
+
+/// How long one report may take to send before it counts as failed.
+const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One report on its way to the auditor.
+#[derive(Clone, Debug)]
+pub enum Report {
+    /// A sampled response (router).
+    Sample(pb::SampleReport),
+    /// An integrity event (prefill, decode).
+    Integrity(pb::IntegrityReport),
+    /// A preflight result (prefill, decode).
+    Preflight(pb::PreflightReport),
+}
+
+/// The client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The endpoint is not a valid URI.
+    #[error("invalid auditor endpoint {0:?}: {1}")]
+    Endpoint(String, String),
+}
+
+/// Counts of what happened to reports, since the client was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Accepted into the buffer.
+    pub queued: u64,
+    /// Dropped because the buffer was full.
+    pub dropped: u64,
+    /// Delivered and acknowledged.
+    pub sent: u64,
+    /// Sent but not acknowledged (auditor down, timeout, rejected).
+    pub failed: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    queued: AtomicU64,
+    dropped: AtomicU64,
+    sent: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// A cheap-to-clone handle that buffers reports for one background sender task.
+#[derive(Clone)]
+pub struct AuditorClient {
+    tx: mpsc::Sender<Report>,
+    counters: Arc<Counters>,
+}
+
+impl AuditorClient {
+    /// Connects lazily to `endpoint` (e.g. `http://127.0.0.1:7400`) and starts the sender
+    /// task on the current tokio runtime; at most `capacity` reports wait in the buffer.
+    pub fn spawn(endpoint: &str, capacity: usize) -> Result<Self, ClientError> {
+        let ep = Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| ClientError::Endpoint(endpoint.to_string(), e.to_string()))?
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(SEND_TIMEOUT);
+        let grpc = GrpcClient::new(ep.connect_lazy());
+        let (client, rx) = Self::with_sink(capacity);
+        tokio::spawn(send_loop(grpc, rx, client.counters.clone()));
+        Ok(client)
+    }
+
+    /// A client whose reports land in the returned receiver instead of the network (tests,
+    /// or an in-process auditor).
+    pub fn with_sink(capacity: usize) -> (Self, mpsc::Receiver<Report>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (
+            AuditorClient {
+                tx,
+                counters: Arc::default(),
+            },
+            rx,
+        )
+    }
+
+    /// Buffers `r`; returns false (and counts a drop) when the buffer is full or the sender
+    /// task is gone. Never waits.
+    pub fn report(&self, r: Report) -> bool {
+        match self.tx.try_send(r) {
+            Ok(()) => {
+                self.counters.queued.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(mpsc::error::TrySendError::Full(_)) | Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Buffers a sampled response.
+    pub fn report_sample(&self, s: pb::SampleReport) -> bool {
+        self.report(Report::Sample(s))
+    }
+
+    /// Buffers an integrity event.
+    pub fn report_integrity(&self, e: pb::IntegrityReport) -> bool {
+        self.report(Report::Integrity(e))
+    }
+
+    /// Buffers a preflight result.
+    pub fn report_preflight(&self, p: pb::PreflightReport) -> bool {
+        self.report(Report::Preflight(p))
+    }
+
+    /// What happened to reports so far.
+    pub fn stats(&self) -> ClientStats {
+        ClientStats {
+            queued: self.counters.queued.load(Ordering::Relaxed),
+            dropped: self.counters.dropped.load(Ordering::Relaxed),
+            sent: self.counters.sent.load(Ordering::Relaxed),
+            failed: self.counters.failed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+async fn send_loop(
+    mut grpc: GrpcClient<Channel>,
+    mut rx: mpsc::Receiver<Report>,
+    counters: Arc<Counters>,
+) {
+    while let Some(r) = rx.recv().await {
+        let res = match r {
+            Report::Sample(s) => grpc.report_sample(s).await,
+            Report::Integrity(e) => grpc.report_integrity(e).await,
+            Report::Preflight(p) => grpc.report_preflight(p).await,
+        };
+        match res {
+            Ok(_) => counters.sent.fetch_add(1, Ordering::Relaxed),
+            Err(status) => {
+                tracing::debug!(%status, "auditor report failed");
+                counters.failed.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    }
+}
+
+/// Plugs an [`AuditorClient`] into the workers' `IntegritySink` hook (pagewarden-common).
+#[derive(Clone)]
+pub struct AuditorIntegritySink {
+    client: AuditorClient,
+}
+
+impl AuditorIntegritySink {
+    /// Reports through `client`.
+    pub fn new(client: AuditorClient) -> Self {
+        AuditorIntegritySink { client }
+    }
+}
+
+fn wire_kind(k: CommonKind) -> pb::IntegrityKind {
+    match k {
+        CommonKind::GenerationMismatch => pb::IntegrityKind::GenerationMismatch,
+        CommonKind::ChecksumMismatch => pb::IntegrityKind::ChecksumMismatch,
+        CommonKind::TokenCountMismatch => pb::IntegrityKind::CountMismatch,
+        CommonKind::PageNotWritten => pb::IntegrityKind::PageNotWritten,
+        CommonKind::GuardWordCorrupt => pb::IntegrityKind::GuardWordCorrupt,
+        CommonKind::ManifestMismatch => pb::IntegrityKind::ManifestMismatch,
+        CommonKind::StaleMessage => pb::IntegrityKind::StaleMessage,
+        CommonKind::Quarantine => pb::IntegrityKind::Quarantine,
+    }
+}
+
+impl IntegritySink for AuditorIntegritySink {
+    fn report(&self, e: IntegrityEvent) {
+        self.client.report_integrity(pb::IntegrityReport {
+            kind: wire_kind(e.kind) as i32,
+            node: e.node_id,
+            req: e.request.map(|r| pb::RequestRef {
+                request_id: r.as_bytes().to_vec(),
+                attempt: 0,
+            }),
+            tenant: e.tenant.map(|t| t.as_str().to_string()).unwrap_or_default(),
+            page: None,
+            generation: None,
+            details: format!("[{}] {}", e.role, e.detail),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn full_buffer_drops_and_counts() {
+        let (client, mut rx) = AuditorClient::with_sink(2);
+        let sent: Vec<bool> = (0..5)
+            .map(|_| client.report_preflight(pb::PreflightReport::default()))
+            .collect();
+        assert_eq!(sent, vec![true, true, false, false, false]);
+        let s = client.stats();
+        assert_eq!((s.queued, s.dropped), (2, 3));
+        assert!(matches!(rx.recv().await, Some(Report::Preflight(_))));
+    }
+
+    #[tokio::test]
+    async fn unreachable_auditor_counts_failures_without_blocking() {
+        // Port 9 on loopback: nothing listens, every send fails fast.
+        let client = AuditorClient::spawn("http://127.0.0.1:9", 8).unwrap();
+        assert!(client.report_sample(pb::SampleReport::default()));
+        for _ in 0..100 {
+            if client.stats().failed == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(client.stats().failed, 1);
+        assert_eq!(client.stats().sent, 0);
+    }
+
+    #[tokio::test]
+    async fn integrity_sink_maps_common_events() {
+        let (client, mut rx) = AuditorClient::with_sink(4);
+        let sink = AuditorIntegritySink::new(client);
+        sink.report(IntegrityEvent {
+            node_id: "decode-0".into(),
+            role: "decode",
+            kind: CommonKind::TokenCountMismatch,
+            request: Some(pagewarden_common::RequestId([3; 16])),
+            tenant: Some(pagewarden_common::TenantId::new("t")),
+            detail: "wrote 15 of 16".into(),
+        });
+        let Some(Report::Integrity(r)) = rx.recv().await else {
+            panic!("expected an integrity report");
+        };
+        assert_eq!(r.kind, pb::IntegrityKind::CountMismatch as i32);
+        assert_eq!(r.tenant, "t");
+        assert_eq!(r.req.unwrap().request_id, vec![3; 16]);
+    }
+}

@@ -1,0 +1,123 @@
+//! The `Auditor` gRPC service: parses each report into its `Valid*` type and hands it to the
+//! engine. A store failure is `UNAVAILABLE` (the sender counts it; it never retries inline).
+
+use std::sync::Arc;
+
+use pagewarden_common::TenantId;
+use pagewarden_proto::v1 as pb;
+use pagewarden_proto::v1::auditor_server::Auditor;
+use tonic::{Request, Response, Status};
+
+use crate::engine::Engine;
+use crate::ingest::{InvalidReport, ValidIntegrity, ValidPreflight, ValidSample};
+use crate::store::{MarkerRecord, StoreError};
+
+/// The gRPC face of an [`Engine`].
+pub struct AuditorService {
+    engine: Arc<Engine>,
+}
+
+impl AuditorService {
+    /// Serves `engine`.
+    pub fn new(engine: Arc<Engine>) -> Self {
+        AuditorService { engine }
+    }
+
+    fn store_failed(&self, e: StoreError) -> Status {
+        self.engine.metrics().ingest_error();
+        tracing::error!(error = %e, "storing a report failed");
+        Status::unavailable(format!("auditor store: {e}"))
+    }
+}
+
+fn invalid(e: InvalidReport) -> Status {
+    Status::invalid_argument(e.0)
+}
+
+fn ack(n: usize) -> Response<pb::ReportAck> {
+    Response::new(pb::ReportAck {
+        incidents_opened: u32::try_from(n).unwrap_or(u32::MAX),
+    })
+}
+
+fn marker_to_wire(m: MarkerRecord) -> pb::Marker {
+    pb::Marker {
+        marker: m.marker,
+        tenant: m.tenant,
+        issued_unix_ms: m.issued_at.0,
+    }
+}
+
+#[tonic::async_trait]
+impl Auditor for AuditorService {
+    async fn report_sample(
+        &self,
+        req: Request<pb::SampleReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let s = ValidSample::try_from(req.into_inner()).map_err(invalid)?;
+        let opened = self
+            .engine
+            .ingest_sample(s)
+            .await
+            .map_err(|e| self.store_failed(e))?;
+        Ok(ack(opened.len()))
+    }
+
+    async fn report_integrity(
+        &self,
+        req: Request<pb::IntegrityReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let e = ValidIntegrity::try_from(req.into_inner()).map_err(invalid)?;
+        self.engine
+            .ingest_integrity(e)
+            .await
+            .map_err(|e| self.store_failed(e))?;
+        Ok(ack(1))
+    }
+
+    async fn report_preflight(
+        &self,
+        req: Request<pb::PreflightReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let p = ValidPreflight::try_from(req.into_inner()).map_err(invalid)?;
+        let opened = self
+            .engine
+            .ingest_preflight(p)
+            .await
+            .map_err(|e| self.store_failed(e))?;
+        Ok(ack(usize::from(opened.is_some())))
+    }
+
+    async fn issue_marker(
+        &self,
+        req: Request<pb::IssueMarkerRequest>,
+    ) -> Result<Response<pb::Marker>, Status> {
+        let tenant = req.into_inner().tenant;
+        if tenant.is_empty() {
+            return Err(Status::invalid_argument("tenant is required"));
+        }
+        let m = self
+            .engine
+            .issue_marker(&TenantId::new(tenant))
+            .await
+            .map_err(|e| self.store_failed(e))?;
+        Ok(Response::new(marker_to_wire(m)))
+    }
+
+    async fn list_markers(
+        &self,
+        req: Request<pb::ListMarkersRequest>,
+    ) -> Result<Response<pb::ListMarkersReply>, Status> {
+        let tenant = req.into_inner().tenant;
+        let tenant = (!tenant.is_empty()).then_some(tenant);
+        let markers = self
+            .engine
+            .store()
+            .markers(tenant.as_deref())
+            .await
+            .map_err(|e| self.store_failed(e))?;
+        Ok(Response::new(pb::ListMarkersReply {
+            markers: markers.into_iter().map(marker_to_wire).collect(),
+        }))
+    }
+}

@@ -1,0 +1,221 @@
+//! Parsing of ingested reports: the gRPC handlers turn wire messages into these `Valid*` types,
+//! and the engine accepts only these. Each error names the field and is sent back as
+//! `INVALID_ARGUMENT`.
+
+use pagewarden_common::{RequestId, TenantId};
+use pagewarden_proto::v1 as pb;
+
+use crate::domain::{IntegrityKind, NodeRole, SampleStatus};
+
+/// A report that cannot be accepted, with a message for its sender.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidReport(pub String);
+
+fn bad(msg: impl Into<String>) -> InvalidReport {
+    InvalidReport(msg.into())
+}
+
+fn request_id(r: Option<&pb::RequestRef>) -> Result<Option<RequestId>, InvalidReport> {
+    match r {
+        None => Ok(None),
+        Some(r) if r.request_id.is_empty() => Ok(None),
+        Some(r) => RequestId::from_bytes(&r.request_id)
+            .map(Some)
+            .ok_or_else(|| bad("req.request_id must be 16 bytes")),
+    }
+}
+
+fn non_empty(s: String) -> Option<String> {
+    if s.is_empty() {
+        None
+    } else {
+        Some(s)
+    }
+}
+
+/// What the response of a sampled request looks like to the auditor.
+#[derive(Clone, Debug)]
+pub enum SampleBody {
+    /// The full text: it will be scanned.
+    Text(String),
+    /// Only a digest (hex): stored, not scannable.
+    Digest(String),
+}
+
+/// A sampled response from the router.
+#[derive(Clone, Debug)]
+pub struct ValidSample {
+    /// The requesting tenant.
+    pub tenant: TenantId,
+    /// The request.
+    pub request: Option<RequestId>,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Completion tokens.
+    pub completion_tokens: u32,
+    /// The response.
+    pub body: SampleBody,
+    /// Time to first token.
+    pub ttft_ms: Option<u32>,
+    /// How it ended.
+    pub status: SampleStatus,
+    /// The decode node, when known.
+    pub node: Option<String>,
+}
+
+impl TryFrom<pb::SampleReport> for ValidSample {
+    type Error = InvalidReport;
+    fn try_from(m: pb::SampleReport) -> Result<Self, InvalidReport> {
+        if m.tenant.is_empty() {
+            return Err(bad("tenant is required"));
+        }
+        let status = match pb::SampleStatus::try_from(m.status) {
+            Ok(pb::SampleStatus::Ok) => SampleStatus::Ok,
+            Ok(pb::SampleStatus::Rejected) => SampleStatus::Rejected,
+            Ok(pb::SampleStatus::Error) => SampleStatus::Error,
+            Ok(pb::SampleStatus::Cancelled) => SampleStatus::Cancelled,
+            Ok(pb::SampleStatus::Unspecified) | Err(_) => {
+                return Err(bad("status must be set to a known SampleStatus"))
+            }
+        };
+        let body = if !m.response_text.is_empty() {
+            SampleBody::Text(m.response_text)
+        } else {
+            SampleBody::Digest(
+                m.response_digest
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect(),
+            )
+        };
+        Ok(ValidSample {
+            tenant: TenantId::new(m.tenant),
+            request: request_id(m.req.as_ref())?,
+            prompt_tokens: m.prompt_tokens,
+            completion_tokens: m.completion_tokens,
+            body,
+            ttft_ms: m.ttft_ms,
+            status,
+            node: non_empty(m.node),
+        })
+    }
+}
+
+/// An integrity event from a worker.
+#[derive(Clone, Debug)]
+pub struct ValidIntegrity {
+    /// What was detected.
+    pub kind: IntegrityKind,
+    /// The reporting worker.
+    pub node: String,
+    /// The request involved.
+    pub request: Option<RequestId>,
+    /// The tenant involved.
+    pub tenant: Option<TenantId>,
+    /// The page involved.
+    pub page: Option<u32>,
+    /// The generation involved.
+    pub generation: Option<u64>,
+    /// Free-form details.
+    pub details: String,
+}
+
+/// Maps the wire enum; `None` for UNSPECIFIED or an unknown number.
+pub fn integrity_kind(v: i32) -> Option<IntegrityKind> {
+    match pb::IntegrityKind::try_from(v) {
+        Ok(pb::IntegrityKind::GenerationMismatch) => Some(IntegrityKind::GenerationMismatch),
+        Ok(pb::IntegrityKind::ChecksumMismatch) => Some(IntegrityKind::ChecksumMismatch),
+        Ok(pb::IntegrityKind::CountMismatch) => Some(IntegrityKind::CountMismatch),
+        Ok(pb::IntegrityKind::GuardWordCorrupt) => Some(IntegrityKind::GuardWordCorrupt),
+        Ok(pb::IntegrityKind::WriteRejected) => Some(IntegrityKind::WriteRejected),
+        Ok(pb::IntegrityKind::Quarantine) => Some(IntegrityKind::Quarantine),
+        Ok(pb::IntegrityKind::DeferredReleaseDrained) => {
+            Some(IntegrityKind::DeferredReleaseDrained)
+        }
+        Ok(pb::IntegrityKind::DeferredReleaseTimedOut) => {
+            Some(IntegrityKind::DeferredReleaseTimedOut)
+        }
+        Ok(pb::IntegrityKind::PreflightFailed) => Some(IntegrityKind::PreflightFailed),
+        Ok(pb::IntegrityKind::PageNotWritten) => Some(IntegrityKind::PageNotWritten),
+        Ok(pb::IntegrityKind::ManifestMismatch) => Some(IntegrityKind::ManifestMismatch),
+        Ok(pb::IntegrityKind::StaleMessage) => Some(IntegrityKind::StaleMessage),
+        Ok(pb::IntegrityKind::Unspecified) | Err(_) => None,
+    }
+}
+
+/// The wire form of a kind (for clients).
+pub fn integrity_kind_to_wire(k: IntegrityKind) -> pb::IntegrityKind {
+    match k {
+        IntegrityKind::GenerationMismatch => pb::IntegrityKind::GenerationMismatch,
+        IntegrityKind::ChecksumMismatch => pb::IntegrityKind::ChecksumMismatch,
+        IntegrityKind::CountMismatch => pb::IntegrityKind::CountMismatch,
+        IntegrityKind::GuardWordCorrupt => pb::IntegrityKind::GuardWordCorrupt,
+        IntegrityKind::WriteRejected => pb::IntegrityKind::WriteRejected,
+        IntegrityKind::Quarantine => pb::IntegrityKind::Quarantine,
+        IntegrityKind::DeferredReleaseDrained => pb::IntegrityKind::DeferredReleaseDrained,
+        IntegrityKind::DeferredReleaseTimedOut => pb::IntegrityKind::DeferredReleaseTimedOut,
+        IntegrityKind::PreflightFailed => pb::IntegrityKind::PreflightFailed,
+        IntegrityKind::PageNotWritten => pb::IntegrityKind::PageNotWritten,
+        IntegrityKind::ManifestMismatch => pb::IntegrityKind::ManifestMismatch,
+        IntegrityKind::StaleMessage => pb::IntegrityKind::StaleMessage,
+    }
+}
+
+impl TryFrom<pb::IntegrityReport> for ValidIntegrity {
+    type Error = InvalidReport;
+    fn try_from(m: pb::IntegrityReport) -> Result<Self, InvalidReport> {
+        let kind =
+            integrity_kind(m.kind).ok_or_else(|| bad("kind must be a known IntegrityKind"))?;
+        if m.node.is_empty() {
+            return Err(bad("node is required"));
+        }
+        Ok(ValidIntegrity {
+            kind,
+            node: m.node,
+            request: request_id(m.req.as_ref())?,
+            tenant: non_empty(m.tenant).map(TenantId::new),
+            page: m.page,
+            generation: m.generation,
+            details: m.details,
+        })
+    }
+}
+
+/// A worker's preflight result.
+#[derive(Clone, Debug)]
+pub struct ValidPreflight {
+    /// The worker.
+    pub node: String,
+    /// Its role.
+    pub role: NodeRole,
+    /// KV pool capacity in tokens.
+    pub pool_tokens: u64,
+    /// Advertised context.
+    pub context_length: u32,
+    /// The worker's own verdict.
+    pub ok: bool,
+    /// Its explanation.
+    pub message: String,
+}
+
+impl TryFrom<pb::PreflightReport> for ValidPreflight {
+    type Error = InvalidReport;
+    fn try_from(m: pb::PreflightReport) -> Result<Self, InvalidReport> {
+        if m.node.is_empty() {
+            return Err(bad("node is required"));
+        }
+        let role = m
+            .role
+            .parse::<NodeRole>()
+            .map_err(|_| bad("role must be \"prefill\" or \"decode\""))?;
+        Ok(ValidPreflight {
+            node: m.node,
+            role,
+            pool_tokens: m.pool_tokens,
+            context_length: m.context_length,
+            ok: m.ok,
+            message: m.message,
+        })
+    }
+}

@@ -1,0 +1,144 @@
+//! The auditor's own counters, rendered as Prometheus text under the `pagewarden_` prefix.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::domain::{IncidentKind, IntegrityKind};
+
+/// Monotonic counters; gauges that live in the database are rendered by the caller.
+pub struct Metrics {
+    samples: AtomicU64,
+    samples_unscanned: AtomicU64,
+    preflight_reports: AtomicU64,
+    probe_runs: AtomicU64,
+    probe_failures: AtomicU64,
+    ingest_errors: AtomicU64,
+    integrity: Vec<AtomicU64>,
+    incidents: Vec<AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            samples: AtomicU64::new(0),
+            samples_unscanned: AtomicU64::new(0),
+            preflight_reports: AtomicU64::new(0),
+            probe_runs: AtomicU64::new(0),
+            probe_failures: AtomicU64::new(0),
+            ingest_errors: AtomicU64::new(0),
+            integrity: IntegrityKind::ALL
+                .iter()
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            incidents: IncidentKind::ALL
+                .iter()
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+fn index_of<T: PartialEq>(all: &[T], v: &T) -> usize {
+    all.iter().position(|x| x == v).unwrap_or(0)
+}
+
+impl Metrics {
+    /// A sample was ingested; `scanned` says whether its text was available.
+    pub fn sample(&self, scanned: bool) {
+        bump(&self.samples);
+        if !scanned {
+            bump(&self.samples_unscanned);
+        }
+    }
+
+    /// An integrity event was ingested.
+    pub fn integrity(&self, kind: IntegrityKind) {
+        bump(&self.integrity[index_of(IntegrityKind::ALL, &kind)]);
+    }
+
+    /// An incident was opened.
+    pub fn incident(&self, kind: IncidentKind) {
+        bump(&self.incidents[index_of(IncidentKind::ALL, &kind)]);
+    }
+
+    /// A preflight report was ingested.
+    pub fn preflight(&self) {
+        bump(&self.preflight_reports);
+    }
+
+    /// A probe run finished with `failures` failed steps.
+    pub fn probe_run(&self, failures: u64) {
+        bump(&self.probe_runs);
+        self.probe_failures.fetch_add(failures, Ordering::Relaxed);
+    }
+
+    /// Storing an ingested report failed.
+    pub fn ingest_error(&self) {
+        bump(&self.ingest_errors);
+    }
+
+    /// Incidents opened so far, of every kind.
+    pub fn incidents_total(&self) -> u64 {
+        self.incidents
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Prometheus text exposition of every counter.
+    pub fn render(&self, out: &mut String) {
+        let simple: [(&str, &str, &AtomicU64); 6] = [
+            (
+                "pagewarden_auditor_samples_total",
+                "Sampled responses ingested",
+                &self.samples,
+            ),
+            (
+                "pagewarden_auditor_samples_unscanned_total",
+                "Samples that carried only a digest",
+                &self.samples_unscanned,
+            ),
+            (
+                "pagewarden_auditor_preflight_reports_total",
+                "Preflight reports ingested",
+                &self.preflight_reports,
+            ),
+            (
+                "pagewarden_auditor_probe_runs_total",
+                "Probe runs finished",
+                &self.probe_runs,
+            ),
+            (
+                "pagewarden_auditor_probe_failures_total",
+                "Probe steps that failed a check",
+                &self.probe_failures,
+            ),
+            (
+                "pagewarden_auditor_ingest_errors_total",
+                "Reports that could not be stored",
+                &self.ingest_errors,
+            ),
+        ];
+        for (name, help, c) in simple {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {}", c.load(Ordering::Relaxed));
+        }
+        let name = "pagewarden_auditor_integrity_events_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Integrity events ingested\n# TYPE {name} counter"
+        );
+        for (k, c) in IntegrityKind::ALL.iter().zip(&self.integrity) {
+            let _ = writeln!(out, "{name}{{kind=\"{k}\"}} {}", c.load(Ordering::Relaxed));
+        }
+        let name = "pagewarden_auditor_incidents_opened_total";
+        let _ = writeln!(out, "# HELP {name} Incidents opened\n# TYPE {name} counter");
+        for (k, c) in IncidentKind::ALL.iter().zip(&self.incidents) {
+            let _ = writeln!(out, "{name}{{kind=\"{k}\"}} {}", c.load(Ordering::Relaxed));
+        }
+    }
+}

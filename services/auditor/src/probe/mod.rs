@@ -1,0 +1,293 @@
+//! Canary probes: the auditor, as its own probe tenants, sends marker-carrying prompts of
+//! growing length through the router and checks every answer (see `plan::judge`). Every
+//! failed check opens an incident; every step is recorded under its run.
+//!
+//! - `plan`: step lengths, prompts and verdicts (pure).
+//! - `http`: `/v1/models` and one streamed `/v1/completions`.
+
+pub mod http;
+pub mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pagewarden_common::TenantId;
+use serde_json::json;
+
+use crate::domain::{IncidentKind, ProbeOutcome, ProbeRunId, ProbeRunStatus, UnixMs};
+use crate::engine::Engine;
+use crate::store::{NewIncident, ProbeResult, ProbeRunEnd, StoreError};
+use crate::tokens::TokenCounter;
+use plan::{Answer, LatencyBounds, StepSpec};
+
+/// One probe tenant: the name the router knows it by, and its API key.
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+pub struct ProbeTenant {
+    /// Tenant name, as the router reports it in samples.
+    pub tenant: String,
+    /// Bearer API key.
+    pub api_key: String,
+}
+
+/// How the prober behaves.
+#[derive(Clone)]
+pub struct ProbeSettings {
+    /// Router base URL, e.g. `http://127.0.0.1:8080`.
+    pub router_url: String,
+    /// Probe tenants; every step is sent once per tenant.
+    pub tenants: Vec<ProbeTenant>,
+    /// `max_tokens` of every probe request.
+    pub max_tokens: u32,
+    /// First step length, in filler words (one KV page).
+    pub page_size: u32,
+    /// First-token latency bounds.
+    pub latency: LatencyBounds,
+    /// Per-request timeout.
+    pub request_timeout: Duration,
+    /// Exact prompt token counts, when a tokenizer is available.
+    pub tokens: Option<Arc<dyn TokenCounter>>,
+}
+
+/// Sends probe runs and records them.
+pub struct Prober {
+    engine: Arc<Engine>,
+    settings: ProbeSettings,
+    http: reqwest::Client,
+}
+
+impl Prober {
+    /// A prober reporting into `engine`.
+    pub fn new(engine: Arc<Engine>, settings: ProbeSettings) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(settings.request_timeout)
+            .build()?;
+        Ok(Prober {
+            engine,
+            settings,
+            http,
+        })
+    }
+
+    /// Runs every `interval` until `shutdown` resolves.
+    pub async fn run_every(
+        self,
+        interval: Duration,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tick.tick() => {
+                    if let Err(e) = self.run_once().await {
+                        tracing::error!(error = %e, "probe run could not be stored");
+                    }
+                }
+            }
+        }
+    }
+
+    /// One full run: every step for every probe tenant. Returns the run's id.
+    pub async fn run_once(&self) -> Result<ProbeRunId, StoreError> {
+        let store = self.engine.store();
+        let run = store.start_probe_run(UnixMs::now()).await?;
+        let s = &self.settings;
+        let Some(first) = s.tenants.first() else {
+            return self
+                .finish(
+                    run,
+                    ProbeRunStatus::Error,
+                    None,
+                    0,
+                    0,
+                    "no probe tenants configured",
+                )
+                .await;
+        };
+        let (limit, model) =
+            match http::context_limit(&self.http, &s.router_url, &first.api_key).await {
+                Ok(v) => v,
+                Err(e) => {
+                    let kind = IncidentKind::ProbeUnreachable;
+                    self.engine
+                        .open_incident(NewIncident {
+                            kind,
+                            severity: kind.severity(),
+                            node: None,
+                            request_id: None,
+                            tenant: Some(first.tenant.clone()),
+                            other_tenant: None,
+                            details:
+                                json!({"source": "probe", "run_id": run.0, "error": e.to_string()})
+                                    .to_string(),
+                            at: UnixMs::now(),
+                        })
+                        .await?;
+                    return self
+                        .finish(run, ProbeRunStatus::Error, None, 0, 1, &e.to_string())
+                        .await;
+                }
+            };
+        let (mut steps, mut failures) = (0i64, 0i64);
+        for tenant in &s.tenants {
+            for (i, words) in plan::steps(limit, s.page_size, s.max_tokens)
+                .into_iter()
+                .enumerate()
+            {
+                let r = self
+                    .step(run, tenant, i as i64, words, limit, &model)
+                    .await?;
+                steps += 1;
+                if r.outcome.incident_kind().is_some() {
+                    failures += 1;
+                }
+            }
+        }
+        let status = if failures == 0 {
+            ProbeRunStatus::Passed
+        } else {
+            ProbeRunStatus::Failed
+        };
+        let msg = format!("{steps} steps, {failures} failed, limit {limit}");
+        self.finish(run, status, Some(i64::from(limit)), steps, failures, &msg)
+            .await
+    }
+
+    async fn finish(
+        &self,
+        run: ProbeRunId,
+        status: ProbeRunStatus,
+        limit: Option<i64>,
+        steps: i64,
+        failures: i64,
+        message: &str,
+    ) -> Result<ProbeRunId, StoreError> {
+        self.engine
+            .store()
+            .finish_probe_run(
+                run,
+                &ProbeRunEnd {
+                    status,
+                    context_limit: limit,
+                    steps,
+                    failures,
+                    message: message.to_string(),
+                    at: UnixMs::now(),
+                },
+            )
+            .await?;
+        self.engine.metrics().probe_run(failures.max(0) as u64);
+        tracing::info!(run = run.0, status = %status, summary = message, "probe run finished");
+        Ok(run)
+    }
+
+    async fn step(
+        &self,
+        run: ProbeRunId,
+        tenant: &ProbeTenant,
+        step: i64,
+        words: u32,
+        limit: u32,
+        model: &str,
+    ) -> Result<ProbeResult, StoreError> {
+        let s = &self.settings;
+        let tid = TenantId::new(tenant.tenant.clone());
+        let start = self.engine.issue_marker(&tid).await?;
+        let end = self.engine.issue_marker(&tid).await?;
+        let prompt = plan::prompt(&start.marker, &end.marker, words);
+        let expected = s.tokens.as_ref().and_then(|t| t.count(&prompt).ok());
+        let spec = StepSpec {
+            words,
+            expected_tokens: expected,
+            max_tokens: s.max_tokens,
+            limit,
+        };
+        let answer = http::complete(
+            &self.http,
+            &s.router_url,
+            &tenant.api_key,
+            model,
+            &prompt,
+            s.max_tokens,
+        )
+        .await;
+        let mut leaked = Vec::new();
+        let (outcome, detail, http_status, prompt_tokens, ttft) = match &answer {
+            Err(e) => (
+                ProbeOutcome::TransportError,
+                e.to_string(),
+                None,
+                None,
+                None,
+            ),
+            Ok(a) => {
+                let (mut outcome, mut detail) = plan::judge(&spec, a, s.latency);
+                let (status, pt, ttft) = match a {
+                    Answer::Completed {
+                        text,
+                        prompt_tokens,
+                        ttft_ms,
+                    } => {
+                        leaked = self.engine.foreign_markers(&tid, text);
+                        (
+                            Some(200),
+                            prompt_tokens.map(i64::from),
+                            Some(*ttft_ms as i64),
+                        )
+                    }
+                    Answer::Refused { status, .. } => (Some(i64::from(*status)), None, None),
+                };
+                if let Some(f) = leaked.first() {
+                    // A leak outranks every other finding.
+                    outcome = ProbeOutcome::Leak;
+                    detail = format!("response carries {} issued to {}", f.marker, f.owner);
+                }
+                (outcome, detail, status, pt, ttft)
+            }
+        };
+        let result = ProbeResult {
+            tenant: tenant.tenant.clone(),
+            step,
+            prompt_words: i64::from(words),
+            expected_tokens: expected.map(i64::from),
+            outcome,
+            http_status,
+            prompt_tokens,
+            ttft_ms: ttft,
+            detail: detail.clone(),
+            at: UnixMs::now(),
+        };
+        self.engine
+            .store()
+            .insert_probe_result(run, &result)
+            .await?;
+        if let Some(kind) = outcome.incident_kind() {
+            self.engine
+                .open_incident(NewIncident {
+                    kind,
+                    severity: kind.severity(),
+                    node: None,
+                    request_id: None,
+                    tenant: Some(tenant.tenant.clone()),
+                    other_tenant: leaked.first().map(|f| f.owner.as_str().to_string()),
+                    details: json!({
+                        "source": "probe",
+                        "run_id": run.0,
+                        "step": step,
+                        "prompt_words": words,
+                        "expected_tokens": expected,
+                        "http_status": http_status,
+                        "prompt_tokens": prompt_tokens,
+                        "ttft_ms": ttft,
+                        "detail": detail,
+                        "markers": [start.marker, end.marker],
+                    })
+                    .to_string(),
+                    at: result.at,
+                })
+                .await?;
+        }
+        Ok(result)
+    }
+}

@@ -1,0 +1,158 @@
+//! Starting an auditor: store, engine, gRPC and HTTP listeners, and the probe loop, all
+//! stopped by one cancellation token. Tests start it in-process; `main` starts it as a process.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use pagewarden_proto::v1::auditor_server::AuditorServer;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::grpc::AuditorService;
+use crate::probe::plan::LatencyBounds;
+use crate::probe::{ProbeSettings, Prober};
+use crate::store::{Store, StoreError};
+use crate::tokens::TokenCounter;
+use crate::web::{self, AppState};
+
+/// Starting failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The database could not be opened or migrated.
+    #[error("opening the store: {0}")]
+    Store(#[from] StoreError),
+    /// A listener could not be bound, or a data directory created.
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    /// The probe HTTP client could not be built.
+    #[error("probe client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+/// A started auditor.
+pub struct Running {
+    /// Where the web UI and JSON API listen.
+    pub http_addr: SocketAddr,
+    /// Where the gRPC ingestion service listens.
+    pub grpc_addr: SocketAddr,
+    /// The engine, for in-process inspection.
+    pub engine: Arc<Engine>,
+    shutdown: CancellationToken,
+    tasks: JoinSet<()>,
+}
+
+impl Running {
+    /// The line `main` prints once listening; scripts and tests parse it.
+    pub fn listening_line(&self) -> String {
+        format!(
+            "pagewarden-auditor listening http={} grpc={}",
+            self.http_addr, self.grpc_addr
+        )
+    }
+
+    /// Stops every listener and task and waits for them.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        self.engine.store().close().await;
+    }
+
+    /// Waits until `signal` resolves, then shuts down.
+    pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) {
+        signal.await;
+        self.shutdown().await;
+    }
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| StartError::Io(format!("binding {what} listener {addr}"), e))
+}
+
+/// Opens the store, binds both listeners and starts serving (and probing, when configured).
+pub async fn start(
+    cfg: &Config,
+    tokens: Option<Arc<dyn TokenCounter>>,
+) -> Result<Running, StartError> {
+    if let Some(dir) = cfg.sqlite_dir() {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StartError::Io(format!("creating {}", dir.display()), e))?;
+    }
+    let store = Store::connect(&cfg.database_url).await?;
+    let engine = Arc::new(Engine::new(store).await?);
+    let shutdown = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+
+    let grpc_listener = bind(cfg.grpc_addr, "gRPC").await?;
+    let http_listener = bind(cfg.http_addr, "HTTP").await?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(|e| StartError::Io("gRPC local address".into(), e))?;
+    let http_addr = http_listener
+        .local_addr()
+        .map_err(|e| StartError::Io("HTTP local address".into(), e))?;
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<AuditorServer<AuditorService>>().await;
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(AuditorServer::new(AuditorService::new(engine.clone())))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            shutdown.clone().cancelled_owned(),
+        );
+    tasks.spawn(async move {
+        if let Err(e) = grpc.await {
+            tracing::error!(error = %e, "gRPC server stopped");
+        }
+    });
+
+    let app = web::router(AppState {
+        engine: engine.clone(),
+    });
+    let stop = shutdown.clone();
+    tasks.spawn(async move {
+        let served = axum::serve(http_listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "HTTP server stopped");
+        }
+    });
+
+    if let (Some(router_url), Some(interval)) = (&cfg.router_url, cfg.probe_interval) {
+        if cfg.probe_tenants.is_empty() {
+            tracing::warn!("router_url set but no probe tenants: probing is off");
+        } else {
+            let prober = Prober::new(
+                engine.clone(),
+                ProbeSettings {
+                    router_url: router_url.clone(),
+                    tenants: cfg.probe_tenants.clone(),
+                    max_tokens: cfg.probe_max_tokens,
+                    page_size: cfg.probe_page_size,
+                    latency: LatencyBounds {
+                        max_ttft_ms: cfg.probe_max_ttft_ms,
+                        min_prefill_us_per_token: cfg.probe_min_prefill_us_per_token,
+                    },
+                    request_timeout: cfg.probe_request_timeout,
+                    tokens,
+                },
+            )?;
+            tasks.spawn(prober.run_every(interval, shutdown.clone().cancelled_owned()));
+        }
+    }
+
+    Ok(Running {
+        http_addr,
+        grpc_addr,
+        engine,
+        shutdown,
+        tasks,
+    })
+}

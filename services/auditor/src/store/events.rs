@@ -1,0 +1,178 @@
+//! Ingested records: samples, integrity events, preflight reports, markers, and the
+//! integrity-event series the dashboard charts.
+
+use sqlx::Row;
+
+use super::{
+    get_enum, get_flag, MarkerRecord, NewIntegrityEvent, NewPreflight, NewSample, NodeStatus,
+    SampleTotals, SeriesPoint, Store, StoreError,
+};
+use crate::domain::UnixMs;
+
+impl Store {
+    /// Records a sampled response.
+    pub async fn insert_sample(&self, s: &NewSample) -> Result<i64, StoreError> {
+        let row = sqlx::query(
+            "INSERT INTO samples (tenant, request_id, node, prompt_tokens, completion_tokens, \
+             response_digest, scanned, foreign_markers, ttft_ms, status, at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+        )
+        .bind(s.tenant.clone())
+        .bind(s.request_id.clone())
+        .bind(s.node.clone())
+        .bind(s.prompt_tokens)
+        .bind(s.completion_tokens)
+        .bind(s.response_digest.clone())
+        .bind(i64::from(s.scanned))
+        .bind(s.foreign_markers)
+        .bind(s.ttft_ms)
+        .bind(s.status.as_str())
+        .bind(s.at.0)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(row.try_get("id")?)
+    }
+
+    /// Totals over every recorded sample.
+    pub async fn sample_totals(&self) -> Result<SampleTotals, StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS n, \
+             COUNT(CASE WHEN scanned = 1 THEN 1 END) AS scanned, \
+             COUNT(CASE WHEN foreign_markers > 0 THEN 1 END) AS leaked FROM samples",
+        )
+        .fetch_one(self.pool())
+        .await?;
+        Ok(SampleTotals {
+            samples: row.try_get("n")?,
+            scanned: row.try_get("scanned")?,
+            with_foreign_markers: row.try_get("leaked")?,
+        })
+    }
+
+    /// Records an integrity event.
+    pub async fn insert_integrity(&self, e: &NewIntegrityEvent) -> Result<i64, StoreError> {
+        let row = sqlx::query(
+            "INSERT INTO integrity_events (kind, node, request_id, tenant, page, generation, \
+             details, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+        )
+        .bind(e.kind.as_str())
+        .bind(e.node.clone())
+        .bind(e.request_id.clone())
+        .bind(e.tenant.clone())
+        .bind(e.page)
+        .bind(e.generation)
+        .bind(e.details.clone())
+        .bind(e.at.0)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(row.try_get("id")?)
+    }
+
+    /// Integrity events since `since`, counted per kind in buckets of `bucket_ms`.
+    pub async fn integrity_series(
+        &self,
+        since: UnixMs,
+        bucket_ms: i64,
+    ) -> Result<Vec<SeriesPoint>, StoreError> {
+        let bucket_ms = bucket_ms.max(1);
+        let rows = sqlx::query(
+            "SELECT (at / $1) * $1 AS bucket, kind, COUNT(*) AS n FROM integrity_events \
+             WHERE at >= $2 GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .bind(bucket_ms)
+        .bind(since.0)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SeriesPoint {
+                    bucket: UnixMs(r.try_get("bucket")?),
+                    kind: get_enum(r, "kind")?,
+                    count: r.try_get("n")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Records a preflight report.
+    pub async fn insert_preflight(&self, p: &NewPreflight) -> Result<i64, StoreError> {
+        let row = sqlx::query(
+            "INSERT INTO preflight_reports (node, role, pool_tokens, context_length, ok, \
+             message, at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+        )
+        .bind(p.node.clone())
+        .bind(p.role.as_str())
+        .bind(p.pool_tokens)
+        .bind(p.context_length)
+        .bind(i64::from(p.ok))
+        .bind(p.message.clone())
+        .bind(p.at.0)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(row.try_get("id")?)
+    }
+
+    /// Every node's latest preflight, by node name.
+    pub async fn nodes(&self) -> Result<Vec<NodeStatus>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT p.node, p.role, p.pool_tokens, p.context_length, p.ok, p.message, p.at, \
+             (SELECT COUNT(*) FROM preflight_reports c WHERE c.node = p.node) AS reports \
+             FROM preflight_reports p \
+             WHERE p.id = (SELECT MAX(q.id) FROM preflight_reports q WHERE q.node = p.node) \
+             ORDER BY p.node",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(NodeStatus {
+                    last: NewPreflight {
+                        node: r.try_get("node")?,
+                        role: get_enum(r, "role")?,
+                        pool_tokens: r.try_get("pool_tokens")?,
+                        context_length: r.try_get("context_length")?,
+                        ok: get_flag(r, "ok")?,
+                        message: r.try_get("message")?,
+                        at: UnixMs(r.try_get("at")?),
+                    },
+                    reports: r.try_get("reports")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Records an issued marker.
+    pub async fn insert_marker(&self, m: &MarkerRecord) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO markers (marker, tenant, issued_at) VALUES ($1, $2, $3)")
+            .bind(m.marker.clone())
+            .bind(m.tenant.clone())
+            .bind(m.issued_at.0)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Issued markers, of one tenant or of all, oldest first.
+    pub async fn markers(&self, tenant: Option<&str>) -> Result<Vec<MarkerRecord>, StoreError> {
+        let q = match tenant {
+            Some(t) => sqlx::query(
+                "SELECT marker, tenant, issued_at FROM markers WHERE tenant = $1 \
+                 ORDER BY issued_at, marker",
+            )
+            .bind(t.to_string()),
+            None => sqlx::query(
+                "SELECT marker, tenant, issued_at FROM markers ORDER BY issued_at, marker",
+            ),
+        };
+        let rows = q.fetch_all(self.pool()).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(MarkerRecord {
+                    marker: r.try_get("marker")?,
+                    tenant: r.try_get("tenant")?,
+                    issued_at: UnixMs(r.try_get("issued_at")?),
+                })
+            })
+            .collect()
+    }
+}

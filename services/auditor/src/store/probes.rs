@@ -1,0 +1,121 @@
+//! Probe runs and their per-step results.
+
+use sqlx::Row;
+
+use super::{get_enum, ProbeResult, ProbeRun, ProbeRunEnd, Store, StoreError};
+use crate::domain::{ProbeRunId, UnixMs};
+
+impl Store {
+    /// Starts a run in status `running`.
+    pub async fn start_probe_run(&self, at: UnixMs) -> Result<ProbeRunId, StoreError> {
+        let row = sqlx::query(
+            "INSERT INTO probe_runs (started_at, status) VALUES ($1, 'running') RETURNING id",
+        )
+        .bind(at.0)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(ProbeRunId(row.try_get("id")?))
+    }
+
+    /// Records one step of a run.
+    pub async fn insert_probe_result(
+        &self,
+        run: ProbeRunId,
+        r: &ProbeResult,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO probe_results (run_id, tenant, step, prompt_words, expected_tokens, \
+             outcome, http_status, prompt_tokens, ttft_ms, detail, at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(run.0)
+        .bind(r.tenant.clone())
+        .bind(r.step)
+        .bind(r.prompt_words)
+        .bind(r.expected_tokens)
+        .bind(r.outcome.as_str())
+        .bind(r.http_status)
+        .bind(r.prompt_tokens)
+        .bind(r.ttft_ms)
+        .bind(r.detail.clone())
+        .bind(r.at.0)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Closes a run.
+    pub async fn finish_probe_run(
+        &self,
+        run: ProbeRunId,
+        end: &ProbeRunEnd,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE probe_runs SET status = $1, context_limit = $2, steps = $3, failures = $4, \
+             message = $5, finished_at = $6 WHERE id = $7",
+        )
+        .bind(end.status.as_str())
+        .bind(end.context_limit)
+        .bind(end.steps)
+        .bind(end.failures)
+        .bind(end.message.clone())
+        .bind(end.at.0)
+        .bind(run.0)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// The newest `limit` runs, newest first.
+    pub async fn probe_runs(&self, limit: i64) -> Result<Vec<ProbeRun>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, started_at, finished_at, status, context_limit, steps, failures, message \
+             FROM probe_runs ORDER BY id DESC LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ProbeRun {
+                    id: ProbeRunId(r.try_get("id")?),
+                    started_at: UnixMs(r.try_get("started_at")?),
+                    finished_at: r.try_get::<Option<i64>, _>("finished_at")?.map(UnixMs),
+                    status: get_enum(r, "status")?,
+                    context_limit: r.try_get("context_limit")?,
+                    steps: r.try_get("steps")?,
+                    failures: r.try_get("failures")?,
+                    message: r.try_get("message")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Every step of one run, in order.
+    pub async fn probe_results(&self, run: ProbeRunId) -> Result<Vec<ProbeResult>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT tenant, step, prompt_words, expected_tokens, outcome, http_status, \
+             prompt_tokens, ttft_ms, detail, at FROM probe_results WHERE run_id = $1 \
+             ORDER BY step, id",
+        )
+        .bind(run.0)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ProbeResult {
+                    tenant: r.try_get("tenant")?,
+                    step: r.try_get("step")?,
+                    prompt_words: r.try_get("prompt_words")?,
+                    expected_tokens: r.try_get("expected_tokens")?,
+                    outcome: get_enum(r, "outcome")?,
+                    http_status: r.try_get("http_status")?,
+                    prompt_tokens: r.try_get("prompt_tokens")?,
+                    ttft_ms: r.try_get("ttft_ms")?,
+                    detail: r.try_get("detail")?,
+                    at: UnixMs(r.try_get("at")?),
+                })
+            })
+            .collect()
+    }
+}

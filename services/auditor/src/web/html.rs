@@ -1,0 +1,132 @@
+//! HTML building blocks: escaping, the page layout, times, status badges.
+
+use std::fmt::Write;
+
+use axum::response::Html;
+
+use crate::domain::{IncidentStatus, Severity, UnixMs};
+
+/// Escapes text for element content and quoted attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `Option<String>` as escaped text, `—` when absent.
+pub fn opt(s: &Option<String>) -> String {
+    s.as_deref().map(esc).unwrap_or_else(|| "—".into())
+}
+
+/// A time as `YYYY-MM-DD HH:MM:SS` UTC.
+pub fn time(t: UnixMs) -> String {
+    let secs = t.0.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil-from-days (H. Hinnant), proleptic Gregorian.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// A colored badge for an incident status.
+pub fn status_badge(s: IncidentStatus) -> String {
+    let color = match s {
+        IncidentStatus::Open => "#c0392b",
+        IncidentStatus::Acknowledged => "#d68910",
+        IncidentStatus::Resolved => "#1e8449",
+    };
+    format!("<span class=\"badge status-{s}\" style=\"background:{color}\">{s}</span>")
+}
+
+/// A colored badge for a severity.
+pub fn severity_badge(s: Severity) -> String {
+    let color = match s {
+        Severity::Info => "#5d6d7e",
+        Severity::Warning => "#b9770e",
+        Severity::Critical => "#922b21",
+    };
+    format!("<span class=\"badge\" style=\"background:{color}\">{s}</span>")
+}
+
+const NAV: &[(&str, &str)] = &[
+    ("/incidents", "Incidents"),
+    ("/nodes", "Nodes"),
+    ("/probes", "Probes"),
+    ("/integrity", "Integrity"),
+];
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#1b2631}\
+header{background:#1b2631;color:#fff;padding:.6em 1em;display:flex;gap:1.5em;align-items:center}\
+header a{color:#d6eaf8;text-decoration:none}header a.active{color:#fff;font-weight:bold}\
+main{padding:1em}table{border-collapse:collapse;width:100%;font-size:.9em}\
+th,td{border-bottom:1px solid #d5d8dc;padding:.35em .5em;text-align:left;vertical-align:top}\
+th{background:#f2f3f4}.badge{color:#fff;border-radius:3px;padding:.1em .45em;font-size:.85em}\
+form.inline{display:inline-flex;gap:.3em;margin:0}input,select,button{font-size:.9em}\
+pre{background:#f8f9f9;padding:.6em;white-space:pre-wrap}.bad{color:#c0392b;font-weight:bold}\
+.ok{color:#1e8449}";
+
+/// Wraps `body` in the layout, with `active` highlighted in the navigation.
+pub fn page(title: &str, active: &str, body: &str) -> Html<String> {
+    let mut out = String::with_capacity(body.len() + 2048);
+    let _ = write!(
+        out,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>{} · Pagewarden auditor</title><style>{STYLE}</style></head><body><header>\
+         <strong>Pagewarden auditor</strong>",
+        esc(title)
+    );
+    for (href, label) in NAV {
+        let class = if *href == active {
+            " class=\"active\""
+        } else {
+            ""
+        };
+        let _ = write!(out, "<a href=\"{href}\"{class}>{label}</a>");
+    }
+    let _ = write!(
+        out,
+        "</header><main><h1>{}</h1>{body}</main></body></html>",
+        esc(title)
+    );
+    Html(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup() {
+        assert_eq!(
+            esc("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn formats_times_in_utc() {
+        assert_eq!(time(UnixMs(0)), "1970-01-01 00:00:00");
+        assert_eq!(time(UnixMs(1_709_210_096_000)), "2024-02-29 12:34:56");
+    }
+}

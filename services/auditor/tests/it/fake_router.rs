@@ -1,0 +1,109 @@
+//! A small stand-in for the router: `/v1/models` and a streamed `/v1/completions` that counts
+//! whitespace words (+1 for BOS) as tokens and rejects over-length prompts the way the real
+//! router must. Switches make it misbehave.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+pub const LIMIT: u32 = 256;
+
+#[derive(Default)]
+pub struct Faults {
+    /// Append this marker to every completion.
+    pub leak: Option<String>,
+    /// Answer over-length prompts with a 200 instead of a 400.
+    pub accept_overlength: bool,
+    /// Report one token fewer than the prompt has.
+    pub miscount: bool,
+}
+
+#[derive(Clone)]
+pub struct Fake {
+    pub faults: Arc<Mutex<Faults>>,
+    keys: Arc<HashMap<String, String>>,
+    pub seen: Arc<Mutex<Vec<(String, usize)>>>,
+}
+
+async fn models() -> Json<Value> {
+    Json(
+        json!({"object": "list", "data": [{"id": "smollm2", "object": "model", "max_model_len": LIMIT}]}),
+    )
+}
+
+fn error(status: StatusCode, code: &str) -> Response {
+    (
+        status,
+        Json(json!({"error": {"message": code, "type": "invalid_request_error", "code": code}})),
+    )
+        .into_response()
+}
+
+async fn completions(
+    State(f): State<Fake>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let key = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    let Some(tenant) = f.keys.get(key).cloned() else {
+        return error(StatusCode::UNAUTHORIZED, "invalid_api_key");
+    };
+    let prompt = body["prompt"].as_str().unwrap_or_default();
+    let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as u32;
+    let mut prompt_tokens = prompt.split_whitespace().count() as u32 + 1;
+    f.seen.lock().push((tenant, prompt_tokens as usize));
+    let faults = f.faults.lock();
+    if prompt_tokens + max_tokens > LIMIT && !faults.accept_overlength {
+        return error(StatusCode::BAD_REQUEST, "context_length_exceeded");
+    }
+    if faults.miscount {
+        prompt_tokens -= 1;
+    }
+    let mut text = " the answer".to_string();
+    if let Some(m) = &faults.leak {
+        text.push(' ');
+        text.push_str(m);
+    }
+    let mut sse = String::new();
+    for piece in [text.as_str(), " end"] {
+        let chunk = json!({"object": "text_completion", "choices": [{"index": 0, "text": piece, "finish_reason": null}]});
+        sse.push_str(&format!("data: {chunk}\n\n"));
+    }
+    let usage = json!({"object": "text_completion", "choices": [],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2, "total_tokens": prompt_tokens + 2}});
+    sse.push_str(&format!("data: {usage}\n\ndata: [DONE]\n\n"));
+    ([("content-type", "text/event-stream")], sse).into_response()
+}
+
+/// Starts the fake on a loopback port; `keys` maps API key → tenant.
+pub async fn start(keys: &[(&str, &str)]) -> (SocketAddr, Fake) {
+    let fake = Fake {
+        faults: Arc::default(),
+        keys: Arc::new(
+            keys.iter()
+                .map(|(k, t)| (k.to_string(), t.to_string()))
+                .collect(),
+        ),
+        seen: Arc::default(),
+    };
+    let app = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .with_state(fake.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, fake)
+}

@@ -1,0 +1,446 @@
+//! End to end over real listeners: reports over gRPC become open incidents, visible in the
+//! JSON API and the HTML UI, and operators move them along.
+
+use std::time::{Duration, Instant};
+
+use pagewarden_auditor::client::AuditorClient as BufferedClient;
+use pagewarden_auditor::{Config, Running};
+use pagewarden_proto::v1 as pb;
+use pagewarden_proto::v1::auditor_client::AuditorClient;
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+
+pub async fn start() -> Running {
+    pagewarden_auditor::start(&Config::for_tests("sqlite::memory:"), None)
+        .await
+        .expect("auditor starts")
+}
+
+pub async fn grpc(r: &Running) -> AuditorClient<Channel> {
+    AuditorClient::connect(format!("http://{}", r.grpc_addr))
+        .await
+        .expect("gRPC connects")
+}
+
+pub async fn get_json(url: String) -> Value {
+    let resp = reqwest::get(&url).await.unwrap();
+    assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
+    resp.json().await.unwrap()
+}
+
+pub async fn get_text(url: String) -> String {
+    let resp = reqwest::get(&url).await.unwrap();
+    assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
+    resp.text().await.unwrap()
+}
+
+/// Polls the JSON API until an open incident of `kind` shows up; panics after 5 s.
+pub async fn wait_open_incident(r: &Running, kind: &str) -> (Value, Duration) {
+    let started = Instant::now();
+    loop {
+        let list = get_json(format!(
+            "http://{}/api/incidents?status=open&kind={kind}",
+            r.http_addr
+        ))
+        .await;
+        if let Some(first) = list.as_array().and_then(|a| a.first()) {
+            return (first.clone(), started.elapsed());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no open {kind} incident within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn req_ref(b: u8) -> Option<pb::RequestRef> {
+    Some(pb::RequestRef {
+        request_id: vec![b; 16],
+        attempt: 1,
+    })
+}
+
+#[tokio::test]
+async fn cross_tenant_marker_in_a_sample_opens_an_incident() {
+    let r = start().await;
+    let mut g = grpc(&r).await;
+    let alice = g
+        .issue_marker(pb::IssueMarkerRequest {
+            tenant: "alice".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(alice.marker.starts_with("PWCANARY-"));
+    // Bob's response carries Alice's marker: her data conditioned his answer.
+    let ack = g
+        .report_sample(pb::SampleReport {
+            tenant: "bob".into(),
+            req: req_ref(0xab),
+            prompt_tokens: 12,
+            completion_tokens: 7,
+            response_text: format!("sure, here it is: {} ...", alice.marker),
+            ttft_ms: Some(40),
+            status: pb::SampleStatus::Ok as i32,
+            node: "decode-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ack.incidents_opened, 1);
+    let (inc, took) = wait_open_incident(&r, "cross_tenant_marker").await;
+    println!("cross-tenant incident visible after {took:?}");
+    assert_eq!(inc["tenant"], "bob");
+    assert_eq!(inc["other_tenant"], "alice");
+    assert_eq!(inc["severity"], "critical");
+    assert_eq!(inc["node"], "decode-1");
+    assert_eq!(inc["request_id"], "ab".repeat(16));
+    let id = inc["id"].as_i64().unwrap();
+
+    let list_html = get_text(format!("http://{}/incidents?status=open", r.http_addr)).await;
+    assert!(
+        list_html.contains(&format!("id=\"incident-{id}\" data-status=\"open\"")),
+        "{list_html}"
+    );
+    assert!(list_html.contains("cross_tenant_marker"));
+    let detail = get_text(format!("http://{}/incidents/{id}", r.http_addr)).await;
+    assert!(
+        detail.contains(&alice.marker),
+        "detail page shows the leaked marker"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
+    let r = start().await;
+    // Sent through the buffered client router and workers use.
+    let client = BufferedClient::spawn(&format!("http://{}", r.grpc_addr), 16).unwrap();
+    assert!(client.report_integrity(pb::IntegrityReport {
+        kind: pb::IntegrityKind::GenerationMismatch as i32,
+        node: "decode-0".into(),
+        req: req_ref(7),
+        tenant: "carol".into(),
+        page: Some(42),
+        generation: Some(9),
+        details: "presented generation 8, page is at 9".into(),
+    }));
+    let (inc, took) = wait_open_incident(&r, "generation_mismatch").await;
+    println!("generation-mismatch incident visible after {took:?}");
+    assert_eq!(client.stats().sent, 1);
+    assert_eq!(inc["tenant"], "carol");
+    assert_eq!(inc["node"], "decode-0");
+    let id = inc["id"].as_i64().unwrap();
+    let details: Value = serde_json::from_str(inc["details"].as_str().unwrap()).unwrap();
+    assert_eq!(details["page"], 42);
+    assert_eq!(details["generation"], 9);
+    let html = get_text(format!(
+        "http://{}/incidents?kind=generation_mismatch",
+        r.http_addr
+    ))
+    .await;
+    assert!(html.contains(&format!("id=\"incident-{id}\" data-status=\"open\"")));
+
+    let http = reqwest::Client::new();
+    let base = format!("http://{}/api/incidents/{id}", r.http_addr);
+    let acked: Value = http
+        .post(format!("{base}/ack"))
+        .json(&json!({"by": "ops-ann", "note": "paging decode owner"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(acked["status"], "acknowledged");
+    assert_eq!(acked["acknowledged"]["by"], "ops-ann");
+    assert_eq!(get_json(base.clone()).await["status"], "acknowledged");
+    let html = get_text(format!("http://{}/incidents", r.http_addr)).await;
+    assert!(html.contains(&format!(
+        "id=\"incident-{id}\" data-status=\"acknowledged\""
+    )));
+
+    let resolved: Value = http
+        .post(format!("{base}/resolve"))
+        .json(&json!({"by": "ops-bo", "note": "stale read fenced; kernel fix deployed"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(resolved["status"], "resolved");
+    assert_eq!(
+        resolved["resolved"]["note"],
+        "stale read fenced; kernel fix deployed"
+    );
+    let detail = get_text(format!("http://{}/incidents/{id}", r.http_addr)).await;
+    assert!(detail.contains("status-resolved") && detail.contains("ops-bo"));
+
+    // Resolved is terminal; a missing operator name is refused.
+    let again = http
+        .post(format!("{base}/resolve"))
+        .json(&json!({"by": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 409);
+    let err: Value = again.json().await.unwrap();
+    assert!(err["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("resolved"));
+    let anon = http
+        .post(format!("{base}/ack"))
+        .json(&json!({"by": " "}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anon.status(), 400);
+    assert_eq!(
+        http.get(format!("http://{}/api/incidents/424242", r.http_addr))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn html_forms_acknowledge_and_resolve() {
+    let r = start().await;
+    let mut g = grpc(&r).await;
+    g.report_integrity(pb::IntegrityReport {
+        kind: pb::IntegrityKind::ChecksumMismatch as i32,
+        node: "decode-0".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (inc, _) = wait_open_incident(&r, "checksum_mismatch").await;
+    let id = inc["id"].as_i64().unwrap();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let resp = http
+        .post(format!("http://{}/incidents/{id}/ack", r.http_addr))
+        .form(&[
+            ("by", "ops"),
+            ("note", "seen"),
+            ("back", "/incidents?status=open"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 303);
+    assert_eq!(resp.headers()["location"], "/incidents?status=open");
+    assert_eq!(
+        get_json(format!("http://{}/api/incidents/{id}", r.http_addr)).await["status"],
+        "acknowledged"
+    );
+    // An off-site `back` is ignored.
+    let resp = http
+        .post(format!("http://{}/incidents/{id}/resolve", r.http_addr))
+        .form(&[("by", "ops"), ("back", "//evil.example/")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers()["location"],
+        format!("/incidents/{id}").as_str()
+    );
+    assert_eq!(
+        get_json(format!("http://{}/api/incidents/{id}", r.http_addr)).await["status"],
+        "resolved"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_clean_run_opens_no_incident() {
+    let r = start().await;
+    let mut g = grpc(&r).await;
+    let mut own = Vec::new();
+    for t in ["alice", "bob"] {
+        let m = g
+            .issue_marker(pb::IssueMarkerRequest { tenant: t.into() })
+            .await
+            .unwrap()
+            .into_inner();
+        own.push((t, m.marker));
+    }
+    for (i, (t, m)) in own.iter().enumerate() {
+        for status in [pb::SampleStatus::Ok, pb::SampleStatus::Cancelled] {
+            let ack = g
+                .report_sample(pb::SampleReport {
+                    tenant: t.to_string(),
+                    req: req_ref(i as u8),
+                    prompt_tokens: 30,
+                    completion_tokens: 4,
+                    // Own markers only, plus an unknown marker-shaped string.
+                    response_text: format!("{m} echoed; PWCANARY-0000000000000000 is nobody's"),
+                    ttft_ms: Some(15),
+                    status: status as i32,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(ack.incidents_opened, 0);
+        }
+    }
+    g.report_sample(pb::SampleReport {
+        tenant: "bob".into(),
+        response_digest: vec![1, 2, 3],
+        status: pb::SampleStatus::Rejected as i32,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    g.report_preflight(pb::PreflightReport {
+        node: "decode-0".into(),
+        role: "decode".into(),
+        pool_tokens: 65536,
+        context_length: 8192,
+        ok: true,
+        message: "pool holds 8x context".into(),
+    })
+    .await
+    .unwrap();
+    let list = get_json(format!("http://{}/api/incidents", r.http_addr)).await;
+    assert_eq!(list, json!([]), "a clean run must open nothing");
+    let summary = get_json(format!("http://{}/api/summary", r.http_addr)).await;
+    assert_eq!(summary["samples"]["samples"], 5);
+    assert_eq!(summary["samples"]["scanned"], 4);
+    assert_eq!(summary["samples"]["with_foreign_markers"], 0);
+    let html = get_text(format!("http://{}/incidents", r.http_addr)).await;
+    assert!(html.contains("id=\"no-incidents\""));
+    let metrics = get_text(format!("http://{}/metrics", r.http_addr)).await;
+    assert!(
+        metrics.contains("pagewarden_auditor_samples_total 5"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("pagewarden_auditor_incidents{status=\"open\"} 0"));
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn preflight_failures_open_incidents_and_fill_the_node_table() {
+    let r = start().await;
+    let mut g = grpc(&r).await;
+    let report = |node: &str, pool: u64, ok: bool| pb::PreflightReport {
+        node: node.into(),
+        role: "decode".into(),
+        pool_tokens: pool,
+        context_length: 8192,
+        ok,
+        message: String::new(),
+    };
+    let fine = g
+        .report_preflight(report("decode-ok", 16384, true))
+        .await
+        .unwrap()
+        .into_inner();
+    let failed = g
+        .report_preflight(report("decode-small", 4096, false))
+        .await
+        .unwrap()
+        .into_inner();
+    // Claims ok with a pool smaller than its context: I7 is broken whatever it says.
+    let liar = g
+        .report_preflight(report("decode-liar", 4096, true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            fine.incidents_opened,
+            failed.incidents_opened,
+            liar.incidents_opened
+        ),
+        (0, 1, 1)
+    );
+    let incidents = get_json(format!(
+        "http://{}/api/incidents?kind=preflight_failed",
+        r.http_addr
+    ))
+    .await;
+    let mut nodes: Vec<&str> = incidents
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["node"].as_str().unwrap())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, vec!["decode-liar", "decode-small"]);
+    let table = get_json(format!("http://{}/api/nodes", r.http_addr)).await;
+    assert_eq!(table.as_array().unwrap().len(), 3);
+    let html = get_text(format!("http://{}/nodes", r.http_addr)).await;
+    assert!(html.contains("decode-small") && html.contains("FAILED"));
+
+    let bad = g
+        .report_preflight(pb::PreflightReport {
+            node: "x".into(),
+            role: "router".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    let bad = g
+        .report_integrity(pb::IntegrityReport {
+            node: "x".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn integrity_chart_and_series() {
+    let r = start().await;
+    let mut g = grpc(&r).await;
+    for kind in [
+        pb::IntegrityKind::Quarantine,
+        pb::IntegrityKind::Quarantine,
+        pb::IntegrityKind::WriteRejected,
+    ] {
+        g.report_integrity(pb::IntegrityReport {
+            kind: kind as i32,
+            node: "decode-0".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let series = get_json(format!(
+        "http://{}/api/integrity/series?window_s=600&bucket_s=600",
+        r.http_addr
+    ))
+    .await;
+    let total: i64 = series
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["count"].as_i64().unwrap())
+        .sum();
+    assert_eq!(total, 3);
+    let html = get_text(format!(
+        "http://{}/integrity?window_s=3600&bucket_s=3600",
+        r.http_addr
+    ))
+    .await;
+    assert!(html.contains("<svg") && html.contains("id=\"integrity-chart\""));
+    assert!(
+        html.contains("quarantine: 2"),
+        "chart has a bar for the two quarantines"
+    );
+    r.shutdown().await;
+}

@@ -1,0 +1,8 @@
+//! Integration tests of the auditor, in one binary to keep link time down.
+
+mod fake_router;
+mod ingest;
+mod pg;
+mod probe;
+mod process;
+mod store_suite;

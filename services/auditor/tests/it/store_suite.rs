@@ -1,0 +1,355 @@
+//! One store suite, run against SQLite and against a real PostgreSQL the test starts itself.
+
+use pagewarden_auditor::domain::{
+    IncidentKind, IncidentStatus, IntegrityKind, NodeRole, ProbeOutcome, ProbeRunStatus,
+    SampleStatus, UnixMs,
+};
+use pagewarden_auditor::store::{
+    Backend, IncidentFilter, MarkerRecord, NewIncident, NewIntegrityEvent, NewPreflight, NewSample,
+    ProbeResult, ProbeRunEnd, Store, StoreError,
+};
+
+use crate::pg::TempPostgres;
+
+fn incident(kind: IncidentKind, tenant: &str, at: i64) -> NewIncident {
+    NewIncident {
+        kind,
+        severity: kind.severity(),
+        node: Some("decode-0".into()),
+        request_id: Some("00ff".into()),
+        tenant: Some(tenant.into()),
+        other_tenant: Some("other".into()),
+        details: r#"{"why":"test"}"#.into(),
+        at: UnixMs(at),
+    }
+}
+
+async fn suite(store: Store) {
+    // Every kind the Rust enum names is one the CHECK constraint accepts.
+    for (i, k) in IncidentKind::ALL.iter().enumerate() {
+        store
+            .insert_incident(&incident(*k, "t-all", i as i64))
+            .await
+            .unwrap();
+    }
+    let all = store
+        .incidents(&IncidentFilter {
+            tenant: Some("t-all".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.len(), IncidentKind::ALL.len());
+    assert!(all.iter().all(|i| i.status == IncidentStatus::Open));
+    assert!(all.windows(2).all(|w| w[0].id > w[1].id), "newest first");
+
+    // ...and one it does not name is refused by the database itself.
+    let bad = store.execute_raw(
+        "INSERT INTO incidents (kind, severity, status, details, created_at) \
+         VALUES ('made_up', 'critical', 'open', '', 0)",
+    );
+    assert!(bad.await.is_err(), "CHECK must refuse an unknown kind");
+    let bad = store.execute_raw(
+        "INSERT INTO incidents (kind, severity, status, details, created_at) \
+         VALUES ('quarantine', 'critical', 'closed', '', 0)",
+    );
+    assert!(bad.await.is_err(), "CHECK must refuse an unknown status");
+
+    // Filters.
+    let a = store
+        .insert_incident(&incident(IncidentKind::CrossTenantMarker, "alice", 100))
+        .await
+        .unwrap();
+    let b = store
+        .insert_incident(&incident(IncidentKind::GenerationMismatch, "bob", 101))
+        .await
+        .unwrap();
+    let by_kind = store
+        .incidents(&IncidentFilter {
+            kind: Some(IncidentKind::GenerationMismatch),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_kind.len(), 2);
+    assert_eq!(by_kind[0].id, b);
+    let by_tenant = store
+        .incidents(&IncidentFilter {
+            tenant: Some("alice".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_tenant.iter().map(|i| i.id).collect::<Vec<_>>(), vec![a]);
+    assert_eq!(by_tenant[0].other_tenant.as_deref(), Some("other"));
+
+    // open → acknowledged → resolved, with who/when/note; resolved is terminal.
+    let acked = store
+        .acknowledge(a, "ops-1", "looking", UnixMs(200))
+        .await
+        .unwrap();
+    assert_eq!(acked.status, IncidentStatus::Acknowledged);
+    let ack = acked.acknowledged.clone().unwrap();
+    assert_eq!(
+        (ack.by.as_str(), ack.at, ack.note.as_str()),
+        ("ops-1", UnixMs(200), "looking")
+    );
+    assert!(matches!(
+        store.acknowledge(a, "ops-2", "", UnixMs(201)).await,
+        Err(StoreError::InvalidTransition {
+            from: IncidentStatus::Acknowledged,
+            to: IncidentStatus::Acknowledged,
+            ..
+        })
+    ));
+    let resolved = store
+        .resolve(a, "ops-2", "fixed", UnixMs(300))
+        .await
+        .unwrap();
+    assert_eq!(resolved.status, IncidentStatus::Resolved);
+    assert_eq!(resolved.resolved.unwrap().by, "ops-2");
+    assert_eq!(resolved.acknowledged.unwrap().by, "ops-1");
+    assert!(matches!(
+        store.resolve(a, "ops-2", "", UnixMs(301)).await,
+        Err(StoreError::InvalidTransition { .. })
+    ));
+    // open → resolved directly.
+    assert_eq!(
+        store
+            .resolve(b, "ops", "", UnixMs(302))
+            .await
+            .unwrap()
+            .status,
+        IncidentStatus::Resolved
+    );
+    let missing = pagewarden_auditor::domain::IncidentId(999_999);
+    assert!(matches!(
+        store.acknowledge(missing, "x", "", UnixMs(1)).await,
+        Err(StoreError::NotFound(_))
+    ));
+    let open_only = store
+        .incidents(&IncidentFilter {
+            status: Some(IncidentStatus::Open),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(open_only.len(), IncidentKind::ALL.len());
+    let counts = store.incident_counts().await.unwrap();
+    assert_eq!(
+        counts,
+        vec![
+            (IncidentStatus::Open, IncidentKind::ALL.len() as i64),
+            (IncidentStatus::Acknowledged, 0),
+            (IncidentStatus::Resolved, 2),
+        ]
+    );
+
+    // Samples.
+    for (i, scanned) in [true, true, false].into_iter().enumerate() {
+        store
+            .insert_sample(&NewSample {
+                tenant: "alice".into(),
+                request_id: None,
+                node: None,
+                prompt_tokens: 10,
+                completion_tokens: 5,
+                response_digest: format!("d{i}"),
+                scanned,
+                foreign_markers: i64::from(i == 1),
+                ttft_ms: Some(12),
+                status: SampleStatus::Ok,
+                at: UnixMs(1000),
+            })
+            .await
+            .unwrap();
+    }
+    let t = store.sample_totals().await.unwrap();
+    assert_eq!((t.samples, t.scanned, t.with_foreign_markers), (3, 2, 1));
+
+    // Integrity events and the series.
+    for (kind, at) in [
+        (IntegrityKind::GenerationMismatch, 60_000),
+        (IntegrityKind::GenerationMismatch, 60_500),
+        (IntegrityKind::Quarantine, 61_000),
+        (IntegrityKind::GenerationMismatch, 120_100),
+        (IntegrityKind::ChecksumMismatch, 10),
+    ] {
+        store
+            .insert_integrity(&NewIntegrityEvent {
+                kind,
+                node: "decode-0".into(),
+                request_id: None,
+                tenant: Some("alice".into()),
+                page: Some(7),
+                generation: Some(3),
+                details: String::new(),
+                at: UnixMs(at),
+            })
+            .await
+            .unwrap();
+    }
+    let series = store
+        .integrity_series(UnixMs(60_000), 60_000)
+        .await
+        .unwrap();
+    let got: Vec<(i64, IntegrityKind, i64)> = series
+        .iter()
+        .map(|p| (p.bucket.0, p.kind, p.count))
+        .collect();
+    let mut want = vec![
+        (60_000, IntegrityKind::GenerationMismatch, 2),
+        (60_000, IntegrityKind::Quarantine, 1),
+        (120_000, IntegrityKind::GenerationMismatch, 1),
+    ];
+    want.sort_by(|x, y| (x.0, x.1.as_str()).cmp(&(y.0, y.1.as_str())));
+    assert_eq!(got, want);
+
+    // Preflight: the node table shows each node's latest report.
+    for (node, ok, pool, at) in [
+        ("decode-0", false, 100, 1),
+        ("decode-0", true, 9000, 2),
+        ("prefill-0", true, 5000, 3),
+    ] {
+        store
+            .insert_preflight(&NewPreflight {
+                node: node.into(),
+                role: if node.starts_with("decode") {
+                    NodeRole::Decode
+                } else {
+                    NodeRole::Prefill
+                },
+                pool_tokens: pool,
+                context_length: 2048,
+                ok,
+                message: String::new(),
+                at: UnixMs(at),
+            })
+            .await
+            .unwrap();
+    }
+    let nodes = store.nodes().await.unwrap();
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(
+        (
+            nodes[0].last.node.as_str(),
+            nodes[0].last.ok,
+            nodes[0].reports
+        ),
+        ("decode-0", true, 2)
+    );
+    assert_eq!(nodes[0].last.pool_tokens, 9000);
+    assert_eq!(nodes[1].last.role, NodeRole::Prefill);
+
+    // Markers.
+    for (m, t) in [
+        ("PWCANARY-1", "alice"),
+        ("PWCANARY-2", "bob"),
+        ("PWCANARY-3", "alice"),
+    ] {
+        store
+            .insert_marker(&MarkerRecord {
+                marker: m.into(),
+                tenant: t.into(),
+                issued_at: UnixMs(5),
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.markers(Some("alice")).await.unwrap().len(), 2);
+    assert_eq!(store.markers(None).await.unwrap().len(), 3);
+    assert!(
+        store
+            .insert_marker(&MarkerRecord {
+                marker: "PWCANARY-1".into(),
+                tenant: "bob".into(),
+                issued_at: UnixMs(6)
+            })
+            .await
+            .is_err(),
+        "a marker belongs to one tenant only"
+    );
+
+    // Probe runs and results.
+    let run = store.start_probe_run(UnixMs(10)).await.unwrap();
+    for (step, outcome) in [
+        (0, ProbeOutcome::Accepted),
+        (1, ProbeOutcome::RejectedClean),
+    ] {
+        store
+            .insert_probe_result(
+                run,
+                &ProbeResult {
+                    tenant: "probe-a".into(),
+                    step,
+                    prompt_words: 16 << step,
+                    expected_tokens: Some(40),
+                    outcome,
+                    http_status: Some(if step == 0 { 200 } else { 400 }),
+                    prompt_tokens: (step == 0).then_some(40),
+                    ttft_ms: (step == 0).then_some(3),
+                    detail: String::new(),
+                    at: UnixMs(11),
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let runs = store.probe_runs(10).await.unwrap();
+    assert_eq!(runs[0].status, ProbeRunStatus::Running);
+    store
+        .finish_probe_run(
+            run,
+            &ProbeRunEnd {
+                status: ProbeRunStatus::Passed,
+                context_limit: Some(256),
+                steps: 2,
+                failures: 0,
+                message: "ok".into(),
+                at: UnixMs(12),
+            },
+        )
+        .await
+        .unwrap();
+    let runs = store.probe_runs(10).await.unwrap();
+    assert_eq!(
+        (runs[0].status, runs[0].context_limit, runs[0].finished_at),
+        (ProbeRunStatus::Passed, Some(256), Some(UnixMs(12)))
+    );
+    let results = store.probe_results(run).await.unwrap();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[1].outcome, ProbeOutcome::RejectedClean);
+    assert_eq!(results[1].prompt_tokens, None);
+
+    store.close().await;
+}
+
+#[tokio::test]
+async fn store_suite_on_sqlite_memory() {
+    let store = Store::connect("sqlite::memory:").await.unwrap();
+    assert_eq!(store.backend(), Backend::Sqlite);
+    suite(store).await;
+}
+
+#[tokio::test]
+async fn store_suite_on_sqlite_file_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/a.sqlite?mode=rwc", dir.path().display());
+    suite(Store::connect(&url).await.unwrap()).await;
+    // Migrations are idempotent and data persists.
+    let again = Store::connect(&url).await.unwrap();
+    assert_eq!(again.markers(None).await.unwrap().len(), 3);
+    again.close().await;
+}
+
+#[tokio::test]
+async fn store_suite_on_postgres() {
+    let pg = TempPostgres::start();
+    let store = Store::connect(&pg.url).await.unwrap();
+    assert_eq!(store.backend(), Backend::Postgres);
+    suite(store).await;
+    let again = Store::connect(&pg.url).await.unwrap();
+    assert_eq!(again.markers(None).await.unwrap().len(), 3);
+    again.close().await;
+    drop(pg);
+}
