@@ -1,6 +1,7 @@
 //! Pool benchmarks, reported per page (throughput = pages):
 //! - `cycle/reserve_write_commit_release`: reserve a 1,000-page request, write every page
 //!   under the grant, commit (verifying checksums and guard words), drop (release).
+//! - `cycle/reserve_abort_drain`: the grant bookkeeping without data (reserve, revoke, drain).
 //! - `cycle/allocate_release`: the bookkeeping alone (local allocate + drop of 1,000 pages).
 //! - `read/layer_block_checked`: the per-read generation check plus block lookup, per page,
 //!   against `read/unchecked_baseline` (the same pointer math over a plain slice).
@@ -55,6 +56,14 @@ fn cycle(c: &mut Criterion) {
             }
             let m = CommitManifest::new(grant.key, tokens, vec![checksum; PAGES]);
             drop(black_box(r.commit(&m).unwrap()));
+        })
+    });
+    g.bench_function("reserve_abort_drain", |b| {
+        b.iter(|| {
+            let r = pool.reserve(owner(), tokens).unwrap();
+            let key = r.grant().key;
+            r.abort();
+            pool.mark_drained(black_box(key));
         })
     });
     g.bench_function("allocate_release", |b| {
