@@ -4,7 +4,8 @@
 //!
 //! - `rng.rs`: SplitMix64, the only source of randomness.
 //! - `net.rs`: ordered links (one per prefill connection) with delays, holds and breaks.
-//! - `world.rs`: events, the decode and prefill state machines, the oracle.
+//! - `world.rs`: the world, its events and run loop, the oracle (`world/decode.rs`: decode
+//!   side; `world/prefill.rs`: prefill side and links).
 
 pub mod net;
 pub mod rng;
