@@ -34,6 +34,23 @@ fn ten_thousand_seeds_no_foreign_reads_no_hung_reservations() {
 }
 
 #[test]
+fn the_drain_protocol_alone_protects_one_sided_writes() {
+    let cfg = SimConfig {
+        pool_grant_check: false,
+        ..SimConfig::fenced()
+    };
+    for seed in 0..SEEDS {
+        let o = run(seed, cfg, false);
+        assert!(
+            o.violations.is_empty() && o.hung.is_empty(),
+            "seed {seed} failed without the pool's grant check: {:?} {:?}",
+            o.violations,
+            o.hung
+        );
+    }
+}
+
+#[test]
 fn without_fencing_the_same_simulation_finds_a_foreign_read() {
     let cfg = SimConfig {
         fencing: false,

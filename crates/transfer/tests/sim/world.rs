@@ -33,6 +33,9 @@ mod prefill;
 pub struct SimConfig {
     /// Grant fencing and drain-before-free on (production) or off (Mooncake-like).
     pub fencing: bool,
+    /// The pool's per-write grant check. Off (with `fencing` on) models one-sided, RDMA-like
+    /// writes that only the drain protocol (drain-before-free, quarantine) protects.
+    pub pool_grant_check: bool,
     /// Client requests per run.
     pub requests: usize,
     /// Pages in the decode pool.
@@ -46,6 +49,7 @@ impl SimConfig {
     pub fn fenced() -> Self {
         Self {
             fencing: true,
+            pool_grant_check: true,
             requests: 8,
             pages: 6,
             workers: 2,
@@ -213,7 +217,7 @@ const LAYOUT: KvLayout = KvLayout {
 pub fn run(seed: u64, cfg: SimConfig, verbose: bool) -> Outcome {
     let mut pc = PoolConfig::with_pages(LAYOUT, cfg.pages);
     pc.defenses = Defenses {
-        grant_fencing: cfg.fencing,
+        grant_fencing: cfg.fencing && cfg.pool_grant_check,
         ..Defenses::default()
     };
     let pool = KvPool::new(pc);
