@@ -1,1 +1,254 @@
-//! (module map: filled in as files land)
+//! Helpers for tests that start the real Pagewarden binaries on 127.0.0.1.
+//!
+//! - `lib.rs` (this file): locating binaries, starting a service with port 0 and parsing its
+//!   `listening` line, killing it on drop; the reference-json and model locations.
+//! - `driver.rs`: a client that drives decode + prefill over gRPC the way the router does.
+//! - `reference.rs`: single-process greedy outputs from `pagewarden_model::Engine`.
+
+pub mod driver;
+pub mod reference;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How long a service may take to print its listening line (the real model loads in a second).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The directory holding the workspace's binaries: the test executable lives in
+/// `target/<profile>/deps/`, the binaries in `target/<profile>/`.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test executable has a grandparent directory")
+        .to_path_buf()
+}
+
+/// Path of a workspace binary; panics with the build command when it is missing.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "binary {} not found: run `cargo build --workspace --bins` first",
+        p.display()
+    );
+    p
+}
+
+/// The real model (env `PAGEWARDEN_MODEL`); panics with a clear message when missing.
+pub fn model_path() -> PathBuf {
+    let p = std::env::var_os("PAGEWARDEN_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(
+        p.exists(),
+        "model file {} not found: set PAGEWARDEN_MODEL (scripts/fetch-model.sh downloads it)",
+        p.display()
+    );
+    p
+}
+
+/// The reference json (env `PAGEWARDEN_REFERENCE`, default `../shared/reference/...`).
+pub fn reference_path() -> PathBuf {
+    let p = std::env::var_os("PAGEWARDEN_REFERENCE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            workspace_root().join("../shared/reference/smollm2-135m-instruct-q4_1.json")
+        });
+    assert!(
+        p.exists(),
+        "reference json {} not found: set PAGEWARDEN_REFERENCE",
+        p.display()
+    );
+    p
+}
+
+/// The workspace root (parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// A running service; killed when dropped.
+pub struct Service {
+    child: Child,
+    /// `key=value` pairs of its listening line (`grpc`, `metrics`, `transfer`, `http`).
+    pub addrs: HashMap<String, String>,
+    /// Every stdout line after the listening line is dropped; stderr goes to the test's stderr.
+    pub name: String,
+}
+
+impl Service {
+    /// Starts `binary` with `args` and waits for `"<binary> listening k=v ..."` on stdout.
+    pub fn start(binary: &str, args: &[String]) -> Service {
+        Self::try_start(binary, args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`Service::start`], returning the failure (exit status and stderr tail) instead.
+    pub fn try_start(binary: &str, args: &[String]) -> Result<Service, String> {
+        let mut child = Command::new(bin(binary))
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start {binary}: {e}"))?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = mpsc::channel();
+        let prefix = format!("{binary} listening ");
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if !sent {
+                    if let Some(rest) = line.strip_prefix(&prefix) {
+                        let _ = tx.send(rest.to_string());
+                        sent = true;
+                    }
+                }
+            }
+        });
+        let (etx, erx) = mpsc::channel::<String>();
+        let tag = binary.to_string();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[{tag}] {line}");
+                let _ = etx.send(line);
+            }
+        });
+        match rx.recv_timeout(START_TIMEOUT) {
+            Ok(rest) => {
+                let addrs = rest
+                    .split_whitespace()
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                Ok(Service {
+                    child,
+                    addrs,
+                    name: binary.to_string(),
+                })
+            }
+            Err(_) => {
+                let status = child.wait_timeout_or_kill();
+                let err: Vec<String> = erx.try_iter().collect();
+                Err(format!(
+                    "{binary} did not print its listening line (exit: {status:?}); stderr:\n{}",
+                    err.join("\n")
+                ))
+            }
+        }
+    }
+
+    /// `http://` URL of the service's gRPC address.
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.addrs["grpc"])
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let url = format!("http://{}/metrics", self.addrs["metrics"]);
+        reqwest::get(&url)
+            .await
+            .and_then(|r| r.error_for_status())
+            .unwrap_or_else(|e| panic!("{} metrics: {e}", self.name))
+            .text()
+            .await
+            .expect("metrics body")
+    }
+
+    /// One sample of `/metrics` (0 when absent).
+    pub async fn metric(&self, series: &str) -> f64 {
+        pagewarden_common::metrics::sample_value(&self.metrics().await, series).unwrap_or(0.0)
+    }
+
+    /// Kills the process at once (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether the process has exited.
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+trait WaitOrKill {
+    fn wait_timeout_or_kill(&mut self) -> Option<std::process::ExitStatus>;
+}
+
+impl WaitOrKill for Child {
+    fn wait_timeout_or_kill(&mut self) -> Option<std::process::ExitStatus> {
+        for _ in 0..50 {
+            if let Ok(Some(s)) = self.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.kill();
+        self.wait().ok()
+    }
+}
+
+/// Flags for a worker on loopback with every port 0.
+pub fn worker_args(model: &ModelArg, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--transfer-addr",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    match model {
+        ModelArg::Real => {
+            v.push("--model".into());
+            v.push(model_path().display().to_string());
+        }
+        ModelArg::Tiny(seed) => {
+            v.push("--tiny-test-model".into());
+            v.push(seed.to_string());
+        }
+    }
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Which model a worker runs.
+#[derive(Debug, Clone, Copy)]
+pub enum ModelArg {
+    /// The real model from `PAGEWARDEN_MODEL`.
+    Real,
+    /// The seeded tiny test model.
+    Tiny(u64),
+}
+
+/// Starts a decode worker.
+pub fn start_decode(model: &ModelArg, extra: &[&str]) -> Service {
+    Service::start("pagewarden-decode", &worker_args(model, extra))
+}
+
+/// Starts a prefill worker.
+pub fn start_prefill(model: &ModelArg, extra: &[&str]) -> Service {
+    Service::start("pagewarden-prefill", &worker_args(model, extra))
+}

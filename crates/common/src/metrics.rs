@@ -209,6 +209,14 @@ impl WorkerMetrics {
         self.transfer_duration.observe(secs);
     }
 
+    /// Mirrors a monotonic count of transferred bytes kept elsewhere (decode's receiver).
+    pub fn mirror_transfer_bytes(&self, total: u64) {
+        let seen = self.transfer_bytes.get();
+        if total > seen {
+            self.transfer_bytes.inc_by(total - seen);
+        }
+    }
+
     /// Records one prompt's forward pass.
     pub fn observe_prefill(&self, secs: f64) {
         self.prefill_duration.observe(secs);

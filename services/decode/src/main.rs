@@ -8,6 +8,7 @@
 //! - `convert.rs`: proto ↔ domain conversions.
 //! - `service.rs`: the `Decode` gRPC service.
 //! - `pool_metrics.rs`: pool figures mirrored into `/metrics`.
+//! - `sink.rs`: the transfer sink (the pool) remembering drains of live grants.
 
 mod convert;
 mod events;
@@ -15,6 +16,7 @@ mod output;
 mod pool_metrics;
 mod scheduler;
 mod service;
+mod sink;
 mod startup;
 mod state;
 
@@ -59,14 +61,12 @@ async fn main() -> anyhow::Result<()> {
     // Integrity events go to the logs until the launcher wires the auditor's client here.
     let integrity: Arc<dyn IntegritySink> = Arc::new(LogIntegritySink);
 
-    let sink: Arc<dyn PageSink> = Arc::new(loaded.pool.clone());
-    let receiver = TcpReceiver::bind(
-        cfg.transfer_addr,
-        sink,
-        Arc::new(ReceiverCounters::default()),
-    )
-    .await
-    .with_context(|| format!("binding transfer listener {}", cfg.transfer_addr))?;
+    let decode_sink = sink::DecodeSink::new(loaded.pool.clone());
+    let sink: Arc<dyn PageSink> = Arc::new(decode_sink.clone());
+    let counters = Arc::new(ReceiverCounters::default());
+    let receiver = TcpReceiver::bind(cfg.transfer_addr, sink, counters.clone())
+        .await
+        .with_context(|| format!("binding transfer listener {}", cfg.transfer_addr))?;
     let transfer_addr = receiver.local_addr();
     let grpc = TcpListener::bind(cfg.grpc_addr)
         .await
@@ -83,6 +83,7 @@ async fn main() -> anyhow::Result<()> {
             model: loaded.model.clone(),
             tokenizer: loaded.tokenizer.clone(),
             pool: loaded.pool.clone(),
+            sink: decode_sink,
             admission,
             metrics: metrics.clone(),
             integrity,
@@ -111,7 +112,7 @@ async fn main() -> anyhow::Result<()> {
     let m = tokio::spawn(serve_metrics(
         metrics_listener,
         metrics.clone(),
-        pool_metrics::hook(loaded.pool.clone()),
+        pool_metrics::hook(loaded.pool.clone(), counters),
         shutdown.clone().cancelled_owned(),
     ));
     // The one parseable line tests and the launcher look for.

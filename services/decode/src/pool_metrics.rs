@@ -4,10 +4,15 @@ use std::sync::Arc;
 
 use pagewarden_common::metrics::{PoolGauges, RefreshHook, WorkerMetrics};
 use pagewarden_kvcache::KvPool;
+use pagewarden_transfer::ReceiverCounters;
 
-/// A refresh hook for `serve_metrics` mirroring `pool`.
-pub fn hook(pool: KvPool) -> RefreshHook {
+/// A refresh hook for `serve_metrics` mirroring `pool` and the transfer receiver's counters.
+pub fn hook(pool: KvPool, receiver: Arc<ReceiverCounters>) -> RefreshHook {
     Arc::new(move |m: &WorkerMetrics| {
+        let r = receiver.snapshot();
+        m.mirror_transfer_bytes(r.bytes_ok);
+        m.mirror_integrity("transfer_malformed", r.malformed_closes);
+        m.mirror_deferred_release("peer_gone", r.peer_gone);
         let s = pool.stats();
         m.set_pool(PoolGauges {
             free: s.free as u64,

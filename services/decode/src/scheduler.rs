@@ -20,6 +20,7 @@ use tonic::Status;
 
 use crate::events;
 use crate::output::{Finish, Output};
+use crate::sink::{DecodeSink, StreamEnd};
 use crate::state::{Entry, GenerateArgs, RequestState, Reservation, Running};
 
 /// How long terminal tombstones are remembered (to recognise stale messages, I5).
@@ -58,6 +59,7 @@ pub struct SchedulerDeps {
     pub model: Arc<Model>,
     pub tokenizer: Arc<Tokenizer>,
     pub pool: KvPool,
+    pub sink: DecodeSink,
     pub admission: Admission,
     pub metrics: Arc<WorkerMetrics>,
     pub integrity: Arc<dyn IntegritySink>,
@@ -282,9 +284,12 @@ impl Scheduler {
             return Err(Status::invalid_argument(what));
         }
         let tenant = reservation.owner.tenant.clone();
+        let key = reservation.pages.grant().key;
         let output = Output::new(self.deps.tokenizer.clone(), reservation.max_tokens, stop);
         let first = args.first_token;
-        match reservation.commit(args, output) {
+        let committed = reservation.commit(args, output);
+        let ended = self.deps.sink.take(key);
+        match committed {
             Ok(mut running) => {
                 if let Err(e) = running.pages.grow(running.max_total) {
                     entry.ended_at = Some(Instant::now());
@@ -299,6 +304,11 @@ impl Scheduler {
                 Ok(())
             }
             Err((e, _tx)) => {
+                match ended {
+                    Some(StreamEnd::Drained) => self.deps.pool.mark_drained(key),
+                    Some(StreamEnd::PeerGone) => self.deps.pool.release_quarantined(key),
+                    None => {}
+                }
                 entry.ended_at = Some(Instant::now());
                 self.deps.metrics.request("commit_refused");
                 self.deps.integrity.report(IntegrityEvent {
@@ -334,7 +344,14 @@ impl Scheduler {
         let state = std::mem::replace(&mut entry.state, RequestState::Aborted);
         let found = match state {
             RequestState::Reserved(r) => {
+                let key = r.pages.grant().key;
                 r.abort();
+                // The stream already drained (or died): nothing can still land, release now.
+                match self.deps.sink.take(key) {
+                    Some(StreamEnd::Drained) => self.deps.pool.mark_drained(key),
+                    Some(StreamEnd::PeerGone) => self.deps.pool.release_quarantined(key),
+                    None => {}
+                }
                 true
             }
             RequestState::Running(r) => {

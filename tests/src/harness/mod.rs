@@ -1,0 +1,17 @@
+//! In-process reliability harness (issue 8). Compiled ONLY into the `reliability_*` test
+//! binaries: each includes it with `#[path = "../src/harness/mod.rs"] mod harness;` and the
+//! test-only `unsafe-test-switches` feature of `pagewarden-kvcache` is enabled only in this
+//! crate's `[dev-dependencies]`. It is deliberately not a module of the crate's library, so a
+//! `cargo build --workspace` never unifies the switches into a service binary.
+//!
+//! - `markers.rs`: tenant markers and marker-derived KV page bytes; leak detection.
+//! - `layers.rs`: the six defense layers as switches (`Layer`, `Layers`).
+//! - `cluster.rs`: router admission → decode reserve + grant → prefill (synthetic marker KV)
+//!   → transfer (memory backend, real frames) → decode commit → decode read, in one process.
+//! - `incident.rs`: the incident script (tenant A's traffic, an abort with held late writes,
+//!   tenant B's over-length prompt) and its outcome.
+
+pub mod cluster;
+pub mod incident;
+pub mod layers;
+pub mod markers;
