@@ -293,10 +293,25 @@ impl IntoResponse for RouterError {
     }
 }
 
+/// gRPC metadata key in which workers name why they rejected a request.
+pub const WORKER_REASON: &str = "pagewarden-reason";
+
 /// Maps a worker's gRPC status to a router error, classified once here.
 pub fn from_status(half: Half, status: &tonic::Status) -> RouterError {
     use tonic::Code;
     let message = status.message().to_string();
+    let reason = status
+        .metadata()
+        .get(WORKER_REASON)
+        .and_then(|v| v.to_str().ok());
+    if reason == Some("context_length_exceeded") {
+        // The worker's own admission check (defense in depth) disagreed with ours, e.g. it
+        // lowered its context since the last poll: still the client-facing 400.
+        return RouterError::ContextLengthExceeded {
+            param: "prompt",
+            message: format!("the {} worker: {message}", half.as_str()),
+        };
+    }
     match status.code() {
         Code::ResourceExhausted => RouterError::PoolExhausted { half, message },
         Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {

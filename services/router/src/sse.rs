@@ -27,6 +27,10 @@ struct State {
 
 impl State {
     fn push(&mut self, token: Token) {
+        // Nothing to show (mid-UTF-8, or text held back for a possible stop sequence).
+        if token.text.is_empty() && token.finish.is_none() && !self.first {
+            return;
+        }
         let chunk = self.s.meta.chunk(&token.text, token.finish, self.first);
         self.first = false;
         self.text.push_str(&token.text);

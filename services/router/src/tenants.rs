@@ -135,8 +135,9 @@ pub async fn require_tenant(
         .and_then(|v| {
             v.to_str()
                 .ok()
-                .and_then(|s| s.strip_prefix("Bearer "))
-                .map(str::trim)
+                .and_then(|s| s.trim().split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, key)| key.trim())
                 .and_then(|key| state.tenants.tenant(key))
                 .cloned()
                 .ok_or(RouterError::Unauthorized("invalid API key"))

@@ -476,6 +476,33 @@ async fn stale_token_events_are_dropped_and_counted() {
         .contains("pagewarden_router_stale_messages_total 1"));
 }
 
+/// A marker-only end-of-generation event finishes with `stop` and is not counted.
+#[tokio::test]
+async fn end_of_generation_marker_is_stop_and_not_counted() {
+    let h = Harness::start(Opts {
+        decode: vec![FakeOpts {
+            eog_after: Some(3),
+            ..FakeOpts::default()
+        }],
+        ..Opts::default()
+    })
+    .await;
+    let body = json!({"prompt": "hi", "max_tokens": 10});
+    let v: Value = h.post("/v1/completions", &body).await.json().await.unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert_eq!(text_of(&v), (0..3).map(fake_text).collect::<String>());
+    let mut body = body;
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (chunks, _) = stream_body(&h, "/v1/completions", &body).await;
+    assert_eq!(chunks.last().unwrap()["usage"], v["usage"]);
+    assert_eq!(chunks.iter().map(text_of).collect::<String>(), text_of(&v));
+    // A clean finish sends no abort.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(h.decode[0].aborts().is_empty());
+}
+
 /// The binary prints one parseable start line and serves.
 #[tokio::test]
 async fn binary_prints_its_start_line() {

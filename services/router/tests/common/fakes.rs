@@ -27,6 +27,8 @@ pub struct FakeOpts {
     pub active_requests: u32,
     /// Decode: emit this many tokens then hang until aborted (None: emit max_tokens and finish).
     pub hang_after: Option<usize>,
+    /// Decode: emit this many tokens then an end-of-generation marker (finish STOP).
+    pub eog_after: Option<usize>,
     /// Decode: delay between tokens.
     pub token_delay: Duration,
     /// Decode: first emit one event naming another request.
@@ -46,6 +48,7 @@ impl Default for FakeOpts {
             pool_tokens: 1024,
             active_requests: 0,
             hang_after: None,
+            eog_after: None,
             token_delay: Duration::ZERO,
             stale_event: false,
             fail: None,
@@ -205,9 +208,12 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
         token: 99,
         text: "STALE".into(),
         finish: 0,
+        marker_only: false,
     });
-    let emit = o.hang_after.unwrap_or(max).min(max);
+    let emit = o.hang_after.or(o.eog_after).unwrap_or(max).min(max);
     let hang = o.hang_after.is_some_and(|h| h < max);
+    let eog = o.eog_after.is_some_and(|e| e < max);
+    let marker = reference.clone();
     let events = (0..emit).map(move |i| TokenEvent {
         req: reference.clone(),
         token: if i == 0 { first } else { 10 + i as u32 },
@@ -217,7 +223,17 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
         } else {
             0
         },
+        marker_only: false,
     });
+    // End of generation: a marker-only STOP event that carries no completion token.
+    let end = eog.then(|| TokenEvent {
+        req: marker,
+        token: 2,
+        text: String::new(),
+        finish: FinishReason::Stop as i32,
+        marker_only: true,
+    });
+    let events = events.chain(end);
     let delay = o.token_delay;
     let body = futures::stream::iter(stale.into_iter().chain(events)).then(move |ev| async move {
         if !delay.is_zero() {
