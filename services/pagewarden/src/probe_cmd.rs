@@ -1,0 +1,167 @@
+//! `pagewarden probe --router URL --key KEY [--key KEY2]`: one canary sweep against a running
+//! router, with the auditor's own prober (`pagewarden_auditor::probe`) over a throw-away
+//! in-memory store: markers at the start and end of prompts that lengthen past the router's
+//! `max_model_len`; every answer must be a clean 4xx `context_length_exceeded` or a 200 without
+//! another probe tenant's marker. Prints every step; exits non-zero when any step failed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use pagewarden_auditor::domain::ProbeRunStatus;
+use pagewarden_auditor::probe::plan::LatencyBounds;
+use pagewarden_auditor::probe::{ProbeSettings, ProbeTenant, Prober};
+use pagewarden_auditor::store::Store;
+use pagewarden_auditor::tokens::TokenCounter;
+use pagewarden_auditor::Engine;
+use pagewarden_model::{GgufFile, Tokenizer};
+
+/// `pagewarden probe` flags.
+#[derive(Debug, clap::Args)]
+pub struct ProbeArgs {
+    /// Router base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub router: String,
+    /// An API key to probe as (repeat it: with two keys, each tenant's answers are also
+    /// scanned for the other's markers). `tenant=key` names the tenant.
+    #[arg(long = "key", required = true)]
+    pub keys: Vec<String>,
+    /// `max_tokens` of every probe request.
+    #[arg(long, default_value_t = 4)]
+    pub max_tokens: u32,
+    /// First step length in filler words (one KV page).
+    #[arg(long, default_value_t = 16)]
+    pub page_size: u32,
+    /// Upper bound on first-token latency (ms).
+    #[arg(long, default_value_t = 120_000)]
+    pub max_ttft_ms: u64,
+    /// Per-request timeout (seconds).
+    #[arg(long, default_value_t = 300)]
+    pub timeout_s: u64,
+    /// GGUF model whose tokenizer checks `usage.prompt_tokens` (the router's model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+}
+
+/// Counts prompt tokens the way the router does for `/v1/completions` text.
+struct GgufCounter(Tokenizer);
+
+impl TokenCounter for GgufCounter {
+    fn count(&self, prompt: &str) -> Result<u32, String> {
+        u32::try_from(self.0.encode(prompt, true).len()).map_err(|e| e.to_string())
+    }
+}
+
+fn tenants(keys: &[String]) -> Vec<ProbeTenant> {
+    keys.iter()
+        .enumerate()
+        .map(|(i, k)| match k.split_once('=') {
+            Some((t, key)) if !t.is_empty() && !key.is_empty() => ProbeTenant {
+                tenant: t.to_string(),
+                api_key: key.to_string(),
+            },
+            _ => ProbeTenant {
+                tenant: format!("probe-{}", i + 1),
+                api_key: k.clone(),
+            },
+        })
+        .collect()
+}
+
+/// Runs `pagewarden probe`.
+pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(sweep(args))
+}
+
+async fn sweep(args: ProbeArgs) -> anyhow::Result<()> {
+    let tokens: Option<Arc<dyn TokenCounter>> = match &args.model {
+        Some(p) => {
+            let f = GgufFile::open(p).with_context(|| format!("opening {}", p.display()))?;
+            let t = Tokenizer::from_gguf(&f).context("reading the tokenizer")?;
+            Some(Arc::new(GgufCounter(t)))
+        }
+        None => None,
+    };
+    let store = Store::connect("sqlite::memory:")
+        .await
+        .context("opening the in-memory probe store")?;
+    let engine = Arc::new(Engine::new(store).await?);
+    let router = args.router.trim_end_matches('/').to_string();
+    let settings = ProbeSettings {
+        router_url: router.clone(),
+        tenants: tenants(&args.keys),
+        max_tokens: args.max_tokens,
+        page_size: args.page_size,
+        latency: LatencyBounds {
+            max_ttft_ms: args.max_ttft_ms,
+            min_prefill_us_per_token: 0,
+        },
+        request_timeout: Duration::from_secs(args.timeout_s),
+        tokens,
+    };
+    let prober = Prober::new(engine.clone(), settings)?;
+    let pb = crate::fetch::spinner(format!("probing {router}"));
+    let run = prober.run_once().await;
+    pb.finish_and_clear();
+    let run = run.context("running the probe sweep")?;
+    let store = engine.store();
+    let results = store.probe_results(run).await?;
+    println!(
+        "{:<14} {:>4} {:>7} {:>6} {:>8} {:>8}  {:<20} detail",
+        "tenant", "step", "words", "http", "prompt", "ttft_ms", "outcome"
+    );
+    let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+    for r in &results {
+        println!(
+            "{:<14} {:>4} {:>7} {:>6} {:>8} {:>8}  {:<20} {}",
+            r.tenant,
+            r.step,
+            r.prompt_words,
+            opt(r.http_status),
+            opt(r.prompt_tokens),
+            opt(r.ttft_ms),
+            r.outcome.as_str(),
+            r.detail
+        );
+    }
+    let summary = store
+        .probe_runs(1)
+        .await?
+        .into_iter()
+        .find(|r| r.id == run)
+        .context("the probe run was not recorded")?;
+    println!(
+        "probe run: {} ({}; context limit {})",
+        summary.status,
+        summary.message,
+        opt(summary.context_limit)
+    );
+    match summary.status {
+        ProbeRunStatus::Passed => Ok(()),
+        s @ (ProbeRunStatus::Running | ProbeRunStatus::Failed | ProbeRunStatus::Error) => {
+            bail!("probe run {s}: {}", summary.message)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_may_name_their_tenant() {
+        let t = tenants(&["alice=k1".into(), "k2".into()]);
+        assert_eq!(
+            (t[0].tenant.as_str(), t[0].api_key.as_str()),
+            ("alice", "k1")
+        );
+        assert_eq!(
+            (t[1].tenant.as_str(), t[1].api_key.as_str()),
+            ("probe-2", "k2")
+        );
+    }
+}

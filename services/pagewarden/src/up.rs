@@ -1,0 +1,442 @@
+//! `pagewarden up`: the whole suite on 127.0.0.1 for a developer. Fetches the default model
+//! when missing, writes the dev config dir (tenants with random keys, the auditor's SQLite
+//! file, logs), starts auditor → decode → prefill → router as child processes, waits until the
+//! router reports its workers live, prints how to use it, and stops everything on Ctrl-C or
+//! SIGTERM. A child that exits early ends the launcher with that child's last stderr lines.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+
+use crate::children::{self, Group, Running, Spec};
+use crate::devconfig::{self, DEV_TENANTS, PROBE_TENANT};
+use crate::fetch::{self, spinner};
+
+/// The four service binaries, expected next to the `pagewarden` executable.
+pub const SERVICES: [&str; 4] = [
+    "pagewarden-auditor",
+    "pagewarden-decode",
+    "pagewarden-prefill",
+    "pagewarden-router",
+];
+
+/// `pagewarden up` flags.
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Router (API) address; a free port is taken when it is busy.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub router_addr: SocketAddr,
+    /// Auditor web UI address; a free port is taken when it is busy.
+    #[arg(long, default_value = "127.0.0.1:7401")]
+    pub auditor_addr: SocketAddr,
+    /// GGUF model (default: the SmolLM2-135M model, fetched when missing).
+    #[arg(long, env = "PAGEWARDEN_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Dev config dir (default: `.pw/` in the checkout, else `$XDG_STATE_HOME/pagewarden`).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// KV pool size in tokens for each worker (default: the workers' own, two contexts).
+    #[arg(long)]
+    pub pool_tokens: Option<usize>,
+    /// Advertised context length (default: the model's).
+    #[arg(long)]
+    pub context_length: Option<usize>,
+    /// How often the auditor runs its canary sweep (`0`: only on `pagewarden probe`).
+    #[arg(long, default_value = "0")]
+    pub probe_interval: String,
+    /// Seconds each service may take to start (model load included).
+    #[arg(long, default_value_t = 300)]
+    pub start_timeout_s: u64,
+    /// Do not run `cargo build` for the service binaries, even from a checkout.
+    #[arg(long)]
+    pub no_build: bool,
+}
+
+/// The workspace root when this binary runs from a checkout (current dir or build location).
+pub fn checkout_root() -> Option<PathBuf> {
+    let is_root = |p: &Path| p.join("services/pagewarden/Cargo.toml").is_file();
+    if let Ok(cwd) = std::env::current_dir() {
+        if let Some(r) = cwd.ancestors().find(|p| is_root(p)) {
+            return Some(r.to_path_buf());
+        }
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    is_root(&built).then(|| built.canonicalize().unwrap_or(built))
+}
+
+/// `addr` when it can be bound now, else a free port on the same IP.
+pub fn free_addr(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+    if addr.port() != 0 && TcpListener::bind(addr).is_ok() {
+        return Ok(addr);
+    }
+    let l = TcpListener::bind(SocketAddr::new(addr.ip(), 0))
+        .with_context(|| format!("binding {}", addr.ip()))?;
+    Ok(l.local_addr()?)
+}
+
+/// Finds the service binaries next to this executable; from a checkout, builds them first.
+fn service_binaries(root: Option<&Path>, no_build: bool) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the pagewarden executable")?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no parent dir", exe.display()))?
+        .to_path_buf();
+    let missing = || {
+        SERVICES
+            .iter()
+            .filter(|s| !dir.join(s).is_file())
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    };
+    let profile = dir.file_name().and_then(|n| n.to_str());
+    if let (Some(root), false, Some(p @ ("release" | "debug"))) = (root, no_build, profile) {
+        let pb = spinner("building the service binaries (cargo build; quick when up to date)");
+        let mut cmd = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()));
+        cmd.current_dir(root).args(["build", "--bins"]);
+        if p == "release" {
+            cmd.arg("--release");
+        }
+        for s in SERVICES {
+            cmd.args(["-p", s]);
+        }
+        if let Some(target) = dir.parent() {
+            cmd.arg("--target-dir").arg(target);
+        }
+        let out = cmd.output().context("running cargo build")?;
+        pb.finish_and_clear();
+        if !out.status.success() {
+            bail!(
+                "cargo build of the services failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let gone = missing();
+    if !gone.is_empty() {
+        bail!(
+            "{} not found in {}: build them with `cargo build --release --workspace --bins` \
+             (from the checkout) and run pagewarden from the same target dir",
+            gone.join(", "),
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// Everything `up` prints at the end.
+struct Endpoints {
+    api: String,
+    auditor: String,
+    model_name: String,
+}
+
+/// Runs `pagewarden up` until Ctrl-C, SIGTERM or a child's exit.
+pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    // One thread: children are spawned from it, which PR_SET_PDEATHSIG ties their life to.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(up(args))
+}
+
+async fn up(args: UpArgs) -> anyhow::Result<()> {
+    let root = checkout_root();
+    let bin_dir = service_binaries(root.as_deref(), args.no_build)?;
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| devconfig::dev_dir(root.as_deref()));
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => fetch::ensure_model(&fetch::model_path(root.as_deref().unwrap_or(&dir)))?,
+    };
+    if !model.is_file() {
+        bail!("model {} not found", model.display());
+    }
+    let (tenants_path, tenants) = devconfig::ensure_tenants(&dir)?;
+    let mut group = Group::default();
+    let started = tokio::select! {
+        r = start_all(&args, &bin_dir, &dir, &model, &tenants_path, &tenants, &mut group) => r,
+        () = pagewarden_common::shutdown::signal() => Err(anyhow!("interrupted while starting")),
+    };
+    let endpoints = match started {
+        Ok(e) => e,
+        Err(e) => {
+            group.stop_all(Duration::from_secs(10)).await;
+            return Err(e);
+        }
+    };
+    print_banner(&endpoints, &dir, &tenants_path, &tenants);
+    let outcome = tokio::select! {
+        err = group.first_exit() => Err(err),
+        () = pagewarden_common::shutdown::signal() => Ok(()),
+    };
+    eprintln!("stopping the services ...");
+    group.stop_all(Duration::from_secs(10)).await;
+    outcome
+}
+
+async fn start_one(
+    group: &mut Group,
+    spec: Spec,
+    what: &str,
+    dir: &Path,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let pb = spinner(format!("starting {} ({what})", spec.name));
+    let r = children::start(&spec, &dir.join("logs"), timeout).await;
+    pb.finish_and_clear();
+    let r: Running = r?;
+    eprintln!(
+        "{} listening: {}",
+        r.name,
+        r.listening
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    group.push(r);
+    Ok(())
+}
+
+fn spec(bin_dir: &Path, name: &str, args: Vec<String>) -> Spec {
+    Spec {
+        name: name.to_string(),
+        program: bin_dir.join(format!("pagewarden-{name}")),
+        args,
+        env: vec![],
+    }
+}
+
+/// Worker flags. The workers take no auditor address yet (integrity events go to their logs),
+/// so nothing points them at the auditor.
+fn worker_args(role: &str, model: &Path, up: &UpArgs) -> Vec<String> {
+    let mut a = vec![
+        "--model".into(),
+        model.display().to_string(),
+        "--grpc-addr".into(),
+        "127.0.0.1:0".into(),
+        "--metrics-addr".into(),
+        "127.0.0.1:0".into(),
+        "--node-id".into(),
+        format!("{role}-0"),
+    ];
+    if role == "decode" {
+        a.extend(["--transfer-addr".into(), "127.0.0.1:0".into()]);
+    }
+    if let Some(t) = up.pool_tokens {
+        a.extend(["--pool-tokens".into(), t.to_string()]);
+    }
+    if let Some(c) = up.context_length {
+        a.extend(["--context-length".into(), c.to_string()]);
+    }
+    a
+}
+
+async fn start_all(
+    up: &UpArgs,
+    bin_dir: &Path,
+    dir: &Path,
+    model: &Path,
+    tenants_path: &Path,
+    tenants: &devconfig::TenantsFile,
+    group: &mut Group,
+) -> anyhow::Result<Endpoints> {
+    let timeout = Duration::from_secs(up.start_timeout_s);
+    let router_addr = free_addr(up.router_addr)?;
+    let auditor_addr = free_addr(up.auditor_addr)?;
+    let api = format!("http://{router_addr}");
+    let probe_key = tenants
+        .key_of(PROBE_TENANT)
+        .ok_or_else(|| anyhow!("no probe key"))?;
+    let data = dir.join("auditor");
+    std::fs::create_dir_all(&data)?;
+    let auditor = spec(
+        bin_dir,
+        "auditor",
+        vec![
+            "--http-addr".into(),
+            auditor_addr.to_string(),
+            "--grpc-addr".into(),
+            "127.0.0.1:0".into(),
+            "--database-url".into(),
+            format!("sqlite://{}/auditor.sqlite?mode=rwc", data.display()),
+            "--data-dir".into(),
+            data.display().to_string(),
+            "--router-url".into(),
+            api.clone(),
+            "--probe-key".into(),
+            format!("{PROBE_TENANT}={probe_key}"),
+            "--probe-interval".into(),
+            up.probe_interval.clone(),
+        ],
+    );
+    start_one(group, auditor, "SQLite incident log", dir, timeout).await?;
+    let auditor_http = group_addr(group, "auditor", "http")?;
+
+    let decode = spec(bin_dir, "decode", worker_args("decode", model, up));
+    start_one(group, decode, "loading the model", dir, timeout).await?;
+    let prefill = spec(bin_dir, "prefill", worker_args("prefill", model, up));
+    start_one(group, prefill, "loading the model", dir, timeout).await?;
+    let router = spec(
+        bin_dir,
+        "router",
+        vec![
+            "--http-addr".into(),
+            router_addr.to_string(),
+            "--model".into(),
+            model.display().to_string(),
+            "--tenants".into(),
+            tenants_path.display().to_string(),
+            "--decode".into(),
+            format!("http://{}", group_addr(group, "decode", "grpc")?),
+            "--prefill".into(),
+            format!("http://{}", group_addr(group, "prefill", "grpc")?),
+        ],
+    );
+    start_one(group, router, "loading the tokenizer", dir, timeout).await?;
+    let api = format!("http://{}", group_addr(group, "router", "http")?);
+    let auditor = format!("http://{auditor_http}");
+
+    let pb = spinner("waiting for the router to see its workers live");
+    let health = wait_healthy(&api, &auditor, timeout).await;
+    pb.finish_and_clear();
+    health?;
+    let key = tenants
+        .key_of(DEV_TENANTS[0])
+        .ok_or_else(|| anyhow!("no dev key"))?;
+    let model_name = model_name(&api, key).await.unwrap_or_else(|_| {
+        model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
+    Ok(Endpoints {
+        api,
+        auditor,
+        model_name,
+    })
+}
+
+fn group_addr(group: &Group, name: &str, key: &str) -> anyhow::Result<String> {
+    group
+        .get(name)
+        .ok_or_else(|| anyhow!("{name} is not running"))?
+        .addr(key)
+        .map(str::to_string)
+}
+
+/// Polls the router's and the auditor's `/health` until both answer 200.
+async fn wait_healthy(api: &str, auditor: &str, timeout: Duration) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        let mut ok = true;
+        for url in [format!("{api}/health"), format!("{auditor}/health")] {
+            match http.get(&url).send().await {
+                Ok(r) if r.status().is_success() => {}
+                Ok(r) => {
+                    ok = false;
+                    last = format!(
+                        "{url}: {} {}",
+                        r.status(),
+                        r.text().await.unwrap_or_default()
+                    );
+                }
+                Err(e) => {
+                    ok = false;
+                    last = format!("{url}: {e}");
+                }
+            }
+        }
+        if ok {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "services did not become healthy in {}s; last answer: {last}",
+                timeout.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn model_name(api: &str, key: &str) -> anyhow::Result<String> {
+    let v: serde_json::Value = reqwest::Client::new()
+        .get(format!("{api}/v1/models"))
+        .bearer_auth(key)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    v["data"][0]["id"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("/v1/models lists no model"))
+}
+
+/// The curl line the banner prints.
+pub fn curl_example(api: &str, key: &str, model: &str) -> String {
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Name three colors."}],
+        "max_tokens": 32,
+    });
+    format!(
+        "curl -s {api}/v1/chat/completions -H 'Authorization: Bearer {key}' \
+         -H 'Content-Type: application/json' -d '{body}'"
+    )
+}
+
+fn print_banner(e: &Endpoints, dir: &Path, tenants_path: &Path, t: &devconfig::TenantsFile) {
+    let key = |n: &str| t.key_of(n).unwrap_or_default().to_string();
+    let (a, b) = (DEV_TENANTS[0], DEV_TENANTS[1]);
+    println!();
+    println!("Pagewarden is up.");
+    println!("  API (OpenAI-compatible): {}/v1", e.api);
+    println!("  auditor UI:              {}/", e.auditor);
+    println!("  dev tenants ({}):", tenants_path.display());
+    println!("    {a:<10} {}", key(a));
+    println!("    {b:<10} {}", key(b));
+    println!("  try it:");
+    println!("    {}", curl_example(&e.api, &key(a), &e.model_name));
+    println!(
+        "  canary sweep: pagewarden probe --router {} --key {a}={} --key {b}={}",
+        e.api,
+        key(a),
+        key(b)
+    );
+    println!("  logs: {}", dir.join("logs").display());
+    println!("Ctrl-C stops everything.");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curl_example_is_valid_shell_and_json() {
+        let c = curl_example("http://127.0.0.1:8080", "pw-k", "m");
+        let body = c.split("-d '").nth(1).unwrap().trim_end_matches('\'');
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["model"], "m");
+        assert!(c.contains("Bearer pw-k"));
+    }
+
+    #[test]
+    fn a_busy_port_is_replaced_by_a_free_one() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let busy = l.local_addr().unwrap();
+        let got = free_addr(busy).unwrap();
+        assert_ne!(got, busy);
+        assert!(got.ip().is_loopback());
+    }
+}

@@ -1,0 +1,517 @@
+//! The deployment files cannot drift from the binaries: every flag, environment name and port
+//! in `compose/docker-compose.yml` and `compose/systemd/` is checked against what the built
+//! binaries say in `--help`, and the example config files are loaded by the services' own
+//! config loaders. The binaries must be built first (`scripts/test.sh` builds them); a missing
+//! one fails the test with the command to run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The four service binaries and their systemd/compose short names.
+const SERVICES: [(&str, &str); 4] = [
+    ("router", "pagewarden-router"),
+    ("prefill", "pagewarden-prefill"),
+    ("decode", "pagewarden-decode"),
+    ("auditor", "pagewarden-auditor"),
+];
+
+/// Environment names every service honours without a clap flag (logging, tracing).
+const COMMON_ENV: [&str; 2] = ["RUST_LOG", "OTEL_EXPORTER_OTLP_ENDPOINT"];
+
+/// What one binary's `--help` says.
+#[derive(Debug, Default)]
+struct Cli {
+    flags: BTreeSet<String>,
+    envs: BTreeSet<String>,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `<target>/<profile>`: this test runs from `<target>/<profile>/deps/`.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+fn help(bin: &str) -> Cli {
+    let path = bin_dir().join(bin);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the service binaries first (`cargo build --workspace --bins`, \
+         as scripts/test.sh does) so their real flags can be read",
+        path.display()
+    );
+    let out = Command::new(&path)
+        .arg("--help")
+        .env_remove("PAGEWARDEN_MODEL")
+        .output()
+        .unwrap_or_else(|e| panic!("running {} --help: {e}", path.display()));
+    assert!(out.status.success(), "{bin} --help failed: {out:?}");
+    parse_help(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn parse_help(text: &str) -> Cli {
+    let mut cli = Cli::default();
+    for word in text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']') {
+        if let Some(f) = word.strip_prefix("--") {
+            let f: String = f
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            if !f.is_empty() {
+                cli.flags.insert(format!("--{f}"));
+            }
+        }
+    }
+    for part in text.split("[env: ").skip(1) {
+        if let Some(name) = part.split(['=', ']']).next() {
+            cli.envs.insert(name.to_string());
+        }
+    }
+    cli
+}
+
+fn clis() -> BTreeMap<String, Cli> {
+    SERVICES
+        .iter()
+        .map(|(_, bin)| (bin.to_string(), help(bin)))
+        .collect()
+}
+
+/// Replaces `${VAR:-default}` with its default and `${VAR}` with nothing.
+fn interpolate(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find("${") {
+        out.push_str(&rest[..i]);
+        let Some(end) = rest[i..].find('}') else {
+            break;
+        };
+        let inner = &rest[i + 2..i + end];
+        if let Some((_, default)) = inner.split_once(":-") {
+            out.push_str(default);
+        }
+        rest = &rest[i + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn port_of(addr: &str) -> Option<u16> {
+    addr.rsplit(':').next()?.trim_end_matches('/').parse().ok()
+}
+
+/// `(host, port)` of every `scheme://host:port` in `s`.
+fn urls(s: &str) -> Vec<(String, u16)> {
+    s.split("://")
+        .skip(1)
+        .filter_map(|rest| {
+            let hostport = rest.split(['/', '?']).next()?;
+            let hostport = hostport.rsplit('@').next()?;
+            let (host, port) = hostport.rsplit_once(':')?;
+            Some((host.to_string(), port.parse().ok()?))
+        })
+        .collect()
+}
+
+fn strs(v: &serde_yaml::Value) -> Vec<String> {
+    match v {
+        serde_yaml::Value::Sequence(s) => s
+            .iter()
+            .filter_map(|x| match x {
+                serde_yaml::Value::String(s) => Some(interpolate(s)),
+                serde_yaml::Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            })
+            .collect(),
+        serde_yaml::Value::String(s) => s.split_whitespace().map(interpolate).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Flags given to a binary and the ports its `--*-addr` flags listen on.
+fn flags_and_ports(args: &[String]) -> (Vec<String>, BTreeSet<u16>) {
+    let mut flags = Vec::new();
+    let mut ports = BTreeSet::new();
+    for (i, a) in args.iter().enumerate() {
+        let Some(flag) = a
+            .strip_prefix("--")
+            .map(|_| a.split('=').next().unwrap_or(a))
+        else {
+            continue;
+        };
+        flags.push(flag.to_string());
+        let value = a
+            .split_once('=')
+            .map(|(_, v)| v.to_string())
+            .or_else(|| args.get(i + 1).cloned());
+        if flag.ends_with("-addr") {
+            if let Some(p) = value.as_deref().and_then(port_of) {
+                ports.insert(p);
+            }
+        }
+    }
+    (flags, ports)
+}
+
+/// Every drift between a compose file and the binaries.
+fn compose_problems(yaml: &str, clis: &BTreeMap<String, Cli>) -> Vec<String> {
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(yaml).expect("compose file is YAML");
+    doc.apply_merge().expect("merge keys");
+    let services = doc["services"]
+        .as_mapping()
+        .expect("compose has services")
+        .clone();
+    let mut problems = Vec::new();
+    let mut listen: BTreeMap<String, BTreeSet<u16>> = BTreeMap::new();
+    let mut binaries = BTreeSet::new();
+    listen.insert("postgres".into(), BTreeSet::from([5432]));
+    listen.insert("otel-collector".into(), BTreeSet::from([4317, 4318]));
+    for (name, svc) in &services {
+        let name = name.as_str().unwrap_or_default().to_string();
+        let cmd = strs(&svc["command"]);
+        let Some(bin) = cmd.first().filter(|b| b.starts_with("pagewarden-")) else {
+            continue;
+        };
+        let Some(cli) = clis.get(bin) else {
+            problems.push(format!("{name}: unknown binary {bin}"));
+            continue;
+        };
+        binaries.insert(bin.clone());
+        let (flags, ports) = flags_and_ports(&cmd[1..]);
+        for f in flags {
+            if !cli.flags.contains(&f) {
+                problems.push(format!("{name}: {bin} has no flag {f}"));
+            }
+        }
+        listen.insert(name.clone(), ports);
+        if let Some(env) = svc["environment"].as_mapping() {
+            for (k, _) in env {
+                let k = k.as_str().unwrap_or_default();
+                if !cli.envs.contains(k) && !COMMON_ENV.contains(&k) {
+                    problems.push(format!("{name}: {bin} reads no environment variable {k}"));
+                }
+            }
+        }
+    }
+    for (_, bin) in SERVICES {
+        if !binaries.contains(bin) {
+            problems.push(format!("no compose service runs {bin}"));
+        }
+    }
+    for needed in ["postgres", "otel-collector"] {
+        if !services.contains_key(needed) {
+            problems.push(format!("compose has no {needed} service"));
+        }
+    }
+    for (name, svc) in &services {
+        let name = name.as_str().unwrap_or_default();
+        let own = listen.get(name).cloned().unwrap_or_default();
+        if !svc["command"].is_null() && name != "otel-collector" {
+            for a in strs(&svc["command"]) {
+                for (host, port) in urls(&a) {
+                    check_target(&mut problems, &listen, name, &host, port);
+                }
+            }
+        }
+        if let Some(env) = svc["environment"].as_mapping() {
+            for (k, v) in env {
+                for (host, port) in urls(&interpolate(v.as_str().unwrap_or_default())) {
+                    let k = k.as_str().unwrap_or_default();
+                    check_target(&mut problems, &listen, &format!("{name} {k}"), &host, port);
+                }
+            }
+        }
+        for p in strs(&svc["ports"]) {
+            match port_of(&p) {
+                Some(port) if own.contains(&port) => {}
+                _ => problems.push(format!("{name}: publishes {p}, but listens on {own:?}")),
+            }
+        }
+        for a in strs(&svc["healthcheck"]["test"]) {
+            for (host, port) in urls(&a) {
+                if host == "127.0.0.1" && !own.contains(&port) {
+                    problems.push(format!(
+                        "{name}: health check on port {port}, but listens on {own:?}"
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+fn check_target(
+    problems: &mut Vec<String>,
+    listen: &BTreeMap<String, BTreeSet<u16>>,
+    from: &str,
+    host: &str,
+    port: u16,
+) {
+    if host == "127.0.0.1" || host == "localhost" {
+        return;
+    }
+    match listen.get(host) {
+        Some(ports) if ports.contains(&port) => {}
+        Some(ports) => problems.push(format!(
+            "{from}: {host}:{port}, but {host} listens on {ports:?}"
+        )),
+        None => problems.push(format!("{from}: {host} is not a compose service")),
+    }
+}
+
+#[test]
+fn compose_matches_the_binaries() {
+    let clis = clis();
+    let yaml = std::fs::read_to_string(repo().join("compose/docker-compose.yml")).unwrap();
+    let problems = compose_problems(&yaml, &clis);
+    assert!(
+        problems.is_empty(),
+        "compose drifted:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_compose_check_catches_drift() {
+    let clis = clis();
+    let yaml = std::fs::read_to_string(repo().join("compose/docker-compose.yml")).unwrap();
+    let bad = yaml
+        .replace(
+            "--grpc-addr\n      - 0.0.0.0:7201",
+            "--grpc-address\n      - 0.0.0.0:7201",
+        )
+        .replace("PAGEWARDEN_AUDITOR_DATABASE_URL", "PAGEWARDEN_DB_URL")
+        .replace("http://prefill:7101", "http://prefill:7999")
+        .replace("127.0.0.1:8080:8080", "127.0.0.1:8080:8081");
+    assert_ne!(bad, yaml, "the mutations must apply");
+    let problems = compose_problems(&bad, &clis).join("\n");
+    for expected in [
+        "has no flag --grpc-address",
+        "no environment variable PAGEWARDEN_DB_URL",
+        "prefill:7999",
+        "publishes 127.0.0.1:8080:8081",
+    ] {
+        assert!(
+            problems.contains(expected),
+            "{expected:?} not reported in:\n{problems}"
+        );
+    }
+}
+
+/// `key=value` lines of a unit or env file (comments and sections skipped).
+fn ini(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('['))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+fn systemd_problems(dir: &Path, clis: &BTreeMap<String, Cli>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (short, bin) in SERVICES {
+        let cli = &clis[bin];
+        let unit_path = dir.join(format!("{bin}.service"));
+        let Ok(unit) = std::fs::read_to_string(&unit_path) else {
+            problems.push(format!("{} is missing", unit_path.display()));
+            continue;
+        };
+        let kv = ini(&unit);
+        let get = |k: &str| -> std::vec::IntoIter<&str> {
+            kv.iter()
+                .filter(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        let exec: Vec<&str> = get("ExecStart")
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        if exec.first() != Some(&format!("/usr/local/bin/{bin}").as_str()) {
+            problems.push(format!(
+                "{bin}.service: ExecStart does not run /usr/local/bin/{bin}"
+            ));
+        }
+        let args: Vec<String> = exec.iter().skip(1).map(|s| s.to_string()).collect();
+        for f in flags_and_ports(&args).0 {
+            if !cli.flags.contains(&f) {
+                problems.push(format!("{bin}.service: {bin} has no flag {f}"));
+            }
+        }
+        for (k, want) in [
+            ("NoNewPrivileges", "yes"),
+            ("ProtectSystem", "strict"),
+            ("ProtectHome", "yes"),
+            ("PrivateTmp", "yes"),
+            ("Restart", "on-failure"),
+        ] {
+            if !get(k).any(|v| v == want) {
+                problems.push(format!("{bin}.service: missing {k}={want}"));
+            }
+        }
+        if !get("DynamicUser").any(|v| v == "yes") && get("User").next().is_none() {
+            problems.push(format!("{bin}.service: neither DynamicUser=yes nor User="));
+        }
+        for k in ["LimitNOFILE", "MemoryMax"] {
+            if get(k).next().is_none() {
+                problems.push(format!("{bin}.service: no {k}"));
+            }
+        }
+        if short == "auditor" && get("StateDirectory").next().is_none() {
+            problems.push(format!("{bin}.service: no StateDirectory for SQLite"));
+        }
+        let want_env = format!("/etc/pagewarden/{short}.env");
+        if !get("EnvironmentFile").any(|v| v.trim_start_matches('-') == want_env) {
+            problems.push(format!("{bin}.service: no EnvironmentFile={want_env}"));
+        }
+        let env_path = dir.join(format!("{short}.env"));
+        let Ok(env) = std::fs::read_to_string(&env_path) else {
+            problems.push(format!("{} is missing", env_path.display()));
+            continue;
+        };
+        for (k, v) in ini(&env) {
+            if !cli.envs.contains(&k) && !COMMON_ENV.contains(&k.as_str()) {
+                problems.push(format!(
+                    "{short}.env: {bin} reads no environment variable {k}"
+                ));
+            }
+            if let Some(name) = v.strip_prefix("/etc/pagewarden/") {
+                if !dir.join(name).is_file() {
+                    problems.push(format!(
+                        "{short}.env: {k} names {v}, not shipped in {}",
+                        dir.display()
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn systemd_units_and_env_files_match_the_binaries() {
+    let clis = clis();
+    let problems = systemd_problems(&repo().join("compose/systemd"), &clis);
+    assert!(
+        problems.is_empty(),
+        "systemd files drifted:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_systemd_check_catches_drift() {
+    let clis = clis();
+    let src = repo().join("compose/systemd");
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), tmp.path().join(e.file_name())).unwrap();
+    }
+    let edit = |file: &str, from: &str, to: &str| {
+        let p = tmp.path().join(file);
+        let s = std::fs::read_to_string(&p).unwrap();
+        assert!(s.contains(from), "{file} has no {from:?}");
+        std::fs::write(&p, s.replace(from, to)).unwrap();
+    };
+    edit(
+        "decode.env",
+        "PAGEWARDEN_CONFIG=",
+        "PAGEWARDEN_DECODE_CONFIG=",
+    );
+    edit("pagewarden-router.service", "--config", "--conf");
+    edit(
+        "pagewarden-auditor.service",
+        "ProtectSystem=strict",
+        "ProtectSystem=full",
+    );
+    let problems = systemd_problems(tmp.path(), &clis).join("\n");
+    for expected in [
+        "reads no environment variable PAGEWARDEN_DECODE_CONFIG",
+        "has no flag --conf",
+        "pagewarden-auditor.service: missing ProtectSystem=strict",
+    ] {
+        assert!(
+            problems.contains(expected),
+            "{expected:?} not reported in:\n{problems}"
+        );
+    }
+}
+
+/// Keys of a TOML config file must be flags of the binary (`_` for `-`), except `extra`.
+fn toml_key_problems(path: &Path, cli: &Cli, extra: &[&str]) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let table: toml::Table = toml::from_str(&text).unwrap();
+    table
+        .keys()
+        .filter(|k| !extra.contains(&k.as_str()))
+        .filter(|k| !cli.flags.contains(&format!("--{}", k.replace('_', "-"))))
+        .map(|k| format!("{}: key {k} is no flag of the binary", path.display()))
+        .collect()
+}
+
+#[test]
+fn example_config_files_load_with_the_services_own_loaders() {
+    use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
+    let clis = clis();
+    let dir = repo().join("compose/systemd");
+    let mut problems = Vec::new();
+    for (role, defaults) in [
+        ("decode", WorkerDefaults::decode()),
+        ("prefill", WorkerDefaults::prefill()),
+    ] {
+        let path = dir.join(format!("{role}.toml"));
+        let flags = WorkerFlags {
+            config: Some(path.clone()),
+            model: Some(PathBuf::from("/m.gguf")),
+            ..WorkerFlags::default()
+        };
+        if let Err(e) = WorkerConfig::resolve(flags, defaults) {
+            problems.push(format!("{}: {e}", path.display()));
+        }
+        problems.extend(toml_key_problems(
+            &path,
+            &clis[&format!("pagewarden-{role}")],
+            &[],
+        ));
+    }
+    let auditor = dir.join("auditor.toml");
+    let args = pagewarden_auditor::config::Args {
+        config: Some(auditor.clone()),
+        ..Default::default()
+    };
+    if let Err(e) = pagewarden_auditor::config::Config::load(args) {
+        problems.push(format!("{}: {e}", auditor.display()));
+    }
+    problems.extend(toml_key_problems(
+        &dir.join("router.toml"),
+        &clis["pagewarden-router"],
+        &["tenants_file", "tenants"],
+    ));
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn help_parsing_reads_flags_and_env_names() {
+    let cli = parse_help(
+        "Options:\n      --grpc-addr <GRPC_ADDR>\n          gRPC\n      --model <MODEL>\n          \
+         GGUF [env: PAGEWARDEN_MODEL=/x/y.gguf]\n  -h, --help\n",
+    );
+    assert!(cli.flags.contains("--grpc-addr") && cli.flags.contains("--help"));
+    assert_eq!(cli.envs, BTreeSet::from(["PAGEWARDEN_MODEL".to_string()]));
+    assert_eq!(interpolate("a=${X:-b}c${Y}"), "a=bc");
+    assert_eq!(
+        urls("postgres://u:p@postgres:5432/db"),
+        vec![("postgres".into(), 5432)]
+    );
+}
