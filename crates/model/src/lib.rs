@@ -14,6 +14,7 @@
 //! - `config.rs`: `LlamaConfig` from GGUF `llama.*` metadata
 //! - `engine.rs`: `Engine::generate`, single-process generation over a local `KvPool`
 //! - `weights.rs`: Llama weights as zero-copy views into the GGUF mapping
+//! - `cuda/`: `GpuModel`, the Llama forward pass on a GPU over a device KV pool (feature `cuda`)
 //! - `llama/`: `Model` (load, prefill, batched decode over paged KV), `ModelError`
 //! - `chat.rs`: `ChatTemplate` (minijinja, HF-compatible), `ChatMessage`
 //! - `sampling.rs`: `SamplingParams`, `Sampler` (greedy, temperature, top-k, top-p, seeded)
@@ -26,6 +27,8 @@
 
 pub mod chat;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod engine;
 pub mod gguf;
 pub mod llama;

@@ -1,0 +1,352 @@
+//! GPU engine check (run by kernels/gpu-engine-check.sh on a machine with an NVIDIA GPU):
+//!
+//! 1. parity: for every reference case, GPU prefill vs llama.cpp's top-5 logits and top-1, GPU
+//!    vs CPU logits, and 24 greedy GPU tokens vs llama.cpp's;
+//! 2. a generation-mismatch step: one sequence's page is revoked behind its back, so the next
+//!    batched decode step must fail that sequence with an error while its batch mate proceeds;
+//! 3. prefill tok/s (512-token prompt) and decode tok/s at batch 1 and 32.
+//!
+//! `gpu_engine --model PATH --reference JSON [--device cuda:N]`, or
+//! `gpu_engine --write-ptx DIR [--arch compute_90]` to precompile the model's own kernel (needs
+//! NVRTC; the GPU machine then needs only the driver). Exits non-zero when a check fails.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use pagewarden_kernels::cuda::CudaBackend;
+use pagewarden_kernels::Device;
+use pagewarden_kvcache::{KvPool, Owner, PoolConfig, RequestId, TenantId};
+use pagewarden_model::cuda::{GpuError, GpuModel, GpuOptions, GpuSequence};
+use pagewarden_model::{argmax, LoadOptions, Model};
+
+/// Greedy tokens decoded per parity case.
+const GREEDY: usize = 24;
+/// Leading greedy tokens that must match on at least `cases - 1` cases.
+const MIN_PREFIX: usize = 8;
+
+struct Args {
+    model: Option<PathBuf>,
+    reference: Option<PathBuf>,
+    device: Device,
+    write_ptx: Option<PathBuf>,
+    arch: String,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args {
+        model: None,
+        reference: None,
+        device: Device::Cuda(0),
+        write_ptx: None,
+        arch: "compute_90".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => a.model = Some(val()?.into()),
+            "--reference" => a.reference = Some(val()?.into()),
+            "--device" => a.device = val()?.parse()?,
+            "--write-ptx" => a.write_ptx = Some(val()?.into()),
+            "--arch" => a.arch = val()?,
+            other => bail!(
+                "unknown argument {other:?}; usage: gpu_engine --model PATH --reference JSON \
+                 [--device cuda:N] | --write-ptx DIR [--arch compute_90]"
+            ),
+        }
+    }
+    Ok(a)
+}
+
+struct Case {
+    prompt: Vec<u32>,
+    top5: Vec<(u32, f32)>,
+    greedy: Vec<u32>,
+}
+
+fn load_cases(path: &PathBuf) -> Result<Vec<Case>> {
+    let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_slice(&text).context("reference is not JSON")?;
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let cases = json["cases"]
+        .as_array()
+        .context("reference has no cases array")?;
+    Ok(cases
+        .iter()
+        .map(|c| Case {
+            prompt: ids(&c["prompt_tokens"]),
+            greedy: ids(&c["greedy_tokens"]),
+            top5: c["first_step_top5"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|e| {
+                            let t = e["token"].as_u64().unwrap_or(0) as u32;
+                            (t, e["logit"].as_f64().unwrap_or(f64::NAN) as f32)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .collect())
+}
+
+/// Unwraps the two layers of a GPU step result.
+fn ok(r: Result<Result<Vec<f32>, GpuError>, GpuError>, what: &str) -> Result<Vec<f32>> {
+    r.with_context(|| format!("{what}: device failure"))?
+        .with_context(|| format!("{what}: sequence failed"))
+}
+
+fn cpu_logits(model: &Model, pool: &KvPool, prompt: &[u32]) -> Result<Vec<f32>> {
+    let owner = Owner {
+        request: RequestId::random(),
+        tenant: TenantId::new("gpu-parity"),
+    };
+    let mut seq = pool.allocate(owner, prompt.len())?;
+    Ok(model.prefill(&mut seq, prompt)?)
+}
+
+fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case]) -> Result<bool> {
+    let pool = KvPool::new(PoolConfig::with_pages(model.kv_layout(16), 256));
+    println!("== parity: GPU vs llama.cpp reference and vs the CPU engine");
+    println!(
+        "{:>4} {:>6} {:>10} {:>6} {:>12} {:>10}",
+        "case", "prompt", "top5 |d|", "top1", "GPU-CPU |d|", "greedy"
+    );
+    let (mut top1_all, mut prefix_ok, mut worst) = (true, 0, 0f32);
+    for (ci, c) in cases.iter().enumerate() {
+        let mut seq = gpu.new_sequence();
+        let mut logits = ok(gpu.prefill(&mut seq, &c.prompt), "prefill")?;
+        let top5_d = c
+            .top5
+            .iter()
+            .map(|&(t, want)| (logits[t as usize] - want).abs())
+            .fold(0f32, f32::max);
+        let top1 = c.top5.first().map(|t| t.0) == Some(argmax(&logits));
+        let cpu = cpu_logits(model, &pool, &c.prompt)?;
+        let cpu_d = cpu
+            .iter()
+            .zip(&logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let n = GREEDY.min(c.greedy.len());
+        let mut ours = Vec::with_capacity(n);
+        while ours.len() < n {
+            let t = argmax(&logits);
+            ours.push(t);
+            if ours.len() < n {
+                logits = ok(
+                    gpu.decode_step(&mut [(&mut seq, t)])
+                        .map(|mut v| v.pop().expect("one result")),
+                    "decode",
+                )?;
+            }
+        }
+        gpu.release(seq);
+        let matched = ours
+            .iter()
+            .zip(&c.greedy)
+            .take_while(|(a, b)| a == b)
+            .count();
+        println!(
+            "{ci:>4} {:>6} {top5_d:>10.4} {:>6} {cpu_d:>12.4} {:>7}/{n}",
+            c.prompt.len(),
+            if top1 { "ok" } else { "DIFF" },
+            matched
+        );
+        top1_all &= top1;
+        prefix_ok += usize::from(matched >= MIN_PREFIX.min(n));
+        worst = worst.max(top5_d);
+    }
+    let pass = top1_all && prefix_ok + 1 >= cases.len();
+    println!(
+        "parity: top-1 {} on all cases; {prefix_ok}/{} cases match the first {MIN_PREFIX} greedy \
+         tokens; worst top-5 logit |d| {worst:.4}  => {}",
+        if top1_all { "matches" } else { "DIFFERS" },
+        cases.len(),
+        if pass { "PASS" } else { "FAIL" }
+    );
+    Ok(pass)
+}
+
+fn mismatch_check(gpu: &mut GpuModel, prompt: &[u32]) -> Result<bool> {
+    println!("== generation mismatch: revoke a page of sequence A behind its back");
+    let (mut a, mut b) = (gpu.new_sequence(), gpu.new_sequence());
+    let la = ok(gpu.prefill(&mut a, prompt), "prefill A")?;
+    let lb = ok(gpu.prefill(&mut b, prompt), "prefill B")?;
+    let (ta, tb) = (argmax(&la), argmax(&lb));
+    let victim = a.pages()[0].0;
+    let (len_a, len_b) = (a.len(), b.len());
+    let gen = gpu.revoke_page(victim)?;
+    println!(
+        "revoked page {} of A (A holds generation {}, pool now {})",
+        victim.0,
+        a.pages()[0].1 .0,
+        gen.0
+    );
+    let mut res = gpu.decode_step(&mut [(&mut a, ta), (&mut b, tb)])?;
+    let rb = res.pop().expect("two results");
+    let ra = res.pop().expect("two results");
+    let a_refused = matches!(&ra, Err(GpuError::PageFault(f)) if f.generation_mismatch());
+    let b_ok = matches!(&rb, Ok(l) if l.iter().all(|x| x.is_finite()));
+    match &ra {
+        Ok(_) => println!("A: returned logits (WRONG: a stale page table was accepted)"),
+        Err(e) => println!("A: error: {e}"),
+    }
+    match &rb {
+        Ok(l) => println!("B: ok, next token {}", argmax(l)),
+        Err(e) => println!("B: error: {e} (WRONG: its batch mate's fault leaked)"),
+    }
+    let lens = a.len() == len_a && b.len() == len_b + 1;
+    gpu.release(a);
+    gpu.release(b);
+    let pass = a_refused && b_ok && lens;
+    println!(
+        "mismatch check: A refused {a_refused}, B proceeded {b_ok}, lengths right {lens} => {}",
+        if pass { "PASS" } else { "FAIL" }
+    );
+    Ok(pass)
+}
+
+fn prompt_of(base: &[u32], len: usize, shift: usize) -> Vec<u32> {
+    (0..len).map(|i| base[(i + shift) % base.len()]).collect()
+}
+
+/// Prefills `batch` sequences of `prompt_len` tokens, then runs `steps` greedy decode steps
+/// over all of them together. Returns decode tokens per second, all sequences together.
+fn decode_bench(
+    gpu: &mut GpuModel,
+    base: &[u32],
+    batch: usize,
+    prompt_len: usize,
+    steps: usize,
+) -> Result<f64> {
+    let mut seqs: Vec<GpuSequence> = Vec::with_capacity(batch);
+    let mut next = Vec::with_capacity(batch);
+    for s in 0..batch {
+        let mut seq = gpu.new_sequence();
+        let l = ok(
+            gpu.prefill(&mut seq, &prompt_of(base, prompt_len, s)),
+            "bench prefill",
+        )?;
+        next.push(argmax(&l));
+        seqs.push(seq);
+    }
+    gpu.backend().synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..steps {
+        let mut work: Vec<(&mut GpuSequence, u32)> =
+            seqs.iter_mut().zip(next.iter().copied()).collect();
+        let res = gpu.decode_step(&mut work)?;
+        for (n, r) in next.iter_mut().zip(res) {
+            *n = argmax(&r.context("bench decode")?);
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    for s in seqs {
+        gpu.release(s);
+    }
+    Ok((batch * steps) as f64 / secs)
+}
+
+fn bench(gpu: &mut GpuModel, base: &[u32]) -> Result<()> {
+    println!("== throughput");
+    let prompt = prompt_of(base, 512, 0);
+    let mut warm = gpu.new_sequence();
+    ok(gpu.prefill(&mut warm, &prompt[..64]), "warm-up")?;
+    gpu.release(warm);
+    let mut seq = gpu.new_sequence();
+    let t0 = Instant::now();
+    ok(gpu.prefill(&mut seq, &prompt), "prefill bench")?;
+    let secs = t0.elapsed().as_secs_f64();
+    gpu.release(seq);
+    println!(
+        "prefill 512 tokens: {:.1} ms, {:.0} tok/s",
+        secs * 1e3,
+        512.0 / secs
+    );
+    for batch in [1usize, 32] {
+        let total = decode_bench(gpu, base, batch, 64, 128)?;
+        println!(
+            "decode batch {batch:>2} (64-token prompts, 128 steps): {:.1} tok/s per sequence, \
+             {total:.1} tok/s total",
+            total / batch as f64
+        );
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    if let Some(dir) = &args.write_ptx {
+        let path = pagewarden_model::cuda::write_kv_store_ptx(dir, &args.arch)?;
+        println!("wrote {}", path.display());
+        return Ok(());
+    }
+    let ordinal = match args.device {
+        Device::Cuda(n) => n,
+        Device::Cpu => bail!("gpu_engine runs on a GPU: pass --device cuda:N"),
+    };
+    let backend = match CudaBackend::new(ordinal) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("gpu_engine: no CUDA device: {e}");
+            std::process::exit(2);
+        }
+    };
+    let model_path = args.model.context("--model PATH is required")?;
+    let ref_path = args.reference.context("--reference JSON is required")?;
+    let cases = load_cases(&ref_path)?;
+    if cases.is_empty() {
+        bail!("{} has no cases", ref_path.display());
+    }
+    let t0 = Instant::now();
+    let model = Model::load(&model_path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", model_path.display()))?;
+    println!(
+        "device {}: {} ({}), PTX {:?}",
+        args.device,
+        backend.name()?,
+        backend.arch(),
+        backend.ptx_source()
+    );
+    let opts = GpuOptions {
+        pages: 2048,
+        page_size: 16,
+        prefill_chunk: 512,
+    };
+    let mut gpu = GpuModel::new(&model, Arc::new(backend), &opts)?;
+    println!(
+        "model loaded and uploaded in {:.0} ms ({} layers, dim {}, vocab {}; {} device pages of {} tokens)",
+        t0.elapsed().as_secs_f64() * 1e3,
+        model.config().layers,
+        model.config().dim,
+        model.config().vocab,
+        opts.pages,
+        opts.page_size
+    );
+    let parity_ok = parity(&model, &mut gpu, &cases)?;
+    let mismatch_ok = mismatch_check(&mut gpu, &cases[0].prompt)?;
+    let base: Vec<u32> = cases
+        .iter()
+        .flat_map(|c| c.prompt.iter().copied())
+        .collect();
+    bench(&mut gpu, &base)?;
+    println!("total {:.1} s", t0.elapsed().as_secs_f64());
+    if !(parity_ok && mismatch_ok) {
+        bail!("GPU engine check FAILED (parity {parity_ok}, mismatch check {mismatch_ok})");
+    }
+    println!("GPU engine check PASSED");
+    Ok(())
+}

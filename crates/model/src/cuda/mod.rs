@@ -1,0 +1,22 @@
+//! The Llama forward pass on a GPU (feature `cuda`): weights and the paged KV pool live in
+//! device memory; prefill and batched decode return logits only.
+//!
+//! - `error.rs`: `GpuError`.
+//! - `pages.rs`: `PageBook` (free list, per-page generations, pending device updates),
+//!   `GpuSequence` (page table with the generations it holds).
+//! - `kv_store.rs` + `kv_store.cu`: the generation-checked K/V write kernel and its PTX.
+//! - `weights.rs`: the GGUF weights uploaded as they are (quantized).
+//! - `model.rs`: `GpuModel` (load, sequences, prefill, decode_step, release, revoke_page).
+//! - `forward.rs`: the batched forward pass.
+
+mod error;
+mod forward;
+mod kv_store;
+mod model;
+mod pages;
+mod weights;
+
+pub use error::GpuError;
+pub use kv_store::{compile_kv_store, write_kv_store_ptx, MODEL_PTX_DIR_ENV, PTX_FILE};
+pub use model::{GpuModel, GpuOptions};
+pub use pages::{DevicePageId, GpuSequence, PageBook, PageEntry, PageGeneration};
