@@ -165,3 +165,24 @@ impl KvStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NVRTC comes from the nvidia-cuda-nvrtc-cu12 wheel (scripts/test.sh puts it on the path).
+    #[test]
+    fn kv_store_compiles_to_ptx_for_sm_90_and_round_trips_through_a_file() {
+        let dir = std::env::temp_dir().join(format!("pw-model-ptx-{}", std::process::id()));
+        let path = write_kv_store_ptx(&dir, "compute_90").unwrap_or_else(|e| panic!("{e}"));
+        let text = read_checked(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(text.contains(".target sm_90"), "PTX is not for sm_90");
+        assert!(text.contains(".entry kv_store_f16("), "kernel missing");
+        // A file from another source is refused, never run.
+        let stale = text.replacen(&header_tag(), "source=0000000000000000", 1);
+        std::fs::write(&path, stale).unwrap();
+        let err = read_checked(&path).unwrap_err().to_string();
+        assert!(err.contains("another kv_store.cu"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
