@@ -437,8 +437,8 @@ async fn least_loaded_workers_are_picked_and_dead_ones_skipped() {
         let _ = r.chunk().await;
         streams.push(r);
     }
-    // First request: the idle decode (fewer active), prefill 0; second: busy decode is now tied
-    // on router in-flight... the idle one has 1 in flight, so the busy one gets it; prefill 1.
+    // First request: decode 1 (fewer active at its last poll) and prefill 0. Second: decode 1
+    // now has one request in flight from this router, so decode 0 gets it, and prefill 1.
     assert_eq!(h.decode[1].reserves(), 1);
     assert_eq!(h.decode[0].reserves(), 1);
     assert_eq!(h.prefill[0].prefills(), 1);
