@@ -82,6 +82,8 @@ pub struct Service {
     pub addrs: HashMap<String, String>,
     /// Every stdout line after the listening line is dropped; stderr goes to the test's stderr.
     pub name: String,
+    /// Files the service reads (kept until it is dropped).
+    pub files: Option<tempfile::TempDir>,
 }
 
 impl Service {
@@ -137,6 +139,7 @@ impl Service {
                     child,
                     addrs,
                     name: binary.to_string(),
+                    files: None,
                 })
             }
             Err(_) => {
@@ -153,6 +156,11 @@ impl Service {
     /// `http://` URL of the service's gRPC address.
     pub fn grpc_url(&self) -> String {
         format!("http://{}", self.addrs["grpc"])
+    }
+
+    /// `http://` URL of the router's HTTP address.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.addrs["http"])
     }
 
     /// The `/metrics` text.
@@ -251,4 +259,65 @@ pub fn start_decode(model: &ModelArg, extra: &[&str]) -> Service {
 /// Starts a prefill worker.
 pub fn start_prefill(model: &ModelArg, extra: &[&str]) -> Service {
     Service::start("pagewarden-prefill", &worker_args(model, extra))
+}
+
+/// The API key of tenant `tenant-N` in routers started by [`start_router`].
+pub fn api_key(n: usize) -> String {
+    format!("test-key-{n}")
+}
+
+/// Starts a router serving model name `m` over the given workers (tenants `tenant-0..3` with [`api_key`]) and waits
+/// until `/health` reports every half live.
+pub async fn start_router(
+    model: &ModelArg,
+    decodes: &[&Service],
+    prefills: &[&Service],
+) -> Service {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tenants = dir.path().join("tenants.toml");
+    let mut toml = String::new();
+    for n in 0..4 {
+        toml.push_str(&format!(
+            "[[tenants]]\nname = \"tenant-{n}\"\nkeys = [\"{}\"]\n",
+            api_key(n)
+        ));
+    }
+    std::fs::write(&tenants, toml).expect("write tenants");
+    let mut args: Vec<String> = vec![
+        "--http-addr".into(),
+        "127.0.0.1:0".into(),
+        "--tenants".into(),
+        tenants.display().to_string(),
+        "--info-interval".into(),
+        "200ms".into(),
+        "--served-model-name".into(),
+        "m".into(),
+    ];
+    match model {
+        ModelArg::Real => args.extend(["--model".into(), model_path().display().to_string()]),
+        ModelArg::Tiny(seed) => args.extend(["--tiny-test-model".into(), seed.to_string()]),
+    }
+    for d in decodes {
+        args.extend(["--decode".into(), d.grpc_url()]);
+    }
+    for p in prefills {
+        args.extend(["--prefill".into(), p.grpc_url()]);
+    }
+    let mut router = Service::start("pagewarden-router", &args);
+    router.files = Some(dir);
+    let url = format!("{}/health", router.http_url());
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(r) = reqwest::get(&url).await {
+            if r.status().is_success() {
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < START_TIMEOUT,
+            "router never became healthy"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    router
 }

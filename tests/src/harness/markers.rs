@@ -24,7 +24,13 @@ pub const B: Tenant = Tenant {
 
 /// `len` bytes spelling `marker` over and over, starting at the marker's first byte.
 pub fn marker_bytes(marker: &str, len: usize) -> Vec<u8> {
-    marker.as_bytes().iter().copied().cycle().take(len).collect()
+    marker
+        .as_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take(len)
+        .collect()
 }
 
 /// Whether `bytes` contain `marker` (a whole copy).

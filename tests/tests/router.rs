@@ -1,0 +1,233 @@
+//! The whole suite, router → prefill → decode, as real processes on 127.0.0.1, through the
+//! router's OpenAI-compatible HTTP API.
+
+use std::time::{Duration, Instant};
+
+use pagewarden_system_tests::{
+    api_key, reference, start_decode, start_prefill, start_router, ModelArg, Service,
+};
+use serde_json::{json, Value};
+
+const TINY: ModelArg = ModelArg::Tiny(11);
+
+async fn post(router: &Service, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", router.http_url()))
+        .bearer_auth(api_key(0))
+        .json(&body)
+        .send()
+        .await
+        .expect("router request");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("json body"))
+}
+
+/// Streams a completion; returns (text, finish_reason, usage).
+async fn post_stream(router: &Service, body: Value) -> (String, String, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", router.http_url()))
+        .bearer_auth(api_key(1))
+        .json(&body)
+        .send()
+        .await
+        .expect("router request");
+    assert_eq!(r.status().as_u16(), 200);
+    let body = r.text().await.expect("sse body");
+    let (mut text, mut finish, mut usage) = (String::new(), String::new(), Value::Null);
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data).expect("sse json");
+        assert!(v.get("error").is_none(), "stream error: {v}");
+        if let Some(c) = v["choices"].get(0) {
+            text.push_str(c["text"].as_str().unwrap_or(""));
+            if let Some(f) = c["finish_reason"].as_str() {
+                finish = f.to_string();
+            }
+        }
+        if !v["usage"].is_null() {
+            usage = v["usage"].clone();
+        }
+    }
+    (text, finish, usage)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_prompts_through_the_router_match_the_engine() {
+    let model = ModelArg::Real;
+    let decode = start_decode(&model, &["--pool-tokens", "16384"]);
+    let prefill = start_prefill(&model, &["--pool-tokens", "16384"]);
+    let router = start_router(&model, &[&decode], &[&prefill]).await;
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(pagewarden_system_tests::reference_path()).unwrap(),
+    )
+    .unwrap();
+    let engine = reference::engine(reference::load(&model));
+    for (i, case) in reference["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .enumerate()
+    {
+        let prompt: Vec<u32> = case["prompt_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        let want = reference::greedy(&engine, &prompt, 24);
+        let body =
+            json!({"model": "m", "prompt": case["prompt"], "max_tokens": 24, "temperature": 0});
+        let (status, v) = post(&router, "/v1/completions", body.clone()).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(
+            v["choices"][0]["text"].as_str(),
+            Some(want.text.as_str()),
+            "prompt {}",
+            case["prompt"]
+        );
+        assert_eq!(
+            v["choices"][0]["finish_reason"].as_str(),
+            Some(want.finish_reason.as_str())
+        );
+        assert_eq!(
+            v["usage"]["prompt_tokens"].as_u64(),
+            Some(prompt.len() as u64),
+            "tokenizer count"
+        );
+        assert_eq!(
+            v["usage"]["completion_tokens"].as_u64(),
+            Some(want.tokens.len() as u64)
+        );
+        if i < 3 {
+            let mut sbody = body.clone();
+            sbody["stream"] = json!(true);
+            sbody["stream_options"] = json!({"include_usage": true});
+            let (text, finish, usage) = post_stream(&router, sbody).await;
+            assert_eq!(text, want.text, "streaming and non-streaming agree");
+            assert_eq!(finish, want.finish_reason.as_str());
+            assert_eq!(
+                usage["completion_tokens"].as_u64(),
+                Some(want.tokens.len() as u64)
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_length_sweep_through_the_router_touches_no_worker_pages() {
+    let decode = start_decode(&TINY, &[]);
+    let prefill = start_prefill(&TINY, &[]);
+    let router = start_router(&TINY, &[&decode], &[&prefill]).await;
+    let context = 256usize;
+    let mut lengths = vec![context - 1, context, context + 1];
+    lengths.extend((1..=16).map(|k| context + 16 * k));
+    for n in lengths {
+        let prompt: Vec<u32> = (0..n as u32).map(|i| 20 + i % 200).collect();
+        let (status, v) = post(
+            &router,
+            "/v1/completions",
+            json!({"model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0}),
+        )
+        .await;
+        if n < context {
+            assert_eq!(status, 200, "{v}");
+        } else {
+            assert_eq!(status, 400, "{v}");
+            assert_eq!(
+                v["error"]["code"].as_str(),
+                Some("context_length_exceeded"),
+                "{v}"
+            );
+        }
+    }
+    // Only the one fitting request moved pages; nothing was reserved for the rejected ones.
+    let fitting_pages = (context - 1).div_ceil(16);
+    let page_bytes = reference::load(&TINY).kv_layout(16).page_bytes();
+    let bytes = decode
+        .metric("pagewarden_transfer_bytes_total{role=\"decode\"}")
+        .await;
+    assert_eq!(bytes, (fitting_pages * page_bytes) as f64);
+    assert_eq!(
+        decode
+            .metric(
+                "pagewarden_rejections_total{role=\"decode\",reason=\"context_length_exceeded\"}"
+            )
+            .await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_by_two_workers_serve_concurrent_clients_and_survive_a_disconnect() {
+    let decodes = [start_decode(&TINY, &[]), start_decode(&TINY, &[])];
+    let prefills = [start_prefill(&TINY, &[]), start_prefill(&TINY, &[])];
+    let router = start_router(
+        &TINY,
+        &[&decodes[0], &decodes[1]],
+        &[&prefills[0], &prefills[1]],
+    )
+    .await;
+    let engine = reference::engine(reference::load(&TINY));
+    let router = std::sync::Arc::new(router);
+    let mut tasks = Vec::new();
+    for i in 0..8u32 {
+        let prompt: Vec<u32> = (0..(8 + 5 * i)).map(|j| 20 + (j * 7 + i) % 200).collect();
+        let want = reference::greedy(&engine, &prompt, 12);
+        let router = router.clone();
+        tasks.push(tokio::spawn(async move {
+            let (status, v) = post(
+                &router,
+                "/v1/completions",
+                json!({"model": "m", "prompt": prompt, "max_tokens": 12, "temperature": 0}),
+            )
+            .await;
+            assert_eq!(status, 200, "{v}");
+            assert_eq!(
+                v["choices"][0]["text"].as_str(),
+                Some(want.text.as_str()),
+                "client {i}"
+            );
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client");
+    }
+    // A streaming client that disconnects after the first chunk: both halves are cancelled and
+    // every decode pool returns to all-free.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", router.http_url()))
+        .bearer_auth(api_key(2))
+        .json(&json!({"model": "m", "prompt": [30, 31, 32], "max_tokens": 200, "temperature": 0, "stream": true}))
+        .send()
+        .await
+        .expect("stream request");
+    let mut r = r;
+    let _first = r.chunk().await.expect("first chunk");
+    drop(r);
+    let start = Instant::now();
+    loop {
+        let mut settled = true;
+        for d in &decodes {
+            let used = d
+                .metric("pagewarden_pool_pages{role=\"decode\",state=\"used\"}")
+                .await;
+            let draining = d
+                .metric("pagewarden_pool_pages{role=\"decode\",state=\"draining\"}")
+                .await;
+            settled &= used == 0.0 && draining == 0.0;
+        }
+        if settled {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "decode pools not free 5 s after the disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
