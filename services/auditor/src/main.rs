@@ -2,22 +2,28 @@
 //! parseable line, and runs until Ctrl-C / SIGTERM.
 
 use std::io::Write;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
 use pagewarden_auditor::config::{Args, Config};
+use pagewarden_auditor::tokens::{GgufTokenCounter, TokenCounter};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _telemetry = pagewarden_common::telemetry::init_telemetry("pagewarden-auditor", false)
         .context("starting telemetry")?;
     let cfg = Config::load(Args::parse()).context("loading configuration")?;
-    if cfg.model_path.is_some() {
-        tracing::warn!(
-            "model_path is set, but this build has no tokenizer: probe token counts are not checked"
-        );
-    }
-    let running = pagewarden_auditor::start(&cfg, None)
+    let tokens: Option<Arc<dyn TokenCounter>> = match &cfg.model_path {
+        Some(p) => Some(Arc::new(
+            GgufTokenCounter::open(p).context("loading the tokenizer for probe token counts")?,
+        )),
+        None => {
+            tracing::warn!("no model_path: probe token counts are not checked");
+            None
+        }
+    };
+    let running = pagewarden_auditor::start(&cfg, tokens)
         .await
         .context("starting the auditor")?;
     let mut out = std::io::stdout();

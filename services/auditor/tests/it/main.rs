@@ -6,3 +6,4 @@ mod pg;
 mod probe;
 mod process;
 mod store_suite;
+mod tokens;

@@ -15,7 +15,13 @@ pub struct TempPostgres {
 
 fn find_bin_dir() -> PathBuf {
     if let Ok(p) = std::env::var("PAGEWARDEN_PG_BIN") {
-        return PathBuf::from(p);
+        let p = PathBuf::from(p);
+        assert!(
+            p.join("initdb").exists(),
+            "PAGEWARDEN_PG_BIN={} has no initdb",
+            p.display()
+        );
+        return p;
     }
     let mut candidates: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
