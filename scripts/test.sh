@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what the tests need when missing
-# (PostgreSQL server binaries, ibverbs headers and clang for the rdma feature, NVRTC for the
+# (PostgreSQL server binaries, ibverbs headers and clang for the rdma feature, Chromium and
+# ChromeDriver for the auditor UI test, NVRTC for the
 # CUDA compile test, the default model), then checks formatting, lints every feature, and runs
 # every test of the workspace.
 set -euo pipefail
@@ -8,7 +9,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 need_apt=()
-for pkg in postgresql libibverbs-dev librdmacm-dev clang libclang-dev pkg-config; do
+for pkg in postgresql libibverbs-dev librdmacm-dev clang libclang-dev pkg-config chromium chromium-driver; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
