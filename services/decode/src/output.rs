@@ -1,9 +1,11 @@
-//! Turning sampled tokens into stream events: end-of-generation, `max_tokens`, stop sequences
-//! (text held back while it may still become a stop sequence) and incremental UTF-8 text.
+//! Turning sampled tokens into stream events, with exactly the single-process engine's rules:
+//! an end-of-generation token ends the stream (and is not part of the completion), a stop
+//! sequence ends it before the stop text (held back while it may still form), `max_tokens`
+//! ends it with `length`. Text is released as complete UTF-8 only.
 
 use std::sync::Arc;
 
-use pagewarden_model::Tokenizer;
+use pagewarden_model::{StopMatcher, StopOutcome, Tokenizer};
 
 /// Why a sequence ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,46 +29,83 @@ pub struct Emitted {
     pub end_of_generation: bool,
 }
 
+/// Incremental detokenizer over an owned tokenizer handle: decodes the whole completion and
+/// releases the new suffix, holding back a trailing incomplete UTF-8 sequence.
+struct Detok {
+    tokenizer: Arc<Tokenizer>,
+    tokens: Vec<u32>,
+    released: usize,
+}
+
+impl Detok {
+    fn push(&mut self, token: u32) -> String {
+        self.tokens.push(token);
+        let full = self.tokenizer.decode(&self.tokens);
+        let mut end = full.len();
+        if full.ends_with('\u{FFFD}') {
+            end -= '\u{FFFD}'.len_utf8();
+        }
+        self.release(&full, end)
+    }
+
+    fn finish(&mut self) -> String {
+        let full = self.tokenizer.decode(&self.tokens);
+        let end = full.len();
+        self.release(&full, end)
+    }
+
+    fn release(&mut self, full: &str, end: usize) -> String {
+        if end <= self.released
+            || !full.is_char_boundary(self.released)
+            || !full.is_char_boundary(end)
+        {
+            return String::new();
+        }
+        let out = full[self.released..end].to_string();
+        self.released = end;
+        out
+    }
+}
+
 /// Per-sequence output state.
 pub struct Output {
-    tokenizer: Arc<Tokenizer>,
     max_tokens: usize,
-    stop: Vec<String>,
-    tokens: Vec<u32>,
-    /// Bytes of the decoded text already released to the client.
-    released: usize,
+    generated: usize,
+    detok: Detok,
+    stop: StopMatcher,
 }
 
 impl Output {
     pub fn new(tokenizer: Arc<Tokenizer>, max_tokens: usize, stop: Vec<String>) -> Self {
-        let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
         Self {
-            tokenizer,
             max_tokens,
-            stop,
-            tokens: Vec::new(),
-            released: 0,
+            generated: 0,
+            detok: Detok {
+                tokenizer,
+                tokens: Vec::new(),
+                released: 0,
+            },
+            stop: StopMatcher::new(&stop),
         }
     }
 
-    /// Accepts the next sampled token.
+    /// Accepts the next sampled token (the same control flow as `Engine::generate_streaming`).
     pub fn push(&mut self, token: u32) -> Emitted {
-        let tok = &self.tokenizer;
-        if tok.is_eog(token) {
+        if self.detok.tokenizer.is_eog(token) {
+            let text = self.detok.finish() + &self.stop.finish();
             return Emitted {
                 token,
-                text: self.flush(),
+                text,
                 finish: Some(Finish::Stop),
                 end_of_generation: true,
             };
         }
-        self.tokens.push(token);
-        let full = tok.decode(&self.tokens);
-        let length = self.tokens.len() >= self.max_tokens;
-        // Find a stop sequence starting at or after the text already released... or straddling it.
-        if let Some(cut) = self.stop_cut(&full) {
-            let text = full.get(self.released..cut).unwrap_or("").to_string();
-            self.released = cut.max(self.released);
+        self.generated += 1;
+        let (mut text, stopped) = match self.stop.push(&self.detok.push(token)) {
+            StopOutcome::Continue(s) => (s, false),
+            StopOutcome::Stop(s) => (s, true),
+        };
+        if stopped {
             return Emitted {
                 token,
                 text,
@@ -74,9 +113,15 @@ impl Output {
                 end_of_generation: false,
             };
         }
-        if length {
-            let text = full.get(self.released..).unwrap_or("").to_string();
-            self.released = full.len();
+        if self.generated >= self.max_tokens {
+            let tail = self.detok.finish();
+            match self.stop.push(&tail) {
+                StopOutcome::Continue(s) => {
+                    text.push_str(&s);
+                    text.push_str(&self.stop.finish());
+                }
+                StopOutcome::Stop(s) => text.push_str(&s),
+            }
             return Emitted {
                 token,
                 text,
@@ -84,16 +129,6 @@ impl Output {
                 end_of_generation: false,
             };
         }
-        // Hold back an incomplete UTF-8 sequence (decoded as U+FFFD) and any suffix that may
-        // still grow into a stop sequence.
-        let mut end = full.len();
-        if full.ends_with('\u{FFFD}') {
-            end -= '\u{FFFD}'.len_utf8();
-        }
-        end = end.min(full.len() - self.held_suffix(&full));
-        let end = end.max(self.released);
-        let text = full.get(self.released..end).unwrap_or("").to_string();
-        self.released = end;
         Emitted {
             token,
             text,
@@ -101,37 +136,48 @@ impl Output {
             end_of_generation: false,
         }
     }
+}
 
-    fn flush(&mut self) -> String {
-        let full = self.tokenizer.decode(&self.tokens);
-        let text = full.get(self.released..).unwrap_or("").to_string();
-        self.released = full.len();
-        text
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagewarden_model::GgufFile;
+
+    fn tokenizer() -> Arc<Tokenizer> {
+        let f = GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(3)).unwrap();
+        Arc::new(Tokenizer::from_gguf(&f).unwrap())
     }
 
-    /// Byte index where the earliest stop sequence begins, if one occurs in the unreleased tail.
-    fn stop_cut(&self, full: &str) -> Option<usize> {
-        let longest = self.stop.iter().map(String::len).max()?;
-        let mut from = self.released.saturating_sub(longest);
-        while !full.is_char_boundary(from) {
-            from -= 1;
+    #[test]
+    fn length_stop_and_end_of_generation() {
+        let tok = tokenizer();
+        let ids = tok.encode("hello world", false);
+        assert!(ids.len() >= 2);
+        let mut out = Output::new(tok.clone(), ids.len(), vec![]);
+        let mut text = String::new();
+        for (i, &t) in ids.iter().enumerate() {
+            let e = out.push(t);
+            text.push_str(&e.text);
+            assert_eq!(e.finish.is_some(), i + 1 == ids.len());
         }
-        self.stop
+        assert_eq!(text, "hello world");
+
+        let mut out = Output::new(tok.clone(), 100, vec!["wor".into()]);
+        let text: String = ids
             .iter()
-            .filter_map(|s| full[from..].find(s.as_str()).map(|i| from + i))
-            .min()
-    }
+            .map(|&t| out.push(t))
+            .take_while(|e| e.finish.is_none())
+            .map(|e| e.text)
+            .collect();
+        assert!(!text.contains("wor"), "{text:?}");
 
-    /// Length of the longest suffix of `full` that is a proper prefix of a stop sequence.
-    fn held_suffix(&self, full: &str) -> usize {
-        let mut best = 0;
-        for s in &self.stop {
-            for (i, _) in s.char_indices().skip(1) {
-                if i > best && full.ends_with(&s[..i]) {
-                    best = i;
-                }
-            }
-        }
-        best
+        let eog = *tok
+            .eog_tokens()
+            .first()
+            .expect("an end-of-generation token");
+        let mut out = Output::new(tok, 100, vec![]);
+        let e = out.push(eog);
+        assert!(e.end_of_generation);
+        assert_eq!(e.finish, Some(Finish::Stop));
     }
 }
