@@ -1,14 +1,18 @@
-//! The dev config dir `pagewarden up` writes: where it lives, and the tenants file with two dev
-//! tenants and one auditor probe tenant, each with a random API key.
+//! The dev configuration `pagewarden up` runs with: where its dir lives, the tenants file with
+//! two dev tenants and one auditor probe tenant (each with a random API key), and the command
+//! line of each child service ([`Plan`]).
 //!
 //! The file is kept across runs (keys stay the same, so a curl line copied yesterday still
 //! works); delete the dir to draw new keys.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+
+use crate::children::Spec;
 
 /// One `[[tenants]]` entry, in the router's tenants-file shape.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -117,6 +121,118 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
     f.write_all(text.as_bytes())
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Everything the children's command lines are made of.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Where the service binaries are.
+    pub bin_dir: PathBuf,
+    /// The dev config dir.
+    pub dir: PathBuf,
+    /// The GGUF model.
+    pub model: PathBuf,
+    /// The router's tenants file.
+    pub tenants: PathBuf,
+    /// The auditor's probe tenant key.
+    pub probe_key: String,
+    /// Router HTTP address (chosen before start: the auditor needs it first).
+    pub router_addr: SocketAddr,
+    /// Auditor HTTP address.
+    pub auditor_addr: SocketAddr,
+    /// Auditor probe interval.
+    pub probe_interval: String,
+    /// Decode's write grant lifetime.
+    pub grant_ttl_ms: u64,
+    /// Workers' pool size override.
+    pub pool_tokens: Option<usize>,
+    /// Workers' context override.
+    pub context_length: Option<usize>,
+    /// The auditor's gRPC URL, once it is known: router and workers report to it.
+    pub auditor_grpc: Option<String>,
+}
+
+fn strings<const N: usize>(a: [&str; N]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+impl Plan {
+    fn spec(&self, name: &str, mut args: Vec<String>) -> Spec {
+        if let (Some(url), false) = (&self.auditor_grpc, name == "auditor") {
+            // Samples (router), integrity events and preflight reports (workers).
+            args.extend(strings(["--auditor", url]));
+        }
+        Spec {
+            name: name.to_string(),
+            program: self.bin_dir.join(format!("pagewarden-{name}")),
+            args,
+            env: vec![],
+        }
+    }
+
+    /// The auditor on SQLite in `dir/auditor`, probing the router as the probe tenant.
+    pub fn auditor(&self) -> Spec {
+        let data = self.dir.join("auditor");
+        let mut a = strings(["--http-addr", &self.auditor_addr.to_string()]);
+        a.extend(strings(["--grpc-addr", "127.0.0.1:0"]));
+        a.extend(strings([
+            "--database-url",
+            &format!("sqlite://{}/auditor.sqlite?mode=rwc", data.display()),
+            "--data-dir",
+            &data.display().to_string(),
+            "--router-url",
+            &format!("http://{}", self.router_addr),
+            "--probe-key",
+            &format!("{PROBE_TENANT}={}", self.probe_key),
+            "--probe-interval",
+            &self.probe_interval,
+            "--model-path",
+            &self.model.display().to_string(),
+        ]));
+        self.spec("auditor", a)
+    }
+
+    /// A worker on free loopback ports.
+    pub fn worker(&self, role: &str) -> Spec {
+        let mut a = strings([
+            "--model",
+            &self.model.display().to_string(),
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--node-id",
+            &format!("{role}-0"),
+        ]);
+        if role == "decode" {
+            a.extend(strings(["--transfer-addr", "127.0.0.1:0"]));
+            a.extend(strings(["--grant-ttl-ms", &self.grant_ttl_ms.to_string()]));
+        }
+        if let Some(t) = self.pool_tokens {
+            a.extend(strings(["--pool-tokens", &t.to_string()]));
+        }
+        if let Some(c) = self.context_length {
+            a.extend(strings(["--context-length", &c.to_string()]));
+        }
+        self.spec(role, a)
+    }
+
+    /// The router, pointed at the workers' gRPC addresses.
+    pub fn router(&self, decode_grpc: &str, prefill_grpc: &str) -> Spec {
+        let a = strings([
+            "--http-addr",
+            &self.router_addr.to_string(),
+            "--model",
+            &self.model.display().to_string(),
+            "--tenants",
+            &self.tenants.display().to_string(),
+            "--decode",
+            &format!("http://{decode_grpc}"),
+            "--prefill",
+            &format!("http://{prefill_grpc}"),
+        ]);
+        self.spec("router", a)
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 
 use crate::children::{self, Group, Running, Spec};
-use crate::devconfig::{self, DEV_TENANTS, PROBE_TENANT};
+use crate::devconfig::{self, Plan, DEV_TENANTS, PROBE_TENANT};
 use crate::fetch::{self, spinner};
 
 /// The four service binaries, expected next to the `pagewarden` executable.
@@ -43,6 +43,10 @@ pub struct UpArgs {
     /// Advertised context length (default: the model's).
     #[arg(long)]
     pub context_length: Option<usize>,
+    /// Write grant lifetime in ms. CPU prefill of a long prompt on a small machine can take
+    /// minutes; the workers' 30 s default would expire its grant mid-transfer.
+    #[arg(long, default_value_t = 300_000)]
+    pub grant_ttl_ms: u64,
     /// How often the auditor runs its canary sweep (`0`: only on `pagewarden probe`).
     #[arg(long, default_value = "0")]
     pub probe_interval: String,
@@ -52,6 +56,9 @@ pub struct UpArgs {
     /// Do not run `cargo build` for the service binaries, even from a checkout.
     #[arg(long)]
     pub no_build: bool,
+    /// Print the four command lines (with port-0 placeholders) and exit; fetches nothing.
+    #[arg(long)]
+    pub print_commands: bool,
 }
 
 /// The workspace root when this binary runs from a checkout (current dir or build location).
@@ -148,6 +155,9 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         .dir
         .clone()
         .unwrap_or_else(|| devconfig::dev_dir(root.as_deref()));
+    if args.print_commands {
+        return print_commands(&args, &bin_dir, &dir, root.as_deref());
+    }
     let model = match &args.model {
         Some(m) => m.clone(),
         None => fetch::ensure_model(&fetch::model_path(root.as_deref().unwrap_or(&dir)))?,
@@ -178,6 +188,40 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     outcome
 }
 
+fn print_commands(
+    args: &UpArgs,
+    bin_dir: &Path,
+    dir: &Path,
+    root: Option<&Path>,
+) -> anyhow::Result<()> {
+    let plan = Plan {
+        bin_dir: bin_dir.to_path_buf(),
+        dir: dir.to_path_buf(),
+        model: args
+            .model
+            .clone()
+            .unwrap_or_else(|| fetch::model_path(root.unwrap_or(dir))),
+        tenants: dir.join("tenants.toml"),
+        probe_key: "KEY".into(),
+        router_addr: args.router_addr,
+        auditor_addr: args.auditor_addr,
+        probe_interval: args.probe_interval.clone(),
+        grant_ttl_ms: args.grant_ttl_ms,
+        pool_tokens: args.pool_tokens,
+        context_length: args.context_length,
+        auditor_grpc: Some("http://127.0.0.1:0".into()),
+    };
+    for s in [
+        plan.auditor(),
+        plan.worker("decode"),
+        plan.worker("prefill"),
+        plan.router("127.0.0.1:0", "127.0.0.1:0"),
+    ] {
+        println!("{} {}", s.program.display(), s.args.join(" "));
+    }
+    Ok(())
+}
+
 async fn start_one(
     group: &mut Group,
     spec: Spec,
@@ -202,40 +246,6 @@ async fn start_one(
     Ok(())
 }
 
-fn spec(bin_dir: &Path, name: &str, args: Vec<String>) -> Spec {
-    Spec {
-        name: name.to_string(),
-        program: bin_dir.join(format!("pagewarden-{name}")),
-        args,
-        env: vec![],
-    }
-}
-
-/// Worker flags. The workers take no auditor address yet (integrity events go to their logs),
-/// so nothing points them at the auditor.
-fn worker_args(role: &str, model: &Path, up: &UpArgs) -> Vec<String> {
-    let mut a = vec![
-        "--model".into(),
-        model.display().to_string(),
-        "--grpc-addr".into(),
-        "127.0.0.1:0".into(),
-        "--metrics-addr".into(),
-        "127.0.0.1:0".into(),
-        "--node-id".into(),
-        format!("{role}-0"),
-    ];
-    if role == "decode" {
-        a.extend(["--transfer-addr".into(), "127.0.0.1:0".into()]);
-    }
-    if let Some(t) = up.pool_tokens {
-        a.extend(["--pool-tokens".into(), t.to_string()]);
-    }
-    if let Some(c) = up.context_length {
-        a.extend(["--context-length".into(), c.to_string()]);
-    }
-    a
-}
-
 async fn start_all(
     up: &UpArgs,
     bin_dir: &Path,
@@ -248,54 +258,49 @@ async fn start_all(
     let timeout = Duration::from_secs(up.start_timeout_s);
     let router_addr = free_addr(up.router_addr)?;
     let auditor_addr = free_addr(up.auditor_addr)?;
-    let api = format!("http://{router_addr}");
     let probe_key = tenants
         .key_of(PROBE_TENANT)
         .ok_or_else(|| anyhow!("no probe key"))?;
-    let data = dir.join("auditor");
-    std::fs::create_dir_all(&data)?;
-    let auditor = spec(
-        bin_dir,
-        "auditor",
-        vec![
-            "--http-addr".into(),
-            auditor_addr.to_string(),
-            "--grpc-addr".into(),
-            "127.0.0.1:0".into(),
-            "--database-url".into(),
-            format!("sqlite://{}/auditor.sqlite?mode=rwc", data.display()),
-            "--data-dir".into(),
-            data.display().to_string(),
-            "--router-url".into(),
-            api.clone(),
-            "--probe-key".into(),
-            format!("{PROBE_TENANT}={probe_key}"),
-            "--probe-interval".into(),
-            up.probe_interval.clone(),
-        ],
-    );
-    start_one(group, auditor, "SQLite incident log", dir, timeout).await?;
+    let plan = Plan {
+        bin_dir: bin_dir.to_path_buf(),
+        dir: dir.to_path_buf(),
+        model: model.to_path_buf(),
+        tenants: tenants_path.to_path_buf(),
+        probe_key: probe_key.to_string(),
+        router_addr,
+        auditor_addr,
+        probe_interval: up.probe_interval.clone(),
+        grant_ttl_ms: up.grant_ttl_ms,
+        pool_tokens: up.pool_tokens,
+        context_length: up.context_length,
+        auditor_grpc: None,
+    };
+    std::fs::create_dir_all(dir.join("auditor"))?;
+    start_one(group, plan.auditor(), "SQLite incident log", dir, timeout).await?;
     let auditor_http = group_addr(group, "auditor", "http")?;
-
-    let decode = spec(bin_dir, "decode", worker_args("decode", model, up));
-    start_one(group, decode, "loading the model", dir, timeout).await?;
-    let prefill = spec(bin_dir, "prefill", worker_args("prefill", model, up));
-    start_one(group, prefill, "loading the model", dir, timeout).await?;
-    let router = spec(
-        bin_dir,
-        "router",
-        vec![
-            "--http-addr".into(),
-            router_addr.to_string(),
-            "--model".into(),
-            model.display().to_string(),
-            "--tenants".into(),
-            tenants_path.display().to_string(),
-            "--decode".into(),
-            format!("http://{}", group_addr(group, "decode", "grpc")?),
-            "--prefill".into(),
-            format!("http://{}", group_addr(group, "prefill", "grpc")?),
-        ],
+    let plan = Plan {
+        auditor_grpc: Some(format!("http://{}", group_addr(group, "auditor", "grpc")?)),
+        ..plan
+    };
+    start_one(
+        group,
+        plan.worker("decode"),
+        "loading the model",
+        dir,
+        timeout,
+    )
+    .await?;
+    start_one(
+        group,
+        plan.worker("prefill"),
+        "loading the model",
+        dir,
+        timeout,
+    )
+    .await?;
+    let router = plan.router(
+        &group_addr(group, "decode", "grpc")?,
+        &group_addr(group, "prefill", "grpc")?,
     );
     start_one(group, router, "loading the tokenizer", dir, timeout).await?;
     let api = format!("http://{}", group_addr(group, "router", "http")?);

@@ -502,6 +502,49 @@ fn example_config_files_load_with_the_services_own_loaders() {
 }
 
 #[test]
+fn pagewarden_up_passes_only_real_flags() {
+    let clis = clis();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pagewarden"))
+        .args([
+            "up",
+            "--print-commands",
+            "--no-build",
+            "--pool-tokens",
+            "9000",
+        ])
+        .args(["--context-length", "4096", "--model", "/m.gguf", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut seen = BTreeSet::new();
+    let mut problems = Vec::new();
+    for line in text.lines() {
+        let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        let bin = Path::new(&words[0])
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let cli = &clis[&bin];
+        for f in flags_and_ports(&words[1..]).0 {
+            if !cli.flags.contains(&f) {
+                problems.push(format!("up starts {bin} with {f}, which it does not have"));
+            }
+        }
+        seen.insert(bin);
+    }
+    assert_eq!(seen.len(), 4, "{text}");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
 fn help_parsing_reads_flags_and_env_names() {
     let cli = parse_help(
         "Options:\n      --grpc-addr <GRPC_ADDR>\n          gRPC\n      --model <MODEL>\n          \
