@@ -5,8 +5,8 @@
 //! retried. The serving path only ever pays for a `try_send`.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), pagewarden_auditor::client::ClientError> {
-//! use pagewarden_auditor::client::AuditorClient;
+//! # async fn demo() -> Result<(), pagewarden_common::auditor_client::ClientError> {
+//! use pagewarden_common::auditor_client::AuditorClient;
 //! let auditor = AuditorClient::spawn("http://127.0.0.1:7400", 1024)?;
 //! auditor.report_preflight(pagewarden_proto::v1::PreflightReport::default());
 //! # Ok(()) }
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind as CommonKind, IntegritySink};
+use crate::integrity::{IntegrityEvent, IntegrityKind as CommonKind, IntegritySink};
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient as GrpcClient;
 use tokio::sync::mpsc;
@@ -75,8 +75,14 @@ pub struct AuditorClient {
 impl AuditorClient {
     /// Connects lazily to `endpoint` (e.g. `http://127.0.0.1:7400`) and starts the sender
     /// task on the current tokio runtime; at most `capacity` reports wait in the buffer.
+    /// `http://` is assumed when `endpoint` names no scheme.
     pub fn spawn(endpoint: &str, capacity: usize) -> Result<Self, ClientError> {
-        let ep = Endpoint::from_shared(endpoint.to_string())
+        let uri = if endpoint.contains("://") {
+            endpoint.to_string()
+        } else {
+            format!("http://{endpoint}")
+        };
+        let ep = Endpoint::from_shared(uri)
             .map_err(|e| ClientError::Endpoint(endpoint.to_string(), e.to_string()))?
             .connect_timeout(Duration::from_secs(1))
             .timeout(SEND_TIMEOUT);
@@ -161,7 +167,27 @@ async fn send_loop(
     }
 }
 
-/// Plugs an [`AuditorClient`] into the workers' `IntegritySink` hook (pagewarden-common).
+/// The wire form of a worker's successful start-up preflight (I7).
+pub fn preflight_report(
+    node: &str,
+    role: &str,
+    r: &crate::preflight::PreflightReport,
+) -> pb::PreflightReport {
+    let message = match r.lowered_from {
+        Some(asked) => format!("context lowered from {asked} to fit the pool"),
+        None => String::new(),
+    };
+    pb::PreflightReport {
+        node: node.to_string(),
+        role: role.to_string(),
+        pool_tokens: r.pool_tokens as u64,
+        context_length: u32::try_from(r.advertised_context).unwrap_or(u32::MAX),
+        ok: true,
+        message,
+    }
+}
+
+/// Plugs an [`AuditorClient`] into the workers' [`IntegritySink`] hook.
 #[derive(Clone)]
 pub struct AuditorIntegritySink {
     client: AuditorClient,
@@ -243,8 +269,8 @@ mod tests {
             node_id: "decode-0".into(),
             role: "decode",
             kind: CommonKind::TokenCountMismatch,
-            request: Some(pagewarden_common::RequestId([3; 16])),
-            tenant: Some(pagewarden_common::TenantId::new("t")),
+            request: Some(crate::RequestId([3; 16])),
+            tenant: Some(crate::TenantId::new("t")),
             detail: "wrote 15 of 16".into(),
         });
         let Some(Report::Integrity(r)) = rx.recv().await else {

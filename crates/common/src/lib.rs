@@ -7,9 +7,11 @@
 //! - `preflight`: start-up check of pool capacity against advertised context (I7).
 //! - `admission`: prompt + max_tokens against the effective context, before allocation (I3).
 //! - `shutdown`: SIGTERM / Ctrl-C as a cancellation token.
+//! - `auditor_client`: `AuditorClient`, the bounded never-blocking sender of reports to the auditor.
 //! - `integrity`: the `IntegritySink` hook through which workers report violations (I8).
 
 pub mod admission;
+pub mod auditor_client;
 pub mod config;
 pub mod ids;
 pub mod integrity;

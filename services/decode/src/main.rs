@@ -25,6 +25,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use pagewarden_common::admission::Admission;
+use pagewarden_common::auditor_client::{preflight_report, AuditorClient, AuditorIntegritySink};
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::integrity::{IntegritySink, LogIntegritySink};
 use pagewarden_common::metrics::{serve_metrics, WorkerMetrics};
@@ -34,17 +35,24 @@ use pagewarden_transfer::{PageSink, ReceiverCounters, TcpReceiver};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
+/// Reports waiting for the auditor before new ones are dropped.
+const AUDITOR_BUFFER: usize = 1024;
+
 /// The decode worker: verifies commits and generates tokens with continuous batching.
 #[derive(Parser, Debug)]
 #[command(name = "pagewarden-decode", version)]
 struct Cli {
     #[command(flatten)]
     flags: WorkerFlags,
+    /// The auditor's gRPC URL: integrity events and the preflight report go there.
+    #[arg(long, env = "PAGEWARDEN_AUDITOR")]
+    auditor: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let auditor_url = cli.auditor.clone();
     let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::decode())?;
     let _telemetry =
         pagewarden_common::telemetry::init_telemetry("pagewarden-decode", cfg.log_json)?;
@@ -58,8 +66,18 @@ async fn main() -> anyhow::Result<()> {
         loaded.preflight.pool_tokens,
     );
     let metrics = Arc::new(WorkerMetrics::new("decode"));
-    // Integrity events go to the logs until the launcher wires the auditor's client here.
-    let integrity: Arc<dyn IntegritySink> = Arc::new(LogIntegritySink);
+    let auditor = match &auditor_url {
+        Some(url) => {
+            let client = AuditorClient::spawn(url, AUDITOR_BUFFER).context("auditor client")?;
+            client.report_preflight(preflight_report(&cfg.node_id, "decode", &loaded.preflight));
+            Some(client)
+        }
+        None => None,
+    };
+    let integrity: Arc<dyn IntegritySink> = match auditor {
+        Some(client) => Arc::new(AuditorIntegritySink::new(client)),
+        None => Arc::new(LogIntegritySink),
+    };
 
     let decode_sink = sink::DecodeSink::new(loaded.pool.clone());
     let sink: Arc<dyn PageSink> = Arc::new(decode_sink.clone());

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use pagewarden_common::admission::Admission;
+use pagewarden_common::auditor_client::{preflight_report, AuditorClient};
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::metrics::{serve_metrics, PoolGauges, WorkerMetrics};
 use pagewarden_common::shutdown;
@@ -26,12 +27,18 @@ use pagewarden_transfer::{EngineConfig, TcpBackend};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
+/// Reports waiting for the auditor before new ones are dropped.
+const AUDITOR_BUFFER: usize = 1024;
+
 /// The prefill worker: runs prompts and writes their KV into decode's granted pages.
 #[derive(Parser, Debug)]
 #[command(name = "pagewarden-prefill", version)]
 struct Cli {
     #[command(flatten)]
     flags: WorkerFlags,
+    /// The auditor's gRPC URL: integrity events and the preflight report go there.
+    #[arg(long, env = "PAGEWARDEN_AUDITOR")]
+    auditor: Option<String>,
     /// Pages per transfer batch.
     #[arg(long, default_value_t = 16)]
     batch_pages: usize,
@@ -40,6 +47,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let auditor_url = cli.auditor.clone();
     let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::prefill())?;
     let _telemetry =
         pagewarden_common::telemetry::init_telemetry("pagewarden-prefill", cfg.log_json)?;
@@ -53,6 +61,15 @@ async fn main() -> anyhow::Result<()> {
         loaded.preflight.pool_tokens,
     );
     let metrics = Arc::new(WorkerMetrics::new("prefill"));
+    // Prefill has no integrity hook yet; the client only carries its preflight report.
+    let _auditor = match &auditor_url {
+        Some(url) => {
+            let client = AuditorClient::spawn(url, AUDITOR_BUFFER).context("auditor client")?;
+            client.report_preflight(preflight_report(&cfg.node_id, "prefill", &loaded.preflight));
+            Some(client)
+        }
+        None => None,
+    };
     let grpc = TcpListener::bind(cfg.grpc_addr)
         .await
         .with_context(|| format!("binding gRPC {}", cfg.grpc_addr))?;

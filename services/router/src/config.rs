@@ -67,6 +67,9 @@ pub struct Args {
     /// Bound on each Abort RPC.
     #[arg(long, value_parser = parse_duration)]
     pub abort_timeout: Option<Duration>,
+    /// The auditor's gRPC URL; when set, every finished response is sent to it as a sample.
+    #[arg(long, env = "PAGEWARDEN_AUDITOR")]
+    pub auditor: Option<String>,
 }
 
 /// The `--config` file.
@@ -90,6 +93,7 @@ pub struct FileConfig {
     request_timeout: Option<String>,
     info_interval: Option<String>,
     abort_timeout: Option<String>,
+    auditor: Option<String>,
 }
 
 /// Why the configuration is unusable.
@@ -156,6 +160,8 @@ pub struct RouterConfig {
     pub connect_timeout: Duration,
     /// Abort RPC timeout.
     pub abort_timeout: Duration,
+    /// The auditor's gRPC URL (samples are sent there when set).
+    pub auditor: Option<String>,
 }
 
 fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
@@ -172,6 +178,15 @@ fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigErr
 fn duration(key: &str, v: Option<String>) -> Result<Option<Duration>, ConfigError> {
     v.map(|s| parse_duration(&s).map_err(|e| ConfigError::Invalid(format!("{key}: {e}"))))
         .transpose()
+}
+
+/// Worker and auditor URLs may omit `http://`.
+fn with_scheme(url: String) -> String {
+    if url.contains("://") {
+        url
+    } else {
+        format!("http://{url}")
+    }
 }
 
 impl RouterConfig {
@@ -247,6 +262,7 @@ impl RouterConfig {
                 .abort_timeout
                 .or(duration("abort_timeout", file.abort_timeout)?)
                 .unwrap_or(Duration::from_secs(2)),
+            auditor: args.auditor.or(file.auditor).map(with_scheme),
         })
     }
 

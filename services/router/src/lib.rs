@@ -21,8 +21,10 @@
 //! - `metrics.rs`: `pagewarden_router_*` Prometheus metrics
 //! - `telemetry.rs`: trace context into gRPC metadata
 //! - `sample.rs`: `SampleSink`, the auditor's sampling hook (no-op default)
+//! - `auditor_sink.rs`: `AuditorSampleSink`, the `SampleSink` that reports to the auditor
 
 pub mod admission;
+pub mod auditor_sink;
 pub mod config;
 pub mod dispatch;
 pub mod error;
@@ -43,6 +45,7 @@ pub mod tenants;
 pub mod validation;
 pub mod workers;
 
+pub use auditor_sink::AuditorSampleSink;
 pub use config::{Args, RouterConfig};
 pub use error::{ErrorBody, RouterError};
 pub use sample::{NoSampling, ResponseSample, SampleSink};

@@ -6,7 +6,13 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use pagewarden_router::{serve, AppState, Args, NoSampling, RouterConfig};
+use pagewarden_common::auditor_client::AuditorClient;
+use pagewarden_router::{
+    serve, AppState, Args, AuditorSampleSink, NoSampling, RouterConfig, SampleSink,
+};
+
+/// Reports waiting for the auditor before new ones are dropped.
+const AUDITOR_BUFFER: usize = 4096;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -14,7 +20,15 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry =
         pagewarden_common::telemetry::init_telemetry("pagewarden-router", config.log_json)
             .context("telemetry")?;
-    let state = AppState::from_config(&config, Arc::new(NoSampling)).context("start-up")?;
+    let sink: Arc<dyn SampleSink> = match &config.auditor {
+        Some(url) => {
+            let client = AuditorClient::spawn(url, AUDITOR_BUFFER).context("auditor client")?;
+            tracing::info!(auditor = %url, "sending samples to the auditor");
+            Arc::new(AuditorSampleSink::new(client))
+        }
+        None => Arc::new(NoSampling),
+    };
+    let state = AppState::from_config(&config, sink).context("start-up")?;
     let listener = tokio::net::TcpListener::bind(config.http_addr)
         .await
         .with_context(|| format!("binding {}", config.http_addr))?;

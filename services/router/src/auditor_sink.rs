@@ -1,0 +1,95 @@
+//! `AuditorSampleSink`: sends every finished response to the auditor through
+//! [`AuditorClient`] (bounded buffer, never blocks; drops and counts when full).
+
+use pagewarden_common::auditor_client::AuditorClient;
+use pagewarden_proto::v1 as pb;
+
+use crate::sample::{ResponseSample, SampleSink};
+
+/// Reports each offered sample to the auditor.
+#[derive(Clone)]
+pub struct AuditorSampleSink {
+    client: AuditorClient,
+}
+
+impl AuditorSampleSink {
+    /// Reports through `client`.
+    pub fn new(client: AuditorClient) -> Self {
+        AuditorSampleSink { client }
+    }
+
+    /// The client, for its drop/send counters.
+    pub fn client(&self) -> &AuditorClient {
+        &self.client
+    }
+}
+
+/// The wire status of a finish reason: `abort` means the response was cut short.
+fn status(finish_reason: &str) -> pb::SampleStatus {
+    match finish_reason {
+        "abort" => pb::SampleStatus::Cancelled,
+        _ => pb::SampleStatus::Ok,
+    }
+}
+
+/// The wire form of one sample.
+pub fn sample_report(s: ResponseSample) -> pb::SampleReport {
+    pb::SampleReport {
+        tenant: s.tenant.as_str().to_string(),
+        req: Some(pb::RequestRef {
+            request_id: s.request.as_bytes().to_vec(),
+            attempt: 1,
+        }),
+        prompt_tokens: s.prompt_tokens,
+        completion_tokens: s.completion_tokens,
+        response_text: s.text,
+        response_digest: Vec::new(),
+        ttft_ms: s
+            .ttft
+            .map(|d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
+        status: status(s.finish_reason) as i32,
+        node: String::new(),
+    }
+}
+
+impl SampleSink for AuditorSampleSink {
+    fn offer(&self, sample: ResponseSample) {
+        self.client.report_sample(sample_report(sample));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use pagewarden_common::auditor_client::Report;
+    use pagewarden_common::{RequestId, TenantId};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn offered_sample_reaches_the_client_buffer() {
+        let (client, mut rx) = AuditorClient::with_sink(4);
+        let sink = AuditorSampleSink::new(client);
+        sink.offer(ResponseSample {
+            request: RequestId([7; 16]),
+            tenant: TenantId::new("alpha"),
+            endpoint: "completions",
+            prompt_tokens: 5,
+            completion_tokens: 3,
+            text: "hello".into(),
+            finish_reason: "length",
+            ttft: Some(Duration::from_millis(42)),
+        });
+        let Some(Report::Sample(r)) = rx.recv().await else {
+            panic!("expected a sample report");
+        };
+        assert_eq!(r.tenant, "alpha");
+        assert_eq!(r.req.unwrap().request_id, vec![7; 16]);
+        assert_eq!((r.prompt_tokens, r.completion_tokens), (5, 3));
+        assert_eq!(r.response_text, "hello");
+        assert_eq!(r.ttft_ms, Some(42));
+        assert_eq!(r.status, pb::SampleStatus::Ok as i32);
+        assert_eq!(sink.client().stats().queued, 1);
+    }
+}
