@@ -1,0 +1,366 @@
+//! The operators' UI in a real browser: headless Chromium driven over the W3C WebDriver protocol
+//! (Debian's `chromedriver`), spoken directly with reqwest so no extra client crate is needed.
+//! Opens the incident list, acknowledges and resolves a cross-tenant incident through the HTML
+//! forms, checks the node table and the integrity chart render, and saves a screenshot.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pagewarden_proto::v1 as pb;
+use serde_json::{json, Value};
+
+use crate::ingest::{get_json, grpc, start, wait_open_incident};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const MISSING: &str = "install chromium and chromium-driver (scripts/test.sh does)";
+/// The key under which WebDriver returns an element reference.
+const ELEMENT_KEY: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// chromedriver in its own process group; dropping it kills the group (driver and browser).
+struct DriverProcess {
+    child: Child,
+}
+
+impl Drop for DriverProcess {
+    fn drop(&mut self) {
+        // The group id is the child's pid (process_group(0)); Chromium runs in that group.
+        let _ = Command::new("kill")
+            .args(["-KILL", &format!("-{}", self.child.id())])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a loopback port")
+        .port()
+}
+
+fn spawn_chromedriver(port: u16) -> DriverProcess {
+    use std::os::unix::process::CommandExt;
+    let child = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .arg("--allowed-ips=127.0.0.1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {CHROMEDRIVER}: {e}; {MISSING}"));
+    DriverProcess { child }
+}
+
+/// A WebDriver session: just the handful of commands this test needs.
+struct Session {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Session {
+    async fn cmd(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("webdriver answers");
+        let status = resp.status();
+        let v: Value = resp.json().await.expect("webdriver json");
+        assert!(status.is_success(), "webdriver {path}: {status} {v}");
+        v["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.cmd(reqwest::Method::POST, "/url", Some(json!({ "url": url })))
+            .await;
+    }
+
+    /// The element matching `css`, or `None` when there is none right now.
+    async fn try_find(&self, css: &str) -> Option<String> {
+        let resp = self
+            .http
+            .post(format!("{}/element", self.url))
+            .json(&json!({"using": "css selector", "value": css}))
+            .send()
+            .await
+            .expect("webdriver answers");
+        let ok = resp.status().is_success();
+        let v: Value = resp.json().await.expect("webdriver json");
+        if !ok {
+            assert_eq!(v["value"]["error"], "no such element", "find {css}: {v}");
+            return None;
+        }
+        Some(
+            v["value"][ELEMENT_KEY]
+                .as_str()
+                .expect("element id")
+                .to_string(),
+        )
+    }
+
+    async fn find(&self, css: &str) -> String {
+        match self.try_find(css).await {
+            Some(e) => e,
+            None => panic!("no element matches {css}"),
+        }
+    }
+
+    async fn attr(&self, el: &str, name: &str) -> Option<String> {
+        let v = self
+            .cmd(
+                reqwest::Method::GET,
+                &format!("/element/{el}/attribute/{name}"),
+                None,
+            )
+            .await;
+        v.as_str().map(str::to_string)
+    }
+
+    async fn text(&self, el: &str) -> String {
+        let v = self
+            .cmd(reqwest::Method::GET, &format!("/element/{el}/text"), None)
+            .await;
+        v.as_str().unwrap_or_default().to_string()
+    }
+
+    async fn type_into(&self, el: &str, text: &str) {
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{el}/value"),
+            Some(json!({ "text": text })),
+        )
+        .await;
+    }
+
+    async fn click(&self, el: &str) {
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{el}/click"),
+            Some(json!({})),
+        )
+        .await;
+    }
+
+    /// Polls until the row `#incident-{id}` shows `status`; panics after 5 s.
+    async fn wait_row_status(&self, id: i64, status: &str) {
+        let started = Instant::now();
+        let css = format!("#incident-{id}[data-status=\"{status}\"]");
+        while self.try_find(&css).await.is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "incident {id} never showed status {status} in the browser"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn screenshot(&self, to: &Path) -> Vec<u8> {
+        let v = self.cmd(reqwest::Method::GET, "/screenshot", None).await;
+        let png = base64_decode(v.as_str().expect("screenshot is base64"));
+        std::fs::write(to, &png).expect("write screenshot");
+        png
+    }
+
+    async fn close(self) {
+        let _ = self.http.delete(&self.url).send().await;
+    }
+}
+
+async fn new_session(driver_port: u16, profile: &Path) -> Session {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .expect("http client");
+    let base = format!("http://127.0.0.1:{driver_port}");
+    let started = Instant::now();
+    loop {
+        let ready = match http.get(format!("{base}/status")).send().await {
+            Ok(r) => r
+                .json::<Value>()
+                .await
+                .map(|v| v["value"]["ready"] == true)
+                .unwrap_or(false),
+            Err(_) => false,
+        };
+        if ready {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "chromedriver not ready within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let args = vec![
+        "--headless".to_string(),
+        "--no-sandbox".into(),
+        "--disable-gpu".into(),
+        "--disable-quic".into(),
+        "--no-first-run".into(),
+        "--disable-background-networking".into(),
+        "--disable-component-update".into(),
+        "--disable-sync".into(),
+        "--no-proxy-server".into(),
+        "--disable-dev-shm-usage".into(),
+        "--window-size=1280,900".into(),
+        format!("--user-data-dir={}", profile.display()),
+    ];
+    let caps = json!({"capabilities": {"alwaysMatch": {
+        "browserName": "chrome",
+        "goog:chromeOptions": {"binary": CHROMIUM, "args": args}
+    }}});
+    let resp = http
+        .post(format!("{base}/session"))
+        .json(&caps)
+        .send()
+        .await
+        .expect("chromedriver answers");
+    let v: Value = resp.json().await.expect("session json");
+    let id = v["value"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("chromium did not start: {v}"));
+    Session {
+        url: format!("{base}/session/{id}"),
+        http,
+    }
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    fn val(c: u8) -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            other => panic!("not base64: {other}"),
+        }
+    }
+    let clean: Vec<u8> = s
+        .bytes()
+        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
+        .collect();
+    let mut out = Vec::with_capacity(clean.len() * 3 / 4);
+    for chunk in clean.chunks(4) {
+        let mut acc = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            acc |= val(*c) << (18 - 6 * i);
+        }
+        let bytes = acc.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    out
+}
+
+#[test]
+fn base64_decoder_round_trips_known_text() {
+    assert_eq!(base64_decode("aGVsbG8gd29ybGQ="), b"hello world");
+    assert_eq!(base64_decode("YQ=="), b"a");
+    assert_eq!(base64_decode("YWI="), b"ab");
+}
+
+fn screenshot_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("auditor-incidents.png")
+}
+
+#[tokio::test]
+async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
+    for bin in [CHROMIUM, CHROMEDRIVER] {
+        assert!(Path::new(bin).exists(), "{bin} is missing: {MISSING}");
+    }
+    let r = start().await;
+    let mut g = grpc(&r).await;
+    let alice = g
+        .issue_marker(pb::IssueMarkerRequest {
+            tenant: "alice".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    g.report_sample(pb::SampleReport {
+        tenant: "bob".into(),
+        req: Some(pb::RequestRef {
+            request_id: vec![0xcd; 16],
+            attempt: 1,
+        }),
+        prompt_tokens: 12,
+        completion_tokens: 7,
+        response_text: format!("here: {}", alice.marker),
+        ttft_ms: Some(40),
+        status: pb::SampleStatus::Ok as i32,
+        node: "decode-1".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    g.report_preflight(pb::PreflightReport {
+        node: "decode-1".into(),
+        role: "decode".into(),
+        pool_tokens: 16384,
+        context_length: 8192,
+        ok: true,
+        message: String::new(),
+    })
+    .await
+    .unwrap();
+    let (inc, _) = wait_open_incident(&r, "cross_tenant_marker").await;
+    let id = inc["id"].as_i64().unwrap();
+    let base = format!("http://{}", r.http_addr);
+
+    let profile = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _driver = spawn_chromedriver(port);
+    let s = new_session(port, profile.path()).await;
+
+    s.goto(&format!("{base}/incidents")).await;
+    let row = s.find(&format!("#incident-{id}")).await;
+    assert_eq!(s.attr(&row, "data-status").await.as_deref(), Some("open"));
+
+    let ack_by = s
+        .find(&format!(
+            "form[action=\"/incidents/{id}/ack\"] input[name=\"by\"]"
+        ))
+        .await;
+    s.type_into(&ack_by, "ops-browser").await;
+    s.click(&s.find(&format!("#ack-{id}")).await).await;
+    s.wait_row_status(id, "acknowledged").await;
+    let shot = screenshot_path();
+    let png = s.screenshot(&shot).await;
+    assert!(
+        png.len() > 1000 && png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "screenshot is not a PNG ({} bytes)",
+        png.len()
+    );
+    println!(
+        "screenshot of the acknowledged incident: {}",
+        shot.display()
+    );
+
+    let resolve_by = s
+        .find(&format!(
+            "form[action=\"/incidents/{id}/resolve\"] input[name=\"by\"]"
+        ))
+        .await;
+    s.type_into(&resolve_by, "ops-browser").await;
+    s.click(&s.find(&format!("#resolve-{id}")).await).await;
+    s.wait_row_status(id, "resolved").await;
+    let api = get_json(format!("{base}/api/incidents/{id}")).await;
+    assert_eq!(api["status"], "resolved", "{api}");
+
+    s.goto(&format!("{base}/nodes")).await;
+    let table = s.find("table#nodes").await;
+    let text = s.text(&table).await;
+    assert!(text.contains("decode-1"), "node table: {text}");
+
+    s.goto(&format!("{base}/integrity")).await;
+    s.find("svg").await;
+
+    s.close().await;
+    r.shutdown().await;
+}
