@@ -47,7 +47,6 @@ fn spawn_chromedriver(port: u16) -> DriverProcess {
     use std::os::unix::process::CommandExt;
     let child = Command::new(CHROMEDRIVER)
         .arg(format!("--port={port}"))
-        .arg("--allowed-ips=127.0.0.1")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .process_group(0)
