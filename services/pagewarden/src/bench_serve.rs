@@ -1,0 +1,495 @@
+//! `pagewarden bench serve`: TTFT, inter-token latency and completion tokens/s for N
+//! concurrent streams through the disaggregated suite (router → prefill → decode, real
+//! binaries on 127.0.0.1), beside the single-process `Engine` running the same workload in
+//! the same run, with the ratio disaggregated / single-process.
+//!
+//! Both sides get the same token-id prompts (distinct per request), greedy decoding and the
+//! same `max_tokens`. A "token arrival" is one SSE chunk with non-empty text (suite) or one
+//! `on_text` callback (engine); TTFT is request start → first arrival, inter-token latency
+//! the gaps between arrivals, tokens/s the completion tokens (usage / engine output) of all
+//! requests of a level over that level's wall time.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use futures::StreamExt;
+use pagewarden_kvcache::{KvPool, PoolConfig, DEFAULT_PAGE_SIZE};
+use pagewarden_model::{Engine, LoadOptions, Model, SamplingParams};
+
+use crate::children::{self, Group};
+use crate::devconfig::{new_key, Plan, Tenant, TenantsFile};
+
+const SERVICES: [&str; 3] = [
+    "pagewarden-decode",
+    "pagewarden-prefill",
+    "pagewarden-router",
+];
+
+const TEXT: &str = "Disaggregated serving splits the prefill and decode phases of inference so \
+that each runs on hardware sized for it. The key-value cache computed during prefill moves to \
+the decode worker page by page, and every page carries a generation tag that attention checks. ";
+
+/// Arguments of `pagewarden bench serve`.
+#[derive(Debug, Args)]
+pub struct BenchServeArgs {
+    /// GGUF model file.
+    #[arg(
+        long,
+        env = "PAGEWARDEN_MODEL",
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
+    pub model: PathBuf,
+    /// Concurrent stream counts to measure, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    pub streams: Vec<usize>,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Most completion tokens per request.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Requests per stream count (default: twice the stream count).
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// Kernel threads of the in-process engine (0 = every CPU, like the workers).
+    #[arg(long, default_value_t = 0)]
+    pub engine_threads: usize,
+    /// Seconds to wait for each service's start line and for the router's /health.
+    #[arg(long, default_value_t = 120)]
+    pub start_timeout_s: u64,
+}
+
+/// What one request saw.
+#[derive(Clone, Debug, Default)]
+struct Sample {
+    ttft: Option<Duration>,
+    gaps: Vec<Duration>,
+    tokens: usize,
+}
+
+/// Summary of one stream count on one side.
+#[derive(Clone, Copy, Debug)]
+struct Level {
+    ttft_mean: f64,
+    ttft_p50: f64,
+    ttft_p95: f64,
+    itl_mean: f64,
+    itl_p50: f64,
+    itl_p95: f64,
+    tok_s: f64,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+fn summarize(samples: &[Sample], wall: Duration) -> Level {
+    let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+    let mut ttft: Vec<f64> = samples
+        .iter()
+        .filter_map(|s| s.ttft.as_ref().map(ms))
+        .collect();
+    let mut itl: Vec<f64> = samples.iter().flat_map(|s| s.gaps.iter().map(ms)).collect();
+    ttft.sort_by(f64::total_cmp);
+    itl.sort_by(f64::total_cmp);
+    let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+    Level {
+        ttft_mean: mean(&ttft),
+        ttft_p50: pct(&ttft, 0.5),
+        ttft_p95: pct(&ttft, 0.95),
+        itl_mean: mean(&itl),
+        itl_p50: pct(&itl, 0.5),
+        itl_p95: pct(&itl, 0.95),
+        tok_s: tokens as f64 / wall.as_secs_f64(),
+    }
+}
+
+/// Runs `pagewarden bench serve`.
+pub fn run(a: BenchServeArgs) -> anyhow::Result<()> {
+    if a.streams.iter().any(|&n| n == 0) {
+        bail!("--streams: every stream count must be at least 1");
+    }
+    let bin_dir = service_binaries()?;
+    let model = Arc::new(
+        Model::load(
+            &a.model,
+            &LoadOptions {
+                threads: a.engine_threads,
+                ..LoadOptions::default()
+            },
+        )
+        .with_context(|| format!("loading model {}", a.model.display()))?,
+    );
+    let max_n = a.streams.iter().copied().max().unwrap_or(1);
+    let most_requests = a.requests.unwrap_or(2 * max_n).max(1);
+    let prompts = make_prompts(&model, a.prompt_tokens, most_requests.max(2 * max_n));
+    println!(
+        "model {}  prompt {} tokens  max_tokens {}  greedy",
+        a.model.display(),
+        a.prompt_tokens,
+        a.max_tokens
+    );
+
+    // One thread: children are spawned from it, which PR_SET_PDEATHSIG ties their life to.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let disagg = rt.block_on(run_suite(&a, &bin_dir, &prompts))?;
+
+    let mut single = Vec::new();
+    for &n in &a.streams {
+        let requests = a.requests.unwrap_or(2 * n).max(1);
+        let level = engine_level(&model, &prompts[..requests], n, a.max_tokens)?;
+        single.push(level);
+    }
+    print_table(&a.streams, &disagg, &single);
+    Ok(())
+}
+
+/// The service binaries' dir: next to this executable.
+fn service_binaries() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the pagewarden executable")?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no parent dir", exe.display()))?
+        .to_path_buf();
+    let gone: Vec<&str> = SERVICES
+        .iter()
+        .copied()
+        .filter(|s| !dir.join(s).is_file())
+        .collect();
+    if !gone.is_empty() {
+        bail!(
+            "{} not found in {}: build them with `cargo build --release --workspace --bins` \
+             (from the checkout) and run pagewarden from the same target dir",
+            gone.join(", "),
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// `count` distinct prompts of exactly `len` token ids.
+fn make_prompts(model: &Model, len: usize, count: usize) -> Vec<Vec<u32>> {
+    let base = model.tokenizer().encode(TEXT, false);
+    (0..count)
+        .map(|i| {
+            let mut p = model.tokenizer().encode(&format!("Request {i}. "), false);
+            while p.len() < len {
+                p.extend_from_slice(&base);
+            }
+            p.truncate(len.max(1));
+            p
+        })
+        .collect()
+}
+
+async fn run_suite(
+    a: &BenchServeArgs,
+    bin_dir: &Path,
+    prompts: &[Vec<u32>],
+) -> anyhow::Result<Vec<Level>> {
+    let dir = tempfile::tempdir().context("creating a temp dir")?;
+    let key = new_key(&mut rand::rng());
+    let tenants = TenantsFile {
+        tenants: vec![Tenant {
+            name: "bench".into(),
+            keys: vec![key.clone()],
+        }],
+    };
+    let tenants_path = dir.path().join("tenants.toml");
+    std::fs::write(&tenants_path, toml::to_string(&tenants)?)?;
+    let plan = Plan {
+        bin_dir: bin_dir.to_path_buf(),
+        dir: dir.path().to_path_buf(),
+        model: a.model.clone(),
+        tenants: tenants_path,
+        probe_key: String::new(),
+        router_addr: "127.0.0.1:0".parse()?,
+        auditor_addr: "127.0.0.1:0".parse()?,
+        probe_interval: String::new(),
+        grant_ttl_ms: 30_000,
+        pool_tokens: None,
+        context_length: None,
+        auditor_grpc: None,
+    };
+    let mut group = Group::default();
+    let res = suite_levels(a, &plan, &key, prompts, &mut group).await;
+    for (name, status) in group.stop_all(Duration::from_secs(10)).await {
+        if let Some(s) = status.filter(|s| !s.success() && s.code().is_some()) {
+            eprintln!("{name} stopped with {s}");
+        }
+    }
+    res
+}
+
+async fn suite_levels(
+    a: &BenchServeArgs,
+    plan: &Plan,
+    key: &str,
+    prompts: &[Vec<u32>],
+    group: &mut Group,
+) -> anyhow::Result<Vec<Level>> {
+    let timeout = Duration::from_secs(a.start_timeout_s);
+    let logs = plan.dir.join("logs");
+    for role in ["decode", "prefill"] {
+        eprintln!("starting {role} (loading the model)");
+        group.push(children::start(&plan.worker(role), &logs, timeout).await?);
+    }
+    let addr = |name: &str, k: &str| -> anyhow::Result<String> {
+        group
+            .get(name)
+            .ok_or_else(|| anyhow!("{name} is not running"))?
+            .addr(k)
+            .map(str::to_string)
+    };
+    let router = plan.router(&addr("decode", "grpc")?, &addr("prefill", "grpc")?);
+    group.push(children::start(&router, &logs, timeout).await?);
+    let api = format!("http://{}", addr("router", "http")?);
+    wait_healthy(&api, timeout).await?;
+    let http = reqwest::Client::builder().build()?;
+    // Warm-up: one short request so first-touch costs are not in the first level.
+    stream_one(&http, &api, key, &prompts[0], 4).await?;
+    let mut out = Vec::new();
+    for &n in &a.streams {
+        let requests = a.requests.unwrap_or(2 * n).max(1);
+        eprintln!("suite: {n} streams, {requests} requests");
+        let next = AtomicUsize::new(0);
+        let samples = Mutex::new(Vec::new());
+        let t = Instant::now();
+        let clients = (0..n).map(|_| async {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= requests {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let s = stream_one(&http, &api, key, &prompts[i], a.max_tokens).await?;
+                samples.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+            }
+        });
+        for r in futures::future::join_all(clients).await {
+            r?;
+        }
+        let wall = t.elapsed();
+        out.push(summarize(
+            &samples.into_inner().unwrap_or_else(|e| e.into_inner()),
+            wall,
+        ));
+    }
+    Ok(out)
+}
+
+async fn wait_healthy(api: &str, timeout: Duration) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match http.get(format!("{api}/health")).send().await {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            Ok(r) => format!("{}", r.status()),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() > deadline {
+            bail!(
+                "router did not become healthy in {}s; last answer: {last}",
+                timeout.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One streaming greedy completion; returns its arrivals and usage.completion_tokens.
+async fn stream_one(
+    http: &reqwest::Client,
+    api: &str,
+    key: &str,
+    prompt: &[u32],
+    max_tokens: usize,
+) -> anyhow::Result<Sample> {
+    let body = serde_json::json!({
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let start = Instant::now();
+    let resp = http
+        .post(format!("{api}/v1/completions"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .context("POST /v1/completions")?;
+    if !resp.status().is_success() {
+        let status = resp.status();
+        bail!("/v1/completions: {status} {}", resp.text().await?);
+    }
+    let mut s = Sample::default();
+    let mut last: Option<Instant> = None;
+    let mut buf = Vec::<u8>::new();
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        buf.extend_from_slice(&chunk.context("reading the SSE stream")?);
+        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            let Some(data) = line.trim().strip_prefix("data:") else {
+                continue;
+            };
+            let data = data.trim();
+            if data == "[DONE]" {
+                return Ok(s);
+            }
+            let v: serde_json::Value =
+                serde_json::from_str(data).with_context(|| format!("SSE event {data}"))?;
+            if let Some(e) = v.get("error") {
+                bail!("mid-stream error: {e}");
+            }
+            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                s.tokens = n as usize;
+            }
+            let text = v["choices"][0]["text"].as_str().unwrap_or_default();
+            if !text.is_empty() {
+                let now = Instant::now();
+                match last {
+                    None => s.ttft = Some(now - start),
+                    Some(prev) => s.gaps.push(now - prev),
+                }
+                last = Some(now);
+            }
+        }
+    }
+    bail!("the SSE stream ended without [DONE]")
+}
+
+/// The same workload on the in-process engine: `n` OS threads, each taking the next request
+/// and running `Engine::generate_streaming` (one sequence per call, calls run concurrently).
+fn engine_level(
+    model: &Arc<Model>,
+    prompts: &[Vec<u32>],
+    n: usize,
+    max_tokens: usize,
+) -> anyhow::Result<Level> {
+    eprintln!("engine: {n} threads, {} requests", prompts.len());
+    let layout = model.kv_layout(DEFAULT_PAGE_SIZE);
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + max_tokens + 1;
+    let pool = KvPool::new(PoolConfig::with_pages(
+        layout,
+        layout.pages_for(longest) * (n + 1),
+    ));
+    let engine = Engine::new(model.clone(), pool);
+    // Warm-up, like the suite's.
+    engine.generate(&prompts[0], &SamplingParams::greedy(4))?;
+    let next = AtomicUsize::new(0);
+    let samples = Mutex::new(Vec::new());
+    let params = SamplingParams::greedy(max_tokens);
+    let t = Instant::now();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..n)
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<()> {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(prompt) = prompts.get(i) else {
+                            return Ok(());
+                        };
+                        let start = Instant::now();
+                        let mut s = Sample::default();
+                        let mut last: Option<Instant> = None;
+                        let out = engine.generate_streaming(prompt, &params, |_| {
+                            let now = Instant::now();
+                            match last {
+                                None => s.ttft = Some(now - start),
+                                Some(prev) => s.gaps.push(now - prev),
+                            }
+                            last = Some(now);
+                        })?;
+                        s.tokens = out.tokens.len();
+                        samples.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().map_err(|_| anyhow!("engine thread panicked"))?)
+            .collect::<anyhow::Result<Vec<()>>>()
+    })?;
+    let wall = t.elapsed();
+    Ok(summarize(
+        &samples.into_inner().unwrap_or_else(|e| e.into_inner()),
+        wall,
+    ))
+}
+
+fn print_table(streams: &[usize], disagg: &[Level], single: &[Level]) {
+    println!(
+        "{:>7}  {:<16} {:>12} {:>12} {:>12}",
+        "streams", "metric", "disagg", "single", "disagg/single"
+    );
+    for ((n, d), s) in streams.iter().zip(disagg).zip(single) {
+        let rows: [(&str, f64, f64); 7] = [
+            ("TTFT mean ms", d.ttft_mean, s.ttft_mean),
+            ("TTFT p50 ms", d.ttft_p50, s.ttft_p50),
+            ("TTFT p95 ms", d.ttft_p95, s.ttft_p95),
+            ("ITL mean ms", d.itl_mean, s.itl_mean),
+            ("ITL p50 ms", d.itl_p50, s.itl_p50),
+            ("ITL p95 ms", d.itl_p95, s.itl_p95),
+            ("tokens/s", d.tok_s, s.tok_s),
+        ];
+        for (name, dv, sv) in rows {
+            println!(
+                "{:>7}  {:<16} {:>12.2} {:>12.2} {:>12.2}x",
+                n,
+                name,
+                dv,
+                sv,
+                dv / sv
+            );
+        }
+    }
+    println!(
+        "(suite: N concurrent streaming HTTP clients through router → prefill → decode; single: \
+         N threads each calling Engine::generate_streaming, one sequence per call; ITL = gaps \
+         between text chunks; tokens/s = completion tokens of all requests / wall time)"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_and_summary() {
+        let v = [1.0, 2.0, 3.0, 4.0, 5.0];
+        assert_eq!(pct(&v, 0.5), 3.0);
+        assert_eq!(pct(&v, 0.95), 5.0);
+        let s = Sample {
+            ttft: Some(Duration::from_millis(10)),
+            gaps: vec![Duration::from_millis(2), Duration::from_millis(4)],
+            tokens: 3,
+        };
+        let l = summarize(&[s], Duration::from_secs(1));
+        assert!((l.ttft_mean - 10.0).abs() < 1e-9);
+        assert!((l.itl_mean - 3.0).abs() < 1e-9);
+        assert!((l.tok_s - 3.0).abs() < 1e-9);
+    }
+}
