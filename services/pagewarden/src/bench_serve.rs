@@ -121,7 +121,7 @@ fn summarize(samples: &[Sample], wall: Duration) -> Level {
 
 /// Runs `pagewarden bench serve`.
 pub fn run(a: BenchServeArgs) -> anyhow::Result<()> {
-    if a.streams.iter().any(|&n| n == 0) {
+    if a.streams.contains(&0) {
         bail!("--streams: every stream count must be at least 1");
     }
     let bin_dir = service_binaries()?;
@@ -251,16 +251,12 @@ async fn suite_levels(
         eprintln!("starting {role} (loading the model)");
         group.push(children::start(&plan.worker(role), &logs, timeout).await?);
     }
-    let addr = |name: &str, k: &str| -> anyhow::Result<String> {
-        group
-            .get(name)
-            .ok_or_else(|| anyhow!("{name} is not running"))?
-            .addr(k)
-            .map(str::to_string)
-    };
-    let router = plan.router(&addr("decode", "grpc")?, &addr("prefill", "grpc")?);
+    let router = plan.router(
+        &addr(group, "decode", "grpc")?,
+        &addr(group, "prefill", "grpc")?,
+    );
     group.push(children::start(&router, &logs, timeout).await?);
-    let api = format!("http://{}", addr("router", "http")?);
+    let api = format!("http://{}", addr(group, "router", "http")?);
     wait_healthy(&api, timeout).await?;
     let http = reqwest::Client::builder().build()?;
     // Warm-up: one short request so first-touch costs are not in the first level.
@@ -271,15 +267,19 @@ async fn suite_levels(
         eprintln!("suite: {n} streams, {requests} requests");
         let next = AtomicUsize::new(0);
         let samples = Mutex::new(Vec::new());
+        let (next, samples_ref, http, api) = (&next, &samples, &http, &api);
         let t = Instant::now();
-        let clients = (0..n).map(|_| async {
+        let clients = (0..n).map(move |_| async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= requests {
                     return Ok::<(), anyhow::Error>(());
                 }
                 let s = stream_one(&http, &api, key, &prompts[i], a.max_tokens).await?;
-                samples.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+                samples_ref
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(s);
             }
         });
         for r in futures::future::join_all(clients).await {
@@ -292,6 +292,14 @@ async fn suite_levels(
         ));
     }
     Ok(out)
+}
+
+fn addr(group: &Group, name: &str, k: &str) -> anyhow::Result<String> {
+    group
+        .get(name)
+        .ok_or_else(|| anyhow!("{name} is not running"))?
+        .addr(k)
+        .map(str::to_string)
 }
 
 async fn wait_healthy(api: &str, timeout: Duration) -> anyhow::Result<()> {
@@ -401,20 +409,21 @@ fn engine_level(
     let next = AtomicUsize::new(0);
     let samples = Mutex::new(Vec::new());
     let params = SamplingParams::greedy(max_tokens);
+    let (next_ref, samples_ref, engine, params) = (&next, &samples, &engine, &params);
     let t = Instant::now();
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..n)
-            .map(|_| {
-                scope.spawn(|| -> anyhow::Result<()> {
+            .map(move |_| {
+                scope.spawn(move || -> anyhow::Result<()> {
                     loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let i = next_ref.fetch_add(1, Ordering::Relaxed);
                         let Some(prompt) = prompts.get(i) else {
                             return Ok(());
                         };
                         let start = Instant::now();
                         let mut s = Sample::default();
                         let mut last: Option<Instant> = None;
-                        let out = engine.generate_streaming(prompt, &params, |_| {
+                        let out = engine.generate_streaming(prompt, params, |_| {
                             let now = Instant::now();
                             match last {
                                 None => s.ttft = Some(now - start),
@@ -423,7 +432,10 @@ fn engine_level(
                             last = Some(now);
                         })?;
                         s.tokens = out.tokens.len();
-                        samples.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+                        samples_ref
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(s);
                     }
                 })
             })
