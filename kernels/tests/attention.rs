@@ -85,7 +85,9 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
                     let par = Parallel::new(threads);
                     paged_attention_with(isa, &geo, &q, n, first, &blocks, &mut got, &par);
                     let e = max_rel_err(&got, &want);
-                    assert!(e < 1e-4, "{geo:?} first={first} n={n} {isa:?}: err {e}");
+                    // q and the softmax probabilities are rounded to f16 like llama.cpp's
+                    // attention (for parity), so the f32 naive reference differs by ~f16 epsilon.
+                    assert!(e < 2e-3, "{geo:?} first={first} n={n} {isa:?}: err {e}");
                 }
             }
         }
