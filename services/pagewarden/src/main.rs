@@ -1,3 +1,69 @@
-fn main() {
-    println!("pagewarden: not built yet");
+//! `pagewarden`: the launcher CLI. One subcommand per file:
+//! - `up.rs` (+ `children.rs`, `devconfig.rs`, `fetch.rs`): the whole suite on 127.0.0.1.
+//! - `preflight_cmd.rs`: checks a deployment's workers and keys before it starts.
+//! - `probe_cmd.rs`: one canary sweep against a running router.
+//! - `generate.rs`: run the model in-process on one prompt.
+//! - `bench_engine.rs`: prefill/decode throughput of the CPU engine.
+//! - `chaos.rs`: a bounded abort storm with a cross-tenant marker check (staging only).
+
+mod bench_engine;
+mod chaos;
+mod children;
+mod devconfig;
+mod fetch;
+mod generate;
+mod preflight_cmd;
+mod probe_cmd;
+mod up;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pagewarden",
+    version,
+    about = "Pagewarden launcher: run, check and probe the suite"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Fetch the model if needed and run router, prefill, decode and auditor on 127.0.0.1.
+    Up(up::UpArgs),
+    /// Check a deployment config (pool vs context on every worker, versions, keys).
+    Preflight(preflight_cmd::PreflightArgs),
+    /// Run one canary sweep against a running router and print the result.
+    Probe(probe_cmd::ProbeArgs),
+    /// Generate text from a prompt in this process (no services).
+    Generate(generate::GenerateArgs),
+    /// Bounded abort storm + cross-tenant marker check against a staging router.
+    Chaos(chaos::ChaosArgs),
+    /// Benchmarks.
+    Bench {
+        /// What to measure.
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Prefill and decode tokens per second of the CPU engine, per thread count.
+    Engine(bench_engine::BenchEngineArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Up(a) => up::run(a),
+        Command::Preflight(a) => preflight_cmd::run(a),
+        Command::Probe(a) => probe_cmd::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Chaos(a) => chaos::run(a),
+        Command::Bench { what } => match what {
+            BenchCommand::Engine(a) => bench_engine::run(a),
+        },
+    }
 }
