@@ -275,7 +275,7 @@ async fn suite_levels(
                 if i >= requests {
                     return Ok::<(), anyhow::Error>(());
                 }
-                let s = stream_one(&http, &api, key, &prompts[i], a.max_tokens).await?;
+                let s = stream_one(http, api, key, &prompts[i], a.max_tokens).await?;
                 samples_ref
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())

@@ -4,9 +4,11 @@
 //! - `probe_cmd.rs`: one canary sweep against a running router.
 //! - `generate.rs`: run the model in-process on one prompt.
 //! - `bench_engine.rs`: prefill/decode throughput of the CPU engine.
+//! - `bench_serve.rs`: TTFT, inter-token latency and tok/s of the suite beside the engine.
 //! - `chaos.rs`: a bounded abort storm with a cross-tenant marker check (staging only).
 
 mod bench_engine;
+mod bench_serve;
 mod chaos;
 mod children;
 mod devconfig;
@@ -53,6 +55,9 @@ enum Command {
 enum BenchCommand {
     /// Prefill and decode tokens per second of the CPU engine, per thread count.
     Engine(bench_engine::BenchEngineArgs),
+    /// TTFT, inter-token latency and tokens/s for N concurrent streams through router →
+    /// prefill → decode, beside the single-process engine.
+    Serve(bench_serve::BenchServeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Command::Chaos(a) => chaos::run(a),
         Command::Bench { what } => match what {
             BenchCommand::Engine(a) => bench_engine::run(a),
+            BenchCommand::Serve(a) => bench_serve::run(a),
         },
     }
 }
