@@ -31,6 +31,12 @@ PAGEWARDEN_MODEL=$(scripts/fetch-model.sh)
 export PAGEWARDEN_MODEL
 export PAGEWARDEN_REFERENCE="${PAGEWARDEN_REFERENCE:-$root/../shared/reference/smollm2-135m-instruct-q4_1.json}"
 
+# A one-off build (CI's fresh clone) gains nothing from incremental caches, which double the
+# size of target/; keep them for developers' repeated runs.
+if [ -n "${CI:-}" ]; then
+  export CARGO_INCREMENTAL=0
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 # Every shipping feature (CUDA through NVRTC, RDMA through ibverbs) is built, linted and tested;
