@@ -3,8 +3,9 @@
 //! typed error, never panic, and every tensor it accepts must be readable; the tokenizer and
 //! chat template built from whatever metadata survives must not panic either.
 
-use pagewarden_model::gguf::{dequantize, tiny_llama_gguf, GgufFile};
-use pagewarden_model::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
+mod common;
+
+use pagewarden_model::tiny_llama_gguf;
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
@@ -17,29 +18,7 @@ fn base() -> &'static [u8] {
 const HEADER: usize = 8192;
 
 fn check(bytes: Vec<u8>) {
-    if let Ok(f) = GgufFile::from_bytes(bytes) {
-        for t in f.tensors() {
-            let v = f.tensor(&t.name).expect("listed tensor is found");
-            assert_eq!(v.data.len() as u64, t.n_bytes);
-            if t.ggml_type.is_supported() && t.n_elements() <= 1 << 16 {
-                dequantize(t.ggml_type, v.data, t.n_elements() as usize)
-                    .expect("dequantize accepted tensor");
-            }
-        }
-        let _ = f.architecture();
-        // Whatever metadata survived, building and using the tokenizer and template is safe.
-        if let Ok(tok) = Tokenizer::from_gguf(&f) {
-            let ids = tok.encode("Hi <|im_start|>user 123 héllo<|im_end|>", true);
-            let mut d = StreamDecoder::new(&tok);
-            for &id in &ids {
-                let _ = d.push(id);
-            }
-            let _ = tok.decode(&ids);
-        }
-        if let Ok(Some(t)) = ChatTemplate::from_gguf(&f) {
-            let _ = t.render(&[ChatMessage::new("user", "hi")], true);
-        }
-    }
+    common::exercise(bytes);
 }
 
 fn interesting_u64() -> impl Strategy<Value = u64> {
