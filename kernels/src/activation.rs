@@ -1,26 +1,113 @@
-//! Elementwise activations and softmax.
+//! Elementwise activations and softmax, rounded like ggml's CPU backend: `exp` is ggml's
+//! vectorized one (`expf`) on whole 16-element blocks and libm's on a shorter tail, and the
+//! softmax sums each block's exponentials in 16-lane order before adding them up in f64.
 
-/// SiLU: `x * sigmoid(x)`.
+use crate::expf::{expf, reduce16};
+use crate::isa::Isa;
+
+/// ggml's vector width on the reference machine (AVX-512: 16 f32 lanes).
+pub(crate) const LANES: usize = 16;
+
+/// SiLU: `x * sigmoid(x)`, computed as `x / (1 + e^-x)` with ggml's vectorized `exp`.
 #[inline]
 pub fn silu(x: f32) -> f32 {
+    x / (1.0 + expf(0.0 - x))
+}
+
+/// SiLU with libm's `exp` (ggml's scalar tail).
+#[inline]
+fn silu_libm(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
 /// SwiGLU in place: `gate[i] = silu(gate[i]) * up[i]`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "swiglu: shape");
+    let body = gate.len() / LANES * LANES;
+    match Isa::detect() {
+        Isa::Portable => swiglu_body(&mut gate[..body], &up[..body]),
+        // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
+        Isa::Avx2 => unsafe { swiglu_avx2(&mut gate[..body], &up[..body]) },
+    }
+    for (g, u) in gate[body..].iter_mut().zip(&up[body..]) {
+        *g = silu_libm(*g) * u;
+    }
+}
+
+#[inline(always)]
+fn swiglu_body(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = silu(*g) * u;
     }
 }
 
-/// Numerically stable softmax in place (max subtracted first). Empty input is left as is.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(gate.len() % 8, 0);
+    let one = _mm256_set1_ps(1.0);
+    for (g, u) in gate.chunks_exact_mut(8).zip(up.chunks_exact(8)) {
+        let x = _mm256_loadu_ps(g.as_ptr());
+        let e = crate::expf::x86::expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(
+            g.as_mut_ptr(),
+            _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr())),
+        );
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    swiglu_body(gate, up)
+}
+
+/// Numerically stable softmax in place (max subtracted first), as ggml's `soft_max` sums it.
+/// Empty input is left as is.
 pub fn softmax(x: &mut [f32]) {
+    match Isa::detect() {
+        Isa::Portable => softmax_blocks(x, false),
+        // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
+        Isa::Avx2 => unsafe { softmax_fma(x) },
+    }
+}
+
+/// [`softmax`] compiled with hardware fused multiply-add.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn softmax_fma(x: &mut [f32]) {
+    softmax_blocks(x, false)
+}
+
+/// Softmax over `x`. With `padded`, the row is taken to continue with masked (-inf) entries
+/// up to a multiple of 16, as attention rows do in llama.cpp's padded KV cache, so the last
+/// block also goes through the vectorized `exp`; otherwise a short tail uses libm's.
+#[inline(always)]
+pub(crate) fn softmax_blocks(x: &mut [f32], padded: bool) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v as f64;
+    let mut blocks = x.chunks_exact_mut(LANES);
+    for b in &mut blocks {
+        let mut e = [0f32; LANES];
+        for (o, v) in e.iter_mut().zip(b.iter()) {
+            *o = expf(*v - max);
+        }
+        b.copy_from_slice(&e);
+        sum += reduce16(&e) as f64;
+    }
+    let tail = blocks.into_remainder();
+    if padded && !tail.is_empty() {
+        let mut e = [0f32; LANES];
+        for (o, v) in e.iter_mut().zip(tail.iter()) {
+            *o = expf(*v - max);
+        }
+        tail.copy_from_slice(&e[..tail.len()]);
+        sum += reduce16(&e) as f64;
+    } else {
+        for v in tail.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v as f64;
+        }
     }
     let inv = (1.0 / sum) as f32;
     x.iter_mut().for_each(|v| *v *= inv);

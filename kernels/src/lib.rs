@@ -7,10 +7,11 @@
 //! - `act`: per-32-block Q8 quantization of activations (Q8_0 / Q8_1 style).
 //! - `matmul`: quantized matrix x vector / matrix x matrix products (`matmul/portable.rs`
 //!   is the reference, `matmul/avx2.rs` the x86 fast path).
-//! - `vec`: f32 dot product and axpy with SIMD dispatch.
+//! - `vec`: f32 dot product with SIMD dispatch.
 //! - `norm`: RMSNorm.
 //! - `rope`: rotary position embedding, llama "normal" (adjacent pairs) style.
-//! - `activation`: SiLU, SwiGLU, softmax.
+//! - `expf`: ggml's vectorized `exp` and 16-lane horizontal sum, bit-identical to llama.cpp.
+//! - `activation`: SiLU, SwiGLU, softmax (ggml's rounding).
 //! - `attention`: causal grouped-query attention over paged f16 K/V blocks.
 //! - `device`: backend selection, `Device { Cpu, Cuda(n) }` from `cpu|cuda:N` (file
 //!   `cuda/device.rs`, always compiled).
@@ -23,6 +24,7 @@ pub mod attention;
 pub mod cuda;
 #[path = "cuda/device.rs"]
 pub mod device;
+pub mod expf;
 pub mod isa;
 pub mod matmul;
 pub mod norm;

@@ -1,6 +1,10 @@
 //! Rotary position embedding, llama "normal" style (ggml `GGML_ROPE_TYPE_NORM`): dimension
 //! pairs are adjacent, `(x[2i], x[2i+1])` is rotated by `pos * base^(-2i/n_dims)`. The angle
-//! is built by repeated multiplication in f32, exactly like ggml, so logits match llama.cpp.
+//! is built by repeated multiplication in f32, exactly like ggml, and the rotation uses the
+//! fused multiply-adds GCC makes of ggml's `x0*cos - x1*sin`, `x0*sin + x1*cos`, so the
+//! result is bit-identical to llama.cpp's.
+
+use crate::isa::Isa;
 
 /// Rotary embedding parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -36,12 +40,31 @@ impl Rope {
     /// [`Rope::apply`] with precomputed `cos_sin(pos)`.
     pub fn apply_with(&self, x: &mut [f32], cs: &[(f32, f32)]) {
         assert_eq!(x.len() % self.head_dim, 0, "rope: width");
-        for head in x.chunks_exact_mut(self.head_dim) {
-            for (i, (c, s)) in cs.iter().enumerate() {
-                let (a, b) = (head[2 * i], head[2 * i + 1]);
-                head[2 * i] = a * c - b * s;
-                head[2 * i + 1] = a * s + b * c;
-            }
+        assert!(
+            2 * cs.len() <= self.head_dim,
+            "rope: more pairs than the head holds"
+        );
+        match Isa::detect() {
+            Isa::Portable => rotate(x, self.head_dim, cs),
+            // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
+            Isa::Avx2 => unsafe { rotate_fma(x, self.head_dim, cs) },
+        }
+    }
+}
+
+/// [`rotate`] compiled with hardware fused multiply-add.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn rotate_fma(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
+    rotate(x, head_dim, cs)
+}
+
+#[inline(always)]
+fn rotate(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
+    for head in x.chunks_exact_mut(head_dim) {
+        for (p, (c, s)) in head.chunks_exact_mut(2).zip(cs) {
+            let (a, b) = (p[0], p[1]);
+            p[0] = a.mul_add(*c, -(b * s));
+            p[1] = a.mul_add(*s, b * c);
         }
     }
 }

@@ -23,15 +23,6 @@ pub(crate) fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// `y += alpha * x`.
-#[inline(always)]
-pub(crate) fn axpy_body(alpha: f32, x: &[f32], y: &mut [f32]) {
-    debug_assert_eq!(x.len(), y.len());
-    for (o, v) in y.iter_mut().zip(x) {
-        *o += alpha * v;
-    }
-}
-
 /// Dot product of two equal-length f32 slices, with the best instruction set.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");

@@ -5,23 +5,27 @@
 //! (env PAGEWARDEN_MODEL) and reference (env PAGEWARDEN_REFERENCE); fails, never skips, when
 //! either is missing.
 //!
-//! Measured: worst top-5 logit difference about 0.4; 8 of 10 prompts match >= 8 greedy
-//! tokens (7 match all 24). The two that diverge early do so at near-ties (margins of 0.03 and
-//! 0.02 logits). That is the float noise floor of this model: our own portable and AVX2
-//! paths, identical but for summation order, differ by up to 0.49 on the same logits. The
-//! issue asks for 9 of 10; `MIN_CASES` is 8 so the suite stays green, see the engine report.
+//! Measured: our logits are bit-identical to llama.cpp's (CPU, AVX-512 build, flash attention
+//! off, f16 KV): worst top-5 difference 0.0000 against the reference's 4 decimals, and all 10
+//! prompts match every greedy token. That takes ggml's rounding everywhere, not just its
+//! quantization: the vectorized `exp` in SiLU and softmax, fused multiply-adds in RoPE and
+//! the f16 attention sums in ggml's lane order (see `pagewarden_kernels::expf`). Before that,
+//! one-ulp differences flipped an 8-bit activation rounding every few layers and two prompts
+//! diverged at near-ties. The bars below are the issue's (9 of 10 prompts, 8 tokens) with a
+//! logit tolerance that only allows for the reference's rounding to 4 decimals.
 
 use std::path::PathBuf;
 
 use pagewarden_kvcache::{KvPool, Owner, PoolConfig, RequestId, TenantId};
 use pagewarden_model::{LoadOptions, Model};
 
-/// Largest allowed |ours - llama.cpp| on each of the reference top-5 logits.
-const LOGIT_TOL: f32 = 0.5;
+/// Largest allowed |ours - llama.cpp| on each of the reference top-5 logits (the reference
+/// stores 4 decimals).
+const LOGIT_TOL: f32 = 0.01;
 /// Greedy tokens that must match on (almost) every prompt.
 const MIN_PREFIX: usize = 8;
 /// Prompts on which the first `MIN_PREFIX` greedy tokens must match.
-const MIN_CASES: usize = 8;
+const MIN_CASES: usize = 9;
 
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
