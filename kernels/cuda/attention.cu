@@ -65,7 +65,9 @@ extern "C" __global__ void paged_attention_f32(
     float* qs = smem + n_tok;             // head_dim
     float* part = qs + head_dim;          // blockDim.x
     const float* qrow = q + ((size_t)qi * heads + head) * head_dim;
-    for (u32 d = tid; d < head_dim; d += blockDim.x) qs[d] = qrow[d];
+    // Like the CPU reference (and llama.cpp with an f16 KV cache), q and the probabilities are
+    // rounded to f16 before they meet K and V, so both backends pick the same tokens.
+    for (u32 d = tid; d < head_dim; d += blockDim.x) qs[d] = h2f(f2h(qrow[d]));
     __syncthreads();
 
     // Scores: one warp per key, lanes over pairs of dims.
@@ -107,7 +109,7 @@ extern "C" __global__ void paged_attention_f32(
     }
     __syncthreads();
     const float inv = (float)(1.0 / dscratch[0]);
-    for (u32 t = tid; t < n_tok; t += blockDim.x) scores[t] *= inv;
+    for (u32 t = tid; t < n_tok; t += blockDim.x) scores[t] = h2f(f2h(scores[t] * inv));
     __syncthreads();
 
     // Output: thread (g, d) sums keys g, g + groups, ... for dim d; groups are then added.

@@ -1,6 +1,7 @@
 //! `pagewarden-decode`: the decode worker.
 //!
 //! - `startup.rs`: model loading, pool sizing, preflight (I7).
+//! - `compute.rs`: `Compute`, decode steps on the CPU or a GPU (`--device`).
 //! - `state.rs`: the per-request state enum and its transitions.
 //! - `scheduler.rs`: the single-owner scheduler task (reserve, commit, continuous batching).
 //! - `output.rs`: tokens → stream events (EOG, max_tokens, stop sequences, UTF-8).
@@ -10,6 +11,7 @@
 //! - `pool_metrics.rs`: pool figures mirrored into `/metrics`.
 //! - `sink.rs`: the transfer sink (the pool) remembering drains of live grants.
 
+mod compute;
 mod convert;
 mod events;
 mod output;
@@ -30,6 +32,7 @@ use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::integrity::{IntegritySink, LogIntegritySink};
 use pagewarden_common::metrics::{serve_metrics, WorkerMetrics};
 use pagewarden_common::shutdown;
+use pagewarden_kernels::Device;
 use pagewarden_proto::v1::decode_server::DecodeServer;
 use pagewarden_transfer::{PageSink, ReceiverCounters, TcpReceiver};
 use tokio::net::TcpListener;
@@ -47,19 +50,35 @@ struct Cli {
     /// The auditor's gRPC URL: integrity events and the preflight report go there.
     #[arg(long, env = "PAGEWARDEN_AUDITOR")]
     auditor: Option<String>,
+    /// Where decode steps run and committed KV pages' data lives: `cpu` or `cuda:N` (GPU N;
+    /// needs a build with `--features pagewarden-decode/cuda` and the NVIDIA driver). Pages are
+    /// received and verified in host memory either way.
+    #[arg(long, env = "PAGEWARDEN_DEVICE", default_value = "cpu")]
+    device: Device,
 }
+
+/// Pages copied to the GPU per pinned staging round.
+const STAGING_PAGES: usize = 16;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let auditor_url = cli.auditor.clone();
+    compute::check_device(cli.device)?;
     let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::decode())?;
     let _telemetry =
         pagewarden_common::telemetry::init_telemetry("pagewarden-decode", cfg.log_json)?;
     let shutdown = shutdown::on_signal();
-    let loaded = {
+    let (loaded, compute) = {
         let cfg = cfg.clone();
-        tokio::task::spawn_blocking(move || startup::load(&cfg)).await??
+        let device = cli.device;
+        tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            let loaded = startup::load(&cfg)?;
+            let compute =
+                compute::Compute::open(device, loaded.model.clone(), &loaded.pool, STAGING_PAGES)?;
+            Ok((loaded, compute))
+        })
+        .await??
     };
     let admission = Admission::new(
         loaded.preflight.advertised_context,
@@ -98,7 +117,7 @@ async fn main() -> anyhow::Result<()> {
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
     let sched = tokio::spawn(scheduler::run(
         scheduler::SchedulerDeps {
-            model: loaded.model.clone(),
+            compute,
             tokenizer: loaded.tokenizer.clone(),
             pool: loaded.pool.clone(),
             sink: decode_sink,

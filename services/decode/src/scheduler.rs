@@ -13,11 +13,12 @@ use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{CommitError, KvPool, Owner, ReserveError, WriteGrant};
-use pagewarden_model::{Model, ModelError, Tokenizer};
+use pagewarden_model::Tokenizer;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::Status;
 
+use crate::compute::{Compute, StepError};
 use crate::events;
 use crate::output::{Finish, Output};
 use crate::sink::{DecodeSink, StreamEnd};
@@ -56,7 +57,7 @@ pub enum Command {
 
 /// What the scheduler needs.
 pub struct SchedulerDeps {
-    pub model: Arc<Model>,
+    pub compute: Compute,
     pub tokenizer: Arc<Tokenizer>,
     pub pool: KvPool,
     pub sink: DecodeSink,
@@ -67,7 +68,7 @@ pub struct SchedulerDeps {
     pub max_batch: usize,
 }
 
-type StepResult = Vec<(RequestId, Box<Running>, Result<u32, ModelError>)>;
+type StepResult = Vec<(RequestId, Box<Running>, Result<u32, StepError>)>;
 
 struct Scheduler {
     deps: SchedulerDeps,
@@ -452,7 +453,7 @@ impl Scheduler {
         if seqs.is_empty() {
             return;
         }
-        let model = self.deps.model.clone();
+        let compute = self.deps.compute.clone();
         self.step = Some(tokio::task::spawn_blocking(move || {
             let mut seqs = seqs;
             let results = {
@@ -460,7 +461,7 @@ impl Scheduler {
                     .iter_mut()
                     .map(|(_, r)| (&mut r.pages, r.next_input))
                     .collect();
-                model.decode_step(&mut batch)
+                compute.decode_step(&mut batch)
             };
             seqs.into_iter()
                 .zip(results)
@@ -498,7 +499,7 @@ impl Scheduler {
                 Err(e) => {
                     // I1/I8: fail only this request, count it, report it; never data.
                     let kind = match e {
-                        ModelError::KvRead(_) => {
+                        StepError::KvRefused(_) => {
                             self.deps.integrity.report(IntegrityEvent {
                                 node_id: self.deps.node_id.clone(),
                                 role: "decode",
@@ -509,7 +510,7 @@ impl Scheduler {
                             });
                             "kv_read_refused"
                         }
-                        _ => "error",
+                        StepError::Failed(_) => "error",
                     };
                     tracing::warn!(request = %req, error = %e, "sequence failed");
                     let _ = running

@@ -10,22 +10,22 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages, ReserveError};
-use pagewarden_model::{Model, Sampler};
+use pagewarden_model::Sampler;
 use pagewarden_proto::v1 as pb;
 use pagewarden_transfer::{BatchStatus, ManifestBuilder, PageWriteReq, TransferBackend};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
+use crate::compute::Compute;
 use crate::grant::ValidPrefill;
 use crate::segments::Segments;
 
 /// Everything a job needs, shared by all jobs.
 pub struct JobDeps {
-    pub model: Arc<Model>,
+    pub compute: Compute,
     pub pool: KvPool,
     pub segments: Segments,
     pub permits: Arc<Semaphore>,
@@ -106,9 +106,9 @@ async fn compute(
                 return Err(cancelled());
             }
             logits = d
-                .model
+                .compute
                 .prefill(&mut pages, chunk)
-                .map_err(|e| Status::internal(format!("prefill forward pass failed: {e}")))?;
+                .map_err(|e| Status::internal(format!("prefill forward pass failed: {}", e.0)))?;
         }
         let first = Sampler::new(&sampling).sample(&logits);
         Ok((pages, first))
@@ -132,17 +132,19 @@ async fn transfer(
     let mut bytes = 0u64;
     let indices: Vec<usize> = (0..g.pages.len()).collect();
     for batch in indices.chunks(deps.batch_pages.max(1)) {
+        // Generation-checked page bytes: host memory on the CPU, device -> pinned host on a GPU.
+        let frames = deps
+            .compute
+            .frames(pages, batch)
+            .map_err(|e| Status::internal(e.0))?;
         let mut reqs = Vec::with_capacity(batch.len());
-        for &i in batch {
-            let data = pages
-                .page_bytes(i)
-                .map_err(|e| Status::internal(format!("reading local KV page {i}: {e}")))?;
+        for (&i, src) in batch.iter().zip(frames) {
             let (page, generation) = g.pages[i];
             reqs.push(PageWriteReq {
                 dst_page: page,
                 dst_generation: generation,
                 tokens: g.tokens_in_page(i) as u32,
-                src: Bytes::copy_from_slice(data),
+                src,
             });
         }
         manifest.add_batch(&reqs);

@@ -1,11 +1,13 @@
 //! `pagewarden-prefill`: the prefill worker.
 //!
 //! - `startup.rs`: model loading, pool sizing, preflight (I7).
+//! - `compute.rs`: `Compute`, the forward pass and page reads on the CPU or a GPU (`--device`).
 //! - `grant.rs`: parsing the request and decode's write grant.
 //! - `job.rs`: one job: chunked forward pass, first token, KV transfer, manifest.
 //! - `segments.rs`: the transfer backend and its open segments.
 //! - `service.rs`: the `Prefill` gRPC service (admission, cancellation).
 
+mod compute;
 mod grant;
 mod job;
 mod segments;
@@ -22,6 +24,7 @@ use pagewarden_common::auditor_client::{preflight_report, AuditorClient};
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::metrics::{serve_metrics, PoolGauges, WorkerMetrics};
 use pagewarden_common::shutdown;
+use pagewarden_kernels::Device;
 use pagewarden_proto::v1::prefill_server::PrefillServer;
 use pagewarden_transfer::{EngineConfig, TcpBackend};
 use tokio::net::TcpListener;
@@ -42,19 +45,37 @@ struct Cli {
     /// Pages per transfer batch.
     #[arg(long, default_value_t = 16)]
     batch_pages: usize,
+    /// Where the model runs and the KV pages' data lives: `cpu` or `cuda:N` (GPU N; needs a
+    /// build with `--features pagewarden-prefill/cuda` and the NVIDIA driver).
+    #[arg(long, env = "PAGEWARDEN_DEVICE", default_value = "cpu")]
+    device: Device,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let auditor_url = cli.auditor.clone();
+    compute::check_device(cli.device)?;
     let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::prefill())?;
     let _telemetry =
         pagewarden_common::telemetry::init_telemetry("pagewarden-prefill", cfg.log_json)?;
     let shutdown = shutdown::on_signal();
-    let loaded = {
+    let (loaded, compute) = {
         let cfg = cfg.clone();
-        tokio::task::spawn_blocking(move || startup::load(&cfg)).await??
+        let (device, batch_pages) = (cli.device, cli.batch_pages);
+        tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            let loaded = startup::load(&cfg, device)?;
+            let compute = compute::Compute::open(
+                device,
+                loaded.model.clone(),
+                &loaded.pool,
+                cfg.chunk_tokens,
+                batch_pages,
+                cfg.zero_on_release,
+            )?;
+            Ok((loaded, compute))
+        })
+        .await??
     };
     let admission = Admission::new(
         loaded.preflight.advertised_context,
@@ -81,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
 
     let backend = TcpBackend::new(EngineConfig::default(), cfg.transfer_addr);
     let deps = Arc::new(job::JobDeps {
-        model: loaded.model.clone(),
+        compute,
         pool: loaded.pool.clone(),
         segments: segments::Segments::new(backend),
         permits: Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrency)),

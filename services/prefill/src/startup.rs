@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use pagewarden_common::config::{ModelSource, PoolSize, WorkerConfig};
 use pagewarden_common::preflight::{preflight, PreflightInput, PreflightReport};
+use pagewarden_kernels::Device;
 use pagewarden_kvcache::{KvPool, PoolConfig};
 use pagewarden_model::{GgufFile, LoadOptions, Model};
 
@@ -17,8 +18,9 @@ pub struct Loaded {
     pub preflight: PreflightReport,
 }
 
-/// Loads the model and builds a preflighted pool.
-pub fn load(cfg: &WorkerConfig) -> anyhow::Result<Loaded> {
+/// Loads the model and builds a preflighted pool. On a GPU the host pool only owns the pages
+/// (their data lives on the device), so it is not zeroed on release: the device pages are.
+pub fn load(cfg: &WorkerConfig, device: Device) -> anyhow::Result<Loaded> {
     let opts = LoadOptions {
         threads: cfg.threads,
         prefill_chunk: cfg.chunk_tokens,
@@ -63,13 +65,14 @@ pub fn load(cfg: &WorkerConfig) -> anyhow::Result<Loaded> {
         );
     }
     let mut pc = PoolConfig::with_pages(layout, pages);
-    pc.zero_on_release = cfg.zero_on_release;
+    pc.zero_on_release = cfg.zero_on_release && device == Device::Cpu;
     pc.drain_timeout = cfg.drain_timeout;
     pc.grant_ttl = cfg.grant_ttl;
     let pool = KvPool::new(pc);
     tracing::info!(
         model = %model_name,
         pages,
+        %device,
         page_bytes = layout.page_bytes(),
         pool_tokens = report.pool_tokens,
         context = report.advertised_context,

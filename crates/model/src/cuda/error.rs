@@ -2,6 +2,7 @@
 
 use pagewarden_kernels::cuda::cudarc::driver::DriverError;
 use pagewarden_kernels::cuda::{CudaError, PageFault};
+use pagewarden_kvcache::{ReadError, ReserveError};
 use thiserror::Error;
 
 use super::pages::DevicePageId;
@@ -55,6 +56,18 @@ pub enum GpuError {
         /// The model's context.
         context: usize,
     },
+    /// The host pool refused a read of a sequence's page (its generation moved on, I1).
+    #[error("host KV page check: {0}")]
+    HostRead(#[from] ReadError),
+    /// The host pool could not grow a sequence's pages.
+    #[error("host KV pool: {0}")]
+    HostPages(#[from] ReserveError),
+    /// The host pool's page shape is not the model's.
+    #[error("KV layout mismatch: {0}")]
+    Layout(String),
+    /// The device failed the whole step this sequence was part of.
+    #[error("GPU step failed: {0}")]
+    Step(String),
     /// A page id that the host bookkeeping does not know.
     #[error("page {0:?} is not in the device pool")]
     UnknownPage(DevicePageId),

@@ -8,6 +8,8 @@
 //! - `weights.rs`: the GGUF weights uploaded as they are (quantized).
 //! - `model.rs`: `GpuModel` (load, sequences, prefill, decode_step, release, revoke_page).
 //! - `forward.rs`: the batched forward pass.
+//! - `worker.rs`: `GpuWorker`, a device mirror of a host `KvPool` for the prefill and decode
+//!   workers (generation sync, pinned staging, residency of committed pages).
 
 mod error;
 mod forward;
@@ -15,8 +17,10 @@ mod kv_store;
 mod model;
 mod pages;
 mod weights;
+mod worker;
 
 pub use error::GpuError;
 pub use kv_store::{compile_kv_store, write_kv_store_ptx, MODEL_PTX_DIR_ENV, PTX_FILE};
 pub use model::{GpuModel, GpuOptions};
 pub use pages::{DevicePageId, GpuSequence, PageBook, PageEntry, PageGeneration};
+pub use worker::{GpuWorker, GpuWorkerOptions};

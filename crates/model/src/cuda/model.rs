@@ -91,6 +91,19 @@ impl GpuModel {
         })
     }
 
+    /// Like [`GpuModel::new`], for a device pool whose pages are owned by a host pool (see
+    /// [`super::GpuWorker`]): the model's own page book is empty, so a sequence whose host
+    /// table is too short fails with `PoolExhausted` instead of taking a page nobody granted.
+    pub fn new_mirrored(
+        model: &Model,
+        backend: Arc<CudaBackend>,
+        opts: &GpuOptions,
+    ) -> Result<GpuModel, GpuError> {
+        let mut m = GpuModel::new(model, backend, opts)?;
+        m.book = PageBook::new(0);
+        Ok(m)
+    }
+
     /// The backend (for synchronizing or reading pages).
     pub fn backend(&self) -> &Arc<CudaBackend> {
         &self.backend

@@ -1,0 +1,117 @@
+//! `Compute`: the one engine the prefill service talks to, on the CPU (`Model` over the host
+//! pool's pages) or on a GPU (`GpuWorker`: the same pages mirrored in device memory, with the
+//! host pool still owning them). Service logic (admission, grants, transfer, manifest) is the
+//! same for both; only the forward pass and where page bytes are read from differ.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pagewarden_kernels::Device;
+use pagewarden_kvcache::{KvPool, ReadablePages};
+use pagewarden_model::Model;
+
+/// The forward pass and page reads, on the device chosen by `--device`.
+#[derive(Clone)]
+pub enum Compute {
+    /// CPU reference kernels over the host pool's page bytes.
+    Cpu(Arc<Model>),
+    /// A GPU; the mutex serialises jobs' chunks on the device.
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<parking_lot::Mutex<pagewarden_model::cuda::GpuWorker>>),
+}
+
+/// A failed forward pass or page read, already worded for the caller.
+#[derive(Debug)]
+pub struct ComputeError(pub String);
+
+impl Compute {
+    /// Opens the engine for `device` over `pool`. A CUDA build without a driver or GPU fails
+    /// here with the driver's reason.
+    pub fn open(
+        device: Device,
+        model: Arc<Model>,
+        pool: &KvPool,
+        chunk_tokens: usize,
+        staging_pages: usize,
+        zero_on_release: bool,
+    ) -> anyhow::Result<Compute> {
+        check_device(device)?;
+        match device {
+            Device::Cpu => Ok(Compute::Cpu(model)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => {
+                use anyhow::Context;
+                use pagewarden_model::cuda::{GpuWorker, GpuWorkerOptions};
+                let opts = GpuWorkerOptions {
+                    device: n,
+                    prefill_chunk: chunk_tokens,
+                    staging_pages,
+                    zero_new_pages: zero_on_release,
+                };
+                let gpu = GpuWorker::new(&model, pool.clone(), &opts)
+                    .with_context(|| format!("cannot run on cuda:{n}"))?;
+                tracing::info!(device = %format!("cuda:{n}"), gpu = %gpu.describe(), "model on the GPU");
+                Ok(Compute::Cuda(Arc::new(parking_lot::Mutex::new(gpu))))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(n) => {
+                let _ = (pool, chunk_tokens, staging_pages, zero_on_release);
+                anyhow::bail!("cuda:{n} is unavailable in this build")
+            }
+        }
+    }
+
+    /// Runs `tokens` after those already in `pages`; logits of the last position.
+    pub fn prefill(
+        &self,
+        pages: &mut ReadablePages,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ComputeError> {
+        match self {
+            Compute::Cpu(m) => m
+                .prefill(pages, tokens)
+                .map_err(|e| ComputeError(e.to_string())),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(g) => g
+                .lock()
+                .prefill(pages, tokens)
+                .map_err(|e| ComputeError(e.to_string())),
+        }
+    }
+
+    /// The bytes of pages `indices` of `pages` (generation-checked), one frame each.
+    pub fn frames(
+        &self,
+        pages: &ReadablePages,
+        indices: &[usize],
+    ) -> Result<Vec<Bytes>, ComputeError> {
+        match self {
+            Compute::Cpu(_) => indices
+                .iter()
+                .map(|&i| {
+                    pages
+                        .page_bytes(i)
+                        .map(Bytes::copy_from_slice)
+                        .map_err(|e| ComputeError(format!("reading local KV page {i}: {e}")))
+                })
+                .collect(),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(g) => {
+                tokio::task::block_in_place(|| g.lock().download_pages(pages, indices))
+                    .map(|v| v.into_iter().map(Bytes::from).collect())
+                    .map_err(|e| ComputeError(format!("reading device KV pages: {e}")))
+            }
+        }
+    }
+}
+
+/// Refuses `cuda:N` in a build without the `cuda` feature, before anything is loaded.
+pub fn check_device(device: Device) -> anyhow::Result<()> {
+    match device {
+        Device::Cuda(n) if !cfg!(feature = "cuda") => anyhow::bail!(
+            "--device cuda:{n}: this pagewarden-prefill was built without CUDA support; \
+             rebuild with `--features pagewarden-prefill/cuda` or use --device cpu"
+        ),
+        Device::Cpu | Device::Cuda(_) => Ok(()),
+    }
+}
