@@ -209,6 +209,23 @@ pub fn elementwise(gpu: &CudaBackend, rng: &mut Rng, rows_out: &mut Vec<Row>) ->
         &cpu,
         1e-5,
     ));
+    // The CPU's activation quantization, dequantized: what a quantized weight row meets.
+    let acts = pagewarden_kernels::act::quantize_acts(&g, 32, n / 32);
+    let cpu: Vec<f32> = acts
+        .qs
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| q as f32 * acts.d[i / 32])
+        .collect();
+    let (mut dq, dx) = (gpu.upload(&vec![0f32; n])?, gpu.upload(&g)?);
+    gpu.q8_roundtrip(&mut dq, &dx, n)?;
+    rows_out.push(compare(
+        "q8_roundtrip",
+        format!("{n}"),
+        &gpu.download(&dq)?,
+        &cpu,
+        1e-6,
+    ));
     let cpu: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b).collect();
     let mut da = gpu.upload(&g)?;
     gpu.add(&mut da, &du, n)?;

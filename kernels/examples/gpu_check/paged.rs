@@ -130,7 +130,9 @@ pub fn attention(
         ));
     }
     let shape = format!("{} q, ctx<=700, 9h/3kv x64", queries.len());
-    let mut row = compare("paged_attention", shape, &got, &want, 1e-4);
+    // Both sides round q and the probabilities to f16; a probability whose CPU and GPU f32 values
+    // straddle an f16 rounding boundary differs by one f16 ulp (2^-11 relative), hence 1e-3.
+    let mut row = compare("paged_attention", shape, &got, &want, 1e-3);
     if faults.iter().any(|f| f.is_some()) {
         row.pass = false;
         row.note = format!("unexpected faults {faults:?}");

@@ -81,7 +81,7 @@ impl Module {
             ],
             Module::Norm => &["rmsnorm_f32", "softmax_f32"],
             Module::Rope => &["rope_norm_f32"],
-            Module::Activation => &["swiglu_f32", "add_f32"],
+            Module::Activation => &["swiglu_f32", "add_f32", "q8_roundtrip_f32"],
             Module::Attention => &["paged_attention_f32"],
             Module::Pages => &["page_checksum", "page_zero", "guard_stamp", "guard_check"],
         }

@@ -4,8 +4,9 @@
 //! Only the logits (one row per sequence) come back to the host.
 
 use pagewarden_kernels::cuda::cudarc::driver::CudaSlice;
-use pagewarden_kernels::cuda::{AttentionBatch, CudaBackend};
+use pagewarden_kernels::cuda::{AttentionBatch, CudaBackend, DeviceMatrix};
 use pagewarden_kernels::rope::Rope;
+use pagewarden_kernels::WeightType;
 
 use super::error::{driver, GpuError};
 use super::kv_store::KvRows;
@@ -41,6 +42,38 @@ struct Acts {
     proj: CudaSlice<f32>,
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
+    /// A matmul input as the CPU's Q8 activation rounding leaves it.
+    xq: CudaSlice<f32>,
+}
+
+/// The Q8 scratch buffer when activations are rounded like the CPU's, else none.
+fn q8(exact: bool, buf: &mut CudaSlice<f32>) -> Option<&mut CudaSlice<f32>> {
+    exact.then_some(buf)
+}
+
+/// `out = w · x` for `rows` rows. A quantized `w` gets `x` through the CPU's Q8 activation
+/// rounding (as llama.cpp and `pagewarden_kernels::matmul` do) unless `exact_acts` is off, so
+/// both backends multiply the same numbers and pick the same tokens.
+fn mm(
+    b: &CudaBackend,
+    w: &DeviceMatrix,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    exact_acts: Option<&mut CudaSlice<f32>>,
+    out: &mut CudaSlice<f32>,
+) -> Result<(), GpuError> {
+    let quantized = match w.ty {
+        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => true,
+        WeightType::F16 | WeightType::F32 => false,
+    };
+    match exact_acts {
+        Some(xq) if quantized => {
+            b.q8_roundtrip(xq, x, rows * w.cols)?;
+            b.matmul(w, xq, rows, out)?;
+        }
+        Some(_) | None => b.matmul(w, x, rows, out)?,
+    }
+    Ok(())
 }
 
 impl GpuModel {
@@ -109,6 +142,7 @@ impl GpuModel {
             proj: b.zeros(rows * dim)?,
             gate: b.zeros(rows * ffn)?,
             up: b.zeros(rows * ffn)?,
+            xq: b.zeros(rows * dim.max(ffn))?,
         })
     }
 
@@ -186,12 +220,13 @@ impl GpuModel {
             .collect();
         let mut a = self.acts(rows)?;
         let w = &self.weights;
+        let exact = self.exact_acts;
         b.get_rows(&w.token_embd, &plan.ids, &mut a.x)?;
         for (l, lw) in w.layers.iter().enumerate() {
             b.rms_norm(&a.x, &lw.attn_norm, eps, rows, &mut a.xn)?;
-            b.matmul(&lw.wq, &a.xn, rows, &mut a.q)?;
-            b.matmul(&lw.wk, &a.xn, rows, &mut a.k)?;
-            b.matmul(&lw.wv, &a.xn, rows, &mut a.v)?;
+            mm(b, &lw.wq, &a.xn, rows, q8(exact, &mut a.xq), &mut a.q)?;
+            mm(b, &lw.wk, &a.xn, rows, q8(exact, &mut a.xq), &mut a.k)?;
+            mm(b, &lw.wv, &a.xn, rows, q8(exact, &mut a.xq), &mut a.v)?;
             b.rope(&rope, &mut a.q, &pos, cfg.heads)?;
             b.rope(&rope, &mut a.k, &pos, cfg.kv_heads)?;
             self.kv
@@ -203,13 +238,20 @@ impl GpuModel {
                 queries: &queries,
             };
             b.paged_attention(&self.pool, &att, &a.q, &mut a.att, &mut flags)?;
-            b.matmul(&lw.wo, &a.att, rows, &mut a.proj)?;
+            mm(b, &lw.wo, &a.att, rows, q8(exact, &mut a.xq), &mut a.proj)?;
             b.add(&mut a.x, &a.proj, rows * dim)?;
             b.rms_norm(&a.x, &lw.ffn_norm, eps, rows, &mut a.xn)?;
-            b.matmul(&lw.gate, &a.xn, rows, &mut a.gate)?;
-            b.matmul(&lw.up, &a.xn, rows, &mut a.up)?;
+            mm(b, &lw.gate, &a.xn, rows, q8(exact, &mut a.xq), &mut a.gate)?;
+            mm(b, &lw.up, &a.xn, rows, q8(exact, &mut a.xq), &mut a.up)?;
             b.swiglu(&mut a.gate, &a.up, rows * ffn)?;
-            b.matmul(&lw.down, &a.gate, rows, &mut a.proj)?;
+            mm(
+                b,
+                &lw.down,
+                &a.gate,
+                rows,
+                q8(exact, &mut a.xq),
+                &mut a.proj,
+            )?;
             b.add(&mut a.x, &a.proj, rows * dim)?;
         }
         // Logits of each sequence's last row only.
@@ -229,7 +271,14 @@ impl GpuModel {
         let mut lastn: CudaSlice<f32> = b.zeros(nseq * dim)?;
         b.rms_norm(&last, &w.output_norm, eps, nseq, &mut lastn)?;
         let mut logits: CudaSlice<f32> = b.zeros(nseq * cfg.vocab)?;
-        b.matmul(w.output(), &lastn, nseq, &mut logits)?;
+        mm(
+            b,
+            w.output(),
+            &lastn,
+            nseq,
+            q8(exact, &mut a.xq),
+            &mut logits,
+        )?;
         let host = b.download(&logits)?;
         let faults = b.read_faults(&flags)?;
         Ok((host, faults))

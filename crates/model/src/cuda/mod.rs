@@ -21,6 +21,6 @@ mod worker;
 
 pub use error::GpuError;
 pub use kv_store::{compile_kv_store, write_kv_store_ptx, MODEL_PTX_DIR_ENV, PTX_FILE};
-pub use model::{GpuModel, GpuOptions};
+pub use model::{GpuModel, GpuOptions, FLOAT_ACTS_ENV};
 pub use pages::{DevicePageId, GpuSequence, PageBook, PageEntry, PageGeneration};
 pub use worker::{GpuWorker, GpuWorkerOptions};

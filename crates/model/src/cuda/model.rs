@@ -13,6 +13,9 @@ use super::kv_store::KvStore;
 use super::pages::{DevicePageId, GpuSequence, PageBook, PageGeneration};
 use super::weights::GpuWeights;
 
+/// Set to `1` to feed quantized matmuls f32 activations instead of the CPU's Q8-rounded ones.
+pub const FLOAT_ACTS_ENV: &str = "PAGEWARDEN_GPU_FLOAT_ACTS";
+
 /// Sizes of the device pool and of prefill passes.
 #[derive(Clone, Debug)]
 pub struct GpuOptions {
@@ -46,6 +49,9 @@ pub struct GpuModel {
     pub(crate) book: PageBook,
     pub(crate) kv: KvStore,
     pub(crate) opts: GpuOptions,
+    /// Quantized matmuls see activations through the CPU's Q8 rounding (off with
+    /// `PAGEWARDEN_GPU_FLOAT_ACTS=1`, to measure what that rounding is worth).
+    pub(crate) exact_acts: bool,
 }
 
 impl std::fmt::Debug for GpuModel {
@@ -88,6 +94,7 @@ impl GpuModel {
             book: PageBook::new(opts.pages),
             kv,
             opts,
+            exact_acts: std::env::var_os(FLOAT_ACTS_ENV).is_none_or(|v| v != "1"),
         })
     }
 
