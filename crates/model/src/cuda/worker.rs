@@ -39,11 +39,44 @@ pub struct GpuWorkerOptions {
     pub zero_new_pages: bool,
 }
 
+/// Host memory between the device pool and the host's frames: pinned (page-locked, so copies
+/// are DMA) unless the driver refused it, then ordinary memory (correct, slower).
+enum Staging {
+    Pinned(PinnedHostSlice<f16>),
+    /// Ordinary memory, and why pinned memory was refused.
+    Pageable(Vec<f16>, String),
+}
+
+impl Staging {
+    fn new(model: &GpuModel, elems: usize) -> Staging {
+        // SAFETY: the buffer is only read back after a copy into it has filled that region.
+        let pinned = unsafe {
+            model
+                .backend
+                .context()
+                .alloc_pinned_with_flags::<f16>(elems, 0)
+        };
+        match pinned {
+            Ok(p) => Staging::Pinned(p),
+            Err(e) => Staging::Pageable(vec![f16::ZERO; elems], e.to_string()),
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> Result<&mut [f16], GpuError> {
+        match self {
+            Staging::Pinned(p) => p
+                .as_mut_slice()
+                .map_err(driver("waiting for the staging buffer")),
+            Staging::Pageable(v, _) => Ok(v),
+        }
+    }
+}
+
 /// A model on one GPU over a device mirror of a host [`KvPool`].
 pub struct GpuWorker {
     model: GpuModel,
     pool: KvPool,
-    staging: PinnedHostSlice<f16>,
+    staging: Staging,
     staging_pages: usize,
     /// Per page, the generation whose data is on the device (0: none; 0 is never owned).
     resident: Vec<u64>,
@@ -95,14 +128,7 @@ impl GpuWorker {
         let model = GpuModel::new_mirrored(model, backend, &gpu_opts)?;
         let staging_pages = opts.staging_pages.max(1);
         let elems = staging_pages * model.pool.shape.page_elems();
-        // SAFETY: the buffer is only read back after a copy into it has filled that region.
-        let staging = unsafe {
-            model
-                .backend
-                .context()
-                .alloc_pinned_with_flags::<f16>(elems, 0)
-        }
-        .map_err(driver("allocating pinned staging memory"))?;
+        let staging = Staging::new(&model, elems);
         Ok(GpuWorker {
             model,
             pool,
@@ -121,8 +147,12 @@ impl GpuWorker {
     /// GPU name and architecture, for the start-up log.
     pub fn describe(&self) -> String {
         let b = &self.model.backend;
+        let staging = match &self.staging {
+            Staging::Pinned(_) => "pinned staging".to_string(),
+            Staging::Pageable(_, why) => format!("pageable staging (pinned refused: {why})"),
+        };
         format!(
-            "{} ({}, PTX {:?})",
+            "{} ({}, PTX {:?}, {staging})",
             b.name().unwrap_or_else(|e| format!("unnamed GPU: {e}")),
             b.arch(),
             b.ptx_source()
@@ -232,10 +262,7 @@ impl GpuWorker {
         }
         let mut frames = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(self.staging_pages) {
-            let buf = self
-                .staging
-                .as_mut_slice()
-                .map_err(driver("waiting for the staging buffer"))?;
+            let buf = self.staging.as_mut_slice()?;
             for (j, &id) in chunk.iter().enumerate() {
                 let src = self.model.pool.data.slice(id * pe..(id + 1) * pe);
                 self.model
@@ -287,10 +314,7 @@ impl GpuWorker {
             .collect();
         let pe = self.model.pool.shape.page_elems();
         for chunk in missing.chunks(self.staging_pages) {
-            let buf = self
-                .staging
-                .as_mut_slice()
-                .map_err(driver("waiting for the staging buffer"))?;
+            let buf = self.staging.as_mut_slice()?;
             for (j, &i) in chunk.iter().enumerate() {
                 // Generation-checked host read of the verified page (I1 on the host side).
                 let src = pages.page_bytes(i)?;
