@@ -58,7 +58,7 @@ if [ -z "${PAGEWARDEN_PTX_DIR:-}" ] && [ -d "$out/ptx" ]; then export PAGEWARDEN
 if [ -z "${PAGEWARDEN_MODEL_PTX_DIR:-}" ] && [ -d "$out/ptx-model" ]; then export PAGEWARDEN_MODEL_PTX_DIR="$out/ptx-model"; fi
 logs=${LOG_DIR:-$(mktemp -d)}
 mkdir -p "$logs"
-export RUST_LOG=${RUST_LOG:-info}
+export RUST_LOG=${RUST_LOG:-info} RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0
 if [ "$device" != cpu ] && { [ -z "${PAGEWARDEN_PTX_DIR:-}" ] || [ -z "${PAGEWARDEN_MODEL_PTX_DIR:-}" ]; }; then
   echo "warning: no precompiled PTX (target-gpu/ptx, target-gpu/ptx-model): the workers need NVRTC" >&2
 fi
