@@ -38,7 +38,8 @@ const LAYOUT: KvLayout = KvLayout {
 };
 const TOKENS: usize = 8192;
 const BATCH: usize = 64;
-const ROUNDS: usize = 21;
+/// Interleaved rounds (env `PAGEWARDEN_BENCH_ROUNDS` overrides).
+const ROUNDS: usize = 41;
 
 struct Setup {
     pool: KvPool,
@@ -131,9 +132,10 @@ async fn one_transfer(s: &Setup) {
         .chunks(BATCH)
         .map(|c| s.prefill.submit_batch(s.seg, g.key, c.to_vec()).unwrap())
         .collect();
-    for h in handles {
+    for mut h in handles {
+        assert!(matches!(h.wait_ref().await, BatchStatus::Completed { .. }));
+        // After completion: the writer already hashed each page just before sending it.
         mb.add_sent(&h);
-        assert!(matches!(h.wait().await, BatchStatus::Completed { .. }));
     }
     let readable = res.commit(&mb.build()).expect("commit");
     drop(readable);
@@ -156,22 +158,32 @@ fn goodput(c: &mut Criterion) {
         t
     });
     let total = (s.pages.len() * LAYOUT.page_bytes()) as u64;
-    let mut g = c.benchmark_group("goodput_8192_tokens_smollm2");
-    g.throughput(Throughput::Bytes(total));
-    g.sample_size(10);
-    g.measurement_time(Duration::from_secs(5));
-    g.bench_function("raw_tcp_copy", |b| {
-        b.iter(|| rt.block_on(raw_copy(&mut raw, &s.pages)))
-    });
-    g.bench_function("pagewarden_tcp_checked", |b| {
-        b.iter(|| rt.block_on(one_transfer(&s)))
-    });
-    g.finish();
+    // `PAGEWARDEN_BENCH_QUICK=1`: only the interleaved rounds (criterion's groups take ~40 s).
+    if std::env::var_os("PAGEWARDEN_BENCH_QUICK").is_none() {
+        let mut g = c.benchmark_group("goodput_8192_tokens_smollm2");
+        g.throughput(Throughput::Bytes(total));
+        g.sample_size(10);
+        g.measurement_time(Duration::from_secs(5));
+        g.bench_function("raw_tcp_copy", |b| {
+            b.iter(|| rt.block_on(raw_copy(&mut raw, &s.pages)))
+        });
+        g.bench_function("pagewarden_tcp_checked", |b| {
+            b.iter(|| rt.block_on(one_transfer(&s)))
+        });
+        g.finish();
+    }
 
-    // Interleaved, so both see the same machine load; the median of per-round ratios.
-    let mut ratios = Vec::new();
-    let (mut t_raw, mut t_pw) = (Duration::ZERO, Duration::ZERO);
-    for _ in 0..ROUNDS {
+    // Interleaved, so both see the same machine load; medians of times and of per-round ratios.
+    let rounds = std::env::var("PAGEWARDEN_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS);
+    for _ in 0..2 {
+        rt.block_on(raw_copy(&mut raw, &s.pages));
+        rt.block_on(one_transfer(&s));
+    }
+    let (mut ratios, mut t_raw, mut t_pw) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
         let t = Instant::now();
         rt.block_on(raw_copy(&mut raw, &s.pages));
         let r = t.elapsed();
@@ -179,17 +191,51 @@ fn goodput(c: &mut Criterion) {
         rt.block_on(one_transfer(&s));
         let p = t.elapsed();
         ratios.push(r.as_secs_f64() / p.as_secs_f64());
-        t_raw += r;
-        t_pw += p;
+        t_raw.push(r.as_secs_f64());
+        t_pw.push(p.as_secs_f64());
     }
-    ratios.sort_by(f64::total_cmp);
-    let gib = |d: Duration| (ROUNDS as u64 * total) as f64 / d.as_secs_f64() / (1u64 << 30) as f64;
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let gib = |secs: f64| total as f64 / secs / (1u64 << 30) as f64;
+    let (mr, mp) = (median(&mut t_raw), median(&mut t_pw));
     println!(
-        "goodput ratio (median of {ROUNDS} interleaved rounds): {:.1}% (pagewarden {:.2} GiB/s, raw {:.2} GiB/s)",
-        100.0 * ratios[ROUNDS / 2],
-        gib(t_pw),
-        gib(t_raw),
+        "goodput ratio (median of {rounds} interleaved rounds): {:.1}% | pagewarden median {:.1} ms ({:.2} GiB/s), raw median {:.1} ms ({:.2} GiB/s)",
+        100.0 * median(&mut ratios),
+        mp * 1e3,
+        gib(mp),
+        mr * 1e3,
+        gib(mr),
     );
+    components(&s.pages);
+}
+
+/// Per-byte costs the checked path adds, for context: xxh3 on a cache-hot page and over all
+/// pages (cold), and a copy of every page (the receiver's copy into the pool).
+fn components(pages: &[Bytes]) {
+    let total: usize = pages.iter().map(|p| p.len()).sum();
+    let gbs = |bytes: usize, d: Duration| bytes as f64 / d.as_secs_f64() / 1e9;
+    let t = Instant::now();
+    let mut x = 0u64;
+    for _ in 0..200 {
+        x ^= pagewarden_kvcache::page_checksum(std::hint::black_box(&pages[0]));
+    }
+    let hot = gbs(200 * pages[0].len(), t.elapsed());
+    let t = Instant::now();
+    for p in pages {
+        x ^= pagewarden_kvcache::page_checksum(p);
+    }
+    let cold = gbs(total, t.elapsed());
+    let mut dst = vec![0u8; total];
+    dst.fill(1);
+    let t = Instant::now();
+    for (p, d) in pages.iter().zip(dst.chunks_mut(pages[0].len())) {
+        d.copy_from_slice(p);
+    }
+    let copy = gbs(total, t.elapsed());
+    std::hint::black_box((x, &dst));
+    println!("components: xxh3 hot page {hot:.1} GB/s, xxh3 all pages {cold:.1} GB/s, copy all pages {copy:.1} GB/s");
 }
 
 criterion_group!(benches, goodput);

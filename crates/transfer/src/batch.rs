@@ -60,7 +60,7 @@ impl BatchStatus {
 pub struct BatchHandle {
     id: BatchId,
     rx: watch::Receiver<BatchStatus>,
-    sent: Vec<(u64, u32)>,
+    pages: Vec<OutPage>,
 }
 
 /// Backend side of a batch's completion.
@@ -93,8 +93,9 @@ impl Drop for BatchCompleter {
 /// A fresh pending batch of `pages`: the handle for the caller, the completer for the backend.
 pub fn new_batch(id: BatchId, pages: &[OutPage]) -> (BatchHandle, BatchCompleter) {
     let (tx, rx) = watch::channel(BatchStatus::Pending);
-    let sent = pages.iter().map(|p| (p.checksum, p.tokens)).collect();
-    (BatchHandle { id, rx, sent }, BatchCompleter(tx))
+    // Clones share each page's checksum cell: whoever hashes first, hashes for both.
+    let pages = pages.to_vec();
+    (BatchHandle { id, rx, pages }, BatchCompleter(tx))
 }
 
 impl BatchHandle {
@@ -104,9 +105,14 @@ impl BatchHandle {
     }
 
     /// `(checksum, tokens)` of each page of the batch, in submission order: what the commit
-    /// manifest must claim (see `ManifestBuilder::add_sent`), so pages are hashed only once.
-    pub fn sent_pages(&self) -> &[(u64, u32)] {
-        &self.sent
+    /// manifest must claim (see `ManifestBuilder::add_sent`). Each page is hashed only once:
+    /// pages the backend already sent reuse its checksum, so call this after the batch
+    /// completed ([`BatchHandle::wait_ref`]); called earlier it hashes unsent pages itself.
+    pub fn sent_pages(&self) -> Vec<(u64, u32)> {
+        self.pages
+            .iter()
+            .map(|p| (p.checksum(), p.tokens))
+            .collect()
     }
 
     /// Current state, without waiting.
@@ -116,6 +122,11 @@ impl BatchHandle {
 
     /// Waits for the terminal state.
     pub async fn wait(mut self) -> BatchStatus {
+        self.wait_ref().await
+    }
+
+    /// Waits for the terminal state, keeping the handle (for [`BatchHandle::sent_pages`]).
+    pub async fn wait_ref(&mut self) -> BatchStatus {
         match self.rx.wait_for(BatchStatus::is_done).await {
             Ok(s) => s.clone(),
             Err(_) => BatchStatus::Failed(BatchFailure::ConnectionLost("backend gone".into())),

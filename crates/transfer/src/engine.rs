@@ -8,7 +8,7 @@
 //! A lost connection fails every pending batch and drain, and is broadcast as a [`FailureEvent`].
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use thiserror::Error;
@@ -108,7 +108,10 @@ pub struct FailureEvent {
     pub reason: String,
 }
 
-/// One page of a validated batch, checksum computed.
+/// One page of a validated batch. Its checksum is computed once, by whoever needs it first:
+/// normally the backend's writer just before it sends the page, so the bytes are hashed and
+/// then handed to the kernel while hot in cache (one read of the page from memory, not two),
+/// or the caller asking [`crate::BatchHandle::sent_pages`] for the manifest.
 #[derive(Clone, Debug)]
 pub struct OutPage {
     /// Destination page.
@@ -117,13 +120,30 @@ pub struct OutPage {
     pub generation: Generation,
     /// Valid tokens.
     pub tokens: u32,
-    /// xxh3 of `src`.
-    pub checksum: u64,
     /// Page bytes.
     pub src: Bytes,
+    sum: Arc<OnceLock<u64>>,
 }
 
-/// Checks a batch against the caps and checksums every page (shared by all backends).
+impl OutPage {
+    /// A page to send (checksum not yet computed).
+    pub fn new(page: PageId, generation: Generation, tokens: u32, src: Bytes) -> Self {
+        Self {
+            page,
+            generation,
+            tokens,
+            src,
+            sum: Arc::default(),
+        }
+    }
+
+    /// xxh3 of `src`, computed on first use and shared by every clone of this page.
+    pub fn checksum(&self) -> u64 {
+        *self.sum.get_or_init(|| page_checksum(&self.src))
+    }
+}
+
+/// Checks a batch against the caps (shared by all backends); checksums are computed lazily.
 pub fn prepare_batch(
     cfg: &EngineConfig,
     reqs: Vec<PageWriteReq>,
@@ -146,13 +166,7 @@ pub fn prepare_batch(
     }
     Ok(reqs
         .into_iter()
-        .map(|r| OutPage {
-            page: r.dst_page,
-            generation: r.dst_generation,
-            tokens: r.tokens,
-            checksum: page_checksum(&r.src),
-            src: r.src,
-        })
+        .map(|r| OutPage::new(r.dst_page, r.dst_generation, r.tokens, r.src))
         .collect())
 }
 

@@ -189,7 +189,8 @@ pub fn reject_code(e: Option<WriteError>) -> u8 {
     }
 }
 
-fn reject_from_code(c: u8) -> Result<Option<WriteError>, FrameError> {
+/// Drop reason of a wire code ([`reject_code`]'s inverse).
+pub fn reject_from_code(c: u8) -> Result<Option<WriteError>, FrameError> {
     Ok(Some(match c {
         0 => return Ok(None),
         1 => WriteError::UnknownGrant,

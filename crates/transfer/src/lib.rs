@@ -13,15 +13,18 @@
 //! - `engine.rs`: the `TransferBackend` API, its request, config and error types.
 //! - `batch.rs`: batch completion handles (poll / await).
 //! - `manifest.rs`: commit manifest builder (tokens, per-page checksums, digest).
+//! - `pending.rs`: sender-side pending batches and drains of one connection (TCP and RDMA).
 //! - `memory.rs`: in-memory backend for unit tests (with a tamper hook).
 //! - `tcp/`: the default TCP backend (listener and sender).
-//! - `rdma/`: RDMA backend over ibverbs (feature `rdma`; built, not run: see its docs).
+//! - `rdma/`: RDMA backend over ibverbs (feature `rdma`; without a device it reports
+//!   `Unsupported`; never run on a NIC: see its docs).
 
 pub mod batch;
 pub mod engine;
 pub mod frame;
 pub mod manifest;
 pub mod memory;
+mod pending;
 mod pool_sink;
 #[cfg(feature = "rdma")]
 pub mod rdma;

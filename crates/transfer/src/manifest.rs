@@ -40,7 +40,7 @@ impl ManifestBuilder {
 
     /// Records the pages of a submitted batch, using the checksums the engine already computed.
     pub fn add_sent(&mut self, batch: &BatchHandle) -> &mut Self {
-        for &(checksum, tokens) in batch.sent_pages() {
+        for (checksum, tokens) in batch.sent_pages() {
             self.add_page(checksum, tokens as usize);
         }
         self

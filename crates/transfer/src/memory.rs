@@ -182,7 +182,7 @@ impl TransferBackend for MemoryBackend {
                         page: p.page,
                         generation: p.generation,
                         tokens: p.tokens,
-                        checksum: p.checksum,
+                        checksum: p.checksum(),
                         data: &p.src,
                     }),
                 );

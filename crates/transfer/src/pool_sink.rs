@@ -26,4 +26,8 @@ impl PageSink for KvPool {
     fn peer_gone(&self, key: GrantKey) {
         self.release_quarantined(key);
     }
+
+    fn grant_is_live(&self, key: GrantKey) -> bool {
+        KvPool::grant_is_live(self, key)
+    }
 }

@@ -23,6 +23,13 @@ pub trait PageSink: Send + Sync {
     /// The connection that carried `key` is torn down and no frame of it can still arrive,
     /// yet its drain was never seen: quarantined pages of `key` may be released.
     fn peer_gone(&self, key: GrantKey);
+    /// Whether `key` is a live grant. The RDMA backend binds a memory window only for a live
+    /// grant (defense in depth: every staged page still goes through `write_page`). The default
+    /// says yes, leaving the decision to `write_page`.
+    fn grant_is_live(&self, key: GrantKey) -> bool {
+        let _ = key;
+        true
+    }
 }
 
 #[derive(Default)]
@@ -122,5 +129,10 @@ impl PageSink for MemorySink {
 
     fn peer_gone(&self, key: GrantKey) {
         self.st.lock().gone.push(key);
+    }
+
+    fn grant_is_live(&self, key: GrantKey) -> bool {
+        let st = self.st.lock();
+        st.grants.contains_key(&key) && !st.revoked.contains(&key)
     }
 }

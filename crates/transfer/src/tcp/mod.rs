@@ -3,7 +3,9 @@
 //!
 //! - `listener.rs`: receiving side (accept, read frames, drive a `ReceiverSession`).
 //! - `sender.rs`: sending side of one connection (ordered writer, ack reader, in-flight budget).
+//! - `hash_ahead.rs`: checksums pages on a helper thread a bounded distance ahead of the writer.
 
+mod hash_ahead;
 mod listener;
 mod sender;
 

@@ -2,24 +2,24 @@
 //! and DRAINs in submission order, holds in-flight byte permits) and an ack reader task
 //! (BATCH_ACK / DRAIN_ACK). A lost connection fails every pending batch and drain at once.
 
-use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{broadcast, mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
+use super::hash_ahead::{HashAhead, Progress};
 use crate::batch::{new_batch, BatchCompleter, BatchFailure, BatchHandle, BatchStatus};
 use crate::engine::{FailureEvent, OutPage, SegmentId, TransferError};
 use crate::frame::{
-    decode_header, decode_payload, encode, encode_write_prefix, BatchAck, BatchId, Frame,
-    WriteFrame, HEADER_LEN,
+    decode_header, decode_payload, encode, encode_write_prefix, BatchId, Frame, WriteFrame,
+    HEADER_LEN,
 };
+use crate::pending::{PendingBatch, Shared};
 use crate::types::GrantKey;
 
 /// Pages at least this long bypass the write buffer.
@@ -41,102 +41,10 @@ enum Cmd {
     },
 }
 
-struct PendingBatch {
-    done: BatchCompleter,
-    _permit: OwnedSemaphorePermit,
-    sent: u32,
-    cancelled: bool,
-}
-
-#[derive(Default)]
-struct Pending {
-    batches: HashMap<BatchId, PendingBatch>,
-    drains: HashMap<GrantKey, VecDeque<oneshot::Sender<Result<(), TransferError>>>>,
-    dead: Option<String>,
-}
-
-struct Shared {
-    seg: SegmentId,
-    pending: Mutex<Pending>,
-    cancelled: Mutex<HashSet<GrantKey>>,
-    failures: broadcast::Sender<FailureEvent>,
-}
-
-impl Shared {
-    /// Fails every pending batch and drain, and broadcasts the failure.
-    fn fail_all(&self, reason: String) {
-        if self.fail_pending(&reason) {
-            tracing::warn!(segment = ?self.seg, %reason, "transfer connection failed");
-            let _ = self.failures.send(FailureEvent {
-                segment: self.seg,
-                reason,
-            });
-        }
-    }
-
-    /// Fails every pending batch and drain; false if the connection was already dead.
-    fn fail_pending(&self, reason: &str) -> bool {
-        let (batches, drains) = {
-            let mut p = self.pending.lock();
-            if p.dead.is_some() {
-                return false;
-            }
-            p.dead = Some(reason.to_string());
-            (
-                std::mem::take(&mut p.batches),
-                std::mem::take(&mut p.drains),
-            )
-        };
-        for (_, b) in batches {
-            b.done
-                .finish(BatchStatus::Failed(BatchFailure::ConnectionLost(
-                    reason.to_string(),
-                )));
-        }
-        for tx in drains.into_values().flatten() {
-            let _ = tx.send(Err(TransferError::ConnectionLost(reason.to_string())));
-        }
-        true
-    }
-
-    fn on_ack(&self, a: BatchAck) {
-        let Some(b) = self.pending.lock().batches.remove(&a.batch) else {
-            return;
-        };
-        let status = if b.cancelled && a.rejected == 0 {
-            BatchStatus::Cancelled { written: a.written }
-        } else if a.rejected == 0 && a.written == b.sent {
-            BatchStatus::Completed { pages: a.written }
-        } else {
-            BatchStatus::Failed(BatchFailure::Rejected {
-                written: a.written,
-                rejected: a.rejected,
-                first: a.first_reject,
-            })
-        };
-        b.done.finish(status);
-    }
-
-    fn on_drain_ack(&self, key: GrantKey) {
-        let tx = {
-            let mut p = self.pending.lock();
-            let q = p.drains.get_mut(&key);
-            let tx = q.and_then(|q| q.pop_front());
-            if p.drains.get(&key).is_some_and(|q| q.is_empty()) {
-                p.drains.remove(&key);
-            }
-            tx
-        };
-        self.cancelled.lock().remove(&key);
-        if let Some(tx) = tx {
-            let _ = tx.send(Ok(()));
-        }
-    }
-}
-
 /// One open TCP segment (sender side).
 pub struct SenderConn {
     tx: mpsc::UnboundedSender<Cmd>,
+    hasher: HashAhead,
     shared: Arc<Shared>,
     next_batch: AtomicU64,
     writer: JoinHandle<()>,
@@ -154,18 +62,21 @@ impl SenderConn {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         let (rd, wr) = stream.into_split();
-        let shared = Arc::new(Shared {
-            seg,
-            pending: Mutex::default(),
-            cancelled: Mutex::default(),
-            failures,
-        });
+        let shared = Arc::new(Shared::new(seg, failures));
         let (tx, rx) = mpsc::unbounded_channel();
         let inflight = Arc::new(Semaphore::new(max_inflight_bytes.div_ceil(UNIT)));
-        let writer = tokio::spawn(write_loop(wr, rx, shared.clone(), inflight));
+        let hasher = HashAhead::spawn()?;
+        let writer = tokio::spawn(write_loop(
+            wr,
+            rx,
+            shared.clone(),
+            inflight,
+            hasher.progress(),
+        ));
         let reader = tokio::spawn(read_loop(rd, shared.clone()));
         Ok(Self {
             tx,
+            hasher,
             shared,
             next_batch: AtomicU64::new(1),
             writer,
@@ -180,6 +91,7 @@ impl SenderConn {
         }
         let id = BatchId(self.next_batch.fetch_add(1, Ordering::Relaxed));
         let (handle, done) = new_batch(id, &pages);
+        self.hasher.queue(pages.clone());
         // If the writer is gone the command is dropped and its completer fails the batch.
         let _ = self.tx.send(Cmd::Batch {
             key,
@@ -219,6 +131,7 @@ async fn write_loop(
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     shared: Arc<Shared>,
     inflight: Arc<Semaphore>,
+    progress: Arc<Progress>,
 ) {
     let mut wr = BufWriter::with_capacity(256 << 10, wr);
     let mut hdr = Vec::with_capacity(128);
@@ -229,7 +142,16 @@ async fn write_loop(
                 id,
                 pages,
                 done,
-            } => send_batch(&mut wr, &mut hdr, &shared, &inflight, key, id, pages, done).await,
+            } => {
+                let out = Out {
+                    wr: &mut wr,
+                    hdr: &mut hdr,
+                    shared: &shared,
+                    inflight: &inflight,
+                    progress: &progress,
+                };
+                send_batch(out, key, id, pages, done).await
+            }
             Cmd::Drain { key, reply } => {
                 {
                     let mut p = shared.pending.lock();
@@ -255,17 +177,29 @@ async fn write_loop(
     let _ = wr.shutdown().await;
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What `send_batch` writes with.
+struct Out<'a> {
+    wr: &'a mut BufWriter<OwnedWriteHalf>,
+    hdr: &'a mut Vec<u8>,
+    shared: &'a Shared,
+    inflight: &'a Arc<Semaphore>,
+    progress: &'a Progress,
+}
+
 async fn send_batch(
-    wr: &mut BufWriter<OwnedWriteHalf>,
-    hdr: &mut Vec<u8>,
-    shared: &Shared,
-    inflight: &Arc<Semaphore>,
+    out: Out<'_>,
     key: GrantKey,
     id: BatchId,
     pages: Vec<OutPage>,
     done: BatchCompleter,
 ) -> std::io::Result<()> {
+    let Out {
+        wr,
+        hdr,
+        shared,
+        inflight,
+        progress,
+    } = out;
     let bytes: usize = pages.iter().map(|p| p.src.len()).sum();
     let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
     let Ok(permit) = inflight.clone().acquire_many_owned(units).await else {
@@ -283,7 +217,7 @@ async fn send_batch(
             page: p.page,
             generation: p.generation,
             tokens: p.tokens,
-            checksum: p.checksum,
+            checksum: p.checksum(),
             data: &p.src,
         };
         encode_write_prefix(hdr, &w);
@@ -296,7 +230,10 @@ async fn send_batch(
             wr.write_all(&p.src).await?;
         }
         sent += 1;
+        progress.advance(p.src.len());
     }
+    // Pages skipped by a cancel count as done, so the hasher does not wait for them.
+    progress.advance(pages[sent as usize..].iter().map(|p| p.src.len()).sum());
     {
         let mut pend = shared.pending.lock();
         if let Some(r) = &pend.dead {
