@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// How long a service may take to print its listening line (the real model loads in a second).
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The directory holding the workspace's binaries: the test executable lives in
 /// `target/<profile>/deps/`, the binaries in `target/<profile>/`.
@@ -190,6 +190,46 @@ impl Service {
     pub fn exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))
     }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (a `kill -s` name: `TERM`, `STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args(["-s", signal, &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -s {signal} {} failed", self.pid());
+    }
+
+    /// Waits up to `within` for the process to exit; `None` if it is still running.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            if start.elapsed() >= within {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// One sample of the router's own `/metrics` (served on its HTTP address; 0 when absent).
+    pub async fn http_metric(&self, series: &str) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.http_url()))
+            .await
+            .and_then(|r| r.error_for_status())
+            .unwrap_or_else(|e| panic!("{} /metrics: {e}", self.name))
+            .text()
+            .await
+            .expect("metrics body");
+        pagewarden_common::metrics::sample_value(&text, series).unwrap_or(0.0)
+    }
 }
 
 impl Drop for Service {
@@ -273,6 +313,16 @@ pub async fn start_router(
     decodes: &[&Service],
     prefills: &[&Service],
 ) -> Service {
+    start_router_with(model, decodes, prefills, &[]).await
+}
+
+/// Like [`start_router`], with `extra` router flags (`--max-concurrency 1`, `--auditor URL`).
+pub async fn start_router_with(
+    model: &ModelArg,
+    decodes: &[&Service],
+    prefills: &[&Service],
+    extra: &[&str],
+) -> Service {
     let dir = tempfile::tempdir().expect("tempdir");
     let tenants = dir.path().join("tenants.toml");
     let mut toml = String::new();
@@ -288,11 +338,13 @@ pub async fn start_router(
         "127.0.0.1:0".into(),
         "--tenants".into(),
         tenants.display().to_string(),
-        "--info-interval".into(),
-        "200ms".into(),
         "--served-model-name".into(),
         "m".into(),
     ];
+    // A flag given twice is an error: `extra` may choose its own poll interval.
+    if !extra.contains(&"--info-interval") {
+        args.extend(["--info-interval".into(), "200ms".into()]);
+    }
     match model {
         ModelArg::Real => args.extend(["--model".into(), model_path().display().to_string()]),
         ModelArg::Tiny(seed) => args.extend(["--tiny-test-model".into(), seed.to_string()]),
@@ -303,6 +355,7 @@ pub async fn start_router(
     for p in prefills {
         args.extend(["--prefill".into(), p.grpc_url()]);
     }
+    args.extend(extra.iter().map(|s| s.to_string()));
     let mut router = Service::start("pagewarden-router", &args);
     router.files = Some(dir);
     let url = format!("{}/health", router.http_url());

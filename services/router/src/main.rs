@@ -1,8 +1,11 @@
 //! `pagewarden-router`: parses flags, loads the config, prints one start line
 //! (`pagewarden-router listening http=ADDR`) on stdout, and serves until SIGTERM or Ctrl-C.
+//! On either signal it stops accepting connections, lets in-flight requests finish for at most
+//! [`DRAIN_DEADLINE`], and exits 0.
 
 use std::io::Write;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
@@ -13,6 +16,10 @@ use pagewarden_router::{
 
 /// Reports waiting for the auditor before new ones are dropped.
 const AUDITOR_BUFFER: usize = 4096;
+
+/// How long in-flight requests may run after SIGTERM/Ctrl-C before the router exits anyway:
+/// inside the 30 s grace period orchestrators give before SIGKILL, so the exit stays clean.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(25);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -36,7 +43,23 @@ async fn main() -> anyhow::Result<()> {
     println!("pagewarden-router listening http={addr}");
     std::io::stdout().flush()?;
     tracing::info!(%addr, decode = ?config.decode, prefill = ?config.prefill, "router started");
-    serve(listener, state, pagewarden_common::shutdown::signal())
-        .await
-        .context("serving")
+    let shutdown = pagewarden_common::shutdown::on_signal();
+    let deadline = {
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(DRAIN_DEADLINE).await;
+        }
+    };
+    tokio::select! {
+        served = serve(listener, state, shutdown.cancelled_owned()) => {
+            served.context("serving")?;
+            tracing::info!("drained: every in-flight request finished");
+        }
+        () = deadline => tracing::warn!(
+            deadline = ?DRAIN_DEADLINE,
+            "drain deadline passed: exiting with requests still in flight"
+        ),
+    }
+    Ok(())
 }
