@@ -7,6 +7,7 @@
 //! rkey fault at the NIC, then the slots are forgotten). UNTESTED on hardware; see `mod.rs`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rdma_sys::ibv_qp;
 
@@ -31,22 +32,27 @@ pub struct RemoteWindow {
 
 /// A registered staging region with per-grant memory windows.
 pub struct RdmaSegment {
-    device: Device,
+    // Field order is drop order: windows and the region go before the device handle.
+    windows: HashMap<GrantKey, (Window, u32)>,
     staging: Region,
     table: StagingTable,
-    windows: HashMap<GrantKey, Window>,
+    device: Arc<Device>,
     next_wr: u64,
 }
 
 impl RdmaSegment {
     /// Registers `slots` page-sized staging slots on `device`.
-    pub fn new(device: Device, slots: usize, page_bytes: usize) -> Result<Self, TransferError> {
+    pub fn new(
+        device: Arc<Device>,
+        slots: usize,
+        page_bytes: usize,
+    ) -> Result<Self, TransferError> {
         let staging = device.register(slots * page_bytes)?;
         Ok(Self {
-            device,
+            windows: HashMap::new(),
             staging,
             table: StagingTable::new(slots, page_bytes),
-            windows: HashMap::new(),
+            device,
             next_wr: 1,
         })
     }
@@ -56,7 +62,8 @@ impl RdmaSegment {
         self.next_wr
     }
 
-    /// Binds a fresh window over `pages` staging slots for `key`.
+    /// Binds a fresh window over `pages` staging slots for `key` (one signaled work request:
+    /// wait for its completion before handing the window to the peer).
     ///
     /// # Safety
     /// `qp` must be a live, connected queue pair of this segment's device.
@@ -71,33 +78,55 @@ impl RdmaSegment {
             .table
             .open(key, pages)
             .ok_or(TransferError::Unsupported("staging region full"))?;
-        let window = self.device.alloc_window()?;
+        let window = match self.device.alloc_window() {
+            Ok(w) => w,
+            Err(e) => {
+                self.table.close(key);
+                return Err(e);
+            }
+        };
         let len = (spec.slots * page_bytes) as u64;
         let wr = self.wr_id();
-        if let Err(e) = post_bind_window(qp, &window, &self.staging, spec.offset, len, wr) {
-            self.table.close(key);
-            return Err(e);
-        }
+        // SAFETY: the caller guarantees a live QP of this device.
+        let rkey =
+            match unsafe { post_bind_window(qp, &window, &self.staging, spec.offset, len, wr) } {
+                Ok(k) => k,
+                Err(e) => {
+                    self.table.close(key);
+                    return Err(e);
+                }
+            };
         let remote = RemoteWindow {
             addr: self.staging.bytes().as_ptr() as u64 + spec.offset as u64,
-            rkey: window.rkey(),
+            rkey,
             slots: spec.slots,
         };
-        self.windows.insert(key, window);
+        self.windows.insert(key, (window, rkey));
         Ok(remote)
     }
 
-    /// Fences `key`: invalidates its window, then forgets its slots.
+    /// Fences `key`: invalidates its window, then forgets its slots. Returns whether a work
+    /// request was posted (its completion must be awaited before the slots are reused).
     ///
     /// # Safety
     /// `qp` must be a live queue pair of this segment's device.
-    pub unsafe fn revoke(&mut self, qp: *mut ibv_qp, key: GrantKey) -> Result<(), TransferError> {
-        if let Some(w) = self.windows.remove(&key) {
-            let wr = self.wr_id();
-            post_invalidate(qp, &w, wr)?;
-        }
+    pub unsafe fn revoke(&mut self, qp: *mut ibv_qp, key: GrantKey) -> Result<bool, TransferError> {
+        let posted = match self.windows.remove(&key) {
+            Some((_w, rkey)) => {
+                let wr = self.wr_id();
+                // SAFETY: the caller guarantees a live QP of this device.
+                unsafe { post_invalidate(qp, rkey, wr)? };
+                true
+            }
+            None => false,
+        };
         self.table.close(key);
-        Ok(())
+        Ok(posted)
+    }
+
+    /// Keys with an open window.
+    pub fn open_keys(&self) -> Vec<GrantKey> {
+        self.windows.keys().copied().collect()
     }
 
     /// Feeds a completion message (WRITE headers naming staging slots) through `session`.

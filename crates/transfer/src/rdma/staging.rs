@@ -27,12 +27,13 @@ pub struct WindowSpec {
     pub slots: usize,
 }
 
-/// Slot bookkeeping for a staging region of `capacity` page-sized slots.
+/// Slot bookkeeping for a staging region of `capacity` page-sized slots. A window always
+/// covers a contiguous run of slots (one memory window is one byte range).
 #[derive(Debug)]
 pub struct StagingTable {
     page_bytes: usize,
-    free: Vec<usize>,
-    windows: HashMap<GrantKey, (WindowSpec, Vec<usize>)>,
+    free: Vec<bool>,
+    windows: HashMap<GrantKey, WindowSpec>,
 }
 
 impl StagingTable {
@@ -40,39 +41,52 @@ impl StagingTable {
     pub fn new(capacity: usize, page_bytes: usize) -> Self {
         Self {
             page_bytes,
-            free: (0..capacity).rev().collect(),
+            free: vec![true; capacity],
             windows: HashMap::new(),
         }
     }
 
-    /// Reserves `pages` contiguous-in-window slots for `key`; `None` when the region is full.
-    /// (Slots are handed out one by one; the window covers `slots * page_bytes` bytes at the
-    /// first slot's offset only when they are contiguous, which a fresh region guarantees.)
+    /// Reserves `pages` contiguous slots for `key`; `None` when no such run is free, when
+    /// `pages` is 0, or when `key` already has a window.
     pub fn open(&mut self, key: GrantKey, pages: usize) -> Option<WindowSpec> {
-        if self.free.len() < pages || pages == 0 {
+        if pages == 0 || self.windows.contains_key(&key) {
             return None;
         }
-        let slots: Vec<usize> = (0..pages).filter_map(|_| self.free.pop()).collect();
+        let mut run = 0;
+        let mut start = None;
+        for (i, f) in self.free.iter().enumerate() {
+            run = if *f { run + 1 } else { 0 };
+            if run == pages {
+                start = Some(i + 1 - pages);
+                break;
+            }
+        }
+        let first = start?;
+        self.free[first..first + pages].fill(false);
         let spec = WindowSpec {
-            offset: slots[0] * self.page_bytes,
+            offset: first * self.page_bytes,
             slots: pages,
         };
-        self.windows.insert(key, (spec, slots));
+        self.windows.insert(key, spec);
         Some(spec)
     }
 
     /// Forgets `key`'s window (after the device invalidated it); its slots become free.
     pub fn close(&mut self, key: GrantKey) -> Option<WindowSpec> {
-        let (spec, slots) = self.windows.remove(&key)?;
-        self.free.extend(slots);
+        let spec = self.windows.remove(&key)?;
+        let first = spec.offset / self.page_bytes.max(1);
+        self.free[first..first + spec.slots].fill(true);
         Some(spec)
     }
 
     /// Byte range of slot `index` of `key`'s window, if the window is open.
     pub fn slot_range(&self, key: GrantKey, index: usize) -> Option<std::ops::Range<usize>> {
-        let (_, slots) = self.windows.get(&key)?;
-        let s = *slots.get(index)?;
-        Some(s * self.page_bytes..(s + 1) * self.page_bytes)
+        let spec = self.windows.get(&key)?;
+        if index >= spec.slots {
+            return None;
+        }
+        let at = spec.offset + index * self.page_bytes;
+        Some(at..at + self.page_bytes)
     }
 
     /// Processes a completion message: for each header, the staged slot's bytes go through
@@ -115,6 +129,22 @@ mod tests {
     use crate::receiver::ReceiverCounters;
     use crate::sink::MemorySink;
     use crate::types::{page_checksum, Generation, PageId, WriteError};
+
+    #[test]
+    fn windows_are_contiguous_runs_and_slots_are_reused() {
+        let (a, b, c) = (GrantKey([1; 16]), GrantKey([2; 16]), GrantKey([3; 16]));
+        let mut t = StagingTable::new(4, 8);
+        assert_eq!(t.open(a, 2).unwrap().offset, 0);
+        assert_eq!(t.open(b, 1).unwrap().offset, 16);
+        assert!(t.open(c, 2).is_none(), "only one free slot is left");
+        assert!(t.open(b, 1).is_none(), "one window per key");
+        t.close(a);
+        let w = t.open(c, 2).unwrap();
+        assert_eq!((w.offset, w.slots), (0, 2));
+        assert_eq!(t.slot_range(c, 1), Some(8..16));
+        assert_eq!(t.slot_range(c, 2), None);
+        assert_eq!(t.slot_range(a, 0), None, "a closed window has no slots");
+    }
 
     #[test]
     fn staged_pages_go_through_the_same_checks_and_revoked_windows_land_nothing() {

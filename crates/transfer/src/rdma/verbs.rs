@@ -90,12 +90,80 @@ impl Device {
         }
     }
 
+    /// Polls up to `out.len()` completions of the device's own queue.
+    pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize, TransferError> {
+        poll_cq(self.cq, out)
+    }
+
+    /// A completion queue of its own (one per queue pair, so connections never steal each
+    /// other's completions).
+    pub fn create_cq(&self, depth: i32) -> Result<CompletionQueue, TransferError> {
+        // SAFETY: `ctx` is live for the life of `self`; the CQ is destroyed before the device
+        // (connections drop before the backend that owns the device).
+        let cq = unsafe { ibv_create_cq(self.ctx, depth, ptr::null_mut(), ptr::null_mut(), 0) };
+        if cq.is_null() {
+            return Err(TransferError::Unsupported(
+                "cannot create a completion queue",
+            ));
+        }
+        Ok(CompletionQueue { cq })
+    }
+
+    /// Registers `len` zeroed bytes for local use only (a sender's source pages).
+    pub fn register_local(&self, len: usize) -> Result<Region, TransferError> {
+        let mut buf = vec![0u8; len].into_boxed_slice();
+        let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+        // SAFETY: as in `register`.
+        let mr = unsafe { ibv_reg_mr(self.pd, buf.as_mut_ptr().cast(), len, access.0 as i32) };
+        if mr.is_null() {
+            return Err(TransferError::Unsupported("memory registration failed"));
+        }
+        Ok(Region { mr, buf })
+    }
+
+    pub(crate) fn context(&self) -> *mut ibv_context {
+        self.ctx
+    }
+
+    pub(crate) fn pd(&self) -> *mut ibv_pd {
+        self.pd
+    }
+}
+
+fn poll_cq(cq: *mut ibv_cq, out: &mut [ibv_wc]) -> Result<usize, TransferError> {
+    let n = i32::try_from(out.len()).unwrap_or(i32::MAX);
+    // SAFETY: `cq` is live (owned by the caller); `out` has room for `n` entries.
+    let got = unsafe { ibv_poll_cq(cq, n, out.as_mut_ptr()) };
+    usize::try_from(got).map_err(|_| TransferError::ConnectionLost("ibv_poll_cq failed".into()))
+}
+
+/// A completion queue owned by one queue pair.
+pub struct CompletionQueue {
+    cq: *mut ibv_cq,
+}
+
+// SAFETY: a handle to a device object, polled by its single owner.
+unsafe impl Send for CompletionQueue {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionQueue {}
+
+impl CompletionQueue {
     /// Polls up to `out.len()` completions; returns how many were filled in.
     pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize, TransferError> {
-        let n = i32::try_from(out.len()).unwrap_or(i32::MAX);
-        // SAFETY: `out` has room for `n` entries.
-        let got = unsafe { ibv_poll_cq(self.cq, n, out.as_mut_ptr()) };
-        usize::try_from(got).map_err(|_| TransferError::ConnectionLost("ibv_poll_cq failed".into()))
+        poll_cq(self.cq, out)
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ibv_cq {
+        self.cq
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_cq`, destroyed once, after its QP (QueuePair drops first).
+        unsafe {
+            ibv_destroy_cq(self.cq);
+        }
     }
 }
 
@@ -226,6 +294,7 @@ pub unsafe fn post_rdma_write(
 }
 
 /// Binds `window` to `len` bytes at `offset` of `region` for remote write (one reservation).
+/// Returns the rkey the window carries once the bind completes (the old one, incremented).
 ///
 /// # Safety
 /// `qp` must be a live queue pair on the same device as `region` and `window`.
@@ -236,34 +305,77 @@ pub unsafe fn post_bind_window(
     offset: usize,
     len: u64,
     wr_id: u64,
-) -> Result<(), TransferError> {
+) -> Result<u32, TransferError> {
     let mut wr = zeroed_wr();
     wr.wr_id = wr_id;
     wr.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
     wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+    // SAFETY: plain arithmetic on the key (an inline helper of libibverbs).
+    let rkey = unsafe { rdma_sys::ibv_inc_rkey(window.rkey()) };
     let b = &mut wr.bind_mw_tso_union.bind_mw;
     b.mw = window.mw;
-    b.rkey = rdma_sys::ibv_inc_rkey(window.rkey());
+    b.rkey = rkey;
     b.bind_info.mr = region.mr;
     b.bind_info.addr = region.addr() + offset as u64;
     b.bind_info.length = len;
     b.bind_info.mw_access_flags = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
-    post(qp, &mut wr)
+    post(qp, &mut wr)?;
+    Ok(rkey)
 }
 
-/// Invalidates `window` (revoke): RDMA WRITEs under its key fail at the NIC from now on.
+/// Invalidates a bound window's `rkey` (revoke): RDMA WRITEs under it fail at the NIC from
+/// now on.
 ///
 /// # Safety
-/// `qp` must be a live queue pair on the same device as `window`.
-pub unsafe fn post_invalidate(
-    qp: *mut ibv_qp,
-    window: &Window,
-    wr_id: u64,
-) -> Result<(), TransferError> {
+/// `qp` must be a live queue pair on the device the window was bound on.
+pub unsafe fn post_invalidate(qp: *mut ibv_qp, rkey: u32, wr_id: u64) -> Result<(), TransferError> {
     let mut wr = zeroed_wr();
     wr.wr_id = wr_id;
     wr.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
     wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-    wr.imm_data_invalidated_rkey_union.invalidated_rkey = window.rkey();
+    wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
     post(qp, &mut wr)
+}
+
+/// Waits (polling, yielding to the runtime in between) until `n` work requests on `cq`
+/// completed; the first unsuccessful completion, or `timeout`, fails the connection.
+pub async fn wait_completions(
+    cq: &CompletionQueue,
+    mut n: usize,
+    timeout: std::time::Duration,
+) -> Result<(), TransferError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    // SAFETY: ibv_wc is a plain C struct; all-zero is valid.
+    let mut wcs: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
+    let mut idle = 0u32;
+    while n > 0 {
+        let got = cq.poll(&mut wcs[..n.min(16)])?;
+        for wc in &wcs[..got] {
+            if wc.status != rdma_sys::ibv_wc_status::IBV_WC_SUCCESS {
+                return Err(TransferError::ConnectionLost(format!(
+                    "work request {} failed with status {}",
+                    wc.wr_id, wc.status
+                )));
+            }
+        }
+        n -= got;
+        if got == 0 {
+            if tokio::time::Instant::now() > deadline {
+                return Err(TransferError::ConnectionLost(
+                    "RDMA completion timed out".into(),
+                ));
+            }
+            // Completions of a page write arrive within microseconds: spin briefly, then
+            // back off so an idle connection does not burn a core.
+            idle += 1;
+            if idle < 64 {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(std::time::Duration::from_micros(50)).await;
+            }
+        } else {
+            idle = 0;
+        }
+    }
+    Ok(())
 }
