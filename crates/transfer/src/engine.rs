@@ -109,9 +109,9 @@ pub struct FailureEvent {
 }
 
 /// One page of a validated batch. Its checksum is computed once, by whoever needs it first:
-/// normally the backend's writer just before it sends the page, so the bytes are hashed and
-/// then handed to the kernel while hot in cache (one read of the page from memory, not two),
-/// or the caller asking [`crate::BatchHandle::sent_pages`] for the manifest.
+/// the TCP writer just before it sends the page (the bytes then go to the kernel while hot in
+/// cache), its hash-ahead helper on hosts with cores to spare (`tcp/hash_ahead.rs`), or the
+/// caller asking [`crate::BatchHandle::sent_pages`] for the manifest. Never twice.
 #[derive(Clone, Debug)]
 pub struct OutPage {
     /// Destination page.
@@ -140,6 +140,11 @@ impl OutPage {
     /// xxh3 of `src`, computed on first use and shared by every clone of this page.
     pub fn checksum(&self) -> u64 {
         *self.sum.get_or_init(|| page_checksum(&self.src))
+    }
+
+    /// The checksum if someone already computed it.
+    pub fn checksum_if_computed(&self) -> Option<u64> {
+        self.sum.get().copied()
     }
 }
 

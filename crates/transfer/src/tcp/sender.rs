@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
-use super::hash_ahead::{HashAhead, Progress};
+use super::hash_ahead::{self, HashAhead, Progress};
 use crate::batch::{new_batch, BatchCompleter, BatchFailure, BatchHandle, BatchStatus};
 use crate::engine::{FailureEvent, OutPage, SegmentId, TransferError};
 use crate::frame::{
@@ -44,7 +44,7 @@ enum Cmd {
 /// One open TCP segment (sender side).
 pub struct SenderConn {
     tx: mpsc::UnboundedSender<Cmd>,
-    hasher: HashAhead,
+    hasher: Option<HashAhead>,
     shared: Arc<Shared>,
     next_batch: AtomicU64,
     writer: JoinHandle<()>,
@@ -65,14 +65,13 @@ impl SenderConn {
         let shared = Arc::new(Shared::new(seg, failures));
         let (tx, rx) = mpsc::unbounded_channel();
         let inflight = Arc::new(Semaphore::new(max_inflight_bytes.div_ceil(UNIT)));
-        let hasher = HashAhead::spawn()?;
-        let writer = tokio::spawn(write_loop(
-            wr,
-            rx,
-            shared.clone(),
-            inflight,
-            hasher.progress(),
-        ));
+        let hasher = if hash_ahead::worthwhile() {
+            Some(HashAhead::spawn()?)
+        } else {
+            None
+        };
+        let progress = hasher.as_ref().map(HashAhead::progress);
+        let writer = tokio::spawn(write_loop(wr, rx, shared.clone(), inflight, progress));
         let reader = tokio::spawn(read_loop(rd, shared.clone()));
         Ok(Self {
             tx,
@@ -91,7 +90,9 @@ impl SenderConn {
         }
         let id = BatchId(self.next_batch.fetch_add(1, Ordering::Relaxed));
         let (handle, done) = new_batch(id, &pages);
-        self.hasher.queue(pages.clone());
+        if let Some(h) = &self.hasher {
+            h.queue(pages.clone());
+        }
         // If the writer is gone the command is dropped and its completer fails the batch.
         let _ = self.tx.send(Cmd::Batch {
             key,
@@ -131,7 +132,7 @@ async fn write_loop(
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     shared: Arc<Shared>,
     inflight: Arc<Semaphore>,
-    progress: Arc<Progress>,
+    progress: Option<Arc<Progress>>,
 ) {
     let mut wr = BufWriter::with_capacity(256 << 10, wr);
     let mut hdr = Vec::with_capacity(128);
@@ -148,7 +149,7 @@ async fn write_loop(
                     hdr: &mut hdr,
                     shared: &shared,
                     inflight: &inflight,
-                    progress: &progress,
+                    progress: progress.as_deref(),
                 };
                 send_batch(out, key, id, pages, done).await
             }
@@ -183,7 +184,7 @@ struct Out<'a> {
     hdr: &'a mut Vec<u8>,
     shared: &'a Shared,
     inflight: &'a Arc<Semaphore>,
-    progress: &'a Progress,
+    progress: Option<&'a Progress>,
 }
 
 async fn send_batch(
@@ -230,10 +231,14 @@ async fn send_batch(
             wr.write_all(&p.src).await?;
         }
         sent += 1;
-        progress.advance(p.src.len());
+        if let Some(pr) = progress {
+            pr.advance(p.src.len());
+        }
     }
-    // Pages skipped by a cancel count as done, so the hasher does not wait for them.
-    progress.advance(pages[sent as usize..].iter().map(|p| p.src.len()).sum());
+    if let Some(pr) = progress {
+        // Pages skipped by a cancel count as done, so the hasher does not wait for them.
+        pr.advance(pages[sent as usize..].iter().map(|p| p.src.len()).sum());
+    }
     {
         let mut pend = shared.pending.lock();
         if let Some(r) = &pend.dead {
