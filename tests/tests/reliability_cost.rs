@@ -48,11 +48,27 @@ fn median(xs: &mut [f64]) -> f64 {
     }
 }
 
-/// One round's figures: requests (or tokens) per second and mean time to first token.
+/// One round's figures: requests (or tokens) per second and mean time to first token (wall
+/// clock), and process CPU seconds per request (or token), which a loaded machine disturbs
+/// far less than wall time.
 #[derive(Clone, Copy, Debug)]
 struct Round {
     throughput: f64,
     ttft: Duration,
+    cpu_per_unit: f64,
+    /// Process CPU seconds up to the first token, per request (requests run one at a time).
+    cpu_ttft: f64,
+}
+
+/// User + system CPU time of this process so far (all threads, `/proc/self/stat`, in clock
+/// ticks of 10 ms).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of proc(5), counted from `state` (field 3) here.
+    let ticks: u64 = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
+    ticks as f64 / 100.0
 }
 
 /// Runs `PAIRS` alternating pairs (the order inside a pair alternates too, so neither side
@@ -74,11 +90,16 @@ where
             (round(Layers::all_on()).await, b)
         };
         println!(
-            "{what} pair {i}: on {:.2} {unit} ttft {:.3} ms | off {:.2} {unit} ttft {:.3} ms",
+            "{what} pair {i}: on {:.2} {unit} ttft {:.3} ms (cpu {:.1} ms) cpu/unit {:.3} ms | \
+             off {:.2} {unit} ttft {:.3} ms (cpu {:.1} ms) cpu/unit {:.3} ms",
             a.throughput,
             a.ttft.as_secs_f64() * 1e3,
+            a.cpu_ttft * 1e3,
+            a.cpu_per_unit * 1e3,
             b.throughput,
-            b.ttft.as_secs_f64() * 1e3
+            b.ttft.as_secs_f64() * 1e3,
+            b.cpu_ttft * 1e3,
+            b.cpu_per_unit * 1e3
         );
         on.push(a);
         off.push(b);
@@ -90,6 +111,16 @@ where
         .iter()
         .zip(&off)
         .map(|(a, b)| a.throughput / b.throughput)
+        .collect();
+    let mut cpu_ratio: Vec<f64> = on
+        .iter()
+        .zip(&off)
+        .map(|(a, b)| a.cpu_per_unit / b.cpu_per_unit)
+        .collect();
+    let mut cpu_ttft_ratio: Vec<f64> = on
+        .iter()
+        .zip(&off)
+        .map(|(a, b)| a.cpu_ttft / b.cpu_ttft)
         .collect();
     let mut ttft_ratio: Vec<f64> = on
         .iter()
@@ -104,9 +135,12 @@ where
         median(&mut col(&off, ttft)),
     );
     println!(
-        "{what}: median per-pair ratio on/off: throughput {:.4}, TTFT {:.4} ({PAIRS} pairs)",
+        "{what}: median per-pair ratio on/off: throughput {:.4}, TTFT {:.4}, CPU per unit {:.4}, \
+         CPU to first token {:.4} ({PAIRS} pairs)",
         median(&mut tput_ratio),
-        median(&mut ttft_ratio)
+        median(&mut ttft_ratio),
+        median(&mut cpu_ratio),
+        median(&mut cpu_ttft_ratio)
     );
 }
 
@@ -149,9 +183,10 @@ impl RealPath {
             .expect("admitted");
     }
 
-    /// One greedy request; returns (time to first token, completion tokens).
-    async fn serve(&self, prompt: &[u32], max_tokens: usize) -> (Duration, usize) {
-        let t0 = Instant::now();
+    /// One greedy request; returns (time to first token, process CPU seconds to the first
+    /// token, completion tokens).
+    async fn serve(&self, prompt: &[u32], max_tokens: usize) -> (Duration, f64, usize) {
+        let (t0, c0) = (Instant::now(), cpu_seconds());
         let n = prompt.len();
         if self.layers.router_rejection {
             let cap = self
@@ -204,7 +239,7 @@ impl RealPath {
         let mut pages = reserved
             .commit(&CommitManifest::new(grant.key, n, sums))
             .expect("commit");
-        let ttft = t0.elapsed();
+        let (ttft, cpu_ttft) = (t0.elapsed(), cpu_seconds() - c0);
         pages.grow(n + max_tokens).expect("grow");
         let (mut tok, mut made) = (first, 1);
         while made < max_tokens {
@@ -217,18 +252,23 @@ impl RealPath {
             tok = argmax(&logits);
             made += 1;
         }
-        (ttft, made)
+        (ttft, cpu_ttft, made)
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run by hand with --release"]
 async fn defenses_cost_with_the_real_model() {
-    const REQUESTS: usize = 4;
+    const REQUESTS: usize = 3;
     const PROMPT: usize = 128;
     const MAX_TOKENS: usize = 32;
     let path = pagewarden_system_tests::model_path();
-    let model = Arc::new(Model::load(&path, &LoadOptions::default()).expect("load model"));
+    // One kernel thread: the figures then count work, not waits for a shared machine's cores.
+    let opts = LoadOptions {
+        threads: 1,
+        ..LoadOptions::default()
+    };
+    let model = Arc::new(Model::load(&path, &opts).expect("load model"));
     let text = "Disaggregated serving splits prefill and decode so that each runs on hardware \
                 sized for it; the KV cache moves page by page with a generation tag on each. "
         .repeat(8);
@@ -241,16 +281,19 @@ async fn defenses_cost_with_the_real_model() {
         let (model, prompts) = (model.clone(), prompts.clone());
         async move {
             let p = RealPath::new(model, layers, pages).await;
-            let (mut ttft, mut tokens) = (Duration::ZERO, 0);
-            let t0 = Instant::now();
+            let (mut ttft, mut cpu_ttft, mut tokens) = (Duration::ZERO, 0.0, 0);
+            let (t0, c0) = (Instant::now(), cpu_seconds());
             for prompt in &prompts {
-                let (t, n) = p.serve(prompt, MAX_TOKENS).await;
+                let (t, c, n) = p.serve(prompt, MAX_TOKENS).await;
                 ttft += t;
+                cpu_ttft += c;
                 tokens += n;
             }
             Round {
                 throughput: tokens as f64 / t0.elapsed().as_secs_f64(),
                 ttft: ttft / REQUESTS as u32,
+                cpu_per_unit: (cpu_seconds() - c0) / tokens as f64,
+                cpu_ttft: cpu_ttft / REQUESTS as f64,
             }
         }
     })
@@ -260,11 +303,12 @@ async fn defenses_cost_with_the_real_model() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run by hand with --release"]
 async fn defenses_cost_on_vs_off() {
-    const REQUESTS: usize = 300;
+    // Enough requests for a round of about a second: shorter rounds measure the scheduler.
+    const REQUESTS: usize = 30_000;
     compare("no model", "req/s", |layers| async move {
         let c = Cluster::with_pages(layers, 64, 64).await;
         let mut first = Duration::ZERO;
-        let t0 = Instant::now();
+        let (t0, c0) = (Instant::now(), cpu_seconds());
         for i in 0..REQUESTS {
             let prompt = 16 + (i * 37) % 240;
             let s = Instant::now();
@@ -275,6 +319,9 @@ async fn defenses_cost_on_vs_off() {
         Round {
             throughput: REQUESTS as f64 / t0.elapsed().as_secs_f64(),
             ttft: first / REQUESTS as u32,
+            cpu_per_unit: (cpu_seconds() - c0) / REQUESTS as f64,
+            // Too short for 10 ms ticks: the wall-clock TTFT is the figure here.
+            cpu_ttft: f64::NAN,
         }
     })
     .await;
