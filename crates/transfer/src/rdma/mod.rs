@@ -5,9 +5,11 @@
 //! window bound for a live grant; then it sends a completion message (the batch's WRITE
 //! headers) on the TCP control connection. The receiver feeds staged bytes plus headers to the
 //! same [`crate::ReceiverSession`] as TCP, so grant, page, generation and checksum checks,
-//! drain and counters are shared. Fencing: each window is invalidated (LOCAL_INV) once its
-//! batch is processed, on DRAIN of its grant, and on connection loss, so a late one-sided
-//! write faults at the NIC; a late completion is dropped by the pool as revoked/unknown.
+//! drain and counters are shared. Fencing: each window is invalidated (LOCAL_INV) as soon as
+//! its batch's completion message arrives, and the staged pages are verified and copied only
+//! after the NIC confirmed it (the peer cannot change them between checksum and copy); DRAIN
+//! and connection loss invalidate any window still open. A late one-sided write faults at the
+//! NIC; a late completion is dropped by the pool as revoked/unknown.
 //! Queue pairs connect without rdma_cm: the control connection swaps QP number, PSN, LID and
 //! GID (`qp.rs`, `control.rs`).
 //!

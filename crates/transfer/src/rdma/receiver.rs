@@ -1,7 +1,7 @@
 //! RDMA receiving side of one control connection: hello (queue-pair exchange), then per
 //! batch `WINDOW_REQ -> bind a window (live grants only) -> WINDOW -> [peer RDMA-WRITEs into
-//! it] -> WRITE headers + BATCH_END -> checked pool writes through the shared
-//! ReceiverSession -> invalidate the window -> BATCH_ACK`. DRAIN invalidates any window of
+//! it] -> WRITE headers + BATCH_END -> invalidate the window -> checked pool writes through
+//! the shared ReceiverSession -> BATCH_ACK`. DRAIN invalidates any window of
 //! the grant before it is acknowledged; connection loss invalidates every window. A
 //! malformed message closes the connection and touches no page.
 
@@ -122,16 +122,23 @@ impl Conn<'_> {
             }
             Msg::Frame(f @ Frame::BatchEnd { key, batch, .. }) => {
                 let headers = std::mem::take(&mut self.headers);
-                self.seg
-                    .complete(&mut self.session, &headers, batch)
-                    .map_err(CloseReason::Malformed)?;
-                let ack = self.session.on_frame(f).map_err(CloseReason::Malformed)?;
-                // The batch is processed: its window closes before the ack goes out.
-                self.fence(key).await;
-                ack.map(Msg::Frame)
+                // Seal first: once the NIC confirmed the invalidation the peer cannot change
+                // a staged byte between the pool's checksum and its copy.
+                let sealed = self.seal(key).await;
+                let done = self.seg.complete(&mut self.session, &headers, batch);
+                self.seg.release(key);
+                sealed?;
+                done.map_err(CloseReason::Malformed)?;
+                self.session
+                    .on_frame(f)
+                    .map_err(CloseReason::Malformed)?
+                    .map(Msg::Frame)
             }
             Msg::Frame(f @ Frame::Drain(key)) => {
-                self.fence(key).await;
+                // No write of `key` can land after its DRAIN_ACK: an unconfirmed
+                // invalidation closes the connection instead of acknowledging.
+                self.seal(key).await?;
+                self.seg.release(key);
                 self.session
                     .on_frame(f)
                     .map_err(CloseReason::Malformed)?
@@ -201,18 +208,27 @@ impl Conn<'_> {
         }
     }
 
-    /// Invalidates `key`'s window, if open, and waits until the NIC confirmed it.
-    async fn fence(&mut self, key: GrantKey) {
+    /// Invalidates `key`'s window, if open, and waits until the NIC confirmed it. An
+    /// unconfirmed invalidation fails the connection.
+    async fn seal(&mut self, key: GrantKey) -> Result<(), CloseReason> {
         // SAFETY: `qp` is this connection's live QP on the segment's device.
-        match unsafe { self.seg.revoke(self.qp.as_ptr(), key) } {
-            Ok(true) => {
-                if let Err(e) = wait_completions(self.cq, 1, WR_TIMEOUT).await {
-                    tracing::warn!(error = %e, "window invalidation not confirmed");
-                }
-            }
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "window invalidation failed"),
+        let posted = unsafe { self.seg.seal(self.qp.as_ptr(), key) }
+            .map_err(|e| CloseReason::Transport(e.to_string()))?;
+        if posted {
+            wait_completions(self.cq, 1, WR_TIMEOUT)
+                .await
+                .map_err(|e| CloseReason::Transport(e.to_string()))?;
         }
+        Ok(())
+    }
+
+    /// Seals and releases `key`'s window at teardown (the staging region goes with the
+    /// connection, so an unconfirmed invalidation is only logged).
+    async fn fence(&mut self, key: GrantKey) {
+        if let Err(e) = self.seal(key).await {
+            tracing::warn!(reason = ?e, "window invalidation not confirmed");
+        }
+        self.seg.release(key);
     }
 }
 

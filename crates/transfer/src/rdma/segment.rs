@@ -1,10 +1,10 @@
 //! Receiver side of the RDMA backend: one registered staging region, one memory window per
 //! open reservation, and the completion path into the shared [`ReceiverSession`].
 //!
-//! Per grant: `open_window` (bind a window over the grant's staging slots; the sender gets
-//! only that window's address and rkey) → RDMA WRITEs land in staging → `complete` (checked
-//! pool writes) → `close_window`, or on abort `revoke` (LOCAL_INV: later WRITEs under the old
-//! rkey fault at the NIC, then the slots are forgotten). UNTESTED on hardware; see `mod.rs`.
+//! Per batch: `open_window` (bind a window over staging slots for a live grant; the sender
+//! gets only that window's address and rkey) → RDMA WRITEs land in staging → `seal`
+//! (LOCAL_INV: later WRITEs under the rkey fault at the NIC) → `complete` (checked pool
+//! writes from the now-immutable slots) → `release`. UNTESTED on hardware; see `mod.rs`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ pub struct RemoteWindow {
 /// A registered staging region with per-grant memory windows.
 pub struct RdmaSegment {
     // Field order is drop order: windows and the region go before the device handle.
-    windows: HashMap<GrantKey, (Window, u32)>,
+    windows: HashMap<GrantKey, (Window, u32, bool)>,
     staging: Region,
     table: StagingTable,
     device: Arc<Device>,
@@ -101,27 +101,39 @@ impl RdmaSegment {
             rkey,
             slots: spec.slots,
         };
-        self.windows.insert(key, (window, rkey));
+        self.windows.insert(key, (window, rkey, false));
         Ok(remote)
     }
 
-    /// Fences `key`: invalidates its window, then forgets its slots. Returns whether a work
-    /// request was posted (its completion must be awaited before the slots are reused).
+    /// First half of a fence: posts the invalidation (LOCAL_INV) of `key`'s window and
+    /// returns whether one was posted; await its completion, then [`RdmaSegment::release`].
+    /// The slots stay readable in between, so a batch is verified and copied only after the
+    /// peer can no longer write into them (no change between checksum and copy).
     ///
     /// # Safety
     /// `qp` must be a live queue pair of this segment's device.
-    pub unsafe fn revoke(&mut self, qp: *mut ibv_qp, key: GrantKey) -> Result<bool, TransferError> {
-        let posted = match self.windows.remove(&key) {
-            Some((_w, rkey)) => {
-                let wr = self.wr_id();
-                // SAFETY: the caller guarantees a live QP of this device.
-                unsafe { post_invalidate(qp, rkey, wr)? };
-                true
-            }
-            None => false,
+    pub unsafe fn seal(&mut self, qp: *mut ibv_qp, key: GrantKey) -> Result<bool, TransferError> {
+        let Some((_, rkey, sealed)) = self.windows.get(&key) else {
+            return Ok(false);
         };
+        if *sealed {
+            return Ok(false);
+        }
+        let rkey = *rkey;
+        let wr = self.wr_id();
+        // SAFETY: the caller guarantees a live QP of this device.
+        unsafe { post_invalidate(qp, rkey, wr)? };
+        if let Some(w) = self.windows.get_mut(&key) {
+            w.2 = true;
+        }
+        Ok(true)
+    }
+
+    /// Second half of a fence: frees `key`'s window and slots (after the invalidation
+    /// completed, or when none was posted).
+    pub fn release(&mut self, key: GrantKey) {
+        self.windows.remove(&key);
         self.table.close(key);
-        Ok(posted)
     }
 
     /// Keys with an open window.
