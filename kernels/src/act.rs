@@ -2,6 +2,7 @@
 //! activation row becomes 32 i8 values with one scale `d` (rounded through f16, as ggml does)
 //! and, for Q4_1 weights, `s = d * sum(q)` so the weight minimum can be applied per block.
 
+use crate::isa::Isa;
 use crate::quant::{round_f16, QK};
 
 /// A batch of activation rows quantized per 32-element block.
@@ -38,6 +39,23 @@ pub fn quantize_acts(x: &[f32], rows: usize, cols: usize) -> QuantizedActs {
         d: vec![0.0; nb],
         s: vec![0.0; nb],
     };
+    match Isa::detect() {
+        Isa::Portable => quantize_blocks(x, &mut q),
+        // SAFETY: Avx2 is only detected when the CPU has avx2 (and so SSE4.1's `roundps`).
+        Isa::Avx2 => unsafe { quantize_blocks_avx2(x, &mut q) },
+    }
+    q
+}
+
+/// [`quantize_blocks`] compiled for AVX2, where rounding is one instruction, not a libm call.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn quantize_blocks_avx2(x: &[f32], q: &mut QuantizedActs) {
+    quantize_blocks(x, q)
+}
+
+/// ggml's `quantize_row_q8_1` (x86): `d = amax / 127`, `q = round_even(x * (127 / amax))`.
+#[inline(always)]
+fn quantize_blocks(x: &[f32], q: &mut QuantizedActs) {
     for (b, (xs, qs)) in x
         .chunks_exact(QK)
         .zip(q.qs.chunks_exact_mut(QK))
@@ -55,5 +73,4 @@ pub fn quantize_acts(x: &[f32], rows: usize, cols: usize) -> QuantizedActs {
         q.d[b] = round_f16(d);
         q.s[b] = round_f16(d * sum as f32);
     }
-    q
 }

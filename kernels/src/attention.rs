@@ -5,19 +5,19 @@
 //! generation; this kernel never sees a page it was not handed). Query token `i` sits at
 //! position `first_pos + i` and attends to keys `0..=first_pos + i`.
 //!
-//! Work is split over (kv head, block of query tokens). Each task converts the K/V rows of its
-//! kv head to f32 once and reuses them for every query head of the group and every token.
+//! The K/V rows of each kv head are converted to f32 once per call; then work is split over
+//! (kv head, block of query tokens), each task serving every query head of its group.
 //!
 //! The arithmetic follows llama.cpp's CPU attention (flash attention off, f16 cache) on its
 //! reference machine step by step, so the output is bit-identical: q and the probabilities
-//! are rounded to f16, scores and weighted sums use ggml's accumulation order (see `Order`),
+//! are rounded to f16, scores and weighted sums use ggml's accumulation order (`attention_sums`),
 //! and the softmax is ggml's (`activation::softmax_blocks`).
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use crate::activation::{softmax_blocks, LANES};
-use crate::expf::reduce16;
+use crate::attention_sums::{dot_gemm, dot_vec, weighted, Order, VEC_STEP};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
 
@@ -99,7 +99,11 @@ pub fn paged_attention_with(
     if n == 0 {
         return;
     }
+    let ctx = first_pos + n;
+    // Each kv head's K and V rows as f32 ([ctx][hd]), converted once for all its tasks.
+    let kv = par.map(geo.kv_heads, |g| gather(geo, blocks, g, ctx));
     let qblocks = n.div_ceil(Q_BLOCK);
+    let order = if n >= 2 { Order::Gemm } else { Order::Vec };
     let results = par.map(geo.kv_heads * qblocks, |task| {
         let (g, qb) = (task / qblocks, task % qblocks);
         let (i0, i1) = (qb * Q_BLOCK, ((qb + 1) * Q_BLOCK).min(n));
@@ -107,11 +111,12 @@ pub fn paged_attention_with(
             geo,
             q,
             first_pos,
-            blocks,
+            k: &kv[g].0,
+            v: &kv[g].1,
             g,
             i0,
             i1,
-            order: if n >= 2 { Order::Gemm } else { Order::Vec },
+            order,
         };
         match isa {
             Isa::Portable => job.run(),
@@ -130,22 +135,32 @@ pub fn paged_attention_with(
     }
 }
 
-/// Which of ggml's f16 matmul paths llama.cpp takes, which fixes the order of every sum.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Order {
-    /// Two or more query tokens (prefill): llamafile's tinyBLAS, one 16-lane accumulator
-    /// per output, reduced once at the end.
-    Gemm,
-    /// One query token (decode): `ggml_vec_dot_f16`, four 16-lane accumulators over
-    /// 64-element steps, folded pairwise, then reduced.
-    Vec,
+/// K and V of kv head `g` for keys `0..ctx`, as f32 rows of `head_dim`.
+fn gather(
+    geo: &AttnGeometry,
+    blocks: &[KvBlock<'_>],
+    g: usize,
+    ctx: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let (hd, tw, ps) = (geo.head_dim, geo.token_width(), geo.page_size);
+    let mut k = vec![0f32; ctx * hd];
+    let mut v = vec![0f32; ctx * hd];
+    for j in 0..ctx {
+        let blk = &blocks[j / ps];
+        let at = (j % ps) * tw + g * hd;
+        blk.k[at..at + hd].convert_to_f32_slice(&mut k[j * hd..(j + 1) * hd]);
+        blk.v[at..at + hd].convert_to_f32_slice(&mut v[j * hd..(j + 1) * hd]);
+    }
+    (k, v)
 }
 
-struct Task<'a, 'b> {
+struct Task<'a> {
     geo: &'a AttnGeometry,
     q: &'a [f32],
     first_pos: usize,
-    blocks: &'a [KvBlock<'b>],
+    /// This kv head's keys and values, `[first_pos + n][head_dim]`.
+    k: &'a [f32],
+    v: &'a [f32],
     g: usize,
     i0: usize,
     i1: usize,
@@ -153,37 +168,38 @@ struct Task<'a, 'b> {
 }
 
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn run_avx2(job: &Task<'_, '_>) -> Vec<f32> {
+unsafe fn run_avx2(job: &Task<'_>) -> Vec<f32> {
     job.run()
 }
 
-impl Task<'_, '_> {
+/// Rounds every element through f16 (slice conversions use F16C where present).
+#[inline(always)]
+fn round_f16(x: &mut [f32], tmp: &mut [f16]) {
+    let tmp = &mut tmp[..x.len()];
+    tmp.convert_from_f32_slice(x);
+    tmp.convert_to_f32_slice(x);
+}
+
+impl Task<'_> {
     /// Returns `(i1 - i0) * group * head_dim` outputs for kv head `g`.
     #[inline(always)]
     fn run(&self) -> Vec<f32> {
         let geo = self.geo;
-        let (hd, tw, ps) = (geo.head_dim, geo.token_width(), geo.page_size);
+        let hd = geo.head_dim;
         let group = geo.heads / geo.kv_heads;
         let ctx = self.first_pos + self.i1;
-        // Gather this kv head's K and V rows as f32, [ctx][hd].
-        let mut k = vec![0f32; ctx * hd];
-        let mut v = vec![0f32; ctx * hd];
-        for j in 0..ctx {
-            let blk = &self.blocks[j / ps];
-            let at = (j % ps) * tw + self.g * hd;
-            blk.k[at..at + hd].convert_to_f32_slice(&mut k[j * hd..(j + 1) * hd]);
-            blk.v[at..at + hd].convert_to_f32_slice(&mut v[j * hd..(j + 1) * hd]);
-        }
+        let (k, v) = (self.k, self.v);
         let scale = 1.0 / (hd as f32).sqrt();
         let qw = geo.heads * hd;
         // tinyBLAS needs the inner dimension in whole vectors; ggml falls back otherwise.
-        let score_order = if hd % LANES == 0 {
+        let score_order = if hd.is_multiple_of(LANES) {
             self.order
         } else {
             Order::Vec
         };
         let mut out = vec![0f32; (self.i1 - self.i0) * group * hd];
         let mut scores = vec![0f32; ctx];
+        let mut half = vec![f16::ZERO; ctx.max(hd)];
         let mut qh = vec![0f32; hd];
         let mut acc = vec![0f32; VEC_STEP * hd];
         for i in self.i0..self.i1 {
@@ -192,9 +208,8 @@ impl Task<'_, '_> {
                 let head = self.g * group + h;
                 // Like llama.cpp with an f16 KV cache, q and the probabilities are rounded to
                 // f16 before they meet K and V.
-                for (d, x) in qh.iter_mut().zip(&self.q[i * qw + head * hd..][..hd]) {
-                    *d = f16::from_f32(*x).to_f32();
-                }
+                qh.copy_from_slice(&self.q[i * qw + head * hd..][..hd]);
+                round_f16(&mut qh, &mut half);
                 let s = &mut scores[..keys];
                 for (j, sj) in s.iter_mut().enumerate() {
                     let kj = &k[j * hd..(j + 1) * hd];
@@ -204,98 +219,11 @@ impl Task<'_, '_> {
                     } * scale;
                 }
                 softmax_blocks(s, true);
-                s.iter_mut().for_each(|p| *p = f16::from_f32(*p).to_f32());
+                round_f16(s, &mut half);
                 let o = &mut out[((i - self.i0) * group + h) * hd..][..hd];
-                match self.order {
-                    Order::Gemm => weighted_gemm(s, &v, hd, &mut acc, o),
-                    Order::Vec => weighted_vec(s, &v, hd, &mut acc, o),
-                }
+                weighted(self.order, s, v, hd, &mut acc, o);
             }
         }
         out
-    }
-}
-
-/// `ggml_vec_dot_f16`'s step: four accumulators of 16 lanes.
-const VEC_STEP: usize = 4 * LANES;
-
-/// tinyBLAS's dot: lane `l` accumulates elements `l, l + 16, ...` with fused multiply-adds.
-#[inline(always)]
-fn dot_gemm(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    for (x, y) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
-        for l in 0..LANES {
-            acc[l] = x[l].mul_add(y[l], acc[l]);
-        }
-    }
-    reduce16(&acc)
-}
-
-/// Folds `ggml_vec_dot_f16`'s four accumulators (0+2, 1+3, then together) and reduces.
-#[inline(always)]
-fn fold4(acc: &[f32; VEC_STEP]) -> [f32; LANES] {
-    let mut x = [0f32; LANES];
-    for l in 0..LANES {
-        x[l] = (acc[l] + acc[2 * LANES + l]) + (acc[LANES + l] + acc[3 * LANES + l]);
-    }
-    x
-}
-
-/// `ggml_vec_dot_f16`: 64-element steps into four 16-lane accumulators, the tail in f64.
-#[inline(always)]
-fn dot_vec(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; VEC_STEP];
-    let (ac, bc) = (a.chunks_exact(VEC_STEP), b.chunks_exact(VEC_STEP));
-    let (at, bt) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for e in 0..VEC_STEP {
-            acc[e] = x[e].mul_add(y[e], acc[e]);
-        }
-    }
-    let mut sum = reduce16(&fold4(&acc)) as f64;
-    for (x, y) in at.iter().zip(bt) {
-        sum += (x * y) as f64;
-    }
-    sum as f32
-}
-
-/// `o[d] = sum_j p[j] * v[j][d]` in tinyBLAS order (key `j` goes to lane `j % 16`).
-#[inline(always)]
-fn weighted_gemm(p: &[f32], v: &[f32], hd: usize, acc: &mut [f32], o: &mut [f32]) {
-    let acc = &mut acc[..LANES * hd];
-    acc.fill(0.0);
-    for (j, pj) in p.iter().enumerate() {
-        let row = &mut acc[(j % LANES) * hd..][..hd];
-        for (a, x) in row.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-            *a = x.mul_add(*pj, *a);
-        }
-    }
-    for (d, od) in o.iter_mut().enumerate() {
-        let mut lanes = [0f32; LANES];
-        for (l, x) in lanes.iter_mut().enumerate() {
-            *x = acc[l * hd + d];
-        }
-        *od = reduce16(&lanes);
-    }
-}
-
-/// `o[d] = sum_j p[j] * v[j][d]` in `ggml_vec_dot_f16` order (key `j` goes to accumulator
-/// `j % 64`; the padded keys of llama.cpp's cache add exact zeros, so no tail remains).
-#[inline(always)]
-fn weighted_vec(p: &[f32], v: &[f32], hd: usize, acc: &mut [f32], o: &mut [f32]) {
-    let used = p.len().min(VEC_STEP);
-    acc[..used * hd].fill(0.0);
-    for (j, pj) in p.iter().enumerate() {
-        let row = &mut acc[(j % VEC_STEP) * hd..][..hd];
-        for (a, x) in row.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-            *a = x.mul_add(*pj, *a);
-        }
-    }
-    for (d, od) in o.iter_mut().enumerate() {
-        let mut lanes = [0f32; VEC_STEP];
-        for (e, x) in lanes.iter_mut().enumerate().take(used) {
-            *x = acc[e * hd + d];
-        }
-        *od = reduce16(&fold4(&lanes));
     }
 }

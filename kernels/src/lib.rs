@@ -13,6 +13,7 @@
 //! - `expf`: ggml's vectorized `exp` and 16-lane horizontal sum, bit-identical to llama.cpp.
 //! - `activation`: SiLU, SwiGLU, softmax (ggml's rounding).
 //! - `attention`: causal grouped-query attention over paged f16 K/V blocks.
+//! - `attention_sums`: attention's dot products and weighted sums in ggml's order.
 //! - `device`: backend selection, `Device { Cpu, Cuda(n) }` from `cpu|cuda:N` (file
 //!   `cuda/device.rs`, always compiled).
 //! - `cuda` (feature `cuda`): the CUDA backend, the same kernels on the GPU (`cuda/mod.rs`).
@@ -20,6 +21,7 @@
 pub mod act;
 pub mod activation;
 pub mod attention;
+mod attention_sums;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[path = "cuda/device.rs"]
@@ -36,6 +38,6 @@ pub mod vec;
 pub use attention::{paged_attention, AttnGeometry, KvBlock};
 pub use device::{Device, ParseDeviceError};
 pub use isa::Isa;
-pub use matmul::{matmul, matmul_with, QMatrix};
+pub use matmul::{matmul, matmul_many, matmul_many_with, matmul_with, QMatrix};
 pub use parallel::Parallel;
 pub use quant::WeightType;

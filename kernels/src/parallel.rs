@@ -74,6 +74,21 @@ impl Parallel {
         }
     }
 
+    /// Runs `f(i)` for every `i` in `0..n` (in parallel when the pool has more than one
+    /// thread).
+    pub fn for_each_index<F>(&self, n: usize, f: F)
+    where
+        F: Fn(usize) + Send + Sync,
+    {
+        match &self.pool {
+            None => (0..n).for_each(f),
+            Some(pool) => {
+                use rayon::prelude::*;
+                pool.install(|| (0..n).into_par_iter().for_each(f))
+            }
+        }
+    }
+
     /// Maps `f` over `0..n` (in parallel when possible), returning results in order.
     pub fn map<R, F>(&self, n: usize, f: F) -> Vec<R>
     where

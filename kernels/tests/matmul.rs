@@ -125,3 +125,46 @@ fn dequantize_matches_block_layout() {
     assert_eq!(out[5], 5.0 * 0.5 - 1.0);
     assert_eq!(out[20], 3.0 * 0.5 - 1.0);
 }
+
+#[test]
+fn matmul_many_equals_separate_products_bit_for_bit() {
+    use pagewarden_kernels::matmul_many_with;
+    let mut rng = Rng::new(21);
+    let cols = 96;
+    // Mixed types and row counts that do not divide the chunk size.
+    let specs = [
+        (WeightType::Q4_1, 70),
+        (WeightType::Q8_0, 9),
+        (WeightType::F16, 33),
+    ];
+    let data: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|&(ty, rows)| make(&mut rng, ty, rows, cols))
+        .collect();
+    let ws: Vec<QMatrix<'_>> = specs
+        .iter()
+        .zip(&data)
+        .map(|(&(ty, rows), d)| QMatrix::new(ty, rows, cols, d).unwrap())
+        .collect();
+    for isa in Isa::available() {
+        for threads in [1, 2] {
+            for tokens in [1, 5] {
+                let x = rng.vec(tokens * cols, 2.0);
+                let par = Parallel::new(threads);
+                let mut outs: Vec<Vec<f32>> =
+                    ws.iter().map(|w| vec![f32::NAN; tokens * w.rows]).collect();
+                let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+                matmul_many_with(isa, &ws, &x, tokens, &mut refs, &par);
+                for (w, got) in ws.iter().zip(&outs) {
+                    let mut want = vec![0f32; tokens * w.rows];
+                    matmul_with(isa, w, &x, tokens, &mut want, &par);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{isa:?} {:?} threads {threads} tokens {tokens}", w.ty);
+                }
+            }
+        }
+    }
+}

@@ -57,7 +57,7 @@ pub(crate) enum Acts<'a> {
     /// For F32/F16 weights: plain floats, `tokens * cols`.
     Float(&'a [f32]),
     /// For quantized weights.
-    Quant(QuantizedActs),
+    Quant(&'a QuantizedActs),
 }
 
 /// `out[t * w.rows + r] = dot(w.row(r), x[t * w.cols..])` for `t < tokens`, with the best ISA.
@@ -74,30 +74,95 @@ pub fn matmul_with(
     out: &mut [f32],
     par: &Parallel,
 ) {
-    assert_eq!(x.len(), tokens * w.cols, "activation shape");
-    assert_eq!(out.len(), tokens * w.rows, "output shape");
-    if tokens == 0 || w.rows == 0 {
+    matmul_many_with(isa, &[*w], x, tokens, &mut [out], par)
+}
+
+/// Several products of the same activations (Q/K/V, gate/up): `outs[i] = ws[i] x`, each as
+/// [`matmul`]. The activations are quantized once and all rows run in one parallel pass.
+pub fn matmul_many(
+    ws: &[QMatrix<'_>],
+    x: &[f32],
+    tokens: usize,
+    outs: &mut [&mut [f32]],
+    par: &Parallel,
+) {
+    matmul_many_with(Isa::detect(), ws, x, tokens, outs, par)
+}
+
+/// A pointer to one output matrix, shared by the tasks that fill disjoint rows of it.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (each owns a range of weight rows) and the slices
+// outlive the parallel pass.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// [`matmul_many`] with an explicit instruction set.
+pub fn matmul_many_with(
+    isa: Isa,
+    ws: &[QMatrix<'_>],
+    x: &[f32],
+    tokens: usize,
+    outs: &mut [&mut [f32]],
+    par: &Parallel,
+) {
+    assert_eq!(ws.len(), outs.len(), "one output per weight");
+    let Some(cols) = ws.first().map(|w| w.cols) else {
+        return;
+    };
+    assert_eq!(x.len(), tokens * cols, "activation shape");
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert_eq!(w.cols, cols, "weights share the activations");
+        assert_eq!(o.len(), tokens * w.rows, "output shape");
+    }
+    if tokens == 0 {
         return;
     }
-    let acts = match w.ty {
-        WeightType::F32 | WeightType::F16 => Acts::Float(x),
-        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => {
-            Acts::Quant(quantize_acts(x, tokens, w.cols))
-        }
-    };
-    let chunk_rows = (w.rows / (par.threads() * 4)).clamp(8, 64);
-    // Each chunk computes `chunk_rows x tokens` (row-major by weight row), then it is transposed.
-    let mut tmp = vec![0f32; w.rows * tokens];
-    par.for_each_chunk(&mut tmp, chunk_rows * tokens, |i, chunk| {
-        let r0 = i * chunk_rows;
-        let n = chunk.len() / tokens;
-        rows_kernel(isa, w, r0, n, &acts, tokens, chunk);
-    });
-    for r in 0..w.rows {
-        for t in 0..tokens {
-            out[t * w.rows + r] = tmp[r * tokens + t];
-        }
+    let quant = ws
+        .iter()
+        .any(|w| match w.ty {
+            WeightType::F32 | WeightType::F16 => false,
+            WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => true,
+        })
+        .then(|| quantize_acts(x, tokens, cols));
+    let total: usize = ws.iter().map(|w| w.rows).sum();
+    let chunk_rows = (total / (par.threads() * 4)).clamp(8, 64);
+    let mut jobs = Vec::new();
+    for (i, w) in ws.iter().enumerate() {
+        jobs.extend(
+            (0..w.rows)
+                .step_by(chunk_rows)
+                .map(|r0| (i, r0, chunk_rows.min(w.rows - r0))),
+        );
     }
+    let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
+    par.for_each_index(jobs.len(), |j| {
+        let (i, r0, n) = jobs[j];
+        let w = &ws[i];
+        let acts = match w.ty {
+            WeightType::F32 | WeightType::F16 => Acts::Float(x),
+            WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => {
+                Acts::Quant(quant.as_ref().expect("quantized above"))
+            }
+        };
+        let out = ptrs[i].0;
+        if tokens == 1 {
+            // SAFETY: rows r0..r0+n of a one-token output belong to this task alone.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.add(r0), n) };
+            rows_kernel(isa, w, r0, n, &acts, 1, o);
+            return;
+        }
+        // The kernel fills `n x tokens` (by weight row); scatter it into token-major rows.
+        let mut buf = vec![0f32; n * tokens];
+        rows_kernel(isa, w, r0, n, &acts, tokens, &mut buf);
+        for t in 0..tokens {
+            for (r, v) in buf.iter().skip(t).step_by(tokens).enumerate() {
+                // SAFETY: element (t, r0 + r) is inside the checked output and only this task
+                // writes rows r0..r0+n.
+                unsafe { *out.add(t * w.rows + r0 + r) = *v };
+            }
+        }
+    });
 }
 
 /// Computes rows `r0..r0+n` for all tokens into `out[(r - r0) * tokens + t]`.

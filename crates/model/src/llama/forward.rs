@@ -10,7 +10,7 @@ use pagewarden_kernels::activation::swiglu;
 use pagewarden_kernels::norm::rms_norm;
 use pagewarden_kernels::quant::dequantize_row;
 use pagewarden_kernels::rope::Rope;
-use pagewarden_kernels::{matmul, paged_attention, AttnGeometry, KvBlock, QMatrix};
+use pagewarden_kernels::{matmul, matmul_many, paged_attention, AttnGeometry, KvBlock, QMatrix};
 use pagewarden_kvcache::ReadablePages;
 
 use super::{Model, ModelError};
@@ -85,9 +85,14 @@ impl Model {
         let mut up = vec![0f32; rows * cfg.ffn];
         for (l, lw) in w.layers.iter().enumerate() {
             rms_norm(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
-            self.mm(&lw.wq, &xn, rows, &mut q);
-            self.mm(&lw.wk, &xn, rows, &mut k);
-            self.mm(&lw.wv, &xn, rows, &mut v);
+            // Q, K and V read the same normalized rows: quantized once, one parallel pass.
+            matmul_many(
+                &[lw.wq, lw.wk, lw.wv],
+                &xn,
+                rows,
+                &mut [&mut q, &mut k, &mut v],
+                &self.par,
+            );
             for r in 0..rows {
                 rope.apply_with(&mut q[r * dim..(r + 1) * dim], &cos_sin[r]);
                 rope.apply_with(&mut k[r * kvw..(r + 1) * kvw], &cos_sin[r]);
@@ -101,8 +106,13 @@ impl Model {
             self.mm(&lw.wo, &att, rows, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
             rms_norm(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
-            self.mm(&lw.gate, &xn, rows, &mut gate);
-            self.mm(&lw.up, &xn, rows, &mut up);
+            matmul_many(
+                &[lw.gate, lw.up],
+                &xn,
+                rows,
+                &mut [&mut gate, &mut up],
+                &self.par,
+            );
             swiglu(&mut gate, &up);
             self.mm(&lw.down, &gate, rows, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);

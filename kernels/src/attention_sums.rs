@@ -1,0 +1,115 @@
+//! The sums inside attention, in the order llama.cpp's CPU backend (AVX-512 build) adds them,
+//! so attention output is bit-identical to its reference:
+//!
+//! - `Order::Gemm` (two or more query tokens: llamafile's tinyBLAS): one 16-lane accumulator
+//!   per output, element `e` in lane `e % 16`, fused multiply-adds, one `reduce16` at the end.
+//! - `Order::Vec` (one query token: `ggml_vec_dot_f16`): four 16-lane accumulators over
+//!   64-element steps (element `e` in accumulator `e % 64`), folded 0+2 and 1+3, then
+//!   together, then `reduce16`; a tail shorter than 64 is added in f64.
+//!
+//! Every function is `#[inline(always)]` so it is compiled with the caller's target features
+//! (the attention task runs with AVX2 + FMA where the CPU has them).
+
+use crate::activation::LANES;
+use crate::expf::reduce16;
+
+/// Which of ggml's f16 matmul paths llama.cpp takes, which fixes the order of every sum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// Prefill: tinyBLAS.
+    Gemm,
+    /// Decode: `ggml_vec_dot_f16`.
+    Vec,
+}
+
+/// `ggml_vec_dot_f16`'s step: four accumulators of 16 lanes.
+pub(crate) const VEC_STEP: usize = 4 * LANES;
+
+/// tinyBLAS's dot product (`a.len()` a multiple of 16).
+#[inline(always)]
+pub(crate) fn dot_gemm(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    for (x, y) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    reduce16(&acc)
+}
+
+/// `ggml_vec_dot_f16`'s dot product.
+#[inline(always)]
+pub(crate) fn dot_vec(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; VEC_STEP];
+    let (ac, bc) = (a.chunks_exact(VEC_STEP), b.chunks_exact(VEC_STEP));
+    let (at, bt) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for e in 0..VEC_STEP {
+            acc[e] = x[e].mul_add(y[e], acc[e]);
+        }
+    }
+    let mut folded = [0f32; LANES];
+    for l in 0..LANES {
+        folded[l] = (acc[l] + acc[2 * LANES + l]) + (acc[LANES + l] + acc[3 * LANES + l]);
+    }
+    let mut sum = reduce16(&folded) as f64;
+    for (x, y) in at.iter().zip(bt) {
+        sum += (x * y) as f64;
+    }
+    sum as f32
+}
+
+/// `o[d] = sum_j p[j] * v[j * hd + d]` in `order`; `acc` holds at least `VEC_STEP * hd`.
+/// llama.cpp's cache is padded with masked keys whose weight is exactly 0, so a `Vec` sum
+/// over it has no tail: the missing lanes are zeros here.
+#[inline(always)]
+pub(crate) fn weighted(
+    order: Order,
+    p: &[f32],
+    v: &[f32],
+    hd: usize,
+    acc: &mut [f32],
+    o: &mut [f32],
+) {
+    let lanes = match order {
+        Order::Gemm => LANES,
+        Order::Vec => VEC_STEP,
+    };
+    let acc = &mut acc[..lanes * hd];
+    acc.fill(0.0);
+    for (j, pj) in p.iter().enumerate() {
+        let row = &mut acc[(j % lanes) * hd..][..hd];
+        for (a, x) in row.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+            *a = x.mul_add(*pj, *a);
+        }
+    }
+    if order == Order::Vec {
+        // Fold accumulators 0+2 and 1+3, then together, into lanes 0..16 (row-wise, so it
+        // vectorizes over `d`).
+        for l in 0..LANES {
+            for d in 0..hd {
+                acc[l * hd + d] = (acc[l * hd + d] + acc[(2 * LANES + l) * hd + d])
+                    + (acc[(LANES + l) * hd + d] + acc[(3 * LANES + l) * hd + d]);
+            }
+        }
+    }
+    reduce16_rows(&mut acc[..LANES * hd], hd, o);
+}
+
+/// `o[d] = reduce16(acc[0][d], ..., acc[15][d])` for rows of `hd`, in `reduce16`'s order.
+#[inline(always)]
+fn reduce16_rows(acc: &mut [f32], hd: usize, o: &mut [f32]) {
+    for i in 0..8 {
+        for d in 0..hd {
+            acc[i * hd + d] += acc[(i + 8) * hd + d];
+        }
+    }
+    for i in 0..4 {
+        for d in 0..hd {
+            acc[i * hd + d] += acc[(i + 4) * hd + d];
+        }
+    }
+    for (d, od) in o.iter_mut().enumerate() {
+        *od = (acc[d] + acc[2 * hd + d]) + (acc[hd + d] + acc[3 * hd + d]);
+    }
+}
