@@ -112,3 +112,43 @@ pub(crate) fn softmax_blocks(x: &mut [f32], padded: bool) {
     let inv = (1.0 / sum) as f32;
     x.iter_mut().for_each(|v| *v *= inv);
 }
+
+/// [`softmax_blocks`] with each block's `exp` computed eight lanes at a time (same bits).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn softmax_blocks_avx2(x: &mut [f32], padded: bool) {
+    use crate::expf::x86::expf8;
+    use std::arch::x86_64::*;
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m = _mm256_set1_ps(max);
+    let mut sum = 0f64;
+    let mut blocks = x.chunks_exact_mut(LANES);
+    for b in &mut blocks {
+        let p = b.as_mut_ptr();
+        _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(p), m)));
+        _mm256_storeu_ps(p.add(8), expf8(_mm256_sub_ps(_mm256_loadu_ps(p.add(8)), m)));
+        let e: &[f32; LANES] = (&*b).try_into().expect("16 lanes");
+        sum += reduce16(e) as f64;
+    }
+    let tail = blocks.into_remainder();
+    if padded && !tail.is_empty() {
+        // Masked lanes: exp(-inf) = 0.
+        let mut e = [f32::NEG_INFINITY; LANES];
+        e[..tail.len()].copy_from_slice(tail);
+        let p = e.as_mut_ptr();
+        _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(p), m)));
+        _mm256_storeu_ps(p.add(8), expf8(_mm256_sub_ps(_mm256_loadu_ps(p.add(8)), m)));
+        tail.copy_from_slice(&e[..tail.len()]);
+        sum += reduce16(&e) as f64;
+    } else {
+        for v in tail.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v as f64;
+        }
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}

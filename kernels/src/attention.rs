@@ -16,6 +16,8 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+#[cfg(target_arch = "x86_64")]
+use crate::activation::softmax_blocks_avx2;
 use crate::activation::{softmax_blocks, LANES};
 use crate::attention_sums::{dot_gemm, dot_vec, weighted, Order, VEC_STEP};
 use crate::isa::Isa;
@@ -101,7 +103,7 @@ pub fn paged_attention_with(
     }
     let ctx = first_pos + n;
     // Each kv head's K and V rows as f32 ([ctx][hd]), converted once for all its tasks.
-    let kv = par.map(geo.kv_heads, |g| gather(geo, blocks, g, ctx));
+    let kv = par.map(geo.kv_heads, |g| gather(isa, geo, blocks, g, ctx));
     let qblocks = n.div_ceil(Q_BLOCK);
     let order = if n >= 2 { Order::Gemm } else { Order::Vec };
     let results = par.map(geo.kv_heads * qblocks, |task| {
@@ -117,6 +119,7 @@ pub fn paged_attention_with(
             i0,
             i1,
             order,
+            isa,
         };
         match isa {
             Isa::Portable => job.run(),
@@ -137,6 +140,7 @@ pub fn paged_attention_with(
 
 /// K and V of kv head `g` for keys `0..ctx`, as f32 rows of `head_dim`.
 fn gather(
+    isa: Isa,
     geo: &AttnGeometry,
     blocks: &[KvBlock<'_>],
     g: usize,
@@ -148,10 +152,42 @@ fn gather(
     for j in 0..ctx {
         let blk = &blocks[j / ps];
         let at = (j % ps) * tw + g * hd;
-        blk.k[at..at + hd].convert_to_f32_slice(&mut k[j * hd..(j + 1) * hd]);
-        blk.v[at..at + hd].convert_to_f32_slice(&mut v[j * hd..(j + 1) * hd]);
+        let (kd, vd) = (&mut k[j * hd..(j + 1) * hd], &mut v[j * hd..(j + 1) * hd]);
+        match isa {
+            Isa::Portable => {
+                blk.k[at..at + hd].convert_to_f32_slice(kd);
+                blk.v[at..at + hd].convert_to_f32_slice(vd);
+            }
+            // SAFETY: Avx2 is only detected when the CPU has avx2, fma and f16c.
+            Isa::Avx2 => unsafe {
+                widen_f16c(&blk.k[at..at + hd], kd);
+                widen_f16c(&blk.v[at..at + hd], vd);
+            },
+        }
     }
     (k, v)
+}
+
+/// f16 to f32 with F16C, eight at a time, inline (the slice helper's per-call dispatch cost
+/// more than the conversion when called once per 64-element row).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let body = n / 8 * 8;
+    for i in (0..body).step_by(8) {
+        let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+    }
+    for i in body..n {
+        dst[i] = src[i].to_f32();
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
+    src.convert_to_f32_slice(dst)
 }
 
 struct Task<'a> {
@@ -165,6 +201,7 @@ struct Task<'a> {
     i0: usize,
     i1: usize,
     order: Order,
+    isa: Isa,
 }
 
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
@@ -218,7 +255,14 @@ impl Task<'_> {
                         Order::Vec => dot_vec(kj, &qh),
                     } * scale;
                 }
-                softmax_blocks(s, true);
+                match self.isa {
+                    Isa::Portable => softmax_blocks(s, true),
+                    // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => unsafe { softmax_blocks_avx2(s, true) },
+                    #[cfg(not(target_arch = "x86_64"))]
+                    Isa::Avx2 => softmax_blocks(s, true),
+                }
                 round_f16(s, &mut half);
                 let o = &mut out[((i - self.i0) * group + h) * hd..][..hd];
                 weighted(self.order, s, v, hd, &mut acc, o);

@@ -79,6 +79,17 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
                 .collect();
             let q = rng.vec(n * geo.heads * geo.head_dim, 2.0);
             let want = naive(&geo, &q, n, first, &kr, &vr);
+            let mut portable = vec![0f32; q.len()];
+            paged_attention_with(
+                Isa::Portable,
+                &geo,
+                &q,
+                n,
+                first,
+                &blocks,
+                &mut portable,
+                &Parallel::single(),
+            );
             for isa in Isa::available() {
                 for threads in [1, 2] {
                     let mut got = vec![0f32; q.len()];
@@ -88,6 +99,15 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
                     // q and the softmax probabilities are rounded to f16 like llama.cpp's
                     // attention (for parity), so the f32 naive reference differs by ~f16 epsilon.
                     assert!(e < 2e-3, "{geo:?} first={first} n={n} {isa:?}: err {e}");
+                    // Every path computes ggml's operations in ggml's order: same bits.
+                    let same = got
+                        .iter()
+                        .zip(&portable)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{geo:?} first={first} n={n} {isa:?} x{threads} differs from portable"
+                    );
                 }
             }
         }
