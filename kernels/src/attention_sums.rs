@@ -71,18 +71,49 @@ pub(crate) fn weighted(
     acc: &mut [f32],
     o: &mut [f32],
 ) {
-    let lanes = match order {
+    weighted_start(order, hd, acc);
+    weighted_add(order, 0, p, v, hd, acc);
+    weighted_finish(order, hd, acc, o);
+}
+
+/// Accumulator lanes of `order`.
+#[inline(always)]
+fn lanes(order: Order) -> usize {
+    match order {
         Order::Gemm => LANES,
         Order::Vec => VEC_STEP,
-    };
-    let acc = &mut acc[..lanes * hd];
-    acc.fill(0.0);
-    for (j, pj) in p.iter().enumerate() {
-        let row = &mut acc[(j % lanes) * hd..][..hd];
-        for (a, x) in row.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+    }
+}
+
+/// Zeroes the accumulators of a weighted sum.
+#[inline(always)]
+pub(crate) fn weighted_start(order: Order, hd: usize, acc: &mut [f32]) {
+    acc[..lanes(order) * hd].fill(0.0);
+}
+
+/// Adds keys `j0..j0 + p.len()` (weights `p`, value rows `v`) to the accumulators; keys
+/// must arrive in ascending order across calls.
+#[inline(always)]
+pub(crate) fn weighted_add(
+    order: Order,
+    j0: usize,
+    p: &[f32],
+    v: &[f32],
+    hd: usize,
+    acc: &mut [f32],
+) {
+    let lanes = lanes(order);
+    for (jj, pj) in p.iter().enumerate() {
+        let row = &mut acc[((j0 + jj) % lanes) * hd..][..hd];
+        for (a, x) in row.iter_mut().zip(&v[jj * hd..(jj + 1) * hd]) {
             *a = x.mul_add(*pj, *a);
         }
     }
+}
+
+/// Folds and reduces the accumulators into `o`.
+#[inline(always)]
+pub(crate) fn weighted_finish(order: Order, hd: usize, acc: &mut [f32], o: &mut [f32]) {
     if order == Order::Vec {
         // Fold accumulators 0+2 and 1+3, then together, into lanes 0..16 (row-wise, so it
         // vectorizes over `d`).
