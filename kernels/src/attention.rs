@@ -303,6 +303,7 @@ impl DecodeTask<'_, '_> {
 /// f16 to f32 with F16C, eight at a time, inline (the slice helper's per-call dispatch cost
 /// more than the conversion when called once per 64-element row).
 #[cfg(target_arch = "x86_64")]
+#[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
     use std::arch::x86_64::*;
