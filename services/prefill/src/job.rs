@@ -8,7 +8,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages, ReserveError};
@@ -40,12 +40,25 @@ pub async fn run(
     job: ValidPrefill,
     cancel: CancellationToken,
 ) -> Result<pb::PrefillReply, Status> {
-    let _permit = tokio::select! {
-        p = deps.permits.clone().acquire_owned() => p.map_err(|_| Status::unavailable("shutting down"))?,
-        () = cancel.cancelled() => return Err(cancelled()),
+    let permit = tokio::select! {
+        p = deps.permits.clone().acquire_owned() => p.map_err(|_| Status::unavailable("shutting down")),
+        () = cancel.cancelled() => Err(cancelled()),
+    };
+    let _permit = match permit {
+        Ok(p) => p,
+        Err(s) => {
+            abandon_grant(&deps, &job).await;
+            return Err(s);
+        }
     };
     let started = Instant::now();
-    let (pages, first_token) = compute(&deps, &job, &cancel).await?;
+    let (pages, first_token) = match compute(&deps, &job, &cancel).await {
+        Ok(done) => done,
+        Err(s) => {
+            abandon_grant(&deps, &job).await;
+            return Err(s);
+        }
+    };
     deps.metrics
         .observe_prefill(started.elapsed().as_secs_f64());
     let t0 = Instant::now();
@@ -71,6 +84,33 @@ pub async fn run(
 
 fn cancelled() -> Status {
     Status::cancelled("prefill aborted")
+}
+
+/// How long ending an untouched grant may take before the job gives up on it.
+const ABANDON_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Ends a grant under which no page was sent (the job was cancelled or failed before its
+/// transfer): a cancel, which drains, tells decode that nothing of it can still land, so decode
+/// frees the reserved pages now instead of quarantining them when its drain timeout passes.
+/// Best effort: if decode is unreachable its pages stay fenced until it declares this peer gone.
+async fn abandon_grant(deps: &JobDeps, job: &ValidPrefill) {
+    let g = &job.grant;
+    let ended = tokio::time::timeout(ABANDON_TIMEOUT, async {
+        let seg = deps.segments.open(&g.transfer_addr).await?;
+        deps.segments
+            .backend()
+            .cancel(seg, g.key)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))
+    })
+    .await;
+    match ended {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(request = %job.req, error = %e, "could not end the unused KV grant")
+        }
+        Err(_) => tracing::warn!(request = %job.req, "ending the unused KV grant timed out"),
+    }
 }
 
 /// Forward pass on a blocking thread, chunk by chunk, checking for cancellation in between.
