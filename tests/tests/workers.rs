@@ -311,6 +311,20 @@ async fn a_prefill_cancelled_before_its_transfer_frees_decode_pages_without_quar
         (total, 0.0),
         "a grant never written to must be drained, not left to time out into quarantine"
     );
+    // Both jobs end although their calls were dropped: B at once, A once its unacknowledged
+    // cancel times out and its connection is dropped. Each is counted, and none stays active.
+    let active = "pagewarden_active_requests{role=\"prefill\"}";
+    let aborted = series("requests_total", "prefill", "outcome", "aborted");
+    let start = Instant::now();
+    while prefill.metric(active).await != 0.0 || prefill.metric(&aborted).await != 2.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "prefill jobs did not end: active {}, aborted {}",
+            prefill.metric(active).await,
+            prefill.metric(&aborted).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     drop(black_hole);
 }
 

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pagewarden_common::metrics::WorkerMetrics;
+use pagewarden_kvcache::GrantKey;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages, ReserveError};
 use pagewarden_model::Sampler;
 use pagewarden_proto::v1 as pb;
-use pagewarden_transfer::{BatchStatus, ManifestBuilder, PageWriteReq, TransferBackend};
+use pagewarden_transfer::{BatchStatus, ManifestBuilder, PageWriteReq, SegmentId, TransferBackend};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -86,8 +87,27 @@ fn cancelled() -> Status {
     Status::cancelled("prefill aborted")
 }
 
-/// How long ending an untouched grant may take before the job gives up on it.
-const ABANDON_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a drain or cancel waits for decode's acknowledgement (and an unused grant's
+/// connection for its set-up) before the job gives up: the connection is then dropped, decode
+/// declares this peer gone, and frees what the grant held.
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Cancels `key` (which drains it); if decode does not acknowledge in time, drops the
+/// connection so the job ends and decode releases the grant's pages as its peer is gone.
+async fn cancel_grant(deps: &JobDeps, addr: &str, seg: SegmentId, key: GrantKey) {
+    let acked = tokio::time::timeout(ACK_TIMEOUT, deps.segments.backend().cancel(seg, key)).await;
+    match acked {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "KV grant cancel failed: dropping the connection");
+            deps.segments.forget(addr, seg);
+        }
+        Err(_) => {
+            tracing::warn!("KV grant cancel not acknowledged in time: dropping the connection");
+            deps.segments.forget(addr, seg);
+        }
+    }
+}
 
 /// Ends a grant under which no page was sent (the job was cancelled or failed before its
 /// transfer): a cancel, which drains, tells decode that nothing of it can still land, so decode
@@ -95,21 +115,14 @@ const ABANDON_TIMEOUT: Duration = Duration::from_secs(5);
 /// Best effort: if decode is unreachable its pages stay fenced until it declares this peer gone.
 async fn abandon_grant(deps: &JobDeps, job: &ValidPrefill) {
     let g = &job.grant;
-    let ended = tokio::time::timeout(ABANDON_TIMEOUT, async {
-        let seg = deps.segments.open(&g.transfer_addr).await?;
-        deps.segments
-            .backend()
-            .cancel(seg, g.key)
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))
-    })
-    .await;
-    match ended {
-        Ok(Ok(())) => {}
+    match tokio::time::timeout(ACK_TIMEOUT, deps.segments.open(&g.transfer_addr)).await {
+        Ok(Ok(seg)) => cancel_grant(deps, &g.transfer_addr, seg, g.key).await,
         Ok(Err(e)) => {
-            tracing::warn!(request = %job.req, error = %e, "could not end the unused KV grant")
+            tracing::warn!(request = %job.req, error = %e.message(), "could not end the unused KV grant")
         }
-        Err(_) => tracing::warn!(request = %job.req, "ending the unused KV grant timed out"),
+        Err(_) => {
+            tracing::warn!(request = %job.req, "connecting to end the unused KV grant timed out")
+        }
     }
 }
 
@@ -199,29 +212,36 @@ async fn transfer(
         let status = tokio::select! {
             s = handle.wait() => s,
             () = cancel.cancelled() => {
-                let _ = backend.cancel(seg, g.key).await;
+                cancel_grant(deps, &g.transfer_addr, seg, g.key).await;
                 return Err(cancelled());
             }
         };
         match status {
             BatchStatus::Completed { .. } => {}
             BatchStatus::Pending | BatchStatus::Cancelled { .. } => {
-                let _ = backend.cancel(seg, g.key).await;
+                cancel_grant(deps, &g.transfer_addr, seg, g.key).await;
                 return Err(cancelled());
             }
             BatchStatus::Failed(f) => {
-                if backend.cancel(seg, g.key).await.is_err() {
-                    deps.segments.forget(&g.transfer_addr, seg);
-                }
+                cancel_grant(deps, &g.transfer_addr, seg, g.key).await;
                 return Err(Status::unavailable(format!("KV transfer failed: {f:?}")));
             }
         }
     }
-    if let Err(e) = backend.drain(seg, g.key).await {
-        deps.segments.forget(&g.transfer_addr, seg);
-        return Err(Status::unavailable(format!(
-            "KV transfer drain failed: {e}"
-        )));
+    match tokio::time::timeout(ACK_TIMEOUT, backend.drain(seg, g.key)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            deps.segments.forget(&g.transfer_addr, seg);
+            return Err(Status::unavailable(format!(
+                "KV transfer drain failed: {e}"
+            )));
+        }
+        Err(_) => {
+            deps.segments.forget(&g.transfer_addr, seg);
+            return Err(Status::unavailable(format!(
+                "KV transfer drain not acknowledged within {ACK_TIMEOUT:?}"
+            )));
+        }
     }
     Ok((manifest.build(), bytes))
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use pagewarden_common::admission::Admission;
+use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::telemetry::accept_trace_context;
 use pagewarden_common::{AttemptId, RequestId};
 use pagewarden_proto::v1 as pb;
@@ -45,6 +46,7 @@ struct ActiveGuard {
     active: Arc<Mutex<HashMap<RequestId, (AttemptId, CancellationToken)>>>,
     req: RequestId,
     attempt: AttemptId,
+    metrics: Arc<WorkerMetrics>,
 }
 
 impl Drop for ActiveGuard {
@@ -55,6 +57,7 @@ impl Drop for ActiveGuard {
         {
             a.remove(&self.req);
         }
+        self.metrics.set_active(a.len());
     }
 }
 
@@ -96,28 +99,38 @@ impl Prefill for PrefillService {
             }
             active.insert(job.req, (job.attempt, cancel.clone()));
         }
-        let _guard = ActiveGuard {
+        // The job, not the call, holds its place in `active` and does its own accounting:
+        // a dropped call (client gone) cancels the job, which still runs to its end in its own
+        // task (cancelling its transfer and draining), and is then counted and removed.
+        let guard = ActiveGuard {
             active: self.active.clone(),
             req: job.req,
             attempt: job.attempt,
+            metrics: metrics.clone(),
         };
-        // The call being dropped (client gone) cancels the job; the job itself runs in its own
-        // task so it can still cancel its transfer and drain.
         let _drop_cancels = cancel.clone().drop_guard();
         metrics.set_active(self.active.lock().len());
         let req = job.req;
-        let handle = tokio::spawn(job::run(self.deps.clone(), job, cancel).instrument(span));
+        let deps = self.deps.clone();
+        let handle = tokio::spawn(
+            async move {
+                let _guard = guard;
+                let result = job::run(deps, job, cancel).await;
+                match &result {
+                    Ok(_) => metrics.request("ok"),
+                    Err(s) if s.code() == tonic::Code::Cancelled => metrics.request("aborted"),
+                    Err(s) => {
+                        tracing::warn!(request = %req, error = %s.message(), "prefill failed");
+                        metrics.request("error")
+                    }
+                }
+                result
+            }
+            .instrument(span),
+        );
         let result = handle
             .await
             .map_err(|e| Status::internal(format!("prefill job failed: {e}")))?;
-        match &result {
-            Ok(_) => metrics.request("ok"),
-            Err(s) if s.code() == tonic::Code::Cancelled => metrics.request("aborted"),
-            Err(s) => {
-                tracing::warn!(request = %req, error = %s.message(), "prefill failed");
-                metrics.request("error")
-            }
-        }
         result.map(Response::new)
     }
 
