@@ -200,9 +200,8 @@ async fn transfer(
                 src,
             });
         }
-        manifest.add_batch(&reqs);
         bytes += reqs.iter().map(|r| r.src.len() as u64).sum::<u64>();
-        let handle = match backend.submit_batch(seg, g.key, reqs) {
+        let mut handle = match backend.submit_batch(seg, g.key, reqs) {
             Ok(h) => h,
             Err(e) => {
                 deps.segments.forget(&g.transfer_addr, seg);
@@ -210,14 +209,18 @@ async fn transfer(
             }
         };
         let status = tokio::select! {
-            s = handle.wait() => s,
+            s = handle.wait_ref() => s,
             () = cancel.cancelled() => {
                 cancel_grant(deps, &g.transfer_addr, seg, g.key).await;
                 return Err(cancelled());
             }
         };
         match status {
-            BatchStatus::Completed { .. } => {}
+            // The manifest claims the checksums the transfer computed when it sent each page
+            // (one hash per page on this side).
+            BatchStatus::Completed { .. } => {
+                manifest.add_sent(&handle);
+            }
             BatchStatus::Pending | BatchStatus::Cancelled { .. } => {
                 cancel_grant(deps, &g.transfer_addr, seg, g.key).await;
                 return Err(cancelled());
