@@ -115,6 +115,9 @@ pub enum RouterError {
     /// The route does not exist.
     #[error("no route for {0}")]
     NotFound(String),
+    /// The route exists but not for this HTTP method.
+    #[error("{0} is not allowed on this route")]
+    MethodNotAllowed(String),
     /// A bug in the router; never expected.
     #[error("internal error: {0}")]
     Internal(String),
@@ -226,6 +229,12 @@ impl RouterError {
                 None,
             ),
             E::NotFound(_) => (StatusCode::NOT_FOUND, BAD, Some("not_found"), None),
+            E::MethodNotAllowed(_) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                BAD,
+                Some("method_not_allowed"),
+                None,
+            ),
             E::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",

@@ -95,6 +95,7 @@ pub fn outcome_of(e: &RouterError) -> Outcome {
         | RouterError::NoLiveWorkers(_)
         | RouterError::PoolExhausted { .. }
         | RouterError::WorkerRejected { .. }
-        | RouterError::NotFound(_) => Outcome::Rejected,
+        | RouterError::NotFound(_)
+        | RouterError::MethodNotAllowed(_) => Outcome::Rejected,
     }
 }

@@ -140,8 +140,8 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)
-        .method_not_allowed_fallback(|| async {
-            RouterError::NotFound("this method on this route".into())
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            RouterError::MethodNotAllowed(method.to_string())
         })
         .layer(DefaultBodyLimit::max(state.settings.max_body_bytes))
         .with_state(state)

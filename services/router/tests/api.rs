@@ -154,7 +154,18 @@ async fn bad_parameters_are_400_naming_the_field() {
 async fn unknown_route_and_method_are_openai_errors() {
     let h = Harness::start(Opts::default()).await;
     expect_error(h.get("/v1/nope").await, 404).await;
-    expect_error(h.get("/v1/completions").await, 404).await;
+    let wrong_method = h.get("/v1/completions").await;
+    let allow = wrong_method
+        .headers()
+        .get("allow")
+        .map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(
+        allow.as_deref(),
+        Some("POST"),
+        "405 names the allowed method"
+    );
+    let err = expect_error(wrong_method, 405).await;
+    assert_eq!(err["code"], "method_not_allowed");
 }
 
 #[tokio::test]
