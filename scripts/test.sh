@@ -41,7 +41,7 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 # Every shipping feature (CUDA through NVRTC, RDMA through ibverbs) is built, linted and tested;
 # the test-only defense switches are enabled by dev-dependencies alone, never here.
-features=pagewarden-kernels/cuda,pagewarden-model/cuda,pagewarden-transfer/rdma
+features=pagewarden-kernels/cuda,pagewarden-model/cuda,pagewarden-prefill/cuda,pagewarden-decode/cuda,pagewarden-transfer/rdma
 echo "== cargo clippy (all targets, features $features)"
 cargo clippy --workspace --all-targets --features "$features" -- -D warnings
 echo "== cargo build (every binary: the system tests start them)"
