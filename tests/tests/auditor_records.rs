@@ -434,10 +434,9 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
 }
 
 /// A decode worker whose pool cannot hold its advertised context refuses to start (I7); I8 asks
-/// that the auditor hear of it. Today the worker exits before its auditor client exists, so no
-/// incident is recorded: ignored until decode/prefill report a failed preflight before exiting.
+/// that the auditor hear of it: the worker reports its failed start-up, and waits for the
+/// auditor to take it, before exiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap: a worker that fails its preflight exits without reporting to the auditor"]
 async fn a_worker_that_fails_preflight_is_recorded() {
     let dir = tempfile::tempdir().expect("tempdir");
     let auditor = start_auditor(dir.path());

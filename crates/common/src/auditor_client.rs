@@ -42,6 +42,9 @@ pub enum ClientError {
     /// The endpoint is not a valid URI.
     #[error("invalid auditor endpoint {0:?}: {1}")]
     Endpoint(String, String),
+    /// A report sent with [`send_preflight_failure`] did not reach the auditor.
+    #[error("the auditor did not take the report: {0}")]
+    NotDelivered(String),
 }
 
 /// Counts of what happened to reports, since the client was made.
@@ -164,6 +167,48 @@ async fn send_loop(
                 counters.failed.fetch_add(1, Ordering::Relaxed)
             }
         };
+    }
+}
+
+/// How long a worker that is about to exit waits for the auditor to take its failed preflight.
+pub const FAILURE_REPORT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Sends a failed start-up (preflight refused, model unreadable, device unusable) to the
+/// auditor and waits for it to be taken, for a worker that exits right after (I7, I8): the
+/// buffered client would be torn down with the process before its sender ran.
+pub async fn send_preflight_failure(
+    endpoint: &str,
+    node: &str,
+    role: &str,
+    why: &str,
+) -> Result<(), ClientError> {
+    let uri = if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    };
+    let ep = Endpoint::from_shared(uri)
+        .map_err(|e| ClientError::Endpoint(endpoint.to_string(), e.to_string()))?
+        .connect_timeout(FAILURE_REPORT_TIMEOUT)
+        .timeout(FAILURE_REPORT_TIMEOUT);
+    let report = pb::PreflightReport {
+        node: node.to_string(),
+        role: role.to_string(),
+        pool_tokens: 0,
+        context_length: 0,
+        ok: false,
+        message: why.to_string(),
+    };
+    let send = async {
+        let mut grpc = GrpcClient::new(ep.connect_lazy());
+        grpc.report_preflight(report).await
+    };
+    match tokio::time::timeout(FAILURE_REPORT_TIMEOUT, send).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(status)) => Err(ClientError::NotDelivered(status.to_string())),
+        Err(_) => Err(ClientError::NotDelivered(format!(
+            "no answer within {FAILURE_REPORT_TIMEOUT:?}"
+        ))),
     }
 }
 

@@ -27,7 +27,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use pagewarden_common::admission::Admission;
-use pagewarden_common::auditor_client::{preflight_report, AuditorClient, AuditorIntegritySink};
+use pagewarden_common::auditor_client::{
+    preflight_report, send_preflight_failure, AuditorClient, AuditorIntegritySink,
+};
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::integrity::{IntegritySink, LogIntegritySink};
 use pagewarden_common::metrics::{serve_metrics, WorkerMetrics};
@@ -69,7 +71,7 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry =
         pagewarden_common::telemetry::init_telemetry("pagewarden-decode", cfg.log_json)?;
     let shutdown = shutdown::on_signal();
-    let (loaded, compute) = {
+    let started = {
         let cfg = cfg.clone();
         let device = cli.device;
         tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
@@ -78,7 +80,20 @@ async fn main() -> anyhow::Result<()> {
                 compute::Compute::open(device, loaded.model.clone(), &loaded.pool, STAGING_PAGES)?;
             Ok((loaded, compute))
         })
-        .await??
+        .await?
+    };
+    let (loaded, compute) = match started {
+        Ok(done) => done,
+        Err(e) => {
+            // A worker that refuses to start says so to the auditor before exiting (I7, I8).
+            if let Some(url) = &auditor_url {
+                let why = format!("{e:#}");
+                if let Err(r) = send_preflight_failure(url, &cfg.node_id, "decode", &why).await {
+                    tracing::warn!(error = %r, "failed start-up not reported to the auditor");
+                }
+            }
+            return Err(e);
+        }
     };
     let admission = Admission::new(
         loaded.preflight.advertised_context,

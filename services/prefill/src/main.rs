@@ -20,7 +20,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use pagewarden_common::admission::Admission;
-use pagewarden_common::auditor_client::{preflight_report, AuditorClient};
+use pagewarden_common::auditor_client::{preflight_report, send_preflight_failure, AuditorClient};
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::metrics::{serve_metrics, PoolGauges, WorkerMetrics};
 use pagewarden_common::shutdown;
@@ -60,7 +60,7 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry =
         pagewarden_common::telemetry::init_telemetry("pagewarden-prefill", cfg.log_json)?;
     let shutdown = shutdown::on_signal();
-    let (loaded, compute) = {
+    let started = {
         let cfg = cfg.clone();
         let (device, batch_pages) = (cli.device, cli.batch_pages);
         tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
@@ -75,7 +75,20 @@ async fn main() -> anyhow::Result<()> {
             )?;
             Ok((loaded, compute))
         })
-        .await??
+        .await?
+    };
+    let (loaded, compute) = match started {
+        Ok(done) => done,
+        Err(e) => {
+            // A worker that refuses to start says so to the auditor before exiting (I7, I8).
+            if let Some(url) = &auditor_url {
+                let why = format!("{e:#}");
+                if let Err(r) = send_preflight_failure(url, &cfg.node_id, "prefill", &why).await {
+                    tracing::warn!(error = %r, "failed start-up not reported to the auditor");
+                }
+            }
+            return Err(e);
+        }
     };
     let admission = Admission::new(
         loaded.preflight.advertised_context,
