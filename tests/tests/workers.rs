@@ -329,6 +329,57 @@ async fn a_prefill_cancelled_before_its_transfer_frees_decode_pages_without_quar
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_killed_before_it_connects_leaves_no_quarantine_behind() {
+    let decode = start_decode(&TINY, &["--drain-timeout-ms", "500"]);
+    let mut prefill = start_prefill(&TINY, &["--max-concurrency", "1"]);
+    let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
+    let total = d.decode_info().await.total_pages as f64;
+    let prompt: Vec<u32> = (0..40).map(|i| 20 + i).collect();
+
+    // As above, job A holds prefill's only permit (its grant from another decode points at a
+    // listener that never acknowledges), so job B has not connected to decode when prefill dies.
+    let other_decode = start_decode(&TINY, &[]);
+    let mut d2 = Driver::connect(&other_decode.grpc_url(), &prefill.grpc_url()).await;
+    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let req_a = fresh_ref();
+    let mut grant_a = d2
+        .reserve(&req_a, "t", prompt.len() as u32, 4)
+        .await
+        .expect("reserve A");
+    grant_a.transfer_addr = black_hole.local_addr().unwrap().to_string();
+    let (mut pa, ra, pra) = (d2.clone(), req_a.clone(), prompt.clone());
+    let call_a = tokio::spawn(async move { pa.prefill(&ra, "t", &pra, grant_a, greedy(4)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let req_b = fresh_ref();
+    let grant_b = d
+        .reserve(&req_b, "t", prompt.len() as u32, 4)
+        .await
+        .expect("reserve B");
+    let (mut pb_, rb, prb) = (d.clone(), req_b.clone(), prompt.clone());
+    let call_b = tokio::spawn(async move { pb_.prefill(&rb, "t", &prb, grant_b, greedy(4)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !call_b.is_finished(),
+        "B must still be waiting for the permit"
+    );
+
+    // Prefill dies with B never having connected; the router gives up on B at decode. No peer
+    // connection exists to be torn down, so only the fence itself can free B's pages.
+    prefill.kill();
+    assert!(call_b.await.unwrap().is_err(), "B's prefill died");
+    assert!(d.abort_decode(&req_b).await, "B's reservation found");
+    let _ = call_a.await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (free, quarantined) = wait_pool_settled(&decode, total).await;
+    assert_eq!(
+        (free, quarantined),
+        (total, 0.0),
+        "a revoked grant that no peer ever wrote to is free, not quarantined for good"
+    );
+    drop(black_hole);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_killed_mid_transfer_leaves_decode_clean() {
     let decode = start_decode(
         &TINY,

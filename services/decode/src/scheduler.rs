@@ -308,7 +308,7 @@ impl Scheduler {
                 match ended {
                     Some(StreamEnd::Drained) => self.deps.pool.mark_drained(key),
                     Some(StreamEnd::PeerGone) => self.deps.pool.release_quarantined(key),
-                    None => {}
+                    None => self.deps.pool.mark_drained(key),
                 }
                 entry.ended_at = Some(Instant::now());
                 self.deps.metrics.request("commit_refused");
@@ -325,6 +325,14 @@ impl Scheduler {
         }
     }
 
+    /// Ends a request. A reserved request's grant is revoked, and its pages are freed at once
+    /// even when no drain was seen: every write into this pool lands through
+    /// `KvPool::write_page`, which copies under the page's lock and only into a page reserved
+    /// for a live grant, and revoking took each page's lock. So once revoked, no write of the
+    /// grant is mid-copy and none can land later (the TCP receiver refuses frames of a revoked
+    /// key; the RDMA receiver stages and copies through the same call): the revocation is the
+    /// drain. Waiting instead left grants whose prefill died before it ever connected to time
+    /// out into quarantine for good.
     fn abort(&mut self, req: RequestId, attempt: AttemptId, reason: &str) -> bool {
         let Some(current) = self.table.get(&req).map(|e| e.attempt) else {
             return false;
@@ -347,11 +355,10 @@ impl Scheduler {
             RequestState::Reserved(r) => {
                 let key = r.pages.grant().key;
                 r.abort();
-                // The stream already drained (or died): nothing can still land, release now.
                 match self.deps.sink.take(key) {
                     Some(StreamEnd::Drained) => self.deps.pool.mark_drained(key),
                     Some(StreamEnd::PeerGone) => self.deps.pool.release_quarantined(key),
-                    None => {}
+                    None => self.deps.pool.mark_drained(key),
                 }
                 true
             }
