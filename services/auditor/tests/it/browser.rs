@@ -19,18 +19,18 @@ const MISSING: &str = "install chromium and chromium-driver (scripts/test.sh doe
 /// The key under which WebDriver returns an element reference.
 const ELEMENT_KEY: &str = "element-6066-11e4-a52e-4f735466cecf";
 
-/// chromedriver in its own process group; dropping it kills the group (driver and browser).
+/// chromedriver, started as PID 1 of a PID namespace of its own (`unshare --pid`): Chromium and
+/// everything it starts live in that namespace, so no signal they send can reach a process
+/// outside it (a run once took the whole machine's processes down with it), and killing the
+/// namespace's first process ends all of them.
 struct DriverProcess {
     child: Child,
 }
 
 impl Drop for DriverProcess {
     fn drop(&mut self) {
-        // The group id is the child's pid (process_group(0)); Chromium runs in that group.
-        let _ = Command::new("kill")
-            .args(["-KILL", &format!("-{}", self.child.id())])
-            .stderr(Stdio::null())
-            .status();
+        // `--kill-child` kills chromedriver when `unshare` dies; the kernel then ends every
+        // other process of the namespace.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -44,14 +44,19 @@ fn free_port() -> u16 {
 }
 
 fn spawn_chromedriver(port: u16) -> DriverProcess {
-    use std::os::unix::process::CommandExt;
-    let child = Command::new(CHROMEDRIVER)
+    let child = Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            CHROMEDRIVER,
+        ])
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .process_group(0)
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {CHROMEDRIVER}: {e}; {MISSING}"));
+        .unwrap_or_else(|e| panic!("cannot start {CHROMEDRIVER} under unshare: {e}; {MISSING}"));
     DriverProcess { child }
 }
 
