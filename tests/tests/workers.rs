@@ -262,17 +262,30 @@ async fn abort_mid_transfer_and_client_disconnect_free_every_page() {
     assert!(d.complete("t", &prompt5, greedy(4)).await.is_ok());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prefill_cancelled_before_its_transfer_frees_decode_pages_without_quarantine() {
+type PrefillCall = tokio::task::JoinHandle<Result<pb::PrefillReply, tonic::Status>>;
+
+/// Job B queued behind a stuck job A on a prefill with one permit: A's grant (from a second
+/// decode, so the first one's pool only ever holds B) points at a listener that accepts the
+/// connection but never acknowledges a drain, so A holds the permit in its transfer and B has
+/// not connected to decode.
+struct QueuedBehindStuckJob {
+    decode: Service,
+    prefill: Service,
+    d: Driver,
+    total: f64,
+    req_b: pb::RequestRef,
+    call_a: PrefillCall,
+    call_b: PrefillCall,
+    _other_decode: Service,
+    _black_hole: std::net::TcpListener,
+}
+
+async fn queue_behind_stuck_job() -> QueuedBehindStuckJob {
     let decode = start_decode(&TINY, &["--drain-timeout-ms", "500"]);
     let prefill = start_prefill(&TINY, &["--max-concurrency", "1"]);
     let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let total = d.decode_info().await.total_pages as f64;
     let prompt: Vec<u32> = (0..40).map(|i| 20 + i).collect();
-
-    // Job A holds prefill's only permit: its grant (from a second decode, so the first one's
-    // pool only ever holds B) points at a listener that accepts the connection but never
-    // acknowledges a drain, so A waits in its transfer.
     let other_decode = start_decode(&TINY, &[]);
     let mut d2 = Driver::connect(&other_decode.grpc_url(), &prefill.grpc_url()).await;
     let black_hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -282,33 +295,50 @@ async fn a_prefill_cancelled_before_its_transfer_frees_decode_pages_without_quar
         .await
         .expect("reserve A");
     grant_a.transfer_addr = black_hole.local_addr().unwrap().to_string();
-    let (mut pa, ra, pra) = (d2.clone(), req_a.clone(), prompt.clone());
-    let call_a = tokio::spawn(async move { pa.prefill(&ra, "t", &pra, grant_a, greedy(4)).await });
+    let (mut pa, pra) = (d2.clone(), prompt.clone());
+    let call_a =
+        tokio::spawn(async move { pa.prefill(&req_a, "t", &pra, grant_a, greedy(4)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-
-    // Job B waits for the permit, so it has sent nothing when the router gives up on it:
-    // decode revokes B's grant and prefill's call is dropped. Prefill must still end the grant
-    // (cancel + drain), so decode frees B's pages instead of quarantining them.
     let req_b = fresh_ref();
     let grant_b = d
         .reserve(&req_b, "t", prompt.len() as u32, 4)
         .await
         .expect("reserve B");
-    let (mut pb_, rb, prb) = (d.clone(), req_b.clone(), prompt.clone());
-    let call_b = tokio::spawn(async move { pb_.prefill(&rb, "t", &prb, grant_b, greedy(4)).await });
+    let (mut pb_, rb) = (d.clone(), req_b.clone());
+    let call_b =
+        tokio::spawn(async move { pb_.prefill(&rb, "t", &prompt, grant_b, greedy(4)).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
         !call_b.is_finished(),
         "B must still be waiting for the permit"
     );
-    assert!(d.abort_decode(&req_b).await, "B's reservation found");
-    call_b.abort();
-    call_a.abort();
+    QueuedBehindStuckJob {
+        decode,
+        prefill,
+        d,
+        total,
+        req_b,
+        call_a,
+        call_b,
+        _other_decode: other_decode,
+        _black_hole: black_hole,
+    }
+}
 
-    let (free, quarantined) = wait_pool_settled(&decode, total).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_cancelled_before_its_transfer_frees_decode_pages_without_quarantine() {
+    let mut q = queue_behind_stuck_job().await;
+    // The router gives up on B before it sent anything: decode revokes B's grant and
+    // prefill's call is dropped. Prefill must still end the grant (cancel + drain), so decode
+    // frees B's pages instead of quarantining them.
+    assert!(q.d.abort_decode(&q.req_b).await, "B's reservation found");
+    q.call_b.abort();
+    q.call_a.abort();
+
+    let (free, quarantined) = wait_pool_settled(&q.decode, q.total).await;
     assert_eq!(
         (free, quarantined),
-        (total, 0.0),
+        (q.total, 0.0),
         "a grant never written to must be drained, not left to time out into quarantine"
     );
     // Both jobs end although their calls were dropped: B at once, A once its unacknowledged
@@ -316,67 +346,33 @@ async fn a_prefill_cancelled_before_its_transfer_frees_decode_pages_without_quar
     let active = "pagewarden_active_requests{role=\"prefill\"}";
     let aborted = series("requests_total", "prefill", "outcome", "aborted");
     let start = Instant::now();
-    while prefill.metric(active).await != 0.0 || prefill.metric(&aborted).await != 2.0 {
+    while q.prefill.metric(active).await != 0.0 || q.prefill.metric(&aborted).await != 2.0 {
         assert!(
             start.elapsed() < Duration::from_secs(15),
             "prefill jobs did not end: active {}, aborted {}",
-            prefill.metric(active).await,
-            prefill.metric(&aborted).await
+            q.prefill.metric(active).await,
+            q.prefill.metric(&aborted).await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    drop(black_hole);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_killed_before_it_connects_leaves_no_quarantine_behind() {
-    let decode = start_decode(&TINY, &["--drain-timeout-ms", "500"]);
-    let mut prefill = start_prefill(&TINY, &["--max-concurrency", "1"]);
-    let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
-    let total = d.decode_info().await.total_pages as f64;
-    let prompt: Vec<u32> = (0..40).map(|i| 20 + i).collect();
-
-    // As above, job A holds prefill's only permit (its grant from another decode points at a
-    // listener that never acknowledges), so job B has not connected to decode when prefill dies.
-    let other_decode = start_decode(&TINY, &[]);
-    let mut d2 = Driver::connect(&other_decode.grpc_url(), &prefill.grpc_url()).await;
-    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let req_a = fresh_ref();
-    let mut grant_a = d2
-        .reserve(&req_a, "t", prompt.len() as u32, 4)
-        .await
-        .expect("reserve A");
-    grant_a.transfer_addr = black_hole.local_addr().unwrap().to_string();
-    let (mut pa, ra, pra) = (d2.clone(), req_a.clone(), prompt.clone());
-    let call_a = tokio::spawn(async move { pa.prefill(&ra, "t", &pra, grant_a, greedy(4)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let req_b = fresh_ref();
-    let grant_b = d
-        .reserve(&req_b, "t", prompt.len() as u32, 4)
-        .await
-        .expect("reserve B");
-    let (mut pb_, rb, prb) = (d.clone(), req_b.clone(), prompt.clone());
-    let call_b = tokio::spawn(async move { pb_.prefill(&rb, "t", &prb, grant_b, greedy(4)).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        !call_b.is_finished(),
-        "B must still be waiting for the permit"
-    );
-
+    let mut q = queue_behind_stuck_job().await;
     // Prefill dies with B never having connected; the router gives up on B at decode. No peer
     // connection exists to be torn down, so only the fence itself can free B's pages.
-    prefill.kill();
-    assert!(call_b.await.unwrap().is_err(), "B's prefill died");
-    assert!(d.abort_decode(&req_b).await, "B's reservation found");
-    let _ = call_a.await;
+    q.prefill.kill();
+    assert!(q.call_b.await.unwrap().is_err(), "B's prefill died");
+    assert!(q.d.abort_decode(&q.req_b).await, "B's reservation found");
+    let _ = q.call_a.await;
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let (free, quarantined) = wait_pool_settled(&decode, total).await;
+    let (free, quarantined) = wait_pool_settled(&q.decode, q.total).await;
     assert_eq!(
         (free, quarantined),
-        (total, 0.0),
+        (q.total, 0.0),
         "a revoked grant that no peer ever wrote to is free, not quarantined for good"
     );
-    drop(black_hole);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

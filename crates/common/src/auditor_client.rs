@@ -212,6 +212,16 @@ pub async fn send_preflight_failure(
     }
 }
 
+/// For a worker that refuses to start (I7): reports `why` to the auditor at `endpoint`, when one
+/// is configured, and waits for it to be taken (I8); a report that cannot be delivered is logged,
+/// never turned into a second error.
+pub async fn report_startup_failure(endpoint: Option<&str>, node: &str, role: &str, why: &str) {
+    let Some(url) = endpoint else { return };
+    if let Err(e) = send_preflight_failure(url, node, role, why).await {
+        tracing::warn!(error = %e, "failed start-up not reported to the auditor");
+    }
+}
+
 /// The wire form of a worker's successful start-up preflight (I7).
 pub fn preflight_report(
     node: &str,

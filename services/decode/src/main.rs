@@ -28,7 +28,7 @@ use anyhow::Context;
 use clap::Parser;
 use pagewarden_common::admission::Admission;
 use pagewarden_common::auditor_client::{
-    preflight_report, send_preflight_failure, AuditorClient, AuditorIntegritySink,
+    preflight_report, report_startup_failure, AuditorClient, AuditorIntegritySink,
 };
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::integrity::{IntegritySink, LogIntegritySink};
@@ -86,12 +86,8 @@ async fn main() -> anyhow::Result<()> {
         Ok(done) => done,
         Err(e) => {
             // A worker that refuses to start says so to the auditor before exiting (I7, I8).
-            if let Some(url) = &auditor_url {
-                let why = format!("{e:#}");
-                if let Err(r) = send_preflight_failure(url, &cfg.node_id, "decode", &why).await {
-                    tracing::warn!(error = %r, "failed start-up not reported to the auditor");
-                }
-            }
+            let why = format!("{e:#}");
+            report_startup_failure(auditor_url.as_deref(), &cfg.node_id, "decode", &why).await;
             return Err(e);
         }
     };

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use pagewarden_common::admission::Admission;
-use pagewarden_common::auditor_client::{preflight_report, send_preflight_failure, AuditorClient};
+use pagewarden_common::auditor_client::{preflight_report, report_startup_failure, AuditorClient};
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::metrics::{serve_metrics, PoolGauges, WorkerMetrics};
 use pagewarden_common::shutdown;
@@ -81,12 +81,8 @@ async fn main() -> anyhow::Result<()> {
         Ok(done) => done,
         Err(e) => {
             // A worker that refuses to start says so to the auditor before exiting (I7, I8).
-            if let Some(url) = &auditor_url {
-                let why = format!("{e:#}");
-                if let Err(r) = send_preflight_failure(url, &cfg.node_id, "prefill", &why).await {
-                    tracing::warn!(error = %r, "failed start-up not reported to the auditor");
-                }
-            }
+            let why = format!("{e:#}");
+            report_startup_failure(auditor_url.as_deref(), &cfg.node_id, "prefill", &why).await;
             return Err(e);
         }
     };
