@@ -120,6 +120,11 @@ pub struct WorkerFlags {
     /// Zero pages when they return to the free list.
     #[arg(long)]
     pub zero_on_release: bool,
+    /// Decode: re-read every landed page on commit and compare it with the checksum taken as
+    /// it landed (one more pass over the prompt's KV before the first token; off by default,
+    /// the sender's checksums are always compared with those taken as the pages landed).
+    #[arg(long)]
+    pub commit_rehash: bool,
 }
 
 /// The same keys as [`WorkerFlags`], read from the TOML file.
@@ -162,6 +167,8 @@ pub struct WorkerFile {
     pub drain_timeout_ms: Option<u64>,
     /// See [`WorkerFlags::zero_on_release`].
     pub zero_on_release: Option<bool>,
+    /// See [`WorkerFlags::commit_rehash`].
+    pub commit_rehash: Option<bool>,
 }
 
 /// Per-role defaults (listen ports differ so that every service fits on one machine).
@@ -256,6 +263,8 @@ pub struct WorkerConfig {
     pub drain_timeout: Duration,
     /// Zero pages on release.
     pub zero_on_release: bool,
+    /// Re-hash landed pages on commit (decode).
+    pub commit_rehash: bool,
 }
 
 impl WorkerConfig {
@@ -343,6 +352,7 @@ impl WorkerConfig {
                     .unwrap_or(5_000),
             ),
             zero_on_release: flags.zero_on_release || file.zero_on_release.unwrap_or(false),
+            commit_rehash: flags.commit_rehash || file.commit_rehash.unwrap_or(false),
         })
     }
 }
@@ -357,7 +367,7 @@ mod tests {
         let path = dir.path().join("w.toml");
         std::fs::write(
             &path,
-            "pool_tokens = 100\npage_size = 8\nnode_id = \"file\"\n",
+            "pool_tokens = 100\npage_size = 8\nnode_id = \"file\"\ncommit_rehash = true\n",
         )
         .unwrap();
         let flags = WorkerFlags {
@@ -372,6 +382,8 @@ mod tests {
         assert_eq!(cfg.node_id, "flag");
         assert_eq!(cfg.model, ModelSource::TinyTest(7));
         assert_eq!(cfg.grpc_addr, WorkerDefaults::decode().grpc_addr);
+        assert!(cfg.commit_rehash);
+        assert!(!cfg.zero_on_release);
     }
 
     #[test]

@@ -70,6 +70,16 @@ pub struct PoolConfig {
     pub drain_timeout: Duration,
     /// Lifetime of a write grant; commit after `expires_at` fails with `CommitError::Expired`.
     pub grant_ttl: Duration,
+    /// Commit re-reads every landed page and compares it with the checksum taken as it
+    /// landed. Off by default: `write_page` hashes each page's bytes and copies exactly those
+    /// bytes under the page's lock, nothing else writes a reserved page, and commit always
+    /// compares the sender's manifest with those landed checksums. Between landing and commit
+    /// the bytes could change only through memory corruption or a bug in this process, which
+    /// could as well strike after commit, while decode reads the page and no check runs. On,
+    /// it costs one more pass over every page on the commit path, serially before the first
+    /// decode step (about a fifth of a transfer's time on loopback: `cargo bench -p
+    /// pagewarden-transfer --bench goodput`). For debugging and for the wary.
+    pub commit_rehash: bool,
     /// TEST-ONLY switches that remove single defenses (feature `unsafe-test-switches`).
     #[cfg(any(test, feature = "unsafe-test-switches"))]
     pub defenses: Defenses,
@@ -77,7 +87,7 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     /// A pool of exactly `pages` pages, defaults elsewhere (no zeroing, 5 s drain timeout,
-    /// 60 s grant lifetime).
+    /// 60 s grant lifetime, no re-hash on commit).
     pub fn with_pages(layout: KvLayout, pages: usize) -> Self {
         Self {
             layout,
@@ -85,6 +95,7 @@ impl PoolConfig {
             zero_on_release: false,
             drain_timeout: Duration::from_secs(5),
             grant_ttl: Duration::from_secs(60),
+            commit_rehash: false,
             #[cfg(any(test, feature = "unsafe-test-switches"))]
             defenses: Defenses::default(),
         }

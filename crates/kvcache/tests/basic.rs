@@ -271,7 +271,15 @@ fn failed_commit(
     break_it: impl FnOnce(&KvPool, &pagewarden_kvcache::WriteGrant, &mut CommitManifest) -> bool,
     want: impl Fn(&pagewarden_kvcache::WriteGrant) -> CommitError,
 ) -> KvPool {
-    let pool = pool(4);
+    failed_commit_in(pool(4), break_it, want)
+}
+
+/// [`failed_commit`] on a pool of 4 pages made by the caller.
+fn failed_commit_in(
+    pool: KvPool,
+    break_it: impl FnOnce(&KvPool, &pagewarden_kvcache::WriteGrant, &mut CommitManifest) -> bool,
+    want: impl Fn(&pagewarden_kvcache::WriteGrant) -> CommitError,
+) -> KvPool {
     let r = pool.reserve(owner(1), 7).unwrap();
     let g = r.grant().clone();
     let mut m = write_all(&pool, &r, 1);
@@ -352,8 +360,11 @@ fn commit_with_a_bad_manifest_checksum_fails() {
 }
 
 #[test]
-fn commit_after_landed_bytes_changed_fails() {
-    failed_commit(
+fn commit_after_landed_bytes_changed_fails_when_commit_rehashes() {
+    let mut cfg = PoolConfig::with_pages(LAYOUT, 4);
+    cfg.commit_rehash = true;
+    failed_commit_in(
+        KvPool::new(cfg),
         |pool, g, _| {
             pool.test_scribble(g.pages[0].0, 5);
             false

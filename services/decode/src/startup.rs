@@ -67,10 +67,12 @@ pub fn load(cfg: &WorkerConfig) -> anyhow::Result<Loaded> {
     pc.zero_on_release = cfg.zero_on_release;
     pc.drain_timeout = cfg.drain_timeout;
     pc.grant_ttl = cfg.grant_ttl;
+    pc.commit_rehash = cfg.commit_rehash;
     let pool = KvPool::new(pc);
     tracing::info!(
         model = %model_name,
         pages,
+        commit_rehash = cfg.commit_rehash,
         page_bytes = layout.page_bytes(),
         pool_tokens = report.pool_tokens,
         context = report.advertised_context,
