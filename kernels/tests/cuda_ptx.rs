@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 
 use pagewarden_kernels::cuda::{
-    compile, ensure_nvrtc, read_ptx, write_ptx, CudaError, Module, DEFAULT_PTX_ARCH, PTX_DIR_ENV,
+    compile, ensure_nvrtc, lower_ptx_isa, ptx_isa, read_ptx, write_ptx, CudaError, Module,
+    DEFAULT_PTX_ARCH, PTX_DIR_ENV,
 };
 
 fn out_dir() -> PathBuf {
@@ -37,6 +38,19 @@ fn every_kernel_compiles_to_ptx_for_sm_90() {
                 "{}: kernel {f} missing from the PTX",
                 m.name()
             );
+        }
+        // On a driver older than this NVRTC (CUDA 12.4, ISA 8.4, here) only the .version line
+        // changes; newer PTX would be refused outright (CUDA_ERROR_UNSUPPORTED_PTX_VERSION).
+        let isa = ptx_isa(&ptx).unwrap_or_else(|| panic!("{}: no .version line", m.name()));
+        match lower_ptx_isa(&ptx, 12040) {
+            Some(low) => {
+                assert!(isa > (8, 4), "{}: lowered from {isa:?}", m.name());
+                assert_eq!(ptx_isa(&low), Some((8, 4)));
+                let back =
+                    low.replacen(".version 8.4", &format!(".version {}.{}", isa.0, isa.1), 1);
+                assert_eq!(back, ptx, "{}: more than the version changed", m.name());
+            }
+            None => assert!(isa <= (8, 4), "{}: ISA {isa:?} not lowered", m.name()),
         }
         let path = write_ptx(&dir, m, DEFAULT_PTX_ARCH, &ptx).unwrap_or_else(|e| panic!("{e}"));
         let (arch, back) = read_ptx(&dir, m).unwrap_or_else(|e| panic!("{e}"));

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
 };
-use cudarc::nvrtc::Ptx;
 
 use super::error::{CudaError, DriverContext};
+use super::jit::load_ptx;
 use super::loader::driver_present;
 use super::ptx::{compile, read_ptx, PTX_DIR_ENV};
 use super::source::Module;
@@ -132,10 +132,7 @@ impl CudaBackend {
             PtxSource::Nvrtc => compile(module, &self.arch)?,
             PtxSource::Dir(dir) => read_ptx(dir, module)?.1,
         };
-        let loaded = self
-            .ctx
-            .load_module(Ptx::from_src(text))
-            .during("loading a PTX module")?;
+        let loaded = load_ptx(&self.ctx, text)?;
         cache.insert(module, loaded.clone());
         Ok(loaded)
     }

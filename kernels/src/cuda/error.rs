@@ -48,6 +48,23 @@ pub enum CudaError {
         /// What is wrong with it.
         why: String,
     },
+    /// The driver refused PTX that is newer than it, or that it could not parse after the ISA
+    /// version was lowered to its own (see `jit.rs`).
+    #[error(
+        "the NVIDIA driver (CUDA {driver}) refused kernel PTX of ISA {isa}: {source}. The PTX \
+         comes from a newer NVRTC than the driver; update the driver, or build the PTX with \
+         an NVRTC no newer than the driver (python3 -m pip install \
+         'nvidia-cuda-nvrtc-cu12=={driver}.*', then regenerate it)"
+    )]
+    PtxVersion {
+        /// The PTX's `.version` as NVRTC wrote it.
+        isa: String,
+        /// The driver's CUDA version, e.g. `12.4`.
+        driver: String,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
     /// A driver call failed (allocation, copy, launch, module load, ...).
     #[error("CUDA driver error during {what}: {source}")]
     Driver {

@@ -12,6 +12,7 @@
 //! - `loader`: finding libcuda / libnvrtc without panicking.
 //! - `source`: the embedded `.cu` modules and their kernel names.
 //! - `ptx`: NVRTC compilation and PTX files on disk.
+//! - `jit`: loading PTX on a driver older than the NVRTC that wrote it.
 //! - `context`: [`CudaBackend`], one GPU with lazily loaded kernels and buffer helpers.
 //! - `matmul`: quantized / dense matrix products and embedding rows.
 //! - `elementwise`: RMSNorm, softmax, RoPE, SwiGLU, residual add.
@@ -25,6 +26,7 @@ mod checksum;
 mod context;
 mod elementwise;
 mod error;
+mod jit;
 mod loader;
 mod matmul;
 mod pages;
@@ -36,6 +38,7 @@ pub use attention::{AttentionBatch, PageFault};
 pub use checksum::{fmix64, pwsum64};
 pub use context::{device_count, CudaBackend, PtxSource};
 pub use error::CudaError;
+pub use jit::{driver_version, load_ptx, lower_ptx_isa, max_ptx_isa, ptx_isa, PtxIsa};
 pub use loader::{driver_present, ensure_nvrtc, nvrtc_present};
 pub use matmul::DeviceMatrix;
 pub use pool::{DeviceKvPool, PageShape};

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use pagewarden_kernels::cuda::cudarc::driver::{
     CudaFunction, CudaSlice, LaunchConfig, PushKernelArg,
 };
-use pagewarden_kernels::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
-use pagewarden_kernels::cuda::{ensure_nvrtc, CudaBackend, DeviceKvPool, PTX_DIR_ENV};
+use pagewarden_kernels::cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use pagewarden_kernels::cuda::{ensure_nvrtc, load_ptx, CudaBackend, DeviceKvPool, PTX_DIR_ENV};
 
 use super::error::{driver, GpuError};
 
@@ -110,10 +110,8 @@ impl KvStore {
             Some(path) => read_checked(&path)?,
             None => compile_kv_store(backend.arch())?,
         };
-        let module = backend
-            .context()
-            .load_module(Ptx::from_src(text))
-            .map_err(driver("loading the kv_store module"))?;
+        // Lowers the PTX ISA version for a driver older than NVRTC, as the kernels crate does.
+        let module = load_ptx(backend.context(), text)?;
         let func = module
             .load_function(KERNEL)
             .map_err(driver("looking up kv_store_f16"))?;

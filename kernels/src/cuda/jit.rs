@@ -1,0 +1,155 @@
+//! Loading PTX into a context when the driver is older than the NVRTC that wrote it.
+//!
+//! NVRTC stamps its PTX with its own ISA version (`.version 8.8` from the 12.9 wheel that
+//! `pip install 'nvidia-cuda-nvrtc-cu12==12.*'` picks today), and a driver refuses any PTX newer
+//! than it knows (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`): a GPU host on driver r550 (CUDA 12.4,
+//! ISA 8.4) could run none of our kernels. Our kernels use only long-standing instructions
+//! (plain loads and stores, `shfl.sync`, `atom.or`, `cvt` to and from f16, f32/f64 arithmetic),
+//! so [`load_ptx`] lowers the `.version` line to what the driver accepts (never below the
+//! target's own minimum, which such a driver could not run anyway) and says so in its error if
+//! the driver still refuses.
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaContext, CudaModule, DriverError};
+use cudarc::nvrtc::Ptx;
+
+use super::error::{CudaError, DriverContext};
+
+/// A PTX ISA version, `(major, minor)`.
+pub type PtxIsa = (u32, u32);
+
+/// The CUDA version of the installed driver, e.g. `12040` for CUDA 12.4.
+pub fn driver_version() -> Result<i32, CudaError> {
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: writes one int; the caller has checked the driver library is present.
+    unsafe { sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .during("cuDriverGetVersion")?;
+    Ok(v)
+}
+
+/// The newest PTX ISA a driver of CUDA version `driver` (as [`driver_version`]) loads, from the
+/// PTX ISA release notes; `None` for versions newer than this table (no lowering needed then).
+pub fn max_ptx_isa(driver: i32) -> Option<PtxIsa> {
+    let (major, minor) = (driver / 1000, (driver % 1000) / 10);
+    match (major, minor) {
+        (11, m @ 0..=8) => Some((7, m as u32)),
+        (12, m @ 0..=5) => Some((8, m as u32)),
+        (12, 6) => Some((8, 5)),
+        (12, 7) => Some((8, 6)),
+        (12, 8) => Some((8, 7)),
+        (12, 9) => Some((8, 8)),
+        (13, 0) => Some((9, 0)),
+        _ => None,
+    }
+}
+
+/// The `.version` of a PTX text.
+pub fn ptx_isa(ptx: &str) -> Option<PtxIsa> {
+    let line = ptx
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(".version"))?;
+    let (major, minor) = line.trim().split_once('.')?;
+    Some((major.trim().parse().ok()?, minor.trim().parse().ok()?))
+}
+
+/// The oldest PTX ISA that knows the text's `.target` (sm_90 needs ISA 7.8).
+fn min_isa_for_target(ptx: &str) -> Option<PtxIsa> {
+    let target = ptx
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(".target"))?
+        .trim();
+    let sm: u32 = target
+        .strip_prefix("sm_")?
+        .trim_end_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .ok()?;
+    Some(match sm {
+        0..=75 => (6, 3),
+        76..=80 => (7, 0),
+        81..=86 => (7, 1),
+        87 => (7, 4),
+        88..=90 => (7, 8),
+        _ => return None,
+    })
+}
+
+/// `ptx` with its `.version` line set to what a driver of CUDA version `driver` accepts, when
+/// the text is newer than that and the target exists at that version; otherwise `None`.
+pub fn lower_ptx_isa(ptx: &str, driver: i32) -> Option<String> {
+    let have = ptx_isa(ptx)?;
+    let max = max_ptx_isa(driver)?;
+    if have <= max || max < min_isa_for_target(ptx)? {
+        return None;
+    }
+    let mut out = String::with_capacity(ptx.len());
+    let mut done = false;
+    for line in ptx.split_inclusive('\n') {
+        if !done && line.trim_start().starts_with(".version") {
+            out.push_str(&format!(".version {}.{}\n", max.0, max.1));
+            done = true;
+        } else {
+            out.push_str(line);
+        }
+    }
+    Some(out)
+}
+
+/// Loads `ptx` into `ctx`, first lowering its ISA version if the driver is older than it.
+pub fn load_ptx(ctx: &Arc<CudaContext>, ptx: String) -> Result<Arc<CudaModule>, CudaError> {
+    let driver = driver_version()?;
+    let lowered = lower_ptx_isa(&ptx, driver);
+    let was_lowered = lowered.is_some();
+    let isa = ptx_isa(&ptx);
+    ctx.load_module(Ptx::from_src(lowered.unwrap_or(ptx)))
+        .map_err(|e| explain(e, isa, driver, was_lowered))
+}
+
+/// A driver error, naming the PTX and driver versions when they are the likely cause.
+fn explain(e: DriverError, isa: Option<PtxIsa>, driver: i32, lowered: bool) -> CudaError {
+    use sys::CUresult::{CUDA_ERROR_INVALID_PTX, CUDA_ERROR_UNSUPPORTED_PTX_VERSION};
+    if e.0 == CUDA_ERROR_UNSUPPORTED_PTX_VERSION || (lowered && e.0 == CUDA_ERROR_INVALID_PTX) {
+        CudaError::PtxVersion {
+            isa: isa.map_or("unknown".into(), |(a, b)| format!("{a}.{b}")),
+            driver: format!("{}.{}", driver / 1000, (driver % 1000) / 10),
+            source: e,
+        }
+    } else {
+        CudaError::Driver {
+            what: "loading a PTX module",
+            source: e,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PTX: &str = "//\n// Generated by NVIDIA NVVM Compiler\n.version 8.8\n.target sm_90\n\
+                       .address_size 64\n.visible .entry k()\n{\n\tret;\n}\n";
+
+    #[test]
+    fn version_and_driver_table() {
+        assert_eq!(ptx_isa(PTX), Some((8, 8)));
+        assert_eq!(max_ptx_isa(12040), Some((8, 4)));
+        assert_eq!(max_ptx_isa(12060), Some((8, 5)));
+        assert_eq!(max_ptx_isa(12090), Some((8, 8)));
+        assert_eq!(max_ptx_isa(11080), Some((7, 8)));
+        assert_eq!(max_ptx_isa(14000), None);
+    }
+
+    #[test]
+    fn ptx_newer_than_the_driver_is_lowered_and_nothing_else_changes() {
+        let low = lower_ptx_isa(PTX, 12040).expect("12.9 PTX on a 12.4 driver is lowered");
+        assert_eq!(ptx_isa(&low), Some((8, 4)));
+        assert_eq!(low.replace(".version 8.4", ".version 8.8"), PTX);
+        // A driver as new as the PTX (or newer) loads it as it is.
+        assert_eq!(lower_ptx_isa(PTX, 12090), None);
+        assert_eq!(lower_ptx_isa(PTX, 13000), None);
+        // A driver older than sm_90 itself (ISA 7.8) cannot run it at all: no rewrite.
+        assert_eq!(lower_ptx_isa(PTX, 11070), None);
+        assert_eq!(lower_ptx_isa(&PTX.replace("sm_90", "sm_100"), 12040), None);
+    }
+}
