@@ -56,17 +56,6 @@ impl From<pagewarden_model::cuda::GpuError> for StepError {
     }
 }
 
-/// Refuses `cuda:N` in a build without the `cuda` feature, before anything is loaded.
-pub fn check_device(device: Device) -> anyhow::Result<()> {
-    match device {
-        Device::Cuda(n) if !cfg!(feature = "cuda") => anyhow::bail!(
-            "--device cuda:{n}: this pagewarden-decode was built without CUDA support; \
-             rebuild with `--features pagewarden-decode/cuda` or use --device cpu"
-        ),
-        Device::Cpu | Device::Cuda(_) => Ok(()),
-    }
-}
-
 impl Compute {
     /// Opens the engine for `device` over `pool`. A CUDA build without a driver or GPU fails
     /// here with the driver's reason.
@@ -76,7 +65,7 @@ impl Compute {
         pool: &KvPool,
         staging_pages: usize,
     ) -> anyhow::Result<Compute> {
-        check_device(device)?;
+        pagewarden_worker::check_device(device, &crate::ROLE)?;
         match device {
             Device::Cpu => Ok(Compute::Cpu(model)),
             #[cfg(feature = "cuda")]

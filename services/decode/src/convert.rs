@@ -3,19 +3,10 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use pagewarden_common::{AttemptId, RequestId};
 use pagewarden_kvcache::{CommitManifest, GrantKey, WriteGrant};
-use pagewarden_model::SamplingParams;
 use pagewarden_proto::v1 as pb;
+pub use pagewarden_worker::wire::{request_ref, sampling};
 use tonic::Status;
-
-/// Parses a request reference.
-pub fn request_ref(r: Option<&pb::RequestRef>) -> Result<(RequestId, AttemptId), Status> {
-    let r = r.ok_or_else(|| Status::invalid_argument("req is required"))?;
-    let id = RequestId::from_bytes(&r.request_id)
-        .ok_or_else(|| Status::invalid_argument("req.request_id must be 16 bytes"))?;
-    Ok((id, AttemptId(r.attempt)))
-}
 
 /// Parses a grant key.
 pub fn grant_key(b: &[u8]) -> Result<GrantKey, Status> {
@@ -32,27 +23,6 @@ pub fn manifest(m: Option<&pb::CommitManifest>) -> Result<CommitManifest, Status
         tokens_written: m.tokens_written as usize,
         page_checksums: m.page_checksums.clone(),
         digest: m.digest,
-    })
-}
-
-/// Parses sampling parameters.
-pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status> {
-    let s = s.ok_or_else(|| Status::invalid_argument("sampling is required"))?;
-    if !s.temperature.is_finite() || s.temperature < 0.0 {
-        return Err(Status::invalid_argument(
-            "sampling.temperature must be >= 0",
-        ));
-    }
-    if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-        return Err(Status::invalid_argument("sampling.top_p must be in (0, 1]"));
-    }
-    Ok(SamplingParams {
-        temperature: s.temperature,
-        top_k: s.top_k as usize,
-        top_p: s.top_p,
-        seed: s.seed,
-        max_tokens: s.max_tokens as usize,
-        stop: s.stop.clone(),
     })
 }
 

@@ -1,6 +1,5 @@
 //! `pagewarden-decode`: the decode worker.
 //!
-//! - `startup.rs`: model loading, pool sizing, preflight (I7).
 //! - `compute.rs`: `Compute`, decode steps on the CPU or a GPU (`--device`).
 //! - `state.rs`: the per-request state enum and its transitions.
 //! - `scheduler.rs`: the single-owner scheduler task (reserve, commit, continuous batching).
@@ -10,6 +9,8 @@
 //! - `service.rs`: the `Decode` gRPC service.
 //! - `pool_metrics.rs`: pool figures mirrored into `/metrics`.
 //! - `sink.rs`: the transfer sink (the pool) remembering drains of live grants.
+//!
+//! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
 
 mod compute;
 mod convert;
@@ -19,7 +20,6 @@ mod pool_metrics;
 mod scheduler;
 mod service;
 mod sink;
-mod startup;
 mod state;
 
 use std::sync::Arc;
@@ -27,21 +27,24 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use pagewarden_common::admission::Admission;
-use pagewarden_common::auditor_client::{
-    preflight_report, report_startup_failure, AuditorClient, AuditorIntegritySink,
-};
+use pagewarden_common::auditor_client::AuditorIntegritySink;
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::integrity::{IntegritySink, LogIntegritySink};
-use pagewarden_common::metrics::{serve_metrics, WorkerMetrics};
+use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown;
 use pagewarden_kernels::Device;
+use pagewarden_model::Tokenizer;
 use pagewarden_proto::v1::decode_server::DecodeServer;
 use pagewarden_transfer::{PageSink, ReceiverCounters, TcpReceiver};
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use pagewarden_worker::{Listeners, MetricsEndpoint, PoolOptions, Role};
+use tonic::service::Routes;
 
-/// Reports waiting for the auditor before new ones are dropped.
-const AUDITOR_BUFFER: usize = 1024;
+/// This worker, for messages, telemetry and the auditor.
+const ROLE: Role = Role {
+    name: "decode",
+    binary: "pagewarden-decode",
+    cuda_built: cfg!(feature = "cuda"),
+};
 
 /// The decode worker: verifies commits and generates tokens with continuous batching.
 #[derive(Parser, Debug)]
@@ -66,44 +69,39 @@ const STAGING_PAGES: usize = 16;
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let auditor_url = cli.auditor.clone();
-    compute::check_device(cli.device)?;
+    pagewarden_worker::check_device(cli.device, &ROLE)?;
     let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::decode())?;
-    let _telemetry =
-        pagewarden_common::telemetry::init_telemetry("pagewarden-decode", cfg.log_json)?;
+    let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
     let shutdown = shutdown::on_signal();
-    let started = {
-        let cfg = cfg.clone();
-        let device = cli.device;
-        tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-            let loaded = startup::load(&cfg)?;
+    let (loaded, tokenizer, compute) = {
+        let (job_cfg, device) = (cfg.clone(), cli.device);
+        pagewarden_worker::start_up(&ROLE, auditor_url.as_deref(), &cfg.node_id, move || {
+            let cfg = job_cfg;
+            let pool = PoolOptions {
+                device,
+                zero_on_release: cfg.zero_on_release,
+                commit_rehash: cfg.commit_rehash,
+            };
+            let loaded = pagewarden_worker::load(&cfg, pool)?;
+            let tokenizer = Tokenizer::from_gguf(loaded.model.gguf()).context("tokenizer")?;
             let compute =
                 compute::Compute::open(device, loaded.model.clone(), &loaded.pool, STAGING_PAGES)?;
-            Ok((loaded, compute))
+            anyhow::Ok((loaded, Arc::new(tokenizer), compute))
         })
         .await?
-    };
-    let (loaded, compute) = match started {
-        Ok(done) => done,
-        Err(e) => {
-            // A worker that refuses to start says so to the auditor before exiting (I7, I8).
-            let why = format!("{e:#}");
-            report_startup_failure(auditor_url.as_deref(), &cfg.node_id, "decode", &why).await;
-            return Err(e);
-        }
     };
     let admission = Admission::new(
         loaded.preflight.advertised_context,
         loaded.preflight.pool_tokens,
     );
-    let metrics = Arc::new(WorkerMetrics::new("decode"));
-    let auditor = match &auditor_url {
-        Some(url) => {
-            let client = AuditorClient::spawn(url, AUDITOR_BUFFER).context("auditor client")?;
-            client.report_preflight(preflight_report(&cfg.node_id, "decode", &loaded.preflight));
-            Some(client)
-        }
-        None => None,
-    };
+    let metrics = Arc::new(WorkerMetrics::new(ROLE.name));
+    let auditor = pagewarden_worker::auditor_client(
+        auditor_url.as_deref(),
+        &cfg.node_id,
+        &ROLE,
+        &loaded.preflight,
+    )
+    .context("auditor client")?;
     let integrity: Arc<dyn IntegritySink> = match auditor {
         Some(client) => Arc::new(AuditorIntegritySink::new(client)),
         None => Arc::new(LogIntegritySink),
@@ -116,20 +114,13 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding transfer listener {}", cfg.transfer_addr))?;
     let transfer_addr = receiver.local_addr();
-    let grpc = TcpListener::bind(cfg.grpc_addr)
-        .await
-        .with_context(|| format!("binding gRPC {}", cfg.grpc_addr))?;
-    let grpc_addr = grpc.local_addr()?;
-    let metrics_listener = TcpListener::bind(cfg.metrics_addr)
-        .await
-        .with_context(|| format!("binding metrics {}", cfg.metrics_addr))?;
-    let metrics_addr = metrics_listener.local_addr()?;
+    let listeners = Listeners::bind(&cfg, transfer_addr).await?;
 
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
     let sched = tokio::spawn(scheduler::run(
         scheduler::SchedulerDeps {
             compute,
-            tokenizer: loaded.tokenizer.clone(),
+            tokenizer,
             pool: loaded.pool.clone(),
             sink: decode_sink,
             admission,
@@ -152,31 +143,20 @@ async fn main() -> anyhow::Result<()> {
             transfer_addr: transfer_addr.to_string(),
         }),
     };
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<DecodeServer<service::DecodeService>>()
-        .await;
-
-    let m = tokio::spawn(serve_metrics(
-        metrics_listener,
-        metrics.clone(),
-        pool_metrics::hook(loaded.pool.clone(), counters),
-        shutdown.clone().cancelled_owned(),
-    ));
-    // The one parseable line tests and the launcher look for.
-    println!("pagewarden-decode listening grpc={grpc_addr} metrics={metrics_addr} transfer={transfer_addr}");
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(DecodeServer::new(service))
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc),
-            shutdown.clone().cancelled_owned(),
-        )
-        .await
-        .context("gRPC server")?;
-    shutdown.cancel();
+    let metrics = MetricsEndpoint {
+        metrics,
+        refresh: pool_metrics::hook(loaded.pool.clone(), counters),
+    };
+    pagewarden_worker::serve::<DecodeServer<service::DecodeService>>(
+        &ROLE,
+        listeners,
+        metrics,
+        Routes::new(DecodeServer::new(service)),
+        shutdown,
+    )
+    .await
+    .context("gRPC server")?;
     let _ = sched.await;
-    let _ = m.await;
     drop(receiver);
     tracing::info!("decode worker stopped");
     Ok(())

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use pagewarden_common::metrics::{PoolGauges, RefreshHook, WorkerMetrics};
+use pagewarden_common::metrics::{RefreshHook, WorkerMetrics};
 use pagewarden_kvcache::KvPool;
 use pagewarden_transfer::ReceiverCounters;
 
@@ -13,13 +13,7 @@ pub fn hook(pool: KvPool, receiver: Arc<ReceiverCounters>) -> RefreshHook {
         m.mirror_transfer_bytes(r.bytes_ok);
         m.mirror_integrity("transfer_malformed", r.malformed_closes);
         m.mirror_deferred_release("peer_gone", r.peer_gone);
-        let s = pool.stats();
-        m.set_pool(PoolGauges {
-            free: s.free as u64,
-            used: (s.reserved + s.readable) as u64,
-            draining: s.draining as u64,
-            quarantined: s.quarantined as u64,
-        });
+        m.set_pool(pagewarden_worker::pool_gauges(&pool));
         let c = pool.metrics().snapshot();
         m.mirror_deferred_release("drained", c.deferred_drained);
         m.mirror_deferred_release("quarantined", c.deferred_timed_out);

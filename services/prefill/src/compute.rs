@@ -35,7 +35,7 @@ impl Compute {
         staging_pages: usize,
         zero_on_release: bool,
     ) -> anyhow::Result<Compute> {
-        check_device(device)?;
+        pagewarden_worker::check_device(device, &crate::ROLE)?;
         match device {
             Device::Cpu => Ok(Compute::Cpu(model)),
             #[cfg(feature = "cuda")]
@@ -102,16 +102,5 @@ impl Compute {
                     .map_err(|e| ComputeError(format!("reading device KV pages: {e}")))
             }
         }
-    }
-}
-
-/// Refuses `cuda:N` in a build without the `cuda` feature, before anything is loaded.
-pub fn check_device(device: Device) -> anyhow::Result<()> {
-    match device {
-        Device::Cuda(n) if !cfg!(feature = "cuda") => anyhow::bail!(
-            "--device cuda:{n}: this pagewarden-prefill was built without CUDA support; \
-             rebuild with `--features pagewarden-prefill/cuda` or use --device cpu"
-        ),
-        Device::Cpu | Device::Cuda(_) => Ok(()),
     }
 }

@@ -1,18 +1,18 @@
 //! `pagewarden-prefill`: the prefill worker.
 //!
-//! - `startup.rs`: model loading, pool sizing, preflight (I7).
 //! - `compute.rs`: `Compute`, the forward pass and page reads on the CPU or a GPU (`--device`).
 //! - `grant.rs`: parsing the request and decode's write grant.
 //! - `job.rs`: one job: chunked forward pass, first token, KV transfer, manifest.
 //! - `segments.rs`: the transfer backend and its open segments.
 //! - `service.rs`: the `Prefill` gRPC service (admission, cancellation).
+//!
+//! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
 
 mod compute;
 mod grant;
 mod job;
 mod segments;
 mod service;
-mod startup;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,18 +20,21 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use pagewarden_common::admission::Admission;
-use pagewarden_common::auditor_client::{preflight_report, report_startup_failure, AuditorClient};
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
-use pagewarden_common::metrics::{serve_metrics, PoolGauges, WorkerMetrics};
+use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown;
 use pagewarden_kernels::Device;
 use pagewarden_proto::v1::prefill_server::PrefillServer;
 use pagewarden_transfer::{EngineConfig, TcpBackend};
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use pagewarden_worker::{Listeners, MetricsEndpoint, PoolOptions, Role};
+use tonic::service::Routes;
 
-/// Reports waiting for the auditor before new ones are dropped.
-const AUDITOR_BUFFER: usize = 1024;
+/// This worker, for messages, telemetry and the auditor.
+const ROLE: Role = Role {
+    name: "prefill",
+    binary: "pagewarden-prefill",
+    cuda_built: cfg!(feature = "cuda"),
+};
 
 /// The prefill worker: runs prompts and writes their KV into decode's granted pages.
 #[derive(Parser, Debug)]
@@ -55,16 +58,22 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let auditor_url = cli.auditor.clone();
-    compute::check_device(cli.device)?;
+    pagewarden_worker::check_device(cli.device, &ROLE)?;
     let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::prefill())?;
-    let _telemetry =
-        pagewarden_common::telemetry::init_telemetry("pagewarden-prefill", cfg.log_json)?;
+    let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
     let shutdown = shutdown::on_signal();
-    let started = {
-        let cfg = cfg.clone();
-        let (device, batch_pages) = (cli.device, cli.batch_pages);
-        tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-            let loaded = startup::load(&cfg, device)?;
+    let (loaded, compute) = {
+        let (job_cfg, device, batch_pages) = (cfg.clone(), cli.device, cli.batch_pages);
+        pagewarden_worker::start_up(&ROLE, auditor_url.as_deref(), &cfg.node_id, move || {
+            let cfg = job_cfg;
+            // On a GPU the host pool only owns the pages (their data lives on the device), so
+            // it is not zeroed on release: the device pages are.
+            let pool = PoolOptions {
+                device,
+                zero_on_release: cfg.zero_on_release && device == Device::Cpu,
+                commit_rehash: false,
+            };
+            let loaded = pagewarden_worker::load(&cfg, pool)?;
             let compute = compute::Compute::open(
                 device,
                 loaded.model.clone(),
@@ -73,41 +82,26 @@ async fn main() -> anyhow::Result<()> {
                 batch_pages,
                 cfg.zero_on_release,
             )?;
-            Ok((loaded, compute))
+            anyhow::Ok((loaded, compute))
         })
         .await?
-    };
-    let (loaded, compute) = match started {
-        Ok(done) => done,
-        Err(e) => {
-            // A worker that refuses to start says so to the auditor before exiting (I7, I8).
-            let why = format!("{e:#}");
-            report_startup_failure(auditor_url.as_deref(), &cfg.node_id, "prefill", &why).await;
-            return Err(e);
-        }
     };
     let admission = Admission::new(
         loaded.preflight.advertised_context,
         loaded.preflight.pool_tokens,
     );
-    let metrics = Arc::new(WorkerMetrics::new("prefill"));
+    let metrics = Arc::new(WorkerMetrics::new(ROLE.name));
     // Prefill has no integrity hook yet; the client only carries its preflight report.
-    let _auditor = match &auditor_url {
-        Some(url) => {
-            let client = AuditorClient::spawn(url, AUDITOR_BUFFER).context("auditor client")?;
-            client.report_preflight(preflight_report(&cfg.node_id, "prefill", &loaded.preflight));
-            Some(client)
-        }
-        None => None,
-    };
-    let grpc = TcpListener::bind(cfg.grpc_addr)
-        .await
-        .with_context(|| format!("binding gRPC {}", cfg.grpc_addr))?;
-    let grpc_addr = grpc.local_addr()?;
-    let metrics_listener = TcpListener::bind(cfg.metrics_addr)
-        .await
-        .with_context(|| format!("binding metrics {}", cfg.metrics_addr))?;
-    let metrics_addr = metrics_listener.local_addr()?;
+    let _auditor = pagewarden_worker::auditor_client(
+        auditor_url.as_deref(),
+        &cfg.node_id,
+        &ROLE,
+        &loaded.preflight,
+    )
+    .context("auditor client")?;
+    // Prefill has no transfer listener (it only sends); `transfer=` in its listening line names
+    // the sending bind address.
+    let listeners = Listeners::bind(&cfg, cfg.transfer_addr).await?;
 
     let backend = TcpBackend::new(EngineConfig::default(), cfg.transfer_addr);
     let deps = Arc::new(job::JobDeps {
@@ -129,44 +123,23 @@ async fn main() -> anyhow::Result<()> {
         }),
         active: Arc::new(parking_lot::Mutex::new(HashMap::new())),
     };
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<PrefillServer<service::PrefillService>>()
-        .await;
 
     let pool = loaded.pool.clone();
-    let refresh = Arc::new(move |m: &WorkerMetrics| {
-        let s = pool.stats();
-        m.set_pool(PoolGauges {
-            free: s.free as u64,
-            used: (s.reserved + s.readable) as u64,
-            draining: s.draining as u64,
-            quarantined: s.quarantined as u64,
-        });
-    });
-    let m = tokio::spawn(serve_metrics(
-        metrics_listener,
-        metrics.clone(),
-        refresh,
-        shutdown.clone().cancelled_owned(),
-    ));
-    // The one parseable line tests and the launcher look for. Prefill has no transfer listener
-    // (it only sends); `transfer=` names the sending bind address.
-    println!(
-        "pagewarden-prefill listening grpc={grpc_addr} metrics={metrics_addr} transfer={}",
-        cfg.transfer_addr
-    );
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(PrefillServer::new(service))
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc),
-            shutdown.clone().cancelled_owned(),
-        )
-        .await
-        .context("gRPC server")?;
-    shutdown.cancel();
-    let _ = m.await;
+    let metrics = MetricsEndpoint {
+        metrics,
+        refresh: Arc::new(move |m: &WorkerMetrics| {
+            m.set_pool(pagewarden_worker::pool_gauges(&pool))
+        }),
+    };
+    pagewarden_worker::serve::<PrefillServer<service::PrefillService>>(
+        &ROLE,
+        listeners,
+        metrics,
+        Routes::new(PrefillServer::new(service)),
+        shutdown,
+    )
+    .await
+    .context("gRPC server")?;
     tracing::info!("prefill worker stopped");
     Ok(())
 }

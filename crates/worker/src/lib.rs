@@ -1,0 +1,23 @@
+//! What the prefill and decode workers share: who they are, which devices they accept, how they
+//! load the model and size the KV pool, how they start up and serve gRPC, and the request parts
+//! both parse the same way.
+//!
+//! - `role.rs`: `Role`, a worker's name, binary and whether it was built with CUDA.
+//! - `device.rs`: `check_device`, refusing `--device cuda:N` in a build without CUDA.
+//! - `startup.rs`: `load`: the model, the preflight (I7) and the preflighted KV pool.
+//! - `boot.rs`: `start_up` (a failure is reported to the auditor) and `auditor_client`.
+//! - `serve.rs`: the gRPC and metrics listeners, pool gauges, and serving until shutdown.
+//! - `wire.rs`: the request reference and sampling parameters, parsed at the gRPC boundary.
+
+mod boot;
+mod device;
+mod role;
+mod serve;
+mod startup;
+pub mod wire;
+
+pub use boot::{auditor_client, start_up, AUDITOR_BUFFER};
+pub use device::{check_device, DeviceError};
+pub use role::Role;
+pub use serve::{pool_gauges, serve, BindError, Listeners, MetricsEndpoint};
+pub use startup::{load, Loaded, PoolOptions, StartupError};

@@ -1,0 +1,128 @@
+//! Start-up: load the model, size the KV pool, run the preflight (I7) before the pool's memory
+//! is allocated.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pagewarden_common::config::{ModelSource, PoolSize, WorkerConfig};
+use pagewarden_common::preflight::{preflight, PreflightError, PreflightInput, PreflightReport};
+use pagewarden_kernels::Device;
+use pagewarden_kvcache::{KvPool, PoolConfig};
+use pagewarden_model::{GgufError, GgufFile, LoadOptions, Model, ModelError};
+
+/// What start-up produced.
+pub struct Loaded {
+    /// The model, shared by the service and its compute engine.
+    pub model: Arc<Model>,
+    /// The name the worker advertises: the model file's stem, or `tiny-test-N`.
+    pub model_name: String,
+    /// The preflighted KV pool.
+    pub pool: KvPool,
+    /// What the preflight decided (advertised context, pool tokens).
+    pub preflight: PreflightReport,
+}
+
+/// The role-specific choices about the pool.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolOptions {
+    /// Where the worker computes (logged with the pool's size).
+    pub device: Device,
+    /// Whether released pages are zeroed in the host pool.
+    pub zero_on_release: bool,
+    /// Whether commit re-hashes every landed page (`PoolConfig::commit_rehash`).
+    pub commit_rehash: bool,
+}
+
+/// Why a worker could not load its model or size its pool.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The model file could not be loaded.
+    #[error("loading model {}", .path.display())]
+    Model {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: ModelError,
+    },
+    /// The built-in tiny test model could not be parsed.
+    #[error("tiny test model")]
+    TinyGguf(#[source] GgufError),
+    /// The built-in tiny test model could not be loaded.
+    #[error("tiny test model")]
+    TinyModel(#[source] ModelError),
+    /// The pool cannot serve the context (I7).
+    #[error("preflight")]
+    Preflight(#[source] PreflightError),
+}
+
+/// Loads the model and builds a preflighted pool.
+pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupError> {
+    let load_opts = LoadOptions {
+        threads: cfg.threads,
+        prefill_chunk: cfg.chunk_tokens,
+    };
+    let (model, model_name) = match &cfg.model {
+        ModelSource::File(path) => {
+            let m = Model::load(path, &load_opts).map_err(|source| StartupError::Model {
+                path: path.clone(),
+                source,
+            })?;
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into());
+            (m, name)
+        }
+        ModelSource::TinyTest(seed) => {
+            let f = GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(*seed))
+                .map_err(StartupError::TinyGguf)?;
+            (
+                Model::from_gguf(f, &load_opts).map_err(StartupError::TinyModel)?,
+                format!("tiny-test-{seed}"),
+            )
+        }
+    };
+    let layout = model.kv_layout(cfg.page_size);
+    let pages = match cfg.pool {
+        PoolSize::Tokens(t) => t.div_ceil(cfg.page_size),
+        PoolSize::Bytes(b) => b / layout.page_bytes().max(1),
+        PoolSize::TwoContexts => 2 * model.context_length().div_ceil(cfg.page_size),
+    };
+    let report = preflight(PreflightInput {
+        model_context: model.context_length(),
+        context_override: cfg.context_length,
+        pool_tokens: pages * cfg.page_size,
+        lower_to_fit: cfg.lower_context_to_fit,
+    })
+    .map_err(StartupError::Preflight)?;
+    if let Some(from) = report.lowered_from {
+        tracing::warn!(
+            from,
+            to = report.advertised_context,
+            "advertised context lowered to fit the KV pool"
+        );
+    }
+    let mut pc = PoolConfig::with_pages(layout, pages);
+    pc.zero_on_release = opts.zero_on_release;
+    pc.drain_timeout = cfg.drain_timeout;
+    pc.grant_ttl = cfg.grant_ttl;
+    pc.commit_rehash = opts.commit_rehash;
+    let pool = KvPool::new(pc);
+    tracing::info!(
+        model = %model_name,
+        pages,
+        device = %opts.device,
+        commit_rehash = opts.commit_rehash,
+        page_bytes = layout.page_bytes(),
+        pool_tokens = report.pool_tokens,
+        context = report.advertised_context,
+        "model loaded, pool sized"
+    );
+    Ok(Loaded {
+        model: Arc::new(model),
+        model_name,
+        pool,
+        preflight: report,
+    })
+}
