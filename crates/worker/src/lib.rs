@@ -4,6 +4,7 @@
 //!
 //! - `role.rs`: `Role`, a worker's name, binary and whether it was built with CUDA.
 //! - `device.rs`: `check_device`, refusing `--device cuda:N` in a build without CUDA.
+//! - `gpu.rs` (feature `cuda`): `open_gpu`, the model on a GPU over the host pool.
 //! - `startup.rs`: `load`: the model, the preflight (I7) and the preflighted KV pool.
 //! - `boot.rs`: `start_up` (a failure is reported to the auditor) and `auditor_client`.
 //! - `serve.rs`: the gRPC and metrics listeners, pool gauges, and serving until shutdown.
@@ -11,6 +12,8 @@
 
 mod boot;
 mod device;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod role;
 mod serve;
 mod startup;
@@ -18,6 +21,8 @@ pub mod wire;
 
 pub use boot::{auditor_client, start_up, AUDITOR_BUFFER};
 pub use device::{check_device, DeviceError};
+#[cfg(feature = "cuda")]
+pub use gpu::{open_gpu, GpuOpenError};
 pub use role::Role;
 pub use serve::{pool_gauges, serve, BindError, Listeners, MetricsEndpoint};
 pub use startup::{load, Loaded, PoolOptions, StartupError};

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use pagewarden_common::admission::Admission;
 use pagewarden_common::config::{ModelSource, PoolSize, WorkerConfig};
 use pagewarden_common::preflight::{preflight, PreflightError, PreflightInput, PreflightReport};
 use pagewarden_kernels::Device;
@@ -20,6 +21,16 @@ pub struct Loaded {
     pub pool: KvPool,
     /// What the preflight decided (advertised context, pool tokens).
     pub preflight: PreflightReport,
+}
+
+impl Loaded {
+    /// Admission (I3) against what the preflight advertised and the pool holds.
+    pub fn admission(&self) -> Admission {
+        Admission::new(
+            self.preflight.advertised_context,
+            self.preflight.pool_tokens,
+        )
+    }
 }
 
 /// The role-specific choices about the pool.

@@ -70,18 +70,14 @@ impl Compute {
             Device::Cpu => Ok(Compute::Cpu(model)),
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
-                use anyhow::Context;
-                use pagewarden_model::cuda::{GpuWorker, GpuWorkerOptions};
-                let opts = GpuWorkerOptions {
+                let opts = pagewarden_model::cuda::GpuWorkerOptions {
                     device: n,
                     prefill_chunk: 512,
                     staging_pages,
                     // Decode never prefills: committed pages arrive whole from the host pool.
                     zero_new_pages: false,
                 };
-                let gpu = GpuWorker::new(&model, pool.clone(), &opts)
-                    .with_context(|| format!("cannot run on cuda:{n}"))?;
-                tracing::info!(device = %format!("cuda:{n}"), gpu = %gpu.describe(), "model on the GPU");
+                let gpu = pagewarden_worker::open_gpu(&model, pool, &opts)?;
                 Ok(Compute::Cuda(Arc::new(std::sync::Mutex::new(gpu))))
             }
             #[cfg(not(feature = "cuda"))]

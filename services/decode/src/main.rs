@@ -26,7 +26,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use pagewarden_common::admission::Admission;
 use pagewarden_common::auditor_client::AuditorIntegritySink;
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::integrity::{IntegritySink, LogIntegritySink};
@@ -90,10 +89,7 @@ async fn main() -> anyhow::Result<()> {
         })
         .await?
     };
-    let admission = Admission::new(
-        loaded.preflight.advertised_context,
-        loaded.preflight.pool_tokens,
-    );
+    let admission = loaded.admission();
     let metrics = Arc::new(WorkerMetrics::new(ROLE.name));
     let auditor = pagewarden_worker::auditor_client(
         auditor_url.as_deref(),

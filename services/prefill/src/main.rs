@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use pagewarden_common::admission::Admission;
 use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown;
@@ -86,10 +85,7 @@ async fn main() -> anyhow::Result<()> {
         })
         .await?
     };
-    let admission = Admission::new(
-        loaded.preflight.advertised_context,
-        loaded.preflight.pool_tokens,
-    );
+    let admission = loaded.admission();
     let metrics = Arc::new(WorkerMetrics::new(ROLE.name));
     // Prefill has no integrity hook yet; the client only carries its preflight report.
     let _auditor = pagewarden_worker::auditor_client(
