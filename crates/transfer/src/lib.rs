@@ -13,17 +13,22 @@
 //! - `engine.rs`: the `TransferBackend` API, its request, config and error types.
 //! - `batch.rs`: batch completion handles (poll / await).
 //! - `manifest.rs`: commit manifest builder (tokens, per-page checksums, digest).
-//! - `pending.rs`: sender-side pending batches and drains of one connection (TCP and RDMA).
+//! - `pending.rs`: sender-side pending batches and drains of one connection, ack routing.
+//! - `outbound.rs`: sender front (submit, drain, cancel), in-flight budget and writer loop of
+//!   one connection over a transport's `Wire` (TCP and RDMA).
+//! - `backend.rs`: backend skeleton over a `Transport` (segment table, TransferBackend impl).
 //! - `memory.rs`: in-memory backend for unit tests (with a tamper hook).
 //! - `tcp/`: the default TCP backend (listener and sender).
 //! - `rdma/`: RDMA backend over ibverbs (feature `rdma`; without a device it reports
 //!   `Unsupported`; never run on a NIC: see its docs).
 
+mod backend;
 pub mod batch;
 pub mod engine;
 pub mod frame;
 pub mod manifest;
 pub mod memory;
+mod outbound;
 mod pending;
 mod pool_sink;
 #[cfg(feature = "rdma")]

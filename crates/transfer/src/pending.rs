@@ -1,6 +1,7 @@
 //! Sender-side bookkeeping of one connection, shared by the TCP and RDMA backends: batches
-//! sent but not yet acknowledged, drains waiting for their ack, cancelled grants, and the
-//! connection's death (which fails every pending batch and drain at once, and is broadcast).
+//! sent but not yet acknowledged, drains waiting for their ack, cancelled grants, the routing
+//! of acks to them, and the connection's death (which fails every pending batch and drain at
+//! once, and is broadcast).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -9,22 +10,22 @@ use tokio::sync::{broadcast, oneshot, OwnedSemaphorePermit};
 
 use crate::batch::{BatchCompleter, BatchFailure, BatchStatus};
 use crate::engine::{FailureEvent, SegmentId, TransferError};
-use crate::frame::{BatchAck, BatchId};
+use crate::frame::{BatchAck, BatchId, Frame};
 use crate::types::GrantKey;
 
 /// A batch whose pages were sent, waiting for its BATCH_ACK.
-pub(crate) struct PendingBatch {
-    pub(crate) done: BatchCompleter,
-    pub(crate) _permit: OwnedSemaphorePermit,
-    pub(crate) sent: u32,
-    pub(crate) cancelled: bool,
+struct PendingBatch {
+    done: BatchCompleter,
+    _permit: OwnedSemaphorePermit,
+    sent: u32,
+    cancelled: bool,
 }
 
 /// What a connection still owes its callers.
 #[derive(Default)]
 pub(crate) struct Pending {
-    pub(crate) batches: HashMap<BatchId, PendingBatch>,
-    pub(crate) drains: HashMap<GrantKey, VecDeque<oneshot::Sender<Result<(), TransferError>>>>,
+    batches: HashMap<BatchId, PendingBatch>,
+    drains: HashMap<GrantKey, VecDeque<oneshot::Sender<Result<(), TransferError>>>>,
     pub(crate) dead: Option<String>,
 }
 
@@ -81,6 +82,65 @@ impl Shared {
             let _ = tx.send(Err(TransferError::ConnectionLost(reason.to_string())));
         }
         true
+    }
+
+    /// Whether `key` was cancelled (its unsent pages are to be skipped).
+    pub(crate) fn is_cancelled(&self, key: GrantKey) -> bool {
+        self.cancelled.lock().contains(&key)
+    }
+
+    /// Queues `reply` for the next DRAIN_ACK of `key`; if the connection is dead, answers it
+    /// with the failure instead and returns false (then no DRAIN is to be sent).
+    pub(crate) fn expect_drain(
+        &self,
+        key: GrantKey,
+        reply: oneshot::Sender<Result<(), TransferError>>,
+    ) -> bool {
+        let mut p = self.pending.lock();
+        if let Some(r) = &p.dead {
+            let _ = reply.send(Err(TransferError::ConnectionLost(r.clone())));
+            return false;
+        }
+        p.drains.entry(key).or_default().push_back(reply);
+        true
+    }
+
+    /// Parks a batch whose pages were sent (`sent` of `total`) until its BATCH_ACK; if the
+    /// connection is dead, fails it instead and returns false (then no BATCH_END is to be sent).
+    pub(crate) fn expect_ack(
+        &self,
+        id: BatchId,
+        done: BatchCompleter,
+        permit: OwnedSemaphorePermit,
+        sent: u32,
+        total: usize,
+    ) -> bool {
+        let mut pend = self.pending.lock();
+        if let Some(r) = &pend.dead {
+            done.finish(BatchStatus::Failed(BatchFailure::ConnectionLost(r.clone())));
+            return false;
+        }
+        pend.batches.insert(
+            id,
+            PendingBatch {
+                done,
+                _permit: permit,
+                sent,
+                cancelled: (sent as usize) < total,
+            },
+        );
+        true
+    }
+
+    /// Routes an ack from the receiver (BATCH_ACK, DRAIN_ACK); any other frame is handed back
+    /// (a receiver never sends one: the caller closes the connection).
+    pub(crate) fn route_ack<'a>(&self, f: Frame<'a>) -> Result<(), Frame<'a>> {
+        match f {
+            Frame::BatchAck(a) => self.on_ack(a),
+            Frame::DrainAck(k) => self.on_drain_ack(k),
+            f @ (Frame::Write(_) | Frame::BatchEnd { .. } | Frame::Drain(_)) => return Err(f),
+        }
+        Ok(())
     }
 
     /// Finishes the acknowledged batch.

@@ -3,61 +3,38 @@
 //! while it is hot), RDMA-WRITEs them into the window, waits for the write completions, then
 //! sends the completion message (WRITE headers + BATCH_END) on the control connection. An ack
 //! reader task routes WINDOW replies to the writer and BATCH_ACK / DRAIN_ACK to the shared
-//! pending state (`pending.rs`, as for TCP). A lost connection fails everything pending.
+//! pending state (`pending.rs`, as for TCP). Queueing, the in-flight budget, DRAIN order and
+//! failing everything pending when the connection is lost are shared with TCP (`outbound.rs`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::sync::oneshot;
 
 use super::control::{encode, read_hello, read_msg, write_hello, Msg, WindowReply};
 use super::qp::QueuePair;
 use super::receiver::{rand_psn, QP_DEPTH, WR_TIMEOUT};
 use super::verbs::{post_rdma_write, wait_completions, CompletionQueue, Device, Region};
-use crate::batch::{new_batch, BatchCompleter, BatchFailure, BatchHandle, BatchStatus};
-use crate::engine::{FailureEvent, OutPage, SegmentId, TransferError};
+use crate::backend::Opening;
+use crate::batch::{BatchFailure, BatchStatus};
+use crate::engine::TransferError;
 use crate::frame::{BatchId, Frame, WriteFrame};
-use crate::pending::{PendingBatch, Shared};
+use crate::outbound::{OutBatch, SenderFront, Wire};
+use crate::pending::Shared;
 use crate::types::GrantKey;
 
-/// In-flight budget unit (KiB), as for TCP.
-const UNIT: usize = 1024;
 /// Largest control message the sender accepts (acks and window replies are tiny).
 const MAX_ACK_PAYLOAD: usize = 64;
 
-enum Cmd {
-    Batch {
-        key: GrantKey,
-        id: BatchId,
-        pages: Vec<OutPage>,
-        done: BatchCompleter,
-    },
-    Drain {
-        key: GrantKey,
-        reply: oneshot::Sender<Result<(), TransferError>>,
-    },
-}
-
 type WindowWaiters = Arc<Mutex<HashMap<BatchId, oneshot::Sender<WindowReply>>>>;
 
-/// One open RDMA segment (sender side).
-pub struct RdmaSender {
-    tx: mpsc::UnboundedSender<Cmd>,
-    shared: Arc<Shared>,
-    next_batch: AtomicU64,
-    writer: JoinHandle<()>,
-    reader: JoinHandle<()>,
-}
-
-/// What the writer task owns. Field order is drop order: the QP before its CQ, both and the
-/// source region before the device.
-struct Writer {
+/// The RDMA writer: what the writer task owns. Field order is drop order: the QP before its
+/// CQ, both and the source region before the device.
+struct RdmaWire {
     qp: QueuePair,
     cq: CompletionQueue,
     src: Option<Region>,
@@ -65,121 +42,57 @@ struct Writer {
     wr: OwnedWriteHalf,
     shared: Arc<Shared>,
     windows: WindowWaiters,
-    inflight: Arc<Semaphore>,
 }
 
-impl RdmaSender {
-    /// Connects the control connection and the queue pair to a receiver at `addr`.
-    pub async fn connect(
-        seg: SegmentId,
-        addr: &str,
-        device: Arc<Device>,
-        max_inflight_bytes: usize,
-        failures: broadcast::Sender<FailureEvent>,
-    ) -> Result<Self, TransferError> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (mut rd, mut wr) = stream.into_split();
-        let cq = device.create_cq(QP_DEPTH as i32)?;
-        let mut qp = QueuePair::create(&device, &cq, QP_DEPTH, rand_psn())?;
-        write_hello(&mut wr, &qp.local()).await?;
-        let peer = read_hello(&mut rd)
-            .await
-            .map_err(|e| TransferError::ConnectionLost(e.to_string()))?;
-        qp.connect(&peer)?;
-        let shared = Arc::new(Shared::new(seg, failures));
-        let windows = WindowWaiters::default();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let w = Writer {
-            qp,
-            cq,
-            src: None,
-            device,
-            wr,
-            shared: shared.clone(),
-            windows: windows.clone(),
-            inflight: Arc::new(Semaphore::new(max_inflight_bytes.div_ceil(UNIT))),
-        };
-        let writer = tokio::spawn(w.run(rx));
-        let reader = tokio::spawn(read_loop(rd, shared.clone(), windows));
-        Ok(Self {
-            tx,
-            shared,
-            next_batch: AtomicU64::new(1),
-            writer,
-            reader,
-        })
-    }
-
-    /// Queues a prepared batch.
-    pub fn submit(&self, key: GrantKey, pages: Vec<OutPage>) -> Result<BatchHandle, TransferError> {
-        if let Some(r) = &self.shared.pending.lock().dead {
-            return Err(TransferError::ConnectionLost(r.clone()));
-        }
-        let id = BatchId(self.next_batch.fetch_add(1, Ordering::Relaxed));
-        let (handle, done) = new_batch(id, &pages);
-        let _ = self.tx.send(Cmd::Batch {
-            key,
-            id,
-            pages,
-            done,
-        });
-        Ok(handle)
-    }
-
-    /// Sends DRAIN(key) after everything queued before it and waits for the ack.
-    pub async fn drain(&self, key: GrantKey) -> Result<(), TransferError> {
-        let (reply, rx) = oneshot::channel();
-        let _ = self.tx.send(Cmd::Drain { key, reply });
-        rx.await
-            .unwrap_or_else(|_| Err(TransferError::ConnectionLost("writer stopped".into())))
-    }
-
-    /// Stops sending unsent pages of `key`, then drains it.
-    pub async fn cancel(&self, key: GrantKey) -> Result<(), TransferError> {
-        self.shared.cancelled.lock().insert(key);
-        self.drain(key).await
-    }
+/// Connects the control connection and the queue pair to a receiver at `addr`; the result is
+/// one open RDMA segment (sender side).
+pub(crate) async fn connect(
+    o: Opening<'_>,
+    device: Arc<Device>,
+) -> Result<SenderFront, TransferError> {
+    let stream = TcpStream::connect(o.addr).await?;
+    stream.set_nodelay(true)?;
+    let (mut rd, mut wr) = stream.into_split();
+    let cq = device.create_cq(QP_DEPTH as i32)?;
+    let mut qp = QueuePair::create(&device, &cq, QP_DEPTH, rand_psn())?;
+    write_hello(&mut wr, &qp.local()).await?;
+    let peer = read_hello(&mut rd)
+        .await
+        .map_err(|e| TransferError::ConnectionLost(e.to_string()))?;
+    qp.connect(&peer)?;
+    let shared = Arc::new(Shared::new(o.seg, o.failures));
+    let windows = WindowWaiters::default();
+    let wire = RdmaWire {
+        qp,
+        cq,
+        src: None,
+        device,
+        wr,
+        shared: shared.clone(),
+        windows: windows.clone(),
+    };
+    let read = read_loop(rd, shared.clone(), windows);
+    Ok(SenderFront::spawn(shared, wire, o.max_inflight_bytes, read))
 }
 
-impl Drop for RdmaSender {
-    fn drop(&mut self) {
-        self.writer.abort();
-        self.reader.abort();
-        self.shared.fail_pending("segment closed");
-    }
-}
+impl Wire for RdmaWire {
+    type Error = TransferError;
+    const FAILED: &'static str = "RDMA send failed";
 
-impl Writer {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
-        while let Some(cmd) = rx.recv().await {
-            let res = match cmd {
-                Cmd::Batch {
-                    key,
-                    id,
-                    pages,
-                    done,
-                } => self.send_batch(key, id, pages, done).await,
-                Cmd::Drain { key, reply } => {
-                    {
-                        let mut p = self.shared.pending.lock();
-                        if let Some(r) = &p.dead {
-                            let _ = reply.send(Err(TransferError::ConnectionLost(r.clone())));
-                            continue;
-                        }
-                        p.drains.entry(key).or_default().push_back(reply);
-                    }
-                    self.send(&[Msg::Frame(Frame::Drain(key))]).await
-                }
-            };
-            if let Err(e) = res {
-                self.shared.fail_all(format!("RDMA send failed: {e}"));
-                return;
-            }
-        }
+    async fn send_batch(&mut self, b: OutBatch) -> Result<(), TransferError> {
+        self.write_batch(b).await
+    }
+
+    async fn send_drain(&mut self, key: GrantKey) -> Result<(), TransferError> {
+        self.send(&[Msg::Frame(Frame::Drain(key))]).await
+    }
+
+    async fn shutdown(&mut self) {
         let _ = self.wr.shutdown().await;
     }
+}
 
+impl RdmaWire {
     async fn send(&mut self, msgs: &[Msg]) -> Result<(), TransferError> {
         let mut out = Vec::with_capacity(msgs.len() * 96);
         for m in msgs {
@@ -189,18 +102,8 @@ impl Writer {
         Ok(())
     }
 
-    async fn send_batch(
-        &mut self,
-        key: GrantKey,
-        id: BatchId,
-        pages: Vec<OutPage>,
-        done: BatchCompleter,
-    ) -> Result<(), TransferError> {
-        let bytes: usize = pages.iter().map(|p| p.src.len()).sum();
-        let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
-        let Ok(permit) = self.inflight.clone().acquire_many_owned(units).await else {
-            return Ok(());
-        };
+    async fn write_batch(&mut self, b: OutBatch) -> Result<(), TransferError> {
+        let (key, id, pages) = (b.key, b.id, &b.pages);
         let n = pages.len();
         let (wtx, wrx) = oneshot::channel();
         self.windows.lock().insert(id, wtx);
@@ -215,7 +118,7 @@ impl Writer {
             return Err(TransferError::ConnectionLost("no window reply".into()));
         };
         if let Some(first) = window.refused {
-            done.finish(BatchStatus::Failed(BatchFailure::Rejected {
+            b.done.finish(BatchStatus::Failed(BatchFailure::Rejected {
                 written: 0,
                 rejected: slots,
                 first: Some(first),
@@ -228,7 +131,7 @@ impl Writer {
         let mut posted = 0usize;
         let mut outstanding = 0usize;
         for (i, p) in pages.iter().enumerate() {
-            if self.shared.cancelled.lock().contains(&key) {
+            if self.shared.is_cancelled(key) {
                 break;
             }
             let at = i * page_bytes;
@@ -267,21 +170,8 @@ impl Writer {
         wait_completions(&self.cq, outstanding, WR_TIMEOUT).await?;
         self.src = Some(src);
         let sent = u32::try_from(posted).expect("capped batch");
-        {
-            let mut pend = self.shared.pending.lock();
-            if let Some(r) = &pend.dead {
-                done.finish(BatchStatus::Failed(BatchFailure::ConnectionLost(r.clone())));
-                return Ok(());
-            }
-            pend.batches.insert(
-                id,
-                PendingBatch {
-                    done,
-                    _permit: permit,
-                    sent,
-                    cancelled: posted < n,
-                },
-            );
+        if !b.park(&self.shared, sent) {
+            return Ok(());
         }
         headers.push(Msg::Frame(Frame::BatchEnd {
             key,
@@ -301,18 +191,22 @@ impl Writer {
     }
 }
 
-async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>, windows: WindowWaiters) {
+/// Reads acks and window replies until the connection ends; returns why it did.
+async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>, windows: WindowWaiters) -> String {
     let reason = loop {
         match read_msg(&mut rd, MAX_ACK_PAYLOAD).await {
-            Ok(Msg::Frame(Frame::BatchAck(a))) => shared.on_ack(a),
-            Ok(Msg::Frame(Frame::DrainAck(k))) => shared.on_drain_ack(k),
+            Ok(Msg::Frame(f)) => {
+                if let Err(f) = shared.route_ack(f) {
+                    break format!("unexpected message from receiver: {:?}", Msg::Frame(f));
+                }
+            }
             Ok(Msg::Window(w)) => match windows.lock().remove(&w.batch) {
                 Some(tx) => {
                     let _ = tx.send(w);
                 }
                 None => break format!("window reply for unknown batch {:?}", w.batch),
             },
-            Ok(m @ (Msg::WindowReq { .. } | Msg::Frame(_))) => {
+            Ok(m @ Msg::WindowReq { .. }) => {
                 break format!("unexpected message from receiver: {m:?}")
             }
             Err(e) => break format!("receiver closed the connection ({e})"),
@@ -320,5 +214,5 @@ async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>, windows: WindowWa
     };
     // Wake a writer waiting for a window: its channel closes.
     windows.lock().clear();
-    shared.fail_all(reason);
+    reason
 }

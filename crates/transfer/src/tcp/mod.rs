@@ -9,112 +9,48 @@ mod hash_ahead;
 mod listener;
 mod sender;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-use parking_lot::Mutex;
-use tokio::sync::broadcast;
 
 pub use listener::{serve_stream, TcpReceiver};
 pub use sender::SenderConn;
 
-use crate::batch::BatchHandle;
-use crate::engine::{
-    prepare_batch, EngineConfig, FailureEvent, PageWriteReq, SegmentDesc, SegmentId,
-    TransferBackend, TransferError,
-};
+use crate::backend::{transfer_backend_via, Backend, Opening, Registering, Transport};
+use crate::engine::{EngineConfig, SegmentDesc, TransferError};
 use crate::receiver::ReceiverCounters;
-use crate::sink::PageSink;
-use crate::types::GrantKey;
 
 /// The TCP backend.
-pub struct TcpBackend {
-    cfg: EngineConfig,
-    bind: SocketAddr,
-    counters: Arc<ReceiverCounters>,
-    receivers: Mutex<Vec<TcpReceiver>>,
-    conns: Mutex<HashMap<SegmentId, Arc<SenderConn>>>,
-    next_seg: AtomicU64,
-    failures: broadcast::Sender<FailureEvent>,
-}
+pub struct TcpBackend(Backend<Tcp>);
 
 impl TcpBackend {
     /// A backend whose segments listen on `bind` (port 0: any free port).
     pub fn new(cfg: EngineConfig, bind: SocketAddr) -> Self {
-        Self {
-            cfg,
-            bind,
-            counters: Arc::default(),
-            receivers: Mutex::default(),
-            conns: Mutex::default(),
-            next_seg: AtomicU64::new(1),
-            failures: broadcast::channel(256).0,
-        }
+        Self(Backend::new(cfg, bind, Tcp))
     }
 
     /// Counters of every segment this backend registered.
     pub fn receiver_counters(&self) -> &Arc<ReceiverCounters> {
-        &self.counters
-    }
-
-    fn conn(&self, seg: SegmentId) -> Result<Arc<SenderConn>, TransferError> {
-        self.conns
-            .lock()
-            .get(&seg)
-            .cloned()
-            .ok_or(TransferError::UnknownSegment(seg))
+        self.0.receiver_counters()
     }
 }
 
-impl TransferBackend for TcpBackend {
-    async fn register_segment(
-        &self,
-        sink: Arc<dyn PageSink>,
-    ) -> Result<SegmentDesc, TransferError> {
-        let r = TcpReceiver::bind(self.bind, sink, self.counters.clone()).await?;
+transfer_backend_via!(TcpBackend);
+
+/// What is TCP-specific about [`TcpBackend`]: a segment is a [`TcpReceiver`], an opened one a
+/// [`SenderConn`].
+struct Tcp;
+
+impl Transport for Tcp {
+    type Conn = SenderConn;
+    type Listener = TcpReceiver;
+
+    async fn listen(&self, s: Registering) -> Result<(TcpReceiver, SegmentDesc), TransferError> {
+        let r = TcpReceiver::bind(s.bind, s.sink, s.counters).await?;
         let addr = r.local_addr().to_string();
-        self.receivers.lock().push(r);
-        Ok(SegmentDesc { addr })
+        Ok((r, SegmentDesc { addr }))
     }
 
-    async fn open_segment(&self, desc: &SegmentDesc) -> Result<SegmentId, TransferError> {
-        let seg = SegmentId(self.next_seg.fetch_add(1, Ordering::Relaxed));
-        let conn = SenderConn::connect(
-            seg,
-            &desc.addr,
-            self.cfg.max_inflight_bytes,
-            self.failures.clone(),
-        )
-        .await?;
-        self.conns.lock().insert(seg, Arc::new(conn));
-        Ok(seg)
-    }
-
-    fn submit_batch(
-        &self,
-        seg: SegmentId,
-        key: GrantKey,
-        reqs: Vec<PageWriteReq>,
-    ) -> Result<BatchHandle, TransferError> {
-        let conn = self.conn(seg)?;
-        conn.submit(key, prepare_batch(&self.cfg, reqs)?)
-    }
-
-    async fn drain(&self, seg: SegmentId, key: GrantKey) -> Result<(), TransferError> {
-        self.conn(seg)?.drain(key).await
-    }
-
-    async fn cancel(&self, seg: SegmentId, key: GrantKey) -> Result<(), TransferError> {
-        self.conn(seg)?.cancel(key).await
-    }
-
-    fn subscribe_failures(&self) -> broadcast::Receiver<FailureEvent> {
-        self.failures.subscribe()
-    }
-
-    fn close_segment(&self, seg: SegmentId) {
-        self.conns.lock().remove(&seg);
+    async fn connect(&self, o: Opening<'_>) -> Result<SenderConn, TransferError> {
+        SenderConn::connect(o.seg, o.addr, o.max_inflight_bytes, o.failures).await
     }
 }
