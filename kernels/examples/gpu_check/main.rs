@@ -52,10 +52,13 @@ fn main() -> Result<()> {
         PtxSource::Nvrtc => "NVRTC at run time".to_string(),
         PtxSource::Dir(d) => format!("precompiled PTX from {}", d.display()),
     };
+    let driver = pagewarden_kernels::cuda::driver_version()?;
     println!(
-        "device cuda:{ordinal}: {} ({}), kernels: {source}",
+        "device cuda:{ordinal}: {} ({}), driver CUDA {}.{}, kernels: {source}",
         gpu.name()?,
-        gpu.arch()
+        gpu.arch(),
+        driver / 1000,
+        (driver % 1000) / 10
     );
     let t = Instant::now();
     gpu.load_all().context("loading the kernels")?;

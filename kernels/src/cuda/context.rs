@@ -36,6 +36,14 @@ impl PtxSource {
     }
 }
 
+/// `90` for `compute_90` (0 when unparsable, so an unknown header never blocks loading).
+fn arch_number(arch: &str) -> u32 {
+    arch.trim_start_matches(|c: char| !c.is_ascii_digit())
+        .trim_end_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap_or(0)
+}
+
 /// The CUDA backend for one GPU. Cheap to share behind an `Arc`; kernel launches go to one stream.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -130,7 +138,20 @@ impl CudaBackend {
         }
         let text = match &self.ptx {
             PtxSource::Nvrtc => compile(module, &self.arch)?,
-            PtxSource::Dir(dir) => read_ptx(dir, module)?.1,
+            PtxSource::Dir(dir) => {
+                let (arch, text) = read_ptx(dir, module)?;
+                // PTX for a newer architecture than this GPU's cannot be JIT-compiled for it.
+                if arch_number(&arch) > arch_number(&self.arch) {
+                    return Err(CudaError::Ptx {
+                        path: super::ptx::ptx_path(dir, module).display().to_string(),
+                        why: format!(
+                            "built for {arch}, this GPU is {}; regenerate it for {} or unset {PTX_DIR_ENV}",
+                            self.arch, self.arch
+                        ),
+                    });
+                }
+                text
+            }
         };
         let loaded = load_ptx(&self.ctx, text)?;
         cache.insert(module, loaded.clone());
@@ -212,5 +233,18 @@ impl CudaBackend {
     /// Waits for every launch so far.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.stream.synchronize().during("synchronizing the stream")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::arch_number;
+
+    #[test]
+    fn architectures_compare_by_number() {
+        assert_eq!(arch_number("compute_90"), 90);
+        assert_eq!(arch_number("compute_90a"), 90);
+        assert!(arch_number("compute_100") > arch_number("compute_90"));
+        assert_eq!(arch_number("unknown"), 0);
     }
 }
