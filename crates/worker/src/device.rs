@@ -1,7 +1,9 @@
 //! `--device`: a build without CUDA refuses `cuda:N` before anything is loaded, with a message
-//! that says how to get a build that has it.
+//! that says how to get a build that has it; `open_device` then opens the CPU or the GPU.
 
 use pagewarden_kernels::Device;
+use pagewarden_kvcache::KvPool;
+use pagewarden_model::Model;
 
 use crate::Role;
 
@@ -29,6 +31,74 @@ pub fn check_device(device: Device, role: &Role) -> Result<(), DeviceError> {
             binary: role.binary,
         }),
         Device::Cpu | Device::Cuda(_) => Ok(()),
+    }
+}
+
+/// What a worker asks of its GPU, when it runs on one.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuOptions {
+    /// Largest number of prompt tokens run through one forward pass.
+    pub prefill_chunk: usize,
+    /// Pages per pinned staging round between host and device.
+    pub staging_pages: usize,
+    /// Whether device pages are zeroed when they are taken for a new sequence.
+    pub zero_new_pages: bool,
+}
+
+/// The GPU engine of this build: `pagewarden-model`'s `GpuWorker` with the `cuda` feature.
+#[cfg(feature = "cuda")]
+pub type Gpu = pagewarden_model::cuda::GpuWorker;
+
+/// The GPU engine of this build: none without the `cuda` feature (no value exists).
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug)]
+pub enum Gpu {}
+
+/// The device, opened.
+// Made once at start-up and moved straight into the worker's engine: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Opened {
+    /// The CPU reference kernels over the host pool's pages.
+    Cpu,
+    /// A GPU mirroring the host pool's pages in device memory.
+    Gpu(Gpu),
+}
+
+/// Why the device could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// `cuda:N` asked of a binary built without CUDA.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// The GPU could not take the model.
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Gpu(#[from] crate::GpuOpenError),
+    /// `cuda:N` in a build whose `pagewarden-worker` lacks the `cuda` feature.
+    #[error("cuda:{0} is unavailable in this build")]
+    Unavailable(usize),
+}
+
+/// Opens `device` for `role` over `pool`, after [`check_device`]. A CUDA build without a
+/// driver or GPU fails here with the driver's reason.
+pub fn open_device(
+    device: Device,
+    role: &Role,
+    model: &Model,
+    pool: &KvPool,
+    gpu: &GpuOptions,
+) -> Result<Opened, OpenError> {
+    check_device(device, role)?;
+    match device {
+        Device::Cpu => Ok(Opened::Cpu),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => Ok(Opened::Gpu(crate::gpu::open_gpu(model, pool, n, gpu)?)),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(n) => {
+            let _ = (model, pool, gpu);
+            Err(OpenError::Unavailable(n))
+        }
     }
 }
 

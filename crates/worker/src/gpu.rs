@@ -2,6 +2,8 @@
 
 use pagewarden_kvcache::KvPool;
 use pagewarden_model::cuda::{GpuError, GpuWorker, GpuWorkerOptions};
+
+use crate::GpuOptions;
 use pagewarden_model::Model;
 
 /// The GPU could not take the model (no driver, no such device, out of memory, ...).
@@ -15,17 +17,22 @@ pub struct GpuOpenError {
     pub source: GpuError,
 }
 
-/// Puts `model` on the GPU `opts.device`, mirroring `pool`'s pages in device memory (the host
-/// pool still owns them), and logs which GPU it got.
-pub fn open_gpu(
+/// Puts `model` on GPU `device`, mirroring `pool`'s pages in device memory (the host pool
+/// still owns them), and logs which GPU it got.
+pub(crate) fn open_gpu(
     model: &Model,
     pool: &KvPool,
-    opts: &GpuWorkerOptions,
+    device: usize,
+    gpu: &GpuOptions,
 ) -> Result<GpuWorker, GpuOpenError> {
-    let gpu = GpuWorker::new(model, pool.clone(), opts).map_err(|source| GpuOpenError {
-        device: opts.device,
-        source,
-    })?;
-    tracing::info!(device = %format!("cuda:{}", opts.device), gpu = %gpu.describe(), "model on the GPU");
-    Ok(gpu)
+    let opts = GpuWorkerOptions {
+        device,
+        prefill_chunk: gpu.prefill_chunk,
+        staging_pages: gpu.staging_pages,
+        zero_new_pages: gpu.zero_new_pages,
+    };
+    let worker = GpuWorker::new(model, pool.clone(), &opts)
+        .map_err(|source| GpuOpenError { device, source })?;
+    tracing::info!(device = %format!("cuda:{device}"), gpu = %worker.describe(), "model on the GPU");
+    Ok(worker)
 }

@@ -3,7 +3,7 @@
 //! both parse the same way.
 //!
 //! - `role.rs`: `Role`, a worker's name, binary and whether it was built with CUDA.
-//! - `device.rs`: `check_device`, refusing `--device cuda:N` in a build without CUDA.
+//! - `device.rs`: `check_device` (no `cuda:N` in a build without CUDA) and `open_device`.
 //! - `gpu.rs` (feature `cuda`): `open_gpu`, the model on a GPU over the host pool.
 //! - `startup.rs`: `load`: the model, the preflight (I7) and the preflighted KV pool.
 //! - `boot.rs`: `start_up` (a failure is reported to the auditor) and `auditor_client`.
@@ -20,9 +20,9 @@ mod startup;
 pub mod wire;
 
 pub use boot::{auditor_client, start_up, AUDITOR_BUFFER};
-pub use device::{check_device, DeviceError};
+pub use device::{check_device, open_device, DeviceError, Gpu, GpuOptions, OpenError, Opened};
 #[cfg(feature = "cuda")]
-pub use gpu::{open_gpu, GpuOpenError};
+pub use gpu::GpuOpenError;
 pub use role::Role;
 pub use serve::{pool_gauges, serve, BindError, Listeners, MetricsEndpoint};
 pub use startup::{load, Loaded, PoolOptions, StartupError};

@@ -1,6 +1,7 @@
 //! Serving: the gRPC and metrics listeners, then `/metrics`, the listening line and the gRPC
 //! server with its health service until shutdown.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -10,8 +11,10 @@ use pagewarden_common::shutdown::Shutdown;
 use pagewarden_kvcache::KvPool;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::body::Body;
+use tonic::codegen::http::{Request, Response};
+use tonic::codegen::Service;
 use tonic::server::NamedService;
-use tonic::service::Routes;
 
 use crate::Role;
 
@@ -107,18 +110,27 @@ pub struct MetricsEndpoint {
     pub refresh: RefreshHook,
 }
 
-/// Serves `/metrics` and gRPC (`routes`, whose service is `S`, beside the health service that
-/// reports `S` serving) on `listeners` until `shutdown` is cancelled, after printing the one
-/// parseable line tests and the launcher look for:
-/// `<binary> listening grpc=ADDR metrics=ADDR transfer=ADDR`. Cancels `shutdown` on the way
-/// out, so the worker's other tasks stop too, and waits for `/metrics` to close.
-pub async fn serve<S: NamedService>(
+/// Serves `/metrics` and gRPC (`service` beside the health service, which reports it serving)
+/// on `listeners` until `shutdown` is cancelled, after printing the one parseable line tests
+/// and the launcher look for: `<binary> listening grpc=ADDR metrics=ADDR transfer=ADDR`.
+/// Cancels `shutdown` on the way out, so the worker's other tasks stop too, and waits for
+/// `/metrics` to close.
+pub async fn serve<S>(
     role: &Role,
     listeners: Listeners,
     metrics: MetricsEndpoint,
-    routes: Routes,
+    service: S,
     shutdown: Shutdown,
-) -> Result<(), tonic::transport::Error> {
+) -> Result<(), tonic::transport::Error>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     let m = tokio::spawn(serve_metrics(
         listeners.metrics,
         metrics.metrics,
@@ -132,7 +144,8 @@ pub async fn serve<S: NamedService>(
         role.binary, listeners.grpc_addr, listeners.metrics_addr, listeners.transfer_addr
     );
     let served = tonic::transport::Server::builder()
-        .add_routes(routes.add_service(health_service))
+        .add_service(health_service)
+        .add_service(service)
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listeners.grpc),
             shutdown.clone().cancelled_owned(),

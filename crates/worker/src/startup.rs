@@ -9,7 +9,7 @@ use pagewarden_common::config::{ModelSource, PoolSize, WorkerConfig};
 use pagewarden_common::preflight::{preflight, PreflightError, PreflightInput, PreflightReport};
 use pagewarden_kernels::Device;
 use pagewarden_kvcache::{KvPool, PoolConfig};
-use pagewarden_model::{GgufError, GgufFile, LoadOptions, Model, ModelError};
+use pagewarden_model::{GgufFile, LoadOptions, Model, ModelError};
 
 /// What start-up produced.
 pub struct Loaded {
@@ -56,12 +56,9 @@ pub enum StartupError {
         #[source]
         source: ModelError,
     },
-    /// The built-in tiny test model could not be parsed.
-    #[error("tiny test model")]
-    TinyGguf(#[source] GgufError),
     /// The built-in tiny test model could not be loaded.
     #[error("tiny test model")]
-    TinyModel(#[source] ModelError),
+    Tiny(#[source] ModelError),
     /// The pool cannot serve the context (I7).
     #[error("preflight")]
     Preflight(#[source] PreflightError),
@@ -86,12 +83,11 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
             (m, name)
         }
         ModelSource::TinyTest(seed) => {
-            let f = GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(*seed))
-                .map_err(StartupError::TinyGguf)?;
-            (
-                Model::from_gguf(f, &load_opts).map_err(StartupError::TinyModel)?,
-                format!("tiny-test-{seed}"),
-            )
+            let m = GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(*seed))
+                .map_err(ModelError::from)
+                .and_then(|f| Model::from_gguf(f, &load_opts))
+                .map_err(StartupError::Tiny)?;
+            (m, format!("tiny-test-{seed}"))
         }
     };
     let layout = model.kv_layout(cfg.page_size);

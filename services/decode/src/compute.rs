@@ -8,6 +8,7 @@ use std::sync::Arc;
 use pagewarden_kernels::Device;
 use pagewarden_kvcache::{KvPool, ReadablePages};
 use pagewarden_model::{Model, ModelError};
+use pagewarden_worker::{GpuOptions, Opened};
 
 /// Decode steps on the device chosen by `--device`.
 #[derive(Clone)]
@@ -65,26 +66,18 @@ impl Compute {
         pool: &KvPool,
         staging_pages: usize,
     ) -> anyhow::Result<Compute> {
-        pagewarden_worker::check_device(device, &crate::ROLE)?;
-        match device {
-            Device::Cpu => Ok(Compute::Cpu(model)),
+        let gpu = GpuOptions {
+            prefill_chunk: 512,
+            staging_pages,
+            // Decode never prefills: committed pages arrive whole from the host pool.
+            zero_new_pages: false,
+        };
+        match pagewarden_worker::open_device(device, &crate::ROLE, &model, pool, &gpu)? {
+            Opened::Cpu => Ok(Compute::Cpu(model)),
             #[cfg(feature = "cuda")]
-            Device::Cuda(n) => {
-                let opts = pagewarden_model::cuda::GpuWorkerOptions {
-                    device: n,
-                    prefill_chunk: 512,
-                    staging_pages,
-                    // Decode never prefills: committed pages arrive whole from the host pool.
-                    zero_new_pages: false,
-                };
-                let gpu = pagewarden_worker::open_gpu(&model, pool, &opts)?;
-                Ok(Compute::Cuda(Arc::new(std::sync::Mutex::new(gpu))))
-            }
+            Opened::Gpu(gpu) => Ok(Compute::Cuda(Arc::new(std::sync::Mutex::new(gpu)))),
             #[cfg(not(feature = "cuda"))]
-            Device::Cuda(n) => {
-                let _ = (pool, staging_pages);
-                anyhow::bail!("cuda:{n} is unavailable in this build")
-            }
+            Opened::Gpu(_) => anyhow::bail!("{device} is unavailable in this build"),
         }
     }
 

@@ -35,8 +35,7 @@ use pagewarden_kernels::Device;
 use pagewarden_model::Tokenizer;
 use pagewarden_proto::v1::decode_server::DecodeServer;
 use pagewarden_transfer::{PageSink, ReceiverCounters, TcpReceiver};
-use pagewarden_worker::{Listeners, MetricsEndpoint, PoolOptions, Role};
-use tonic::service::Routes;
+use pagewarden_worker::{auditor_client, Listeners, MetricsEndpoint, PoolOptions, Role};
 
 /// This worker, for messages, telemetry and the auditor.
 const ROLE: Role = Role {
@@ -67,14 +66,14 @@ const STAGING_PAGES: usize = 16;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let auditor_url = cli.auditor.clone();
+    let auditor_url = cli.auditor.as_deref();
     pagewarden_worker::check_device(cli.device, &ROLE)?;
     let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::decode())?;
     let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
     let shutdown = shutdown::on_signal();
     let (loaded, tokenizer, compute) = {
         let (job_cfg, device) = (cfg.clone(), cli.device);
-        pagewarden_worker::start_up(&ROLE, auditor_url.as_deref(), &cfg.node_id, move || {
+        pagewarden_worker::start_up(&ROLE, auditor_url, &cfg.node_id, move || {
             let cfg = job_cfg;
             let pool = PoolOptions {
                 device,
@@ -91,13 +90,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let admission = loaded.admission();
     let metrics = Arc::new(WorkerMetrics::new(ROLE.name));
-    let auditor = pagewarden_worker::auditor_client(
-        auditor_url.as_deref(),
-        &cfg.node_id,
-        &ROLE,
-        &loaded.preflight,
-    )
-    .context("auditor client")?;
+    let auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
+        .context("auditor client")?;
     let integrity: Arc<dyn IntegritySink> = match auditor {
         Some(client) => Arc::new(AuditorIntegritySink::new(client)),
         None => Arc::new(LogIntegritySink),
@@ -143,11 +137,11 @@ async fn main() -> anyhow::Result<()> {
         metrics,
         refresh: pool_metrics::hook(loaded.pool.clone(), counters),
     };
-    pagewarden_worker::serve::<DecodeServer<service::DecodeService>>(
+    pagewarden_worker::serve(
         &ROLE,
         listeners,
         metrics,
-        Routes::new(DecodeServer::new(service)),
+        DecodeServer::new(service),
         shutdown,
     )
     .await

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use pagewarden_kernels::Device;
 use pagewarden_kvcache::{KvPool, ReadablePages};
 use pagewarden_model::Model;
+use pagewarden_worker::{GpuOptions, Opened};
 
 /// The forward pass and page reads, on the device chosen by `--device`.
 #[derive(Clone)]
@@ -31,29 +32,14 @@ impl Compute {
         device: Device,
         model: Arc<Model>,
         pool: &KvPool,
-        chunk_tokens: usize,
-        staging_pages: usize,
-        zero_on_release: bool,
+        gpu: &GpuOptions,
     ) -> anyhow::Result<Compute> {
-        pagewarden_worker::check_device(device, &crate::ROLE)?;
-        match device {
-            Device::Cpu => Ok(Compute::Cpu(model)),
+        match pagewarden_worker::open_device(device, &crate::ROLE, &model, pool, gpu)? {
+            Opened::Cpu => Ok(Compute::Cpu(model)),
             #[cfg(feature = "cuda")]
-            Device::Cuda(n) => {
-                let opts = pagewarden_model::cuda::GpuWorkerOptions {
-                    device: n,
-                    prefill_chunk: chunk_tokens,
-                    staging_pages,
-                    zero_new_pages: zero_on_release,
-                };
-                let gpu = pagewarden_worker::open_gpu(&model, pool, &opts)?;
-                Ok(Compute::Cuda(Arc::new(parking_lot::Mutex::new(gpu))))
-            }
+            Opened::Gpu(gpu) => Ok(Compute::Cuda(Arc::new(parking_lot::Mutex::new(gpu)))),
             #[cfg(not(feature = "cuda"))]
-            Device::Cuda(n) => {
-                let _ = (pool, chunk_tokens, staging_pages, zero_on_release);
-                anyhow::bail!("cuda:{n} is unavailable in this build")
-            }
+            Opened::Gpu(_) => anyhow::bail!("{device} is unavailable in this build"),
         }
     }
 

@@ -25,8 +25,9 @@ use pagewarden_common::shutdown;
 use pagewarden_kernels::Device;
 use pagewarden_proto::v1::prefill_server::PrefillServer;
 use pagewarden_transfer::{EngineConfig, TcpBackend};
-use pagewarden_worker::{Listeners, MetricsEndpoint, PoolOptions, Role};
-use tonic::service::Routes;
+use pagewarden_worker::{
+    auditor_client, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, Role,
+};
 
 /// This worker, for messages, telemetry and the auditor.
 const ROLE: Role = Role {
@@ -56,14 +57,14 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let auditor_url = cli.auditor.clone();
+    let auditor_url = cli.auditor.as_deref();
     pagewarden_worker::check_device(cli.device, &ROLE)?;
     let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::prefill())?;
     let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
     let shutdown = shutdown::on_signal();
     let (loaded, compute) = {
         let (job_cfg, device, batch_pages) = (cfg.clone(), cli.device, cli.batch_pages);
-        pagewarden_worker::start_up(&ROLE, auditor_url.as_deref(), &cfg.node_id, move || {
+        pagewarden_worker::start_up(&ROLE, auditor_url, &cfg.node_id, move || {
             let cfg = job_cfg;
             // On a GPU the host pool only owns the pages (their data lives on the device), so
             // it is not zeroed on release: the device pages are.
@@ -73,14 +74,12 @@ async fn main() -> anyhow::Result<()> {
                 commit_rehash: false,
             };
             let loaded = pagewarden_worker::load(&cfg, pool)?;
-            let compute = compute::Compute::open(
-                device,
-                loaded.model.clone(),
-                &loaded.pool,
-                cfg.chunk_tokens,
-                batch_pages,
-                cfg.zero_on_release,
-            )?;
+            let gpu = GpuOptions {
+                prefill_chunk: cfg.chunk_tokens,
+                staging_pages: batch_pages,
+                zero_new_pages: cfg.zero_on_release,
+            };
+            let compute = compute::Compute::open(device, loaded.model.clone(), &loaded.pool, &gpu)?;
             anyhow::Ok((loaded, compute))
         })
         .await?
@@ -88,13 +87,8 @@ async fn main() -> anyhow::Result<()> {
     let admission = loaded.admission();
     let metrics = Arc::new(WorkerMetrics::new(ROLE.name));
     // Prefill has no integrity hook yet; the client only carries its preflight report.
-    let _auditor = pagewarden_worker::auditor_client(
-        auditor_url.as_deref(),
-        &cfg.node_id,
-        &ROLE,
-        &loaded.preflight,
-    )
-    .context("auditor client")?;
+    let _auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
+        .context("auditor client")?;
     // Prefill has no transfer listener (it only sends); `transfer=` in its listening line names
     // the sending bind address.
     let listeners = Listeners::bind(&cfg, cfg.transfer_addr).await?;
@@ -127,11 +121,11 @@ async fn main() -> anyhow::Result<()> {
             m.set_pool(pagewarden_worker::pool_gauges(&pool))
         }),
     };
-    pagewarden_worker::serve::<PrefillServer<service::PrefillService>>(
+    pagewarden_worker::serve(
         &ROLE,
         listeners,
         metrics,
-        Routes::new(PrefillServer::new(service)),
+        PrefillServer::new(service),
         shutdown,
     )
     .await
