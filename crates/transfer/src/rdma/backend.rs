@@ -1,8 +1,8 @@
-//! [`RdmaBackend`]: the [`TransferBackend`] over RDMA. A registered segment is a TCP control
-//! listener; each accepted control connection gets its own queue pair, completion queue and
-//! staging region (`receiver.rs`). An opened segment is a control connection plus a queue
-//! pair (`sender.rs`). Without an RDMA device, [`RdmaBackend::new`] fails with
-//! [`TransferError::Unsupported`]; nothing panics.
+//! [`RdmaBackend`]: the [`crate::TransferBackend`] over RDMA, on the skeleton shared with TCP
+//! (`crate::backend`). A registered segment is a TCP control listener; each accepted control
+//! connection gets its own queue pair, completion queue and staging region (`receiver.rs`).
+//! An opened segment is a control connection plus a queue pair (`sender.rs`). Without an RDMA
+//! device, [`RdmaBackend::new`] fails with [`TransferError::Unsupported`]; nothing panics.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -20,8 +20,9 @@
 //! - `staging.rs`: staging slots per window and the completion path (device-free, tested).
 //! - `segment.rs`: one connection's staging region and windows (bind, revoke, complete).
 //! - `receiver.rs`: serving one control connection.
-//! - `sender.rs`: one opened segment (writer task, ack reader).
-//! - `backend.rs`: [`RdmaBackend`], the `TransferBackend` impl.
+//! - `sender.rs`: one opened segment: the RDMA wire of its writer task, its ack reader (the
+//!   front, queue, budget and ack routing are shared with TCP: `outbound.rs`, `pending.rs`).
+//! - `backend.rs`: [`RdmaBackend`], the RDMA `Transport` of the shared backend skeleton.
 //!
 //! Status: built and linted with `--features rdma`; without a device `RdmaBackend::new`
 //! returns `TransferError::Unsupported` (tested). The device paths (`verbs.rs`, `qp.rs`,

@@ -80,29 +80,6 @@ impl Wire for RdmaWire {
     const FAILED: &'static str = "RDMA send failed";
 
     async fn send_batch(&mut self, b: OutBatch) -> Result<(), TransferError> {
-        self.write_batch(b).await
-    }
-
-    async fn send_drain(&mut self, key: GrantKey) -> Result<(), TransferError> {
-        self.send(&[Msg::Frame(Frame::Drain(key))]).await
-    }
-
-    async fn shutdown(&mut self) {
-        let _ = self.wr.shutdown().await;
-    }
-}
-
-impl RdmaWire {
-    async fn send(&mut self, msgs: &[Msg]) -> Result<(), TransferError> {
-        let mut out = Vec::with_capacity(msgs.len() * 96);
-        for m in msgs {
-            encode(&mut out, m);
-        }
-        self.wr.write_all(&out).await?;
-        Ok(())
-    }
-
-    async fn write_batch(&mut self, b: OutBatch) -> Result<(), TransferError> {
         let (key, id, pages) = (b.key, b.id, &b.pages);
         let n = pages.len();
         let (wtx, wrx) = oneshot::channel();
@@ -179,6 +156,25 @@ impl RdmaWire {
             pages: sent,
         }));
         self.send(&headers).await
+    }
+
+    async fn send_drain(&mut self, key: GrantKey) -> Result<(), TransferError> {
+        self.send(&[Msg::Frame(Frame::Drain(key))]).await
+    }
+
+    async fn shutdown(&mut self) {
+        let _ = self.wr.shutdown().await;
+    }
+}
+
+impl RdmaWire {
+    async fn send(&mut self, msgs: &[Msg]) -> Result<(), TransferError> {
+        let mut out = Vec::with_capacity(msgs.len() * 96);
+        for m in msgs {
+            encode(&mut out, m);
+        }
+        self.wr.write_all(&out).await?;
+        Ok(())
     }
 
     /// The registered source region, at least `len` bytes (kept between batches; after a

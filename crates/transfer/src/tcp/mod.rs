@@ -2,7 +2,8 @@
 //! connection carrying the framed protocol of `frame.rs`.
 //!
 //! - `listener.rs`: receiving side (accept, read frames, drive a `ReceiverSession`).
-//! - `sender.rs`: sending side of one connection (ordered writer, ack reader, in-flight budget).
+//! - `sender.rs`: sending side of one connection (framing and socket writes, ack reader; the
+//!   front, queue, in-flight budget and ack routing are shared with RDMA: `outbound.rs`).
 //! - `hash_ahead.rs`: checksums pages on a helper thread a bounded distance ahead of the writer.
 
 mod hash_ahead;
