@@ -120,11 +120,12 @@ pub struct WorkerFlags {
     /// Zero pages when they return to the free list.
     #[arg(long)]
     pub zero_on_release: bool,
-    /// Decode: re-read every landed page on commit and compare it with the checksum taken as
-    /// it landed (one more pass over the prompt's KV before the first token; off by default,
-    /// the sender's checksums are always compared with those taken as the pages landed).
-    #[arg(long)]
-    pub commit_rehash: bool,
+    /// Decode: on commit, also re-read every landed page and compare it with the checksum
+    /// taken as it landed, catching a write that got past the fence after landing (default
+    /// true; `false` trusts the fence and saves that pass before the first token). The
+    /// sender's checksums are compared with the landed ones either way.
+    #[arg(long, value_name = "BOOL")]
+    pub commit_rehash: Option<bool>,
 }
 
 /// The same keys as [`WorkerFlags`], read from the TOML file.
@@ -352,7 +353,7 @@ impl WorkerConfig {
                     .unwrap_or(5_000),
             ),
             zero_on_release: flags.zero_on_release || file.zero_on_release.unwrap_or(false),
-            commit_rehash: flags.commit_rehash || file.commit_rehash.unwrap_or(false),
+            commit_rehash: flags.commit_rehash.or(file.commit_rehash).unwrap_or(true),
         })
     }
 }
@@ -367,7 +368,7 @@ mod tests {
         let path = dir.path().join("w.toml");
         std::fs::write(
             &path,
-            "pool_tokens = 100\npage_size = 8\nnode_id = \"file\"\ncommit_rehash = true\n",
+            "pool_tokens = 100\npage_size = 8\nnode_id = \"file\"\ncommit_rehash = false\n",
         )
         .unwrap();
         let flags = WorkerFlags {
@@ -382,7 +383,10 @@ mod tests {
         assert_eq!(cfg.node_id, "flag");
         assert_eq!(cfg.model, ModelSource::TinyTest(7));
         assert_eq!(cfg.grpc_addr, WorkerDefaults::decode().grpc_addr);
-        assert!(cfg.commit_rehash);
+        assert!(
+            !cfg.commit_rehash,
+            "the file's commit_rehash = false is lost"
+        );
         assert!(!cfg.zero_on_release);
     }
 

@@ -71,14 +71,13 @@ pub struct PoolConfig {
     /// Lifetime of a write grant; commit after `expires_at` fails with `CommitError::Expired`.
     pub grant_ttl: Duration,
     /// Commit re-reads every landed page and compares it with the checksum taken as it
-    /// landed. Off by default: `write_page` hashes each page's bytes and copies exactly those
-    /// bytes under the page's lock, nothing else writes a reserved page, and commit always
-    /// compares the sender's manifest with those landed checksums. Between landing and commit
-    /// the bytes could change only through memory corruption or a bug in this process, which
-    /// could as well strike after commit, while decode reads the page and no check runs. On,
-    /// it costs one more pass over every page on the commit path, serially before the first
-    /// decode step (about a fifth of a transfer's time on loopback: `cargo bench -p
-    /// pagewarden-transfer --bench goodput`). For debugging and for the wary.
+    /// landed (on by default). Each page is hashed under its lock as it lands, and commit
+    /// always compares the sender's manifest with those landed checksums; this second pass
+    /// catches what changed a page after it landed, such as a late write that got past the
+    /// fence (the checksum defense of the incident's second bug class). It costs one more
+    /// pass over the prompt's KV between the last page and the first decode step, spread
+    /// over the rayon pool for large grants (`cargo bench -p pagewarden-transfer --bench
+    /// goodput` measures both settings). Off trusts the fence alone for that window.
     pub commit_rehash: bool,
     /// TEST-ONLY switches that remove single defenses (feature `unsafe-test-switches`).
     #[cfg(any(test, feature = "unsafe-test-switches"))]
@@ -87,7 +86,7 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     /// A pool of exactly `pages` pages, defaults elsewhere (no zeroing, 5 s drain timeout,
-    /// 60 s grant lifetime, no re-hash on commit).
+    /// 60 s grant lifetime, re-hash on commit).
     pub fn with_pages(layout: KvLayout, pages: usize) -> Self {
         Self {
             layout,
@@ -95,7 +94,7 @@ impl PoolConfig {
             zero_on_release: false,
             drain_timeout: Duration::from_secs(5),
             grant_ttl: Duration::from_secs(60),
-            commit_rehash: false,
+            commit_rehash: true,
             #[cfg(any(test, feature = "unsafe-test-switches"))]
             defenses: Defenses::default(),
         }

@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use pagewarden_kvcache::{
-    page_checksum, CommitError, CommitManifest, Generation, KvPool, PageState, PageWrite,
+    page_checksum, CommitError, CommitManifest, Generation, KvLayout, KvPool, PageState, PageWrite,
     PoolConfig, PoolStats, ReadError, ReserveError, WriteError,
 };
 use support::{fill, owner, pool, write_all, LAYOUT};
@@ -271,15 +271,7 @@ fn failed_commit(
     break_it: impl FnOnce(&KvPool, &pagewarden_kvcache::WriteGrant, &mut CommitManifest) -> bool,
     want: impl Fn(&pagewarden_kvcache::WriteGrant) -> CommitError,
 ) -> KvPool {
-    failed_commit_in(pool(4), break_it, want)
-}
-
-/// [`failed_commit`] on a pool of 4 pages made by the caller.
-fn failed_commit_in(
-    pool: KvPool,
-    break_it: impl FnOnce(&KvPool, &pagewarden_kvcache::WriteGrant, &mut CommitManifest) -> bool,
-    want: impl Fn(&pagewarden_kvcache::WriteGrant) -> CommitError,
-) -> KvPool {
+    let pool = pool(4);
     let r = pool.reserve(owner(1), 7).unwrap();
     let g = r.grant().clone();
     let mut m = write_all(&pool, &r, 1);
@@ -360,17 +352,38 @@ fn commit_with_a_bad_manifest_checksum_fails() {
 }
 
 #[test]
-fn commit_after_landed_bytes_changed_fails_when_commit_rehashes() {
-    let mut cfg = PoolConfig::with_pages(LAYOUT, 4);
-    cfg.commit_rehash = true;
-    failed_commit_in(
-        KvPool::new(cfg),
+fn commit_after_landed_bytes_changed_fails() {
+    failed_commit(
         |pool, g, _| {
             pool.test_scribble(g.pages[0].0, 5);
             false
         },
         |g| CommitError::ChecksumMismatch(g.pages[0].0),
     );
+}
+
+/// Large grants are re-hashed on the rayon pool: the failure still names the first changed
+/// page in grant order, and commit does not admit.
+#[test]
+fn commit_re_hash_of_a_large_grant_names_the_first_changed_page() {
+    // SmolLM2-sized pages (368,640 bytes): 16 of them pass the parallel threshold.
+    let layout = KvLayout {
+        layers: 30,
+        kv_heads: 3,
+        head_dim: 64,
+        page_size: 16,
+    };
+    let pool = KvPool::new(PoolConfig::with_pages(layout, 16));
+    let r = pool.reserve(owner(1), 16 * 16).unwrap();
+    let g = r.grant().clone();
+    let m = write_all(&pool, &r, 1);
+    pool.test_scribble(g.pages[11].0, 300_000);
+    pool.test_scribble(g.pages[5].0, 7);
+    assert_eq!(
+        r.commit(&m).unwrap_err(),
+        CommitError::ChecksumMismatch(g.pages[5].0)
+    );
+    assert_eq!(pool.stats().readable, 0);
 }
 
 #[test]

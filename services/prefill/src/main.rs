@@ -71,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
             let pool = PoolOptions {
                 device,
                 zero_on_release: cfg.zero_on_release && device == Device::Cpu,
+                // Prefill allocates its pages locally: nothing is ever committed into them.
                 commit_rehash: false,
             };
             let loaded = pagewarden_worker::load(&cfg, pool)?;
