@@ -14,9 +14,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out="$root/target-gpu"
 
 if [ "${1:-}" = "build" ]; then
-  nvrtc_dir=$(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib"))' 2>/dev/null) || {
-    echo "NVRTC missing: python3 -m pip install 'nvidia-cuda-nvrtc-cu12==12.*'" >&2; exit 1; }
-  export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  . "$root/kernels/nvrtc-env.sh"
   cd "$root"
   rm -rf "$out/ptx"
   PAGEWARDEN_PTX_DIR="$out/ptx" cargo test -p pagewarden-kernels --features cuda --test cuda_ptx

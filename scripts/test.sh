@@ -24,8 +24,7 @@ if ! python3 -c 'import nvidia.cuda_nvrtc' >/dev/null 2>&1; then
   echo "== installing NVRTC (nvidia-cuda-nvrtc-cu12)"
   python3 -m pip install -q --no-deps 'nvidia-cuda-nvrtc-cu12==12.*'
 fi
-nvrtc_dir=$(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib"))')
-export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. kernels/nvrtc-env.sh
 
 PAGEWARDEN_MODEL=$(scripts/fetch-model.sh)
 export PAGEWARDEN_MODEL

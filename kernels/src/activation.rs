@@ -113,6 +113,19 @@ pub(crate) fn softmax_blocks(x: &mut [f32], padded: bool) {
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
+/// Attention's softmax: [`softmax_blocks`] over a padded row, vectorized on `isa`.
+#[inline(always)]
+pub(crate) fn softmax_padded(isa: Isa, x: &mut [f32]) {
+    match isa {
+        Isa::Portable => softmax_blocks(x, true),
+        // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { softmax_blocks_avx2(x, true) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 => softmax_blocks(x, true),
+    }
+}
+
 /// [`softmax_blocks`] with each block's `exp` computed eight lanes at a time (same bits).
 ///
 /// # Safety

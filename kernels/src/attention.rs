@@ -16,9 +16,7 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-#[cfg(target_arch = "x86_64")]
-use crate::activation::softmax_blocks_avx2;
-use crate::activation::{softmax_blocks, LANES};
+use crate::activation::{softmax_padded, LANES};
 use crate::attention_sums::{
     dot_gemm, dot_vec, weighted, weighted_add, weighted_finish, weighted_start, Order, VEC_STEP,
 };
@@ -266,14 +264,7 @@ impl DecodeTask<'_, '_> {
             }
         }
         for s in scores.chunks_exact_mut(keys) {
-            match self.isa {
-                Isa::Portable => softmax_blocks(s, true),
-                // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { softmax_blocks_avx2(s, true) },
-                #[cfg(not(target_arch = "x86_64"))]
-                Isa::Avx2 => softmax_blocks(s, true),
-            }
+            softmax_padded(self.isa, s);
             round_f16(s, &mut half);
         }
         let mut acc = vec![0f32; group * VEC_STEP * hd];
@@ -388,14 +379,7 @@ impl Task<'_> {
                         Order::Vec => dot_vec(kj, &qh),
                     } * scale;
                 }
-                match self.isa {
-                    Isa::Portable => softmax_blocks(s, true),
-                    // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => unsafe { softmax_blocks_avx2(s, true) },
-                    #[cfg(not(target_arch = "x86_64"))]
-                    Isa::Avx2 => softmax_blocks(s, true),
-                }
+                softmax_padded(self.isa, s);
                 round_f16(s, &mut half);
                 let o = &mut out[((i - self.i0) * group + h) * hd..][..hd];
                 weighted(self.order, s, v, hd, &mut acc, o);

@@ -301,6 +301,40 @@ pub fn start_prefill(model: &ModelArg, extra: &[&str]) -> Service {
     Service::start("pagewarden-prefill", &worker_args(model, extra))
 }
 
+/// Starts an auditor with its SQLite database in `dir`, both listeners on port 0, and no
+/// scheduled canary sweep.
+pub fn start_auditor(dir: &Path) -> Service {
+    let args: Vec<String> = [
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--probe-interval",
+        "0",
+        "--data-dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        dir.display().to_string(),
+        "--database-url".to_string(),
+        format!("sqlite://{}/auditor.sqlite?mode=rwc", dir.display()),
+    ])
+    .collect();
+    Service::start("pagewarden-auditor", &args)
+}
+
+/// GETs `path` from a service's HTTP listener as JSON; panics on any failure.
+pub async fn get_json(service: &Service, path: &str) -> serde_json::Value {
+    reqwest::get(format!("{}{path}", service.http_url()))
+        .await
+        .and_then(|r| r.error_for_status())
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+        .json()
+        .await
+        .expect("json body")
+}
+
 /// The API key of tenant `tenant-N` in routers started by [`start_router`].
 pub fn api_key(n: usize) -> String {
     format!("test-key-{n}")

@@ -18,7 +18,8 @@ use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient;
 use pagewarden_system_tests::driver::{fresh_ref, greedy, reason, Driver};
 use pagewarden_system_tests::{
-    api_key, start_decode, start_prefill, start_router_with, ModelArg, Service,
+    api_key, get_json, start_auditor, start_decode, start_prefill, start_router_with, ModelArg,
+    Service,
 };
 use serde_json::{json, Value};
 use tonic::transport::Channel;
@@ -29,32 +30,6 @@ const DECODE_NODE: &str = "decode-audited";
 const PROMPT: [u32; 20] = [
     30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49,
 ];
-
-fn start_auditor(dir: &std::path::Path) -> Service {
-    let args: Vec<String> = vec![
-        "--http-addr".into(),
-        "127.0.0.1:0".into(),
-        "--grpc-addr".into(),
-        "127.0.0.1:0".into(),
-        "--probe-interval".into(),
-        "0".into(),
-        "--data-dir".into(),
-        dir.display().to_string(),
-        "--database-url".into(),
-        format!("sqlite://{}/auditor.sqlite?mode=rwc", dir.display()),
-    ];
-    Service::start("pagewarden-auditor", &args)
-}
-
-async fn get_json(auditor: &Service, path: &str) -> Value {
-    reqwest::get(format!("{}{path}", auditor.http_url()))
-        .await
-        .and_then(|r| r.error_for_status())
-        .unwrap_or_else(|e| panic!("auditor {path}: {e}"))
-        .json()
-        .await
-        .expect("auditor json")
-}
 
 /// Every incident, any status.
 async fn incidents(auditor: &Service) -> Vec<Value> {

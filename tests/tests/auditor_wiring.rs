@@ -8,42 +8,11 @@ use pagewarden_common::auditor_client::{AuditorClient, AuditorIntegritySink};
 use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind, IntegritySink};
 use pagewarden_common::{RequestId, TenantId};
 use pagewarden_system_tests::{
-    api_key, start_decode, start_prefill, start_router, ModelArg, Service,
+    api_key, get_json, start_auditor, start_decode, start_prefill, start_router, ModelArg, Service,
 };
 use serde_json::{json, Value};
 
 const TINY: ModelArg = ModelArg::Tiny(11);
-
-fn start_auditor(dir: &std::path::Path) -> Service {
-    let args: Vec<String> = [
-        "--http-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--probe-interval",
-        "0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        "--data-dir".to_string(),
-        dir.display().to_string(),
-        "--database-url".to_string(),
-        format!("sqlite://{}/auditor.sqlite?mode=rwc", dir.display()),
-    ])
-    .collect();
-    Service::start("pagewarden-auditor", &args)
-}
-
-async fn get_json(auditor: &Service, path: &str) -> Value {
-    reqwest::get(format!("{}{path}", auditor.http_url()))
-        .await
-        .and_then(|r| r.error_for_status())
-        .unwrap_or_else(|e| panic!("auditor {path}: {e}"))
-        .json()
-        .await
-        .expect("auditor json")
-}
 
 /// Polls `path` until `done` holds or `within` passes; returns the last answer.
 async fn poll(

@@ -119,6 +119,33 @@ where
     }
 }
 
+/// Sends a good request for `tenant` that the paused prefill holds, and returns once the
+/// router counts it in flight; the task yields its status and body when it finishes.
+async fn hold_one_request(
+    router: &Service,
+    tenant: usize,
+) -> tokio::task::JoinHandle<(u16, String)> {
+    let url = completions(router);
+    let held = tokio::spawn(async move {
+        let r = client()
+            .post(url)
+            .bearer_auth(api_key(tenant))
+            .json(&good_body())
+            .send()
+            .await
+            .expect("held request");
+        let status = r.status().as_u16();
+        (status, r.text().await.unwrap_or_default())
+    });
+    wait_until(
+        Duration::from_secs(10),
+        "the held request in flight",
+        || async { router.http_metric(IN_FLIGHT).await == 1.0 },
+    )
+    .await;
+    held
+}
+
 async fn health_status(router: &Service) -> u16 {
     reqwest::get(format!("{}/health", router.http_url()))
         .await
@@ -435,26 +462,7 @@ async fn over_capacity_gets_429_and_no_workers_gets_503_with_retry_after() {
 
     // 429: the one slot is held by a request waiting on the paused prefill.
     prefill.signal("STOP");
-    let held = {
-        let url = completions(&narrow);
-        tokio::spawn(async move {
-            let r = client()
-                .post(url)
-                .bearer_auth(api_key(0))
-                .json(&good_body())
-                .send()
-                .await
-                .expect("held request");
-            let status = r.status().as_u16();
-            (status, r.text().await.unwrap_or_default())
-        })
-    };
-    wait_until(
-        Duration::from_secs(10),
-        "the held request in flight",
-        || async { narrow.http_metric(IN_FLIGHT).await == 1.0 },
-    )
-    .await;
+    let held = hold_one_request(&narrow, 0).await;
     for tenant in [0, 1] {
         let r = client()
             .post(completions(&narrow))
@@ -534,24 +542,7 @@ async fn sigterm_drains_the_in_flight_request_and_exits_zero() {
     assert_good(&router, 0).await;
 
     prefill.signal("STOP");
-    let url = completions(&router);
-    let held = tokio::spawn(async move {
-        let r = client()
-            .post(url)
-            .bearer_auth(api_key(1))
-            .json(&good_body())
-            .send()
-            .await
-            .expect("held request");
-        let status = r.status().as_u16();
-        (status, r.text().await.unwrap_or_default())
-    });
-    wait_until(
-        Duration::from_secs(10),
-        "the held request in flight",
-        || async { router.http_metric(IN_FLIGHT).await == 1.0 },
-    )
-    .await;
+    let held = hold_one_request(&router, 1).await;
 
     router.signal("TERM");
     // Draining: no new request is served (refused, or never answered), while the process

@@ -80,13 +80,7 @@ impl AuditorClient {
     /// task on the current tokio runtime; at most `capacity` reports wait in the buffer.
     /// `http://` is assumed when `endpoint` names no scheme.
     pub fn spawn(endpoint: &str, capacity: usize) -> Result<Self, ClientError> {
-        let uri = if endpoint.contains("://") {
-            endpoint.to_string()
-        } else {
-            format!("http://{endpoint}")
-        };
-        let ep = Endpoint::from_shared(uri)
-            .map_err(|e| ClientError::Endpoint(endpoint.to_string(), e.to_string()))?
+        let ep = endpoint_of(endpoint)?
             .connect_timeout(Duration::from_secs(1))
             .timeout(SEND_TIMEOUT);
         let grpc = GrpcClient::new(ep.connect_lazy());
@@ -173,6 +167,17 @@ async fn send_loop(
 /// How long a worker that is about to exit waits for the auditor to take its failed preflight.
 pub const FAILURE_REPORT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// The auditor's gRPC endpoint; `http://` is assumed when `endpoint` names no scheme.
+fn endpoint_of(endpoint: &str) -> Result<Endpoint, ClientError> {
+    let uri = if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    };
+    Endpoint::from_shared(uri)
+        .map_err(|e| ClientError::Endpoint(endpoint.to_string(), e.to_string()))
+}
+
 /// Sends a failed start-up (preflight refused, model unreadable, device unusable) to the
 /// auditor and waits for it to be taken, for a worker that exits right after (I7, I8): the
 /// buffered client would be torn down with the process before its sender ran.
@@ -182,13 +187,7 @@ pub async fn send_preflight_failure(
     role: &str,
     why: &str,
 ) -> Result<(), ClientError> {
-    let uri = if endpoint.contains("://") {
-        endpoint.to_string()
-    } else {
-        format!("http://{endpoint}")
-    };
-    let ep = Endpoint::from_shared(uri)
-        .map_err(|e| ClientError::Endpoint(endpoint.to_string(), e.to_string()))?
+    let ep = endpoint_of(endpoint)?
         .connect_timeout(FAILURE_REPORT_TIMEOUT)
         .timeout(FAILURE_REPORT_TIMEOUT);
     let report = pb::PreflightReport {

@@ -140,11 +140,8 @@ impl PoolInner {
         {
             return Err(CommitError::DigestMismatch);
         }
-        let rehashed = if self.check_checksums() && self.cfg.commit_rehash {
-            self.rehash(grant)
-        } else {
-            Vec::new()
-        };
+        let rehashed =
+            (self.check_checksums() && self.cfg.commit_rehash).then(|| self.rehash(grant));
         let mut per_page_ok = true;
         for (i, ((page, generation), meta)) in grant.pages.iter().zip(metas).enumerate() {
             let ours = meta.state == (PageState::Reserved { grant: grant.key })
@@ -166,8 +163,8 @@ impl PoolInner {
                 // The bytes still in the page against the same: a write that slipped past the
                 // fence after landing (the late-write class) changed them.
                 if rehashed
-                    .get(i)
-                    .is_some_and(|&now| now != meta.landed_checksum)
+                    .as_ref()
+                    .is_some_and(|now| now[i] != meta.landed_checksum)
                 {
                     return Err(CommitError::ChecksumMismatch(*page));
                 }
