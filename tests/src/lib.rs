@@ -52,12 +52,12 @@ pub fn model_path() -> PathBuf {
     p
 }
 
-/// The reference json (env `PAGEWARDEN_REFERENCE`, default `../shared/reference/...`).
+/// The reference json (env `PAGEWARDEN_REFERENCE`, default `tests/data/reference/...`).
 pub fn reference_path() -> PathBuf {
     let p = std::env::var_os("PAGEWARDEN_REFERENCE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            workspace_root().join("../shared/reference/smollm2-135m-instruct-q4_1.json")
+            workspace_root().join("tests/data/reference/smollm2-135m-instruct-q4_1.json")
         });
     assert!(
         p.exists(),

@@ -26,7 +26,7 @@ fn reference_prompt(i: usize) -> (String, Vec<u32>) {
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../../shared/reference/smollm2-135m-instruct-q4_1.json")
+                .join("../../tests/data/reference/smollm2-135m-instruct-q4_1.json")
         });
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
         panic!(

@@ -40,7 +40,7 @@ fn model_path() -> PathBuf {
 fn reference_path() -> PathBuf {
     std::env::var_os("PAGEWARDEN_REFERENCE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("../shared/reference/smollm2-135m-instruct-q4_1.json"))
+        .unwrap_or_else(|| workspace().join("tests/data/reference/smollm2-135m-instruct-q4_1.json"))
 }
 
 fn argmax(x: &[f32]) -> u32 {

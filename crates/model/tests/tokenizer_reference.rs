@@ -26,7 +26,9 @@ fn model_path() -> PathBuf {
 fn reference() -> serde_json::Value {
     let p = std::env::var_os("PAGEWARDEN_REFERENCE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("../shared/reference/smollm2-135m-instruct-q4_1.json"));
+        .unwrap_or_else(|| {
+            workspace().join("tests/data/reference/smollm2-135m-instruct-q4_1.json")
+        });
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
         panic!(
             "reference file {} is missing ({e}): set PAGEWARDEN_REFERENCE",

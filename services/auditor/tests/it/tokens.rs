@@ -25,7 +25,7 @@ fn reference() -> serde_json::Value {
         .map(PathBuf::from)
         .unwrap_or_else(|_| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../../shared/reference/smollm2-135m-instruct-q4_1.json")
+                .join("../../tests/data/reference/smollm2-135m-instruct-q4_1.json")
         });
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading reference {}: {e}", path.display()));
