@@ -104,30 +104,32 @@ async fn sweep(args: ProbeArgs) -> anyhow::Result<()> {
         tokens,
     };
     let prober = Prober::new(engine.clone(), settings)?;
-    let pb = crate::fetch::spinner(format!("probing {router}"));
-    let run = prober.run_once().await;
-    pb.finish_and_clear();
-    let run = run.context("running the probe sweep")?;
-    let store = engine.store();
-    let results = store.probe_results(run).await?;
+    println!("probing {router}");
     println!(
         "{:<14} {:>4} {:>7} {:>6} {:>8} {:>8}  {:<20} detail",
         "tenant", "step", "words", "http", "prompt", "ttft_ms", "outcome"
     );
+    // The prober records each step as it ends: print them from the store while it runs, so a
+    // sweep of many minutes on CPU shows its progress step by step.
+    let sweep = prober.run_once();
+    tokio::pin!(sweep);
+    let mut printed = 0;
+    let run = loop {
+        let done = tokio::select! {
+            r = &mut sweep => Some(r),
+            _ = tokio::time::sleep(Duration::from_millis(300)) => None,
+        };
+        if let Some(r) = engine.store().probe_runs(1).await?.first() {
+            printed = print_new_steps(&engine, r.id, printed).await?;
+        }
+        if let Some(r) = done {
+            let run = r.context("running the probe sweep")?;
+            print_new_steps(&engine, run, printed).await?;
+            break run;
+        }
+    };
+    let store = engine.store();
     let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
-    for r in &results {
-        println!(
-            "{:<14} {:>4} {:>7} {:>6} {:>8} {:>8}  {:<20} {}",
-            r.tenant,
-            r.step,
-            r.prompt_words,
-            opt(r.http_status),
-            opt(r.prompt_tokens),
-            opt(r.ttft_ms),
-            r.outcome.as_str(),
-            r.detail
-        );
-    }
     let summary = store
         .probe_runs(1)
         .await?
@@ -146,6 +148,30 @@ async fn sweep(args: ProbeArgs) -> anyhow::Result<()> {
             bail!("probe run {s}: {}", summary.message)
         }
     }
+}
+
+/// Prints the steps of `run` past the first `printed`; returns how many are printed now.
+async fn print_new_steps(
+    engine: &Engine,
+    run: pagewarden_auditor::domain::ProbeRunId,
+    printed: usize,
+) -> anyhow::Result<usize> {
+    let results = engine.store().probe_results(run).await?;
+    let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+    for r in results.iter().skip(printed) {
+        println!(
+            "{:<14} {:>4} {:>7} {:>6} {:>8} {:>8}  {:<20} {}",
+            r.tenant,
+            r.step,
+            r.prompt_words,
+            opt(r.http_status),
+            opt(r.prompt_tokens),
+            opt(r.ttft_ms),
+            r.outcome.as_str(),
+            r.detail
+        );
+    }
+    Ok(results.len().max(printed))
 }
 
 #[cfg(test)]

@@ -85,7 +85,7 @@ pub async fn chat(
 }
 
 /// Tokenizing a long prompt is CPU work: keep it off the async workers.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, RouterError> + Send + 'static,
 ) -> Result<T, RouterError> {
     tokio::task::spawn_blocking(f)
@@ -93,7 +93,7 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| RouterError::Internal(format!("tokenizer task failed: {e}")))?
 }
 
-fn check_model(state: &AppState, model: Option<&str>) -> Result<(), RouterError> {
+pub(crate) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), RouterError> {
     match model {
         Some(m) if m != state.frontend.model_name() => Err(RouterError::ModelNotFound(m.into())),
         Some(_) | None => Ok(()),

@@ -16,6 +16,7 @@
 //! - `sse.rs`: OpenAI chunks as server-sent events, `[DONE]`
 //! - `openai.rs`: response bodies, usage, model list
 //! - `handlers.rs`: the HTTP handlers
+//! - `tokenize.rs`: `/tokenize`, `/detokenize`, `/version` (no worker involved)
 //! - `record.rs`: concurrency slot (429) and the per-request outcome count
 //! - `error.rs`: `RouterError` and its one mapping to status + OpenAI error body
 //! - `metrics.rs`: `pagewarden_router_*` Prometheus metrics
@@ -42,6 +43,7 @@ pub mod server;
 pub mod sse;
 pub mod telemetry;
 pub mod tenants;
+pub mod tokenize;
 pub mod validation;
 pub mod workers;
 

@@ -1,5 +1,10 @@
 //! Typed readers over a JSON object: each returns a [`ValidationError`] that names the field and
-//! says what was expected, so `validation` reads as a list of fields.
+//! says what was expected, so `validation` reads as a list of fields. Every field read is
+//! remembered, so that [`Fields::reject_unknown`] can refuse the ones nobody read: OpenAI answers
+//! an unknown argument with a 400, and a silently dropped parameter changes what a client gets.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 
@@ -10,6 +15,7 @@ use crate::extract::kind_of;
 pub struct Fields<'a> {
     map: &'a Map<String, Value>,
     prefix: String,
+    read: RefCell<BTreeSet<String>>,
 }
 
 impl<'a> Fields<'a> {
@@ -18,6 +24,7 @@ impl<'a> Fields<'a> {
         Self {
             map,
             prefix: String::new(),
+            read: RefCell::default(),
         }
     }
 
@@ -26,6 +33,7 @@ impl<'a> Fields<'a> {
         Self {
             map,
             prefix: prefix.into(),
+            read: RefCell::default(),
         }
     }
 
@@ -44,9 +52,22 @@ impl<'a> Fields<'a> {
         ValidationError::new(name.clone(), format!("`{name}` {what}"))
     }
 
-    /// The raw value, `None` when absent or null.
+    /// The raw value, `None` when absent or null. Marks `field` as known.
     pub fn get(&self, field: &str) -> Option<&'a Value> {
+        self.read.borrow_mut().insert(field.to_owned());
         self.map.get(field).filter(|v| !v.is_null())
+    }
+
+    /// Refuses the first field (in name order) that no reader asked for, naming it.
+    pub fn reject_unknown(&self) -> Result<(), ValidationError> {
+        let read = self.read.borrow();
+        match self.map.keys().find(|k| !read.contains(k.as_str())) {
+            None => Ok(()),
+            Some(k) => Err(self.err(
+                k,
+                "is not a recognized parameter (the README lists the accepted ones)",
+            )),
+        }
     }
 
     /// A value that must be present.

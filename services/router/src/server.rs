@@ -19,6 +19,7 @@ use crate::handlers;
 use crate::metrics::{Metrics, RoleLabels};
 use crate::sample::SampleSink;
 use crate::tenants::{require_tenant, Tenants, TenantsError};
+use crate::tokenize;
 use crate::workers::{PoolError, WorkerPool};
 
 /// Runtime settings the handlers read.
@@ -131,6 +132,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/models", get(handlers::models))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_tenant,
@@ -138,6 +141,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(v1)
         .route("/health", get(handlers::health))
+        .route("/version", get(tokenize::version))
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(|method: axum::http::Method| async move {

@@ -88,6 +88,7 @@ impl ValidCompletionRequest {
         f.only_default("best_of", &[json!(1)])?;
         f.only_default("suffix", &[json!("")])?;
         let common = parse_common(&f, "max_tokens")?;
+        f.reject_unknown()?;
         Ok(Self { prompt, common })
     }
 }
@@ -102,13 +103,93 @@ impl ValidChatRequest {
         f.only_default("tools", &[json!([])])?;
         f.only_default("tool_choice", &[json!("none"), json!("auto")])?;
         f.only_default("response_format", &[json!({"type": "text"})])?;
-        let max_field = if f.get("max_completion_tokens").is_some() {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
+        f.only_default("functions", &[json!([])])?;
+        f.only_default("function_call", &[json!("none"), json!("auto")])?;
+        f.only_default("parallel_tool_calls", &[json!(true), json!(false)])?;
+        let max_field = match (f.get("max_completion_tokens"), f.get("max_tokens")) {
+            (Some(_), Some(_)) => {
+                return Err(f.err(
+                    "max_tokens",
+                    "and `max_completion_tokens` were both given; send one of them",
+                ))
+            }
+            (Some(_), None) => "max_completion_tokens",
+            (None, _) => "max_tokens",
         };
         let common = parse_common(&f, max_field)?;
+        f.reject_unknown()?;
         Ok(Self { messages, common })
+    }
+}
+
+/// What `/tokenize` turns into tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenizeInput {
+    /// A completion prompt, tokenized as `/v1/completions` does.
+    Prompt(Prompt),
+    /// A conversation, rendered and tokenized as `/v1/chat/completions` does.
+    Messages(Vec<ChatTurn>),
+}
+
+/// A `/tokenize` body that passed every check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidTokenizeRequest {
+    /// The model named by the client, if any.
+    pub model: Option<String>,
+    /// The text to tokenize.
+    pub input: TokenizeInput,
+}
+
+impl ValidTokenizeRequest {
+    /// Parses a `/tokenize` body: exactly one of `prompt` and `messages`.
+    pub fn parse(body: &Map<String, Value>) -> Result<Self, ValidationError> {
+        let f = Fields::new(body);
+        let model = f.string("model")?.map(str::to_owned);
+        let input = match (f.get("prompt").is_some(), f.get("messages").is_some()) {
+            (true, false) => TokenizeInput::Prompt(parse_prompt(&f)?),
+            (false, true) => TokenizeInput::Messages(parse_messages(&f)?),
+            (true, true) => return Err(f.err("prompt", "and `messages` were both given; send one")),
+            (false, false) => return Err(f.err("prompt", "or `messages` is required")),
+        };
+        f.reject_unknown()?;
+        Ok(Self { model, input })
+    }
+}
+
+/// A `/detokenize` body that passed every check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidDetokenizeRequest {
+    /// The model named by the client, if any.
+    pub model: Option<String>,
+    /// Token ids, each inside the vocabulary.
+    pub tokens: Vec<u32>,
+}
+
+impl ValidDetokenizeRequest {
+    /// Parses a `/detokenize` body against a vocabulary of `vocab` tokens.
+    pub fn parse(body: &Map<String, Value>, vocab: usize) -> Result<Self, ValidationError> {
+        let f = Fields::new(body);
+        let model = f.string("model")?.map(str::to_owned);
+        let tokens = match f.require("tokens")? {
+            Value::Array(ids) => token_ids(&f, "tokens", ids)?,
+            v => {
+                return Err(f.err(
+                    "tokens",
+                    format!("must be an array of token ids, found {}", kind_of(v)),
+                ))
+            }
+        };
+        if let Some(i) = tokens.iter().position(|&t| t as usize >= vocab) {
+            return Err(f.err(
+                &format!("tokens[{i}]"),
+                format!(
+                    "is token id {}, outside the vocabulary of {vocab} tokens",
+                    tokens[i]
+                ),
+            ));
+        }
+        f.reject_unknown()?;
+        Ok(Self { model, tokens })
     }
 }
 
@@ -119,6 +200,8 @@ fn parse_common(f: &Fields<'_>, max_field: &str) -> Result<ValidCommon, Validati
     f.only_default("presence_penalty", &[json!(0), json!(0.0)])?;
     f.only_default("frequency_penalty", &[json!(0), json!(0.0)])?;
     f.only_default("logit_bias", &[json!({})])?;
+    f.only_default("store", &[json!(false)])?;
+    f.only_default("service_tier", &[json!("auto"), json!("default")])?;
     f.string("user")?;
     let temperature = f.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
     let top_p = match f.number("top_p", 0.0, 1.0)? {
@@ -136,9 +219,12 @@ fn parse_common(f: &Fields<'_>, max_field: &str) -> Result<ValidCommon, Validati
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.get("stream_options") {
         None => false,
-        Some(Value::Object(o)) => Fields::nested(o, "stream_options")
-            .bool("include_usage")?
-            .unwrap_or(false),
+        Some(Value::Object(o)) => {
+            let so = Fields::nested(o, "stream_options");
+            let include = so.bool("include_usage")?.unwrap_or(false);
+            so.reject_unknown()?;
+            include
+        }
         Some(v) => {
             return Err(f.err(
                 "stream_options",
@@ -296,6 +382,7 @@ fn parse_message(f: &Fields<'_>, i: usize, m: &Value) -> Result<ChatTurn, Valida
             ))
         }
     };
+    mf.reject_unknown()?;
     Ok(ChatTurn {
         role: role.to_string(),
         content,
@@ -310,7 +397,9 @@ fn text_parts(mf: &Fields<'_>, parts: &[Value]) -> Result<String, ValidationErro
             return Err(mf.err(&at, format!("must be an object, found {}", kind_of(part))));
         };
         let pf = Fields::nested(p, mf.name(&at));
-        match (pf.string("type")?, pf.string("text")?) {
+        let (ty, t) = (pf.string("type")?, pf.string("text")?);
+        pf.reject_unknown()?;
+        match (ty, t) {
             (Some("text"), Some(t)) => text.push_str(t),
             (Some("text"), None) => return Err(pf.err("text", "is required")),
             (Some(other), _) => {

@@ -91,6 +91,13 @@ async fn bad_parameters_are_400_naming_the_field() {
             "stream_options.include_usage",
         ),
         (json!({"prompt": "hi", "echo": true}), "echo"),
+        // Unknown or misspelled fields are refused by name, never dropped.
+        (json!({"prompt": "hi", "min_p": 0.1}), "min_p"),
+        (json!({"prompt": "hi", "max_token": 5}), "max_token"),
+        (
+            json!({"prompt": "hi", "stream_options": {"include_usage": true, "usage": 1}}),
+            "stream_options.usage",
+        ),
         (json!({"prompt": "hi", "model": 3}), "model"),
         (json!({"prompt": ""}), "prompt"),
     ];
@@ -126,6 +133,22 @@ async fn bad_parameters_are_400_naming_the_field() {
         (
             json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}),
             "max_completion_tokens",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 3, "max_tokens": 3}),
+            "max_tokens",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x", "name": "ann"}]}),
+            "messages[0].name",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache": 1}]}]}),
+            "messages[0].content[0].cache",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 1.1}),
+            "repetition_penalty",
         ),
     ];
     for (body, field) in chat_cases {
@@ -285,4 +308,56 @@ async fn fuzzed_requests_over_http_are_2xx_or_4xx() {
             String::from_utf8_lossy(&body)
         );
     }
+}
+
+#[tokio::test]
+async fn tokenize_detokenize_and_version() {
+    let h = Harness::start(Opts::default()).await;
+    let text = "hello world, tokens";
+    let r = h.post("/tokenize", &json!({"prompt": text})).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let ids: Vec<u32> = serde_json::from_value(v["tokens"].clone()).unwrap();
+    assert_eq!(ids, h.tokens(text), "the router's own tokenization");
+    assert_eq!(v["count"], ids.len());
+
+    let r = h.post("/detokenize", &json!({"tokens": ids})).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["prompt"], text);
+
+    let chat = h
+        .post(
+            "/tokenize",
+            &json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(chat.status(), 200);
+    let v: Value = chat.json().await.unwrap();
+    assert!(v["count"].as_u64().unwrap() > 1);
+
+    let cases = [
+        (
+            "/tokenize",
+            json!({"prompt": "x", "add_special": true}),
+            "add_special",
+        ),
+        ("/tokenize", json!({}), "prompt"),
+        ("/detokenize", json!({"tokens": [1, 99999999]}), "tokens[1]"),
+        ("/detokenize", json!({"tokens": "1 2"}), "tokens"),
+    ];
+    for (path, body, field) in cases {
+        let err = expect_error(h.post(path, &body).await, 400).await;
+        assert_eq!(err["param"], field, "{path} {body}");
+    }
+    let r = h
+        .post_raw("/tokenize", b"{\"prompt\":\"x\"}".to_vec(), None)
+        .await;
+    expect_error(r, 401).await;
+
+    let r = h.client.get(h.url("/version")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["version"].is_string());
+    assert_eq!(h.total_reserves(), 0, "no worker is involved");
 }

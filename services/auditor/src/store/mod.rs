@@ -150,6 +150,12 @@ impl Store {
         self.pool.close().await;
     }
 
+    /// Answers when the database does: one `SELECT 1` (the `/health` check).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// Executes one trusted SQL statement verbatim (maintenance and tests; never user input).
     pub async fn execute_raw(&self, sql: &'static str) -> Result<u64, StoreError> {
         Ok(sqlx::query(sql).execute(&self.pool).await?.rows_affected())

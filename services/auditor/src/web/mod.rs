@@ -141,8 +141,23 @@ async fn metrics(axum::extract::State(st): axum::extract::State<AppState>) -> Re
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
-async fn health() -> &'static str {
-    "ok"
+/// Liveness and readiness in one: 200 `ok` while the database answers within a few seconds,
+/// else 503 naming the failure (an auditor that cannot store incidents is not healthy).
+async fn health(axum::extract::State(st): axum::extract::State<AppState>) -> Response {
+    let ping = tokio::time::timeout(std::time::Duration::from_secs(3), st.engine.store().ping());
+    match ping.await {
+        Ok(Ok(())) => (StatusCode::OK, "ok").into_response(),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("database unavailable: {e}"),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database unavailable: no answer within 3 s",
+        )
+            .into_response(),
+    }
 }
 
 /// Every route of the auditor's HTTP listener.

@@ -444,3 +444,16 @@ async fn integrity_chart_and_series() {
     );
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn health_answers_503_while_the_database_is_down() {
+    let r = start().await;
+    let url = format!("http://{}/health", r.http_addr);
+    assert_eq!(get_text(url.clone()).await, "ok");
+    // Closing the pool is what a lost database looks like to the handler: every query fails.
+    r.engine.store().close().await;
+    let resp = reqwest::get(&url).await.unwrap();
+    assert_eq!(resp.status(), 503);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("database unavailable"), "{body}");
+}
