@@ -39,7 +39,8 @@ fi
 . kernels/nvrtc-env.sh
 
 PAGEWARDEN_MODEL=$(scripts/fetch-model.sh)
-export PAGEWARDEN_MODEL
+PAGEWARDEN_GEMMA_MODEL=$(scripts/fetch-model.sh gemma3-270m)
+export PAGEWARDEN_MODEL PAGEWARDEN_GEMMA_MODEL
 
 # A one-off build (CI's fresh clone) gains nothing from incremental caches, which double the
 # size of target/; keep them for developers' repeated runs.

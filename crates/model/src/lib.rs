@@ -19,10 +19,11 @@
 //! - `chat.rs`: `ChatTemplate` (minijinja, HF-compatible), `ChatMessage`
 //! - `sampling.rs`: `SamplingParams`, `Sampler` (greedy, temperature, top-k, top-p, seeded)
 //! - `stop.rs`: `StopMatcher`, stop sequences across streamed text
-//! - `tokenizer.rs`: `Tokenizer` (byte-level BPE from GGUF metadata, llama.cpp-exact ids)
+//! - `tokenizer.rs`: `Tokenizer` (byte-level BPE or SentencePiece from GGUF metadata, llama.cpp-exact ids)
 //! - `tokenizer_bytes.rs`: GPT-2 byte ↔ unicode stand-in table
 //! - `tokenizer_pretok.rs`: `PreTokenizer`, llama.cpp's word splitting per `tokenizer.ggml.pre`
 //! - `tokenizer_bpe.rs`: ranked BPE merging of one word
+//! - `tokenizer_spm.rs`: SentencePiece scored merges with byte fallback (`tokenizer.ggml.model = llama`)
 //! - `tokenizer_stream.rs`: `StreamDecoder`, UTF-8-safe incremental detokenizing
 
 pub mod chat;
@@ -38,6 +39,7 @@ pub mod tokenizer;
 mod tokenizer_bpe;
 mod tokenizer_bytes;
 pub mod tokenizer_pretok;
+mod tokenizer_spm;
 mod tokenizer_stream;
 pub mod weights;
 

@@ -1,6 +1,7 @@
-//! `Tokenizer`: byte-level BPE built from GGUF metadata (`tokenizer.ggml.*`), matching
-//! llama.cpp's ids: special tokens split out first, then the model's pre-tokenizer, then
-//! ranked merges over GPT-2 byte stand-ins. No BOS is ever added.
+//! `Tokenizer`: built from GGUF metadata (`tokenizer.ggml.*`), matching llama.cpp's ids: special
+//! tokens split out first, then either byte-level BPE (`gpt2`: the model's pre-tokenizer, then
+//! ranked merges over GPT-2 byte stand-ins) or SentencePiece (`llama`: scored merges over
+//! characters, byte fallback; `tokenizer_spm`). No BOS is ever added.
 
 use std::collections::HashMap;
 
@@ -8,6 +9,7 @@ use crate::gguf::{GgufError, GgufFile};
 use crate::tokenizer_bpe::{merge_word, MergeRanks};
 use crate::tokenizer_bytes::token_text_to_bytes;
 use crate::tokenizer_pretok::PreTokenizer;
+use crate::tokenizer_spm::SpmVocab;
 
 /// Why a tokenizer could not be built from a GGUF file.
 #[derive(Debug, thiserror::Error)]
@@ -16,7 +18,7 @@ pub enum TokenizerError {
     #[error(transparent)]
     Metadata(#[from] GgufError),
     /// `tokenizer.ggml.model` is not a supported tokenizer model.
-    #[error("unsupported tokenizer model {0:?} (supported: gpt2)")]
+    #[error("unsupported tokenizer model {0:?} (supported: gpt2, llama)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not implement.
     #[error("unsupported pre-tokenizer {0:?}")]
@@ -82,6 +84,8 @@ pub struct Tokenizer {
     byte_ids: [Option<u32>; 256],
     ranks: MergeRanks,
     pre: PreTokenizer,
+    /// Set for SentencePiece vocabularies, which replace the BPE path.
+    spm: Option<SpmVocab>,
     /// Control, user-defined and unknown tokens, longest text first.
     specials: Vec<u32>,
     bos: Option<u32>,
@@ -95,12 +99,14 @@ impl Tokenizer {
     pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         let md = f.metadata();
         let model = md.get_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model.to_string()));
-        }
+        let spm_model = match model {
+            "gpt2" => false,
+            "llama" => true,
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
         let pre_name = match md.get("tokenizer.ggml.pre") {
-            Some(_) => md.get_str("tokenizer.ggml.pre")?,
-            None => "gpt2",
+            Some(_) if !spm_model => md.get_str("tokenizer.ggml.pre")?,
+            Some(_) | None => "gpt2",
         };
         let pre = PreTokenizer::from_name(pre_name)
             .ok_or_else(|| TokenizerError::UnsupportedPre(pre_name.to_string()))?;
@@ -132,15 +138,21 @@ impl Tokenizer {
         let mut by_bytes = HashMap::with_capacity(n);
         let mut by_text: HashMap<&str, u32> = HashMap::with_capacity(n);
         for (i, t) in texts.iter().enumerate() {
-            let bytes = match kinds[i] {
-                TokenKind::Normal | TokenKind::Unused | TokenKind::Byte => {
+            let bytes = match (kinds[i], spm_model) {
+                (TokenKind::Byte, true) => SpmVocab::byte_of(t)
+                    .map(|b| vec![b])
+                    .unwrap_or_else(|| t.as_bytes().to_vec()),
+                (TokenKind::Normal | TokenKind::Unused, true) => SpmVocab::piece_bytes(t),
+                (TokenKind::Normal | TokenKind::Unused | TokenKind::Byte, false) => {
                     token_text_to_bytes(t).unwrap_or_else(|| t.as_bytes().to_vec())
                 }
-                TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown => {
+                (TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown, _) => {
                     t.as_bytes().to_vec()
                 }
             };
-            if let Some(b) = token_text_to_bytes(t) {
+            if spm_model {
+                by_bytes.insert(bytes.clone(), i as u32);
+            } else if let Some(b) = token_text_to_bytes(t) {
                 by_bytes.insert(b, i as u32);
             }
             by_text.insert(t.as_str(), i as u32);
@@ -192,7 +204,19 @@ impl Tokenizer {
                 eog.push(extra);
             }
         }
-        let add_bos = md.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false);
+        // llama.cpp's defaults: SentencePiece adds BOS and a space prefix unless the file says no.
+        let add_bos = md
+            .get_bool("tokenizer.ggml.add_bos_token")
+            .unwrap_or(spm_model);
+        let spm = if spm_model {
+            let scores = md.get_f32_array("tokenizer.ggml.scores")?;
+            let add_space_prefix = md
+                .get_bool("tokenizer.ggml.add_space_prefix")
+                .unwrap_or(true);
+            Some(SpmVocab::new(texts, scores, add_space_prefix)?)
+        } else {
+            None
+        };
         Ok(Tokenizer {
             pieces,
             kinds,
@@ -200,6 +224,7 @@ impl Tokenizer {
             byte_ids,
             ranks,
             pre,
+            spm,
             specials,
             bos,
             eos,
@@ -212,10 +237,21 @@ impl Tokenizer {
     /// `<|im_start|>`) become their ids. User-defined tokens are always parsed. No BOS.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
         let mut out = Vec::new();
+        // SentencePiece prefixes a space to text that starts the input or follows a special.
+        let mut after_special = true;
         for frag in self.partition(text, parse_special) {
             match frag {
-                Fragment::Token(id) => out.push(id),
-                Fragment::Text(t) => self.encode_text(t, &mut out),
+                Fragment::Token(id) => {
+                    out.push(id);
+                    after_special = true;
+                }
+                Fragment::Text(t) => {
+                    match &self.spm {
+                        Some(spm) => spm.tokenize(t, after_special, &mut out),
+                        None => self.encode_text(t, &mut out),
+                    }
+                    after_special = false;
+                }
             }
         }
         out
