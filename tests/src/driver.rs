@@ -80,7 +80,7 @@ impl Driver {
             .into_inner()
     }
 
-    /// `Reserve` on decode.
+    /// `Reserve` on decode, for greedy sampling with `max_tokens`.
     pub async fn reserve(
         &mut self,
         req: &pb::RequestRef,
@@ -88,13 +88,25 @@ impl Driver {
         prompt_tokens: u32,
         max_tokens: u32,
     ) -> Result<pb::WriteGrant, Status> {
+        self.reserve_with(req, tenant, prompt_tokens, greedy(max_tokens))
+            .await
+    }
+
+    /// `Reserve` on decode with the generation's sampling parameters (said once, here).
+    pub async fn reserve_with(
+        &mut self,
+        req: &pb::RequestRef,
+        tenant: &str,
+        prompt_tokens: u32,
+        sampling: pb::SamplingParams,
+    ) -> Result<pb::WriteGrant, Status> {
         let r = self
             .decode
             .reserve(pb::ReserveRequest {
                 req: Some(req.clone()),
                 tenant: tenant.into(),
                 prompt_tokens,
-                max_tokens,
+                sampling: Some(sampling),
             })
             .await?
             .into_inner();
@@ -123,13 +135,12 @@ impl Driver {
             .into_inner())
     }
 
-    /// `Generate` on decode, collected to the end of the stream.
+    /// `Generate` on decode (with the sampling given to `Reserve`), collected to the end of
+    /// the stream.
     pub async fn generate(
         &mut self,
         req: &pb::RequestRef,
-        prompt: &[u32],
         reply: pb::PrefillReply,
-        sampling: pb::SamplingParams,
     ) -> Result<Completion, Status> {
         let mut stream = self
             .decode
@@ -137,8 +148,6 @@ impl Driver {
                 req: Some(req.clone()),
                 manifest: reply.manifest,
                 first_token: reply.first_token,
-                sampling: Some(sampling),
-                prompt_tokens: prompt.to_vec(),
             })
             .await?
             .into_inner();
@@ -180,12 +189,10 @@ impl Driver {
     ) -> Result<Completion, Status> {
         let req = fresh_ref();
         let grant = self
-            .reserve(&req, tenant, prompt.len() as u32, sampling.max_tokens)
+            .reserve_with(&req, tenant, prompt.len() as u32, sampling.clone())
             .await?;
-        let reply = self
-            .prefill(&req, tenant, prompt, grant, sampling.clone())
-            .await?;
-        self.generate(&req, prompt, reply, sampling).await
+        let reply = self.prefill(&req, tenant, prompt, grant, sampling).await?;
+        self.generate(&req, reply).await
     }
 
     /// `Abort` on decode.

@@ -109,7 +109,7 @@ async fn reserve_and_prefill(
 
 /// Sends a forged commit; decode must refuse it (an error, never tokens).
 async fn refused_commit(d: &mut Driver, req: &pb::RequestRef, reply: pb::PrefillReply) {
-    match d.generate(req, &PROMPT, reply, greedy(4)).await {
+    match d.generate(req, reply).await {
         Ok(c) => panic!("decode accepted a forged manifest and generated {c:?}"),
         Err(s) => eprintln!("refused as expected: {:?} {:?}", s.code(), reason(&s)),
     }
@@ -287,7 +287,7 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
         .prefill(&req, "tenant-0", &PROMPT, grant, greedy(4))
         .await
         .expect("prefill of the original");
-    d.generate(&req, &PROMPT, reply, greedy(4))
+    d.generate(&req, reply)
         .await
         .expect("the original request completes");
     total += 1;

@@ -108,10 +108,7 @@ async fn over_length_requests_are_rejected_before_any_allocation() {
                 .prefill(&req, "tenant-a", &prompt, grant, greedy(max_tokens))
                 .await
                 .expect("prefill");
-            let out = d
-                .generate(&req, &prompt, reply, greedy(max_tokens))
-                .await
-                .expect("generate");
+            let out = d.generate(&req, reply).await.expect("generate");
             assert!(out.tokens.len() <= 1);
             continue;
         }
@@ -220,7 +217,7 @@ async fn abort_mid_transfer_and_client_disconnect_free_every_page() {
         let result = call.await.unwrap();
         if let Ok(reply) = result {
             // Prefill finished before the abort: decode must refuse the commit now.
-            assert!(d.generate(&req, &prompt, reply, greedy(4)).await.is_err());
+            assert!(d.generate(&req, reply).await.is_err());
         }
         let (_free, quarantined) = wait_pool_settled(&decode, total).await;
         assert_eq!(
@@ -243,8 +240,6 @@ async fn abort_mid_transfer_and_client_disconnect_free_every_page() {
             req: Some(req.clone()),
             manifest: reply.manifest,
             first_token: reply.first_token,
-            sampling: Some(greedy(200)),
-            prompt_tokens: prompt5.to_vec(),
         })
         .await
         .expect("generate")

@@ -126,6 +126,13 @@ pub struct WorkerFlags {
     /// sender's checksums are compared with the landed ones either way.
     #[arg(long, value_name = "BOOL")]
     pub commit_rehash: Option<bool>,
+    /// Most requests waiting for pages or compute (prefill: passes; decode: reservations);
+    /// one more is refused with RESOURCE_EXHAUSTED `queue_full` (the router's 503).
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// How long a request may wait in that queue before it is refused with `queue_timeout` (ms).
+    #[arg(long)]
+    pub queue_timeout_ms: Option<u64>,
 }
 
 /// The same keys as [`WorkerFlags`], read from the TOML file.
@@ -170,6 +177,10 @@ pub struct WorkerFile {
     pub zero_on_release: Option<bool>,
     /// See [`WorkerFlags::commit_rehash`].
     pub commit_rehash: Option<bool>,
+    /// See [`WorkerFlags::max_queue`].
+    pub max_queue: Option<usize>,
+    /// See [`WorkerFlags::queue_timeout_ms`].
+    pub queue_timeout_ms: Option<u64>,
 }
 
 /// Per-role defaults (listen ports differ so that every service fits on one machine).
@@ -266,6 +277,10 @@ pub struct WorkerConfig {
     pub zero_on_release: bool,
     /// Re-hash landed pages on commit (decode).
     pub commit_rehash: bool,
+    /// Bound on the waiting queue.
+    pub max_queue: usize,
+    /// Bound on one request's wait in that queue.
+    pub queue_timeout: Duration,
 }
 
 impl WorkerConfig {
@@ -354,6 +369,13 @@ impl WorkerConfig {
             ),
             zero_on_release: flags.zero_on_release || file.zero_on_release.unwrap_or(false),
             commit_rehash: flags.commit_rehash.or(file.commit_rehash).unwrap_or(true),
+            max_queue: flags.max_queue.or(file.max_queue).unwrap_or(256),
+            queue_timeout: Duration::from_millis(
+                flags
+                    .queue_timeout_ms
+                    .or(file.queue_timeout_ms)
+                    .unwrap_or(120_000),
+            ),
         })
     }
 }

@@ -66,6 +66,7 @@ pub struct WorkerMetrics {
     integrity_failures: Family<KindLabel, Counter>,
     stale_messages: Counter,
     active_requests: Gauge,
+    queue_depth: Gauge,
     ttft: Histogram,
     inter_token: Histogram,
     transfer_bytes: Counter,
@@ -93,6 +94,7 @@ impl WorkerMetrics {
             integrity_failures: Family::default(),
             stale_messages: Counter::default(),
             active_requests: Gauge::default(),
+            queue_depth: Gauge::default(),
             ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             inter_token: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             transfer_bytes: Counter::default(),
@@ -127,6 +129,11 @@ impl WorkerMetrics {
             "active_requests",
             "Requests in flight",
             m.active_requests.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Requests waiting for pages or compute (holding no pages)",
+            m.queue_depth.clone(),
         );
         registry.register(
             "ttft_seconds",
@@ -186,6 +193,11 @@ impl WorkerMetrics {
     /// Sets the in-flight gauge.
     pub fn set_active(&self, n: usize) {
         self.active_requests.set(n as i64);
+    }
+
+    /// Sets the waiting-queue gauge.
+    pub fn set_queue_depth(&self, n: usize) {
+        self.queue_depth.set(n as i64);
     }
 
     /// Records a time to first token.

@@ -9,9 +9,11 @@
 //! - `boot.rs`: `start_up` (a failure is reported to the auditor) and `auditor_client`.
 //! - `serve.rs`: the gRPC and metrics listeners, pool gauges, and serving until shutdown.
 //! - `wire.rs`: the request reference and sampling parameters, parsed at the gRPC boundary.
+//! - `fair_queue.rs`: `FairQueue`, both workers' waiting line (FIFO per tenant, tenants in turn).
 
 mod boot;
 mod device;
+mod fair_queue;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod role;
@@ -21,6 +23,7 @@ pub mod wire;
 
 pub use boot::{auditor_client, start_up, AUDITOR_BUFFER};
 pub use device::{check_device, open_device, DeviceError, Gpu, GpuOptions, OpenError, Opened};
+pub use fair_queue::FairQueue;
 #[cfg(feature = "cuda")]
 pub use gpu::GpuOpenError;
 pub use role::Role;

@@ -34,3 +34,47 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
         stop: s.stop.clone(),
     })
 }
+
+/// Why a request that fits the context was refused after all: the wait for pages or compute is
+/// bounded in length and in time. On the wire: `RESOURCE_EXHAUSTED` with `pagewarden-reason`
+/// `queue_full` or `queue_timeout` (the router answers 503 with `Retry-After`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueRefusal {
+    /// `limit` requests already wait.
+    Full {
+        /// The configured bound (`--max-queue`).
+        limit: usize,
+    },
+    /// The request waited its whole `--queue-timeout-ms`.
+    Timeout {
+        /// The configured bound.
+        waited: std::time::Duration,
+    },
+}
+
+impl QueueRefusal {
+    /// Label for metrics and the `pagewarden-reason` metadata.
+    pub fn reason(self) -> &'static str {
+        match self {
+            QueueRefusal::Full { .. } => "queue_full",
+            QueueRefusal::Timeout { .. } => "queue_timeout",
+        }
+    }
+
+    /// The wire status; `role` names the worker in the message.
+    pub fn status(self, role: &str) -> Status {
+        let message = match self {
+            QueueRefusal::Full { limit } => {
+                format!("{role} queue full: {limit} requests already wait for KV pages")
+            }
+            QueueRefusal::Timeout { waited } => {
+                format!("{role} queue deadline passed: waited {waited:?} for KV pages")
+            }
+        };
+        let mut s = Status::resource_exhausted(message);
+        if let Ok(v) = self.reason().parse() {
+            s.metadata_mut().insert("pagewarden-reason", v);
+        }
+        s
+    }
+}

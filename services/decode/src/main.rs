@@ -2,7 +2,8 @@
 //!
 //! - `compute.rs`: `Compute`, decode steps on the CPU or a GPU (`--device`).
 //! - `state.rs`: the per-request state enum and its transitions.
-//! - `scheduler.rs`: the single-owner scheduler task (reserve, commit, continuous batching).
+//! - `scheduler.rs`: the single-owner scheduler task (queue, reserve, commit, continuous batching).
+//! - `rotation.rs`: the fair (FCFS, round-robin) order in which sequences are stepped.
 //! - `output.rs`: tokens → stream events (EOG, max_tokens, stop sequences, UTF-8).
 //! - `events.rs`: `TokenEvent` construction.
 //! - `convert.rs`: proto ↔ domain conversions.
@@ -17,6 +18,7 @@ mod convert;
 mod events;
 mod output;
 mod pool_metrics;
+mod rotation;
 mod scheduler;
 mod service;
 mod sink;
@@ -118,6 +120,8 @@ async fn main() -> anyhow::Result<()> {
             integrity,
             node_id: cfg.node_id.clone(),
             max_batch: cfg.max_concurrency,
+            max_queue: cfg.max_queue,
+            queue_timeout: cfg.queue_timeout,
         },
         rx,
         shutdown.clone(),

@@ -16,7 +16,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::convert;
-use crate::scheduler::Command;
+use crate::scheduler::{Command, Load};
 use crate::state::GenerateArgs;
 
 /// Maps an admission rejection to the wire: `INVALID_ARGUMENT` with the reason in metadata.
@@ -72,16 +72,27 @@ impl Decode for DecodeService {
         if m.tenant.is_empty() {
             return Err(Status::invalid_argument("tenant is required"));
         }
+        let sampling = convert::sampling(m.sampling.as_ref())?;
+        // The call may wait in the scheduler's queue; if it is dropped meanwhile (the router
+        // gave up), the request leaves the queue at once.
+        let withdraw = Withdraw {
+            tx: self.tx.clone(),
+            req,
+            attempt,
+            armed: true,
+        };
         let grant = self
             .ask(|reply| Command::Reserve {
                 req,
                 attempt,
                 tenant: TenantId::new(m.tenant),
                 prompt_tokens: m.prompt_tokens as usize,
-                max_tokens: m.max_tokens as usize,
+                sampling,
                 reply,
             })
-            .await??;
+            .await?;
+        withdraw.disarm();
+        let grant = grant?;
         Ok(Response::new(pb::ReserveReply {
             req: m.req,
             grant: Some(convert::grant(&grant, &self.info.transfer_addr)),
@@ -101,22 +112,16 @@ impl Decode for DecodeService {
         let m = request.into_inner();
         let (req, attempt) = convert::request_ref(m.req.as_ref())?;
         let manifest = convert::manifest(m.manifest.as_ref())?;
-        let sampling = convert::sampling(m.sampling.as_ref())?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let max_tokens = sampling.max_tokens;
-        let stop = sampling.stop.clone();
         let args = GenerateArgs {
             manifest,
             first_token: m.first_token,
-            sampling,
             tx,
             received_at,
         };
         self.ask(|reply| Command::Generate {
             req,
             attempt,
-            max_tokens,
-            stop,
             args,
             reply,
         })
@@ -145,7 +150,7 @@ impl Decode for DecodeService {
         &self,
         _request: Request<pb::InfoRequest>,
     ) -> Result<Response<pb::WorkerInfo>, Status> {
-        let load = self.ask(|reply| Command::Load { reply }).await?;
+        let Load { active, queued } = self.ask(|reply| Command::Load { reply }).await?;
         let stats = self.pool.stats();
         Ok(Response::new(pb::WorkerInfo {
             node_id: self.info.node_id.clone(),
@@ -156,9 +161,35 @@ impl Decode for DecodeService {
             page_size: self.info.page_size as u32,
             free_pages: stats.free as u64,
             total_pages: self.pool.capacity_pages() as u64,
-            active_requests: load as u32,
+            active_requests: active as u32,
             transfer_addr: self.info.transfer_addr.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
+            queue_depth: queued as u32,
         }))
+    }
+}
+
+/// Sends [`Command::Withdraw`] when a `Reserve` call is dropped before its answer arrived.
+struct Withdraw {
+    tx: mpsc::Sender<Command>,
+    req: pagewarden_common::RequestId,
+    attempt: pagewarden_common::AttemptId,
+    armed: bool,
+}
+
+impl Withdraw {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.tx.try_send(Command::Withdraw {
+                req: self.req,
+                attempt: self.attempt,
+            });
+        }
     }
 }

@@ -1,12 +1,15 @@
 //! One enum per request: its whole state on this decode worker, owned by the scheduler task.
 //!
 //! ```text
-//!   Reserve ──▶ Reserved ──commit ok (I2)──▶ Running ⇄ Stepping ──eog/stop/length──▶ Finished
-//!                  │                            │         │
-//!                  │ expiry / abort /           │ abort / client gone / KV read refused (I1)
-//!                  │ commit refused             ▼         ▼
-//!                  └────────────────────────▶ Aborted ◀───┘
+//!   Reserve ──▶ Queued ──pages free──▶ Reserved ──commit ok (I2)──▶ Running ⇄ Stepping ──eog/stop/length──▶ Finished
+//!                 │                       │                            │         │
+//!                 │ abort / withdrawn /   │ expiry / abort /           │ abort / client gone / KV read refused (I1)
+//!                 │ queue deadline        │ commit refused             ▼         ▼
+//!                 └───────────────────────┴─────────────────────────▶ Aborted ◀───┘
 //! ```
+//!
+//! `Queued` holds no pages: a request that fits the context (admission, I3, already passed)
+//! waits there, in the scheduler's fair queue, until its whole budget's pages are free (I9).
 //!
 //! `Stepping` means the sequence's pages are on the model thread for one batched step; an abort
 //! that arrives meanwhile is recorded and applied when the step returns. `Finished` and
@@ -16,10 +19,12 @@
 use std::time::Instant;
 
 use pagewarden_common::AttemptId;
-use pagewarden_kvcache::{CommitError, CommitManifest, Owner, ReadablePages, ReservedPages};
+use pagewarden_kvcache::{
+    CommitError, CommitManifest, Owner, ReadablePages, ReservedPages, WriteGrant,
+};
 use pagewarden_model::{Sampler, SamplingParams};
 use pagewarden_proto::v1::TokenEvent;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 use crate::output::Output;
@@ -27,19 +32,33 @@ use crate::output::Output;
 /// Events sent to one `Generate` stream.
 pub type EventTx = mpsc::UnboundedSender<Result<TokenEvent, Status>>;
 
+/// Where a `Reserve` call waits for its grant.
+pub type GrantReply = oneshot::Sender<Result<WriteGrant, Status>>;
+
+/// An admitted `Reserve` waiting for pages; it holds none.
+pub struct Queued {
+    pub owner: Owner,
+    pub prompt_tokens: usize,
+    /// The whole generation's parameters (`max_tokens` among them), given once at `Reserve`.
+    pub sampling: SamplingParams,
+    pub reply: GrantReply,
+    /// When the wait ends with `queue_timeout`.
+    pub deadline: Instant,
+}
+
 /// Pages reserved under a write grant, waiting for prefill's commit.
 pub struct Reservation {
     pub owner: Owner,
     pub pages: ReservedPages,
     pub prompt_tokens: usize,
-    pub max_tokens: usize,
+    pub sampling: SamplingParams,
 }
 
-/// What `Generate` brings to a reservation.
+/// What `Generate` brings to a reservation: only what prefill produced. The sampling
+/// parameters were fixed at `Reserve`, so a `Generate` cannot contradict them.
 pub struct GenerateArgs {
     pub manifest: CommitManifest,
     pub first_token: u32,
-    pub sampling: SamplingParams,
     pub tx: EventTx,
     pub received_at: Instant,
 }
@@ -60,12 +79,12 @@ impl Reservation {
             owner: self.owner,
             pages,
             next_input: args.first_token,
-            sampler: Sampler::new(&args.sampling),
+            sampler: Sampler::new(&self.sampling),
             output,
             tx: args.tx,
             received_at: args.received_at,
             last_emit: None,
-            max_total: self.prompt_tokens + self.max_tokens,
+            max_total: self.prompt_tokens + self.sampling.max_tokens,
         })
     }
 
@@ -92,6 +111,7 @@ pub struct Running {
 
 /// The state of one request.
 pub enum RequestState {
+    Queued(Box<Queued>),
     Reserved(Reservation),
     Running(Box<Running>),
     /// On the model thread; `abort` records an abort that arrived meanwhile.
@@ -116,6 +136,7 @@ impl RequestState {
     /// Label for logs.
     pub fn name(&self) -> &'static str {
         match self {
+            RequestState::Queued(_) => "queued",
             RequestState::Reserved(_) => "reserved",
             RequestState::Running(_) => "running",
             RequestState::Stepping { .. } => "stepping",
@@ -124,13 +145,24 @@ impl RequestState {
         }
     }
 
-    /// Whether the request still holds (or is about to hold) pages.
+    /// Whether the request is not over yet (queued, or holding pages).
     pub fn is_live(&self) -> bool {
+        match self {
+            RequestState::Queued(_)
+            | RequestState::Reserved(_)
+            | RequestState::Running(_)
+            | RequestState::Stepping { .. } => true,
+            RequestState::Finished | RequestState::Aborted => false,
+        }
+    }
+
+    /// Whether the request holds (or is about to hold) pages: live and past the queue.
+    pub fn is_active(&self) -> bool {
         match self {
             RequestState::Reserved(_)
             | RequestState::Running(_)
             | RequestState::Stepping { .. } => true,
-            RequestState::Finished | RequestState::Aborted => false,
+            RequestState::Queued(_) | RequestState::Finished | RequestState::Aborted => false,
         }
     }
 }

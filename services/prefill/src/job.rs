@@ -2,9 +2,9 @@
 //! into decode's granted pages, with cancellation checked between chunks and batches.
 //!
 //! ```text
-//! Admitted ──permit──▶ Computing ──logits──▶ Transferring ──drain ack──▶ Done(manifest)
-//!     │                    │                      │
-//!     └────── cancel ──────┴──────── cancel ──────┴─▶ Cancelled (transfer cancelled + drained)
+//! Admitted ──gate: slot + pages──▶ Computing ──logits──▶ Transferring ──drain ack──▶ Done(manifest)
+//!     │  (waits in the gate's queue)   │                      │
+//!     └──── cancel / queue bound ──────┴──────── cancel ──────┴─▶ Cancelled (transfer cancelled + drained)
 //! ```
 
 use std::sync::Arc;
@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_kvcache::GrantKey;
-use pagewarden_kvcache::{KvPool, Owner, ReadablePages, ReserveError};
+use pagewarden_kvcache::{KvPool, Owner, ReadablePages};
 use pagewarden_model::Sampler;
 use pagewarden_proto::v1 as pb;
 use pagewarden_transfer::{BatchStatus, ManifestBuilder, PageWriteReq, SegmentId, TransferBackend};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::compute::Compute;
+use crate::gate::{Admitted, Gate};
 use crate::grant::ValidPrefill;
 use crate::segments::Segments;
 
@@ -29,7 +29,7 @@ pub struct JobDeps {
     pub compute: Compute,
     pub pool: KvPool,
     pub segments: Segments,
-    pub permits: Arc<Semaphore>,
+    pub gate: Arc<Gate>,
     pub metrics: Arc<WorkerMetrics>,
     pub chunk_tokens: usize,
     pub batch_pages: usize,
@@ -41,29 +41,44 @@ pub async fn run(
     job: ValidPrefill,
     cancel: CancellationToken,
 ) -> Result<pb::PrefillReply, Status> {
-    let permit = tokio::select! {
-        p = deps.permits.clone().acquire_owned() => p.map_err(|_| Status::unavailable("shutting down")),
-        () = cancel.cancelled() => Err(cancelled()),
+    let owner = Owner {
+        request: job.req,
+        tenant: job.tenant.clone(),
     };
-    let _permit = match permit {
-        Ok(p) => p,
-        Err(s) => {
+    let Admitted { pages, slot } = match deps.gate.admit(owner, job.prompt.len(), &cancel).await {
+        Ok(a) => a,
+        Err(refused) => {
             abandon_grant(&deps, &job).await;
-            return Err(s);
+            return Err(refused.status());
         }
     };
+    let result = compute_and_send(&deps, &job, pages, &cancel).await;
+    // The pages were dropped inside: the next waiter finds them free.
+    drop(slot);
+    result
+}
+
+/// The forward pass over the admitted pages, then the transfer; the pages are released when
+/// this returns.
+async fn compute_and_send(
+    deps: &Arc<JobDeps>,
+    job: &ValidPrefill,
+    pages: ReadablePages,
+    cancel: &CancellationToken,
+) -> Result<pb::PrefillReply, Status> {
     let started = Instant::now();
-    let (pages, first_token) = match compute(&deps, &job, &cancel).await {
+    let (pages, first_token) = match compute(deps, job, pages, cancel).await {
         Ok(done) => done,
         Err(s) => {
-            abandon_grant(&deps, &job).await;
+            abandon_grant(deps, job).await;
             return Err(s);
         }
     };
     deps.metrics
         .observe_prefill(started.elapsed().as_secs_f64());
     let t0 = Instant::now();
-    let (manifest, bytes) = transfer(&deps, &job, &pages, &cancel).await?;
+    let (manifest, bytes) = transfer(deps, job, &pages, cancel).await?;
+    drop(pages);
     let secs = t0.elapsed();
     deps.metrics.observe_transfer(bytes, secs.as_secs_f64());
     Ok(pb::PrefillReply {
@@ -130,24 +145,9 @@ async fn abandon_grant(deps: &JobDeps, job: &ValidPrefill) {
 async fn compute(
     deps: &Arc<JobDeps>,
     job: &ValidPrefill,
+    mut pages: ReadablePages,
     cancel: &CancellationToken,
 ) -> Result<(ReadablePages, u32), Status> {
-    let owner = Owner {
-        request: job.req,
-        tenant: job.tenant.clone(),
-    };
-    let mut pages = deps
-        .pool
-        .allocate(owner, job.prompt.len())
-        .map_err(|e| match e {
-            ReserveError::Exhausted { .. } => {
-                deps.metrics.rejection("pool_exhausted");
-                Status::resource_exhausted(format!("prefill KV pool busy: {e}"))
-            }
-            ReserveError::TooLarge { .. } | ReserveError::ZeroTokens => {
-                Status::invalid_argument(e.to_string())
-            }
-        })?;
     let d = deps.clone();
     let prompt = job.prompt.clone();
     let sampling = job.sampling.clone();

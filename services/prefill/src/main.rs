@@ -2,6 +2,7 @@
 //!
 //! - `compute.rs`: `Compute`, the forward pass and page reads on the CPU or a GPU (`--device`).
 //! - `grant.rs`: parsing the request and decode's write grant.
+//! - `gate.rs`: the bounded fair queue for a compute slot and the prompt's pages (I9).
 //! - `job.rs`: one job: chunked forward pass, first token, KV transfer, manifest.
 //! - `segments.rs`: the transfer backend and its open segments.
 //! - `service.rs`: the `Prefill` gRPC service (admission, cancellation).
@@ -9,6 +10,7 @@
 //! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
 
 mod compute;
+mod gate;
 mod grant;
 mod job;
 mod segments;
@@ -99,7 +101,15 @@ async fn main() -> anyhow::Result<()> {
         compute,
         pool: loaded.pool.clone(),
         segments: segments::Segments::new(backend),
-        permits: Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrency)),
+        gate: gate::Gate::new(
+            loaded.pool.clone(),
+            gate::GateConfig {
+                max_running: cfg.max_concurrency,
+                max_queue: cfg.max_queue,
+                queue_timeout: cfg.queue_timeout,
+            },
+            metrics.clone(),
+        ),
         metrics: metrics.clone(),
         chunk_tokens: cfg.chunk_tokens,
         batch_pages: cli.batch_pages,

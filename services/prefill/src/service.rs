@@ -174,6 +174,7 @@ impl Prefill for PrefillService {
             active_requests: self.active.lock().len() as u32,
             transfer_addr: String::new(),
             version: env!("CARGO_PKG_VERSION").into(),
+            queue_depth: self.deps.gate.queued() as u32,
         }))
     }
 }

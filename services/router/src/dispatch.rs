@@ -300,7 +300,7 @@ impl Flight {
             req: Some(self.req.clone()),
             tenant: self.job.tenant.to_string(),
             prompt_tokens: self.prompt_tokens(),
-            max_tokens: self.job.admitted.max_tokens,
+            sampling: Some(self.sampling()),
         };
         let mut client = self.decode.worker().decode();
         let reply = self
@@ -344,8 +344,6 @@ impl Flight {
             req: Some(self.req.clone()),
             manifest: reply.manifest,
             first_token: reply.first_token,
-            sampling: Some(self.sampling()),
-            prompt_tokens: self.job.admitted.prompt.clone(),
         };
         let mut client = self.decode.worker().decode();
         self.call(

@@ -58,12 +58,13 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
     }
 }
 
-/// A request whose first token has arrived.
+/// A dispatched request, answered as it goes.
 pub struct Streaming {
     /// The dispatched request.
     pub flight: Flight,
-    /// Its first token, not yet sent.
-    pub first: Token,
+    /// Its first token, not yet sent (a full answer waits for it before anything is sent; a
+    /// stream starts before it).
+    pub first: Option<Token>,
     /// Shared body fields.
     pub meta: ResponseMeta,
     /// Send a usage chunk at the end.
@@ -105,6 +106,19 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
         &flight.id().to_string(),
         state.frontend.model_name(),
     );
+    if p.common.stream {
+        // Headers and the first chunk go out now; queueing and prefill happen inside the
+        // stream (keep-alive comments meanwhile), and a worker failure there becomes an
+        // error event.
+        return Ok(Started::Stream(Streaming {
+            flight,
+            first: None,
+            meta,
+            include_usage: p.common.include_usage,
+            state: state.clone(),
+            slot: p.slot,
+        }));
+    }
     let first = match flight.next().await {
         Some(Ok(token)) => token,
         Some(Err(e)) => return Err(e),
@@ -114,25 +128,23 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
             ))
         }
     };
-    let s = Streaming {
+    Ok(Started::Full(Streaming {
         flight,
-        first,
+        first: Some(first),
         meta,
         include_usage: p.common.include_usage,
         state: state.clone(),
         slot: p.slot,
-    };
-    Ok(if p.common.stream {
-        Started::Stream(s)
-    } else {
-        Started::Full(s)
-    })
+    }))
 }
 
 async fn collect(s: &mut Streaming) -> Result<(String, Finish), RouterError> {
-    let mut text = std::mem::take(&mut s.first.text);
-    if let Some(finish) = s.first.finish {
-        return Ok((text, finish));
+    let mut text = String::new();
+    if let Some(first) = s.first.take() {
+        text = first.text;
+        if let Some(finish) = first.finish {
+            return Ok((text, finish));
+        }
     }
     loop {
         match s.flight.next().await {

@@ -1,7 +1,10 @@
 //! The streaming response: OpenAI chunks as server-sent events, an optional usage chunk, then
-//! `data: [DONE]`. A failure after the first token becomes an `{"error": …}` event. The stream
-//! owns the [`Flight`](crate::dispatch::Flight); a client that disconnects drops it, which aborts
-//! both halves.
+//! `data: [DONE]`. Headers and a first chunk (chat: the assistant role, empty content;
+//! completions: empty text) go out as soon as the request is admitted, before any worker is
+//! called, so a client sees progress while the request waits in a queue or its prompt runs
+//! (keep-alive comments meanwhile). A worker failure after that becomes an `{"error": …}`
+//! event. The stream owns the [`Flight`](crate::dispatch::Flight); a client that disconnects
+//! drops it, which aborts both halves.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -60,22 +63,23 @@ fn json_event(v: &serde_json::Value) -> Event {
     Event::default().data(v.to_string())
 }
 
-/// Turns a started request into an SSE response.
+/// Between two events of a stream (e.g. during a long prefill), a comment line this often.
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
+
+/// Turns a dispatched request into an SSE response.
 pub fn response(s: Streaming, record: Record) -> Response {
     Sse::new(events(s, record))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response()
 }
 
 fn events(mut s: Streaming, record: Record) -> impl Stream<Item = Result<Event, Infallible>> {
-    let first = std::mem::replace(
-        &mut s.first,
-        Token {
-            id: 0,
-            text: String::new(),
-            finish: None,
-        },
-    );
+    // The opening chunk: the role (chat) or empty text, before any token.
+    let first = s.first.take().unwrap_or(Token {
+        id: 0,
+        text: String::new(),
+        finish: None,
+    });
     let mut state = State {
         s,
         record,

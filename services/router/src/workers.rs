@@ -30,6 +30,8 @@ pub struct InfoSnapshot {
     pub free_pages: u64,
     /// Requests active at the last poll.
     pub active_requests: u32,
+    /// Requests waiting in its queue at the last poll.
+    pub queue_depth: u32,
 }
 
 impl InfoSnapshot {
@@ -47,6 +49,7 @@ impl From<WorkerInfo> for InfoSnapshot {
             pool_tokens: i.pool_tokens,
             free_pages: i.free_pages,
             active_requests: i.active_requests,
+            queue_depth: i.queue_depth,
         }
     }
 }
@@ -261,17 +264,19 @@ impl WorkerPool {
         Ok(decode.min(prefill))
     }
 
-    /// The least-loaded live worker of one half: fewest requests in flight from this router,
-    /// then fewest active at its last poll, then most free pages.
+    /// The least-loaded live worker of one half: shortest queue at its last poll (a request
+    /// sent there waits), then fewest requests in flight from this router (fresher than any
+    /// poll, so a burst spreads), then most free pages, then fewest active.
     pub fn pick(&self, half: Half) -> Result<Lease, RouterError> {
         self.workers(half)
             .iter()
             .filter_map(|w| w.live_info().map(|i| (w, i)))
             .min_by_key(|(w, i)| {
                 (
+                    i.queue_depth,
                     w.in_flight.load(Ordering::Relaxed),
-                    i.active_requests,
                     std::cmp::Reverse(i.free_pages),
+                    i.active_requests,
                 )
             })
             .map(|(w, _)| Lease::new(w.clone()))

@@ -21,6 +21,19 @@ fn text_of(v: &Value) -> String {
         .to_string()
 }
 
+/// Reads a stream until its first token's text (the fake's `w0`) has arrived: the stream's
+/// headers and opening chunk go out before any worker is called.
+async fn read_until_first_token(r: &mut reqwest::Response) -> String {
+    let mut seen = String::new();
+    while !seen.contains("w0") {
+        match r.chunk().await.expect("stream chunk") {
+            Some(c) => seen.push_str(&String::from_utf8_lossy(&c)),
+            None => panic!("stream ended before its first token: {seen}"),
+        }
+    }
+    seen
+}
+
 async fn stream_body(h: &Harness, path: &str, body: &Value) -> (Vec<Value>, Vec<String>) {
     let r = h.post(path, body).await;
     assert_eq!(r.status(), 200);
@@ -236,8 +249,8 @@ async fn client_disconnect_mid_stream_aborts_both_halves() {
         )
         .await;
     assert_eq!(r.status(), 200);
-    let first = r.chunk().await.unwrap().unwrap();
-    assert!(String::from_utf8_lossy(&first).contains("data:"));
+    let first = read_until_first_token(&mut r).await;
+    assert!(first.contains("data:"));
     assert!(
         h.decode[0].aborts().is_empty(),
         "no abort before the disconnect"
@@ -294,17 +307,22 @@ async fn failing_prefill_aborts_decode_and_answers_cleanly() {
         ..Opts::default()
     })
     .await;
-    for stream in [false, true] {
-        let r = h
-            .post(
-                "/v1/completions",
-                &json!({"prompt": "hi", "max_tokens": 3, "stream": stream}),
-            )
-            .await;
-        let err = expect_error(r, 502).await;
-        assert_eq!(err["code"], "worker_failed");
-        assert!(err["message"].as_str().unwrap().contains("prefill"));
-    }
+    let r = h
+        .post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 3}))
+        .await;
+    let err = expect_error(r, 502).await;
+    assert_eq!(err["code"], "worker_failed");
+    assert!(err["message"].as_str().unwrap().contains("prefill"));
+    // A stream has started before any worker was called: the failure is its error event.
+    let (chunks, data) = stream_body(
+        &h,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 3, "stream": true}),
+    )
+    .await;
+    let err = &chunks.last().expect("an error event")["error"];
+    assert_eq!(err["code"], "worker_failed", "{data:?}");
+    assert!(err["message"].as_str().unwrap().contains("prefill"));
     let a = h.decode[0].wait_abort().await.expect("decode got Abort");
     assert_eq!(a.reason, "prefill_failed");
     assert!(h.decode[0].calls.lock().generate.is_empty());
@@ -348,7 +366,7 @@ async fn over_capacity_is_429_with_retry_after() {
         )
         .await;
     assert_eq!(held.status(), 200);
-    let _ = held.chunk().await;
+    read_until_first_token(&mut held).await;
     let r = h
         .post("/v1/completions", &json!({"prompt": "b", "max_tokens": 2}))
         .await;
@@ -434,7 +452,7 @@ async fn least_loaded_workers_are_picked_and_dead_ones_skipped() {
             )
             .await;
         assert_eq!(r.status(), 200);
-        let _ = r.chunk().await;
+        read_until_first_token(&mut r).await;
         streams.push(r);
     }
     // First request: decode 1 (fewer active at its last poll) and prefill 0. Second: decode 1
@@ -542,4 +560,44 @@ async fn binary_prints_its_start_line() {
         .unwrap();
     assert_eq!(r.status(), 200);
     child.kill().await.unwrap();
+}
+
+/// A worker whose last `Info` shows requests waiting in its queue is not picked while another
+/// has none, even one with more requests active and more in flight from this router.
+#[tokio::test]
+async fn a_worker_with_a_queue_is_avoided() {
+    let queued = FakeOpts {
+        queue_depth: 3,
+        hang_after: Some(1),
+        ..FakeOpts::default()
+    };
+    let busy_but_no_queue = FakeOpts {
+        active_requests: 7,
+        hang_after: Some(1),
+        ..FakeOpts::default()
+    };
+    let h = Harness::start(Opts {
+        decode: vec![queued, busy_but_no_queue],
+        ..Opts::default()
+    })
+    .await;
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let mut r = h
+            .post(
+                "/v1/completions",
+                &json!({"prompt": "x", "max_tokens": 5, "stream": true}),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        read_until_first_token(&mut r).await;
+        streams.push(r);
+    }
+    assert_eq!(
+        h.decode[0].reserves(),
+        0,
+        "the worker with a queue was picked"
+    );
+    assert_eq!(h.decode[1].reserves(), 2);
+    drop(streams);
 }

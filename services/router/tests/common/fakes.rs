@@ -25,6 +25,8 @@ pub struct FakeOpts {
     pub context_length: u32,
     pub pool_tokens: u64,
     pub active_requests: u32,
+    /// Advertised in `Info`.
+    pub queue_depth: u32,
     /// Decode: emit this many tokens then hang until aborted (None: emit max_tokens and finish).
     pub hang_after: Option<usize>,
     /// Decode: emit this many tokens then an end-of-generation marker (finish STOP).
@@ -47,6 +49,7 @@ impl Default for FakeOpts {
             context_length: 256,
             pool_tokens: 1024,
             active_requests: 0,
+            queue_depth: 0,
             hang_after: None,
             eog_after: None,
             token_delay: Duration::ZERO,
@@ -127,6 +130,7 @@ impl Inner {
             active_requests: o.active_requests,
             transfer_addr: "127.0.0.1:1".into(),
             version: "test".into(),
+            queue_depth: o.queue_depth,
         }))
     }
 
@@ -179,7 +183,16 @@ impl Decode for Inner {
         self.calls.lock().generate.push(g.clone());
         let o = self.opts.lock().clone();
         let reference = g.req.clone();
-        let max = g.sampling.as_ref().map_or(1, |s| s.max_tokens) as usize;
+        // max_tokens was said once, at Reserve.
+        let max = self
+            .calls
+            .lock()
+            .reserve
+            .iter()
+            .rev()
+            .find(|r| r.req == g.req)
+            .and_then(|r| r.sampling.as_ref())
+            .map_or(1, |s| s.max_tokens) as usize;
         let first = g.first_token;
         let stream = async_stream(reference, first, max, o);
         Ok(Response::new(stream))

@@ -1,7 +1,20 @@
 //! The scheduler task: the single owner of every request's [`RequestState`], fed by
-//! [`Command`]s with `oneshot` replies. Continuous batching: whenever no step is in flight and
-//! some request is running, every running sequence goes to the model thread for one
-//! `decode_step`; commands keep being served while the step runs.
+//! [`Command`]s with `oneshot` replies.
+//!
+//! `queue.rs` holds the queue half, `step.rs` the batching half.
+//!
+//! - Queue, don't refuse (I9): a `Reserve` that passed admission (I3) waits in a bounded
+//!   [`FairQueue`] (FIFO per tenant, tenants in turn), holding no pages, until the pages of its
+//!   whole budget (prompt + max_tokens) are free beside what earlier reservations are owed; a
+//!   full queue or a passed queue deadline answers `queue_full` / `queue_timeout`.
+//! - Continuous batching, fair: whenever no step is in flight, up to `max_batch` running
+//!   sequences go to the model thread for one `decode_step`, taken in commit order from a
+//!   rotation; those stepped go to its back, so with more sequences than the batch every one
+//!   is stepped in turn and none waits for another to finish. Commands keep being served while
+//!   the step runs.
+
+mod queue;
+mod step;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,36 +25,37 @@ use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind, IntegritySink}
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
-use pagewarden_kvcache::{CommitError, KvPool, Owner, ReserveError, WriteGrant};
-use pagewarden_model::Tokenizer;
+use pagewarden_kvcache::{CommitError, KvPool, Owner};
+use pagewarden_model::{SamplingParams, Tokenizer};
+use pagewarden_worker::FairQueue;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::Status;
 
 use crate::compute::{Compute, StepError};
 use crate::events;
-use crate::output::{Finish, Output};
+use crate::output::Output;
+use crate::rotation::Rotation;
 use crate::sink::{DecodeSink, StreamEnd};
-use crate::state::{Entry, GenerateArgs, RequestState, Reservation, Running};
+use crate::state::{Entry, GenerateArgs, GrantReply, Queued, RequestState, Running};
 
 /// How long terminal tombstones are remembered (to recognise stale messages, I5).
 const TOMBSTONE_TTL: Duration = Duration::from_secs(300);
 
 /// A request to the scheduler.
 pub enum Command {
+    /// Admission, then a grant now or a place in the queue; `reply` answers either way.
     Reserve {
         req: RequestId,
         attempt: AttemptId,
         tenant: TenantId,
         prompt_tokens: usize,
-        max_tokens: usize,
-        reply: oneshot::Sender<Result<WriteGrant, Status>>,
+        sampling: SamplingParams,
+        reply: GrantReply,
     },
     Generate {
         req: RequestId,
         attempt: AttemptId,
-        max_tokens: usize,
-        stop: Vec<String>,
         args: GenerateArgs,
         reply: oneshot::Sender<Result<(), Status>>,
     },
@@ -51,8 +65,20 @@ pub enum Command {
         reason: String,
         reply: oneshot::Sender<bool>,
     },
-    /// Number of live requests.
-    Load { reply: oneshot::Sender<usize> },
+    /// The `Reserve` call of a queued request is gone: it leaves the queue (a request already
+    /// granted is left to its `Abort` or grant expiry).
+    Withdraw { req: RequestId, attempt: AttemptId },
+    /// Requests holding pages, and requests waiting.
+    Load { reply: oneshot::Sender<Load> },
+}
+
+/// What `Info` reports about the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    /// Requests reserved or running.
+    pub active: usize,
+    /// Requests in the queue.
+    pub queued: usize,
 }
 
 /// What the scheduler needs.
@@ -66,6 +92,10 @@ pub struct SchedulerDeps {
     pub integrity: Arc<dyn IntegritySink>,
     pub node_id: String,
     pub max_batch: usize,
+    /// Most requests in the queue.
+    pub max_queue: usize,
+    /// Longest wait in the queue.
+    pub queue_timeout: Duration,
 }
 
 type StepResult = Vec<(RequestId, Box<Running>, Result<u32, StepError>)>;
@@ -74,6 +104,10 @@ struct Scheduler {
     deps: SchedulerDeps,
     table: HashMap<RequestId, Entry>,
     step: Option<JoinHandle<StepResult>>,
+    /// Queued requests, in serving order.
+    queue: FairQueue<(RequestId, AttemptId)>,
+    /// Committed requests in the order they are stepped.
+    rotation: Rotation,
 }
 
 /// Runs the scheduler until `shutdown` (or every sender is gone).
@@ -82,6 +116,8 @@ pub async fn run(deps: SchedulerDeps, mut rx: mpsc::Receiver<Command>, shutdown:
         deps,
         table: HashMap::new(),
         step: None,
+        queue: FairQueue::new(),
+        rotation: Rotation::default(),
     };
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
@@ -106,9 +142,20 @@ pub async fn run(deps: SchedulerDeps, mut rx: mpsc::Receiver<Command>, shutdown:
     }
     // Dropping the table aborts reservations (revoke) and frees readable pages.
     for (_, entry) in s.table.drain() {
-        if let RequestState::Running(r) = entry.state {
-            let _ =
-                r.tx.send(Err(Status::unavailable("decode worker shutting down")));
+        match entry.state {
+            RequestState::Running(r) => {
+                let _ =
+                    r.tx.send(Err(Status::unavailable("decode worker shutting down")));
+            }
+            RequestState::Queued(q) => {
+                let _ = q
+                    .reply
+                    .send(Err(Status::unavailable("decode worker shutting down")));
+            }
+            RequestState::Reserved(_)
+            | RequestState::Stepping { .. }
+            | RequestState::Finished
+            | RequestState::Aborted => {}
         }
     }
 }
@@ -121,22 +168,38 @@ impl Scheduler {
                 attempt,
                 tenant,
                 prompt_tokens,
-                max_tokens,
+                sampling,
                 reply,
             } => {
-                let r = self.reserve(req, attempt, tenant, prompt_tokens, max_tokens);
-                let _ = reply.send(r);
+                let q = Queued {
+                    owner: Owner {
+                        request: req,
+                        tenant,
+                    },
+                    prompt_tokens,
+                    sampling,
+                    reply,
+                    deadline: Instant::now() + self.deps.queue_timeout,
+                };
+                if let Err((status, q)) = self.enqueue(req, attempt, q) {
+                    let _ = q.reply.send(Err(status));
+                }
             }
             Command::Generate {
                 req,
                 attempt,
-                max_tokens,
-                stop,
                 args,
                 reply,
             } => {
-                let r = self.generate(req, attempt, max_tokens, stop, args);
+                let r = self.generate(req, attempt, args);
                 let _ = reply.send(r);
+            }
+            Command::Withdraw { req, attempt } => {
+                if self.table.get(&req).is_some_and(|e| {
+                    e.attempt == attempt && matches!(e.state, RequestState::Queued(_))
+                }) {
+                    self.abort(req, attempt, "Reserve call gone while queued");
+                }
             }
             Command::Abort {
                 req,
@@ -147,14 +210,18 @@ impl Scheduler {
                 let _ = reply.send(self.abort(req, attempt, &reason));
             }
             Command::Load { reply } => {
-                let _ = reply.send(self.live());
+                let _ = reply.send(Load {
+                    active: self.active(),
+                    queued: self.queue.len(),
+                });
             }
         }
-        self.deps.metrics.set_active(self.live());
+        self.admit_waiting();
     }
 
-    fn live(&self) -> usize {
-        self.table.values().filter(|e| e.state.is_live()).count()
+    /// Requests holding pages.
+    fn active(&self) -> usize {
+        self.table.values().filter(|e| e.state.is_active()).count()
     }
 
     fn stale(&self, req: RequestId, what: &str) -> Status {
@@ -170,84 +237,10 @@ impl Scheduler {
         Status::aborted(format!("stale message: {what}"))
     }
 
-    fn reserve(
-        &mut self,
-        req: RequestId,
-        attempt: AttemptId,
-        tenant: TenantId,
-        prompt_tokens: usize,
-        max_tokens: usize,
-    ) -> Result<WriteGrant, Status> {
-        // I3: admission before any allocation; a rejection is terminal for this call.
-        let admitted = self
-            .deps
-            .admission
-            .check(prompt_tokens, max_tokens)
-            .map_err(|r| {
-                self.deps.metrics.rejection(r.reason());
-                self.deps.metrics.request("rejected");
-                crate::service::rejection_status(&r)
-            })?;
-        if let Some(old) = self.table.get(&req) {
-            if old.attempt >= attempt {
-                return Err(self.stale(
-                    req,
-                    &format!("reserve of attempt {} after {}", attempt.0, old.attempt.0),
-                ));
-            }
-            // A newer attempt supersedes the old one.
-            self.abort(req, old.attempt, "superseded by a newer attempt");
-        }
-        let layout = self.deps.pool.layout();
-        let needed = admitted.total_tokens().div_ceil(layout.page_size);
-        let free = self.deps.pool.stats().free;
-        if needed > free {
-            self.deps.metrics.rejection("pool_exhausted");
-            return Err(Status::resource_exhausted(format!(
-                "KV pool busy: request needs {needed} pages, {free} free"
-            )));
-        }
-        let owner = Owner {
-            request: req,
-            tenant,
-        };
-        let pages = self
-            .deps
-            .pool
-            .reserve(owner.clone(), prompt_tokens)
-            .map_err(|e| match e {
-                ReserveError::Exhausted { .. } => {
-                    self.deps.metrics.rejection("pool_exhausted");
-                    Status::resource_exhausted(e.to_string())
-                }
-                ReserveError::TooLarge { .. } | ReserveError::ZeroTokens => {
-                    Status::invalid_argument(e.to_string())
-                }
-            })?;
-        let grant = pages.grant().clone();
-        self.table.insert(
-            req,
-            Entry {
-                attempt,
-                expires_at: grant.expires_at,
-                ended_at: None,
-                state: RequestState::Reserved(Reservation {
-                    owner,
-                    pages,
-                    prompt_tokens,
-                    max_tokens,
-                }),
-            },
-        );
-        Ok(grant)
-    }
-
     fn generate(
         &mut self,
         req: RequestId,
         attempt: AttemptId,
-        max_tokens: usize,
-        stop: Vec<String>,
         args: GenerateArgs,
     ) -> Result<(), Status> {
         let Some(entry) = self.table.get_mut(&req) else {
@@ -265,7 +258,8 @@ impl Scheduler {
         let state = std::mem::replace(&mut entry.state, RequestState::Aborted);
         let reservation = match state {
             RequestState::Reserved(r) => r,
-            other @ (RequestState::Running(_)
+            other @ (RequestState::Queued(_)
+            | RequestState::Running(_)
             | RequestState::Stepping { .. }
             | RequestState::Finished
             | RequestState::Aborted) => {
@@ -274,19 +268,13 @@ impl Scheduler {
                 return Err(self.stale(req, &format!("generate for a request already {name}")));
             }
         };
-        if max_tokens != reservation.max_tokens {
-            let what = format!(
-                "max_tokens {max_tokens} differs from the reserved {}",
-                reservation.max_tokens
-            );
-            reservation.abort();
-            entry.ended_at = Some(Instant::now());
-            self.deps.metrics.request("error");
-            return Err(Status::invalid_argument(what));
-        }
         let tenant = reservation.owner.tenant.clone();
         let key = reservation.pages.grant().key;
-        let output = Output::new(self.deps.tokenizer.clone(), reservation.max_tokens, stop);
+        let output = Output::new(
+            self.deps.tokenizer.clone(),
+            reservation.sampling.max_tokens,
+            reservation.sampling.stop.clone(),
+        );
         let first = args.first_token;
         let committed = reservation.commit(args, output);
         let ended = self.deps.sink.take(key);
@@ -301,6 +289,7 @@ impl Scheduler {
                 }
                 self.deps.metrics.request("committed");
                 entry.state = RequestState::Running(Box::new(running));
+                self.rotation.push(req);
                 self.accept(req, first);
                 Ok(())
             }
@@ -352,6 +341,13 @@ impl Scheduler {
         };
         let state = std::mem::replace(&mut entry.state, RequestState::Aborted);
         let found = match state {
+            RequestState::Queued(q) => {
+                self.queue.remove_first(|&(r, a)| r == req && a == attempt);
+                let _ = q.reply.send(Err(Status::cancelled(format!(
+                    "aborted while queued: {reason}"
+                ))));
+                true
+            }
             RequestState::Reserved(r) => {
                 let key = r.pages.grant().key;
                 r.abort();
@@ -384,154 +380,6 @@ impl Scheduler {
         found
     }
 
-    /// Emits `token` for a running request and ends it if it finished or its client is gone.
-    fn accept(&mut self, req: RequestId, token: u32) {
-        let Some(entry) = self.table.get_mut(&req) else {
-            return;
-        };
-        let state = std::mem::replace(&mut entry.state, RequestState::Aborted);
-        let RequestState::Running(mut r) = state else {
-            entry.state = state;
-            return;
-        };
-        let emitted = r.output.push(token);
-        let now = Instant::now();
-        match r.last_emit {
-            None => self
-                .deps
-                .metrics
-                .observe_ttft((now - r.received_at).as_secs_f64()),
-            Some(prev) => self
-                .deps
-                .metrics
-                .observe_inter_token((now - prev).as_secs_f64()),
-        }
-        r.last_emit = Some(now);
-        if !emitted.end_of_generation {
-            self.deps.metrics.generated(1);
-        }
-        let finish = emitted.finish;
-        let sent =
-            r.tx.send(Ok(events::token(req, entry.attempt, emitted)))
-                .is_ok();
-        match (finish, sent) {
-            (Some(f), _) => {
-                entry.state = RequestState::Finished;
-                entry.ended_at = Some(now);
-                self.deps.metrics.request(match f {
-                    Finish::Stop => "stop",
-                    Finish::Length => "length",
-                });
-            }
-            (None, false) => {
-                // The client dropped the stream: abort (pages freed with `r`).
-                entry.state = RequestState::Aborted;
-                entry.ended_at = Some(now);
-                self.deps.metrics.request("client_gone");
-            }
-            (None, true) => {
-                r.next_input = token;
-                entry.state = RequestState::Running(r);
-            }
-        }
-    }
-
-    fn start_step(&mut self) {
-        let mut seqs = Vec::new();
-        for (req, entry) in self.table.iter_mut() {
-            if seqs.len() >= self.deps.max_batch {
-                break;
-            }
-            if matches!(entry.state, RequestState::Running(_)) {
-                let RequestState::Running(r) =
-                    std::mem::replace(&mut entry.state, RequestState::Stepping { abort: false })
-                else {
-                    unreachable!("checked just above")
-                };
-                if r.tx.is_closed() {
-                    entry.state = RequestState::Aborted;
-                    entry.ended_at = Some(Instant::now());
-                    self.deps.metrics.request("client_gone");
-                    continue;
-                }
-                seqs.push((*req, r));
-            }
-        }
-        if seqs.is_empty() {
-            return;
-        }
-        let compute = self.deps.compute.clone();
-        self.step = Some(tokio::task::spawn_blocking(move || {
-            let mut seqs = seqs;
-            let results = {
-                let mut batch: Vec<_> = seqs
-                    .iter_mut()
-                    .map(|(_, r)| (&mut r.pages, r.next_input))
-                    .collect();
-                compute.decode_step(&mut batch)
-            };
-            seqs.into_iter()
-                .zip(results)
-                .map(|((req, mut r), logits)| {
-                    let tok = logits.map(|l| r.sampler.sample(&l));
-                    (req, r, tok)
-                })
-                .collect()
-        }));
-    }
-
-    fn finish_step(&mut self, results: StepResult) {
-        for (req, running, result) in results {
-            let Some(entry) = self.table.get_mut(&req) else {
-                continue;
-            };
-            let aborted = match entry.state {
-                RequestState::Stepping { abort } => abort,
-                RequestState::Reserved(_)
-                | RequestState::Running(_)
-                | RequestState::Finished
-                | RequestState::Aborted => true,
-            };
-            if aborted {
-                let _ = running.tx.send(Ok(events::abort(req, entry.attempt)));
-                entry.state = RequestState::Aborted;
-                entry.ended_at = Some(Instant::now());
-                continue;
-            }
-            match result {
-                Ok(token) => {
-                    entry.state = RequestState::Running(running);
-                    self.accept(req, token);
-                }
-                Err(e) => {
-                    // I1/I8: fail only this request, count it, report it; never data.
-                    let kind = match e {
-                        StepError::KvRefused(_) => {
-                            self.deps.integrity.report(IntegrityEvent {
-                                node_id: self.deps.node_id.clone(),
-                                role: "decode",
-                                kind: IntegrityKind::GenerationMismatch,
-                                request: Some(req),
-                                tenant: Some(running.owner.tenant.clone()),
-                                detail: e.to_string(),
-                            });
-                            "kv_read_refused"
-                        }
-                        StepError::Failed(_) => "error",
-                    };
-                    tracing::warn!(request = %req, error = %e, "sequence failed");
-                    let _ = running
-                        .tx
-                        .send(Err(Status::internal(format!("generation failed: {e}"))));
-                    entry.state = RequestState::Aborted;
-                    entry.ended_at = Some(Instant::now());
-                    self.deps.metrics.request(kind);
-                }
-            }
-        }
-        self.deps.metrics.set_active(self.live());
-    }
-
     fn housekeeping(&mut self) {
         let now = Instant::now();
         let expired: Vec<(RequestId, AttemptId)> = self
@@ -543,6 +391,15 @@ impl Scheduler {
         for (req, attempt) in expired {
             tracing::warn!(request = %req, "reservation expired before commit: aborting");
             self.abort(req, attempt, "grant expired");
+        }
+        let overdue: Vec<(RequestId, AttemptId)> = self
+            .table
+            .iter()
+            .filter(|(_, e)| matches!(e.state, RequestState::Queued(_)) && e.expires_at <= now)
+            .map(|(r, e)| (*r, e.attempt))
+            .collect();
+        for (req, attempt) in overdue {
+            self.refuse_queued(req, attempt);
         }
         let moved = self.deps.pool.sweep_expired(now);
         if moved > 0 {
@@ -564,7 +421,7 @@ impl Scheduler {
                 .is_none_or(|t| now.duration_since(t) < TOMBSTONE_TTL)
                 || e.state.is_live()
         });
-        self.deps.metrics.set_active(self.live());
+        self.admit_waiting();
     }
 }
 

@@ -1,0 +1,194 @@
+//! The queue half of the scheduler (I9): admission and the stale check on `Reserve`, a place
+//! in the fair queue, grants in queue order while the head's whole budget fits, and refusals
+//! when the queue is full or a wait passes its deadline.
+
+use std::time::Instant;
+
+use pagewarden_common::{AttemptId, RequestId};
+use pagewarden_kvcache::ReserveError;
+use pagewarden_worker::wire::QueueRefusal;
+use tonic::Status;
+
+use super::Scheduler;
+use crate::state::{Entry, Queued, RequestState, Reservation};
+
+impl Scheduler {
+    /// Admission (I3, before anything else), the stale check (I5), then a place in the queue.
+    /// Every outcome is answered on `q.reply`, at once or when the request leaves the queue.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn enqueue(
+        &mut self,
+        req: RequestId,
+        attempt: AttemptId,
+        q: Queued,
+    ) -> Result<(), (Status, Queued)> {
+        if let Err(r) = self
+            .deps
+            .admission
+            .check(q.prompt_tokens, q.sampling.max_tokens)
+        {
+            self.deps.metrics.rejection(r.reason());
+            self.deps.metrics.request("rejected");
+            return Err((crate::service::rejection_status(&r), q));
+        }
+        if let Some(old) = self.table.get(&req) {
+            if old.attempt >= attempt {
+                let what = format!("reserve of attempt {} after {}", attempt.0, old.attempt.0);
+                return Err((self.stale(req, &what), q));
+            }
+            // A newer attempt supersedes the old one.
+            self.abort(req, old.attempt, "superseded by a newer attempt");
+        }
+        if self.queue.len() >= self.deps.max_queue {
+            let refusal = QueueRefusal::Full {
+                limit: self.deps.max_queue,
+            };
+            self.deps.metrics.rejection(refusal.reason());
+            return Err((refusal.status("decode"), q));
+        }
+        self.queue.push(&q.owner.tenant, (req, attempt));
+        self.table.insert(
+            req,
+            Entry {
+                attempt,
+                expires_at: q.deadline,
+                ended_at: None,
+                state: RequestState::Queued(Box::new(q)),
+            },
+        );
+        Ok(())
+    }
+
+    /// Pages the request's whole budget needs.
+    pub(super) fn budget_pages(&self, prompt_tokens: usize, max_tokens: usize) -> usize {
+        (prompt_tokens + max_tokens).div_ceil(self.deps.pool.layout().page_size)
+    }
+
+    /// Pages promised to reservations beyond what they hold: each grows to its whole budget
+    /// on commit, so those pages are not free for the queue.
+    pub(super) fn owed_pages(&self) -> usize {
+        let page_size = self.deps.pool.layout().page_size;
+        self.table
+            .values()
+            .map(|e| match &e.state {
+                RequestState::Reserved(r) => {
+                    self.budget_pages(r.prompt_tokens, r.sampling.max_tokens)
+                        - r.prompt_tokens.div_ceil(page_size)
+                }
+                RequestState::Queued(_)
+                | RequestState::Running(_)
+                | RequestState::Stepping { .. }
+                | RequestState::Finished
+                | RequestState::Aborted => 0,
+            })
+            .sum()
+    }
+
+    /// Grants queued requests, in queue order, while the next one's budget fits in the free
+    /// pages. The head waits for room rather than being overtaken, so a long request is
+    /// never starved by short ones.
+    pub(super) fn admit_waiting(&mut self) {
+        while let Some(&(req, attempt)) = self.queue.peek() {
+            let waiting = self
+                .table
+                .get(&req)
+                .filter(|e| e.attempt == attempt)
+                .and_then(|e| match &e.state {
+                    RequestState::Queued(q) => Some((q.prompt_tokens, q.sampling.max_tokens)),
+                    RequestState::Reserved(_)
+                    | RequestState::Running(_)
+                    | RequestState::Stepping { .. }
+                    | RequestState::Finished
+                    | RequestState::Aborted => None,
+                });
+            let Some((prompt_tokens, max_tokens)) = waiting else {
+                // Left the queue another way (abort, newer attempt): only its place remains.
+                self.queue.pop();
+                continue;
+            };
+            let needed = self.budget_pages(prompt_tokens, max_tokens);
+            let free = self
+                .deps
+                .pool
+                .stats()
+                .free
+                .saturating_sub(self.owed_pages());
+            if needed > free {
+                break;
+            }
+            self.queue.pop();
+            self.grant(req, attempt);
+        }
+        self.deps.metrics.set_queue_depth(self.queue.len());
+        self.deps.metrics.set_active(self.active());
+    }
+
+    /// Turns the queued request into a reservation and sends its grant.
+    pub(super) fn grant(&mut self, req: RequestId, attempt: AttemptId) {
+        let Some(entry) = self.table.get_mut(&req) else {
+            return;
+        };
+        let state = std::mem::replace(&mut entry.state, RequestState::Aborted);
+        let RequestState::Queued(q) = state else {
+            entry.state = state;
+            return;
+        };
+        let Queued {
+            owner,
+            prompt_tokens,
+            sampling,
+            reply,
+            deadline: _,
+        } = *q;
+        let pages = match self.deps.pool.reserve(owner.clone(), prompt_tokens) {
+            Ok(p) => p,
+            Err(e) => {
+                let status = match e {
+                    ReserveError::Exhausted { .. } => {
+                        Status::internal(format!("KV pool changed under the scheduler: {e}"))
+                    }
+                    ReserveError::TooLarge { .. } | ReserveError::ZeroTokens => {
+                        Status::invalid_argument(e.to_string())
+                    }
+                };
+                entry.ended_at = Some(Instant::now());
+                self.deps.metrics.request("error");
+                let _ = reply.send(Err(status));
+                return;
+            }
+        };
+        let grant = pages.grant().clone();
+        entry.expires_at = grant.expires_at;
+        entry.state = RequestState::Reserved(Reservation {
+            owner,
+            pages,
+            prompt_tokens,
+            sampling,
+        });
+        if reply.send(Ok(grant)).is_err() {
+            // The caller left between its last check and now: nothing was written.
+            self.abort(req, attempt, "Reserve call gone before its grant");
+        }
+    }
+
+    /// Ends a queued request whose queue deadline passed with `queue_timeout`.
+    pub(super) fn refuse_queued(&mut self, req: RequestId, attempt: AttemptId) {
+        let Some(entry) = self.table.get_mut(&req) else {
+            return;
+        };
+        let state = std::mem::replace(&mut entry.state, RequestState::Aborted);
+        let RequestState::Queued(q) = state else {
+            entry.state = state;
+            return;
+        };
+        self.queue.remove_first(|&(r, a)| r == req && a == attempt);
+        entry.ended_at = Some(Instant::now());
+        let refusal = QueueRefusal::Timeout {
+            waited: self.deps.queue_timeout,
+        };
+        self.deps.metrics.rejection(refusal.reason());
+        self.deps.metrics.request("queue_timeout");
+        tracing::info!(request = %req, "queue deadline passed");
+        let _ = q.reply.send(Err(refusal.status("decode")));
+    }
+}

@@ -1,0 +1,364 @@
+//! Issue 13, queue don't refuse (I9): real worker processes on 127.0.0.1. A request that fits
+//! the context but not the free pages waits, holding no pages, and is served when pages free
+//! up; a full queue or a passed queue deadline answers a typed status; a cancelled waiter
+//! leaves the queue at once; `max_tokens` is said once, at `Reserve`. The last test runs the
+//! real model behind the router: two tenants' marked prompts up to 0.98 × the context, then
+//! eight requests at once against pools sized for two contexts.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pagewarden_model::{GgufFile, Tokenizer};
+use pagewarden_proto::v1 as pb;
+use pagewarden_system_tests::driver::{fresh_ref, greedy, reason, Driver};
+use pagewarden_system_tests::{
+    api_key, model_path, start_decode, start_prefill, start_router_with, ModelArg,
+};
+use serde_json::{json, Value};
+
+const TINY: ModelArg = ModelArg::Tiny(7);
+/// Bound on waiting for a state the test caused (not a timing assertion: a generous ceiling).
+const SETTLE: Duration = Duration::from_secs(20);
+
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| 20 + i % 200).collect()
+}
+
+/// Polls decode's `Info` until `ok` holds; returns that `Info`.
+async fn wait_info(
+    d: &mut Driver,
+    what: &str,
+    ok: impl Fn(&pb::WorkerInfo) -> bool,
+) -> pb::WorkerInfo {
+    let start = Instant::now();
+    loop {
+        let info = d.decode_info().await;
+        if ok(&info) {
+            return info;
+        }
+        assert!(start.elapsed() < SETTLE, "{what}: decode Info {info:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+type ReserveCall = tokio::task::JoinHandle<Result<pb::WriteGrant, tonic::Status>>;
+
+fn spawn_reserve(
+    d: &Driver,
+    req: &pb::RequestRef,
+    prompt_tokens: u32,
+    max_tokens: u32,
+) -> ReserveCall {
+    let (mut d, req) = (d.clone(), req.clone());
+    tokio::spawn(async move { d.reserve(&req, "t", prompt_tokens, max_tokens).await })
+}
+
+/// Tiny model: context 256; decode's default pool holds two contexts (32 pages of 16). Two
+/// reservations of 100 prompt + 156 max tokens promise all 32 pages (7 held, 9 owed each).
+const PROMPT: u32 = 100;
+const MAX: u32 = 156;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_that_does_not_fit_now_waits_holding_nothing_and_is_served_later() {
+    let decode = start_decode(&TINY, &[]);
+    let prefill = start_prefill(&TINY, &[]);
+    let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
+    let total = d.decode_info().await.total_pages;
+    let (r1, r2, r3) = (fresh_ref(), fresh_ref(), fresh_ref());
+    let g1 = d.reserve(&r1, "t", PROMPT, MAX).await.expect("first fits");
+    let g2 = d.reserve(&r2, "t", PROMPT, MAX).await.expect("second fits");
+    let call3 = spawn_reserve(&d, &r3, PROMPT, MAX);
+    let info = wait_info(&mut d, "third request queued", |i| i.queue_depth == 1).await;
+    assert_eq!(
+        info.free_pages,
+        total - 14,
+        "the waiting request holds no pages"
+    );
+    assert!(!call3.is_finished(), "queued, not refused");
+
+    // The first one runs to its end; its pages free, and the waiting one gets its grant.
+    let p = prompt(PROMPT as usize);
+    let reply = d
+        .prefill(&r1, "t", &p, g1, greedy(MAX))
+        .await
+        .expect("prefill 1");
+    d.generate(&r1, reply).await.expect("generate 1");
+    let g3 = call3
+        .await
+        .unwrap()
+        .expect("the waiting request is granted");
+    assert_eq!(d.decode_info().await.queue_depth, 0);
+    for (r, g) in [(r2, g2), (r3, g3)] {
+        let reply = d
+            .prefill(&r, "t", &p, g, greedy(MAX))
+            .await
+            .expect("prefill");
+        d.generate(&r, reply).await.expect("generate");
+    }
+    let info = wait_info(&mut d, "pool all free", |i| i.free_pages == total).await;
+    assert_eq!((info.queue_depth, info.active_requests), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_and_a_passed_queue_deadline_answer_typed_statuses() {
+    let decode = start_decode(&TINY, &["--max-queue", "1", "--queue-timeout-ms", "3000"]);
+    let prefill = start_prefill(&TINY, &[]);
+    let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
+    let total = d.decode_info().await.total_pages;
+    let (r1, r2) = (fresh_ref(), fresh_ref());
+    d.reserve(&r1, "t", PROMPT, MAX).await.expect("first fits");
+    d.reserve(&r2, "t", PROMPT, MAX).await.expect("second fits");
+    let call3 = spawn_reserve(&d, &fresh_ref(), PROMPT, MAX);
+    wait_info(&mut d, "third request queued", |i| i.queue_depth == 1).await;
+    let full = d
+        .reserve(&fresh_ref(), "t", PROMPT, MAX)
+        .await
+        .expect_err("the queue holds one");
+    assert_eq!(full.code(), tonic::Code::ResourceExhausted, "{full:?}");
+    assert_eq!(reason(&full).as_deref(), Some("queue_full"));
+    let late = call3.await.unwrap().expect_err("its queue deadline passes");
+    assert_eq!(late.code(), tonic::Code::ResourceExhausted, "{late:?}");
+    assert_eq!(reason(&late).as_deref(), Some("queue_timeout"));
+    let info = d.decode_info().await;
+    assert_eq!((info.queue_depth, info.free_pages), (0, total - 14));
+    // Admission (I3) still comes first: an over-context request is rejected, never queued.
+    let over = d
+        .reserve(&fresh_ref(), "t", 200, 57)
+        .await
+        .expect_err("over the context");
+    assert_eq!(reason(&over).as_deref(), Some("context_length_exceeded"));
+    assert!(d.abort_decode(&r1).await && d.abort_decode(&r2).await);
+    wait_info(&mut d, "pool all free", |i| i.free_pages == total).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiting_request_leaves_the_queue_at_once() {
+    let decode = start_decode(&TINY, &[]);
+    let prefill = start_prefill(&TINY, &[]);
+    let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
+    let total = d.decode_info().await.total_pages;
+    let (r1, r2) = (fresh_ref(), fresh_ref());
+    d.reserve(&r1, "t", PROMPT, MAX).await.expect("first fits");
+    d.reserve(&r2, "t", PROMPT, MAX).await.expect("second fits");
+
+    // The caller goes away (the router gave up): the request leaves the queue.
+    let gone = spawn_reserve(&d, &fresh_ref(), PROMPT, MAX);
+    wait_info(&mut d, "queued", |i| i.queue_depth == 1).await;
+    gone.abort();
+    wait_info(&mut d, "a dropped call leaves the queue", |i| {
+        i.queue_depth == 0
+    })
+    .await;
+
+    // An Abort for a waiting request takes it out and ends its call.
+    let r4 = fresh_ref();
+    let call4 = spawn_reserve(&d, &r4, PROMPT, MAX);
+    wait_info(&mut d, "queued", |i| i.queue_depth == 1).await;
+    assert!(d.abort_decode(&r4).await, "the waiting request is found");
+    let err = call4.await.unwrap().expect_err("aborted while waiting");
+    assert_eq!(err.code(), tonic::Code::Cancelled, "{err:?}");
+    assert_eq!(d.decode_info().await.queue_depth, 0);
+
+    // Neither got pages when the others ended.
+    assert!(d.abort_decode(&r1).await && d.abort_decode(&r2).await);
+    let info = wait_info(&mut d, "pool all free", |i| i.free_pages == total).await;
+    assert_eq!(info.active_requests, 0);
+}
+
+/// I9 at prefill: its pool (one context) holds one 200-token prompt's pages at a time; six
+/// at once all complete (they wait their turn) instead of "prefill KV pool busy".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_queues_prompts_its_pool_cannot_hold_at_once() {
+    let decode = start_decode(&TINY, &["--pool-tokens", "4096"]);
+    let prefill = start_prefill(&TINY, &["--pool-tokens", "256"]);
+    let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
+    let calls: Vec<_> = (0..6)
+        .map(|i| {
+            let mut d = d.clone();
+            tokio::spawn(async move {
+                let p: Vec<u32> = (0..200).map(|j| 20 + (i * 7 + j) % 200).collect();
+                d.complete(&format!("tenant-{}", i % 2), &p, greedy(4))
+                    .await
+            })
+        })
+        .collect();
+    for (i, c) in calls.into_iter().enumerate() {
+        let done = c.await.unwrap();
+        assert!(done.is_ok(), "request {i}: {done:?}");
+    }
+    let pi = d.prefill_info().await;
+    assert_eq!((pi.free_pages, pi.queue_depth), (pi.total_pages, 0));
+    wait_info(&mut d, "decode pool all free", |i| {
+        i.free_pages == i.total_pages
+    })
+    .await;
+}
+
+/// The generation's parameters are given once, at `Reserve`: a `Generate` carries only what
+/// prefill produced, so it cannot ask for another `max_tokens` (which used to revoke the grant
+/// and leave its pages quarantined for good). The reservation's budget rules the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_tokens_is_said_once_at_reserve_and_nothing_is_left_behind() {
+    let decode = start_decode(&TINY, &["--drain-timeout-ms", "300"]);
+    let prefill = start_prefill(&TINY, &[]);
+    let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
+    let total = d.decode_info().await.total_pages;
+    let p = prompt(40);
+    let req = fresh_ref();
+    let mut sampling = greedy(3);
+    sampling.stop = vec![];
+    let grant = d
+        .reserve_with(&req, "t", p.len() as u32, sampling.clone())
+        .await
+        .expect("reserve");
+    // Prefill's own copy of the sampling parameters is for its admission re-check and first
+    // token only; decode generates with what it was given at Reserve.
+    let reply = d
+        .prefill(&req, "t", &p, grant, greedy(3))
+        .await
+        .expect("prefill");
+    let done = d.generate(&req, reply).await.expect("generate");
+    assert!(done.tokens.len() <= 3, "{done:?}");
+    // Wait past the drain timeout and a sweep: nothing may be quarantined.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let info = wait_info(&mut d, "pool all free", |i| i.free_pages == total).await;
+    assert_eq!(info.free_pages, total);
+    // Reserve without sampling parameters is malformed.
+    let err = d
+        .decode
+        .reserve(pb::ReserveRequest {
+            req: Some(fresh_ref()),
+            tenant: "t".into(),
+            prompt_tokens: 4,
+            sampling: None,
+        })
+        .await
+        .expect_err("sampling is required");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+}
+
+// ---- The real model behind the router ----
+
+const CONTEXT: usize = 2048;
+
+/// A prompt of about `tokens` tokens (never more) whose continuation is `code`: filler, then
+/// the line `code: CODE` repeated, ending with `code:` (a small model copies the pattern).
+fn marked_prompt(tok: &Tokenizer, code: &str, tokens: usize) -> String {
+    const WORDS: [&str; 8] = [
+        "river", "stone", "lamp", "orchard", "violet", "harbor", "meadow", "copper",
+    ];
+    let tail = format!("\ncode: {code}\ncode: {code}\ncode: {code}\ncode: {code}\ncode:");
+    let head = format!("code: {code}\n");
+    let mut words = tokens;
+    loop {
+        let filler: Vec<&str> = (0..words).map(|i| WORDS[i % WORDS.len()]).collect();
+        let text = format!("{head}{}{tail}", filler.join(" "));
+        let n = tok.encode(&text, true).len();
+        if n <= tokens {
+            return text;
+        }
+        words -= (n - tokens).div_ceil(2).max(1).min(words);
+    }
+}
+
+async fn complete(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    prompt: &str,
+    max: u32,
+) -> (u16, Value) {
+    let r = client
+        .post(format!("{url}/v1/completions"))
+        .bearer_auth(key)
+        .json(&json!({"prompt": prompt, "max_tokens": max, "temperature": 0}))
+        .send()
+        .await
+        .expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("json body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_model_two_tenants_up_to_the_context_then_eight_at_once_all_served() {
+    let ctx = CONTEXT.to_string();
+    let worker = [
+        "--context-length",
+        ctx.as_str(),
+        // Prefill may queue behind another prompt: the grant must outlive that wait.
+        "--grant-ttl-ms",
+        "900000",
+    ];
+    let decode = start_decode(&ModelArg::Real, &worker);
+    let prefill = start_prefill(&ModelArg::Real, &worker);
+    let router = start_router_with(&ModelArg::Real, &[&decode], &[&prefill], &[]).await;
+    let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
+    let tok = Arc::new(
+        Tokenizer::from_gguf(&GgufFile::open(&model_path()).expect("model")).expect("tokenizer"),
+    );
+    let client = reqwest::Client::new();
+    let url = router.http_url();
+    let codes = ["QX7A", "ZV9B"];
+    let max_tokens = 6u32;
+
+    // Two tenants interleave marked prompts of growing length, up to 0.98 × the context.
+    let top = CONTEXT * 98 / 100 - max_tokens as usize;
+    let started = Instant::now();
+    for len in [200, 900, 1500, top] {
+        let calls: Vec<_> = (0..2)
+            .map(|t| {
+                let (client, url, tok) = (client.clone(), url.clone(), tok.clone());
+                let text = marked_prompt(&tok, codes[t], len);
+                tokio::spawn(async move {
+                    complete(&client, &url, &api_key(t), &text, max_tokens).await
+                })
+            })
+            .collect();
+        for (t, c) in calls.into_iter().enumerate() {
+            let (status, v) = c.await.unwrap();
+            assert_eq!(status, 200, "tenant {t}, ~{len} tokens: {v}");
+            let text = v["choices"][0]["text"].as_str().unwrap_or_default();
+            eprintln!(
+                "tenant {t}: {} prompt tokens -> {text:?} ({:.1?} since start)",
+                v["usage"]["prompt_tokens"],
+                started.elapsed()
+            );
+            assert!(
+                text.contains(codes[t]),
+                "tenant {t}, ~{len} tokens: own marker missing: {v}"
+            );
+            assert!(
+                !text.contains(codes[1 - t]),
+                "tenant {t} got the other's marker: {v}"
+            );
+        }
+    }
+
+    // Eight requests at once, each half the context: decode's pool (two contexts) holds three
+    // budgets at a time; the rest wait their turn, none is refused.
+    let started = Instant::now();
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let (client, url, tok) = (client.clone(), url.clone(), tok.clone());
+            let code = format!("K{i}W{i}");
+            tokio::spawn(async move {
+                let text = marked_prompt(&tok, &code, CONTEXT / 2);
+                let got = complete(&client, &url, &api_key(i % 2), &text, max_tokens).await;
+                (code, got)
+            })
+        })
+        .collect();
+    for c in calls {
+        let (code, (status, v)) = c.await.unwrap();
+        assert_eq!(status, 200, "{code}: {v}");
+        let text = v["choices"][0]["text"].as_str().unwrap_or_default();
+        assert!(text.contains(&code), "{code}: own marker missing: {v}");
+    }
+    eprintln!("eight at once: all 200 in {:.1?}", started.elapsed());
+    wait_info(&mut d, "decode pool all free", |i| {
+        i.free_pages == i.total_pages && i.queue_depth == 0
+    })
+    .await;
+    let pi = d.prefill_info().await;
+    assert_eq!((pi.free_pages, pi.queue_depth), (pi.total_pages, 0));
+}
