@@ -11,6 +11,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use crate::tls::{InternalTls, TlsError, TlsFlags, TlsKeys};
+
 /// A configuration file that could not be read or parsed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -36,6 +38,9 @@ pub enum ConfigError {
     /// Both pool sizes were given.
     #[error("give at most one of --pool-tokens and --pool-bytes")]
     PoolSizeTwice,
+    /// The internal TLS files are incomplete or unreadable.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// A size that must be positive was zero.
     #[error("{field} must be greater than zero")]
     Zero {
@@ -126,6 +131,13 @@ pub struct WorkerFlags {
     /// sender's checksums are compared with the landed ones either way.
     #[arg(long, value_name = "BOOL")]
     pub commit_rehash: Option<bool>,
+    /// Internal mutual TLS (gRPC and KV transfer).
+    #[command(flatten)]
+    pub tls: TlsFlags,
+    /// Serve gRPC and KV transfer in clear on a non-loopback address, unauthenticated. Without
+    /// TLS files only loopback addresses are served otherwise.
+    #[arg(long)]
+    pub insecure_internal: bool,
 }
 
 /// The same keys as [`WorkerFlags`], read from the TOML file.
@@ -170,6 +182,14 @@ pub struct WorkerFile {
     pub zero_on_release: Option<bool>,
     /// See [`WorkerFlags::commit_rehash`].
     pub commit_rehash: Option<bool>,
+    /// See [`TlsFlags::tls_ca`].
+    pub tls_ca: Option<PathBuf>,
+    /// See [`TlsFlags::tls_cert`].
+    pub tls_cert: Option<PathBuf>,
+    /// See [`TlsFlags::tls_key`].
+    pub tls_key: Option<PathBuf>,
+    /// See [`WorkerFlags::insecure_internal`].
+    pub insecure_internal: Option<bool>,
 }
 
 /// Per-role defaults (listen ports differ so that every service fits on one machine).
@@ -266,12 +286,21 @@ pub struct WorkerConfig {
     pub zero_on_release: bool,
     /// Re-hash landed pages on commit (decode).
     pub commit_rehash: bool,
+    /// Internal mutual TLS, or plaintext.
+    pub tls: InternalTls,
+    /// Plaintext allowed on non-loopback listeners.
+    pub insecure_internal: bool,
 }
 
 impl WorkerConfig {
     /// Merges flags over the file (if any) over the role's defaults.
     pub fn resolve(flags: WorkerFlags, defaults: WorkerDefaults) -> Result<Self, ConfigError> {
         let file: WorkerFile = load_toml(flags.config.as_deref())?;
+        let tls = InternalTls::load(&flags.tls.clone().over(TlsKeys {
+            tls_ca: file.tls_ca.clone(),
+            tls_cert: file.tls_cert.clone(),
+            tls_key: file.tls_key.clone(),
+        }))?;
         let model = match (
             flags.tiny_test_model.or(file.tiny_test_model),
             flags.model.or(file.model),
@@ -354,6 +383,8 @@ impl WorkerConfig {
             ),
             zero_on_release: flags.zero_on_release || file.zero_on_release.unwrap_or(false),
             commit_rehash: flags.commit_rehash.or(file.commit_rehash).unwrap_or(true),
+            tls,
+            insecure_internal: flags.insecure_internal || file.insecure_internal.unwrap_or(false),
         })
     }
 }
