@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::integrity::{IntegrityEvent, IntegrityKind as CommonKind, IntegritySink};
+use crate::tls::{self, SuiteRole};
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient as GrpcClient;
 use tokio::sync::mpsc;
@@ -167,14 +168,10 @@ async fn send_loop(
 /// How long a worker that is about to exit waits for the auditor to take its failed preflight.
 pub const FAILURE_REPORT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The auditor's gRPC endpoint; `http://` is assumed when `endpoint` names no scheme.
+/// The auditor's gRPC endpoint, under this process's internal TLS identity
+/// ([`tls::install_client_tls`]); `http://` is assumed when `endpoint` names no scheme.
 fn endpoint_of(endpoint: &str) -> Result<Endpoint, ClientError> {
-    let uri = if endpoint.contains("://") {
-        endpoint.to_string()
-    } else {
-        format!("http://{endpoint}")
-    };
-    Endpoint::from_shared(uri)
+    tls::endpoint(endpoint, SuiteRole::Auditor, &tls::client_tls())
         .map_err(|e| ClientError::Endpoint(endpoint.to_string(), e.to_string()))
 }
 

@@ -11,6 +11,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use crate::tls::{InternalTls, TlsError, TlsFlags, TlsKeys};
+
 /// A configuration file that could not be read or parsed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -36,6 +38,9 @@ pub enum ConfigError {
     /// Both pool sizes were given.
     #[error("give at most one of --pool-tokens and --pool-bytes")]
     PoolSizeTwice,
+    /// The internal TLS files are incomplete or unreadable.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// A size that must be positive was zero.
     #[error("{field} must be greater than zero")]
     Zero {
@@ -133,6 +138,13 @@ pub struct WorkerFlags {
     /// How long a request may wait in that queue before it is refused with `queue_timeout` (ms).
     #[arg(long)]
     pub queue_timeout_ms: Option<u64>,
+    /// Internal mutual TLS (gRPC and KV transfer).
+    #[command(flatten)]
+    pub tls: TlsFlags,
+    /// Serve gRPC and KV transfer in clear on a non-loopback address, unauthenticated. Without
+    /// TLS files only loopback addresses are served otherwise.
+    #[arg(long)]
+    pub insecure_internal: bool,
 }
 
 /// The same keys as [`WorkerFlags`], read from the TOML file.
@@ -181,6 +193,14 @@ pub struct WorkerFile {
     pub max_queue: Option<usize>,
     /// See [`WorkerFlags::queue_timeout_ms`].
     pub queue_timeout_ms: Option<u64>,
+    /// See [`TlsFlags::tls_ca`].
+    pub tls_ca: Option<PathBuf>,
+    /// See [`TlsFlags::tls_cert`].
+    pub tls_cert: Option<PathBuf>,
+    /// See [`TlsFlags::tls_key`].
+    pub tls_key: Option<PathBuf>,
+    /// See [`WorkerFlags::insecure_internal`].
+    pub insecure_internal: Option<bool>,
 }
 
 /// Per-role defaults (listen ports differ so that every service fits on one machine).
@@ -281,12 +301,21 @@ pub struct WorkerConfig {
     pub max_queue: usize,
     /// Bound on one request's wait in that queue.
     pub queue_timeout: Duration,
+    /// Internal mutual TLS, or plaintext.
+    pub tls: InternalTls,
+    /// Plaintext allowed on non-loopback listeners.
+    pub insecure_internal: bool,
 }
 
 impl WorkerConfig {
     /// Merges flags over the file (if any) over the role's defaults.
     pub fn resolve(flags: WorkerFlags, defaults: WorkerDefaults) -> Result<Self, ConfigError> {
         let file: WorkerFile = load_toml(flags.config.as_deref())?;
+        let tls = InternalTls::load(&flags.tls.clone().over(TlsKeys {
+            tls_ca: file.tls_ca.clone(),
+            tls_cert: file.tls_cert.clone(),
+            tls_key: file.tls_key.clone(),
+        }))?;
         let model = match (
             flags.tiny_test_model.or(file.tiny_test_model),
             flags.model.or(file.model),
@@ -376,6 +405,8 @@ impl WorkerConfig {
                     .or(file.queue_timeout_ms)
                     .unwrap_or(120_000),
             ),
+            tls,
+            insecure_internal: flags.insecure_internal || file.insecure_internal.unwrap_or(false),
         })
     }
 }

@@ -9,6 +9,7 @@
 //! - `shutdown`: SIGTERM / Ctrl-C as a cancellation token.
 //! - `auditor_client`: `AuditorClient`, the bounded never-blocking sender of reports to the auditor.
 //! - `integrity`: the `IntegritySink` hook through which workers report violations (I8).
+//! - `tls`: the suite CA, per-role certificates, mutual TLS and per-RPC role checks (I11).
 
 pub mod admission;
 pub mod auditor_client;
@@ -19,5 +20,6 @@ pub mod metrics;
 pub mod preflight;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;
 
 pub use ids::{AttemptId, RequestId, TenantId};

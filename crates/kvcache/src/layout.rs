@@ -47,6 +47,23 @@ impl KvLayout {
         self.page_size * self.token_width()
     }
 
+    /// Zeroes the rows of token slots `tokens..page_size` in every layer's K and V block of
+    /// one page's bytes (`page_bytes` long), so a page leaving the pool carries only rows
+    /// written for its request (I12). A full page (`tokens >= page_size`) is left as it is.
+    pub fn zero_unwritten_rows(&self, page: &mut [u8], tokens: usize) {
+        if tokens >= self.page_size {
+            return;
+        }
+        assert_eq!(page.len(), self.page_bytes(), "not one page of this layout");
+        let row = self.token_width() * 2;
+        for layer in 0..self.layers {
+            for kind in 0..2 {
+                let block = self.block_offset(layer, kind) * 2;
+                page[block + tokens * row..block + self.page_size * row].fill(0);
+            }
+        }
+    }
+
     /// Pages needed to hold `tokens` tokens.
     pub fn pages_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.page_size)
@@ -104,6 +121,34 @@ impl PoolConfig {
     pub fn from_byte_budget(layout: KvLayout, bytes: usize) -> Self {
         let per = layout.page_bytes().max(1);
         Self::with_pages(layout, bytes / per)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_unwritten_rows_clears_exactly_the_unused_slots() {
+        let l = KvLayout {
+            layers: 2,
+            kv_heads: 1,
+            head_dim: 2,
+            page_size: 4,
+        };
+        let mut page = vec![0xAB; l.page_bytes()];
+        l.zero_unwritten_rows(&mut page, 1);
+        let row = l.token_width() * 2;
+        for layer in 0..2 {
+            for kind in 0..2 {
+                let b = l.block_offset(layer, kind) * 2;
+                assert!(page[b..b + row].iter().all(|&x| x == 0xAB));
+                assert!(page[b + row..b + 4 * row].iter().all(|&x| x == 0));
+            }
+        }
+        let mut full = vec![0xAB; l.page_bytes()];
+        l.zero_unwritten_rows(&mut full, 4);
+        assert!(full.iter().all(|&x| x == 0xAB));
     }
 }
 

@@ -56,6 +56,11 @@ impl ReadablePages {
         self.table.len() * self.pool.cfg.layout.page_size
     }
 
+    /// The shape of every page.
+    pub fn layout(&self) -> crate::KvLayout {
+        self.pool.cfg.layout
+    }
+
     /// `(page, generation)` for each page in token order.
     pub fn table(&self) -> &[(PageId, Generation)] {
         &self.table

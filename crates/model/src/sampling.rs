@@ -45,11 +45,17 @@ impl SamplingParams {
         }
     }
 
-    /// Whether sampling reduces to argmax.
+    /// Whether sampling reduces to argmax: no temperature, a temperature so small that
+    /// `logit / temperature` would overflow (it tends to argmax anyway; left to the arithmetic
+    /// it picked the least likely token), or `top_k == 1`.
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0 || self.top_k == 1
+        self.temperature < GREEDY_BELOW || self.top_k == 1
     }
 }
+
+/// Temperatures below this sample greedily: `1 / t` times any logit stays far from `f32`
+/// overflow above it.
+pub const GREEDY_BELOW: f32 = 1e-4;
 
 /// Picks tokens from logits according to `SamplingParams`; holds the request's RNG.
 #[derive(Debug, Clone)]
@@ -106,6 +112,10 @@ impl Sampler {
         }
         self.cands.sort_unstable_by(order);
         let max = self.cands[0].1;
+        if !max.is_finite() {
+            // Overflowed scaling (huge logits): the limit of the distribution is the argmax.
+            return self.cands[0].0;
+        }
         let mut total = 0f64;
         for c in &mut self.cands {
             c.1 = (c.1 - max).exp();

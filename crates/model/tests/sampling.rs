@@ -131,3 +131,20 @@ fn stop_matcher_holds_possible_prefixes() {
     assert_eq!(m.push("café"), StopOutcome::Continue("caf".into()));
     assert_eq!(m.finish(), "é");
 }
+
+#[test]
+fn a_tiny_positive_temperature_picks_the_most_likely_token() {
+    let logits = [0.5f32, 9.0, -3.0, 2.0];
+    // 1e-45 and 1e-40 make `1 / t` overflow to infinity.
+    for t in [1e-45f32, 1e-40, 1e-30, 1e-6] {
+        let p = SamplingParams {
+            temperature: t,
+            seed: Some(1),
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(&p);
+        for _ in 0..20 {
+            assert_eq!(s.sample(&logits), 1, "temperature {t}");
+        }
+    }
+}

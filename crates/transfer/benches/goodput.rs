@@ -4,7 +4,8 @@
 //! copy of the same bytes measured in the same run. Goal: >= 80% of the raw copy.
 //!
 //! After criterion's groups it runs interleaved rounds (raw copy, checked transfer into the
-//! default pool, the same into a pool with `commit_rehash` off; 41 rounds by default, env
+//! default pool, the same into a pool with `commit_rehash` off, and the default again over
+//! mutual TLS (rustls, ring; the production setting under `--tls-*`); 41 rounds by default, env
 //! `PAGEWARDEN_BENCH_ROUNDS`) and prints, per arm, the median of per-round ratios to the raw
 //! copy, the median times, the median commit time, process CPU per transfer (user+sys of both
 //! ends), and the per-byte components (xxh3 hot/cold, copy). `PAGEWARDEN_BENCH_QUICK=1` skips
@@ -24,10 +25,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use pagewarden_common::tls::{
+    rustls_client_config, rustls_server_config, write_dev_suite, InternalTls, SuiteRole, TlsFlags,
+};
 use pagewarden_kvcache::{KvLayout, KvPool, Owner, PoolConfig, RequestId, TenantId};
 use pagewarden_transfer::{
-    BatchStatus, EngineConfig, ManifestBuilder, PageSink, PageWriteReq, SegmentId, TcpBackend,
-    TransferBackend,
+    BatchStatus, ClientTls, EngineConfig, ListenOptions, ManifestBuilder, PageSink, PageWriteReq,
+    SegmentId, ServerTls, TcpBackend, TransferBackend,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;
@@ -61,7 +65,34 @@ fn page(i: usize) -> Bytes {
     )
 }
 
-async fn setup(commit_rehash: bool) -> Setup {
+/// Mutual TLS for both ends, from a throw-away dev suite: decode's listener and prefill's
+/// connection, as the workers build them under `--tls-*`.
+fn tls_pair() -> (ListenOptions, ClientTls) {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = write_dev_suite(dir.path()).unwrap();
+    let load = |role| match InternalTls::load(&TlsFlags {
+        tls_ca: Some(suite.ca()),
+        tls_cert: Some(suite.cert(role)),
+        tls_key: Some(suite.key(role)),
+    }) {
+        Ok(InternalTls::Mutual(m)) => m,
+        _ => panic!("dev suite"),
+    };
+    let listen = ListenOptions {
+        tls: Some(ServerTls {
+            config: rustls_server_config(&load(SuiteRole::Decode)).unwrap(),
+            authorize: Arc::new(|_| Ok(())),
+        }),
+        ..ListenOptions::default()
+    };
+    let client = ClientTls {
+        config: rustls_client_config(&load(SuiteRole::Prefill)).unwrap(),
+        server_name: SuiteRole::Decode.dns_name().try_into().unwrap(),
+    };
+    (listen, client)
+}
+
+async fn setup(commit_rehash: bool, tls: bool) -> Setup {
     let mut pc = PoolConfig::with_pages(LAYOUT, TOKENS / LAYOUT.page_size);
     pc.commit_rehash = commit_rehash;
     let pool = KvPool::new(pc);
@@ -69,12 +100,20 @@ async fn setup(commit_rehash: bool) -> Setup {
         max_inflight_bytes: 128 << 20,
         max_batch_pages: BATCH,
     };
-    let decode = TcpBackend::new(cfg, "127.0.0.1:0".parse().unwrap());
+    let (listen, client) = match tls {
+        true => {
+            let (l, c) = tls_pair();
+            (l, Some(c))
+        }
+        false => (ListenOptions::default(), None),
+    };
+    let bind = "127.0.0.1:0".parse().unwrap();
+    let decode = TcpBackend::with_security(cfg, bind, listen, None);
     let desc = decode
         .register_segment(Arc::new(pool.clone()) as Arc<dyn PageSink>)
         .await
         .unwrap();
-    let prefill = TcpBackend::new(cfg, "127.0.0.1:0".parse().unwrap());
+    let prefill = TcpBackend::with_security(cfg, bind, ListenOptions::default(), client);
     let seg = prefill.open_segment(&desc).await.unwrap();
     let pages = (0..TOKENS / LAYOUT.page_size).map(page).collect();
     // Raw baseline: read exactly the bytes, answer one byte.
@@ -159,9 +198,11 @@ async fn raw_copy(stream: &mut tokio::net::TcpStream, pages: &[Bytes]) {
 
 fn goodput(c: &mut Criterion) {
     let rt = Runtime::new().unwrap();
-    let s = rt.block_on(setup(true));
+    let s = rt.block_on(setup(true, false));
     // The same transfer into a pool whose commit trusts the fence (no re-hash).
-    let trusting = rt.block_on(setup(false));
+    let trusting = rt.block_on(setup(false, false));
+    // The default over mutual TLS.
+    let tls = rt.block_on(setup(true, true));
     let mut raw = rt.block_on(async {
         let t = tokio::net::TcpStream::connect(s.raw_addr).await.unwrap();
         t.set_nodelay(true).unwrap();
@@ -183,6 +224,9 @@ fn goodput(c: &mut Criterion) {
         g.bench_function("pagewarden_tcp_checked_no_commit_rehash", |b| {
             b.iter(|| rt.block_on(one_transfer(&trusting)))
         });
+        g.bench_function("pagewarden_tcp_checked_mutual_tls", |b| {
+            b.iter(|| rt.block_on(one_transfer(&tls)))
+        });
         g.finish();
     }
 
@@ -196,15 +240,16 @@ fn goodput(c: &mut Criterion) {
         rt.block_on(raw_copy(&mut raw, &s.pages));
         rt.block_on(one_transfer(&s));
         rt.block_on(one_transfer(&trusting));
+        rt.block_on(one_transfer(&tls));
     }
     let mut raw_arm = Arm::default();
-    let mut arms = [Arm::default(), Arm::default()];
+    let mut arms = [Arm::default(), Arm::default(), Arm::default()];
     for _ in 0..rounds {
         let (t, c) = (Instant::now(), cpu_ticks());
         rt.block_on(raw_copy(&mut raw, &s.pages));
         let raw_wall = t.elapsed();
         raw_arm.push(raw_wall, Duration::ZERO, cpu_ticks() - c);
-        for (arm, setup) in arms.iter_mut().zip([&s, &trusting]) {
+        for (arm, setup) in arms.iter_mut().zip([&s, &trusting, &tls]) {
             let (t, c) = (Instant::now(), cpu_ticks());
             let commit = rt.block_on(one_transfer(setup));
             let wall = t.elapsed();
@@ -224,6 +269,7 @@ fn goodput(c: &mut Criterion) {
     for (arm, name) in arms.iter_mut().zip([
         "pagewarden tcp, checked (default: commit re-hash on)",
         "pagewarden tcp, checked, commit_rehash off",
+        "pagewarden tcp, checked, mutual TLS (default commit re-hash)",
     ]) {
         let mp = median(&mut arm.times);
         println!(

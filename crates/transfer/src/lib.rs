@@ -18,7 +18,7 @@
 //!   one connection over a transport's `Wire` (TCP and RDMA).
 //! - `backend.rs`: backend skeleton over a `Transport` (segment table, TransferBackend impl).
 //! - `memory.rs`: in-memory backend for unit tests (with a tamper hook).
-//! - `tcp/`: the default TCP backend (listener and sender).
+//! - `tcp/`: the default TCP backend (listener and sender), optionally under mutual TLS.
 //! - `rdma/`: RDMA backend over ibverbs (feature `rdma`; without a device it reports
 //!   `Unsupported`; never run on a NIC: see its docs).
 
@@ -47,4 +47,7 @@ pub use manifest::ManifestBuilder;
 pub use memory::MemoryBackend;
 pub use receiver::{CountersSnapshot, ReceiverCounters, ReceiverSession};
 pub use sink::{MemorySink, PageSink};
-pub use tcp::{TcpBackend, TcpReceiver};
+pub use tcp::{
+    Authorize, ClientTls, ListenOptions, OnRefused, Refused, RefusedReason, ServerTls, TcpBackend,
+    TcpReceiver,
+};

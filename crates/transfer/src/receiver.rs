@@ -42,6 +42,7 @@ pub struct ReceiverCounters {
     malformed_closes: AtomicU64,
     drains: AtomicU64,
     peer_gone: AtomicU64,
+    refused_connections: AtomicU64,
 }
 
 /// A point-in-time copy of [`ReceiverCounters`].
@@ -59,6 +60,8 @@ pub struct CountersSnapshot {
     pub drains: u64,
     /// Grants reported peer-gone at connection teardown.
     pub peer_gone: u64,
+    /// Connections refused before any frame was read (cap, TLS handshake, role).
+    pub refused_connections: u64,
 }
 
 impl CountersSnapshot {
@@ -84,7 +87,13 @@ impl ReceiverCounters {
             malformed_closes: ld(&self.malformed_closes),
             drains: ld(&self.drains),
             peer_gone: ld(&self.peer_gone),
+            refused_connections: ld(&self.refused_connections),
         }
+    }
+
+    /// Counts a connection refused before any frame was read.
+    pub(crate) fn refused_connection(&self) {
+        Self::bump(&self.refused_connections, 1);
     }
 
     fn bump(a: &AtomicU64, n: u64) {

@@ -8,6 +8,7 @@
 //! - `startup.rs`: `load`: the model, the preflight (I7) and the preflighted KV pool.
 //! - `boot.rs`: `start_up` (a failure is reported to the auditor) and `auditor_client`.
 //! - `serve.rs`: the gRPC and metrics listeners, pool gauges, and serving until shutdown.
+//! - `transfer_security.rs`: the KV transfer connection's TLS, role check and refusal reports.
 //! - `wire.rs`: the request reference and sampling parameters, parsed at the gRPC boundary.
 //! - `fair_queue.rs`: `FairQueue`, both workers' waiting line (FIFO per tenant, tenants in turn).
 
@@ -19,6 +20,7 @@ mod gpu;
 mod role;
 mod serve;
 mod startup;
+mod transfer_security;
 pub mod wire;
 
 pub use boot::{auditor_client, start_up, AUDITOR_BUFFER};
@@ -29,3 +31,4 @@ pub use gpu::GpuOpenError;
 pub use role::Role;
 pub use serve::{pool_gauges, serve, BindError, Listeners, MetricsEndpoint};
 pub use startup::{load, Loaded, PoolOptions, StartupError};
+pub use transfer_security::{receiver_options, sender_tls, TransferSecurityError};

@@ -1,5 +1,8 @@
 //! Serving: the gRPC and metrics listeners, then `/metrics`, the listening line and the gRPC
-//! server with its health service until shutdown.
+//! server with its health service until shutdown. Under mutual TLS every RPC's caller role is
+//! checked by a tower layer before the service sees it (I11): decode and prefill take calls
+//! from routers only. Without TLS the gRPC listener must be on loopback unless
+//! `--insecure-internal`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -8,6 +11,9 @@ use std::sync::Arc;
 use pagewarden_common::config::WorkerConfig;
 use pagewarden_common::metrics::{serve_metrics, PoolGauges, RefreshHook, WorkerMetrics};
 use pagewarden_common::shutdown::Shutdown;
+use pagewarden_common::tls::{
+    refuse_plaintext, InternalTls, PlaintextRefused, RequireRole, SuiteRole,
+};
 use pagewarden_kvcache::KvPool;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -21,6 +27,9 @@ use crate::Role;
 /// A listener that could not be bound.
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
+    /// Plaintext gRPC on a non-loopback address without `--insecure-internal`.
+    #[error(transparent)]
+    Plaintext(#[from] PlaintextRefused),
     /// The gRPC listener.
     #[error("binding gRPC {addr}")]
     Grpc {
@@ -54,14 +63,18 @@ pub struct Listeners {
     pub metrics_addr: SocketAddr,
     /// The transfer address: decode's bound receiver, or the address prefill sends from.
     pub transfer_addr: SocketAddr,
+    /// How the gRPC listener is secured.
+    pub tls: InternalTls,
 }
 
 impl Listeners {
     /// Binds `cfg.grpc_addr` and `cfg.metrics_addr`; `transfer_addr` is only announced.
+    /// Refuses plaintext gRPC off loopback unless `cfg.insecure_internal`.
     pub async fn bind(
         cfg: &WorkerConfig,
         transfer_addr: SocketAddr,
     ) -> Result<Listeners, BindError> {
+        refuse_plaintext("gRPC", cfg.grpc_addr, &cfg.tls, cfg.insecure_internal)?;
         let (grpc, grpc_addr) = bind(cfg.grpc_addr)
             .await
             .map_err(|source| BindError::Grpc {
@@ -81,8 +94,15 @@ impl Listeners {
             metrics,
             metrics_addr,
             transfer_addr,
+            tls: cfg.tls.clone(),
         })
     }
+}
+
+/// Who may call a worker's RPCs: decode's Reserve/Generate/Abort/Info and prefill's
+/// Prefill/Abort/Info are the router's alone.
+fn worker_policy(_path: &str) -> &'static [SuiteRole] {
+    &[SuiteRole::Router]
 }
 
 async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
@@ -112,7 +132,8 @@ pub struct MetricsEndpoint {
 
 /// Serves `/metrics` and gRPC (`service` beside the health service, which reports it serving)
 /// on `listeners` until `shutdown` is cancelled, after printing the one parseable line tests
-/// and the launcher look for: `<binary> listening grpc=ADDR metrics=ADDR transfer=ADDR`.
+/// and the launcher look for: `<binary> listening grpc=ADDR metrics=ADDR transfer=ADDR`
+/// (plus ` tls=mutual` under TLS).
 /// Cancels `shutdown` on the way out, so the worker's other tasks stop too, and waits for
 /// `/metrics` to close.
 pub async fn serve<S>(
@@ -131,6 +152,10 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = listeners.tls.server_config() {
+        server = server.tls_config(tls)?;
+    }
     let m = tokio::spawn(serve_metrics(
         listeners.metrics,
         metrics.metrics,
@@ -139,11 +164,17 @@ where
     ));
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<S>().await;
+    let tls = if listeners.tls.is_mutual() {
+        " tls=mutual"
+    } else {
+        ""
+    };
     println!(
-        "{} listening grpc={} metrics={} transfer={}",
+        "{} listening grpc={} metrics={} transfer={}{tls}",
         role.binary, listeners.grpc_addr, listeners.metrics_addr, listeners.transfer_addr
     );
-    let served = tonic::transport::Server::builder()
+    let served = server
+        .layer(RequireRole::new(worker_policy, listeners.tls.is_mutual()))
         .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(

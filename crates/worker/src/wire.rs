@@ -14,6 +14,11 @@ pub fn request_ref(r: Option<&pb::RequestRef>) -> Result<(RequestId, AttemptId),
     Ok((id, AttemptId(r.attempt)))
 }
 
+/// At most this many stop sequences (the router's limit too).
+pub const MAX_STOP: usize = 16;
+/// Longest stop sequence in bytes (the router's limit too).
+pub const MAX_STOP_BYTES: usize = 256;
+
 /// Parses sampling parameters.
 pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status> {
     let s = s.ok_or_else(|| Status::invalid_argument("sampling is required"))?;
@@ -24,6 +29,11 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
     }
     if !(s.top_p > 0.0 && s.top_p <= 1.0) {
         return Err(Status::invalid_argument("sampling.top_p must be in (0, 1]"));
+    }
+    if s.stop.len() > MAX_STOP || s.stop.iter().any(|x| x.len() > MAX_STOP_BYTES) {
+        return Err(Status::invalid_argument(format!(
+            "sampling.stop: at most {MAX_STOP} sequences of at most {MAX_STOP_BYTES} bytes"
+        )));
     }
     Ok(SamplingParams {
         temperature: s.temperature,

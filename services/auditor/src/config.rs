@@ -17,6 +17,8 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
+use pagewarden_common::tls::{InternalTls, TlsFlags, TlsKeys};
+
 use crate::probe::ProbeTenant;
 
 /// The configuration could not be read.
@@ -67,6 +69,12 @@ pub struct Args {
     /// GGUF model whose tokenizer gives exact prompt token counts for probes.
     #[arg(long, env = "PAGEWARDEN_MODEL")]
     pub model_path: Option<PathBuf>,
+    /// Internal mutual TLS of the gRPC listener.
+    #[command(flatten)]
+    pub tls: TlsFlags,
+    /// Serve gRPC in clear on a non-loopback address, unauthenticated.
+    #[arg(long)]
+    pub insecure_internal: bool,
 }
 
 /// The TOML file's shape; every field optional.
@@ -86,6 +94,10 @@ pub struct FileConfig {
     probe_min_prefill_us_per_token: Option<u64>,
     probe_request_timeout_s: Option<u64>,
     model_path: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    insecure_internal: Option<bool>,
 }
 
 /// The resolved configuration.
@@ -115,6 +127,10 @@ pub struct Config {
     pub probe_request_timeout: Duration,
     /// Tokenizer source.
     pub model_path: Option<PathBuf>,
+    /// Internal mutual TLS of the gRPC listener, or plaintext.
+    pub tls: InternalTls,
+    /// Plaintext gRPC allowed on a non-loopback address.
+    pub insecure_internal: bool,
 }
 
 /// Parses `90`, `30s`, `5m`, `1h` into a duration; `0` is `None` (off).
@@ -175,6 +191,12 @@ impl Config {
             Some(s) => parse_interval(&s)?,
             None => Some(Duration::from_secs(300)),
         };
+        let tls = InternalTls::load(&a.tls.over(TlsKeys {
+            tls_ca: f.tls_ca,
+            tls_cert: f.tls_cert,
+            tls_key: f.tls_key,
+        }))
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(Config {
             http_addr: a
                 .http_addr
@@ -197,6 +219,8 @@ impl Config {
             probe_min_prefill_us_per_token: f.probe_min_prefill_us_per_token.unwrap_or(0),
             probe_request_timeout: Duration::from_secs(f.probe_request_timeout_s.unwrap_or(120)),
             model_path: a.model_path.or(f.model_path),
+            tls,
+            insecure_internal: a.insecure_internal || f.insecure_internal.unwrap_or(false),
         })
     }
 

@@ -1,8 +1,10 @@
 //! The `Auditor` gRPC service: parses each report into its `Valid*` type and hands it to the
 //! engine. A store failure is `UNAVAILABLE` (the sender counts it; it never retries inline).
+//! Under mutual TLS, [`caller_policy`] says which suite roles may call each RPC (I11).
 
 use std::sync::Arc;
 
+use pagewarden_common::tls::SuiteRole;
 use pagewarden_common::TenantId;
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_server::Auditor;
@@ -11,6 +13,21 @@ use tonic::{Request, Response, Status};
 use crate::engine::Engine;
 use crate::ingest::{InvalidReport, ValidIntegrity, ValidPreflight, ValidSample};
 use crate::store::{MarkerRecord, StoreError};
+
+/// Which roles may call each RPC: samples come from routers, integrity events and preflight
+/// reports from workers, and canary markers (which name every tenant's secrets) are issued and
+/// listed only for routers and the auditor itself. Anything else is refused.
+pub fn caller_policy(path: &str) -> &'static [SuiteRole] {
+    const SVC: &str = "/pagewarden.v1.Auditor/";
+    match path.strip_prefix(SVC) {
+        Some("ReportSample") => &[SuiteRole::Router],
+        Some("ReportIntegrity") | Some("ReportPreflight") => {
+            &[SuiteRole::Prefill, SuiteRole::Decode]
+        }
+        Some("IssueMarker") | Some("ListMarkers") => &[SuiteRole::Router, SuiteRole::Auditor],
+        _ => &[],
+    }
+}
 
 /// The gRPC face of an [`Engine`].
 pub struct AuditorService {

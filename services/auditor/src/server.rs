@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use pagewarden_common::tls::{refuse_plaintext, PlaintextRefused, RequireRole};
 use pagewarden_proto::v1::auditor_server::AuditorServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -12,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::engine::Engine;
-use crate::grpc::AuditorService;
+use crate::grpc::{caller_policy, AuditorService};
 use crate::probe::plan::LatencyBounds;
 use crate::probe::{ProbeSettings, Prober};
 use crate::store::{Store, StoreError};
@@ -31,6 +32,12 @@ pub enum StartError {
     /// The probe HTTP client could not be built.
     #[error("probe client: {0}")]
     Http(#[from] reqwest::Error),
+    /// Plaintext gRPC on a non-loopback address without `--insecure-internal` (I11).
+    #[error(transparent)]
+    Plaintext(#[from] PlaintextRefused),
+    /// The gRPC server's TLS configuration was refused.
+    #[error("gRPC TLS: {0}")]
+    Tls(#[from] tonic::transport::Error),
 }
 
 /// A started auditor.
@@ -83,6 +90,7 @@ pub async fn start(
         std::fs::create_dir_all(&dir)
             .map_err(|e| StartError::Io(format!("creating {}", dir.display()), e))?;
     }
+    refuse_plaintext("gRPC", cfg.grpc_addr, &cfg.tls, cfg.insecure_internal)?;
     let store = Store::connect(&cfg.database_url).await?;
     let engine = Arc::new(Engine::new(store).await?);
     let shutdown = CancellationToken::new();
@@ -99,7 +107,12 @@ pub async fn start(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<AuditorServer<AuditorService>>().await;
-    let grpc = tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = cfg.tls.server_config() {
+        server = server.tls_config(tls)?;
+    }
+    let grpc = server
+        .layer(RequireRole::new(caller_policy, cfg.tls.is_mutual()))
         .add_service(health_service)
         .add_service(AuditorServer::new(AuditorService::new(engine.clone())))
         .serve_with_incoming_shutdown(

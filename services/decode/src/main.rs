@@ -72,6 +72,8 @@ async fn main() -> anyhow::Result<()> {
     pagewarden_worker::check_device(cli.device, &ROLE)?;
     let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::decode())?;
     let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
+    // Every internal client of this process (the auditor's) presents this identity.
+    pagewarden_common::tls::install_client_tls(cfg.tls.clone());
     let shutdown = shutdown::on_signal();
     let (loaded, tokenizer, compute) = {
         let (job_cfg, device) = (cfg.clone(), cli.device);
@@ -102,7 +104,9 @@ async fn main() -> anyhow::Result<()> {
     let decode_sink = sink::DecodeSink::new(loaded.pool.clone());
     let sink: Arc<dyn PageSink> = Arc::new(decode_sink.clone());
     let counters = Arc::new(ReceiverCounters::default());
-    let receiver = TcpReceiver::bind(cfg.transfer_addr, sink, counters.clone())
+    // Under mutual TLS only prefill certificates may write; refusals reach the auditor (I11).
+    let security = pagewarden_worker::receiver_options(&cfg, integrity.clone(), ROLE.name)?;
+    let receiver = TcpReceiver::bind_with(cfg.transfer_addr, sink, counters.clone(), security)
         .await
         .with_context(|| format!("binding transfer listener {}", cfg.transfer_addr))?;
     let transfer_addr = receiver.local_addr();

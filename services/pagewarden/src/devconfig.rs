@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use pagewarden_common::tls::{write_dev_suite, DevSuite, SuiteRole};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -152,6 +153,17 @@ pub struct Plan {
     pub auditor_grpc: Option<String>,
 }
 
+/// Where the dev CA and the services' certificates live: `<dev dir>/tls`.
+pub fn tls_dir(dir: &Path) -> PathBuf {
+    dir.join("tls")
+}
+
+/// Creates the dev CA and one certificate per service under `<dev dir>/tls` (kept across
+/// runs; delete the directory to draw new ones).
+pub fn ensure_tls(dir: &Path) -> anyhow::Result<DevSuite> {
+    Ok(write_dev_suite(&tls_dir(dir))?)
+}
+
 fn strings<const N: usize>(a: [&str; N]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
 }
@@ -161,6 +173,12 @@ impl Plan {
         if let (Some(url), false) = (&self.auditor_grpc, name == "auditor") {
             // Samples (router), integrity events and preflight reports (workers).
             args.extend(strings(["--auditor", url]));
+        }
+        // The dev suite's certificates, when `up` wrote them (`ensure_tls`): mutual TLS on
+        // every internal link, each service under its own role.
+        let role = SuiteRole::ALL.into_iter().find(|r| r.as_str() == name);
+        if let (Some(suite), Some(role)) = (DevSuite::existing(&tls_dir(&self.dir)), role) {
+            args.extend(suite.args(role));
         }
         Spec {
             name: name.to_string(),
@@ -263,6 +281,41 @@ mod tests {
         assert_ne!(fresh.tenants, first.tenants);
         let parsed: TenantsFile = toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(parsed.tenants, fresh.tenants);
+    }
+
+    #[test]
+    fn specs_carry_their_role_certificate_once_the_suite_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = Plan {
+            bin_dir: PathBuf::from("/bin"),
+            dir: dir.path().to_path_buf(),
+            model: PathBuf::from("m.gguf"),
+            tenants: PathBuf::from("t.toml"),
+            probe_key: "k".into(),
+            router_addr: "127.0.0.1:1".parse().unwrap(),
+            auditor_addr: "127.0.0.1:2".parse().unwrap(),
+            probe_interval: "0".into(),
+            grant_ttl_ms: 1,
+            pool_tokens: None,
+            context_length: None,
+            auditor_grpc: None,
+        };
+        assert!(!plan.worker("decode").args.contains(&"--tls-ca".to_string()));
+        let suite = ensure_tls(dir.path()).unwrap();
+        let args = plan.worker("decode").args;
+        let cert = suite.cert(SuiteRole::Decode).display().to_string();
+        assert!(
+            args.windows(2)
+                .any(|w| w[0] == "--tls-cert" && w[1] == cert),
+            "{args:?}"
+        );
+        let args = plan.router("127.0.0.1:3", "127.0.0.1:4").args;
+        let cert = suite.cert(SuiteRole::Router).display().to_string();
+        assert!(
+            args.windows(2)
+                .any(|w| w[0] == "--tls-cert" && w[1] == cert),
+            "{args:?}"
+        );
     }
 
     #[test]

@@ -166,6 +166,8 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         bail!("model {} not found", model.display());
     }
     let (tenants_path, tenants) = devconfig::ensure_tenants(&dir)?;
+    // Mutual TLS on every internal link, with a dev CA kept in `.pw/tls/`.
+    devconfig::ensure_tls(&dir)?;
     let mut group = Group::default();
     let started = tokio::select! {
         r = start_all(&args, &bin_dir, &dir, &model, &tenants_path, &tenants, &mut group) => r,

@@ -61,7 +61,8 @@ impl Compute {
         }
     }
 
-    /// The bytes of pages `indices` of `pages` (generation-checked), one frame each.
+    /// The bytes of pages `indices` of `pages` (generation-checked), one frame each, holding
+    /// only rows written for this request: a partial last page's unused rows are zeroed (I12).
     pub fn frames(
         &self,
         pages: &ReadablePages,
@@ -73,16 +74,31 @@ impl Compute {
                 .map(|&i| {
                     pages
                         .page_bytes(i)
-                        .map(Bytes::copy_from_slice)
+                        .map(|b| written_rows_only(pages, i, b.to_vec()))
                         .map_err(|e| ComputeError(format!("reading local KV page {i}: {e}")))
                 })
                 .collect(),
             #[cfg(feature = "cuda")]
             Compute::Cuda(g) => {
                 tokio::task::block_in_place(|| g.lock().download_pages(pages, indices))
-                    .map(|v| v.into_iter().map(Bytes::from).collect())
+                    .map(|v| {
+                        v.into_iter()
+                            .zip(indices)
+                            .map(|(b, &i)| written_rows_only(pages, i, b))
+                            .collect()
+                    })
                     .map_err(|e| ComputeError(format!("reading device KV pages: {e}")))
             }
         }
     }
+}
+
+/// Page `index` of `pages` as it may leave the pool (I12): the rows past the tokens written
+/// for this request, which still hold whatever the page's earlier owner left, are zeroed. Only
+/// a prompt's last page is ever partial, so full pages cost nothing more than the copy.
+fn written_rows_only(pages: &ReadablePages, index: usize, mut bytes: Vec<u8>) -> Bytes {
+    pages
+        .layout()
+        .zero_unwritten_rows(&mut bytes, pages.page_tokens(index));
+    Bytes::from(bytes)
 }

@@ -26,7 +26,7 @@ use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown;
 use pagewarden_kernels::Device;
 use pagewarden_proto::v1::prefill_server::PrefillServer;
-use pagewarden_transfer::{EngineConfig, TcpBackend};
+use pagewarden_transfer::{EngineConfig, ListenOptions, TcpBackend};
 use pagewarden_worker::{
     auditor_client, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, Role,
 };
@@ -63,6 +63,8 @@ async fn main() -> anyhow::Result<()> {
     pagewarden_worker::check_device(cli.device, &ROLE)?;
     let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::prefill())?;
     let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
+    // Every internal client of this process (the auditor's) presents this identity.
+    pagewarden_common::tls::install_client_tls(cfg.tls.clone());
     let shutdown = shutdown::on_signal();
     let (loaded, compute) = {
         let (job_cfg, device, batch_pages) = (cfg.clone(), cli.device, cli.batch_pages);
@@ -96,7 +98,13 @@ async fn main() -> anyhow::Result<()> {
     // the sending bind address.
     let listeners = Listeners::bind(&cfg, cfg.transfer_addr).await?;
 
-    let backend = TcpBackend::new(EngineConfig::default(), cfg.transfer_addr);
+    // Under mutual TLS the KV stream is encrypted and decode checks this worker's role (I11).
+    let backend = TcpBackend::with_security(
+        EngineConfig::default(),
+        cfg.transfer_addr,
+        ListenOptions::default(),
+        pagewarden_worker::sender_tls(&cfg)?,
+    );
     let deps = Arc::new(job::JobDeps {
         compute,
         pool: loaded.pool.clone(),

@@ -25,10 +25,11 @@ impl Segments {
         &self.backend
     }
 
-    /// The open segment for `addr`, connecting if needed.
+    /// The open segment for `addr`, connecting if needed. The connect (bounded by the
+    /// transfer's connect timeout) runs outside the lock, so one unreachable decode never
+    /// stalls jobs bound for the others; when two jobs race, the first segment in wins.
     pub async fn open(&self, addr: &str) -> Result<SegmentId, Status> {
-        let mut open = self.open.lock().await;
-        if let Some(seg) = open.get(addr) {
+        if let Some(seg) = self.open.lock().await.get(addr) {
             return Ok(*seg);
         }
         let seg = self
@@ -40,6 +41,11 @@ impl Segments {
             .map_err(|e| {
                 Status::unavailable(format!("cannot reach decode transfer listener {addr}: {e}"))
             })?;
+        let mut open = self.open.lock().await;
+        if let Some(&first) = open.get(addr) {
+            self.backend.close_segment(seg);
+            return Ok(first);
+        }
         open.insert(addr.to_string(), seg);
         Ok(seg)
     }

@@ -7,7 +7,10 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
+use pagewarden_common::tls::{InternalTls, TlsFlags, TlsKeys};
+
 use crate::dispatch::DispatchConfig;
+use crate::edge::EdgeLimits;
 use crate::server::Settings;
 use crate::tenants::{TenantEntry, TenantsFile};
 
@@ -70,6 +73,18 @@ pub struct Args {
     /// The auditor's gRPC URL; when set, every finished response is sent to it as a sample.
     #[arg(long, env = "PAGEWARDEN_AUDITOR")]
     pub auditor: Option<String>,
+    /// Internal mutual TLS towards workers and the auditor (this router's identity).
+    #[command(flatten)]
+    pub tls: TlsFlags,
+    /// Longest wait for a request's head; slower sockets are closed.
+    #[arg(long, value_parser = parse_duration)]
+    pub header_read_timeout: Option<Duration>,
+    /// Longest wait for a request's body after its head (400 past it).
+    #[arg(long, value_parser = parse_duration)]
+    pub body_read_timeout: Option<Duration>,
+    /// Most client connections served at once; more are closed on accept.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
 }
 
 /// The `--config` file.
@@ -94,6 +109,12 @@ pub struct FileConfig {
     info_interval: Option<String>,
     abort_timeout: Option<String>,
     auditor: Option<String>,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    header_read_timeout: Option<String>,
+    body_read_timeout: Option<String>,
+    max_connections: Option<usize>,
 }
 
 /// Why the configuration is unusable.
@@ -162,6 +183,10 @@ pub struct RouterConfig {
     pub abort_timeout: Duration,
     /// The auditor's gRPC URL (samples are sent there when set).
     pub auditor: Option<String>,
+    /// Internal mutual TLS (this router's client identity), or plaintext.
+    pub tls: InternalTls,
+    /// Read timeouts and connection cap of the HTTP edge.
+    pub edge: EdgeLimits,
 }
 
 fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
@@ -196,6 +221,32 @@ impl RouterConfig {
             Some(p) => read_toml(p)?,
             None => FileConfig::default(),
         };
+        let tls = InternalTls::load(&args.tls.over(TlsKeys {
+            tls_ca: file.tls_ca,
+            tls_cert: file.tls_cert,
+            tls_key: file.tls_key,
+        }))
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let defaults = EdgeLimits::default();
+        let edge = EdgeLimits {
+            header_timeout: args
+                .header_read_timeout
+                .or(duration("header_read_timeout", file.header_read_timeout)?)
+                .unwrap_or(defaults.header_timeout),
+            body_timeout: args
+                .body_read_timeout
+                .or(duration("body_read_timeout", file.body_read_timeout)?)
+                .unwrap_or(defaults.body_timeout),
+            max_connections: args
+                .max_connections
+                .or(file.max_connections)
+                .unwrap_or(defaults.max_connections),
+        };
+        if edge.max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "--max-connections must be at least 1".into(),
+            ));
+        }
         let mut tenants = file.tenants;
         if let Some(p) = args.tenants.or(file.tenants_file) {
             let t: TenantsFile = read_toml(&p)?;
@@ -263,6 +314,8 @@ impl RouterConfig {
                 .or(duration("abort_timeout", file.abort_timeout)?)
                 .unwrap_or(Duration::from_secs(2)),
             auditor: args.auditor.or(file.auditor).map(with_scheme),
+            tls,
+            edge,
         })
     }
 

@@ -3,6 +3,7 @@
 //!
 //! - `config.rs`: flags (clap) over a toml file over defaults → `RouterConfig`
 //! - `server.rs`: `AppState`, the route table, the `Info` poller, `serve(listener, state, shutdown)`
+//! - `edge.rs`: header/body read timeouts and the connection cap under the routes
 //! - `tenants.rs`: API keys → tenants; the auth middleware (401)
 //! - `extract.rs`: body extractor: 413 / invalid UTF-8 / invalid JSON as OpenAI errors
 //! - `params.rs`: typed field readers whose errors name the field
@@ -28,6 +29,7 @@ pub mod admission;
 pub mod auditor_sink;
 pub mod config;
 pub mod dispatch;
+pub mod edge;
 pub mod error;
 pub mod extract;
 pub mod frontend;
@@ -49,6 +51,7 @@ pub mod workers;
 
 pub use auditor_sink::AuditorSampleSink;
 pub use config::{Args, RouterConfig};
+pub use edge::EdgeLimits;
 pub use error::{ErrorBody, RouterError};
 pub use sample::{NoSampling, ResponseSample, SampleSink};
-pub use server::{router, serve, AppState, Settings};
+pub use server::{router, serve, serve_with, AppState, Settings};

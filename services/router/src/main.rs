@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Parser;
 use pagewarden_common::auditor_client::AuditorClient;
 use pagewarden_router::{
-    serve, AppState, Args, AuditorSampleSink, NoSampling, RouterConfig, SampleSink,
+    serve_with, AppState, Args, AuditorSampleSink, NoSampling, RouterConfig, SampleSink,
 };
 
 /// Reports waiting for the auditor before new ones are dropped.
@@ -27,6 +27,8 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry =
         pagewarden_common::telemetry::init_telemetry("pagewarden-router", config.log_json)
             .context("telemetry")?;
+    // Every internal client (workers, auditor) presents this identity.
+    pagewarden_common::tls::install_client_tls(config.tls.clone());
     let sink: Arc<dyn SampleSink> = match &config.auditor {
         Some(url) => {
             let client = AuditorClient::spawn(url, AUDITOR_BUFFER).context("auditor client")?;
@@ -52,7 +54,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     tokio::select! {
-        served = serve(listener, state, shutdown.cancelled_owned()) => {
+        served = serve_with(listener, state, config.edge, shutdown.cancelled_owned()) => {
             served.context("serving")?;
             tracing::info!("drained: every in-flight request finished");
         }

@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::{ModelSource, RouterConfig};
 use crate::dispatch::DispatchConfig;
+use crate::edge::{serve_edge, EdgeLimits};
 use crate::error::{Half, RouterError};
 use crate::frontend::{Frontend, FrontendError};
 use crate::handlers;
@@ -151,11 +152,21 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves until `shutdown` resolves. Polls workers once before accepting requests, then every
-/// `info_interval` in the background.
+/// Serves until `shutdown` resolves, under the default [`EdgeLimits`].
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_with(listener, state, EdgeLimits::default(), shutdown).await
+}
+
+/// Serves until `shutdown` resolves, with the edge's read timeouts and connection cap. Polls
+/// workers once before accepting requests, then every `info_interval` in the background.
+pub async fn serve_with(
+    listener: TcpListener,
+    state: AppState,
+    limits: EdgeLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     state.refresh_workers().await;
@@ -170,9 +181,7 @@ pub async fn serve(
             }
         })
     };
-    let result = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let result = serve_edge(listener, router(state), limits, shutdown).await;
     poller.abort();
     result
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::stream::{self, Stream};
+use futures::stream::{self, Stream, StreamExt};
 
 use crate::dispatch::Token;
 use crate::openai::Usage;
@@ -66,9 +66,42 @@ fn json_event(v: &serde_json::Value) -> Event {
 /// Between two events of a stream (e.g. during a long prefill), a comment line this often.
 const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
-/// Turns a dispatched request into an SSE response.
+/// Events buffered between the request and a slow reader.
+const SSE_BUFFER: usize = 64;
+
+/// How long a client may leave the buffer full (not reading) before its request is dropped,
+/// which frees its concurrency slot and aborts both halves.
+pub const SSE_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Turns a started request into an SSE response. A task pumps the events into a bounded
+/// buffer; a client that stops reading for [`SSE_WRITE_TIMEOUT`] (or disconnects) ends the
+/// task, and with it the request: hyper never polls the body of a client that does not read,
+/// so the bound has to live outside it.
 pub fn response(s: Streaming, record: Record) -> Response {
-    Sse::new(events(s, record))
+    let (tx, rx) = tokio::sync::mpsc::channel(SSE_BUFFER);
+    let upstream = events(s, record);
+    tokio::spawn(async move {
+        let mut upstream = std::pin::pin!(upstream);
+        loop {
+            let ev = tokio::select! {
+                ev = upstream.next() => ev,
+                () = tx.closed() => return,
+            };
+            let Some(ev) = ev else { return };
+            match tokio::time::timeout(SSE_WRITE_TIMEOUT, tx.send(ev)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    tracing::warn!(
+                        timeout = ?SSE_WRITE_TIMEOUT,
+                        "streaming client stopped reading: request dropped"
+                    );
+                    return;
+                }
+            }
+        }
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response()
 }

@@ -11,6 +11,8 @@ use crate::params::Fields;
 pub const MAX_TOKENS_LIMIT: i64 = u32::MAX as i64;
 /// At most this many stop sequences.
 pub const MAX_STOP: usize = 16;
+/// Longest stop sequence, in UTF-8 bytes (every generated token is matched against them all).
+pub const MAX_STOP_BYTES: usize = 256;
 
 /// A completion prompt: text to tokenize, or token ids given by the client.
 #[derive(Clone, Debug, PartialEq)]
@@ -253,6 +255,12 @@ fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ValidationError> {
         Some(Value::String(s)) if s.is_empty() => {
             return Err(f.err("stop", "must not be an empty string"))
         }
+        Some(Value::String(s)) if s.len() > MAX_STOP_BYTES => {
+            return Err(f.err(
+                "stop",
+                format!("may be at most {MAX_STOP_BYTES} bytes long"),
+            ))
+        }
         Some(Value::String(s)) => return Ok(vec![s.clone()]),
         Some(Value::Array(a)) => a.iter().collect(),
         Some(v) => {
@@ -272,6 +280,10 @@ fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ValidationError> {
         .into_iter()
         .enumerate()
         .map(|(i, v)| match v {
+            Value::String(s) if s.len() > MAX_STOP_BYTES => Err(f.err(
+                &format!("stop[{i}]"),
+                format!("may be at most {MAX_STOP_BYTES} bytes long"),
+            )),
             Value::String(s) if !s.is_empty() => Ok(s.clone()),
             Value::String(_) => Err(f.err(&format!("stop[{i}]"), "must not be empty")),
             other => Err(f.err(

@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pagewarden_common::tls::{self, SuiteRole};
 use pagewarden_proto::v1::decode_client::DecodeClient;
 use pagewarden_proto::v1::prefill_client::PrefillClient;
 use pagewarden_proto::v1::{InfoRequest, WorkerInfo};
 use parking_lot::Mutex;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::error::{Half, RouterError};
 use crate::telemetry::traced;
@@ -199,7 +200,11 @@ impl WorkerPool {
             urls.iter()
                 .map(|url| {
                     let url = normalize(url);
-                    let endpoint = Endpoint::from_shared(url.clone())
+                    let role = match half {
+                        Half::Decode => SuiteRole::Decode,
+                        Half::Prefill => SuiteRole::Prefill,
+                    };
+                    let endpoint = tls::endpoint(&url, role, &tls::client_tls())
                         .map_err(|e| PoolError {
                             url: url.clone(),
                             message: e.to_string(),

@@ -85,6 +85,11 @@ async fn bad_parameters_are_400_naming_the_field() {
         (json!({"prompt": "hi", "n": 2}), "n"),
         (json!({"prompt": "hi", "stop": 3}), "stop"),
         (json!({"prompt": "hi", "stop": ["ok", ""]}), "stop[1]"),
+        (
+            json!({"prompt": "hi", "stop": ["ok", "x".repeat(257)]}),
+            "stop[1]",
+        ),
+        (json!({"prompt": "hi", "stop": "y".repeat(257)}), "stop"),
         (json!({"prompt": "hi", "stream": "yes"}), "stream"),
         (
             json!({"prompt": "hi", "stream_options": {"include_usage": 1}}),

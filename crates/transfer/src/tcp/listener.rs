@@ -1,18 +1,21 @@
 //! TCP receiving side: one listener per registered segment, one task per connection driving a
 //! [`ReceiverSession`]. Frame lengths are checked before a buffer grows; a malformed frame
-//! closes that connection (logged, counted) and touches no page.
+//! closes that connection (logged, counted) and touches no page. Connections are capped and,
+//! under TLS, authenticated before their first frame (`secure.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::frame::{decode_header, decode_payload, encode, FrameError, Header, HEADER_LEN};
 use crate::receiver::{CloseReason, ReceiverCounters, ReceiverSession};
 use crate::sink::PageSink;
+
+use super::secure::{self, ListenOptions, Refused, RefusedReason};
 
 /// A running TCP receiver. Dropping it stops accepting and closes its connections.
 pub struct TcpReceiver {
@@ -23,16 +26,28 @@ pub struct TcpReceiver {
 }
 
 impl TcpReceiver {
-    /// Binds `addr` (use port 0 in tests) and serves writes into `sink`.
+    /// Binds `addr` (use port 0 in tests) and serves writes into `sink`, in clear, with the
+    /// default connection cap.
     pub async fn bind(
         addr: SocketAddr,
         sink: Arc<dyn PageSink>,
         counters: Arc<ReceiverCounters>,
     ) -> std::io::Result<Self> {
+        Self::bind_with(addr, sink, counters, ListenOptions::default()).await
+    }
+
+    /// Binds `addr` and serves writes into `sink` under `opts` (TLS and role check,
+    /// handshake timeout, connection cap).
+    pub async fn bind_with(
+        addr: SocketAddr,
+        sink: Arc<dyn PageSink>,
+        counters: Arc<ReceiverCounters>,
+        opts: ListenOptions,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (shutdown, rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, sink, counters.clone(), rx));
+        let task = tokio::spawn(accept_loop(listener, sink, counters.clone(), opts, rx));
         Ok(Self {
             addr,
             counters,
@@ -63,25 +78,50 @@ async fn accept_loop(
     listener: TcpListener,
     sink: Arc<dyn PageSink>,
     counters: Arc<ReceiverCounters>,
+    opts: ListenOptions,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
+    let opts = Arc::new(opts);
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
+                    // Each connection may hold a page buffer or two: the cap bounds memory.
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        refuse(&counters, &opts, peer, RefusedReason::TooManyConnections);
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
-                    let (rd, wr) = stream.into_split();
                     let session = ReceiverSession::new(sink.clone(), counters.clone());
-                    let shut = shutdown.clone();
+                    let (shut, opts, counters) = (shutdown.clone(), opts.clone(), counters.clone());
                     tokio::spawn(async move {
+                        let (rd, wr) = match secure::accept(stream, &opts).await {
+                            Ok(halves) => halves,
+                            Err(reason) => return refuse(&counters, &opts, peer, reason),
+                        };
                         let reason = serve_stream(rd, wr, session, shut).await;
                         tracing::debug!(%peer, ?reason, "transfer connection closed");
+                        drop(slot);
                     });
                 }
                 Err(e) => tracing::warn!(error = %e, "accept failed"),
             }
         }
+    }
+}
+
+fn refuse(
+    counters: &ReceiverCounters,
+    opts: &ListenOptions,
+    peer: SocketAddr,
+    reason: RefusedReason,
+) {
+    counters.refused_connection();
+    tracing::warn!(%peer, %reason, "transfer connection refused");
+    if let Some(hook) = &opts.on_refused {
+        hook(&Refused { peer, reason });
     }
 }
 

@@ -5,15 +5,20 @@
 //! - `sender.rs`: sending side of one connection (framing and socket writes, ack reader; the
 //!   front, queue, in-flight budget and ack routing are shared with RDMA: `outbound.rs`).
 //! - `hash_ahead.rs`: checksums pages on a helper thread a bounded distance ahead of the writer.
+//! - `secure.rs`: mutual TLS and the writer's role check, handshake timeout, connection cap.
 
 mod hash_ahead;
 mod listener;
+mod secure;
 mod sender;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use listener::{serve_stream, TcpReceiver};
+pub use secure::{
+    Authorize, ClientTls, ListenOptions, OnRefused, Refused, RefusedReason, ServerTls,
+};
 pub use sender::SenderConn;
 
 use crate::backend::{transfer_backend_via, Backend, Opening, Registering, Transport};
@@ -24,9 +29,20 @@ use crate::receiver::ReceiverCounters;
 pub struct TcpBackend(Backend<Tcp>);
 
 impl TcpBackend {
-    /// A backend whose segments listen on `bind` (port 0: any free port).
+    /// A backend whose segments listen on `bind` (port 0: any free port), in clear.
     pub fn new(cfg: EngineConfig, bind: SocketAddr) -> Self {
-        Self(Backend::new(cfg, bind, Tcp))
+        Self::with_security(cfg, bind, ListenOptions::default(), None)
+    }
+
+    /// A backend whose segments listen under `listen` and whose connections speak TLS when
+    /// `connect` is given.
+    pub fn with_security(
+        cfg: EngineConfig,
+        bind: SocketAddr,
+        listen: ListenOptions,
+        connect: Option<ClientTls>,
+    ) -> Self {
+        Self(Backend::new(cfg, bind, Tcp { listen, connect }))
     }
 
     /// Counters of every segment this backend registered.
@@ -38,20 +54,30 @@ impl TcpBackend {
 transfer_backend_via!(TcpBackend);
 
 /// What is TCP-specific about [`TcpBackend`]: a segment is a [`TcpReceiver`], an opened one a
-/// [`SenderConn`].
-struct Tcp;
+/// [`SenderConn`]; either side may run under TLS.
+struct Tcp {
+    listen: ListenOptions,
+    connect: Option<ClientTls>,
+}
 
 impl Transport for Tcp {
     type Conn = SenderConn;
     type Listener = TcpReceiver;
 
     async fn listen(&self, s: Registering) -> Result<(TcpReceiver, SegmentDesc), TransferError> {
-        let r = TcpReceiver::bind(s.bind, s.sink, s.counters).await?;
+        let r = TcpReceiver::bind_with(s.bind, s.sink, s.counters, self.listen.clone()).await?;
         let addr = r.local_addr().to_string();
         Ok((r, SegmentDesc { addr }))
     }
 
     async fn connect(&self, o: Opening<'_>) -> Result<SenderConn, TransferError> {
-        SenderConn::connect(o.seg, o.addr, o.max_inflight_bytes, o.failures).await
+        SenderConn::connect_with(
+            o.seg,
+            o.addr,
+            o.max_inflight_bytes,
+            o.failures,
+            self.connect.as_ref(),
+        )
+        .await
     }
 }

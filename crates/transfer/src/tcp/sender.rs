@@ -5,12 +5,14 @@
 use std::io::IoSlice;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::broadcast;
 
 use super::hash_ahead::{self, HashAhead, Progress};
+use super::secure::{self, BoxRead, BoxWrite, ClientTls};
 use crate::batch::BatchHandle;
 use crate::engine::{FailureEvent, OutPage, SegmentId, TransferError};
 use crate::frame::{
@@ -19,6 +21,9 @@ use crate::frame::{
 use crate::outbound::{OpenConn, OutBatch, SenderFront, Wire};
 use crate::pending::Shared;
 use crate::types::GrantKey;
+
+/// Bound on reaching a receiver: the TCP connect, and again the TLS handshake.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Pages at least this long bypass the write buffer.
 const DIRECT_WRITE: usize = 32 << 10;
@@ -30,16 +35,35 @@ pub struct SenderConn {
 }
 
 impl SenderConn {
-    /// Connects to a receiver.
+    /// Connects to a receiver, in clear.
     pub async fn connect(
         seg: SegmentId,
         addr: &str,
         max_inflight_bytes: usize,
         failures: broadcast::Sender<FailureEvent>,
     ) -> Result<Self, TransferError> {
-        let stream = TcpStream::connect(addr).await?;
+        Self::connect_with(seg, addr, max_inflight_bytes, failures, None).await
+    }
+
+    /// Connects to a receiver within [`CONNECT_TIMEOUT`] (and handshakes within it again
+    /// under `tls`).
+    pub async fn connect_with(
+        seg: SegmentId,
+        addr: &str,
+        max_inflight_bytes: usize,
+        failures: broadcast::Sender<FailureEvent>,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, TransferError> {
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("connecting to {addr} took over {CONNECT_TIMEOUT:?}"),
+                )
+            })??;
         stream.set_nodelay(true)?;
-        let (rd, wr) = stream.into_split();
+        let (rd, wr) = secure::connect(stream, tls, CONNECT_TIMEOUT).await?;
         let shared = Arc::new(Shared::new(seg, failures));
         let hasher = if hash_ahead::worthwhile() {
             Some(HashAhead::spawn()?)
@@ -90,7 +114,7 @@ impl OpenConn for SenderConn {
 /// The TCP writer: frames on a buffered socket, big pages written straight from the caller's
 /// bytes, the hash-ahead helper told how far it got.
 struct TcpWire {
-    wr: BufWriter<OwnedWriteHalf>,
+    wr: BufWriter<BoxWrite>,
     hdr: Vec<u8>,
     shared: Arc<Shared>,
     progress: Option<Arc<Progress>>,
@@ -170,7 +194,7 @@ impl Wire for TcpWire {
 }
 
 /// Writes `a` then `b` with vectored writes until both are fully sent.
-async fn write_two(w: &mut OwnedWriteHalf, mut a: &[u8], mut b: &[u8]) -> std::io::Result<()> {
+async fn write_two(w: &mut BoxWrite, mut a: &[u8], mut b: &[u8]) -> std::io::Result<()> {
     while !a.is_empty() || !b.is_empty() {
         let n = w
             .write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
@@ -189,7 +213,7 @@ async fn write_two(w: &mut OwnedWriteHalf, mut a: &[u8], mut b: &[u8]) -> std::i
 }
 
 /// Reads acks until the connection ends; returns why it did.
-async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>) -> String {
+async fn read_loop(mut rd: BoxRead, shared: Arc<Shared>) -> String {
     let mut hdr = [0u8; HEADER_LEN];
     let mut buf = [0u8; 64];
     loop {

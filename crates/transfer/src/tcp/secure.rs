@@ -1,0 +1,146 @@
+//! Who may write, and what a connection may cost: the TCP transfer stream under mutual TLS
+//! (I11: only a peer whose certificate the listener's `authorize` accepts, a prefill, may
+//! write), a bound on TLS handshakes, and a cap on open connections so that idle sockets cannot
+//! make the receiver hold a page buffer each.
+//!
+//! TLS (rustls, ring) encrypts and authenticates every byte of the stream: a frame forged on
+//! another connection fails the handshake, a frame injected into or replayed on an open one
+//! fails its record's AEAD tag, and a certificate of the wrong role is refused before any frame
+//! is read. Refused connections are handed to `on_refused` (decode reports them to the
+//! auditor).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+/// A boxed read half of a transfer connection (TCP or TLS).
+pub type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
+/// A boxed write half of a transfer connection (TCP or TLS).
+pub type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Decides whether a verified peer certificate chain may write (its leaf's role).
+pub type Authorize = Arc<dyn Fn(&[CertificateDer<'static>]) -> Result<(), String> + Send + Sync>;
+
+/// Told about every connection the listener refused.
+pub type OnRefused = Arc<dyn Fn(&Refused) + Send + Sync>;
+
+/// The listener's TLS side.
+#[derive(Clone)]
+pub struct ServerTls {
+    /// Requires a client certificate under the suite CA.
+    pub config: Arc<rustls::ServerConfig>,
+    /// The role check on the peer's verified chain.
+    pub authorize: Authorize,
+}
+
+/// The sender's TLS side.
+#[derive(Clone)]
+pub struct ClientTls {
+    /// Trusts the suite CA, presents this worker's certificate.
+    pub config: Arc<rustls::ClientConfig>,
+    /// The name the receiver's certificate must carry (decode's role name).
+    pub server_name: ServerName<'static>,
+}
+
+/// How a transfer listener guards its port.
+#[derive(Clone)]
+pub struct ListenOptions {
+    /// Mutual TLS, or plaintext (loopback, tests, or the operator's explicit choice).
+    pub tls: Option<ServerTls>,
+    /// Longest a TLS handshake may take.
+    pub handshake_timeout: Duration,
+    /// Most connections served at once; more are closed on accept.
+    pub max_connections: usize,
+    /// Hook for refused connections.
+    pub on_refused: Option<OnRefused>,
+}
+
+impl Default for ListenOptions {
+    fn default() -> Self {
+        ListenOptions {
+            tls: None,
+            handshake_timeout: Duration::from_secs(10),
+            max_connections: 256,
+            on_refused: None,
+        }
+    }
+}
+
+/// A refused transfer connection.
+#[derive(Clone, Debug)]
+pub struct Refused {
+    /// The peer.
+    pub peer: SocketAddr,
+    /// Why.
+    pub reason: RefusedReason,
+}
+
+/// Why a transfer connection was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefusedReason {
+    /// `max_connections` were already open.
+    TooManyConnections,
+    /// The TLS handshake did not finish in time.
+    HandshakeTimeout,
+    /// The TLS handshake failed (no certificate, another CA, not TLS at all).
+    Handshake(String),
+    /// The certificate is valid but its role may not write.
+    Role(String),
+}
+
+impl std::fmt::Display for RefusedReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RefusedReason::TooManyConnections => f.write_str("connection cap reached"),
+            RefusedReason::HandshakeTimeout => f.write_str("TLS handshake timed out"),
+            RefusedReason::Handshake(e) => write!(f, "TLS handshake failed: {e}"),
+            RefusedReason::Role(e) => write!(f, "peer may not write: {e}"),
+        }
+    }
+}
+
+/// Secures an accepted socket: TLS handshake within the timeout and the role check, or the
+/// plain socket when the listener runs in clear.
+pub(crate) async fn accept(
+    stream: TcpStream,
+    opts: &ListenOptions,
+) -> Result<(BoxRead, BoxWrite), RefusedReason> {
+    let Some(tls) = &opts.tls else {
+        let (rd, wr) = stream.into_split();
+        return Ok((Box::new(rd), Box::new(wr)));
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
+    let s = match tokio::time::timeout(opts.handshake_timeout, acceptor.accept(stream)).await {
+        Err(_) => return Err(RefusedReason::HandshakeTimeout),
+        Ok(Err(e)) => return Err(RefusedReason::Handshake(e.to_string())),
+        Ok(Ok(s)) => s,
+    };
+    let certs = s.get_ref().1.peer_certificates().unwrap_or(&[]);
+    (tls.authorize)(certs).map_err(RefusedReason::Role)?;
+    let (rd, wr) = tokio::io::split(s);
+    Ok((Box::new(rd), Box::new(wr)))
+}
+
+/// Secures a connected socket on the sending side.
+pub(crate) async fn connect(
+    stream: TcpStream,
+    tls: Option<&ClientTls>,
+    timeout: Duration,
+) -> std::io::Result<(BoxRead, BoxWrite)> {
+    let Some(tls) = tls else {
+        let (rd, wr) = stream.into_split();
+        return Ok((Box::new(rd), Box::new(wr)));
+    };
+    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+    let s = tokio::time::timeout(timeout, connector.connect(tls.server_name.clone(), stream))
+        .await
+        .map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
+        })??;
+    let (rd, wr) = tokio::io::split(s);
+    Ok((Box::new(rd), Box::new(wr)))
+}

@@ -1,0 +1,229 @@
+//! I11 with the real binaries: under the suite CA a whole request is served with mutual TLS on
+//! every internal link (router → decode/prefill, workers and router → auditor), while a
+//! plaintext client, a client whose certificate another CA signed, and a prefill certificate
+//! calling decode's `Reserve` are all refused; canary markers are listed only for a router; a
+//! frame forged in clear on decode's transfer port is refused and recorded by the auditor; and a
+//! worker refuses to serve in clear on a non-loopback address.
+
+use std::time::{Duration, Instant};
+
+use pagewarden_common::tls::{write_dev_suite, DevSuite, SuiteRole};
+use pagewarden_proto::v1 as pb;
+use pagewarden_proto::v1::auditor_client::AuditorClient;
+use pagewarden_proto::v1::decode_client::DecodeClient;
+use pagewarden_system_tests::{
+    api_key, get_json, start_decode, start_prefill, start_router_with, worker_args, ModelArg,
+    Service,
+};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+const TINY: ModelArg = ModelArg::Tiny(5);
+
+fn args(suite: &DevSuite, role: SuiteRole) -> Vec<String> {
+    suite.args(role)
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn start_auditor_tls(dir: &std::path::Path, suite: &DevSuite) -> Service {
+    let mut a: Vec<String> = [
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--probe-interval",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend([
+        "--data-dir".into(),
+        dir.display().to_string(),
+        "--database-url".into(),
+        format!("sqlite://{}/auditor.sqlite?mode=rwc", dir.display()),
+    ]);
+    a.extend(args(suite, SuiteRole::Auditor));
+    Service::start("pagewarden-auditor", &a)
+}
+
+/// A channel to `addr` that trusts `trust`'s CA, expects a server of role `server`, and
+/// presents `who`'s certificate of `role`.
+async fn tls_channel(
+    addr: &str,
+    trust: &DevSuite,
+    server: SuiteRole,
+    who: &DevSuite,
+    role: SuiteRole,
+) -> Result<Channel, tonic::transport::Error> {
+    let read = |p: std::path::PathBuf| std::fs::read(p).expect("read PEM");
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(trust.ca())))
+        .identity(Identity::from_pem(
+            read(who.cert(role)),
+            read(who.key(role)),
+        ))
+        .domain_name(server.dns_name());
+    Endpoint::from_shared(format!("https://{addr}"))
+        .expect("uri")
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+}
+
+fn reserve() -> pb::ReserveRequest {
+    pb::ReserveRequest {
+        req: Some(pb::RequestRef {
+            request_id: vec![7; 16],
+            attempt: 1,
+        }),
+        tenant: "tenant-0".into(),
+        prompt_tokens: 4,
+        max_tokens: 2,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_links_need_the_suite_ca_and_the_right_role() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let suite = write_dev_suite(&dir.path().join("tls")).expect("dev suite");
+    let other = write_dev_suite(&dir.path().join("other-ca")).expect("second CA");
+    let auditor = start_auditor_tls(&dir.path().join("auditor"), &suite);
+    let grpc = auditor.grpc_url();
+
+    let mut extra = vec!["--auditor".to_string(), grpc.clone()];
+    extra.extend(args(&suite, SuiteRole::Decode));
+    let decode = start_decode(&TINY, &strs(&extra));
+    assert_eq!(decode.addrs.get("tls").map(String::as_str), Some("mutual"));
+    let mut extra = vec!["--auditor".to_string(), grpc.clone()];
+    extra.extend(args(&suite, SuiteRole::Prefill));
+    let prefill = start_prefill(&TINY, &strs(&extra));
+    let mut extra = vec!["--auditor".to_string(), grpc.clone()];
+    extra.extend(args(&suite, SuiteRole::Router));
+    let router = start_router_with(&TINY, &[&decode], &[&prefill], &strs(&extra)).await;
+
+    // The whole path works under mutual TLS, and the sample reaches the auditor over it.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", router.http_url()))
+        .bearer_auth(api_key(0))
+        .json(&json!({"prompt": "hello there", "max_tokens": 4}))
+        .send()
+        .await
+        .expect("router request");
+    assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+    let start = Instant::now();
+    let summary = loop {
+        let s = get_json(&auditor, "/api/summary").await;
+        if s["samples"]["samples"].as_i64() >= Some(1) || start.elapsed() > Duration::from_secs(10)
+        {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(summary["samples"]["samples"], 1, "summary: {summary}");
+
+    let d = &decode.addrs["grpc"];
+    // 1. A plaintext client gets no answer from decode.
+    let plain = async {
+        let mut c = DecodeClient::connect(format!("http://{d}")).await?;
+        c.reserve(reserve()).await.map_err(Into::into)
+    };
+    let plain: Result<_, Box<dyn std::error::Error>> = plain.await;
+    assert!(
+        plain.is_err(),
+        "a plaintext client reached decode: {plain:?}"
+    );
+
+    // 2. A router certificate from another CA is refused (the handshake or the first call).
+    let foreign = async {
+        let ch = tls_channel(d, &suite, SuiteRole::Decode, &other, SuiteRole::Router).await?;
+        DecodeClient::new(ch)
+            .reserve(reserve())
+            .await
+            .map_err(Into::into)
+    };
+    let foreign: Result<_, Box<dyn std::error::Error>> = foreign.await;
+    assert!(
+        foreign.is_err(),
+        "another CA's certificate reached decode: {foreign:?}"
+    );
+
+    // 3. A prefill certificate of the suite may not call Reserve.
+    let ch = tls_channel(d, &suite, SuiteRole::Decode, &suite, SuiteRole::Prefill)
+        .await
+        .expect("prefill certificate completes the handshake");
+    let denied = DecodeClient::new(ch).reserve(reserve()).await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+
+    // ... while a router certificate may.
+    let ch = tls_channel(d, &suite, SuiteRole::Decode, &suite, SuiteRole::Router)
+        .await
+        .expect("router certificate");
+    let ok = DecodeClient::new(ch).reserve(reserve()).await;
+    assert!(ok.is_ok(), "the router's Reserve was refused: {ok:?}");
+
+    // 4. Canary markers are listed for a router, never for a worker.
+    let a = &auditor.addrs["grpc"];
+    let ch = tls_channel(a, &suite, SuiteRole::Auditor, &suite, SuiteRole::Decode)
+        .await
+        .expect("decode certificate");
+    let denied = AuditorClient::new(ch)
+        .list_markers(pb::ListMarkersRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    let ch = tls_channel(a, &suite, SuiteRole::Auditor, &suite, SuiteRole::Router)
+        .await
+        .expect("router certificate");
+    AuditorClient::new(ch)
+        .list_markers(pb::ListMarkersRequest::default())
+        .await
+        .expect("a router lists markers");
+
+    // 5. A frame forged in clear on decode's transfer port is refused and reaches the auditor.
+    let t = &decode.addrs["transfer"];
+    let mut s = tokio::net::TcpStream::connect(t)
+        .await
+        .expect("transfer port");
+    let _ = s
+        .write_all(b"PWKV\x01\x01\x00\x00forged frame for a guessed grant")
+        .await;
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+    let start = Instant::now();
+    let incidents = loop {
+        let v = get_json(&auditor, "/api/incidents?status=open").await;
+        if v.to_string().contains("KV transfer connection")
+            || start.elapsed() > Duration::from_secs(10)
+        {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        incidents.to_string().contains("KV transfer connection"),
+        "the refused transfer connection is not on record: {incidents}"
+    );
+}
+
+#[test]
+fn a_worker_refuses_plaintext_off_loopback_and_says_why() {
+    let mut a = worker_args(&TINY, &[]);
+    let i = a
+        .iter()
+        .position(|s| s == "--grpc-addr")
+        .expect("grpc flag");
+    a[i + 1] = "0.0.0.0:0".into();
+    let err = match Service::try_start("pagewarden-decode", &a) {
+        Ok(_) => panic!("decode served plaintext gRPC on 0.0.0.0"),
+        Err(e) => e,
+    };
+    assert!(err.contains("--insecure-internal"), "{err}");
+    a.push("--insecure-internal".into());
+    Service::try_start("pagewarden-decode", &a).expect("--insecure-internal serves in clear");
+}
