@@ -84,7 +84,11 @@ fn reserve() -> pb::ReserveRequest {
         }),
         tenant: "tenant-0".into(),
         prompt_tokens: 4,
-        max_tokens: 2,
+        sampling: Some(pb::SamplingParams {
+            top_p: 1.0,
+            max_tokens: 2,
+            ..Default::default()
+        }),
     }
 }
 
