@@ -92,10 +92,9 @@ async fn streaming_and_full_agree_and_usage_is_the_tokenizer_count() {
         .collect();
     assert_eq!(finishes, vec![&json!("length")]);
 
-    // The router sent the tokenizer's ids, unchanged, to both halves.
+    // The router sent the tokenizer's count to decode and its ids, unchanged, to prefill.
     let d = h.decode[0].calls.lock();
     assert_eq!(d.reserve[0].prompt_tokens as u64, want_prompt);
-    assert_eq!(d.generate[0].prompt_tokens, h.tokens(prompt));
     assert_eq!(
         h.prefill[0].calls.lock().prefill[0].prompt_tokens,
         h.tokens(prompt)
@@ -188,8 +187,16 @@ async fn over_length_sweep_rejects_before_any_worker_call() {
         .unwrap();
     assert_eq!(v["usage"]["completion_tokens"], 1);
     assert_eq!(
-        h.decode[0].calls.lock().reserve.last().unwrap().max_tokens,
-        1
+        h.decode[0]
+            .calls
+            .lock()
+            .reserve
+            .last()
+            .unwrap()
+            .sampling
+            .as_ref()
+            .map(|s| s.max_tokens),
+        Some(1)
     );
 }
 
