@@ -267,11 +267,12 @@ async fn complete(
     key: &str,
     prompt: &str,
     max: u32,
+    stop: &[&str],
 ) -> (u16, Value) {
     let r = client
         .post(format!("{url}/v1/completions"))
         .bearer_auth(key)
-        .json(&json!({"prompt": prompt, "max_tokens": max, "temperature": 0}))
+        .json(&json!({"prompt": prompt, "max_tokens": max, "temperature": 0, "stop": stop}))
         .send()
         .await
         .expect("send");
@@ -287,6 +288,9 @@ async fn real_model_two_tenants_up_to_the_context_then_eight_at_once_all_served(
         ctx.as_str(),
         // Prefill may queue behind another prompt: the grant must outlive that wait.
         "--grant-ttl-ms",
+        "900000",
+        // A slow CI machine: the eight requests below may wait longer than the default.
+        "--queue-timeout-ms",
         "900000",
     ];
     let decode = start_decode(&ModelArg::Real, &worker);
@@ -310,7 +314,7 @@ async fn real_model_two_tenants_up_to_the_context_then_eight_at_once_all_served(
                 let (client, url, tok) = (client.clone(), url.clone(), tok.clone());
                 let text = marked_prompt(&tok, codes[t], len);
                 tokio::spawn(async move {
-                    complete(&client, &url, &api_key(t), &text, max_tokens).await
+                    complete(&client, &url, &api_key(t), &text, max_tokens, &[]).await
                 })
             })
             .collect();
@@ -334,16 +338,29 @@ async fn real_model_two_tenants_up_to_the_context_then_eight_at_once_all_served(
         }
     }
 
-    // Eight requests at once, each half the context: decode's pool (two contexts) holds three
-    // budgets at a time; the rest wait their turn, none is refused.
+    // Eight requests at once. Each reserves a budget of a quarter prompt plus half the
+    // context for its completion (a stop sequence ends it after the code), so decode's pool
+    // (two contexts) holds three budgets at a time: the rest wait their turn, none is refused.
     let started = Instant::now();
+    let deepest = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let poller = {
+        let (mut d, deepest) = (d.clone(), deepest.clone());
+        tokio::spawn(async move {
+            loop {
+                let q = d.decode_info().await.queue_depth;
+                deepest.fetch_max(q, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
     let calls: Vec<_> = (0..8)
         .map(|i| {
             let (client, url, tok) = (client.clone(), url.clone(), tok.clone());
             let code = format!("K{i}W{i}");
             tokio::spawn(async move {
-                let text = marked_prompt(&tok, &code, CONTEXT / 2);
-                let got = complete(&client, &url, &api_key(i % 2), &text, max_tokens).await;
+                let text = marked_prompt(&tok, &code, CONTEXT / 4);
+                let max = (CONTEXT / 2) as u32;
+                let got = complete(&client, &url, &api_key(i % 2), &text, max, &["\n"]).await;
                 (code, got)
             })
         })
@@ -354,7 +371,16 @@ async fn real_model_two_tenants_up_to_the_context_then_eight_at_once_all_served(
         let text = v["choices"][0]["text"].as_str().unwrap_or_default();
         assert!(text.contains(&code), "{code}: own marker missing: {v}");
     }
-    eprintln!("eight at once: all 200 in {:.1?}", started.elapsed());
+    poller.abort();
+    let deepest = deepest.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "eight at once: all 200 in {:.1?}; deepest decode queue seen: {deepest}",
+        started.elapsed()
+    );
+    assert!(
+        deepest > 0,
+        "the eight never had to wait: the test does not load the pool"
+    );
     wait_info(&mut d, "decode pool all free", |i| {
         i.free_pages == i.total_pages && i.queue_depth == 0
     })

@@ -119,13 +119,6 @@ impl Gate {
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut inner = self.inner.lock();
-            if inner.queue.len() >= self.cfg.max_queue {
-                let refusal = QueueRefusal::Full {
-                    limit: self.cfg.max_queue,
-                };
-                self.metrics.rejection(refusal.reason());
-                return Err(Refused::Queue(refusal));
-            }
             let id = inner.next_id;
             inner.next_id += 1;
             let tenant = owner.tenant.clone();
@@ -142,6 +135,17 @@ impl Gate {
         };
         let _leave = Leave { gate: self, id };
         self.pump();
+        // Only a job that must wait counts against the bound (`--max-queue 0`: never wait).
+        if self.queued() > self.cfg.max_queue {
+            let removed = self.inner.lock().queue.remove_first(|w| w.id == id);
+            if removed.is_some() {
+                let refusal = QueueRefusal::Full {
+                    limit: self.cfg.max_queue,
+                };
+                self.metrics.rejection(refusal.reason());
+                return Err(Refused::Queue(refusal));
+            }
+        }
         tokio::select! {
             admitted = rx => admitted.map_err(|_| Refused::Cancelled),
             () = tokio::time::sleep(self.cfg.queue_timeout) => {

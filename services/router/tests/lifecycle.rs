@@ -608,3 +608,31 @@ async fn a_worker_with_a_queue_is_avoided() {
     assert_eq!(h.decode[1].reserves(), 2);
     drop(streams);
 }
+
+/// The client sees progress: a stream's headers and its opening chunk (the assistant role)
+/// arrive while the prompt is still in prefill, which here never ends.
+#[tokio::test]
+async fn a_stream_opens_before_prefill_ends() {
+    let h = Harness::start(Opts {
+        prefill: vec![FakeOpts {
+            hang_prefill: true,
+            ..FakeOpts::default()
+        }],
+        ..Opts::default()
+    })
+    .await;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                      "stream": true});
+    let opened = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut r = h.post("/v1/chat/completions", &body).await;
+        assert_eq!(r.status(), 200);
+        let chunk = r.chunk().await.expect("chunk").expect("an opening chunk");
+        (r, String::from_utf8_lossy(&chunk).to_string())
+    })
+    .await;
+    let (r, chunk) = opened.expect("the stream did not open while prefill runs");
+    assert!(chunk.contains("\"role\":\"assistant\""), "{chunk}");
+    assert_eq!(h.decode[0].calls.lock().generate.len(), 0, "no token yet");
+    drop(r);
+    assert!(h.prefill[0].wait_abort().await.is_some());
+}

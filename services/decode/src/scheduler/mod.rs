@@ -27,6 +27,7 @@ use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{CommitError, KvPool, Owner};
 use pagewarden_model::{SamplingParams, Tokenizer};
+use pagewarden_worker::wire::QueueRefusal;
 use pagewarden_worker::FairQueue;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -399,7 +400,8 @@ impl Scheduler {
             .map(|(r, e)| (*r, e.attempt))
             .collect();
         for (req, attempt) in overdue {
-            self.refuse_queued(req, attempt);
+            let waited = self.deps.queue_timeout;
+            self.refuse_queued(req, attempt, QueueRefusal::Timeout { waited });
         }
         let moved = self.deps.pool.sweep_expired(now);
         if moved > 0 {

@@ -39,13 +39,8 @@ impl Scheduler {
             // A newer attempt supersedes the old one.
             self.abort(req, old.attempt, "superseded by a newer attempt");
         }
-        if self.queue.len() >= self.deps.max_queue {
-            let refusal = QueueRefusal::Full {
-                limit: self.deps.max_queue,
-            };
-            self.deps.metrics.rejection(refusal.reason());
-            return Err((refusal.status("decode"), q));
-        }
+        // Joins the line, and is granted at once if it is the head and fits; only a request
+        // that must wait counts against the queue's bound (`--max-queue 0`: never wait).
         self.queue.push(&q.owner.tenant, (req, attempt));
         self.table.insert(
             req,
@@ -56,6 +51,16 @@ impl Scheduler {
                 state: RequestState::Queued(Box::new(q)),
             },
         );
+        self.admit_waiting();
+        if self.queue.len() > self.deps.max_queue {
+            self.refuse_queued(
+                req,
+                attempt,
+                QueueRefusal::Full {
+                    limit: self.deps.max_queue,
+                },
+            );
+        }
         Ok(())
     }
 
@@ -171,8 +176,14 @@ impl Scheduler {
         }
     }
 
-    /// Ends a queued request whose queue deadline passed with `queue_timeout`.
-    pub(super) fn refuse_queued(&mut self, req: RequestId, attempt: AttemptId) {
+    /// Ends a queued request with `refusal` (its deadline passed, or the queue is over its
+    /// bound).
+    pub(super) fn refuse_queued(
+        &mut self,
+        req: RequestId,
+        attempt: AttemptId,
+        refusal: QueueRefusal,
+    ) {
         let Some(entry) = self.table.get_mut(&req) else {
             return;
         };
@@ -183,12 +194,9 @@ impl Scheduler {
         };
         self.queue.remove_first(|&(r, a)| r == req && a == attempt);
         entry.ended_at = Some(Instant::now());
-        let refusal = QueueRefusal::Timeout {
-            waited: self.deps.queue_timeout,
-        };
         self.deps.metrics.rejection(refusal.reason());
-        self.deps.metrics.request("queue_timeout");
-        tracing::info!(request = %req, "queue deadline passed");
+        self.deps.metrics.request(refusal.reason());
+        tracing::info!(request = %req, reason = refusal.reason(), "refused from the queue");
         let _ = q.reply.send(Err(refusal.status("decode")));
     }
 }
