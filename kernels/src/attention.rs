@@ -17,12 +17,16 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use crate::activation::{softmax_padded, LANES};
-use crate::attention_sums::{dot_gemm, dot_vec, weighted, Order, VEC_STEP};
+use crate::attention_sums::{
+    dot_gemm, dot_vec, weighted_add, weighted_finish, weighted_start, Order, VEC_STEP,
+};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
 
 /// Query tokens per task.
 const Q_BLOCK: usize = 16;
+/// Keys per run in a prefill task (64 rows of a 64-wide head: 16 KiB of K or V, L1-resident).
+const KEY_RUN: usize = 64;
 
 /// Shape of attention for one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -268,30 +272,51 @@ impl Task<'_> {
             Order::Vec
         };
         let mut out = vec![0f32; (self.i1 - self.i0) * group * hd];
-        let mut scores = vec![0f32; ctx];
-        let mut half = vec![f16::ZERO; ctx.max(hd)];
-        let mut qh = vec![0f32; hd];
-        let mut acc = vec![0f32; VEC_STEP * hd];
+        let mut scores = vec![0f32; group * ctx];
+        let mut half = vec![f16::ZERO; ctx.max(group * hd)];
+        let mut qh = vec![0f32; group * hd];
+        let mut acc = vec![0f32; group * VEC_STEP * hd];
         for i in self.i0..self.i1 {
             let keys = self.first_pos + i + 1;
-            for h in 0..group {
-                let head = self.g * group + h;
-                // Like llama.cpp with an f16 KV cache, q and the probabilities are rounded to
-                // f16 before they meet K and V.
-                qh.copy_from_slice(&self.q[i * qw + head * hd..][..hd]);
-                round_f16(&mut qh, &mut half);
-                let s = &mut scores[..keys];
-                for (j, sj) in s.iter_mut().enumerate() {
-                    let kj = &k[j * hd..(j + 1) * hd];
-                    *sj = match score_order {
-                        Order::Gemm => dot_gemm(kj, &qh),
-                        Order::Vec => dot_vec(kj, &qh),
-                    } * scale;
+            // Like llama.cpp with an f16 KV cache, q and the probabilities are rounded to
+            // f16 before they meet K and V.
+            let head0 = self.g * group;
+            qh.copy_from_slice(&self.q[i * qw + head0 * hd..][..group * hd]);
+            round_f16(&mut qh, &mut half);
+            // Keys in L1-sized runs, each run used by every query head of the group (one
+            // read of K and V from L2 per group instead of per head). Each score and each
+            // output element is still its own sum in ggml's order.
+            for j0 in (0..keys).step_by(KEY_RUN) {
+                let j1 = (j0 + KEY_RUN).min(keys);
+                for (h, q) in qh.chunks_exact(hd).enumerate() {
+                    let s = &mut scores[h * ctx..];
+                    for j in j0..j1 {
+                        let kj = &k[j * hd..(j + 1) * hd];
+                        s[j] = match score_order {
+                            Order::Gemm => dot_gemm(kj, q),
+                            Order::Vec => dot_vec(kj, q),
+                        } * scale;
+                    }
                 }
+            }
+            for h in 0..group {
+                let s = &mut scores[h * ctx..h * ctx + keys];
                 softmax_padded(self.isa, s);
                 round_f16(s, &mut half);
+            }
+            for a in acc.chunks_exact_mut(VEC_STEP * hd) {
+                weighted_start(self.order, hd, a);
+            }
+            for j0 in (0..keys).step_by(KEY_RUN) {
+                let j1 = (j0 + KEY_RUN).min(keys);
+                for (h, a) in acc.chunks_exact_mut(VEC_STEP * hd).enumerate() {
+                    let p = &scores[h * ctx + j0..h * ctx + j1];
+                    weighted_add(self.order, j0, p, &v[j0 * hd..j1 * hd], hd, a);
+                }
+            }
+            for (h, a) in acc.chunks_exact_mut(VEC_STEP * hd).enumerate() {
                 let o = &mut out[((i - self.i0) * group + h) * hd..][..hd];
-                weighted(self.order, s, v, hd, &mut acc, o);
+                weighted_finish(self.order, hd, a, o);
             }
         }
         out

@@ -61,10 +61,12 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
         },
     ] {
         let tw = geo.token_width();
-        // 300 and 611: decode runs over several score tasks (256 keys each) and ragged chunks.
+        // 300 and 611: decode runs over several score tasks (256 keys each) and ragged chunks;
+        // (70, 20): prefill over more than one 64-key run.
         for (first, n) in [
             (0usize, 1usize),
             (0, 7),
+            (70, 20),
             (5, 1),
             (3, 40),
             (37, 1),
