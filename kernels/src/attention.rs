@@ -206,9 +206,12 @@ pub(crate) fn widen(
 
 /// f16 to f32 with F16C, eight at a time, inline (the slice helper's per-call dispatch cost
 /// more than the conversion when called once per 64-element row).
+/// Inlined into its callers, which are compiled with AVX2 + F16C.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
 #[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
+#[inline(always)]
 unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
     use std::arch::x86_64::*;
     let n = src.len().min(dst.len());

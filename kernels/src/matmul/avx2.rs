@@ -141,8 +141,12 @@ mod x86 {
         }
     }
 
+    /// Weight types as const parameters, so the block loop has no type dispatch.
+    const Q4_0: u8 = 0;
+    const Q4_1: u8 = 1;
+    const Q8_0: u8 = 2;
+
     /// One quantized row against `NT` consecutive tokens starting at `t0`.
-    #[allow(clippy::needless_range_loop)]
     #[inline(always)]
     unsafe fn quant<const NT: usize, const VNNI: bool>(
         ty: WeightType,
@@ -150,8 +154,28 @@ mod x86 {
         a: &QuantizedActs,
         t0: usize,
     ) -> [f32; NT] {
+        match ty {
+            WeightType::Q4_0 => quant_ty::<NT, VNNI, Q4_0>(row, a, t0),
+            WeightType::Q4_1 => quant_ty::<NT, VNNI, Q4_1>(row, a, t0),
+            WeightType::Q8_0 => quant_ty::<NT, VNNI, Q8_0>(row, a, t0),
+            WeightType::F32 | WeightType::F16 => unreachable!("float weights"),
+        }
+    }
+
+    /// [`quant`] for the weight type `TY`.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn quant_ty<const NT: usize, const VNNI: bool, const TY: u8>(
+        row: &[u8],
+        a: &QuantizedActs,
+        t0: usize,
+    ) -> [f32; NT] {
         let nb = a.blocks();
-        let bb = ty.block_bytes();
+        let bb = match TY {
+            Q4_0 => 18,
+            Q4_1 => 20,
+            _ => 34,
+        };
         debug_assert_eq!(row.len(), nb * bb);
         let mut acc = [_mm256_setzero_ps(); NT];
         let mut msum = [0f32; NT];
@@ -163,8 +187,8 @@ mod x86 {
             let blk = rp.add(b * bb);
             let dw = f16_load(blk);
             let yat = |j: usize| qp.add((t0 + j) * a.cols + b * QK) as *const __m256i;
-            match ty {
-                WeightType::Q4_0 => {
+            match TY {
+                Q4_0 => {
                     let qs = _mm_loadu_si128(blk.add(2) as *const __m128i);
                     let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), mask);
                     let w = _mm256_sub_epi8(w, eight);
@@ -176,7 +200,7 @@ mod x86 {
                         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
                     }
                 }
-                WeightType::Q4_1 => {
+                Q4_1 => {
                     let mw = f16_load(blk.add(2));
                     let qs = _mm_loadu_si128(blk.add(4) as *const __m128i);
                     let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), mask);
@@ -189,7 +213,7 @@ mod x86 {
                         msum[j] += mw * *a.s.get_unchecked(k);
                     }
                 }
-                WeightType::Q8_0 => {
+                _ => {
                     let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
                     let aw = _mm256_sign_epi8(w, w);
                     for j in 0..NT {
@@ -199,7 +223,6 @@ mod x86 {
                         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
                     }
                 }
-                WeightType::F32 | WeightType::F16 => unreachable!("float weights"),
             }
         }
         let mut out = [0f32; NT];
