@@ -8,10 +8,12 @@
 //! park, so back-to-back regions start in well under a microsecond.
 //!
 //! Lifecycle of one region (`run`): the caller takes the dispatch lock, publishes the job
-//! (`n` items, an item counter, the number of workers still inside), bumps the epoch, claims
-//! items itself until none is left, then waits until every worker has left the job. Only then
-//! does the borrowed closure go out of scope. A panic in any item is caught, the region still
-//! completes, and the panic is resumed on the caller.
+//! (`n` items, an item counter), opens the region and bumps the epoch, claims items itself
+//! until none is left, closes the region, then waits until no worker is inside. A worker enters
+//! only while the region is open (it counts itself in `active`, then checks), so a worker that
+//! the OS did not schedule in time (an oversubscribed machine) is not waited for: the caller
+//! has done its items. Only then does the borrowed closure go out of scope. A panic in any
+//! item is caught, the region still completes, and the panic is resumed on the caller.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -58,8 +60,10 @@ struct Shared {
     job: Mutex<Option<JobRef>>,
     /// Next item to claim.
     next: AtomicUsize,
-    /// Workers that have not yet left the current region.
-    inside: AtomicUsize,
+    /// Workers inside the current region (entered and not yet left).
+    active: AtomicUsize,
+    /// Whether the current region still admits workers.
+    open: AtomicBool,
     /// Set when an item panicked; the payload is kept in `panic`.
     panicked: AtomicBool,
     panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
@@ -70,7 +74,8 @@ struct Shared {
 }
 
 // SAFETY: `JobRef` points to a `Sync` closure that the caller keeps alive until every worker
-// has left the region (`inside == 0`), and it is only dereferenced inside that window.
+// has left the region (closed, `active == 0`), and it is only dereferenced by a worker that
+// entered while the region was open.
 unsafe impl Send for JobRef {}
 
 struct Pool {
@@ -148,11 +153,16 @@ impl Shared {
                 }
                 std::hint::spin_loop();
             }
-            let job = *self.job.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(job) = job {
-                self.work(job);
+            // Enter, then check the region is still the one seen and still open (SeqCst pairs
+            // with the caller's close-then-read of `active`).
+            self.active.fetch_add(1, Ordering::SeqCst);
+            if self.open.load(Ordering::SeqCst) && self.epoch.load(Ordering::SeqCst) == seen {
+                let job = *self.job.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(job) = job {
+                    self.work(job);
+                }
             }
-            self.inside.fetch_sub(1, Ordering::Release);
+            self.active.fetch_sub(1, Ordering::Release);
         }
     }
 }
@@ -163,7 +173,8 @@ impl Pool {
             epoch: AtomicUsize::new(0),
             job: Mutex::new(None),
             next: AtomicUsize::new(0),
-            inside: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            open: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             panic: Mutex::new(None),
             sleep: Mutex::new(0),
@@ -191,7 +202,8 @@ impl Pool {
         let _turn = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
         // SAFETY: erases the closure's lifetime; it outlives the region (we wait for
-        // `inside == 0` below before returning, even when an item panics).
+        // the region closed with `active == 0` below before returning, even when an item
+        // panics).
         let job = JobRef {
             f: unsafe {
                 std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
@@ -201,14 +213,15 @@ impl Pool {
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
         s.next.store(0, Ordering::Relaxed);
         s.panicked.store(false, Ordering::Relaxed);
-        s.inside.store(self.workers.len(), Ordering::Relaxed);
+        s.open.store(true, Ordering::SeqCst);
         s.epoch.fetch_add(1, Ordering::Release);
         if *s.sleep.lock().unwrap_or_else(|e| e.into_inner()) > 0 {
             s.wake.notify_all();
         }
         s.work(job);
         let mut spins = 0u32;
-        while s.inside.load(Ordering::Acquire) != 0 {
+        s.open.store(false, Ordering::SeqCst);
+        while s.active.load(Ordering::SeqCst) != 0 {
             spins += 1;
             if spins < 1 << 16 {
                 std::hint::spin_loop();
