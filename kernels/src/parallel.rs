@@ -139,7 +139,7 @@ impl Shared {
                     break;
                 }
                 spins += 1;
-                if spins % 1024 == 0 && start.elapsed() > SPIN {
+                if spins.is_multiple_of(1024) && start.elapsed() > SPIN {
                     let mut sleepers = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
                     *sleepers += 1;
                     while self.epoch.load(Ordering::Acquire) == seen
