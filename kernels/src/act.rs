@@ -42,7 +42,7 @@ pub fn quantize_acts(x: &[f32], rows: usize, cols: usize) -> QuantizedActs {
     match Isa::detect() {
         Isa::Portable => quantize_blocks(x, &mut q),
         // SAFETY: Avx2 is only detected when the CPU has avx2 (and so SSE4.1's `roundps`).
-        Isa::Avx2 => unsafe { quantize_blocks_avx2(x, &mut q) },
+        Isa::Avx2 | Isa::Avx512 => unsafe { quantize_blocks_avx2(x, &mut q) },
     }
     q
 }

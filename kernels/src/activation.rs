@@ -27,7 +27,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     match Isa::detect() {
         Isa::Portable => swiglu_body(&mut gate[..body], &up[..body]),
         // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
-        Isa::Avx2 => unsafe { swiglu_avx2(&mut gate[..body], &up[..body]) },
+        Isa::Avx2 | Isa::Avx512 => unsafe { swiglu_avx2(&mut gate[..body], &up[..body]) },
     }
     for (g, u) in gate[body..].iter_mut().zip(&up[body..]) {
         *g = silu_libm(*g) * u;
@@ -69,7 +69,7 @@ pub fn softmax(x: &mut [f32]) {
     match Isa::detect() {
         Isa::Portable => softmax_blocks(x, false),
         // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
-        Isa::Avx2 => unsafe { softmax_fma(x) },
+        Isa::Avx2 | Isa::Avx512 => unsafe { softmax_fma(x) },
     }
 }
 
@@ -120,9 +120,9 @@ pub(crate) fn softmax_padded(isa: Isa, x: &mut [f32]) {
         Isa::Portable => softmax_blocks(x, true),
         // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { softmax_blocks_avx2(x, true) },
+        Isa::Avx2 | Isa::Avx512 => unsafe { softmax_blocks_avx2(x, true) },
         #[cfg(not(target_arch = "x86_64"))]
-        Isa::Avx2 => softmax_blocks(x, true),
+        Isa::Avx2 | Isa::Avx512 => softmax_blocks(x, true),
     }
 }
 

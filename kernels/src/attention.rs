@@ -18,13 +18,15 @@ use half::slice::HalfFloatSliceExt;
 
 use crate::activation::{softmax_padded, LANES};
 use crate::attention_sums::{
-    dot_gemm, dot_vec, weighted, weighted_add, weighted_finish, weighted_start, Order, VEC_STEP,
+    dot_gemm, dot_vec, weighted_add, weighted_finish, weighted_start, Order, VEC_STEP,
 };
 use crate::isa::Isa;
 use crate::parallel::Parallel;
 
 /// Query tokens per task.
 const Q_BLOCK: usize = 16;
+/// Keys per run in a prefill task (64 rows of a 64-wide head: 16 KiB of K or V, L1-resident).
+const KEY_RUN: usize = 64;
 
 /// Shape of attention for one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,27 +105,8 @@ pub fn paged_attention_with(
     }
     let ctx = first_pos + n;
     if n == 1 {
-        // Decode: one query token. Each key row is used by the group's heads only, so it is
-        // widened to f32 in L1-sized chunks instead of copying the whole context.
-        let gw = geo.heads / geo.kv_heads * geo.head_dim;
-        let results = par.map(geo.kv_heads, |g| {
-            let job = DecodeTask {
-                geo,
-                q,
-                keys: ctx,
-                blocks,
-                g,
-                isa,
-            };
-            match isa {
-                Isa::Portable => job.run(),
-                // SAFETY: Avx2 is only detected when the CPU has avx2, fma and f16c.
-                Isa::Avx2 => unsafe { run_decode_avx2(&job) },
-            }
-        });
-        for (g, res) in results.into_iter().enumerate() {
-            out[g * gw..(g + 1) * gw].copy_from_slice(&res);
-        }
+        // Decode: one query token, split so every thread has work (`attention_decode`).
+        crate::attention_decode::decode(isa, geo, q, ctx, blocks, out, par);
         return;
     }
     // Each kv head's K and V rows as f32 ([ctx][hd]), converted once for all its tasks.
@@ -148,7 +131,7 @@ pub fn paged_attention_with(
         match isa {
             Isa::Portable => job.run(),
             // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
-            Isa::Avx2 => unsafe { run_avx2(&job) },
+            Isa::Avx2 | Isa::Avx512 => unsafe { run_avx2(&job) },
         }
     });
     let group = geo.heads / geo.kv_heads;
@@ -183,7 +166,7 @@ fn gather(
                 blk.v[at..at + hd].convert_to_f32_slice(vd);
             }
             // SAFETY: Avx2 is only detected when the CPU has avx2, fma and f16c.
-            Isa::Avx2 => unsafe {
+            Isa::Avx2 | Isa::Avx512 => unsafe {
                 widen_f16c(&blk.k[at..at + hd], kd);
                 widen_f16c(&blk.v[at..at + hd], vd);
             },
@@ -192,110 +175,43 @@ fn gather(
     (k, v)
 }
 
-/// Widens rows `j0..j0 + n` of kv head `g` (K if `keys`, else V) into `dst` (`n * hd`).
+/// Widens columns `c0..c0 + width` of rows `j0..j0 + n` of kv head `g` (K if `keys`, else V)
+/// into `dst` (`n * width`).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn widen_rows(
+pub(crate) fn widen(
     isa: Isa,
     geo: &AttnGeometry,
     blocks: &[KvBlock<'_>],
     keys: bool,
     g: usize,
     j0: usize,
+    c0: usize,
+    width: usize,
     dst: &mut [f32],
 ) {
     let (hd, tw, ps) = (geo.head_dim, geo.token_width(), geo.page_size);
-    for (jj, d) in dst.chunks_exact_mut(hd).enumerate() {
+    for (jj, d) in dst.chunks_exact_mut(width).enumerate() {
         let j = j0 + jj;
         let blk = &blocks[j / ps];
         let src = if keys { blk.k } else { blk.v };
-        let at = (j % ps) * tw + g * hd;
+        let at = (j % ps) * tw + g * hd + c0;
         match isa {
-            Isa::Portable => src[at..at + hd].convert_to_f32_slice(d),
-            // SAFETY: Avx2 is only detected when the CPU has avx2, fma and f16c.
-            Isa::Avx2 => unsafe { widen_f16c(&src[at..at + hd], d) },
+            Isa::Portable => src[at..at + width].convert_to_f32_slice(d),
+            // SAFETY: Avx2 and Avx512 are only detected when the CPU has avx2, fma and f16c.
+            Isa::Avx2 | Isa::Avx512 => unsafe { widen_f16c(&src[at..at + width], d) },
         }
-    }
-}
-
-/// Keys widened per step of a decode task (64 rows of a 64-wide head: 16 KiB, L1-resident).
-const DECODE_CHUNK: usize = 64;
-
-/// Decode attention of one kv head: every query head of its group, one token.
-struct DecodeTask<'a, 'b> {
-    geo: &'a AttnGeometry,
-    q: &'a [f32],
-    /// Keys attended (`first_pos + 1`).
-    keys: usize,
-    blocks: &'a [KvBlock<'b>],
-    g: usize,
-    isa: Isa,
-}
-
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma,f16c"))]
-unsafe fn run_decode_avx2(job: &DecodeTask<'_, '_>) -> Vec<f32> {
-    job.run()
-}
-
-impl DecodeTask<'_, '_> {
-    /// Returns `group * head_dim` outputs (same bits as [`Task::run`] with `Order::Vec`).
-    #[inline(always)]
-    fn run(&self) -> Vec<f32> {
-        let geo = self.geo;
-        let hd = geo.head_dim;
-        let group = geo.heads / geo.kv_heads;
-        let keys = self.keys;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut half = vec![f16::ZERO; keys.max(hd)];
-        let mut qh = self.q[self.g * group * hd..(self.g + 1) * group * hd].to_vec();
-        for row in qh.chunks_exact_mut(hd) {
-            round_f16(row, &mut half);
-        }
-        let mut buf = vec![0f32; DECODE_CHUNK * hd];
-        let mut scores = vec![0f32; group * keys];
-        for j0 in (0..keys).step_by(DECODE_CHUNK) {
-            let nc = DECODE_CHUNK.min(keys - j0);
-            let kb = &mut buf[..nc * hd];
-            widen_rows(self.isa, geo, self.blocks, true, self.g, j0, kb);
-            for h in 0..group {
-                let qv = &qh[h * hd..(h + 1) * hd];
-                for (jj, k) in kb.chunks_exact(hd).enumerate() {
-                    scores[h * keys + j0 + jj] = dot_vec(k, qv) * scale;
-                }
-            }
-        }
-        for s in scores.chunks_exact_mut(keys) {
-            softmax_padded(self.isa, s);
-            round_f16(s, &mut half);
-        }
-        let mut acc = vec![0f32; group * VEC_STEP * hd];
-        for a in acc.chunks_exact_mut(VEC_STEP * hd) {
-            weighted_start(Order::Vec, hd, a);
-        }
-        for j0 in (0..keys).step_by(DECODE_CHUNK) {
-            let nc = DECODE_CHUNK.min(keys - j0);
-            let vb = &mut buf[..nc * hd];
-            widen_rows(self.isa, geo, self.blocks, false, self.g, j0, vb);
-            for (h, a) in acc.chunks_exact_mut(VEC_STEP * hd).enumerate() {
-                let p = &scores[h * keys + j0..h * keys + j0 + nc];
-                weighted_add(Order::Vec, j0, p, vb, hd, a);
-            }
-        }
-        let mut out = vec![0f32; group * hd];
-        for (a, o) in acc
-            .chunks_exact_mut(VEC_STEP * hd)
-            .zip(out.chunks_exact_mut(hd))
-        {
-            weighted_finish(Order::Vec, hd, a, o);
-        }
-        out
     }
 }
 
 /// f16 to f32 with F16C, eight at a time, inline (the slice helper's per-call dispatch cost
 /// more than the conversion when called once per 64-element row).
+/// Inlined into its callers, which are compiled with AVX2 + F16C.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
 #[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
+#[inline(always)]
 unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
     use std::arch::x86_64::*;
     let n = src.len().min(dst.len());
@@ -335,7 +251,7 @@ unsafe fn run_avx2(job: &Task<'_>) -> Vec<f32> {
 
 /// Rounds every element through f16 (slice conversions use F16C where present).
 #[inline(always)]
-fn round_f16(x: &mut [f32], tmp: &mut [f16]) {
+pub(crate) fn round_f16(x: &mut [f32], tmp: &mut [f16]) {
     let tmp = &mut tmp[..x.len()];
     tmp.convert_from_f32_slice(x);
     tmp.convert_to_f32_slice(x);
@@ -359,30 +275,51 @@ impl Task<'_> {
             Order::Vec
         };
         let mut out = vec![0f32; (self.i1 - self.i0) * group * hd];
-        let mut scores = vec![0f32; ctx];
-        let mut half = vec![f16::ZERO; ctx.max(hd)];
-        let mut qh = vec![0f32; hd];
-        let mut acc = vec![0f32; VEC_STEP * hd];
+        let mut scores = vec![0f32; group * ctx];
+        let mut half = vec![f16::ZERO; ctx.max(group * hd)];
+        let mut qh = vec![0f32; group * hd];
+        let mut acc = vec![0f32; group * VEC_STEP * hd];
         for i in self.i0..self.i1 {
             let keys = self.first_pos + i + 1;
-            for h in 0..group {
-                let head = self.g * group + h;
-                // Like llama.cpp with an f16 KV cache, q and the probabilities are rounded to
-                // f16 before they meet K and V.
-                qh.copy_from_slice(&self.q[i * qw + head * hd..][..hd]);
-                round_f16(&mut qh, &mut half);
-                let s = &mut scores[..keys];
-                for (j, sj) in s.iter_mut().enumerate() {
-                    let kj = &k[j * hd..(j + 1) * hd];
-                    *sj = match score_order {
-                        Order::Gemm => dot_gemm(kj, &qh),
-                        Order::Vec => dot_vec(kj, &qh),
-                    } * scale;
+            // Like llama.cpp with an f16 KV cache, q and the probabilities are rounded to
+            // f16 before they meet K and V.
+            let head0 = self.g * group;
+            qh.copy_from_slice(&self.q[i * qw + head0 * hd..][..group * hd]);
+            round_f16(&mut qh, &mut half);
+            // Keys in L1-sized runs, each run used by every query head of the group (one
+            // read of K and V from L2 per group instead of per head). Each score and each
+            // output element is still its own sum in ggml's order.
+            for j0 in (0..keys).step_by(KEY_RUN) {
+                let j1 = (j0 + KEY_RUN).min(keys);
+                for (h, q) in qh.chunks_exact(hd).enumerate() {
+                    let s = &mut scores[h * ctx..];
+                    for j in j0..j1 {
+                        let kj = &k[j * hd..(j + 1) * hd];
+                        s[j] = match score_order {
+                            Order::Gemm => dot_gemm(kj, q),
+                            Order::Vec => dot_vec(kj, q),
+                        } * scale;
+                    }
                 }
+            }
+            for h in 0..group {
+                let s = &mut scores[h * ctx..h * ctx + keys];
                 softmax_padded(self.isa, s);
                 round_f16(s, &mut half);
+            }
+            for a in acc.chunks_exact_mut(VEC_STEP * hd) {
+                weighted_start(self.order, hd, a);
+            }
+            for j0 in (0..keys).step_by(KEY_RUN) {
+                let j1 = (j0 + KEY_RUN).min(keys);
+                for (h, a) in acc.chunks_exact_mut(VEC_STEP * hd).enumerate() {
+                    let p = &scores[h * ctx + j0..h * ctx + j1];
+                    weighted_add(self.order, j0, p, &v[j0 * hd..j1 * hd], hd, a);
+                }
+            }
+            for (h, a) in acc.chunks_exact_mut(VEC_STEP * hd).enumerate() {
                 let o = &mut out[((i - self.i0) * group + h) * hd..][..hd];
-                weighted(self.order, s, v, hd, &mut acc, o);
+                weighted_finish(self.order, hd, a, o);
             }
         }
         out

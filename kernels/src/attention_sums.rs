@@ -59,22 +59,10 @@ pub(crate) fn dot_vec(a: &[f32], b: &[f32]) -> f32 {
     sum as f32
 }
 
-/// `o[d] = sum_j p[j] * v[j * hd + d]` in `order`; `acc` holds at least `VEC_STEP * hd`.
-/// llama.cpp's cache is padded with masked keys whose weight is exactly 0, so a `Vec` sum
-/// over it has no tail: the missing lanes are zeros here.
-#[inline(always)]
-pub(crate) fn weighted(
-    order: Order,
-    p: &[f32],
-    v: &[f32],
-    hd: usize,
-    acc: &mut [f32],
-    o: &mut [f32],
-) {
-    weighted_start(order, hd, acc);
-    weighted_add(order, 0, p, v, hd, acc);
-    weighted_finish(order, hd, acc, o);
-}
+// A weighted sum `o[d] = sum_j p[j] * v[j * hd + d]` in `order` is `weighted_start`, then
+// `weighted_add` over the keys in ascending runs, then `weighted_finish`; `acc` holds at least
+// `VEC_STEP * hd`. llama.cpp's cache is padded with masked keys whose weight is exactly 0, so
+// a `Vec` sum over it has no tail: the missing lanes are zeros here.
 
 /// Accumulator lanes of `order`.
 #[inline(always)]
@@ -102,9 +90,10 @@ pub(crate) fn weighted_add(
     hd: usize,
     acc: &mut [f32],
 ) {
-    let lanes = lanes(order);
+    // Lane counts are powers of two: a mask, not a division per key.
+    let mask = lanes(order) - 1;
     for (jj, pj) in p.iter().enumerate() {
-        let row = &mut acc[((j0 + jj) % lanes) * hd..][..hd];
+        let row = &mut acc[((j0 + jj) & mask) * hd..][..hd];
         for (a, x) in row.iter_mut().zip(&v[jj * hd..(jj + 1) * hd]) {
             *a = x.mul_add(*pj, *a);
         }

@@ -13,6 +13,7 @@
 //! - `expf`: ggml's vectorized `exp` and 16-lane horizontal sum, bit-identical to llama.cpp.
 //! - `activation`: SiLU, SwiGLU, softmax (ggml's rounding).
 //! - `attention`: causal grouped-query attention over paged f16 K/V blocks.
+//! - `attention_decode`: decode (one query token) attention split over keys, then columns.
 //! - `attention_sums`: attention's dot products and weighted sums in ggml's order.
 //! - `device`: backend selection, `Device { Cpu, Cuda(n) }` from `cpu|cuda:N` (file
 //!   `cuda/device.rs`, always compiled).
@@ -21,6 +22,7 @@
 pub mod act;
 pub mod activation;
 pub mod attention;
+mod attention_decode;
 mod attention_sums;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -1,11 +1,34 @@
-//! A configurable thread pool: the model owns one, every kernel that splits work takes it.
+//! A persistent worker pool: the model owns one, every kernel that splits work takes it.
+//!
+//! A decode step opens about 150 parallel regions (five per layer), each a few tens of
+//! microseconds of work. A fork/join pool whose workers sleep between regions pays a wake-up
+//! (a futex round trip, worse under virtualization) per region, which is why decode gained
+//! little from a second thread. Here, as in ggml's thread pool, the caller takes part in the
+//! work and the workers spin on an epoch counter for a while after each region before they
+//! park, so back-to-back regions start in well under a microsecond.
+//!
+//! Lifecycle of one region (`run`): the caller takes the dispatch lock, publishes the job
+//! (`n` items, an item counter), opens the region and bumps the epoch, claims items itself
+//! until none is left, closes the region, then waits until no worker is inside. A worker enters
+//! only while the region is open (it counts itself in `active`, then checks), so a worker that
+//! the OS did not schedule in time (an oversubscribed machine) is not waited for: the caller
+//! has done its items. Only then does the borrowed closure go out of scope. A panic in any
+//! item is caught, the region still completes, and the panic is resumed on the caller.
 
-use std::sync::Arc;
+use std::cell::Cell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before it parks (decode steps follow each other within this).
+const SPIN: Duration = Duration::from_millis(2);
 
 /// How many threads a kernel may use. With one thread, work runs inline on the caller.
 #[derive(Clone)]
 pub struct Parallel {
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Option<Arc<Pool>>,
     threads: usize,
 }
 
@@ -17,23 +40,221 @@ impl std::fmt::Debug for Parallel {
     }
 }
 
+thread_local! {
+    /// Set while this thread runs an item of a region: a nested region runs inline.
+    static IN_REGION: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A type-erased `&dyn Fn(usize)` valid for one region.
+#[derive(Clone, Copy)]
+struct JobRef {
+    f: *const (dyn Fn(usize) + Sync),
+    n: usize,
+}
+
+/// State shared by the caller and the workers.
+struct Shared {
+    /// Bumped (Release) when a job is published; `u64`-like wrap is harmless.
+    epoch: AtomicUsize,
+    /// The current job; written only while no worker is inside a region.
+    job: Mutex<Option<JobRef>>,
+    /// Next item to claim.
+    next: AtomicUsize,
+    /// Workers inside the current region (entered and not yet left).
+    active: AtomicUsize,
+    /// Whether the current region still admits workers.
+    open: AtomicBool,
+    /// Set when an item panicked; the payload is kept in `panic`.
+    panicked: AtomicBool,
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    /// Parked workers wait here; `sleepers` counts them so the caller knows to notify.
+    sleep: Mutex<usize>,
+    wake: Condvar,
+    shutdown: AtomicBool,
+}
+
+// SAFETY: `JobRef` points to a `Sync` closure that the caller keeps alive until every worker
+// has left the region (closed, `active == 0`), and it is only dereferenced by a worker that
+// entered while the region was open.
+unsafe impl Send for JobRef {}
+
+struct Pool {
+    shared: Arc<Shared>,
+    /// One region at a time (two callers sharing a model take turns).
+    dispatch: Mutex<()>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        {
+            let _g = self.shared.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Shared {
+    /// Claims and runs items of `job` until none is left.
+    fn work(&self, job: JobRef) {
+        IN_REGION.with(|r| r.set(true));
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= job.n {
+                break;
+            }
+            if self.panicked.load(Ordering::Relaxed) {
+                continue;
+            }
+            // SAFETY: see `JobRef`.
+            let f = unsafe { &*job.f };
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(i))) {
+                self.panicked.store(true, Ordering::Relaxed);
+                let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert(p);
+            }
+        }
+        IN_REGION.with(|r| r.set(false));
+    }
+
+    fn worker_loop(&self) {
+        // The epoch at the pool's creation, not at this thread's start: a region published
+        // before this thread first ran must still count on it.
+        let mut seen = 0;
+        loop {
+            // Spin, then park, until the epoch moves.
+            let start = Instant::now();
+            let mut spins = 0u32;
+            loop {
+                if self.shutdown.load(Ordering::Acquire) {
+                    return;
+                }
+                let e = self.epoch.load(Ordering::Acquire);
+                if e != seen {
+                    seen = e;
+                    break;
+                }
+                spins += 1;
+                if spins.is_multiple_of(1024) && start.elapsed() > SPIN {
+                    let mut sleepers = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
+                    *sleepers += 1;
+                    while self.epoch.load(Ordering::Acquire) == seen
+                        && !self.shutdown.load(Ordering::Acquire)
+                    {
+                        sleepers = self.wake.wait(sleepers).unwrap_or_else(|e| e.into_inner());
+                    }
+                    *sleepers -= 1;
+                    spins = 0;
+                    continue;
+                }
+                std::hint::spin_loop();
+            }
+            // Enter, then check the region is still the one seen and still open (SeqCst pairs
+            // with the caller's close-then-read of `active`).
+            self.active.fetch_add(1, Ordering::SeqCst);
+            if self.open.load(Ordering::SeqCst) && self.epoch.load(Ordering::SeqCst) == seen {
+                let job = *self.job.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(job) = job {
+                    self.work(job);
+                }
+            }
+            self.active.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+impl Pool {
+    fn new(workers: usize) -> Pool {
+        let shared = Arc::new(Shared {
+            epoch: AtomicUsize::new(0),
+            job: Mutex::new(None),
+            next: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            open: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            panic: Mutex::new(None),
+            sleep: Mutex::new(0),
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+        });
+        let workers = (0..workers)
+            .map(|i| {
+                let s = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("pw-kernel-{}", i + 1))
+                    .spawn(move || s.worker_loop())
+                    .expect("spawning a kernel worker thread")
+            })
+            .collect();
+        Pool {
+            shared,
+            dispatch: Mutex::new(()),
+            workers,
+        }
+    }
+
+    /// Runs `f(i)` for `i < n` on the caller and every worker; returns when all are done.
+    fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        let _turn = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &*self.shared;
+        // SAFETY: erases the closure's lifetime; it outlives the region (we wait for
+        // the region closed with `active == 0` below before returning, even when an item
+        // panics).
+        let job = JobRef {
+            f: unsafe {
+                std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
+            },
+            n,
+        };
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
+        s.next.store(0, Ordering::Relaxed);
+        s.panicked.store(false, Ordering::Relaxed);
+        s.open.store(true, Ordering::SeqCst);
+        s.epoch.fetch_add(1, Ordering::Release);
+        if *s.sleep.lock().unwrap_or_else(|e| e.into_inner()) > 0 {
+            s.wake.notify_all();
+        }
+        s.work(job);
+        let mut spins = 0u32;
+        s.open.store(false, Ordering::SeqCst);
+        while s.active.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < 1 << 16 {
+                std::hint::spin_loop();
+            } else {
+                // A worker lost its CPU (an oversubscribed machine): let it run.
+                std::thread::yield_now();
+            }
+        }
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if s.panicked.load(Ordering::Relaxed) {
+            let p = s.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(p) = p {
+                resume_unwind(p);
+            }
+        }
+    }
+}
+
+/// Raw pointer to a results buffer, written at disjoint indices by the items of one region.
+struct SlotPtr<T>(*mut T);
+// SAFETY: every item writes only its own index, and the buffer outlives the region.
+unsafe impl<T: Send> Sync for SlotPtr<T> {}
+
 impl Parallel {
-    /// A pool of `threads` workers (0 means the number of available CPUs).
+    /// A pool of `threads` workers including the caller (0 means the number of available
+    /// CPUs).
     pub fn new(threads: usize) -> Parallel {
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
             threads
         };
-        let pool = (threads > 1).then(|| {
-            Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("pw-kernel-{i}"))
-                    .build()
-                    .expect("building the kernel thread pool"),
-            )
-        });
+        let pool = (threads > 1).then(|| Arc::new(Pool::new(threads - 1)));
         Parallel { pool, threads }
     }
 
@@ -58,34 +279,28 @@ impl Parallel {
         F: Fn(usize, &mut [T]) + Send + Sync,
     {
         let chunk_len = chunk_len.max(1);
-        match &self.pool {
-            None => data
-                .chunks_mut(chunk_len)
-                .enumerate()
-                .for_each(|(i, c)| f(i, c)),
-            Some(pool) => {
-                use rayon::prelude::*;
-                pool.install(|| {
-                    data.par_chunks_mut(chunk_len)
-                        .enumerate()
-                        .for_each(|(i, c)| f(i, c))
-                })
-            }
-        }
+        let len = data.len();
+        let base = SlotPtr(data.as_mut_ptr());
+        self.for_each_index(len.div_ceil(chunk_len), |i| {
+            let at = i * chunk_len;
+            let n = chunk_len.min(len - at);
+            let base = &base;
+            // SAFETY: chunk `i` is `data[at..at + n]`, disjoint from every other item's.
+            f(i, unsafe {
+                std::slice::from_raw_parts_mut(base.0.add(at), n)
+            })
+        });
     }
 
     /// Runs `f(i)` for every `i` in `0..n` (in parallel when the pool has more than one
-    /// thread).
+    /// thread). Items are claimed dynamically, so uneven items balance themselves.
     pub fn for_each_index<F>(&self, n: usize, f: F)
     where
         F: Fn(usize) + Send + Sync,
     {
         match &self.pool {
-            None => (0..n).for_each(f),
-            Some(pool) => {
-                use rayon::prelude::*;
-                pool.install(|| (0..n).into_par_iter().for_each(f))
-            }
+            Some(pool) if n > 1 && !IN_REGION.with(|r| r.get()) => pool.run(n, &f),
+            _ => (0..n).for_each(f),
         }
     }
 
@@ -95,12 +310,64 @@ impl Parallel {
         R: Send,
         F: Fn(usize) -> R + Send + Sync,
     {
-        match &self.pool {
-            None => (0..n).map(f).collect(),
-            Some(pool) => {
-                use rayon::prelude::*;
-                pool.install(|| (0..n).into_par_iter().map(f).collect())
+        let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
+        let slots = SlotPtr(out.as_mut_ptr());
+        self.for_each_index(n, |i| {
+            let slots = &slots;
+            let r = f(i);
+            // SAFETY: item `i` alone writes slot `i`, inside the buffer's length.
+            unsafe { *slots.0.add(i) = Some(r) };
+        });
+        out.into_iter()
+            .map(|r| r.expect("every item ran"))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_index_runs_once_across_many_regions() {
+        let par = Parallel::new(3);
+        for n in [0, 1, 2, 5, 100] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            for _ in 0..50 {
+                par.for_each_index(n, |i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                });
             }
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 50));
         }
+    }
+
+    #[test]
+    fn map_keeps_order_and_nested_regions_run_inline() {
+        let par = Parallel::new(2);
+        let v = par.map(64, |i| par.map(3, |j| i * 3 + j).iter().sum::<usize>());
+        assert_eq!(v, (0..64).map(|i| 9 * i + 3).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_panicking_item_reaches_the_caller_and_the_pool_survives() {
+        let par = Parallel::new(2);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            par.for_each_index(10, |i| assert!(i != 7, "item seven"))
+        }));
+        assert!(r.is_err());
+        assert_eq!(par.map(4, |i| i), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn workers_wake_after_parking() {
+        let par = Parallel::new(2);
+        par.for_each_index(4, |_| {});
+        std::thread::sleep(SPIN * 3);
+        let n = AtomicUsize::new(0);
+        par.for_each_index(1000, |_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 1000);
     }
 }

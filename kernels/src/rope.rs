@@ -47,7 +47,7 @@ impl Rope {
         match Isa::detect() {
             Isa::Portable => rotate(x, self.head_dim, cs),
             // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
-            Isa::Avx2 => unsafe { rotate_fma(x, self.head_dim, cs) },
+            Isa::Avx2 | Isa::Avx512 => unsafe { rotate_fma(x, self.head_dim, cs) },
         }
     }
 }

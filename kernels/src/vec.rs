@@ -29,7 +29,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     match Isa::detect() {
         Isa::Portable => dot_body(a, b),
         // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
-        Isa::Avx2 => unsafe { dot_avx2(a, b) },
+        Isa::Avx2 | Isa::Avx512 => unsafe { dot_avx2(a, b) },
     }
 }
 

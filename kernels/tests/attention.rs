@@ -61,7 +61,18 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
         },
     ] {
         let tw = geo.token_width();
-        for (first, n) in [(0usize, 1usize), (0, 7), (5, 1), (3, 40), (37, 1)] {
+        // 300 and 611: decode runs over several score tasks (256 keys each) and ragged chunks;
+        // (70, 20): prefill over more than one 64-key run.
+        for (first, n) in [
+            (0usize, 1usize),
+            (0, 7),
+            (70, 20),
+            (5, 1),
+            (3, 40),
+            (37, 1),
+            (300, 1),
+            (611, 1),
+        ] {
             let total = first + n;
             let pages = total.div_ceil(geo.page_size) + 1; // one spare page, unused
             let kf = rng.vec(pages * geo.page_size * tw, 1.0);

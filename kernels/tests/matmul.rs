@@ -168,3 +168,41 @@ fn matmul_many_equals_separate_products_bit_for_bit() {
         }
     }
 }
+
+/// The SIMD paths differ only in how the exact integer products are formed (`maddubs` +
+/// `madd` or VNNI's `vpdpbusd`), and keep ggml's per-block float order: same bits.
+#[test]
+fn simd_paths_agree_bit_for_bit_on_quantized_weights() {
+    let mut rng = Rng::new(5);
+    let simd: Vec<Isa> = Isa::available()
+        .into_iter()
+        .filter(|i| *i != Isa::Portable)
+        .collect();
+    for ty in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
+        for &(rows, cols, tokens) in &[(33, 576, 1), (20, 1536, 3), (9, 64, 6)] {
+            let data = make(&mut rng, ty, rows, cols);
+            let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+            // Large activations: the block products reach the i16 pair sums' extremes.
+            let x = rng.vec(tokens * cols, 50.0);
+            let outs: Vec<Vec<f32>> = simd
+                .iter()
+                .map(|&isa| {
+                    let mut o = vec![0f32; tokens * rows];
+                    matmul_with(isa, &w, &x, tokens, &mut o, &Parallel::new(2));
+                    o
+                })
+                .collect();
+            for (isa, o) in simd.iter().zip(&outs).skip(1) {
+                let same = o
+                    .iter()
+                    .zip(&outs[0])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{ty:?} {rows}x{cols}x{tokens}: {isa:?} != {:?}",
+                    simd[0]
+                );
+            }
+        }
+    }
+}

@@ -280,28 +280,56 @@ async fn complete(
     (status, r.json().await.expect("json body"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn real_model_two_tenants_up_to_the_context_then_eight_at_once_all_served() {
+/// Workers (context 2,048, each pool two contexts: 4,096 tokens) and a router, real model.
+struct RealSuite {
+    _services: Vec<pagewarden_system_tests::Service>,
+    d: Driver,
+    tok: Arc<Tokenizer>,
+    client: reqwest::Client,
+    url: String,
+}
+
+async fn real_suite() -> RealSuite {
     let ctx = CONTEXT.to_string();
+    let pool = (2 * CONTEXT).to_string();
     let worker = [
         "--context-length",
         ctx.as_str(),
+        "--pool-tokens",
+        pool.as_str(),
         // Prefill may queue behind another prompt: the grant must outlive that wait.
         "--grant-ttl-ms",
         "900000",
-        // A slow CI machine: the eight requests below may wait longer than the default.
+        // A slow CI machine: requests may wait longer than the default.
         "--queue-timeout-ms",
         "900000",
     ];
     let decode = start_decode(&ModelArg::Real, &worker);
     let prefill = start_prefill(&ModelArg::Real, &worker);
     let router = start_router_with(&ModelArg::Real, &[&decode], &[&prefill], &[]).await;
-    let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
+    let d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let tok = Arc::new(
         Tokenizer::from_gguf(&GgufFile::open(&model_path()).expect("model")).expect("tokenizer"),
     );
-    let client = reqwest::Client::new();
     let url = router.http_url();
+    RealSuite {
+        _services: vec![decode, prefill, router],
+        d,
+        tok,
+        client: reqwest::Client::new(),
+        url,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_model_two_tenants_interleave_prompts_up_to_the_context() {
+    let RealSuite {
+        _services,
+        d: _,
+        tok,
+        client,
+        url,
+    } = real_suite().await;
     let codes = ["QX7A", "ZV9B"];
     let max_tokens = 6u32;
 
@@ -337,7 +365,17 @@ async fn real_model_two_tenants_up_to_the_context_then_eight_at_once_all_served(
             );
         }
     }
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_model_eight_at_once_wait_their_turn_and_leave_the_pools_free() {
+    let RealSuite {
+        _services,
+        mut d,
+        tok,
+        client,
+        url,
+    } = real_suite().await;
     // Eight requests at once. Each reserves a budget of a quarter prompt plus half the
     // context for its completion (a stop sequence ends it after the code), so decode's pool
     // (two contexts) holds three budgets at a time: the rest wait their turn, none is refused.

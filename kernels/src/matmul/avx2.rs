@@ -1,15 +1,18 @@
-//! x86-64 AVX2 + FMA kernels. Each quantized kernel unpacks one weight block and multiplies
-//! it with up to four tokens' activation blocks (`maddubs` on u8 x i8, the sign trick for
-//! signed weights), accumulating per token in f32 lanes.
+//! x86-64 kernels for `Isa::Avx2` and `Isa::Avx512`. Each quantized kernel unpacks one weight
+//! block and multiplies it with up to four tokens' activation blocks, accumulating per token in
+//! eight f32 lanes exactly as ggml's `vec_dot_q4_1_q8_1` & co. do. The 8-bit products run as
+//! `maddubs` + `madd` on AVX2 and as one `vpdpbusd` with AVX-512 VNNI (u8 x i8, the sign trick
+//! for signed weights); both give the same 32-bit lane sums, so both paths have the same bits.
 
 use super::{portable, Acts, QMatrix};
 use crate::act::QuantizedActs;
-use crate::quant::{f16_at, WeightType, QK};
+use crate::quant::{WeightType, QK};
 
 /// Tokens per tile: each weight block is unpacked once for this many tokens.
 const TILE: usize = 4;
 
 pub(super) fn rows(
+    vnni: bool,
     w: &QMatrix<'_>,
     r0: usize,
     n: usize,
@@ -29,15 +32,25 @@ pub(super) fn rows(
             for i in 0..n {
                 let row = w.row(r0 + i);
                 let o = &mut out[i * tokens + t0..i * tokens + t0 + nt];
-                // SAFETY: `Isa::Avx2` is only selected when avx2, fma and f16c were detected;
-                // slice lengths were checked above and by `QMatrix::new`.
-                unsafe { x86::tile(w.ty, row, acts, w.cols, t0, o) };
+                // SAFETY: `Isa::Avx2` is only selected when avx2, fma and f16c were detected,
+                // `Isa::Avx512` (vnni) when avx512f/bw/vl/vnni were too; slice lengths were
+                // checked above and by `QMatrix::new`.
+                unsafe {
+                    if vnni {
+                        x86::tile_vnni(w.ty, row, acts, w.cols, t0, o)
+                    } else {
+                        x86::tile(w.ty, row, acts, w.cols, t0, o)
+                    }
+                };
             }
             t0 += nt;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    portable::rows(w, r0, n, acts, tokens, out)
+    {
+        let _ = vnni;
+        portable::rows(w, r0, n, acts, tokens, out)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -45,9 +58,34 @@ mod x86 {
     use super::*;
     use std::arch::x86_64::*;
 
-    /// Dispatches one row x `out.len()` tokens tile.
+    /// Dispatches one row x `out.len()` tokens tile (AVX2).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn tile(
+        ty: WeightType,
+        row: &[u8],
+        acts: &Acts<'_>,
+        cols: usize,
+        t0: usize,
+        out: &mut [f32],
+    ) {
+        tile_body::<false>(ty, row, acts, cols, t0, out)
+    }
+
+    /// [`tile`] with AVX-512 VNNI's `vpdpbusd` for the integer products (same bits).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn tile_vnni(
+        ty: WeightType,
+        row: &[u8],
+        acts: &Acts<'_>,
+        cols: usize,
+        t0: usize,
+        out: &mut [f32],
+    ) {
+        tile_body::<true>(ty, row, acts, cols, t0, out)
+    }
+
+    #[inline(always)]
+    unsafe fn tile_body<const VNNI: bool>(
         ty: WeightType,
         row: &[u8],
         acts: &Acts<'_>,
@@ -58,10 +96,10 @@ mod x86 {
         match (ty, acts) {
             (WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0, Acts::Quant(a)) => {
                 match out.len() {
-                    4 => out.copy_from_slice(&quant::<4>(ty, row, a, t0)),
-                    3 => out.copy_from_slice(&quant::<3>(ty, row, a, t0)),
-                    2 => out.copy_from_slice(&quant::<2>(ty, row, a, t0)),
-                    _ => out.copy_from_slice(&quant::<1>(ty, row, a, t0)),
+                    4 => out.copy_from_slice(&quant::<4, VNNI>(ty, row, a, t0)),
+                    3 => out.copy_from_slice(&quant::<3, VNNI>(ty, row, a, t0)),
+                    2 => out.copy_from_slice(&quant::<2, VNNI>(ty, row, a, t0)),
+                    _ => out.copy_from_slice(&quant::<1, VNNI>(ty, row, a, t0)),
                 }
             }
             (WeightType::F32, Acts::Float(x)) => {
@@ -86,68 +124,105 @@ mod x86 {
         _mm_cvtss_f32(s)
     }
 
+    /// The little-endian f16 at `p` as f32, with F16C (exact, so the same value as `half`).
+    #[inline(always)]
+    unsafe fn f16_load(p: *const u8) -> f32 {
+        let bits = u16::from_le_bytes([*p, *p.add(1)]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
+    /// Sums of four adjacent u8 x i8 products per 32-bit lane.
+    #[inline(always)]
+    unsafe fn dot_u8i8<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
+        if VNNI {
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+        } else {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+        }
+    }
+
+    /// Weight types as const parameters, so the block loop has no type dispatch.
+    const Q4_0: u8 = 0;
+    const Q4_1: u8 = 1;
+    const Q8_0: u8 = 2;
+
     /// One quantized row against `NT` consecutive tokens starting at `t0`.
-    #[allow(clippy::needless_range_loop)]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quant<const NT: usize>(
+    #[inline(always)]
+    unsafe fn quant<const NT: usize, const VNNI: bool>(
         ty: WeightType,
         row: &[u8],
         a: &QuantizedActs,
         t0: usize,
     ) -> [f32; NT] {
+        match ty {
+            WeightType::Q4_0 => quant_ty::<NT, VNNI, Q4_0>(row, a, t0),
+            WeightType::Q4_1 => quant_ty::<NT, VNNI, Q4_1>(row, a, t0),
+            WeightType::Q8_0 => quant_ty::<NT, VNNI, Q8_0>(row, a, t0),
+            WeightType::F32 | WeightType::F16 => unreachable!("float weights"),
+        }
+    }
+
+    /// [`quant`] for the weight type `TY`.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn quant_ty<const NT: usize, const VNNI: bool, const TY: u8>(
+        row: &[u8],
+        a: &QuantizedActs,
+        t0: usize,
+    ) -> [f32; NT] {
         let nb = a.blocks();
-        let bb = ty.block_bytes();
+        let bb = match TY {
+            Q4_0 => 18,
+            Q4_1 => 20,
+            _ => 34,
+        };
         debug_assert_eq!(row.len(), nb * bb);
         let mut acc = [_mm256_setzero_ps(); NT];
         let mut msum = [0f32; NT];
         let mask = _mm256_set1_epi8(0x0F);
         let eight = _mm256_set1_epi8(8);
-        let ones = _mm256_set1_epi16(1);
         let rp = row.as_ptr();
         let qp = a.qs.as_ptr();
         for b in 0..nb {
             let blk = rp.add(b * bb);
-            let dw = f16_at(row, b * bb);
+            let dw = f16_load(blk);
             let yat = |j: usize| qp.add((t0 + j) * a.cols + b * QK) as *const __m256i;
-            match ty {
-                WeightType::Q4_0 => {
+            match TY {
+                Q4_0 => {
                     let qs = _mm_loadu_si128(blk.add(2) as *const __m128i);
                     let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), mask);
                     let w = _mm256_sub_epi8(w, eight);
                     let aw = _mm256_sign_epi8(w, w);
                     for j in 0..NT {
                         let y = _mm256_loadu_si256(yat(j));
-                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(y, w));
-                        let p = _mm256_madd_epi16(p, ones);
+                        let p = dot_u8i8::<VNNI>(aw, _mm256_sign_epi8(y, w));
                         let sc = _mm256_set1_ps(dw * *a.d.get_unchecked((t0 + j) * nb + b));
                         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
                     }
                 }
-                WeightType::Q4_1 => {
-                    let mw = f16_at(row, b * bb + 2);
+                Q4_1 => {
+                    let mw = f16_load(blk.add(2));
                     let qs = _mm_loadu_si128(blk.add(4) as *const __m128i);
                     let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), mask);
                     for j in 0..NT {
                         let y = _mm256_loadu_si256(yat(j));
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), ones);
+                        let p = dot_u8i8::<VNNI>(w, y);
                         let k = (t0 + j) * nb + b;
                         let sc = _mm256_set1_ps(dw * *a.d.get_unchecked(k));
                         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
                         msum[j] += mw * *a.s.get_unchecked(k);
                     }
                 }
-                WeightType::Q8_0 => {
+                _ => {
                     let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
                     let aw = _mm256_sign_epi8(w, w);
                     for j in 0..NT {
                         let y = _mm256_loadu_si256(yat(j));
-                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(y, w));
-                        let p = _mm256_madd_epi16(p, ones);
+                        let p = dot_u8i8::<VNNI>(aw, _mm256_sign_epi8(y, w));
                         let sc = _mm256_set1_ps(dw * *a.d.get_unchecked((t0 + j) * nb + b));
                         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
                     }
                 }
-                WeightType::F32 | WeightType::F16 => unreachable!("float weights"),
             }
         }
         let mut out = [0f32; NT];

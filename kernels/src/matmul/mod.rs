@@ -177,6 +177,7 @@ fn rows_kernel(
 ) {
     match isa {
         Isa::Portable => portable::rows(w, r0, n, acts, tokens, out),
-        Isa::Avx2 => avx2::rows(w, r0, n, acts, tokens, out),
+        Isa::Avx2 => avx2::rows(false, w, r0, n, acts, tokens, out),
+        Isa::Avx512 => avx2::rows(true, w, r0, n, acts, tokens, out),
     }
 }

@@ -1,18 +1,21 @@
-//! `pagewarden bench engine`: prefill tok/s for a 512-token prompt and decode tok/s for 128
-//! tokens, per thread count, plus how much of each is spent in the weight matmuls.
-//! Ratios are against llama.cpp on this machine class (1 thread: 172 prefill, 75 decode).
+//! `pagewarden bench engine`: engine throughput (tok/s) for llama-bench's tests: prefill of a
+//! 512- and a 4,096-token prompt (`pp512`, `pp4096`), 128 decoded tokens from an empty context
+//! (`tg128`) and after 4,096 tokens (`tg128@d4096`), per thread count.
+//!
+//! With `--llama-bench PATH` each measurement alternates with llama.cpp's `llama-bench` on the
+//! same model, test and thread count (ours, theirs, ours, theirs, ...), and the ratio printed is
+//! against the figure measured in that same round: the machine's load changes from minute to
+//! minute, constants measured another day tell nothing. Without it, only our figures print.
 
 use std::path::PathBuf;
+use std::process::Command;
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Args;
+use pagewarden_kernels::Isa;
 use pagewarden_kvcache::{KvPool, Owner, PoolConfig, RequestId, TenantId, DEFAULT_PAGE_SIZE};
 use pagewarden_model::{argmax, LoadOptions, Model};
-
-/// llama.cpp, SmolLM2-135M Q4_1, 1 thread, this machine class.
-const LLAMA_CPP_PREFILL: f64 = 172.0;
-const LLAMA_CPP_DECODE: f64 = 75.0;
 
 /// Arguments of `pagewarden bench engine`.
 #[derive(Debug, Args)]
@@ -27,35 +30,120 @@ pub struct BenchEngineArgs {
     /// Thread counts to measure, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     pub threads: Vec<usize>,
-    /// Prompt length for the prefill measurement.
-    #[arg(long, default_value_t = 512)]
-    pub prompt_tokens: usize,
-    /// Tokens generated for the decode measurement.
-    #[arg(long, default_value_t = 128)]
-    pub decode_tokens: usize,
+    /// Tests, comma separated, in llama-bench's names: `ppN` (prefill N tokens), `tgN` (decode
+    /// N tokens from an empty context), `tgN@dD` (decode N tokens after D tokens of context).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "pp512,tg128,pp4096,tg128@d4096"
+    )]
+    pub tests: Vec<String>,
+    /// Rounds per (test, thread count); with `--llama-bench`, each round runs ours then theirs.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: usize,
+    /// Path of llama.cpp's `llama-bench` binary: run it alternately with ours (`-fa 1`, one
+    /// repetition per round) and print the ratio of each round.
+    #[arg(long)]
+    pub llama_bench: Option<PathBuf>,
 }
 
 const TEXT: &str = "Disaggregated serving splits the prefill and decode phases of inference so \
 that each runs on hardware sized for it. The key-value cache computed during prefill moves to \
 the decode worker page by page, and every page carries a generation tag that attention checks. ";
 
+/// One llama-bench style test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Test {
+    /// Prefill of `n` tokens.
+    Prefill { n: usize },
+    /// `n` decode steps after `depth` tokens of context.
+    Decode { n: usize, depth: usize },
+}
+
+impl Test {
+    fn parse(s: &str) -> anyhow::Result<Test> {
+        let s = s.trim();
+        let num = |v: &str| {
+            v.parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("test {s:?}: {v:?} is not a positive count"))
+        };
+        if let Some(n) = s.strip_prefix("pp") {
+            return Ok(Test::Prefill { n: num(n)? });
+        }
+        if let Some(rest) = s.strip_prefix("tg") {
+            let (n, depth) = match rest.split_once("@d") {
+                Some((n, d)) => (num(n)?, d.parse().context("depth")?),
+                None => (num(rest)?, 0),
+            };
+            return Ok(Test::Decode { n, depth });
+        }
+        bail!("test {s:?}: expected ppN, tgN or tgN@dD")
+    }
+
+    fn name(&self) -> String {
+        match *self {
+            Test::Prefill { n } => format!("pp{n}"),
+            Test::Decode { n, depth: 0 } => format!("tg{n}"),
+            Test::Decode { n, depth } => format!("tg{n}@d{depth}"),
+        }
+    }
+
+    /// llama-bench's arguments for this test.
+    fn llama_args(&self) -> Vec<String> {
+        let (p, n, d) = match *self {
+            Test::Prefill { n } => (n, 0, 0),
+            Test::Decode { n, depth } => (0, n, depth),
+        };
+        [
+            "-p",
+            &p.to_string(),
+            "-n",
+            &n.to_string(),
+            "-d",
+            &d.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+}
+
 /// Runs `pagewarden bench engine`.
 pub fn run(a: BenchEngineArgs) -> anyhow::Result<()> {
+    let tests = a
+        .tests
+        .iter()
+        .map(|t| Test::parse(t))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if a.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    println!("model   {}", a.model.display());
+    println!("cpu     {}", cpu_model());
     println!(
-        "model {}  prompt {} tokens  decode {} tokens",
-        a.model.display(),
-        a.prompt_tokens,
-        a.decode_tokens
+        "isa     {} (available: {}; cap with PAGEWARDEN_ISA=portable|avx2|avx512)",
+        Isa::detect(),
+        Isa::available()
+            .iter()
+            .map(|i| i.name())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!(
-        "{:>7} {:>14} {:>9} {:>13} {:>9} {:>15} {:>15}",
-        "threads",
-        "prefill tok/s",
-        "vs l.cpp",
-        "decode tok/s",
-        "vs l.cpp",
-        "prefill matmul",
-        "decode matmul"
+        "threads the caller plus N-1 spinning pool workers, placed by the OS (not pinned); \
+         llama-bench -t N"
+    );
+    match &a.llama_bench {
+        Some(p) => println!(
+            "peer    {} -fa 1 -r 1, alternating with ours each round",
+            p.display()
+        ),
+        None => println!("peer    none (pass --llama-bench PATH for same-run ratios)"),
+    }
+    println!(
+        "{:>13} {:>7} {:>5} {:>12} {:>12} {:>7}",
+        "test", "threads", "round", "ours tok/s", "l.cpp tok/s", "ratio"
     );
     for &threads in &a.threads {
         let opts = LoadOptions {
@@ -64,38 +152,88 @@ pub fn run(a: BenchEngineArgs) -> anyhow::Result<()> {
         };
         let model = Model::load(&a.model, &opts)
             .with_context(|| format!("loading model {}", a.model.display()))?;
-        let r = measure(&model, a.prompt_tokens, a.decode_tokens)?;
-        let (pre, dec) = (
-            a.prompt_tokens as f64 / r.prefill_s,
-            a.decode_tokens as f64 / r.decode_s,
-        );
-        println!(
-            "{:>7} {:>14.1} {:>8.2}x {:>13.1} {:>8.2}x {:>14.0}% {:>14.0}%",
-            threads,
-            pre,
-            pre / LLAMA_CPP_PREFILL,
-            dec,
-            dec / LLAMA_CPP_DECODE,
-            100.0 * r.prefill_matmul_s / r.prefill_s,
-            100.0 * r.decode_matmul_s / r.decode_s,
-        );
+        for test in &tests {
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            for round in 1..=a.rounds {
+                let o = measure(&model, *test)?;
+                let t = match &a.llama_bench {
+                    Some(p) => Some(llama_bench(p, &a.model, *test, threads)?),
+                    None => None,
+                };
+                ours.push(o);
+                theirs.extend(t);
+                println!(
+                    "{:>13} {:>7} {:>5} {:>12.1} {:>12} {:>7}",
+                    test.name(),
+                    threads,
+                    round,
+                    o,
+                    t.map_or("-".into(), |t| format!("{t:.1}")),
+                    t.map_or("-".into(), |t| format!("{:.2}x", o / t)),
+                );
+            }
+            if a.rounds > 1 {
+                let (mo, mt) = (median(&ours), (!theirs.is_empty()).then(|| median(&theirs)));
+                println!(
+                    "{:>13} {:>7} {:>5} {:>12.1} {:>12} {:>7}",
+                    test.name(),
+                    threads,
+                    "med",
+                    mo,
+                    mt.map_or("-".into(), |t| format!("{t:.1}")),
+                    mt.map_or("-".into(), |t| format!("{:.2}x", mo / t)),
+                );
+            }
+        }
     }
-    println!(
-        "(vs l.cpp: ratio to llama.cpp at 1 thread, {LLAMA_CPP_PREFILL} prefill / \
-         {LLAMA_CPP_DECODE} decode tok/s; matmul %: share of the time spent in weight matmuls, \
-         the rest is attention, norms, RoPE, activation quantization and KV page I/O)"
-    );
     Ok(())
 }
 
-struct Measured {
-    prefill_s: f64,
-    decode_s: f64,
-    prefill_matmul_s: f64,
-    decode_matmul_s: f64,
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 0 {
+        (v[m - 1] + v[m]) / 2.0
+    } else {
+        v[m]
+    }
 }
 
-fn measure(model: &Model, prompt_len: usize, decode: usize) -> anyhow::Result<Measured> {
+/// The CPU's model name and the SIMD flags that matter here (Linux; "unknown" elsewhere).
+fn cpu_model() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |k: &str| {
+        info.lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let flags = field("flags").unwrap_or_default();
+    let simd: Vec<&str> = flags
+        .split_whitespace()
+        .filter(|f| {
+            ["avx2", "fma", "f16c", "avx_vnni", "amx_int8"].contains(f) || f.starts_with("avx512")
+        })
+        .collect();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "{} ({} cpus, family {} model {}; {})",
+        field("model name").unwrap_or_else(|| "unknown".into()),
+        cpus,
+        field("cpu family").unwrap_or_default(),
+        field("model\t").unwrap_or_default(),
+        simd.join(" ")
+    )
+}
+
+/// Our tok/s for `test` (after one short warm-up run).
+fn measure(model: &Model, test: Test) -> anyhow::Result<f64> {
+    let (prompt_len, decode) = match test {
+        Test::Prefill { n } => (n, 0),
+        // Decode needs one token of context to start from, as llama-bench's does.
+        Test::Decode { n, depth } => (depth.max(1), n),
+    };
     let mut prompt = Vec::new();
     while prompt.len() < prompt_len {
         prompt.extend(model.tokenizer().encode(TEXT, false));
@@ -108,7 +246,7 @@ fn measure(model: &Model, prompt_len: usize, decode: usize) -> anyhow::Result<Me
         request: RequestId::random(),
         tenant: TenantId::new("bench"),
     };
-    // Warm up (page faults of the mapping, thread pool start).
+    // Warm up (page faults of the mapping, the pool's workers).
     let mut warm = pool.allocate(owner(), 16)?;
     model.prefill(&mut warm, &prompt[..16.min(prompt_len)])?;
     drop(warm);
@@ -117,6 +255,9 @@ fn measure(model: &Model, prompt_len: usize, decode: usize) -> anyhow::Result<Me
     let t = Instant::now();
     let mut logits = model.prefill(&mut seq, &prompt)?;
     let prefill_s = t.elapsed().as_secs_f64();
+    if decode == 0 {
+        return Ok(prompt_len as f64 / prefill_s);
+    }
     let t = Instant::now();
     for _ in 0..decode {
         let tok = argmax(&logits);
@@ -125,38 +266,94 @@ fn measure(model: &Model, prompt_len: usize, decode: usize) -> anyhow::Result<Me
             .pop()
             .expect("one result")?;
     }
-    let decode_s = t.elapsed().as_secs_f64();
-    Ok(Measured {
-        prefill_s,
-        decode_s,
-        prefill_matmul_s: matmul_time(model, prompt_len, false),
-        decode_matmul_s: matmul_time(model, 1, true) * decode as f64,
-    })
+    Ok(decode as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Time of the weight matmuls alone for `rows` tokens (plus the output head for one row).
-fn matmul_time(model: &Model, rows: usize, _decode: bool) -> f64 {
-    use pagewarden_kernels::{matmul, Parallel};
-    let par = Parallel::new(model.threads());
-    let w = model.weights();
-    let cfg = model.config();
-    let x: Vec<f32> = (0..rows * cfg.ffn.max(cfg.dim))
-        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
-        .collect();
-    let mut out = vec![0f32; rows * cfg.ffn.max(cfg.dim).max(cfg.vocab)];
-    let t = Instant::now();
-    for l in &w.layers {
-        for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down] {
-            matmul(
-                m,
-                &x[..rows * m.cols],
-                rows,
-                &mut out[..rows * m.rows],
-                &par,
-            );
+/// llama-bench's tok/s for `test` (one repetition, flash attention on).
+fn llama_bench(
+    bin: &std::path::Path,
+    model: &std::path::Path,
+    test: Test,
+    threads: usize,
+) -> anyhow::Result<f64> {
+    let out = Command::new(bin)
+        .arg("-m")
+        .arg(model)
+        .args([
+            "-fa",
+            "1",
+            "-r",
+            "1",
+            "-o",
+            "json",
+            "-t",
+            &threads.to_string(),
+        ])
+        .args(test.llama_args())
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}): {}",
+            bin.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+    }
+    parse_llama_bench(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The `avg_ts` of the single result in llama-bench's JSON output.
+fn parse_llama_bench(json: &str) -> anyhow::Result<f64> {
+    let v: serde_json::Value =
+        serde_json::from_str(json.trim()).context("llama-bench printed no JSON")?;
+    v.as_array()
+        .and_then(|a| a.first())
+        .and_then(|r| r.get("avg_ts"))
+        .and_then(|t| t.as_f64())
+        .context("llama-bench JSON has no avg_ts")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tests_parse_like_llama_bench_names() {
+        assert_eq!(Test::parse("pp512").unwrap(), Test::Prefill { n: 512 });
+        assert_eq!(
+            Test::parse("tg128").unwrap(),
+            Test::Decode { n: 128, depth: 0 }
+        );
+        let d = Test::parse("tg128@d4096").unwrap();
+        assert_eq!(
+            d,
+            Test::Decode {
+                n: 128,
+                depth: 4096
+            }
+        );
+        assert_eq!(d.name(), "tg128@d4096");
+        assert_eq!(d.llama_args(), ["-p", "0", "-n", "128", "-d", "4096"]);
+        for bad in ["", "pp", "pp0", "tgx", "xx12", "tg12@d"] {
+            assert!(Test::parse(bad).is_err(), "{bad:?}");
         }
     }
-    let head = &w.output;
-    matmul(head, &x[..head.cols], 1, &mut out[..head.rows], &par);
-    t.elapsed().as_secs_f64()
+
+    #[test]
+    fn llama_bench_json_gives_avg_ts() {
+        let j = r#"[{"n_prompt": 512, "n_gen": 0, "avg_ts": 143.25, "stddev_ts": 0.0}]"#;
+        assert_eq!(parse_llama_bench(j).unwrap(), 143.25);
+        assert!(parse_llama_bench("[]").is_err());
+        assert!(parse_llama_bench("not json").is_err());
+    }
+
+    #[test]
+    fn median_of_even_and_odd() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0]), 2.5);
+    }
 }

@@ -1,0 +1,212 @@
+//! Decode attention (one query token) in three parallel passes, so that every thread has work
+//! however few kv heads the model has (SmolLM2: 3) and however long the context is:
+//!
+//! 1. scores: tasks of (kv head, run of keys); each widens its K rows once for the whole
+//!    group of query heads;
+//! 2. softmax: one task per query head;
+//! 3. weighted sum of V: tasks of (kv head, block of output columns). Every output element is
+//!    its own sum over the keys, so splitting by column changes no sum's order.
+//!
+//! The arithmetic is [`crate::attention`]'s `Order::Vec` path (ggml's `vec_dot_f16` order),
+//! element for element: the output has the same bits with any split and any thread count.
+
+use half::f16;
+
+use crate::activation::softmax_padded;
+use crate::attention::{round_f16, widen, AttnGeometry, KvBlock};
+use crate::attention_sums::VEC_STEP;
+use crate::attention_sums::{dot_vec, weighted_add, weighted_finish, weighted_start, Order};
+use crate::isa::Isa;
+use crate::parallel::Parallel;
+
+/// Keys per score task (and per widened chunk inside it: 64 x 64-wide rows = 16 KiB).
+const SCORE_KEYS: usize = 256;
+const CHUNK: usize = 64;
+/// Output columns per weighted-sum task.
+const COLS: usize = 16;
+
+/// A buffer written at disjoint indices by the tasks of one pass.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: each task writes only its own elements and the buffer outlives the pass.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+/// Attention of one query token at position `keys - 1` over keys `0..keys`.
+pub(crate) fn decode(
+    isa: Isa,
+    geo: &AttnGeometry,
+    q: &[f32],
+    keys: usize,
+    blocks: &[KvBlock<'_>],
+    out: &mut [f32],
+    par: &Parallel,
+) {
+    let (hd, heads) = (geo.head_dim, geo.heads);
+    let group = heads / geo.kv_heads;
+    // Like llama.cpp with an f16 KV cache, q is rounded to f16 before it meets K.
+    let mut qh = q.to_vec();
+    let mut tmp = vec![f16::ZERO; qh.len()];
+    round_f16(&mut qh, &mut tmp);
+
+    let mut scores = vec![0f32; heads * keys];
+    let sp = Shared(scores.as_mut_ptr());
+    let runs = keys.div_ceil(SCORE_KEYS);
+    par.for_each_index(geo.kv_heads * runs, |t| {
+        let (g, r) = (t / runs, t % runs);
+        let (j0, j1) = (r * SCORE_KEYS, ((r + 1) * SCORE_KEYS).min(keys));
+        let job = ScoreTask {
+            geo,
+            qh: &qh,
+            keys,
+            blocks,
+            g,
+            j0,
+            j1,
+            scores: sp,
+            isa,
+        };
+        match isa {
+            Isa::Portable => job.run(),
+            // SAFETY: Avx2 and Avx512 are only detected when the CPU has avx2, fma and f16c.
+            Isa::Avx2 | Isa::Avx512 => unsafe { run_scores_avx2(&job) },
+        }
+    });
+
+    par.for_each_chunk(&mut scores, keys, |_, s| {
+        let mut tmp = vec![f16::ZERO; s.len()];
+        softmax_padded(isa, s);
+        round_f16(s, &mut tmp);
+    });
+
+    let cols = if hd.is_multiple_of(COLS) { COLS } else { hd };
+    let cblocks = hd / cols;
+    let op = Shared(out.as_mut_ptr());
+    let scores = &scores;
+    par.for_each_index(geo.kv_heads * cblocks, |t| {
+        let job = SumTask {
+            geo,
+            keys,
+            blocks,
+            g: t / cblocks,
+            c0: (t % cblocks) * cols,
+            cols,
+            group,
+            scores,
+            out: op,
+            isa,
+        };
+        match isa {
+            Isa::Portable => job.run(),
+            // SAFETY: as above.
+            Isa::Avx2 | Isa::Avx512 => unsafe { run_sums_avx2(&job) },
+        }
+    });
+}
+
+/// Scores of keys `j0..j1` for every query head of kv head `g`.
+struct ScoreTask<'a, 'b> {
+    geo: &'a AttnGeometry,
+    qh: &'a [f32],
+    keys: usize,
+    blocks: &'a [KvBlock<'b>],
+    g: usize,
+    j0: usize,
+    j1: usize,
+    scores: Shared,
+    isa: Isa,
+}
+
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma,f16c"))]
+unsafe fn run_scores_avx2(job: &ScoreTask<'_, '_>) {
+    job.run()
+}
+
+impl ScoreTask<'_, '_> {
+    #[inline(always)]
+    fn run(&self) {
+        let geo = self.geo;
+        let hd = geo.head_dim;
+        let group = geo.heads / geo.kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut buf = vec![0f32; CHUNK * hd];
+        for c0 in (self.j0..self.j1).step_by(CHUNK) {
+            let nc = CHUNK.min(self.j1 - c0);
+            let kb = &mut buf[..nc * hd];
+            widen(self.isa, geo, self.blocks, true, self.g, c0, 0, hd, kb);
+            for h in 0..group {
+                let head = self.g * group + h;
+                let qv = &self.qh[head * hd..(head + 1) * hd];
+                for (jj, k) in kb.chunks_exact(hd).enumerate() {
+                    // SAFETY: (head, c0 + jj) is inside `heads * keys` and belongs to this
+                    // task alone (its kv head's query heads, its run of keys).
+                    unsafe {
+                        *self.scores.0.add(head * self.keys + c0 + jj) = dot_vec(k, qv) * scale
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Output columns `c0..c0 + cols` of every query head of kv head `g`.
+struct SumTask<'a, 'b> {
+    geo: &'a AttnGeometry,
+    keys: usize,
+    blocks: &'a [KvBlock<'b>],
+    g: usize,
+    c0: usize,
+    cols: usize,
+    group: usize,
+    scores: &'a [f32],
+    out: Shared,
+    isa: Isa,
+}
+
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma,f16c"))]
+unsafe fn run_sums_avx2(job: &SumTask<'_, '_>) {
+    job.run()
+}
+
+impl SumTask<'_, '_> {
+    #[inline(always)]
+    fn run(&self) {
+        let (cols, group, keys) = (self.cols, self.group, self.keys);
+        let hd = self.geo.head_dim;
+        let mut acc = vec![0f32; group * VEC_STEP * cols];
+        for a in acc.chunks_exact_mut(VEC_STEP * cols) {
+            weighted_start(Order::Vec, cols, a);
+        }
+        let mut buf = vec![0f32; CHUNK * cols];
+        for j0 in (0..keys).step_by(CHUNK) {
+            let nc = CHUNK.min(keys - j0);
+            let vb = &mut buf[..nc * cols];
+            widen(
+                self.isa,
+                self.geo,
+                self.blocks,
+                false,
+                self.g,
+                j0,
+                self.c0,
+                cols,
+                vb,
+            );
+            for (h, a) in acc.chunks_exact_mut(VEC_STEP * cols).enumerate() {
+                let head = self.g * group + h;
+                let p = &self.scores[head * keys + j0..head * keys + j0 + nc];
+                weighted_add(Order::Vec, j0, p, vb, cols, a);
+            }
+        }
+        let mut o = vec![0f32; cols];
+        for (h, a) in acc.chunks_exact_mut(VEC_STEP * cols).enumerate() {
+            weighted_finish(Order::Vec, cols, a, &mut o);
+            let head = self.g * group + h;
+            for (d, v) in o.iter().enumerate() {
+                // SAFETY: columns c0..c0+cols of this kv head's query heads belong to this
+                // task alone, inside `heads * head_dim`.
+                unsafe { *self.out.0.add(head * hd + self.c0 + d) = *v };
+            }
+        }
+    }
+}
