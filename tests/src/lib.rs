@@ -144,7 +144,12 @@ impl Service {
             }
             Err(_) => {
                 let status = child.wait_timeout_or_kill();
-                let err: Vec<String> = erx.try_iter().collect();
+                // The child is gone: read its stderr to the end (the reader thread may not have
+                // passed on the last lines yet, and they say why it stopped).
+                let mut err = Vec::new();
+                while let Ok(line) = erx.recv_timeout(Duration::from_secs(5)) {
+                    err.push(line);
+                }
                 Err(format!(
                     "{binary} did not print its listening line (exit: {status:?}); stderr:\n{}",
                     err.join("\n")

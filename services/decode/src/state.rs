@@ -112,7 +112,7 @@ pub struct Running {
 /// The state of one request.
 pub enum RequestState {
     Queued(Box<Queued>),
-    Reserved(Reservation),
+    Reserved(Box<Reservation>),
     Running(Box<Running>),
     /// On the model thread; `abort` records an abort that arrived meanwhile.
     Stepping {

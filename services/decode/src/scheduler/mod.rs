@@ -258,7 +258,7 @@ impl Scheduler {
         }
         let state = std::mem::replace(&mut entry.state, RequestState::Aborted);
         let reservation = match state {
-            RequestState::Reserved(r) => r,
+            RequestState::Reserved(r) => *r,
             other @ (RequestState::Queued(_)
             | RequestState::Running(_)
             | RequestState::Stepping { .. }

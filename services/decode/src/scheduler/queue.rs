@@ -164,12 +164,12 @@ impl Scheduler {
         };
         let grant = pages.grant().clone();
         entry.expires_at = grant.expires_at;
-        entry.state = RequestState::Reserved(Reservation {
+        entry.state = RequestState::Reserved(Box::new(Reservation {
             owner,
             pages,
             prompt_tokens,
             sampling,
-        });
+        }));
         if reply.send(Ok(grant)).is_err() {
             // The caller left between its last check and now: nothing was written.
             self.abort(req, attempt, "Reserve call gone before its grant");
