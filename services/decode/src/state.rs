@@ -132,6 +132,20 @@ pub struct Entry {
     pub ended_at: Option<Instant>,
 }
 
+impl Entry {
+    /// Takes a queued request out of its entry, leaving `Aborted` for the caller to replace;
+    /// any other state is left as it was.
+    pub fn take_queued(&mut self) -> Option<Box<Queued>> {
+        match std::mem::replace(&mut self.state, RequestState::Aborted) {
+            RequestState::Queued(q) => Some(q),
+            other => {
+                self.state = other;
+                None
+            }
+        }
+    }
+}
+
 impl RequestState {
     /// Label for logs.
     pub fn name(&self) -> &'static str {

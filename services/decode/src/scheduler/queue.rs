@@ -133,9 +133,7 @@ impl Scheduler {
         let Some(entry) = self.table.get_mut(&req) else {
             return;
         };
-        let state = std::mem::replace(&mut entry.state, RequestState::Aborted);
-        let RequestState::Queued(q) = state else {
-            entry.state = state;
+        let Some(q) = entry.take_queued() else {
             return;
         };
         let Queued {
@@ -187,9 +185,7 @@ impl Scheduler {
         let Some(entry) = self.table.get_mut(&req) else {
             return;
         };
-        let state = std::mem::replace(&mut entry.state, RequestState::Aborted);
-        let RequestState::Queued(q) = state else {
-            entry.state = state;
+        let Some(q) = entry.take_queued() else {
             return;
         };
         self.queue.remove_first(|&(r, a)| r == req && a == attempt);
