@@ -12,8 +12,8 @@ use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient;
 use pagewarden_proto::v1::decode_client::DecodeClient;
 use pagewarden_system_tests::{
-    api_key, get_json, start_decode, start_prefill, start_router_with, worker_args, ModelArg,
-    Service,
+    api_key, get_json, start_auditor_with, start_decode, start_prefill, start_router_with,
+    worker_args, ModelArg, Service,
 };
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -30,25 +30,7 @@ fn strs(v: &[String]) -> Vec<&str> {
 }
 
 fn start_auditor_tls(dir: &std::path::Path, suite: &DevSuite) -> Service {
-    let mut a: Vec<String> = [
-        "--http-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--probe-interval",
-        "0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.extend([
-        "--data-dir".into(),
-        dir.display().to_string(),
-        "--database-url".into(),
-        format!("sqlite://{}/auditor.sqlite?mode=rwc", dir.display()),
-    ]);
-    a.extend(args(suite, SuiteRole::Auditor));
-    Service::start("pagewarden-auditor", &a)
+    start_auditor_with(dir, &args(suite, SuiteRole::Auditor))
 }
 
 /// A channel to `addr` that trusts `trust`'s CA, expects a server of role `server`, and

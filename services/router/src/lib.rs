@@ -4,7 +4,7 @@
 //! - `config.rs`: flags (clap) over a toml file over defaults → `RouterConfig`
 //! - `server.rs`: `AppState`, the route table, the `Info` poller, `serve(listener, state, shutdown)`
 //! - `edge.rs`: header/body read timeouts and the connection cap under the routes
-//! - `tenants.rs`: API keys → tenants; the auth middleware (401)
+//! - `tenants.rs`: API keys (hashed) → tenants, reloaded on SIGHUP; the auth middleware (401)
 //! - `extract.rs`: body extractor: 413 / invalid UTF-8 / invalid JSON as OpenAI errors
 //! - `params.rs`: typed field readers whose errors name the field
 //! - `validation.rs`: `ValidCompletionRequest`, `ValidChatRequest` (parse, don't validate)

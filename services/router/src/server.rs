@@ -91,7 +91,7 @@ impl AppState {
 
     /// Loads tenants, the model's text side and the worker list from a resolved config.
     pub fn from_config(cfg: &RouterConfig, sink: Arc<dyn SampleSink>) -> Result<Self, StartError> {
-        let tenants = Tenants::new(&cfg.tenants)?;
+        let tenants = Tenants::load(cfg.tenants.clone())?;
         let frontend = match &cfg.model {
             ModelSource::File(path) => Frontend::load(path, cfg.served_model_name.clone())?,
             ModelSource::Tiny(seed) => Frontend::tiny(

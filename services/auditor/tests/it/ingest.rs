@@ -4,14 +4,16 @@
 use std::time::{Duration, Instant};
 
 use pagewarden_auditor::client::AuditorClient as BufferedClient;
-use pagewarden_auditor::{Config, Running};
+use pagewarden_auditor::Running;
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
+use crate::auth::{self, Signed, OPERATOR, OPS_TOKEN};
+
 pub async fn start() -> Running {
-    pagewarden_auditor::start(&Config::for_tests("sqlite::memory:"), None)
+    pagewarden_auditor::start(&auth::config("sqlite::memory:"), None)
         .await
         .expect("auditor starts")
 }
@@ -22,14 +24,26 @@ pub async fn grpc(r: &Running) -> AuditorClient<Channel> {
         .expect("gRPC connects")
 }
 
+/// GETs a JSON API `url` with the operator token.
 pub async fn get_json(url: String) -> Value {
-    let resp = reqwest::get(&url).await.unwrap();
+    let resp = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth(OPS_TOKEN)
+        .send()
+        .await
+        .unwrap();
     assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
     resp.json().await.unwrap()
 }
 
+/// GETs a page `url` (`http://host:port/path`) signed in as the operator.
 pub async fn get_text(url: String) -> String {
-    let resp = reqwest::get(&url).await.unwrap();
+    let rest = url.strip_prefix("http://").expect("an http:// url");
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let resp = Signed::sign_in(&format!("http://{host}"), OPERATOR)
+        .await
+        .get(path)
+        .await;
     assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
     resp.text().await.unwrap()
 }
@@ -147,7 +161,8 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
     let base = format!("http://{}/api/incidents/{id}", r.http_addr);
     let acked: Value = http
         .post(format!("{base}/ack"))
-        .json(&json!({"by": "ops-ann", "note": "paging decode owner"}))
+        .bearer_auth(OPS_TOKEN)
+        .json(&json!({"note": "paging decode owner"}))
         .send()
         .await
         .unwrap()
@@ -155,7 +170,7 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
         .await
         .unwrap();
     assert_eq!(acked["status"], "acknowledged");
-    assert_eq!(acked["acknowledged"]["by"], "ops-ann");
+    assert_eq!(acked["acknowledged"]["by"], "ops-token");
     assert_eq!(get_json(base.clone()).await["status"], "acknowledged");
     let html = get_text(format!("http://{}/incidents", r.http_addr)).await;
     assert!(html.contains(&format!(
@@ -164,7 +179,8 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
 
     let resolved: Value = http
         .post(format!("{base}/resolve"))
-        .json(&json!({"by": "ops-bo", "note": "stale read fenced; kernel fix deployed"}))
+        .bearer_auth(OPS_TOKEN)
+        .json(&json!({"note": "stale read fenced; kernel fix deployed"}))
         .send()
         .await
         .unwrap()
@@ -177,12 +193,13 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
         "stale read fenced; kernel fix deployed"
     );
     let detail = get_text(format!("http://{}/incidents/{id}", r.http_addr)).await;
-    assert!(detail.contains("status-resolved") && detail.contains("ops-bo"));
+    assert!(detail.contains("status-resolved") && detail.contains("ops-token"));
 
-    // Resolved is terminal; a missing operator name is refused.
+    // Resolved is terminal.
     let again = http
         .post(format!("{base}/resolve"))
-        .json(&json!({"by": "x"}))
+        .bearer_auth(OPS_TOKEN)
+        .json(&json!({}))
         .send()
         .await
         .unwrap();
@@ -192,15 +209,9 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
         .as_str()
         .unwrap()
         .contains("resolved"));
-    let anon = http
-        .post(format!("{base}/ack"))
-        .json(&json!({"by": " "}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(anon.status(), 400);
     assert_eq!(
         http.get(format!("http://{}/api/incidents/424242", r.http_addr))
+            .bearer_auth(OPS_TOKEN)
             .send()
             .await
             .unwrap()
@@ -223,20 +234,20 @@ async fn html_forms_acknowledge_and_resolve() {
     .unwrap();
     let (inc, _) = wait_open_incident(&r, "checksum_mismatch").await;
     let id = inc["id"].as_i64().unwrap();
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let resp = http
-        .post(format!("http://{}/incidents/{id}/ack", r.http_addr))
-        .form(&[
-            ("by", "ops"),
-            ("note", "seen"),
-            ("back", "/incidents?status=open"),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let base = format!("http://{}", r.http_addr);
+    let ops = Signed::sign_in(&base, OPERATOR).await;
+    let csrf = ops.csrf.clone();
+    let resp = ops
+        .post(
+            &format!("/incidents/{id}/ack"),
+            &base,
+            &[
+                ("csrf", csrf.as_str()),
+                ("note", "seen"),
+                ("back", "/incidents?status=open"),
+            ],
+        )
+        .await;
     assert_eq!(resp.status(), 303);
     assert_eq!(resp.headers()["location"], "/incidents?status=open");
     assert_eq!(
@@ -244,12 +255,13 @@ async fn html_forms_acknowledge_and_resolve() {
         "acknowledged"
     );
     // An off-site `back` is ignored.
-    let resp = http
-        .post(format!("http://{}/incidents/{id}/resolve", r.http_addr))
-        .form(&[("by", "ops"), ("back", "//evil.example/")])
-        .send()
-        .await
-        .unwrap();
+    let resp = ops
+        .post(
+            &format!("/incidents/{id}/resolve"),
+            &base,
+            &[("csrf", csrf.as_str()), ("back", "//evil.example/")],
+        )
+        .await;
     assert_eq!(
         resp.headers()["location"],
         format!("/incidents/{id}").as_str()
