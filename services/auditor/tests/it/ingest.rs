@@ -36,8 +36,15 @@ pub async fn get_json(url: String) -> Value {
     resp.json().await.unwrap()
 }
 
-/// GETs a page `url` (`http://host:port/path`) signed in as the operator.
+/// GETs an open endpoint (`/health`, `/metrics`) as text.
 pub async fn get_text(url: String) -> String {
+    let resp = reqwest::get(&url).await.unwrap();
+    assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
+    resp.text().await.unwrap()
+}
+
+/// GETs a page `url` (`http://host:port/path`) signed in as the operator.
+pub async fn get_page(url: String) -> String {
     let rest = url.strip_prefix("http://").expect("an http:// url");
     let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     let resp = Signed::sign_in(&format!("http://{host}"), OPERATOR)
@@ -113,13 +120,13 @@ async fn cross_tenant_marker_in_a_sample_opens_an_incident() {
     assert_eq!(inc["request_id"], "ab".repeat(16));
     let id = inc["id"].as_i64().unwrap();
 
-    let list_html = get_text(format!("http://{}/incidents?status=open", r.http_addr)).await;
+    let list_html = get_page(format!("http://{}/incidents?status=open", r.http_addr)).await;
     assert!(
         list_html.contains(&format!("id=\"incident-{id}\" data-status=\"open\"")),
         "{list_html}"
     );
     assert!(list_html.contains("cross_tenant_marker"));
-    let detail = get_text(format!("http://{}/incidents/{id}", r.http_addr)).await;
+    let detail = get_page(format!("http://{}/incidents/{id}", r.http_addr)).await;
     assert!(
         detail.contains(&alice.marker),
         "detail page shows the leaked marker"
@@ -150,7 +157,7 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
     let details: Value = serde_json::from_str(inc["details"].as_str().unwrap()).unwrap();
     assert_eq!(details["page"], 42);
     assert_eq!(details["generation"], 9);
-    let html = get_text(format!(
+    let html = get_page(format!(
         "http://{}/incidents?kind=generation_mismatch",
         r.http_addr
     ))
@@ -172,7 +179,7 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
     assert_eq!(acked["status"], "acknowledged");
     assert_eq!(acked["acknowledged"]["by"], "ops-token");
     assert_eq!(get_json(base.clone()).await["status"], "acknowledged");
-    let html = get_text(format!("http://{}/incidents", r.http_addr)).await;
+    let html = get_page(format!("http://{}/incidents", r.http_addr)).await;
     assert!(html.contains(&format!(
         "id=\"incident-{id}\" data-status=\"acknowledged\""
     )));
@@ -192,7 +199,7 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
         resolved["resolved"]["note"],
         "stale read fenced; kernel fix deployed"
     );
-    let detail = get_text(format!("http://{}/incidents/{id}", r.http_addr)).await;
+    let detail = get_page(format!("http://{}/incidents/{id}", r.http_addr)).await;
     assert!(detail.contains("status-resolved") && detail.contains("ops-token"));
 
     // Resolved is terminal.
@@ -330,7 +337,7 @@ async fn a_clean_run_opens_no_incident() {
     assert_eq!(summary["samples"]["samples"], 5);
     assert_eq!(summary["samples"]["scanned"], 4);
     assert_eq!(summary["samples"]["with_foreign_markers"], 0);
-    let html = get_text(format!("http://{}/incidents", r.http_addr)).await;
+    let html = get_page(format!("http://{}/incidents", r.http_addr)).await;
     assert!(html.contains("id=\"no-incidents\""));
     let metrics = get_text(format!("http://{}/metrics", r.http_addr)).await;
     assert!(
@@ -392,7 +399,7 @@ async fn preflight_failures_open_incidents_and_fill_the_node_table() {
     assert_eq!(nodes, vec!["decode-liar", "decode-small"]);
     let table = get_json(format!("http://{}/api/nodes", r.http_addr)).await;
     assert_eq!(table.as_array().unwrap().len(), 3);
-    let html = get_text(format!("http://{}/nodes", r.http_addr)).await;
+    let html = get_page(format!("http://{}/nodes", r.http_addr)).await;
     assert!(html.contains("decode-small") && html.contains("FAILED"));
 
     let bad = g
@@ -444,7 +451,7 @@ async fn integrity_chart_and_series() {
         .map(|p| p["count"].as_i64().unwrap())
         .sum();
     assert_eq!(total, 3);
-    let html = get_text(format!(
+    let html = get_page(format!(
         "http://{}/integrity?window_s=3600&bucket_s=3600",
         r.http_addr
     ))
