@@ -11,7 +11,7 @@ use reqwest::header::{COOKIE, LOCATION, ORIGIN, SET_COOKIE};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::ingest::{get_json, grpc, start, wait_open_incident};
+use crate::ingest::{get_json, open_incident_id, report_kinds, start};
 
 /// The operator account: name and password.
 pub const OPERATOR: (&str, &str) = ("ops-ann", "ann-correct-horse");
@@ -61,17 +61,27 @@ fn no_redirects() -> reqwest::Client {
         .unwrap()
 }
 
+/// POSTs a form to `url` claiming to come from `origin`, with the session `cookie` if any.
+async fn post_form(
+    http: &reqwest::Client,
+    url: String,
+    origin: &str,
+    cookie: Option<&str>,
+    form: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut req = http.post(url).header(ORIGIN, origin).form(form);
+    if let Some(c) = cookie {
+        req = req.header(COOKIE, c);
+    }
+    req.send().await.unwrap()
+}
+
 impl Signed {
     /// Signs in at `base` (`http://host:port`) as `(name, password)`.
     pub async fn sign_in(base: &str, (name, password): (&str, &str)) -> Self {
         let http = no_redirects();
-        let resp = http
-            .post(format!("{base}/login"))
-            .header(ORIGIN, base)
-            .form(&[("name", name), ("password", password), ("next", "/nodes")])
-            .send()
-            .await
-            .unwrap();
+        let form = [("name", name), ("password", password), ("next", "/nodes")];
+        let resp = post_form(&http, format!("{base}/login"), base, None, &form).await;
         assert_eq!(resp.status(), StatusCode::SEE_OTHER, "sign-in of {name}");
         assert_eq!(resp.headers()[LOCATION], "/nodes");
         let set = resp.headers()[SET_COOKIE].to_str().unwrap().to_string();
@@ -106,14 +116,8 @@ impl Signed {
 
     /// POSTs a form to `path` with the session cookie, claiming to come from `origin`.
     pub async fn post(&self, path: &str, origin: &str, form: &[(&str, &str)]) -> reqwest::Response {
-        self.http
-            .post(format!("{}{path}", self.base))
-            .header(COOKIE, &self.cookie)
-            .header(ORIGIN, origin)
-            .form(form)
-            .send()
-            .await
-            .unwrap()
+        let url = format!("{}{path}", self.base);
+        post_form(&self.http, url, origin, Some(&self.cookie), form).await
     }
 }
 
@@ -130,23 +134,10 @@ async fn api_post(url: String, token: Option<&str>, body: Value) -> reqwest::Res
 async fn pages_and_api_are_locked_and_sign_offs_name_the_signed_in_operator() {
     let r = start().await;
     let base = format!("http://{}", r.http_addr);
-    let mut g = grpc(&r).await;
-    for kind in [
-        pb::IntegrityKind::ChecksumMismatch,
-        pb::IntegrityKind::GuardWordCorrupt,
-    ] {
-        g.report_integrity(pb::IntegrityReport {
-            kind: kind as i32,
-            node: "decode-0".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    }
-    let (inc, _) = wait_open_incident(&r, "checksum_mismatch").await;
-    let id = inc["id"].as_i64().unwrap();
-    let (other, _) = wait_open_incident(&r, "guard_word_corrupt").await;
-    let other = other["id"].as_i64().unwrap();
+    use pb::IntegrityKind::{ChecksumMismatch, GuardWordCorrupt};
+    report_kinds(&r, "decode-0", &[ChecksumMismatch, GuardWordCorrupt]).await;
+    let id = open_incident_id(&r, "checksum_mismatch").await;
+    let other = open_incident_id(&r, "guard_word_corrupt").await;
 
     // Nobody signed in: pages redirect to the sign-in page, the API and posts are refused.
     let http = no_redirects();
@@ -167,23 +158,19 @@ async fn pages_and_api_are_locked_and_sign_offs_name_the_signed_in_operator() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     let ack = format!("/incidents/{id}/ack");
-    let resp = http
-        .post(format!("{base}{ack}"))
-        .header(ORIGIN, &base)
-        .form(&[("by", "mallory")])
-        .send()
-        .await
-        .unwrap();
+    let resp = post_form(
+        &http,
+        format!("{base}{ack}"),
+        &base,
+        None,
+        &[("by", "mallory")],
+    )
+    .await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     let resp = api_post(format!("{base}/api{ack}"), None, json!({"by": "mallory"})).await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
-    let resp = http
-        .post(format!("{base}/login"))
-        .header(ORIGIN, &base)
-        .form(&[("name", OPERATOR.0), ("password", "guess")])
-        .send()
-        .await
-        .unwrap();
+    let form = [("name", OPERATOR.0), ("password", "guess")];
+    let resp = post_form(&http, format!("{base}/login"), &base, None, &form).await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     assert!(resp.headers().get(SET_COOKIE).is_none());
 

@@ -15,7 +15,7 @@ use pagewarden_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::auth::{OPERATOR, VIEWER};
-use crate::ingest::{get_json, grpc, start, wait_open_incident};
+use crate::ingest::{get_json, grpc, open_incident_id, report_kinds, start};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -368,13 +368,7 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     })
     .await
     .unwrap();
-    g.report_integrity(pb::IntegrityReport {
-        kind: pb::IntegrityKind::ChecksumMismatch as i32,
-        node: "decode-1".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    report_kinds(&r, "decode-1", &[pb::IntegrityKind::ChecksumMismatch]).await;
     g.report_preflight(pb::PreflightReport {
         node: "decode-1".into(),
         role: "decode".into(),
@@ -385,10 +379,8 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     })
     .await
     .unwrap();
-    let (inc, _) = wait_open_incident(&r, "cross_tenant_marker").await;
-    let id = inc["id"].as_i64().unwrap();
-    let (other, _) = wait_open_incident(&r, "checksum_mismatch").await;
-    let other = other["id"].as_i64().unwrap();
+    let id = open_incident_id(&r, "cross_tenant_marker").await;
+    let other = open_incident_id(&r, "checksum_mismatch").await;
     let base = format!("http://{}", r.http_addr);
     let api = format!("{base}/api/incidents/{id}");
 

@@ -75,6 +75,25 @@ pub async fn wait_open_incident(r: &Running, kind: &str) -> (Value, Duration) {
     }
 }
 
+/// Reports one integrity event of each of `kinds` from `node` over gRPC.
+pub async fn report_kinds(r: &Running, node: &str, kinds: &[pb::IntegrityKind]) {
+    let mut g = grpc(r).await;
+    for kind in kinds {
+        g.report_integrity(pb::IntegrityReport {
+            kind: *kind as i32,
+            node: node.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// The id of the first open incident of `kind` (waiting for it as [`wait_open_incident`]).
+pub async fn open_incident_id(r: &Running, kind: &str) -> i64 {
+    wait_open_incident(r, kind).await.0["id"].as_i64().unwrap()
+}
+
 fn req_ref(b: u8) -> Option<pb::RequestRef> {
     Some(pb::RequestRef {
         request_id: vec![b; 16],
@@ -231,16 +250,8 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
 #[tokio::test]
 async fn html_forms_acknowledge_and_resolve() {
     let r = start().await;
-    let mut g = grpc(&r).await;
-    g.report_integrity(pb::IntegrityReport {
-        kind: pb::IntegrityKind::ChecksumMismatch as i32,
-        node: "decode-0".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let (inc, _) = wait_open_incident(&r, "checksum_mismatch").await;
-    let id = inc["id"].as_i64().unwrap();
+    report_kinds(&r, "decode-0", &[pb::IntegrityKind::ChecksumMismatch]).await;
+    let id = open_incident_id(&r, "checksum_mismatch").await;
     let base = format!("http://{}", r.http_addr);
     let ops = Signed::sign_in(&base, OPERATOR).await;
     let csrf = ops.csrf.clone();
@@ -425,20 +436,8 @@ async fn preflight_failures_open_incidents_and_fill_the_node_table() {
 #[tokio::test]
 async fn integrity_chart_and_series() {
     let r = start().await;
-    let mut g = grpc(&r).await;
-    for kind in [
-        pb::IntegrityKind::Quarantine,
-        pb::IntegrityKind::Quarantine,
-        pb::IntegrityKind::WriteRejected,
-    ] {
-        g.report_integrity(pb::IntegrityReport {
-            kind: kind as i32,
-            node: "decode-0".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    }
+    use pb::IntegrityKind::{Quarantine, WriteRejected};
+    report_kinds(&r, "decode-0", &[Quarantine, Quarantine, WriteRejected]).await;
     let series = get_json(format!(
         "http://{}/api/integrity/series?window_s=600&bucket_s=600",
         r.http_addr
