@@ -4,7 +4,7 @@
 //! the end; a seeded share of the streams is dropped mid-SSE. Every byte of every answer is
 //! scanned for the other tenants' markers. Prints a summary; exits non-zero on any leak.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -77,7 +77,7 @@ pub struct Summary {
     pub leaks: usize,
 }
 
-fn load_tenants(path: &PathBuf, rng: &mut StdRng) -> anyhow::Result<Vec<Tenant>> {
+fn load_tenants(path: &Path, rng: &mut StdRng) -> anyhow::Result<Vec<Tenant>> {
     let file = ClientKeys::load(path)?;
     let mut tenants: Vec<Tenant> = Vec::new();
     for k in file.keys {
