@@ -558,3 +558,16 @@ fn help_parsing_reads_flags_and_env_names() {
         vec![("postgres".into(), 5432)]
     );
 }
+
+#[test]
+fn compose_ships_no_working_key() {
+    use pagewarden_common::tenants::{KeyTable, TenantsFile};
+    let path = repo().join("compose/tenants.example.toml");
+    let example = TenantsFile::load(&path).expect("the example tenants file loads");
+    let table = KeyTable::new(&example.tenants).expect("a key table");
+    assert!(
+        table.is_empty(),
+        "{} lists key hashes: whoever knows their keys gets in",
+        path.display()
+    );
+}
