@@ -10,6 +10,7 @@
 //! - `auditor_client`: `AuditorClient`, the bounded never-blocking sender of reports to the auditor.
 //! - `integrity`: the `IntegritySink` hook through which workers report violations (I8).
 //! - `tls`: the suite CA, per-role certificates, mutual TLS and per-RPC role checks (I11).
+//! - `vllm_metrics`: the `vllm:*` metrics (vLLM's names and labels) beside Pagewarden's own.
 
 pub mod admission;
 pub mod auditor_client;
@@ -21,5 +22,6 @@ pub mod preflight;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
+pub mod vllm_metrics;
 
 pub use ids::{AttemptId, RequestId, TenantId};

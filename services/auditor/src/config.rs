@@ -75,6 +75,9 @@ pub struct Args {
     /// Serve gRPC in clear on a non-loopback address, unauthenticated.
     #[arg(long)]
     pub insecure_internal: bool,
+    /// Log JSON lines instead of text.
+    #[arg(long)]
+    pub log_json: bool,
 }
 
 /// The TOML file's shape; every field optional.
@@ -98,6 +101,7 @@ pub struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     insecure_internal: Option<bool>,
+    log_json: Option<bool>,
 }
 
 /// The resolved configuration.
@@ -131,6 +135,8 @@ pub struct Config {
     pub tls: InternalTls,
     /// Plaintext gRPC allowed on a non-loopback address.
     pub insecure_internal: bool,
+    /// Log JSON lines instead of text.
+    pub log_json: bool,
 }
 
 /// Parses `90`, `30s`, `5m`, `1h` into a duration; `0` is `None` (off).
@@ -221,6 +227,7 @@ impl Config {
             model_path: a.model_path.or(f.model_path),
             tls,
             insecure_internal: a.insecure_internal || f.insecure_internal.unwrap_or(false),
+            log_json: a.log_json || f.log_json.unwrap_or(false),
         })
     }
 

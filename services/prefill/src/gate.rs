@@ -11,7 +11,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages};
@@ -116,6 +116,7 @@ impl Gate {
                 "{tokens} prompt tokens exceed this worker's KV pool"
             )));
         }
+        let queued_at = Instant::now();
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut inner = self.inner.lock();
@@ -147,7 +148,10 @@ impl Gate {
             }
         }
         tokio::select! {
-            admitted = rx => admitted.map_err(|_| Refused::Cancelled),
+            admitted = rx => {
+                self.metrics.observe_queue_time(queued_at.elapsed().as_secs_f64());
+                admitted.map_err(|_| Refused::Cancelled)
+            }
             () = tokio::time::sleep(self.cfg.queue_timeout) => {
                 let refusal = QueueRefusal::Timeout { waited: self.cfg.queue_timeout };
                 self.metrics.rejection(refusal.reason());

@@ -90,7 +90,7 @@ async fn main() -> anyhow::Result<()> {
         .await?
     };
     let admission = loaded.admission();
-    let metrics = Arc::new(WorkerMetrics::new(ROLE.name));
+    let metrics = Arc::new(WorkerMetrics::new(ROLE.name, &loaded.model_name));
     // Prefill has no integrity hook yet; the client only carries its preflight report.
     let _auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
         .context("auditor client")?;

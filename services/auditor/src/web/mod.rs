@@ -160,6 +160,11 @@ async fn health(axum::extract::State(st): axum::extract::State<AppState>) -> Res
     }
 }
 
+/// Liveness: the process serves HTTP (its database may be down; `/ready` says).
+async fn live() -> &'static str {
+    "ok"
+}
+
 /// Every route of the auditor's HTTP listener.
 pub fn router(state: AppState) -> Router {
     Router::new()
@@ -181,5 +186,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/summary", get(api::summary))
         .route("/metrics", get(metrics))
         .route("/health", get(health))
+        .route("/ready", get(health))
+        .route("/live", get(live))
         .with_state(state)
 }
