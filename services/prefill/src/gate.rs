@@ -1,5 +1,6 @@
-//! The gate in front of the forward pass: at most `max_running` jobs compute at once, each over
-//! local pages for its whole prompt. A job that passed admission (I3) but finds no slot or not
+//! The gate in front of the forward pass: at most `max_running` jobs are admitted at once, each
+//! over local pages for its whole prompt (admitted jobs take turns on the engine chunk by
+//! chunk, see `job.rs`). A job that passed admission (I3) but finds no slot or not
 //! enough free pages waits in a bounded [`FairQueue`] (FIFO per tenant, tenants in turn),
 //! holding no pages, instead of being refused (I9). A full queue or a passed queue deadline
 //! answers `queue_full` / `queue_timeout`; a cancelled waiter leaves the queue at once.
