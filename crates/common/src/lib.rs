@@ -12,6 +12,7 @@
 //! - `secret`: bearer secrets (API keys, tokens) and their SHA-256, the only form servers keep.
 //! - `tenants`: the tenants file (hashed API keys → tenants) and clients' clear keys files.
 //! - `tls`: the suite CA, per-role certificates, mutual TLS and per-RPC role checks (I11).
+//! - `vllm_metrics`: the `vllm:*` metrics (vLLM's names and labels) beside Pagewarden's own.
 
 pub mod admission;
 pub mod auditor_client;
@@ -25,5 +26,6 @@ pub mod shutdown;
 pub mod telemetry;
 pub mod tenants;
 pub mod tls;
+pub mod vllm_metrics;
 
 pub use ids::{AttemptId, RequestId, TenantId};

@@ -81,6 +81,9 @@ pub struct Args {
     /// Serve gRPC in clear on a non-loopback address, unauthenticated.
     #[arg(long)]
     pub insecure_internal: bool,
+    /// Log JSON lines instead of text.
+    #[arg(long)]
+    pub log_json: bool,
 }
 
 /// The TOML file's shape; every field optional.
@@ -107,6 +110,7 @@ pub struct FileConfig {
     operators: Vec<OperatorAccount>,
     api_tokens: Vec<ApiToken>,
     secure_cookies: Option<bool>,
+    log_json: Option<bool>,
 }
 
 /// The resolved configuration.
@@ -144,6 +148,8 @@ pub struct Config {
     pub accounts: Accounts,
     /// The web UI is served under TLS: session cookies are marked `Secure`.
     pub secure_cookies: bool,
+    /// Log JSON lines instead of text.
+    pub log_json: bool,
 }
 
 /// Parses `90`, `30s`, `5m`, `1h` into a duration; `0` is `None` (off).
@@ -237,6 +243,7 @@ impl Config {
             accounts: Accounts::new(&f.operators, &f.api_tokens)
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?,
             secure_cookies: f.secure_cookies.unwrap_or(false),
+            log_json: a.log_json || f.log_json.unwrap_or(false),
         })
     }
 

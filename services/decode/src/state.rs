@@ -42,6 +42,8 @@ pub struct Queued {
     /// The whole generation's parameters (`max_tokens` among them), given once at `Reserve`.
     pub sampling: SamplingParams,
     pub reply: GrantReply,
+    /// When it joined the queue.
+    pub queued_at: Instant,
     /// When the wait ends with `queue_timeout`.
     pub deadline: Instant,
 }

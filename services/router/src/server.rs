@@ -11,6 +11,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::access;
 use crate::config::{ModelSource, RouterConfig};
 use crate::dispatch::DispatchConfig;
 use crate::edge::{serve_edge, EdgeLimits};
@@ -78,12 +79,13 @@ impl AppState {
         pool: WorkerPool,
         sink: Arc<dyn SampleSink>,
     ) -> Self {
+        let metrics = Arc::new(Metrics::new(frontend.model_name()));
         Self {
             settings,
             tenants: Arc::new(tenants),
             frontend: Arc::new(frontend),
             pool: Arc::new(pool),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             limiter: Arc::new(Semaphore::new(settings.max_concurrency)),
             sink,
         }
@@ -142,6 +144,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(v1)
         .route("/health", get(handlers::health))
+        .route("/ready", get(handlers::health))
+        .route("/live", get(handlers::live))
         .route("/version", get(tokenize::version))
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)
@@ -149,6 +153,7 @@ pub fn router(state: AppState) -> Router {
             RouterError::MethodNotAllowed(method.to_string())
         })
         .layer(DefaultBodyLimit::max(state.settings.max_body_bytes))
+        .layer(axum::middleware::from_fn(access::access))
         .with_state(state)
 }
 

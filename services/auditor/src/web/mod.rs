@@ -198,6 +198,11 @@ async fn health(axum::extract::State(st): axum::extract::State<AppState>) -> Res
     }
 }
 
+/// Liveness: the process serves HTTP (its database may be down; `/ready` says).
+async fn live() -> &'static str {
+    "ok"
+}
+
 /// Every route of the auditor's HTTP listener.
 pub fn router(state: AppState) -> Router {
     let pages = Router::new()
@@ -225,6 +230,8 @@ pub fn router(state: AppState) -> Router {
         .route("/login", get(login::login_page).post(login::login))
         .route("/metrics", get(metrics))
         .route("/health", get(health))
+        .route("/ready", get(health))
+        .route("/live", get(live))
         .layer(from_fn(session::same_origin_posts))
         // No page of the auditor may be framed by another site (clickjacking).
         .layer(axum::middleware::map_response(

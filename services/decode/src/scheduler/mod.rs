@@ -172,6 +172,7 @@ impl Scheduler {
                 sampling,
                 reply,
             } => {
+                let now = Instant::now();
                 let q = Queued {
                     owner: Owner {
                         request: req,
@@ -180,7 +181,8 @@ impl Scheduler {
                     prompt_tokens,
                     sampling,
                     reply,
-                    deadline: Instant::now() + self.deps.queue_timeout,
+                    queued_at: now,
+                    deadline: now + self.deps.queue_timeout,
                 };
                 if let Err((status, q)) = self.enqueue(req, attempt, q) {
                     let _ = q.reply.send(Err(status));

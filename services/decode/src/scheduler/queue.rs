@@ -141,8 +141,12 @@ impl Scheduler {
             prompt_tokens,
             sampling,
             reply,
+            queued_at,
             deadline: _,
         } = *q;
+        self.deps
+            .metrics
+            .observe_queue_time(queued_at.elapsed().as_secs_f64());
         let pages = match self.deps.pool.reserve(owner.clone(), prompt_tokens) {
             Ok(p) => p,
             Err(e) => {
