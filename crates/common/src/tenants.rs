@@ -6,6 +6,7 @@
 //! [[tenants]]
 //! name = "acme"
 //! key_sha256 = ["<64 hex digits>"]   # SHA-256 of each API key, never the key itself
+//! max_concurrent = 4                   # optional: its requests in flight at once (429 above)
 //! ```
 //!
 //! Plain `keys = [...]` are refused with a message that says how to hash them: a copy of this
@@ -30,6 +31,10 @@ pub struct TenantEntry {
     pub name: String,
     /// SHA-256 of each of its API keys.
     pub key_sha256: Vec<SecretHash>,
+    /// Its requests in flight at once, at most (the router answers 429 above); `None`: the
+    /// router's default for every tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
 }
 
 /// An entry as written, before plain keys are refused.
@@ -40,6 +45,7 @@ struct RawEntry {
     #[serde(default)]
     key_sha256: Vec<SecretHash>,
     keys: Option<toml::Value>,
+    max_concurrent: Option<u32>,
 }
 
 impl TryFrom<RawEntry> for TenantEntry {
@@ -54,9 +60,17 @@ impl TryFrom<RawEntry> for TenantEntry {
                 r.name
             ));
         }
+        if r.max_concurrent == Some(0) {
+            return Err(format!(
+                "tenant `{}`: max_concurrent = 0 would refuse every request (leave it out for \
+                 the router's default)",
+                r.name
+            ));
+        }
         Ok(Self {
             name: r.name,
             key_sha256: r.key_sha256,
+            max_concurrent: r.max_concurrent,
         })
     }
 }
@@ -159,6 +173,7 @@ impl TenantsFile {
                 self.tenants.push(TenantEntry {
                     name: name.to_string(),
                     key_sha256: Vec::new(),
+                    max_concurrent: None,
                 });
                 self.tenants.len() - 1
             }
@@ -194,17 +209,22 @@ pub fn problems(tenants: &[TenantEntry]) -> Vec<String> {
     out
 }
 
-/// Key → tenant lookup, by the SHA-256 of the presented key.
+/// Key → tenant lookup, by the SHA-256 of the presented key, and each tenant's limits.
 #[derive(Clone, Debug, Default)]
 pub struct KeyTable {
     by_hash: HashMap<SecretHash, TenantId>,
+    max_concurrent: HashMap<TenantId, u32>,
 }
 
 impl KeyTable {
     /// Builds the table; a key shared by two tenants is an error.
     pub fn new(entries: &[TenantEntry]) -> Result<Self, TenantsError> {
         let mut by_hash: HashMap<SecretHash, TenantId> = HashMap::new();
+        let mut max_concurrent = HashMap::new();
         for t in entries {
+            if let Some(n) = t.max_concurrent {
+                max_concurrent.insert(TenantId::new(&t.name), n);
+            }
             for h in &t.key_sha256 {
                 if let Some(other) = by_hash.insert(*h, TenantId::new(&t.name)) {
                     if other.as_str() != t.name {
@@ -216,7 +236,15 @@ impl KeyTable {
                 }
             }
         }
-        Ok(Self { by_hash })
+        Ok(Self {
+            by_hash,
+            max_concurrent,
+        })
+    }
+
+    /// The tenant's own limit of requests in flight, if its entry sets one.
+    pub fn max_concurrent(&self, tenant: &TenantId) -> Option<u32> {
+        self.max_concurrent.get(tenant).copied()
     }
 
     /// The tenant owning `key`.
@@ -278,6 +306,7 @@ mod tests {
         TenantEntry {
             name: name.into(),
             key_sha256: keys.iter().map(|k| SecretHash::of(k)).collect(),
+            max_concurrent: None,
         }
     }
 
@@ -304,6 +333,22 @@ mod tests {
         assert_eq!(t.tenant("kb2").map(|t| t.as_str()), Some("b"));
         assert!(t.tenant("kb").is_none());
         assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn a_tenant_may_carry_its_own_concurrency_limit() {
+        let f: TenantsFile = toml::from_str(
+            "[[tenants]]\nname = \"a\"\nkey_sha256 = []\nmax_concurrent = 2\n\
+             [[tenants]]\nname = \"b\"\nkey_sha256 = []\n",
+        )
+        .unwrap();
+        let t = KeyTable::new(&f.tenants).unwrap();
+        assert_eq!(t.max_concurrent(&TenantId::new("a")), Some(2));
+        assert_eq!(t.max_concurrent(&TenantId::new("b")), None);
+        let zero = toml::from_str::<TenantsFile>(
+            "[[tenants]]\nname = \"a\"\nkey_sha256 = []\nmax_concurrent = 0\n",
+        );
+        assert!(zero.unwrap_err().to_string().contains("max_concurrent = 0"));
     }
 
     #[test]

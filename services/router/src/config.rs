@@ -62,6 +62,10 @@ pub struct Args {
     /// Concurrent generation requests before 429.
     #[arg(long)]
     pub max_concurrency: Option<usize>,
+    /// One tenant's concurrent generation requests before 429, for tenants whose entry sets
+    /// no `max_concurrent` (default: no per-tenant limit).
+    #[arg(long)]
+    pub tenant_max_concurrency: Option<usize>,
     /// Whole-request deadline (`30s`, `500ms`, `2m`, or seconds).
     #[arg(long, value_parser = parse_duration)]
     pub request_timeout: Option<Duration>,
@@ -106,6 +110,7 @@ pub struct FileConfig {
     prefill: Vec<String>,
     max_body_bytes: Option<usize>,
     max_concurrency: Option<usize>,
+    tenant_max_concurrency: Option<usize>,
     request_timeout: Option<String>,
     info_interval: Option<String>,
     abort_timeout: Option<String>,
@@ -172,6 +177,8 @@ pub struct RouterConfig {
     pub max_body_bytes: usize,
     /// Concurrency limit.
     pub max_concurrency: usize,
+    /// Default per-tenant concurrency limit.
+    pub tenant_max_concurrency: Option<usize>,
     /// Request deadline.
     pub request_timeout: Duration,
     /// Info poll interval.
@@ -281,6 +288,14 @@ impl RouterConfig {
                 "--max-concurrency must be at least 1".into(),
             ));
         }
+        let tenant_max_concurrency = args.tenant_max_concurrency.or(file.tenant_max_concurrency);
+        if tenant_max_concurrency == Some(0) {
+            return Err(ConfigError::Invalid(
+                "--tenant-max-concurrency must be at least 1 (leave it out for no per-tenant \
+                 limit)"
+                    .into(),
+            ));
+        }
         let request_timeout = args
             .request_timeout
             .or(duration("request_timeout", file.request_timeout)?)
@@ -305,6 +320,7 @@ impl RouterConfig {
                 .or(file.max_body_bytes)
                 .unwrap_or(DEFAULT_MAX_BODY_BYTES),
             max_concurrency,
+            tenant_max_concurrency,
             request_timeout,
             info_interval,
             info_timeout: info_interval.clamp(Duration::from_millis(200), Duration::from_secs(2)),
@@ -324,6 +340,7 @@ impl RouterConfig {
         Settings {
             max_body_bytes: self.max_body_bytes,
             max_concurrency: self.max_concurrency,
+            tenant_max_concurrency: self.tenant_max_concurrency,
             dispatch: DispatchConfig {
                 request_timeout: self.request_timeout,
                 abort_timeout: self.abort_timeout,

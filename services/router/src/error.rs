@@ -82,6 +82,16 @@ pub enum RouterError {
     /// The router's own concurrency limit is reached.
     #[error("the router is at its concurrency limit of {0} requests; retry later")]
     Overloaded(usize),
+    /// The tenant has as many requests in flight as its limit allows.
+    #[error(
+        "tenant `{tenant}` has {limit} requests in flight, its limit; retry when one finishes"
+    )]
+    TenantOverloaded {
+        /// The tenant.
+        tenant: String,
+        /// Its limit.
+        limit: usize,
+    },
     /// No live decode or no live prefill worker.
     #[error("no live {0} worker; retry later")]
     NoLiveWorkers(&'static str),
@@ -196,6 +206,12 @@ impl RouterError {
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
                 Some("rate_limit_exceeded"),
+                None,
+            ),
+            E::TenantOverloaded { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                Some("tenant_limit_exceeded"),
                 None,
             ),
             E::NoLiveWorkers(_) => (

@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::error::{Half, RouterError, RETRY_AFTER_SECS};
 use crate::extract::JsonObject;
 use crate::openai::{model_list, Endpoint};
-use crate::record::{Record, Slot};
+use crate::record::{Limits, Record, Slot};
 use crate::respond::{respond, Prepared};
 use crate::server::AppState;
 use crate::validation::{ValidChatRequest, ValidCompletionRequest};
@@ -27,7 +27,7 @@ pub async fn completions(
     let arrived = Instant::now();
     let mut record = Record::new(Endpoint::Completions, state.metrics.clone());
     let prepared = async {
-        let slot = state.slot()?;
+        let slot = state.slot(&tenant)?;
         let req = ValidCompletionRequest::parse(&body?.0)?;
         check_model(&state, req.common.model.as_deref())?;
         let frontend = state.frontend.clone();
@@ -60,7 +60,7 @@ pub async fn chat(
     let arrived = Instant::now();
     let mut record = Record::new(Endpoint::Chat, state.metrics.clone());
     let prepared = async {
-        let slot = state.slot()?;
+        let slot = state.slot(&tenant)?;
         let req = ValidChatRequest::parse(&body?.0)?;
         check_model(&state, req.common.model.as_deref())?;
         let frontend = state.frontend.clone();
@@ -153,7 +153,18 @@ pub async fn not_found(uri: axum::http::Uri) -> RouterError {
 }
 
 impl AppState {
-    fn slot(&self) -> Result<Slot, RouterError> {
-        Slot::acquire(&self.limiter, self.settings.max_concurrency, &self.metrics)
+    /// A slot under the router's limit and `tenant`'s own (its entry's `max_concurrent`, else
+    /// `--tenant-max-concurrency`, else none).
+    fn slot(&self, tenant: &TenantId) -> Result<Slot, RouterError> {
+        let tenant_limit = self
+            .tenants
+            .max_concurrent(tenant)
+            .map(|n| n as usize)
+            .or(self.settings.tenant_max_concurrency);
+        let limits = Limits {
+            router: (&self.limiter, self.settings.max_concurrency),
+            tenant: (&self.tenant_slots, tenant, tenant_limit),
+        };
+        Slot::acquire(limits, &self.metrics)
     }
 }

@@ -19,6 +19,7 @@ use crate::error::{Half, RouterError};
 use crate::frontend::{Frontend, FrontendError};
 use crate::handlers;
 use crate::metrics::{Metrics, RoleLabels};
+use crate::record::TenantSlots;
 use crate::sample::SampleSink;
 use crate::tenants::{require_tenant, Tenants, TenantsError};
 use crate::tokenize;
@@ -31,6 +32,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Concurrent generation requests (429 above).
     pub max_concurrency: usize,
+    /// One tenant's concurrent generation requests when its entry sets none (429 above).
+    pub tenant_max_concurrency: Option<usize>,
     /// Deadlines for dispatch.
     pub dispatch: DispatchConfig,
     /// How often every worker's `Info` is polled.
@@ -52,6 +55,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The concurrency limit.
     pub limiter: Arc<Semaphore>,
+    /// Each tenant's requests in flight (its own limit).
+    pub tenant_slots: Arc<TenantSlots>,
     /// The auditor's sampling hook.
     pub sink: Arc<dyn SampleSink>,
 }
@@ -87,6 +92,7 @@ impl AppState {
             pool: Arc::new(pool),
             metrics,
             limiter: Arc::new(Semaphore::new(settings.max_concurrency)),
+            tenant_slots: Arc::default(),
             sink,
         }
     }

@@ -75,6 +75,11 @@ impl Tenants {
         self.current().tenant(key).cloned()
     }
 
+    /// The tenant's own limit of requests in flight, if its entry sets one.
+    pub fn max_concurrent(&self, tenant: &TenantId) -> Option<u32> {
+        self.current().max_concurrent(tenant)
+    }
+
     /// Number of keys.
     pub fn len(&self) -> usize {
         self.current().len()

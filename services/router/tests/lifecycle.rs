@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::fakes::{fake_text, FakeOpts};
-use common::{expect_error, sse_data, Harness, Opts, KEY};
+use common::{expect_error, sse_data, Harness, Opts, KEY, OTHER_KEY};
 use serde_json::{json, Value};
 
 fn text_of(v: &Value) -> String {
@@ -353,6 +353,80 @@ async fn deadline_aborts_both_halves_and_answers_504() {
     assert_eq!(err["code"], "timeout");
     assert_eq!(h.decode[0].wait_abort().await.unwrap().reason, "deadline");
     assert!(h.prefill[0].wait_abort().await.is_some());
+}
+
+/// A stream of `key`'s held open after its first token (the fake decode hangs after one).
+async fn held_stream(h: &Harness, key: &str) -> reqwest::Response {
+    let mut r = h
+        .client
+        .post(h.url("/v1/completions"))
+        .bearer_auth(key)
+        .json(&json!({"prompt": "a", "max_tokens": 9, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    read_until_first_token(&mut r).await;
+    r
+}
+
+#[tokio::test]
+async fn a_tenant_at_its_own_limit_gets_429_and_the_others_are_served() {
+    let h = Harness::start(Opts {
+        decode: vec![FakeOpts {
+            hang_after: Some(1),
+            ..FakeOpts::default()
+        }],
+        // Alpha's entry allows two; every other tenant gets the router's default of one.
+        alpha_max_concurrent: Some(2),
+        tenant_max_concurrency: Some(1),
+        ..Opts::default()
+    })
+    .await;
+    let a1 = held_stream(&h, KEY).await;
+    let _a2 = held_stream(&h, KEY).await;
+    let r = h
+        .post("/v1/completions", &json!({"prompt": "b", "max_tokens": 2}))
+        .await;
+    assert_eq!(r.headers()["retry-after"], "1");
+    let err = expect_error(r, 429).await;
+    assert_eq!(err["code"], "tenant_limit_exceeded");
+    assert!(err["message"].as_str().unwrap().contains("alpha"), "{err}");
+    // Beta is not held back by alpha's flood, and is held to the default of one.
+    let _b1 = held_stream(&h, OTHER_KEY).await;
+    let r = h
+        .client
+        .post(h.url("/v1/completions"))
+        .bearer_auth(OTHER_KEY)
+        .json(&json!({"prompt": "b", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(expect_error(r, 429).await["code"], "tenant_limit_exceeded");
+    assert!(h
+        .metrics()
+        .await
+        .contains("reason=\"tenant_limit_exceeded\""));
+    // Alpha's place comes back when one of its streams ends.
+    drop(a1);
+    h.decode[0].wait_abort().await.unwrap();
+    let mut ok = false;
+    for _ in 0..50 {
+        let r = h
+            .client
+            .post(h.url("/v1/completions"))
+            .bearer_auth(KEY)
+            .json(&json!({"prompt": "c", "max_tokens": 9, "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok, "alpha's place was not given back");
 }
 
 #[tokio::test]

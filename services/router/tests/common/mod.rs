@@ -29,6 +29,10 @@ pub struct Opts {
     pub dead_decode: Vec<String>,
     pub max_body_bytes: usize,
     pub max_concurrency: usize,
+    /// The router's default per-tenant limit (`--tenant-max-concurrency`).
+    pub tenant_max_concurrency: Option<usize>,
+    /// Tenant alpha's own `max_concurrent`.
+    pub alpha_max_concurrent: Option<u32>,
     pub request_timeout: Duration,
 }
 
@@ -40,6 +44,8 @@ impl Default for Opts {
             dead_decode: vec![],
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_concurrency: 64,
+            tenant_max_concurrency: None,
+            alpha_max_concurrent: None,
             request_timeout: Duration::from_secs(20),
         }
     }
@@ -78,10 +84,12 @@ impl Harness {
             TenantEntry {
                 name: "alpha".into(),
                 key_sha256: vec![SecretHash::of(KEY)],
+                max_concurrent: opts.alpha_max_concurrent,
             },
             TenantEntry {
                 name: "beta".into(),
                 key_sha256: vec![SecretHash::of(OTHER_KEY)],
+                max_concurrent: None,
             },
         ])
         .unwrap();
@@ -98,6 +106,7 @@ impl Harness {
         let settings = Settings {
             max_body_bytes: opts.max_body_bytes,
             max_concurrency: opts.max_concurrency,
+            tenant_max_concurrency: opts.tenant_max_concurrency,
             dispatch: DispatchConfig {
                 request_timeout: opts.request_timeout,
                 abort_timeout: Duration::from_secs(1),
