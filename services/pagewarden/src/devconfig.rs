@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use pagewarden_common::tls::{write_dev_suite, DevSuite, SuiteRole};
 
 use crate::children::Spec;
@@ -155,6 +156,24 @@ impl Plan {
 }
 
 #[cfg(test)]
+mod lock_tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_on_the_same_dir_is_refused_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = lock_dir(dir.path()).unwrap();
+        let e = lock_dir(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("pid {}", std::process::id())) && e.contains("--dir"),
+            "{e}"
+        );
+        drop(first);
+        lock_dir(dir.path()).expect("free again once the first is gone");
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -198,4 +217,46 @@ mod tests {
     fn dev_dir_prefers_the_checkout() {
         assert_eq!(dev_dir(Some(Path::new("/r"))), PathBuf::from("/r/.pw"));
     }
+}
+
+/// The lock one `pagewarden up` holds on its dev dir while it runs (released when dropped,
+/// or by the OS when the process dies).
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+/// Locks `dir/up.lock`, or says which process holds it.
+pub fn lock_dir(dir: &Path) -> anyhow::Result<DirLock> {
+    use std::io::{Read, Seek, Write};
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("up.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            anyhow::bail!(
+                "another `pagewarden up` (pid {}) is running over {}: stop it first, or pass \
+                 --dir for a second suite",
+                holder.trim(),
+                dir.display()
+            );
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    write!(file, "{}", std::process::id())?;
+    file.flush()?;
+    Ok(DirLock { _file: file })
 }

@@ -62,7 +62,16 @@ fn still_valid(keys: &ClientKeys, tenants: &TenantsFile) -> bool {
 pub fn ensure_tenants(dir: &Path) -> anyhow::Result<(PathBuf, ClientKeys)> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let (keys_path, tenants_path) = (dir.join("keys.toml"), dir.join("tenants.toml"));
-    let mut tenants = TenantsFile::load(&tenants_path).unwrap_or_default();
+    // A missing file is drawn anew; one that is there but does not load is the operator's to
+    // fix (it may hold tenants added with `pagewarden keys`): never replaced silently.
+    let mut tenants = if tenants_path.exists() {
+        TenantsFile::load(&tenants_path).context(
+            "the dev tenants file does not load; fix it, or delete it to draw new dev keys \
+             (tenants added with `pagewarden keys` are lost then)",
+        )?
+    } else {
+        TenantsFile::default()
+    };
     if let Ok(keys) = ClientKeys::load(&keys_path) {
         if still_valid(&keys, &tenants) {
             return Ok((tenants_path, keys));
@@ -179,6 +188,22 @@ mod tests {
         let table = KeyTable::new(&TenantsFile::load(&path).unwrap().tenants).unwrap();
         assert!(table.tenant("pw-acme").is_some());
         assert!(table.tenant(first.key_of("dev-bob").unwrap()).is_none());
+    }
+
+    #[test]
+    fn a_tenants_file_that_does_not_load_is_refused_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenants.toml");
+        std::fs::write(&path, "[[tenants]\nname = broken").unwrap();
+        let e = format!("{:#}", ensure_tenants(dir.path()).unwrap_err());
+        assert!(
+            e.contains("does not load") && e.contains("tenants.toml"),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "[[tenants]\nname = broken"
+        );
     }
 
     #[test]

@@ -27,12 +27,16 @@ pub const SERVICES: [&str; 4] = [
 /// `pagewarden up` flags.
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
-    /// Router (API) address; a free port is taken when it is busy.
+    /// Router (API) address (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub router_addr: SocketAddr,
-    /// Auditor web UI address; a free port is taken when it is busy.
+    /// Auditor web UI address (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:7401")]
     pub auditor_addr: SocketAddr,
+    /// When the router's or the auditor's port is taken, use a free one (and say which)
+    /// instead of refusing to start.
+    #[arg(long)]
+    pub pick_free_ports: bool,
     /// GGUF model (default: the SmolLM2-135M model, fetched when missing).
     #[arg(long, env = "PAGEWARDEN_MODEL")]
     pub model: Option<PathBuf>,
@@ -73,6 +77,39 @@ pub fn checkout_root() -> Option<PathBuf> {
     }
     let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     is_root(&built).then(|| built.canonicalize().unwrap_or(built))
+}
+
+/// Whether a busy port is an error or swapped for a free one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BusyPort {
+    /// Refuse to start, naming the port and the flags that help.
+    Refuse,
+    /// Take a free port on the same IP and say which.
+    PickFree,
+}
+
+/// The address `what` (`router`, `auditor`, named by `flag`) listens on: `addr` when it can
+/// be bound now, else per `busy`.
+pub fn listen_addr(
+    what: &str,
+    flag: &str,
+    addr: SocketAddr,
+    busy: BusyPort,
+) -> anyhow::Result<SocketAddr> {
+    if addr.port() == 0 || TcpListener::bind(addr).is_ok() {
+        return free_addr(addr);
+    }
+    match busy {
+        BusyPort::Refuse => bail!(
+            "the {what}'s address {addr} is taken by another program: stop it, choose another \
+             with {flag} (port 0 picks a free one), or pass --pick-free-ports"
+        ),
+        BusyPort::PickFree => {
+            let free = free_addr(SocketAddr::new(addr.ip(), 0))?;
+            eprintln!("{addr} is taken: the {what} listens on {free} instead");
+            Ok(free)
+        }
+    }
 }
 
 /// `addr` when it can be bound now, else a free port on the same IP.
@@ -160,6 +197,9 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     if args.print_commands {
         return print_commands(&args, &bin_dir, &dir, root.as_deref());
     }
+    // One suite per dev dir: a second `up` over the same keys, certificates and database
+    // would fight the first for them.
+    let _lock = devconfig::lock_dir(&dir)?;
     let model = match &args.model {
         Some(m) => m.clone(),
         None => fetch::ensure_model(&fetch::model_path(root.as_deref().unwrap_or(&dir)))?,
@@ -262,8 +302,13 @@ async fn start_all(
     group: &mut Group,
 ) -> anyhow::Result<Endpoints> {
     let timeout = Duration::from_secs(up.start_timeout_s);
-    let router_addr = free_addr(up.router_addr)?;
-    let auditor_addr = free_addr(up.auditor_addr)?;
+    let busy = if up.pick_free_ports {
+        BusyPort::PickFree
+    } else {
+        BusyPort::Refuse
+    };
+    let router_addr = listen_addr("router", "--router-addr", up.router_addr, busy)?;
+    let auditor_addr = listen_addr("auditor", "--auditor-addr", up.auditor_addr, busy)?;
     let probe_key = tenants
         .key_of(PROBE_TENANT)
         .ok_or_else(|| anyhow!("no probe key"))?;
@@ -463,10 +508,17 @@ mod tests {
     }
 
     #[test]
-    fn a_busy_port_is_replaced_by_a_free_one() {
+    fn a_busy_port_is_refused_by_name_or_replaced_when_asked() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let busy = l.local_addr().unwrap();
-        let got = free_addr(busy).unwrap();
+        let e = listen_addr("router", "--router-addr", busy, BusyPort::Refuse)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&busy.to_string()) && e.contains("--pick-free-ports"),
+            "{e}"
+        );
+        let got = listen_addr("router", "--router-addr", busy, BusyPort::PickFree).unwrap();
         assert_ne!(got, busy);
         assert!(got.ip().is_loopback());
     }
