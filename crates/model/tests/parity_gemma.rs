@@ -18,7 +18,7 @@
 
 mod reference;
 
-use reference::{argmax, logprob, MIN_CASES, MIN_PREFIX};
+use reference::{argmax, logprob, Tally, MIN_CASES};
 
 /// Prompts on which the first `MIN_PREFIX` greedy tokens match today (see the module doc).
 const MEASURED_CASES: usize = 5;
@@ -34,7 +34,7 @@ fn gemma3_matches_llama_cpp_reference() {
     assert_eq!(model.config().arch.name(), "gemma3");
     let pool = reference::pool(&model, 64);
 
-    let (mut ids_ok, mut prefix_ok, mut all_ok, mut worst) = (0, 0, 0, 0f32);
+    let (mut ids_ok, mut tally, mut worst) = (0, Tally::default(), 0f32);
     for (ci, case) in cases.iter().enumerate() {
         let ids = model.tokenizer().encode_prompt(&case.prompt);
         ids_ok += usize::from(ids == case.prompt_tokens);
@@ -52,24 +52,15 @@ fn gemma3_matches_llama_cpp_reference() {
             line += &format!(" {tok}: {got:.4}/{want:.4}");
         }
         eprintln!("{line}");
-        let matched = reference::matched(&ours, &case.greedy);
-        eprintln!(
-            "case {ci}: {matched}/{} greedy tokens match",
-            case.greedy.len()
-        );
-        prefix_ok += usize::from(matched >= MIN_PREFIX);
-        all_ok += usize::from(matched == case.greedy.len());
+        tally.add(ci, &ours, &case.greedy);
     }
     let n = cases.len();
     eprintln!(
-        "gemma3 parity: prompt ids {ids_ok}/{n}; {prefix_ok}/{n} prompts match >= {MIN_PREFIX} \
-         greedy tokens (issue's bar: {MIN_CASES}), {all_ok}/{n} match all; worst top-5 \
-         log-probability difference {worst:.4}"
+        "gemma3 parity: prompt ids {ids_ok}/{n}; {} (issue's bar: {MIN_CASES}); worst top-5 \
+         log-probability difference {worst:.4}",
+        tally.summary()
     );
     assert_eq!(ids_ok, n, "prompt token ids differ from llama.cpp's");
-    assert!(
-        prefix_ok >= MEASURED_CASES.min(n),
-        "only {prefix_ok}/{n} prompts match the first {MIN_PREFIX} greedy tokens (measured \
-         {MEASURED_CASES} when this test was written)"
-    );
+    // The measured figure, not yet the issue's MIN_CASES (see the module doc).
+    tally.assert_at_least(MEASURED_CASES);
 }

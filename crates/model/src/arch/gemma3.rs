@@ -135,3 +135,24 @@ impl Model {
         add_into(&mut p.x, &p.xn);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sixth_layer_is_global_the_others_slide() {
+        let g = Gemma3Params {
+            sliding_window: 512,
+            final_softcap: None,
+        };
+        for l in 0..18 {
+            let a = g.layer_attention(l, 1e6);
+            if matches!(l, 5 | 11 | 17) {
+                assert_eq!((a.rope_base, a.window), (1e6, None), "layer {l}");
+            } else {
+                assert_eq!((a.rope_base, a.window), (1e4, Some(512)), "layer {l}");
+            }
+        }
+    }
+}

@@ -145,7 +145,43 @@ pub fn pool(model: &Model, pages: usize) -> KvPool {
     KvPool::new(PoolConfig::with_pages(model.kv_layout(16), pages))
 }
 
-/// Greedy tokens of `ours` equal to `greedy`'s, from the start.
-pub fn matched(ours: &[u32], greedy: &[u32]) -> usize {
-    ours.iter().zip(greedy).take_while(|(a, b)| a == b).count()
+/// How many prompts' greedy continuations match llama.cpp's.
+#[derive(Default)]
+pub struct Tally {
+    /// Prompts matching at least `MIN_PREFIX` tokens.
+    pub prefix_ok: usize,
+    /// Prompts matching every reference token.
+    pub all_ok: usize,
+    /// Prompts counted.
+    pub n: usize,
+}
+
+impl Tally {
+    /// Counts case `ci`, printing how far it matches.
+    pub fn add(&mut self, ci: usize, ours: &[u32], greedy: &[u32]) {
+        let matched = ours.iter().zip(greedy).take_while(|(a, b)| a == b).count();
+        eprintln!("case {ci}: {matched}/{} greedy tokens match", greedy.len());
+        self.prefix_ok += usize::from(matched >= MIN_PREFIX);
+        self.all_ok += usize::from(matched == greedy.len());
+        self.n += 1;
+    }
+
+    /// `a/n prompts match >= 8 greedy tokens, b/n match all`.
+    pub fn summary(&self) -> String {
+        let n = self.n;
+        format!(
+            "{}/{n} prompts match >= {MIN_PREFIX} greedy tokens, {}/{n} match all",
+            self.prefix_ok, self.all_ok
+        )
+    }
+
+    /// Fails unless at least `min` prompts (or all) match `MIN_PREFIX` tokens.
+    pub fn assert_at_least(&self, min: usize) {
+        assert!(
+            self.prefix_ok >= min.min(self.n),
+            "only {}/{} prompts match the first {MIN_PREFIX} greedy tokens (need {min})",
+            self.prefix_ok,
+            self.n
+        );
+    }
 }
