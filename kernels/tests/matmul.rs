@@ -239,7 +239,7 @@ fn random_k_blocks(rng: &mut Rng, ty: WeightType, rows: usize, cols: usize) -> V
 
 /// The K-quant products: the reference is a faithful product of the dequantized weights (Q8_K
 /// activation rounding only), and every ISA and thread count gives the reference's bits (the
-/// integer sums are exact and the floats combine in one shared order).
+/// integer lanes are exact and the floats follow one shared order, ggml's eight lanes).
 #[test]
 fn k_quants_match_dense_and_every_isa_is_bit_equal_to_portable() {
     let mut rng = Rng::new(31);

@@ -1,13 +1,14 @@
 //! x86 K-quant kernels, inlined into `avx2.rs`'s tiles (and so compiled with their target
-//! features: AVX2, or AVX-512 VNNI): each super-block is unpacked once into eight registers of 32 unsigned values, then multiplied
-//! with up to four tokens' Q8_K blocks. The per-super-block integer sums are exact (AVX2:
-//! `maddubs` then `madd` by the sub-block scales; VNNI: `vpdpbusd` then a 32-bit multiply)
-//! and go through the reference's [`combine`], so every path has the reference's bits.
+//! features: AVX2, or AVX-512 VNNI): each super-block is unpacked once into eight registers
+//! of 32 unsigned values, then multiplied with up to four tokens' Q8_K blocks. The eight
+//! integer lanes are ggml's (AVX2: `maddubs` then `madd` by the sub-block scales; VNNI:
+//! `vpdpbusd` then a 32-bit multiply, the same exact sums) and go through the reference's
+//! [`KAcc`], so every path has the reference's bits.
 
 use std::arch::x86_64::*;
 
 use crate::act_k::QuantizedActsK;
-use crate::matmul::kquant_portable::{combine, mins_sum};
+use crate::matmul::kquant_portable::{mins_lanes, KAcc};
 use crate::quant::{f16_at, WeightType};
 use crate::quant_k::{q6_k_scales, scales_mins, Q6_K_D, QK_K};
 
@@ -30,14 +31,6 @@ unsafe fn scaled_dot<const VNNI: bool>(u: __m256i, y: __m256i, sc: __m256i) -> _
     } else {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), sc)
     }
-}
-
-#[inline(always)]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    _mm_cvtsi128_si32(s)
 }
 
 /// One unpacked super-block: values in element order (register `r` holds elements
@@ -111,15 +104,23 @@ unsafe fn unpack_q6<const VNNI: bool>(blk: &[u8], sc: &[i8; 16]) -> Unpacked {
     u
 }
 
-/// The exact `sum_i q[i] * y[i] * scale(i)` over one super-block.
+/// The eight exact lanes of `sum_i q[i] * y[i] * scale(i)` over one super-block (lane `m`:
+/// elements `4m..4m+4` of each register).
 #[inline(always)]
-unsafe fn block_sum<const VNNI: bool>(u: &Unpacked, y: *const i8) -> i32 {
+unsafe fn block_lanes<const VNNI: bool>(u: &Unpacked, y: *const i8, offset: bool) -> [i32; 8] {
     let mut acc = _mm256_setzero_si256();
+    let m32 = _mm256_set1_epi8(32);
     for r in 0..8 {
         let yv = _mm256_loadu_si256(y.add(32 * r) as *const __m256i);
         acc = _mm256_add_epi32(acc, scaled_dot::<VNNI>(u.q[r], yv, u.sc[r]));
+        if offset {
+            // Q6_K's values are stored plus 32: take 32 * y back, lane by lane, as ggml does.
+            acc = _mm256_sub_epi32(acc, scaled_dot::<VNNI>(m32, yv, u.sc[r]));
+        }
     }
-    hsum_i32(acc)
+    let mut out = [0i32; 8];
+    _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, acc);
+    out
 }
 
 /// One K-quant row against `NT` consecutive tokens starting at `t0`.
@@ -133,39 +134,33 @@ pub(crate) unsafe fn tile<const NT: usize, const VNNI: bool>(
     let nb = a.blocks();
     let bytes = ty.block_bytes();
     debug_assert_eq!(row.len(), nb * bytes);
-    let mut out = [0f32; NT];
+    let mut acc = [KAcc::default(); NT];
     for b in 0..nb {
         let blk = &row[b * bytes..(b + 1) * bytes];
         let y = |j: usize| a.qs.as_ptr().add((t0 + j) * a.cols + b * QK_K);
-        let bsums = |k: usize| &a.bsums[k * 16..(k + 1) * 16];
         match ty {
             WeightType::Q4_K | WeightType::Q5_K => {
                 let (sc, m) = scales_mins(blk);
                 let u = unpack_q45::<VNNI>(ty == WeightType::Q5_K, blk, &sc);
                 let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
-                for (j, o) in out.iter_mut().enumerate() {
+                for (j, acc) in acc.iter_mut().enumerate() {
                     let k = (t0 + j) * nb + b;
-                    let isum = block_sum::<VNNI>(&u, y(j));
-                    *o += combine(a.d[k], d, dmin, isum, mins_sum(&m, bsums(k)));
+                    let mins = mins_lanes(&m, &a.bsums[k * 16..(k + 1) * 16]);
+                    let l = block_lanes::<VNNI>(&u, y(j), false);
+                    acc.add(a.d[k] * d, l, -a.d[k] * dmin, mins);
                 }
             }
             WeightType::Q6_K => {
-                let sc = q6_k_scales(blk);
-                let u = unpack_q6::<VNNI>(blk, &sc);
+                let u = unpack_q6::<VNNI>(blk, &q6_k_scales(blk));
                 let d = f16_at(blk, Q6_K_D);
-                for (j, o) in out.iter_mut().enumerate() {
+                for (j, acc) in acc.iter_mut().enumerate() {
                     let k = (t0 + j) * nb + b;
-                    let offset: i32 = sc
-                        .iter()
-                        .zip(bsums(k))
-                        .map(|(&s, &y)| s as i32 * y as i32)
-                        .sum();
-                    let isum = block_sum::<VNNI>(&u, y(j)) - 32 * offset;
-                    *o += combine(a.d[k], d, 0.0, isum, 0);
+                    let l = block_lanes::<VNNI>(&u, y(j), true);
+                    acc.add(a.d[k] * d, l, 0.0, [0; 4]);
                 }
             }
             other => unreachable!("{other:?} is not a K-quant"),
         }
     }
-    out
+    acc.map(|a| a.finish())
 }
