@@ -2,6 +2,8 @@
 //! vectorized one (`expf`) on whole 16-element blocks and libm's on a shorter tail, and the
 //! softmax sums each block's exponentials in 16-lane order before adding them up in f64.
 
+use half::f16;
+
 use crate::expf::{expf, reduce16};
 use crate::isa::Isa;
 
@@ -18,6 +20,43 @@ pub fn silu(x: f32) -> f32 {
 #[inline]
 fn silu_libm(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation, in f32 as ggml's `ggml_gelu_f32` (libm `tanh`).
+fn gelu_f32(x: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+/// ggml's GELU table: for every f16 bit pattern, `gelu` of that value rounded to f16.
+fn gelu_table() -> &'static [f16; 1 << 16] {
+    static TABLE: std::sync::OnceLock<Box<[f16; 1 << 16]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new([f16::ZERO; 1 << 16]);
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = f16::from_f32(gelu_f32(f16::from_bits(i as u16).to_f32()));
+        }
+        t
+    })
+}
+
+/// GeGLU in place: `gate[i] = gelu(gate[i]) * up[i]`, rounded as ggml's CPU backend does
+/// (`GGML_GELU_FP16`): zero below -10, identity above 10, otherwise the f16 table looked up
+/// at the f16 rounding of the input.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "geglu: shape");
+    let table = gelu_table();
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            table[f16::from_f32(x).to_bits() as usize].to_f32() * u
+        };
+    }
 }
 
 /// SwiGLU in place: `gate[i] = silu(gate[i]) * up[i]`.

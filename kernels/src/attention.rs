@@ -3,7 +3,9 @@
 //! The caller passes, in order, the K and V blocks of every page of one sequence for one layer
 //! (in Pagewarden these come from `ReadablePages::layer_block`, which checks the page
 //! generation; this kernel never sees a page it was not handed). Query token `i` sits at
-//! position `first_pos + i` and attends to keys `0..=first_pos + i`.
+//! position `first_pos + i` and attends to keys `0..=first_pos + i`, or with a sliding window
+//! `w` to the last `w` of them (the others are masked to `-inf` before the softmax, as
+//! llama.cpp masks them, so they weigh exactly zero).
 //!
 //! The K/V rows of each kv head are converted to f32 once per call; then work is split over
 //! (kv head, block of query tokens), each task serving every query head of its group.
@@ -39,9 +41,23 @@ pub struct AttnGeometry {
     pub head_dim: usize,
     /// Tokens per page.
     pub page_size: usize,
+    /// Sliding window: a query sees only the last `window` keys (itself included); `None`
+    /// for full causal attention.
+    pub window: Option<usize>,
 }
 
 impl AttnGeometry {
+    /// The first key a query that sees keys `..keys` may attend to.
+    pub fn first_key(&self, keys: usize) -> usize {
+        self.window.map_or(0, |w| keys.saturating_sub(w))
+    }
+
+    /// Masks the scores of the keys before [`AttnGeometry::first_key`].
+    pub(crate) fn mask_window(&self, scores: &mut [f32]) {
+        let lo = self.first_key(scores.len());
+        scores[..lo].fill(f32::NEG_INFINITY);
+    }
+
     /// f16 elements of K (or V) per token: `kv_heads * head_dim`.
     pub fn token_width(&self) -> usize {
         self.kv_heads * self.head_dim
@@ -304,6 +320,7 @@ impl Task<'_> {
             }
             for h in 0..group {
                 let s = &mut scores[h * ctx..h * ctx + keys];
+                geo.mask_window(s);
                 softmax_padded(self.isa, s);
                 round_f16(s, &mut half);
             }

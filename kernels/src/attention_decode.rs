@@ -75,6 +75,7 @@ pub(crate) fn decode(
 
     par.for_each_chunk(&mut scores, keys, |_, s| {
         let mut tmp = vec![f16::ZERO; s.len()];
+        geo.mask_window(s);
         softmax_padded(isa, s);
         round_f16(s, &mut tmp);
     });

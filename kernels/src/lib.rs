@@ -3,10 +3,13 @@
 //!
 //! - `isa`: run-time detection of the instruction set used by the fast paths.
 //! - `parallel`: a configurable thread pool that splits work over output rows.
-//! - `quant`: ggml block layouts (Q4_0, Q4_1, Q8_0, F16, F32), weight quantize/dequantize.
+//! - `quant`: ggml block layouts (Q4_0, Q4_1, Q5_0, Q8_0, F16, F32), weight quantize/dequantize.
+//! - `quant_k`: ggml K-quant super-blocks (Q4_K, Q5_K, Q6_K): unpacking and dequantization.
 //! - `act`: per-32-block Q8 quantization of activations (Q8_0 / Q8_1 style).
+//! - `act_k`: per-256-block Q8_K quantization of activations, with 16-element sums.
 //! - `matmul`: quantized matrix x vector / matrix x matrix products (`matmul/portable.rs`
-//!   is the reference, `matmul/avx2.rs` the x86 fast path).
+//!   and `matmul/kquant_portable.rs` are the reference, `matmul/avx2.rs` and
+//!   `matmul/kquant_avx2.rs` the x86 fast paths).
 //! - `vec`: f32 dot product with SIMD dispatch.
 //! - `norm`: RMSNorm.
 //! - `rope`: rotary position embedding, llama "normal" (adjacent pairs) style.
@@ -20,6 +23,7 @@
 //! - `cuda` (feature `cuda`): the CUDA backend, the same kernels on the GPU (`cuda/mod.rs`).
 
 pub mod act;
+pub mod act_k;
 pub mod activation;
 pub mod attention;
 mod attention_decode;
@@ -34,6 +38,7 @@ pub mod matmul;
 pub mod norm;
 pub mod parallel;
 pub mod quant;
+pub mod quant_k;
 pub mod rope;
 pub mod vec;
 

@@ -2,7 +2,8 @@
 //! pairs are adjacent, `(x[2i], x[2i+1])` is rotated by `pos * base^(-2i/n_dims)`. The angle
 //! is built by repeated multiplication in f32, exactly like ggml, and the rotation uses the
 //! fused multiply-adds GCC makes of ggml's `x0*cos - x1*sin`, `x0*sin + x1*cos`, so the
-//! result is bit-identical to llama.cpp's.
+//! result is bit-identical to llama.cpp's. The NeoX style (`GGML_ROPE_TYPE_NEOX`, Gemma)
+//! pairs `x[i]` with `x[i + n_dims/2]` instead, with the same angles and arithmetic.
 
 use crate::isa::Isa;
 
@@ -39,32 +40,52 @@ impl Rope {
 
     /// [`Rope::apply`] with precomputed `cos_sin(pos)`.
     pub fn apply_with(&self, x: &mut [f32], cs: &[(f32, f32)]) {
+        self.rotate(x, cs, false)
+    }
+
+    /// [`Rope::apply_with`] in the NeoX style: pair `i` is `(x[i], x[i + n_dims/2])`.
+    pub fn apply_neox_with(&self, x: &mut [f32], cs: &[(f32, f32)]) {
+        self.rotate(x, cs, true)
+    }
+
+    fn rotate(&self, x: &mut [f32], cs: &[(f32, f32)], neox: bool) {
         assert_eq!(x.len() % self.head_dim, 0, "rope: width");
         assert!(
             2 * cs.len() <= self.head_dim,
             "rope: more pairs than the head holds"
         );
         match Isa::detect() {
-            Isa::Portable => rotate(x, self.head_dim, cs),
+            Isa::Portable => rotate(x, self.head_dim, cs, neox),
             // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
-            Isa::Avx2 | Isa::Avx512 => unsafe { rotate_fma(x, self.head_dim, cs) },
+            Isa::Avx2 | Isa::Avx512 => unsafe { rotate_fma(x, self.head_dim, cs, neox) },
         }
     }
 }
 
 /// [`rotate`] compiled with hardware fused multiply-add.
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn rotate_fma(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
-    rotate(x, head_dim, cs)
+unsafe fn rotate_fma(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)], neox: bool) {
+    rotate(x, head_dim, cs, neox)
+}
+
+/// Rotates `(a, b)` by the angle whose cosine and sine are `c`, `s`.
+#[inline(always)]
+fn turn(a: f32, b: f32, c: f32, s: f32) -> (f32, f32) {
+    (a.mul_add(c, -(b * s)), a.mul_add(s, b * c))
 }
 
 #[inline(always)]
-fn rotate(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
+fn rotate(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)], neox: bool) {
     for head in x.chunks_exact_mut(head_dim) {
-        for (p, (c, s)) in head.chunks_exact_mut(2).zip(cs) {
-            let (a, b) = (p[0], p[1]);
-            p[0] = a.mul_add(*c, -(b * s));
-            p[1] = a.mul_add(*s, b * c);
+        if neox {
+            let half = cs.len();
+            for (i, &(c, s)) in cs.iter().enumerate() {
+                (head[i], head[i + half]) = turn(head[i], head[i + half], c, s);
+            }
+        } else {
+            for (p, &(c, s)) in head.chunks_exact_mut(2).zip(cs) {
+                (p[0], p[1]) = turn(p[0], p[1], c, s);
+            }
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Paged attention against a naive dense causal GQA attention.
+//! Paged attention against a naive dense causal GQA attention (with and without a sliding
+//! window).
 
 mod common;
 
@@ -17,8 +18,12 @@ fn naive(geo: &AttnGeometry, q: &[f32], n: usize, first: usize, k: &[f32], v: &[
             let g = h / group;
             let qv = &q[(i * geo.heads + h) * hd..][..hd];
             let keys = first + i + 1;
+            let lo = geo.window.map_or(0, |w| keys.saturating_sub(w));
             let s: Vec<f64> = (0..keys)
                 .map(|j| {
+                    if j < lo {
+                        return f64::NEG_INFINITY;
+                    }
                     let kr = &k[j * tw + g * hd..][..hd];
                     qv.iter().zip(kr).map(|(a, b)| (a * b) as f64).sum::<f64>() / (hd as f64).sqrt()
                 })
@@ -46,18 +51,29 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
             kv_heads: 2,
             head_dim: 16,
             page_size: 4,
+            window: None,
         },
         AttnGeometry {
             heads: 9,
             kv_heads: 3,
             head_dim: 64,
             page_size: 16,
+            window: None,
         },
         AttnGeometry {
             heads: 2,
             kv_heads: 2,
             head_dim: 8,
             page_size: 1,
+            window: None,
+        },
+        // Gemma 3's local layers: one kv head, a sliding window shorter than the context.
+        AttnGeometry {
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 32,
+            page_size: 16,
+            window: Some(50),
         },
     ] {
         let tw = geo.token_width();
@@ -133,6 +149,7 @@ fn too_few_pages_is_refused() {
         kv_heads: 1,
         head_dim: 8,
         page_size: 4,
+        window: None,
     };
     let k = vec![f16::ZERO; 32];
     let blocks = [KvBlock { k: &k, v: &k }];

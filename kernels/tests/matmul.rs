@@ -7,13 +7,16 @@ use common::{max_rel_err, Rng};
 use pagewarden_kernels::quant::{dequantize_row, quantize_row};
 use pagewarden_kernels::{matmul_with, Isa, Parallel, QMatrix, WeightType};
 
-const TYPES: [WeightType; 5] = [
+const TYPES: [WeightType; 6] = [
     WeightType::F32,
     WeightType::F16,
     WeightType::Q4_0,
     WeightType::Q4_1,
+    WeightType::Q5_0,
     WeightType::Q8_0,
 ];
+
+const K_TYPES: [WeightType; 3] = [WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K];
 
 fn make(rng: &mut Rng, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
     (0..rows)
@@ -178,7 +181,12 @@ fn simd_paths_agree_bit_for_bit_on_quantized_weights() {
         .into_iter()
         .filter(|i| *i != Isa::Portable)
         .collect();
-    for ty in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
+    for ty in [
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q8_0,
+    ] {
         for &(rows, cols, tokens) in &[(33, 576, 1), (20, 1536, 3), (9, 64, 6)] {
             let data = make(&mut rng, ty, rows, cols);
             let w = QMatrix::new(ty, rows, cols, &data).unwrap();
@@ -204,5 +212,105 @@ fn simd_paths_agree_bit_for_bit_on_quantized_weights() {
                 );
             }
         }
+    }
+}
+
+/// K-quant super-blocks from random bytes (every byte pattern is a valid block) with finite,
+/// modest f16 scales, so that all packed scale, minimum and high-bit combinations occur.
+fn random_k_blocks(rng: &mut Rng, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
+    let bb = ty.block_bytes();
+    let mut out = Vec::new();
+    for _ in 0..rows * cols / 256 {
+        let mut b: Vec<u8> = (0..bb).map(|_| rng.next_u64() as u8).collect();
+        let mut put = |at: usize, v: f32| {
+            b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        };
+        match ty {
+            WeightType::Q6_K => put(208, 0.01 * rng.unit()),
+            _ => {
+                put(0, 0.01 * rng.unit());
+                put(2, 0.01 * rng.unit().abs());
+            }
+        }
+        out.extend(b);
+    }
+    out
+}
+
+/// The K-quant products: the reference is a faithful product of the dequantized weights (Q8_K
+/// activation rounding only), and every ISA and thread count gives the reference's bits (the
+/// integer lanes are exact and the floats follow one shared order, ggml's eight lanes).
+#[test]
+fn k_quants_match_dense_and_every_isa_is_bit_equal_to_portable() {
+    let mut rng = Rng::new(31);
+    for ty in K_TYPES {
+        for &(rows, cols, tokens) in &[(1, 256, 1), (17, 512, 3), (70, 1024, 5), (9, 2048, 9)] {
+            let data = random_k_blocks(&mut rng, ty, rows, cols);
+            let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+            // Large activations too: the 16-bit pair sums reach their extremes.
+            for scale in [1.0, 50.0] {
+                let x = rng.vec(tokens * cols, scale);
+                let mut reference = vec![0f32; tokens * rows];
+                let par = Parallel::single();
+                matmul_with(Isa::Portable, &w, &x, tokens, &mut reference, &par);
+                let e = max_rel_err(&reference, &dense(&w, &x, tokens));
+                assert!(
+                    e < 3e-2,
+                    "{ty:?} {rows}x{cols}x{tokens}: reference vs dense err {e}"
+                );
+                for isa in Isa::available() {
+                    for threads in [1, 3] {
+                        let mut got = vec![0f32; tokens * rows];
+                        matmul_with(isa, &w, &x, tokens, &mut got, &Parallel::new(threads));
+                        let same = got
+                            .iter()
+                            .zip(&reference)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{ty:?} {isa:?} t{threads} {rows}x{cols}x{tokens}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Dequantization follows ggml's layouts: hand-built super-blocks with known values.
+#[test]
+fn k_quant_dequantize_matches_block_layout() {
+    use half::f16;
+    // Q4_K: d = 1, dmin = 0.5; sub-block 0 scale 2 min 3, sub-block 5 (packed in the high
+    // bits) scale 33 min 17; every nibble byte 0x21 (low 1, high 2).
+    let mut b = vec![0u8; 144];
+    b[0..2].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
+    b[2..4].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+    let q = &mut b[4..16];
+    q[0] = 2;
+    q[4] = 3;
+    // j = 5: scale = (q[9] & 0xF) | (q[1] >> 6) << 4, min = (q[9] >> 4) | (q[5] >> 6) << 4.
+    q[9] = (1 << 4) | 1;
+    q[1] = 0b10 << 6;
+    q[5] = 0b01 << 6;
+    b[16..].fill(0x21);
+    let mut out = vec![0f32; 256];
+    dequantize_row(WeightType::Q4_K, &b, &mut out);
+    assert_eq!(out[0], 2.0 * 1.0 - 0.5 * 3.0);
+    // Element 160 is the first of sub-block 5 (high nibbles of bytes 64..96): q = 2.
+    assert_eq!(out[160], 33.0 * 2.0 - 0.5 * 17.0);
+    // Q6_K: d = 0.25, scale of the second 16 elements -3; element 16 = low nibble of ql[16]
+    // with the low two bits of qh[16]: (5 | 2 << 4) - 32 = 5.
+    let mut b = vec![0u8; 210];
+    b[208..210].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
+    b[193] = (-3i8) as u8;
+    b[16] = 5;
+    b[128 + 16] = 2;
+    dequantize_row(WeightType::Q6_K, &b, &mut out);
+    assert_eq!(out[16], 0.25 * -3.0 * 5.0);
+    // Q5_0 round-trips ggml's quantizer within half a step.
+    let x: Vec<f32> = (0..32).map(|i| i as f32 - 16.0).collect();
+    let data = quantize_row(WeightType::Q5_0, &x);
+    let mut back = [0f32; 32];
+    dequantize_row(WeightType::Q5_0, &data, &mut back);
+    for (a, b) in x.iter().zip(back) {
+        assert!((a - b).abs() <= 0.51, "{a} vs {b}");
     }
 }

@@ -52,6 +52,20 @@ pub fn model_path() -> PathBuf {
     p
 }
 
+/// Gemma 3 270M (env `PAGEWARDEN_GEMMA_MODEL`); panics with a clear message when missing.
+pub fn gemma_model_path() -> PathBuf {
+    let p = std::env::var_os("PAGEWARDEN_GEMMA_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("models/gemma-3-270m-q4_k_m.gguf"));
+    assert!(
+        p.exists(),
+        "model file {} not found: set PAGEWARDEN_GEMMA_MODEL (scripts/fetch-model.sh \
+         gemma3-270m downloads it)",
+        p.display()
+    );
+    p
+}
+
 /// The reference json (env `PAGEWARDEN_REFERENCE`, default `tests/data/reference/...`).
 pub fn reference_path() -> PathBuf {
     let p = std::env::var_os("PAGEWARDEN_REFERENCE")
@@ -273,16 +287,7 @@ pub fn worker_args(model: &ModelArg, extra: &[&str]) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    match model {
-        ModelArg::Real => {
-            v.push("--model".into());
-            v.push(model_path().display().to_string());
-        }
-        ModelArg::Tiny(seed) => {
-            v.push("--tiny-test-model".into());
-            v.push(seed.to_string());
-        }
-    }
+    v.extend(model.flags());
     v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
@@ -292,8 +297,21 @@ pub fn worker_args(model: &ModelArg, extra: &[&str]) -> Vec<String> {
 pub enum ModelArg {
     /// The real model from `PAGEWARDEN_MODEL`.
     Real,
+    /// Gemma 3 270M from `PAGEWARDEN_GEMMA_MODEL` (K-quants, BOS, sliding-window layers).
+    Gemma,
     /// The seeded tiny test model.
     Tiny(u64),
+}
+
+impl ModelArg {
+    /// The command-line flags that make a service load this model.
+    pub fn flags(&self) -> [String; 2] {
+        match self {
+            ModelArg::Real => ["--model".into(), model_path().display().to_string()],
+            ModelArg::Gemma => ["--model".into(), gemma_model_path().display().to_string()],
+            ModelArg::Tiny(seed) => ["--tiny-test-model".into(), seed.to_string()],
+        }
+    }
 }
 
 /// Starts a decode worker.
@@ -414,10 +432,7 @@ pub async fn start_router_with(
     if !extra.contains(&"--info-interval") {
         args.extend(["--info-interval".into(), "200ms".into()]);
     }
-    match model {
-        ModelArg::Real => args.extend(["--model".into(), model_path().display().to_string()]),
-        ModelArg::Tiny(seed) => args.extend(["--tiny-test-model".into(), seed.to_string()]),
-    }
+    args.extend(model.flags());
     for d in decodes {
         args.extend(["--decode".into(), d.grpc_url()]);
     }

@@ -12,6 +12,7 @@ pub fn load(arg: &ModelArg) -> Arc<Model> {
     let opts = LoadOptions::default();
     Arc::new(match arg {
         ModelArg::Real => Model::load(&crate::model_path(), &opts).expect("load model"),
+        ModelArg::Gemma => Model::load(&crate::gemma_model_path(), &opts).expect("load gemma"),
         ModelArg::Tiny(seed) => {
             let f =
                 GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(*seed)).expect("tiny gguf");

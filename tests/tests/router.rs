@@ -58,14 +58,28 @@ async fn post_stream(router: &Service, body: Value) -> (String, String, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_prompts_through_the_router_match_the_engine() {
-    let model = ModelArg::Real;
-    let decode = start_decode(&model, &["--pool-tokens", "16384"]);
-    let prefill = start_prefill(&model, &["--pool-tokens", "16384"]);
+    reference_prompts_match(ModelArg::Real, pagewarden_system_tests::reference_path()).await;
+}
+
+/// Gemma 3 through the whole suite: the router adds BOS as the GGUF asks, the workers run
+/// K-quants and sliding-window layers, and the pools hold less than Gemma's 32K context (the
+/// workers lower the context they advertise to fit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemma3_reference_prompts_through_the_router_match_the_engine() {
+    let reference = pagewarden_system_tests::workspace_root()
+        .join("tests/data/reference/gemma3-270m-q4_k_m.json");
+    reference_prompts_match(ModelArg::Gemma, reference).await;
+}
+
+/// Every reference prompt through router, prefill and decode gives the engine's greedy text,
+/// finish reason and token counts (streamed too, for the first three).
+async fn reference_prompts_match(model: ModelArg, reference: std::path::PathBuf) {
+    let flags = ["--pool-tokens", "16384", "--lower-context-to-fit"];
+    let decode = start_decode(&model, &flags);
+    let prefill = start_prefill(&model, &flags);
     let router = start_router(&model, &[&decode], &[&prefill]).await;
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(pagewarden_system_tests::reference_path()).unwrap(),
-    )
-    .unwrap();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
     let engine = reference::engine(reference::load(&model));
     for (i, case) in reference["cases"]
         .as_array()

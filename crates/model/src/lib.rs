@@ -1,6 +1,9 @@
-//! GGUF, tokenizer, chat template, Llama forward over paged KV, and sampling.
+//! GGUF, tokenizer, chat template, Llama-family forward over paged KV, and sampling.
 //!
 //! Module map (one line per file):
+//! - `arch/mod.rs`: `Arch` (from `general.architecture`), per-layer extras
+//! - `arch/llama.rs`: the Llama block
+//! - `arch/gemma3.rs`: Gemma 3's parameters, extra norms and block
 //! - `gguf/mod.rs`: GGUF module root and re-exports
 //! - `gguf/error.rs`: `GgufError`, one variant per malformed-input case
 //! - `gguf/types.rs`: `GgmlType` ids, block sizes, block byte sizes
@@ -9,11 +12,11 @@
 //! - `gguf/reader.rs`: header parser and tensor bounds/alignment checks
 //! - `gguf/file.rs`: `GgufFile` (memory-mapped), `TensorInfo`, `TensorView`
 //! - `gguf/writer.rs`: `GgufWriter` for tests
-//! - `gguf/quant.rs`: ggml reference quantizers/dequantizers (Q4_0, Q4_1, Q8_0, F16, F32)
+//! - `gguf/quant.rs`: ggml reference quantizers/dequantizers (Q4_0, Q4_1, Q8_0, F16, F32; Q5_0 and K-quants via the kernels)
 //! - `gguf/tiny.rs`: `tiny_llama_gguf`, the seeded tiny random Llama for model-free tests
-//! - `config.rs`: `LlamaConfig` from GGUF `llama.*` metadata
+//! - `config.rs`: `LlamaConfig` from GGUF `<arch>.*` metadata
 //! - `engine.rs`: `Engine::generate`, single-process generation over a local `KvPool`
-//! - `weights.rs`: Llama weights as zero-copy views into the GGUF mapping
+//! - `weights.rs`: weights as zero-copy views into the GGUF mapping, per-layer attention
 //! - `cuda/`: `GpuModel`, the Llama forward pass on a GPU over a device KV pool (feature `cuda`)
 //! - `llama/`: `Model` (load, prefill, batched decode over paged KV), `ModelError`
 //! - `chat.rs`: `ChatTemplate` (minijinja, HF-compatible), `ChatMessage`
@@ -26,6 +29,7 @@
 //! - `tokenizer_spm.rs`: SentencePiece scored merges with byte fallback (`tokenizer.ggml.model = llama`)
 //! - `tokenizer_stream.rs`: `StreamDecoder`, UTF-8-safe incremental detokenizing
 
+pub mod arch;
 pub mod chat;
 pub mod config;
 #[cfg(feature = "cuda")]
@@ -43,6 +47,7 @@ mod tokenizer_spm;
 mod tokenizer_stream;
 pub mod weights;
 
+pub use arch::Arch;
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use config::LlamaConfig;
 pub use engine::{Engine, FinishReason, GenerationOutput};

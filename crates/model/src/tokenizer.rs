@@ -367,6 +367,19 @@ impl Tokenizer {
         self.add_bos
     }
 
+    /// A prompt's ids as llama.cpp feeds them to the model: BOS first when the model asks for
+    /// it ([`Tokenizer::add_bos`]) and the text does not already start with it (a chat
+    /// template may render it), then `encode(text, true)`.
+    pub fn encode_prompt(&self, text: &str) -> Vec<u32> {
+        let ids = self.encode(text, true);
+        match self.bos {
+            Some(b) if self.add_bos && ids.first() != Some(&b) => {
+                std::iter::once(b).chain(ids).collect()
+            }
+            _ => ids,
+        }
+    }
+
     /// Whether `id` ends generation: eos, eot, eom, and llama.cpp's list (`<|im_end|>`,
     /// `<|endoftext|>`, `<|eot_id|>`, …).
     pub fn is_eog(&self, id: u32) -> bool {

@@ -1,17 +1,42 @@
 //! Fuzzing the GGUF reader under `cargo test`: bounded proptest mutations of a valid tiny model
 //! (byte flips, u64 field overwrites, truncation, splices). The reader must return `Ok` or a
 //! typed error, never panic, and every tensor it accepts must be readable; the tokenizer and
-//! chat template built from whatever metadata survives must not panic either.
+//! chat template built from whatever metadata survives must not panic either. A second base
+//! file holds Q5_0 and K-quant tensors, so their block sizes and dequantization are fuzzed too.
 
 mod common;
 
-use pagewarden_model::tiny_llama_gguf;
+use pagewarden_model::{tiny_llama_gguf, GgmlType, GgufWriter};
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
 fn base() -> &'static [u8] {
     static B: OnceLock<Vec<u8>> = OnceLock::new();
     B.get_or_init(|| tiny_llama_gguf(11))
+}
+
+/// A small file with one tensor of each block type a Q4_K_M model mixes (Q5_0 and the
+/// K-quants), filled with arbitrary bytes: every bit pattern of a block is readable.
+fn k_base() -> &'static [u8] {
+    static B: OnceLock<Vec<u8>> = OnceLock::new();
+    B.get_or_init(|| {
+        let mut w = GgufWriter::new();
+        for (i, (name, ty, dims)) in [
+            ("q5_0", GgmlType::Q5_0, vec![64u64, 2]),
+            ("q4_k", GgmlType::Q4_K, vec![256, 2]),
+            ("q5_k", GgmlType::Q5_K, vec![512]),
+            ("q6_k", GgmlType::Q6_K, vec![256, 3]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let n: u64 = dims.iter().product();
+            let bytes = ty.row_bytes(n).expect("whole blocks") as usize;
+            let data = (0..bytes).map(|j| (j * 131 + i * 17) as u8).collect();
+            w.add_tensor(name, &dims, ty, data);
+        }
+        w.to_bytes()
+    })
 }
 
 /// Mutations concentrate on the header, where the parser makes its decisions.
@@ -71,6 +96,20 @@ proptest! {
         b[to..to + len].copy_from_slice(&src[from..from + len]);
         b.truncate(cut.min(b.len()));
         b.extend_from_slice(&tail);
+        check(b);
+    }
+
+    #[test]
+    fn k_quant_file_mutations_never_panic(
+        flips in prop::collection::vec((0usize..512, any::<u8>()), 0..8),
+        cut in 0usize..4096,
+    ) {
+        let mut b = k_base().to_vec();
+        for (pos, val) in flips {
+            let n = b.len();
+            b[pos % n] = val;
+        }
+        b.truncate(cut.min(b.len()));
         check(b);
     }
 

@@ -410,3 +410,64 @@ fn rejects_invalid_utf8() {
         GgufError::InvalidUtf8(_)
     ));
 }
+
+/// Q5_0 and the K-quants: ggml's exact block sizes; a row that is not a whole number of
+/// blocks, data one byte short of the declared blocks, and dims that claim more blocks than
+/// the data holds are refused with typed errors; well-formed tensors read and dequantize.
+#[test]
+fn q5_0_and_k_quant_tensors_have_exact_block_sizes() {
+    for (ty, block, bytes) in [
+        (GgmlType::Q5_0, 32usize, 22usize),
+        (GgmlType::Q4_K, 256, 144),
+        (GgmlType::Q5_K, 256, 176),
+        (GgmlType::Q6_K, 256, 210),
+    ] {
+        assert!(ty.is_supported(), "{ty}");
+        assert_eq!((ty.block_size(), ty.type_size()), (block, bytes), "{ty}");
+        let e = err(raw(
+            3,
+            1,
+            0,
+            &tensor_info("t", &[block as u64 / 2], ty.id(), 0),
+        ));
+        assert!(matches!(e, GgufError::BadShape { .. }), "{ty}: {e}");
+
+        // Two rows of two blocks.
+        let data = vec![0u8; 4 * bytes];
+        let mut w = GgufWriter::new();
+        w.add_tensor("t", &[2 * block as u64, 2], ty, data.clone());
+        let b = w.to_bytes();
+        let f = GgufFile::from_bytes(b.clone()).expect("well-formed");
+        let t = f.tensor("t").expect("tensor");
+        assert_eq!(t.data.len(), 4 * bytes, "{ty}");
+        assert_eq!(
+            dequantize(ty, t.data, 4 * block).unwrap(),
+            vec![0.0; 4 * block]
+        );
+        assert!(dequantize(ty, &data[..4 * bytes - 1], 4 * block).is_err());
+
+        // The file cut one byte into the last block (the writer pads after the data).
+        let padding = (4 * bytes).next_multiple_of(32) - 4 * bytes;
+        let short = b[..b.len() - padding - 1].to_vec();
+        let e = err(short);
+        assert!(
+            matches!(e, GgufError::TensorOutOfBounds { .. }),
+            "{ty}: {e}"
+        );
+
+        // Dims that claim a third row the data does not have.
+        let mut lying = raw(
+            3,
+            1,
+            0,
+            &tensor_info("t", &[2 * block as u64, 3], ty.id(), 0),
+        );
+        lying.resize(lying.len().next_multiple_of(32), 0);
+        lying.extend(data);
+        let e = err(lying);
+        assert!(
+            matches!(e, GgufError::TensorOutOfBounds { .. }),
+            "{ty}: {e}"
+        );
+    }
+}

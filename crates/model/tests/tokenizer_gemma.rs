@@ -82,3 +82,14 @@ fn characters_without_a_token_fall_back_to_bytes() {
     }
     assert_eq!(tok.decode(&ids), text);
 }
+
+#[test]
+fn encode_prompt_adds_bos_once_as_the_gguf_asks() {
+    let tok = tokenizer();
+    let bos = tok.bos_token().expect("a BOS token");
+    let mut want = vec![bos];
+    want.extend(tok.encode("Hello", true));
+    assert_eq!(tok.encode_prompt("Hello"), want);
+    // A prompt that already starts with BOS (a rendered chat template) does not get another.
+    assert_eq!(tok.encode_prompt("<bos>Hello"), want);
+}

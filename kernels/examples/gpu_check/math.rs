@@ -50,7 +50,13 @@ pub fn exact_matmul(w: &QMatrix<'_>, x: &[f32], tokens: usize) -> Vec<f32> {
 fn cpu_tol(ty: WeightType) -> f32 {
     match ty {
         WeightType::F32 | WeightType::F16 => 1e-5,
-        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => 1e-2,
+        WeightType::Q4_0
+        | WeightType::Q4_1
+        | WeightType::Q5_0
+        | WeightType::Q8_0
+        | WeightType::Q4_K
+        | WeightType::Q5_K
+        | WeightType::Q6_K => 1e-2,
     }
 }
 

@@ -68,6 +68,7 @@ fn cpu_row(s: &Setup, seq: usize, pos: usize, q: &[f32], par: &Parallel) -> Vec<
         kv_heads: SHAPE.kv_heads,
         head_dim: SHAPE.head_dim,
         page_size: SHAPE.page_size,
+        window: None,
     };
     let be = SHAPE.page_size * SHAPE.token_width();
     let blocks: Vec<KvBlock<'_>> = s.tables[seq]

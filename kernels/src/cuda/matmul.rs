@@ -26,13 +26,15 @@ pub struct DeviceMatrix {
     pub data: CudaSlice<u8>,
 }
 
-fn suffix(ty: WeightType) -> (&'static str, &'static str) {
+/// The (matmul, get_rows) kernels for `ty`; `None` for types with no CUDA kernel yet.
+fn suffix(ty: WeightType) -> Option<(&'static str, &'static str)> {
     match ty {
-        WeightType::Q4_0 => ("matmul_q4_0", "get_rows_q4_0"),
-        WeightType::Q4_1 => ("matmul_q4_1", "get_rows_q4_1"),
-        WeightType::Q8_0 => ("matmul_q8_0", "get_rows_q8_0"),
-        WeightType::F16 => ("matmul_f16", "get_rows_f16"),
-        WeightType::F32 => ("matmul_f32", "get_rows_f32"),
+        WeightType::Q4_0 => Some(("matmul_q4_0", "get_rows_q4_0")),
+        WeightType::Q4_1 => Some(("matmul_q4_1", "get_rows_q4_1")),
+        WeightType::Q8_0 => Some(("matmul_q8_0", "get_rows_q8_0")),
+        WeightType::F16 => Some(("matmul_f16", "get_rows_f16")),
+        WeightType::F32 => Some(("matmul_f32", "get_rows_f32")),
+        WeightType::Q5_0 | WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => None,
     }
 }
 
@@ -46,6 +48,12 @@ fn as_u32(op: &'static str, what: &str, v: usize) -> Result<u32, CudaError> {
 impl CudaBackend {
     /// Copies a weight matrix to the device.
     pub fn upload_matrix(&self, w: &QMatrix<'_>) -> Result<DeviceMatrix, CudaError> {
+        ensure(suffix(w.ty).is_some(), "upload_matrix", || {
+            format!(
+                "{:?} weights have no CUDA kernel yet (run them on the CPU)",
+                w.ty
+            )
+        })?;
         Ok(DeviceMatrix {
             ty: w.ty,
             rows: w.rows,
@@ -95,7 +103,7 @@ impl CudaBackend {
             as_u32(OP, "cols", w.cols)?,
             as_u32(OP, "tokens", tokens)?,
         );
-        let f = self.func(Module::Matmul, suffix(w.ty).0)?;
+        let f = self.func(Module::Matmul, suffix(w.ty).expect("checked at upload").0)?;
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(ROWS_PER_BLOCK), batch.div_ceil(BATCH_TILE), 1),
             block_dim: (32 * ROWS_PER_BLOCK, 1, 1),
@@ -142,7 +150,7 @@ impl CudaBackend {
         let cols = as_u32(OP, "cols", w.cols)?;
         let n = as_u32(OP, "ids", ids.len())?;
         let dev_ids = self.upload(ids)?;
-        let f = self.func(Module::Matmul, suffix(w.ty).1)?;
+        let f = self.func(Module::Matmul, suffix(w.ty).expect("checked at upload").1)?;
         let cfg = LaunchConfig {
             grid_dim: (cols.div_ceil(16).div_ceil(128), n, 1),
             block_dim: (128, 1, 1),

@@ -22,9 +22,17 @@ pub(super) fn rows(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if let Acts::Quant(a) = acts {
-            assert_eq!(a.qs.len(), tokens * w.cols);
-            assert_eq!(a.d.len(), tokens * a.blocks());
+        match acts {
+            Acts::Quant(a) => {
+                assert_eq!(a.qs.len(), tokens * w.cols);
+                assert_eq!(a.d.len(), tokens * a.blocks());
+            }
+            Acts::QuantK(a) => {
+                assert_eq!(a.qs.len(), tokens * w.cols);
+                assert_eq!(a.d.len(), tokens * a.blocks());
+                assert_eq!(a.bsums.len(), tokens * a.blocks() * 16);
+            }
+            Acts::Float(_) => {}
         }
         let mut t0 = 0;
         while t0 < tokens {
@@ -56,6 +64,7 @@ pub(super) fn rows(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+    use crate::matmul::kquant_avx2 as kquant;
     use std::arch::x86_64::*;
 
     /// Dispatches one row x `out.len()` tokens tile (AVX2).
@@ -94,12 +103,21 @@ mod x86 {
         out: &mut [f32],
     ) {
         match (ty, acts) {
-            (WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0, Acts::Quant(a)) => {
+            (
+                WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q8_0,
+                Acts::Quant(a),
+            ) => match out.len() {
+                4 => out.copy_from_slice(&quant::<4, VNNI>(ty, row, a, t0)),
+                3 => out.copy_from_slice(&quant::<3, VNNI>(ty, row, a, t0)),
+                2 => out.copy_from_slice(&quant::<2, VNNI>(ty, row, a, t0)),
+                _ => out.copy_from_slice(&quant::<1, VNNI>(ty, row, a, t0)),
+            },
+            (WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K, Acts::QuantK(a)) => {
                 match out.len() {
-                    4 => out.copy_from_slice(&quant::<4, VNNI>(ty, row, a, t0)),
-                    3 => out.copy_from_slice(&quant::<3, VNNI>(ty, row, a, t0)),
-                    2 => out.copy_from_slice(&quant::<2, VNNI>(ty, row, a, t0)),
-                    _ => out.copy_from_slice(&quant::<1, VNNI>(ty, row, a, t0)),
+                    4 => out.copy_from_slice(&kquant::tile::<4, VNNI>(ty, row, a, t0)),
+                    3 => out.copy_from_slice(&kquant::tile::<3, VNNI>(ty, row, a, t0)),
+                    2 => out.copy_from_slice(&kquant::tile::<2, VNNI>(ty, row, a, t0)),
+                    _ => out.copy_from_slice(&kquant::tile::<1, VNNI>(ty, row, a, t0)),
                 }
             }
             (WeightType::F32, Acts::Float(x)) => {
@@ -145,6 +163,7 @@ mod x86 {
     const Q4_0: u8 = 0;
     const Q4_1: u8 = 1;
     const Q8_0: u8 = 2;
+    const Q5_0: u8 = 3;
 
     /// One quantized row against `NT` consecutive tokens starting at `t0`.
     #[inline(always)]
@@ -157,8 +176,9 @@ mod x86 {
         match ty {
             WeightType::Q4_0 => quant_ty::<NT, VNNI, Q4_0>(row, a, t0),
             WeightType::Q4_1 => quant_ty::<NT, VNNI, Q4_1>(row, a, t0),
+            WeightType::Q5_0 => quant_ty::<NT, VNNI, Q5_0>(row, a, t0),
             WeightType::Q8_0 => quant_ty::<NT, VNNI, Q8_0>(row, a, t0),
-            WeightType::F32 | WeightType::F16 => unreachable!("float weights"),
+            other => unreachable!("{other:?} does not take Q8 activations"),
         }
     }
 
@@ -174,13 +194,14 @@ mod x86 {
         let bb = match TY {
             Q4_0 => 18,
             Q4_1 => 20,
+            Q5_0 => 22,
             _ => 34,
         };
         debug_assert_eq!(row.len(), nb * bb);
         let mut acc = [_mm256_setzero_ps(); NT];
         let mut msum = [0f32; NT];
-        let mask = _mm256_set1_epi8(0x0F);
         let eight = _mm256_set1_epi8(8);
+        let high_nibble = _mm256_set1_epi8(0xF0u8 as i8);
         let rp = row.as_ptr();
         let qp = a.qs.as_ptr();
         for b in 0..nb {
@@ -188,22 +209,9 @@ mod x86 {
             let dw = f16_load(blk);
             let yat = |j: usize| qp.add((t0 + j) * a.cols + b * QK) as *const __m256i;
             match TY {
-                Q4_0 => {
-                    let qs = _mm_loadu_si128(blk.add(2) as *const __m128i);
-                    let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), mask);
-                    let w = _mm256_sub_epi8(w, eight);
-                    let aw = _mm256_sign_epi8(w, w);
-                    for j in 0..NT {
-                        let y = _mm256_loadu_si256(yat(j));
-                        let p = dot_u8i8::<VNNI>(aw, _mm256_sign_epi8(y, w));
-                        let sc = _mm256_set1_ps(dw * *a.d.get_unchecked((t0 + j) * nb + b));
-                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
-                    }
-                }
                 Q4_1 => {
                     let mw = f16_load(blk.add(2));
-                    let qs = _mm_loadu_si128(blk.add(4) as *const __m128i);
-                    let w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), mask);
+                    let w = nibbles(blk.add(4));
                     for j in 0..NT {
                         let y = _mm256_loadu_si256(yat(j));
                         let p = dot_u8i8::<VNNI>(w, y);
@@ -214,7 +222,18 @@ mod x86 {
                     }
                 }
                 _ => {
-                    let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                    // Signed weights: Q4_0 and Q5_0 unpacked to -8..7 / -16..15, Q8_0 as is.
+                    let w = match TY {
+                        Q4_0 => _mm256_sub_epi8(nibbles(blk.add(2)), eight),
+                        Q5_0 => {
+                            let w = nibbles(blk.add(6));
+                            let qh = (blk.add(2) as *const u32).read_unaligned();
+                            // A clear high bit makes the value negative: nibble - 16.
+                            let neg = _mm256_andnot_si256(bits_to_bytes(qh), high_nibble);
+                            _mm256_or_si256(w, neg)
+                        }
+                        _ => _mm256_loadu_si256(blk.add(2) as *const __m256i),
+                    };
                     let aw = _mm256_sign_epi8(w, w);
                     for j in 0..NT {
                         let y = _mm256_loadu_si256(yat(j));
@@ -230,6 +249,28 @@ mod x86 {
             out[j] = hsum(acc[j]) + msum[j];
         }
         out
+    }
+
+    /// The 32 nibbles of 16 bytes at `p` in element order: low nibbles, then high nibbles.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        let qs = _mm_loadu_si128(p as *const __m128i);
+        let w = _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs);
+        _mm256_and_si256(w, _mm256_set1_epi8(0x0F))
+    }
+
+    /// Byte `i` is 0xFF where bit `i` of `x` is set, else 0 (ggml's `bytes_from_bits_32`).
+    #[inline(always)]
+    unsafe fn bits_to_bytes(x: u32) -> __m256i {
+        let pick = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), pick);
+        let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+        _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

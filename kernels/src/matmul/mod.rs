@@ -6,12 +6,16 @@
 //! unpacked once per tile (prefill reuses the weights across tokens).
 
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod kquant_avx2;
+pub mod kquant_portable;
 pub mod portable;
 
 use crate::act::{quantize_acts, QuantizedActs};
+use crate::act_k::{quantize_acts_k, QuantizedActsK};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
-use crate::quant::WeightType;
+use crate::quant::{ActKind, WeightType};
 
 /// A borrowed row-major weight matrix in one of the supported storage types.
 #[derive(Clone, Copy, Debug)]
@@ -56,8 +60,10 @@ impl<'a> QMatrix<'a> {
 pub(crate) enum Acts<'a> {
     /// For F32/F16 weights: plain floats, `tokens * cols`.
     Float(&'a [f32]),
-    /// For quantized weights.
+    /// For Q4_0, Q4_1, Q5_0, Q8_0 weights: 8 bits per 32 elements.
     Quant(&'a QuantizedActs),
+    /// For K-quant weights: 8 bits per 256 elements (Q8_K).
+    QuantK(&'a QuantizedActsK),
 }
 
 /// `out[t * w.rows + r] = dot(w.row(r), x[t * w.cols..])` for `t < tokens`, with the best ISA.
@@ -118,13 +124,10 @@ pub fn matmul_many_with(
     if tokens == 0 {
         return;
     }
-    let quant = ws
-        .iter()
-        .any(|w| match w.ty {
-            WeightType::F32 | WeightType::F16 => false,
-            WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => true,
-        })
-        .then(|| quantize_acts(x, tokens, cols));
+    // Each activation format the weights need, prepared once for all of them.
+    let needs = |k: ActKind| ws.iter().any(|w| w.ty.act_kind() == k);
+    let quant = needs(ActKind::Q8).then(|| quantize_acts(x, tokens, cols));
+    let quant_k = needs(ActKind::Q8K).then(|| quantize_acts_k(x, tokens, cols));
     let total: usize = ws.iter().map(|w| w.rows).sum();
     let chunk_rows = (total / (par.threads() * 4)).clamp(8, 64);
     let mut jobs = Vec::new();
@@ -139,11 +142,10 @@ pub fn matmul_many_with(
     par.for_each_index(jobs.len(), |j| {
         let (i, r0, n) = jobs[j];
         let w = &ws[i];
-        let acts = match w.ty {
-            WeightType::F32 | WeightType::F16 => Acts::Float(x),
-            WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => {
-                Acts::Quant(quant.as_ref().expect("quantized above"))
-            }
+        let acts = match w.ty.act_kind() {
+            ActKind::Float => Acts::Float(x),
+            ActKind::Q8 => Acts::Quant(quant.as_ref().expect("quantized above")),
+            ActKind::Q8K => Acts::QuantK(quant_k.as_ref().expect("quantized above")),
         };
         let out = ptrs[i].0;
         if tokens == 1 {

@@ -1,8 +1,9 @@
 //! Reference dot products: plain Rust, one (row, token) pair at a time.
 
+use super::kquant_portable::{dot_q45_k, dot_q6_k};
 use super::{Acts, QMatrix};
 use crate::act::QuantizedActs;
-use crate::quant::{f16_at, WeightType, QK};
+use crate::quant::{f16_at, q5_0_values, WeightType, QK};
 
 /// Integer dot of one Q4_0 row with one quantized activation row.
 pub fn dot_q4_0(row: &[u8], a: &QuantizedActs, t: usize) -> f32 {
@@ -34,6 +35,23 @@ pub fn dot_q4_1(row: &[u8], a: &QuantizedActs, t: usize) -> f32 {
             si += (blk[4 + j] >> 4) as i32 * y[j + 16] as i32;
         }
         sum += f16_at(blk, 0) * a.d[t * nb + b] * si as f32 + f16_at(blk, 2) * a.s[t * nb + b];
+    }
+    sum
+}
+
+/// Integer dot of one Q5_0 row with one quantized activation row.
+pub fn dot_q5_0(row: &[u8], a: &QuantizedActs, t: usize) -> f32 {
+    let nb = a.blocks();
+    let mut sum = 0f32;
+    for b in 0..nb {
+        let blk = &row[b * 22..(b + 1) * 22];
+        let y = &a.qs[t * a.cols + b * QK..][..QK];
+        let si: i32 = q5_0_values(blk)
+            .iter()
+            .zip(y)
+            .map(|(&q, &y)| q as i32 * y as i32)
+            .sum();
+        sum += f16_at(blk, 0) * a.d[t * nb + b] * si as f32;
     }
     sum
 }
@@ -83,7 +101,11 @@ pub(super) fn rows(
             out[i * tokens + t] = match (w.ty, acts) {
                 (WeightType::Q4_0, Acts::Quant(a)) => dot_q4_0(row, a, t),
                 (WeightType::Q4_1, Acts::Quant(a)) => dot_q4_1(row, a, t),
+                (WeightType::Q5_0, Acts::Quant(a)) => dot_q5_0(row, a, t),
                 (WeightType::Q8_0, Acts::Quant(a)) => dot_q8_0(row, a, t),
+                (WeightType::Q4_K, Acts::QuantK(a)) => dot_q45_k(false, row, a, t),
+                (WeightType::Q5_K, Acts::QuantK(a)) => dot_q45_k(true, row, a, t),
+                (WeightType::Q6_K, Acts::QuantK(a)) => dot_q6_k(row, a, t),
                 (WeightType::F32, Acts::Float(x)) => dot_f32(row, &x[t * w.cols..][..w.cols]),
                 (WeightType::F16, Acts::Float(x)) => dot_f16(row, &x[t * w.cols..][..w.cols]),
                 (ty, _) => unreachable!("activations prepared for the wrong type {ty:?}"),

@@ -19,7 +19,8 @@ pub struct GenerateArgs {
         default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
     )]
     pub model: PathBuf,
-    /// Prompt text (special tokens such as <|im_start|> are parsed).
+    /// Prompt text (special tokens such as <|im_start|> are parsed; BOS is added when the
+    /// model asks for it).
     #[arg(long)]
     pub prompt: String,
     /// Wrap the prompt as a user message in the model's chat template.
@@ -70,7 +71,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     } else {
         a.prompt.clone()
     };
-    let prompt = model.tokenizer().encode(&text, true);
+    let prompt = model.tokenizer().encode_prompt(&text);
     let layout = model.kv_layout(DEFAULT_PAGE_SIZE);
     let pages = layout.pages_for(prompt.len() + a.max_tokens).max(1);
     let engine = Engine::new(model, KvPool::new(PoolConfig::with_pages(layout, pages)));

@@ -80,11 +80,12 @@ impl Frontend {
         &self.tokenizer
     }
 
-    /// Tokens of a completion prompt: text is encoded with special tokens parsed (as llama.cpp's
-    /// server does); client token ids are checked against the vocabulary.
+    /// Tokens of a completion prompt: text is encoded with special tokens parsed and BOS first
+    /// when the model asks for it (as llama.cpp's server does); client token ids are checked
+    /// against the vocabulary and sent as given.
     pub fn completion_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, RouterError> {
         let tokens = match prompt {
-            Prompt::Text(text) => self.tokenizer.encode(text, true),
+            Prompt::Text(text) => self.tokenizer.encode_prompt(text),
             Prompt::Tokens(ids) => {
                 let vocab = self.tokenizer.vocab_size();
                 if let Some(i) = ids.iter().position(|&t| t as usize >= vocab) {
@@ -124,7 +125,7 @@ impl Frontend {
                 format!("`messages` could not be rendered with the chat template: {e}"),
             )
         })?;
-        non_empty(self.tokenizer.encode(&text, true), "messages")
+        non_empty(self.tokenizer.encode_prompt(&text), "messages")
     }
 }
 

@@ -10,6 +10,9 @@ use super::pages::DevicePageId;
 /// A failure of [`super::GpuModel`] or of one sequence in a step.
 #[derive(Debug, Error)]
 pub enum GpuError {
+    /// The GPU forward pass runs only the Llama architecture so far.
+    #[error("the CUDA backend runs only \"llama\" models; {0:?} runs on the CPU (--device cpu)")]
+    Architecture(&'static str),
     /// A kernel wrapper of the CUDA backend failed (no GPU, no PTX, driver error, bad shape).
     #[error("cuda: {0}")]
     Cuda(#[from] CudaError),

@@ -5,8 +5,8 @@
 
 use pagewarden_kernels::cuda::cudarc::driver::CudaSlice;
 use pagewarden_kernels::cuda::{AttentionBatch, CudaBackend, DeviceMatrix};
+use pagewarden_kernels::quant::ActKind;
 use pagewarden_kernels::rope::Rope;
-use pagewarden_kernels::WeightType;
 
 use super::error::{driver, GpuError};
 use super::kv_store::KvRows;
@@ -62,10 +62,7 @@ fn mm(
     exact_acts: Option<&mut CudaSlice<f32>>,
     out: &mut CudaSlice<f32>,
 ) -> Result<(), GpuError> {
-    let quantized = match w.ty {
-        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => true,
-        WeightType::F16 | WeightType::F32 => false,
-    };
+    let quantized = w.ty.act_kind() != ActKind::Float;
     match exact_acts {
         Some(xq) if quantized => {
             b.q8_roundtrip(xq, x, rows * w.cols)?;

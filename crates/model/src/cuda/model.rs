@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use pagewarden_kernels::cuda::{CudaBackend, DeviceKvPool, PageShape};
 
+use crate::arch::Arch;
 use crate::config::LlamaConfig;
 use crate::llama::Model;
 
@@ -72,6 +73,10 @@ impl GpuModel {
         opts: &GpuOptions,
     ) -> Result<GpuModel, GpuError> {
         let cfg = model.config().clone();
+        match cfg.arch {
+            Arch::Llama => {}
+            Arch::Gemma3(_) => return Err(GpuError::Architecture(cfg.arch.name())),
+        }
         let mut opts = opts.clone();
         opts.page_size = opts.page_size.max(1);
         opts.prefill_chunk = opts.prefill_chunk.max(1);

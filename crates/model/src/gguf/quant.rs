@@ -1,5 +1,6 @@
 //! ggml's reference quantizers (Q4_0, Q4_1, Q8_0) and dequantizers, bit-exact with ggml's
-//! `quantize_row_*_ref` layouts, for writing test files and checking kernels.
+//! `quantize_row_*_ref` layouts, for writing test files and checking kernels. Q5_0 and the
+//! K-quants dequantize through the kernels' unpackers (one definition of each layout).
 
 use half::f16;
 
@@ -154,6 +155,11 @@ pub fn dequantize(ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, GgufE
                 out.extend(nib.iter().map(|&b| ((b & 0x0f) as f32 - off) * d + m));
                 out.extend(nib.iter().map(|&b| ((b >> 4) as f32 - off) * d + m));
             }
+        }
+        GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            let kernel = crate::weights::weight_type(ty).expect("a kernel weight type");
+            out.resize(n, 0.0);
+            pagewarden_kernels::quant::dequantize_row(kernel, data, &mut out);
         }
         other => {
             return Err(GgufError::UnsupportedTensorType {

@@ -1,7 +1,7 @@
 //! ggml tensor types: ids, block sizes and block byte sizes as ggml defines them.
 
-/// A ggml tensor element type. The compute path supports F32, F16, Q4_0, Q4_1 and Q8_0;
-/// the rest are recognised (so sizes can be checked) but unsupported.
+/// A ggml tensor element type. The compute path supports F32, F16, Q4_0, Q4_1, Q5_0, Q8_0,
+/// Q4_K, Q5_K and Q6_K; the rest are recognised (so sizes can be checked) but unsupported.
 #[allow(non_camel_case_types, missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GgmlType {
@@ -108,10 +108,7 @@ impl GgmlType {
 
     /// Whether this crate's compute path handles the type.
     pub fn is_supported(self) -> bool {
-        matches!(
-            self,
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
-        )
+        crate::weights::weight_type(self).is_some()
     }
 
     /// Bytes needed for a row of `n` elements, or `None` when `n` is not a whole number of
@@ -160,6 +157,19 @@ mod tests {
             (GgmlType::Q8_0.block_size(), GgmlType::Q8_0.type_size()),
             (32, 34)
         );
+        for (t, bytes) in [
+            (GgmlType::Q5_0, 22),
+            (GgmlType::Q4_K, 144),
+            (GgmlType::Q5_K, 176),
+            (GgmlType::Q6_K, 210),
+        ] {
+            let kernel = crate::weights::weight_type(t).expect("supported");
+            assert_eq!(t.type_size(), bytes);
+            assert_eq!(t.type_size(), kernel.block_bytes(), "{t}");
+            assert_eq!(t.block_size(), kernel.block_size(), "{t}");
+        }
+        assert_eq!(GgmlType::Q4_K.row_bytes(512), Some(288));
+        assert_eq!(GgmlType::Q6_K.row_bytes(128), None);
         assert_eq!(GgmlType::Q4_0.row_bytes(64), Some(36));
         assert_eq!(GgmlType::Q4_0.row_bytes(33), None);
     }

@@ -12,7 +12,7 @@ pub enum ModelError {
     #[error("gguf: {0}")]
     Gguf(#[from] GgufError),
     /// `general.architecture` is not one this engine runs.
-    #[error("unsupported architecture {0:?} (only \"llama\" is supported)")]
+    #[error("unsupported architecture {0:?} (supported: \"llama\", \"gemma3\")")]
     UnsupportedArchitecture(String),
     /// The metadata describes an impossible shape.
     #[error("bad model config: {0}")]

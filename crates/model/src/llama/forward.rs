@@ -1,12 +1,12 @@
 //! The transformer forward pass over a batch of sequences, each contributing one or more
 //! consecutive tokens. All sequences' rows go through each matmul together (weights are
-//! read once per batch); attention runs per sequence over that sequence's pages only.
+//! read once per batch); attention runs per sequence over that sequence's pages only. The
+//! layer recipe is the architecture's (`arch/`); this file holds what every recipe uses.
 //!
 //! A sequence whose KV write or read fails (generation mismatch, pool exhausted) is marked
 //! failed: its rows stop contributing, its error is returned, and its `len` is unchanged.
 
 use half::f16;
-use pagewarden_kernels::activation::swiglu;
 use pagewarden_kernels::norm::rms_norm;
 use pagewarden_kernels::quant::dequantize_row;
 use pagewarden_kernels::rope::Rope;
@@ -14,9 +14,12 @@ use pagewarden_kernels::{matmul, matmul_many, paged_attention, AttnGeometry, KvB
 use pagewarden_kvcache::ReadablePages;
 
 use super::{Model, ModelError};
+use crate::arch::{Arch, LayerExtra};
+use crate::config::LlamaConfig;
+use crate::weights::LayerWeights;
 
 /// One sequence's share of a forward pass.
-pub(super) struct SeqWork<'p> {
+pub(crate) struct SeqWork<'p> {
     pages: &'p mut ReadablePages,
     tokens: &'p [u32],
     /// Position of `tokens[0]` (the sequence's length before this pass).
@@ -27,7 +30,7 @@ pub(super) struct SeqWork<'p> {
 }
 
 impl<'p> SeqWork<'p> {
-    pub(super) fn new(pages: &'p mut ReadablePages, tokens: &'p [u32]) -> SeqWork<'p> {
+    pub(crate) fn new(pages: &'p mut ReadablePages, tokens: &'p [u32]) -> SeqWork<'p> {
         let start = pages.len();
         SeqWork {
             pages,
@@ -43,91 +46,144 @@ impl<'p> SeqWork<'p> {
     }
 }
 
+/// RoPE cos/sin per row of the batch for one frequency base.
+type RopeTable = (f32, Vec<Vec<(f32, f32)>>);
+
+/// The batch's residual stream and the scratch buffers of one forward pass (row-major,
+/// one row per token of the batch).
+pub(crate) struct Pass {
+    /// Rows in the batch.
+    pub rows: usize,
+    /// Position of each row in its sequence.
+    positions: Vec<usize>,
+    /// RoPE cos/sin per row, for each RoPE base the layers use.
+    rope_tables: Vec<RopeTable>,
+    /// Residual stream, `rows x dim`.
+    pub x: Vec<f32>,
+    /// Normalized rows, `rows x dim`.
+    pub xn: Vec<f32>,
+    /// Queries, `rows x q_width`.
+    pub q: Vec<f32>,
+    /// Keys and values, `rows x kv_width`.
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    /// Attention output, `rows x q_width`.
+    pub att: Vec<f32>,
+    /// Output of a projection back to the residual width, `rows x dim`.
+    pub proj: Vec<f32>,
+    /// FFN gate and up, `rows x ffn`.
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+}
+
+impl Pass {
+    fn new(cfg: &LlamaConfig, positions: Vec<usize>) -> Pass {
+        let rows = positions.len();
+        Pass {
+            rows,
+            positions,
+            rope_tables: Vec::new(),
+            x: vec![0f32; rows * cfg.dim],
+            xn: vec![0f32; rows * cfg.dim],
+            q: vec![0f32; rows * cfg.q_width()],
+            k: vec![0f32; rows * cfg.kv_width()],
+            v: vec![0f32; rows * cfg.kv_width()],
+            att: vec![0f32; rows * cfg.q_width()],
+            proj: vec![0f32; rows * cfg.dim],
+            gate: vec![0f32; rows * cfg.ffn],
+            up: vec![0f32; rows * cfg.ffn],
+        }
+    }
+
+    /// Rotates every row's Q and K by its position (NeoX pairs if `neox`).
+    pub(crate) fn rope(&mut self, cfg: &LlamaConfig, base: f32, neox: bool) {
+        let rope = Rope {
+            base,
+            n_dims: cfg.rope_dims,
+            head_dim: cfg.head_dim,
+        };
+        let i = match self.rope_tables.iter().position(|(b, _)| *b == base) {
+            Some(i) => i,
+            None => {
+                let t = self.positions.iter().map(|&p| rope.cos_sin(p)).collect();
+                self.rope_tables.push((base, t));
+                self.rope_tables.len() - 1
+            }
+        };
+        let table = &self.rope_tables[i].1;
+        let (qw, kvw) = (cfg.q_width(), cfg.kv_width());
+        for (r, cs) in table.iter().enumerate() {
+            let (q, k) = (
+                &mut self.q[r * qw..(r + 1) * qw],
+                &mut self.k[r * kvw..][..kvw],
+            );
+            if neox {
+                rope.apply_neox_with(q, cs);
+                rope.apply_neox_with(k, cs);
+            } else {
+                rope.apply_with(q, cs);
+                rope.apply_with(k, cs);
+            }
+        }
+    }
+}
+
+/// `x += y`, elementwise (a residual connection).
+pub(crate) fn add_into(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
 impl Model {
     /// Runs the batch; returns, per sequence, the logits of its last token or its error.
     pub(super) fn forward(&self, seqs: &mut [SeqWork<'_>]) -> Vec<Result<Vec<f32>, ModelError>> {
         let cfg = &self.config;
         let w = &self.weights;
-        let (dim, kvw, hd) = (cfg.dim, cfg.kv_width(), cfg.head_dim);
-        let mut rows = 0;
+        let dim = cfg.dim;
+        let mut positions = Vec::new();
         for s in seqs.iter_mut() {
-            s.row0 = rows;
-            rows += s.tokens.len();
+            s.row0 = positions.len();
+            positions.extend(s.start..s.start + s.tokens.len());
             s.error = self.admit(s);
         }
-        let rope = Rope {
-            base: cfg.rope_theta,
-            n_dims: cfg.rope_dims,
-            head_dim: hd,
+        let mut p = Pass::new(cfg, positions);
+        let embed_scale = match &cfg.arch {
+            Arch::Llama => None,
+            Arch::Gemma3(_) => Some((dim as f32).sqrt()),
         };
-        let mut cos_sin = Vec::with_capacity(rows);
-        let mut x = vec![0f32; rows * dim];
-        for s in seqs.iter() {
+        for s in seqs.iter().filter(|s| s.ok()) {
             for (i, &t) in s.tokens.iter().enumerate() {
-                cos_sin.push(rope.cos_sin(s.start + i));
-                if s.ok() {
-                    let r = s.row0 + i;
-                    dequantize_row(
-                        w.token_embd.ty,
-                        w.token_embd.row(t as usize),
-                        &mut x[r * dim..(r + 1) * dim],
-                    );
+                let x = &mut p.x[(s.row0 + i) * dim..][..dim];
+                dequantize_row(w.token_embd.ty, w.token_embd.row(t as usize), x);
+                if let Some(sc) = embed_scale {
+                    x.iter_mut().for_each(|v| *v *= sc);
                 }
             }
         }
-        let mut xn = vec![0f32; rows * dim];
-        let mut q = vec![0f32; rows * dim];
-        let mut k = vec![0f32; rows * kvw];
-        let mut v = vec![0f32; rows * kvw];
-        let mut att = vec![0f32; rows * dim];
-        let mut proj = vec![0f32; rows * dim];
-        let mut gate = vec![0f32; rows * cfg.ffn];
-        let mut up = vec![0f32; rows * cfg.ffn];
         for (l, lw) in w.layers.iter().enumerate() {
-            rms_norm(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
-            // Q, K and V read the same normalized rows: quantized once, one parallel pass.
-            matmul_many(
-                &[lw.wq, lw.wk, lw.wv],
-                &xn,
-                rows,
-                &mut [&mut q, &mut k, &mut v],
-                &self.par,
-            );
-            for r in 0..rows {
-                rope.apply_with(&mut q[r * dim..(r + 1) * dim], &cos_sin[r]);
-                rope.apply_with(&mut k[r * kvw..(r + 1) * kvw], &cos_sin[r]);
+            match &lw.extra {
+                LayerExtra::Llama => self.llama_block(l, lw, seqs, &mut p),
+                LayerExtra::Gemma3(norms) => self.gemma3_block(norms, l, lw, seqs, &mut p),
             }
-            att.fill(0.0);
-            for s in seqs.iter_mut().filter(|s| s.ok()) {
-                if let Err(e) = self.attend(s, l, &q, &k, &v, &mut att) {
-                    s.error = Some(e);
-                }
-            }
-            self.mm(&lw.wo, &att, rows, &mut proj);
-            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
-            rms_norm(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
-            matmul_many(
-                &[lw.gate, lw.up],
-                &xn,
-                rows,
-                &mut [&mut gate, &mut up],
-                &self.par,
-            );
-            swiglu(&mut gate, &up);
-            self.mm(&lw.down, &gate, rows, &mut proj);
-            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
         // Logits only for the last token of each live sequence.
         let live: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].ok()).collect();
         let mut last = vec![0f32; live.len() * dim];
         for (j, &i) in live.iter().enumerate() {
             let r = seqs[i].row0 + seqs[i].tokens.len() - 1;
-            last[j * dim..(j + 1) * dim].copy_from_slice(&x[r * dim..(r + 1) * dim]);
+            last[j * dim..(j + 1) * dim].copy_from_slice(&p.x[r * dim..(r + 1) * dim]);
         }
         let mut lastn = vec![0f32; last.len()];
         rms_norm(&last, &w.output_norm, cfg.rms_eps, &mut lastn);
         let mut logits = vec![0f32; live.len() * cfg.vocab];
         self.mm(&w.output, &lastn, live.len(), &mut logits);
+        if let Arch::Gemma3(g) = &cfg.arch {
+            if let Some(cap) = g.final_softcap {
+                // llama.cpp: scale by 1/cap, tanh, scale by cap.
+                logits
+                    .iter_mut()
+                    .for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
+            }
+        }
         let mut live_logits = logits.chunks_exact(cfg.vocab.max(1));
         seqs.iter_mut()
             .map(|s| match s.error.take() {
@@ -145,6 +201,51 @@ impl Model {
 
     fn mm(&self, w: &QMatrix<'_>, x: &[f32], rows: usize, out: &mut [f32]) {
         matmul(w, x, rows, out, &self.par);
+    }
+
+    /// Q, K and V of the normalized rows `p.xn`: quantized once, one parallel pass.
+    pub(crate) fn project_qkv(&self, lw: &LayerWeights<'_>, p: &mut Pass) {
+        matmul_many(
+            &[lw.wq, lw.wk, lw.wv],
+            &p.xn,
+            p.rows,
+            &mut [&mut p.q, &mut p.k, &mut p.v],
+            &self.par,
+        );
+    }
+
+    /// FFN gate and up of the normalized rows `p.xn`.
+    pub(crate) fn project_gate_up(&self, lw: &LayerWeights<'_>, p: &mut Pass) {
+        matmul_many(
+            &[lw.gate, lw.up],
+            &p.xn,
+            p.rows,
+            &mut [&mut p.gate, &mut p.up],
+            &self.par,
+        );
+    }
+
+    /// FFN down of the activated `p.gate` into `p.proj`.
+    pub(crate) fn project_down(&self, lw: &LayerWeights<'_>, p: &mut Pass) {
+        self.mm(&lw.down, &p.gate, p.rows, &mut p.proj);
+    }
+
+    /// Attention of every live sequence over its own pages (writing this layer's K/V rows
+    /// first), then the output projection into `p.proj`.
+    pub(crate) fn attention(
+        &self,
+        l: usize,
+        lw: &LayerWeights<'_>,
+        seqs: &mut [SeqWork<'_>],
+        p: &mut Pass,
+    ) {
+        p.att.fill(0.0);
+        for s in seqs.iter_mut().filter(|s| s.ok()) {
+            if let Err(e) = self.attend(s, l, lw.attn.window, p) {
+                s.error = Some(e);
+            }
+        }
+        self.mm(&lw.wo, &p.att, p.rows, &mut p.proj);
     }
 
     /// Checks a sequence can run: tokens in range, context not exceeded, pages grown.
@@ -171,18 +272,15 @@ impl Model {
 
     /// Writes this sequence's K/V rows for layer `l` into its pages, then attends over every
     /// page it owns up to its last token. Every read is generation-checked by `layer_block`.
-    #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         s: &mut SeqWork<'_>,
         l: usize,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        att: &mut [f32],
+        window: Option<usize>,
+        p: &mut Pass,
     ) -> Result<(), ModelError> {
         let cfg = &self.config;
-        let (dim, kvw) = (cfg.dim, cfg.kv_width());
+        let (qw, kvw) = (cfg.q_width(), cfg.kv_width());
         let n = s.tokens.len();
         // admit() grew the pages, so the table is non-empty.
         let geo = &AttnGeometry {
@@ -190,26 +288,27 @@ impl Model {
             kv_heads: cfg.kv_heads,
             head_dim: cfg.head_dim,
             page_size: s.pages.capacity() / s.pages.table().len(),
+            window,
         };
         for i in 0..n {
             let r = s.row0 + i;
             let (kr, vr) = s.pages.kv_row_mut(l, s.start + i)?;
-            to_f16(&k[r * kvw..(r + 1) * kvw], kr);
-            to_f16(&v[r * kvw..(r + 1) * kvw], vr);
+            to_f16(&p.k[r * kvw..(r + 1) * kvw], kr);
+            to_f16(&p.v[r * kvw..(r + 1) * kvw], vr);
         }
         let end = s.start + n;
         let pages = end.div_ceil(geo.page_size);
         let blocks = (0..pages)
-            .map(|p| s.pages.layer_block(l, p).map(|(k, v)| KvBlock { k, v }))
+            .map(|pg| s.pages.layer_block(l, pg).map(|(k, v)| KvBlock { k, v }))
             .collect::<Result<Vec<_>, _>>()?;
         let r0 = s.row0;
         paged_attention(
             geo,
-            &q[r0 * dim..(r0 + n) * dim],
+            &p.q[r0 * qw..(r0 + n) * qw],
             n,
             s.start,
             &blocks,
-            &mut att[r0 * dim..(r0 + n) * dim],
+            &mut p.att[r0 * qw..(r0 + n) * qw],
             &self.par,
         );
         Ok(())

@@ -1,10 +1,11 @@
-//! The Llama model: loading (`Model::load`), prefill and batched decode over paged KV.
+//! The model: loading (`Model::load`), prefill and batched decode over paged KV, for every
+//! architecture in `arch/`.
 //!
 //! - `error.rs`: `ModelError`.
 //! - `forward.rs`: the batched transformer forward pass over `ReadablePages`.
 
 mod error;
-mod forward;
+pub(crate) mod forward;
 
 use std::path::Path;
 
@@ -38,7 +39,7 @@ impl Default for LoadOptions {
     }
 }
 
-/// A loaded Llama model. `Send + Sync`: share it with `Arc`.
+/// A loaded model (any architecture of `arch/`). `Send + Sync`: share it with `Arc`.
 pub struct Model {
     // Declared before `file` so it is dropped first: it borrows the file's bytes.
     weights: LlamaWeights<'static>,
