@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_kvcache::GrantKey;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages};
-use pagewarden_model::Sampler;
+use pagewarden_model::{Sampled, Sampler};
 use pagewarden_proto::v1 as pb;
 use pagewarden_transfer::{BatchStatus, ManifestBuilder, PageWriteReq, SegmentId, TransferBackend};
 use tokio_util::sync::CancellationToken;
@@ -33,6 +33,8 @@ pub struct JobDeps {
     pub metrics: Arc<WorkerMetrics>,
     pub chunk_tokens: usize,
     pub batch_pages: usize,
+    /// The model's end-of-generation tokens (`min_tokens` masks them).
+    pub eog: Vec<u32>,
 }
 
 /// Runs one admitted job to its end.
@@ -67,7 +69,7 @@ async fn compute_and_send(
     cancel: &CancellationToken,
 ) -> Result<pb::PrefillReply, Status> {
     let started = Instant::now();
-    let (pages, first_token) = match compute(deps, job, pages, cancel).await {
+    let (pages, first) = match compute(deps, job, pages, cancel).await {
         Ok(done) => done,
         Err(s) => {
             abandon_grant(deps, job).await;
@@ -92,9 +94,13 @@ async fn compute_and_send(
             page_checksums: manifest.page_checksums,
             digest: manifest.digest,
         }),
-        first_token,
+        first_token: first.token,
         transfer_bytes: bytes,
         transfer_micros: secs.as_micros() as u64,
+        first_logprobs: first
+            .logprobs
+            .as_ref()
+            .map(pagewarden_worker::wire::logprobs),
     })
 }
 
@@ -147,7 +153,7 @@ async fn compute(
     job: &ValidPrefill,
     mut pages: ReadablePages,
     cancel: &CancellationToken,
-) -> Result<(ReadablePages, u32), Status> {
+) -> Result<(ReadablePages, Sampled), Status> {
     let d = deps.clone();
     let prompt = job.prompt.clone();
     let sampling = job.sampling.clone();
@@ -163,7 +169,7 @@ async fn compute(
                 .prefill(&mut pages, chunk)
                 .map_err(|e| Status::internal(format!("prefill forward pass failed: {}", e.0)))?;
         }
-        let first = Sampler::new(&sampling).sample(&logits);
+        let first = Sampler::for_request(&sampling, &prompt, &d.eog).next(&logits);
         Ok((pages, first))
     })
     .await

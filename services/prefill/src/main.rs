@@ -121,6 +121,7 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics.clone(),
         chunk_tokens: cfg.chunk_tokens,
         batch_pages: cli.batch_pages,
+        eog: loaded.model.tokenizer().eog_tokens().to_vec(),
     });
     let service = service::PrefillService {
         deps,

@@ -140,6 +140,7 @@ impl Scheduler {
             owner,
             prompt_tokens,
             sampling,
+            penalty_prompt,
             reply,
             deadline: _,
         } = *q;
@@ -167,6 +168,7 @@ impl Scheduler {
             pages,
             prompt_tokens,
             sampling,
+            penalty_prompt,
         }));
         if reply.send(Ok(grant)).is_err() {
             // The caller left between its last check and now: nothing was written.
