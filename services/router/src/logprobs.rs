@@ -63,11 +63,11 @@ impl LogprobsRenderer {
                 let top: Vec<Value> = items
                     .iter()
                     .map(|l| {
-                        let dict: Map<String, Value> = l
-                            .top
-                            .iter()
-                            .map(|t| (text(t.token), json!(t.logprob)))
-                            .collect();
+                        // Tokens with the same text share a key: the most likely one keeps it.
+                        let mut dict = Map::new();
+                        for t in &l.top {
+                            dict.entry(text(t.token)).or_insert(json!(t.logprob));
+                        }
                         Value::Object(dict)
                     })
                     .collect();
@@ -79,5 +79,44 @@ impl LogprobsRenderer {
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagewarden_model::GgufFile;
+
+    fn lp(token: u32, logprob: f32, top: &[(u32, f32)]) -> Logprobs {
+        let one = |(token, logprob): (u32, f32)| TokenLogprob { token, logprob };
+        Logprobs {
+            chosen: Some(one((token, logprob))),
+            top: top.iter().copied().map(one).collect(),
+        }
+    }
+
+    #[test]
+    fn both_shapes_and_offsets_that_run_across_chunks() {
+        let f = GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(3)).unwrap();
+        let tok = Tokenizer::from_gguf(&f).unwrap();
+        let ids = tok.encode("hello world", false);
+        let (a, b) = (ids[0], ids[1]);
+        let items = [lp(a, -0.5, &[(a, -0.5), (b, -1.5)]), lp(b, -0.25, &[])];
+
+        let chat = LogprobsRenderer::new(Endpoint::Chat).render(&tok, &items);
+        let c = &chat["content"];
+        assert_eq!(c[0]["logprob"], json!(-0.5));
+        assert_eq!(c[0]["bytes"], json!(tok.token_bytes(a)));
+        assert_eq!(c[0]["top_logprobs"][1]["logprob"], json!(-1.5));
+        assert_eq!(c[1]["top_logprobs"], json!([]));
+
+        let mut r = LogprobsRenderer::new(Endpoint::Completions);
+        let first = r.render(&tok, &items[..1]);
+        let second = r.render(&tok, &items[1..]);
+        let len_a = String::from_utf8_lossy(tok.token_bytes(a)).chars().count();
+        assert_eq!(first["text_offset"], json!([0]));
+        assert_eq!(second["text_offset"], json!([len_a]));
+        assert_eq!(second["token_logprobs"], json!([-0.25]));
+        assert_eq!(first["top_logprobs"][0].as_object().map(Map::len), Some(2));
     }
 }

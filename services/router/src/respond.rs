@@ -99,6 +99,11 @@ enum Started {
 
 async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
     let context = state.pool.effective_context()?;
+    let logprobs = p
+        .common
+        .sampling
+        .logprobs
+        .map(|_| LogprobsRenderer::new(p.endpoint));
     let admitted = admit(
         p.tokens,
         p.common.max_tokens,
@@ -123,11 +128,6 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
         &flight.id().to_string(),
         state.frontend.model_name(),
     );
-    let logprobs = p
-        .common
-        .sampling
-        .logprobs
-        .map(|_| LogprobsRenderer::new(p.endpoint));
     if p.common.stream {
         // Headers and the first chunk go out now; queueing and prefill happen inside the
         // stream (keep-alive comments meanwhile), and a worker failure there becomes an

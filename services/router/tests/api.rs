@@ -152,8 +152,8 @@ async fn bad_parameters_are_400_naming_the_field() {
             "messages[0].content[0].cache",
         ),
         (
-            json!({"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 1.1}),
-            "repetition_penalty",
+            json!({"messages": [{"role": "user", "content": "x"}], "guided_json": {}}),
+            "guided_json",
         ),
     ];
     for (body, field) in chat_cases {
