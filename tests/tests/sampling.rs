@@ -375,6 +375,12 @@ async fn sampling_values_in_range_are_served_and_out_of_range_ones_are_400s_nami
         ("top_logprobs", json!(21), "top_logprobs"),
         ("top_logprobs", json!(2), "top_logprobs"),
         ("logprobs", json!(3), "logprobs"),
+        // No constrained decoding: JSON mode is refused rather than merely hoped for.
+        (
+            "response_format",
+            json!({"type": "json_object"}),
+            "response_format",
+        ),
     ];
     let prompt_base = json!({"prompt": "hello", "max_tokens": 4});
     let chat_base = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});

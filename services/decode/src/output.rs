@@ -1,8 +1,8 @@
 //! Turning sampled tokens into stream events, with exactly the single-process engine's rules:
 //! an end token (`EndTokens`: end-of-generation unless `ignore_eos`, and `stop_token_ids`)
-//! ends the stream (and is not part of the completion), a stop
-//! sequence ends it before the stop text (held back while it may still form), `max_tokens`
-//! ends it with `length`. Text is released as complete UTF-8 only.
+//! ends the stream (and is not part of the completion), a stop sequence ends it before the stop
+//! text (held back while it may still form), `max_tokens` ends it with `length`. Text is
+//! released as complete UTF-8 only.
 
 use std::sync::Arc;
 

@@ -134,7 +134,15 @@ impl ValidChatRequest {
         };
         f.only_default("tools", &[json!([])])?;
         f.only_default("tool_choice", &[json!("none"), json!("auto")])?;
-        f.only_default("response_format", &[json!({"type": "text"})])?;
+        if f.get("response_format")
+            .is_some_and(|v| *v != json!({"type": "text"}))
+        {
+            return Err(f.err(
+                "response_format",
+                "is not supported beyond `{\"type\": \"text\"}`: this server has no \
+                 constrained decoding, so it cannot promise JSON output",
+            ));
+        }
         f.only_default("functions", &[json!([])])?;
         f.only_default("function_call", &[json!("none"), json!("auto")])?;
         f.only_default("parallel_tool_calls", &[json!(true), json!(false)])?;
