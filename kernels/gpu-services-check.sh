@@ -92,7 +92,8 @@ common=(--model "$model" --device "$device" --grpc-addr 127.0.0.1:0 --metrics-ad
 t0=$(date +%s.%N)
 start pagewarden-decode "${common[@]}" --node-id decode-0
 start pagewarden-prefill "${common[@]}" --node-id prefill-0
-printf '[[tenants]]\nname = "check"\nkeys = ["check-key"]\n' >"$logs/tenants.toml"
+printf '[[tenants]]\nname = "check"\nkey_sha256 = ["%s"]\n' \
+  "$(printf %s check-key | sha256sum | cut -d' ' -f1)" >"$logs/tenants.toml"
 start pagewarden-router --model "$model" --http-addr 127.0.0.1:0 --tenants "$logs/tenants.toml" \
   --served-model-name m --info-interval 200ms \
   --decode "http://$(field pagewarden-decode grpc)" --prefill "http://$(field pagewarden-prefill grpc)"

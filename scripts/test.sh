@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what the tests need when missing
 # (PostgreSQL server binaries, ibverbs headers and clang for the rdma feature, Chromium and
-# ChromeDriver for the auditor UI test, NVRTC for the
-# CUDA compile test, the default model), then checks formatting, lints every feature, and runs
-# every test of the workspace.
+# ChromeDriver for the auditor UI test, NVRTC for the CUDA compile test, Python's Prometheus
+# text parser for the metrics scrape test, the default model), then checks formatting, lints
+# every feature, and runs every test of the workspace.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -37,6 +37,12 @@ if ! python3 -c 'import nvidia.cuda_nvrtc' >/dev/null 2>&1; then
   python3 -m pip install -q --no-deps 'nvidia-cuda-nvrtc-cu12==12.*'
 fi
 . kernels/nvrtc-env.sh
+
+# The metrics scrape test parses every service's /metrics with Prometheus' Python parser.
+if ! python3 -c 'import prometheus_client' >/dev/null 2>&1; then
+  echo "== installing prometheus-client (Python), the metrics test's parser"
+  python3 -m pip install -q --no-deps 'prometheus-client==0.26.0'
+fi
 
 PAGEWARDEN_MODEL=$(scripts/fetch-model.sh)
 PAGEWARDEN_GEMMA_MODEL=$(scripts/fetch-model.sh gemma3-270m)

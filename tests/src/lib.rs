@@ -309,29 +309,53 @@ pub fn start_prefill(model: &ModelArg, extra: &[&str]) -> Service {
 /// Starts an auditor with its SQLite database in `dir`, both listeners on port 0, and no
 /// scheduled canary sweep.
 pub fn start_auditor(dir: &Path) -> Service {
-    let args: Vec<String> = [
+    start_auditor_with(dir, &[])
+}
+
+/// The operator token of the JSON API of auditors started by [`start_auditor_with`].
+pub const AUDITOR_TOKEN: &str = "pw-system-test-auditor-token";
+
+/// Like [`start_auditor`], with `extra` flags (TLS); writes `dir/auditor.toml` granting
+/// [`AUDITOR_TOKEN`] (stored as its SHA-256) the operator role.
+pub fn start_auditor_with(dir: &Path, extra: &[String]) -> Service {
+    std::fs::create_dir_all(dir).expect("auditor dir");
+    let config = dir.join("auditor.toml");
+    let hash = pagewarden_common::secret::SecretHash::of(AUDITOR_TOKEN);
+    std::fs::write(
+        &config,
+        format!("[[api_tokens]]\nname = \"system-tests\"\nrole = \"operator\"\ntoken_sha256 = \"{hash}\"\n"),
+    )
+    .expect("write auditor config");
+    let mut args: Vec<String> = [
         "--http-addr",
         "127.0.0.1:0",
         "--grpc-addr",
         "127.0.0.1:0",
         "--probe-interval",
         "0",
-        "--data-dir",
     ]
     .iter()
     .map(|s| s.to_string())
-    .chain([
-        dir.display().to_string(),
-        "--database-url".to_string(),
-        format!("sqlite://{}/auditor.sqlite?mode=rwc", dir.display()),
-    ])
     .collect();
+    args.extend([
+        "--config".into(),
+        config.display().to_string(),
+        "--data-dir".into(),
+        dir.display().to_string(),
+        "--database-url".into(),
+        format!("sqlite://{}/auditor.sqlite?mode=rwc", dir.display()),
+    ]);
+    args.extend(extra.iter().cloned());
     Service::start("pagewarden-auditor", &args)
 }
 
-/// GETs `path` from a service's HTTP listener as JSON; panics on any failure.
+/// GETs `path` from a service's HTTP listener as JSON (with [`AUDITOR_TOKEN`], which the
+/// auditor's API needs and other services ignore); panics on any failure.
 pub async fn get_json(service: &Service, path: &str) -> serde_json::Value {
-    reqwest::get(format!("{}{path}", service.http_url()))
+    reqwest::Client::new()
+        .get(format!("{}{path}", service.http_url()))
+        .bearer_auth(AUDITOR_TOKEN)
+        .send()
         .await
         .and_then(|r| r.error_for_status())
         .unwrap_or_else(|e| panic!("GET {path}: {e}"))
@@ -395,6 +419,19 @@ pub fn api_key(n: usize) -> String {
     format!("test-key-{n}")
 }
 
+/// Writes a tenants file at `path`: tenants `tenant-0..n` with [`api_key`] (as its SHA-256).
+pub fn write_tenants(path: &Path, n: usize) {
+    use pagewarden_common::secret::SecretHash;
+    let mut toml = String::new();
+    for i in 0..n {
+        toml.push_str(&format!(
+            "[[tenants]]\nname = \"tenant-{i}\"\nkey_sha256 = [\"{}\"]\n",
+            SecretHash::of(&api_key(i))
+        ));
+    }
+    std::fs::write(path, toml).expect("write tenants");
+}
+
 /// Starts a router serving model name `m` over the given workers (tenants `tenant-0..3` with [`api_key`]) and waits
 /// until `/health` reports every half live.
 pub async fn start_router(
@@ -414,14 +451,7 @@ pub async fn start_router_with(
 ) -> Service {
     let dir = tempfile::tempdir().expect("tempdir");
     let tenants = dir.path().join("tenants.toml");
-    let mut toml = String::new();
-    for n in 0..4 {
-        toml.push_str(&format!(
-            "[[tenants]]\nname = \"tenant-{n}\"\nkeys = [\"{}\"]\n",
-            api_key(n)
-        ));
-    }
-    std::fs::write(&tenants, toml).expect("write tenants");
+    write_tenants(&tenants, 4);
     let mut args: Vec<String> = vec![
         "--http-addr".into(),
         "127.0.0.1:0".into(),

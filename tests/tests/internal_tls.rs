@@ -12,8 +12,8 @@ use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient;
 use pagewarden_proto::v1::decode_client::DecodeClient;
 use pagewarden_system_tests::{
-    api_key, get_json, start_decode, start_prefill, start_router_with, worker_args, ModelArg,
-    Service,
+    api_key, get_json, start_auditor_with, start_decode, start_prefill, start_router_with,
+    worker_args, ModelArg, Service,
 };
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -30,25 +30,7 @@ fn strs(v: &[String]) -> Vec<&str> {
 }
 
 fn start_auditor_tls(dir: &std::path::Path, suite: &DevSuite) -> Service {
-    let mut a: Vec<String> = [
-        "--http-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--probe-interval",
-        "0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.extend([
-        "--data-dir".into(),
-        dir.display().to_string(),
-        "--database-url".into(),
-        format!("sqlite://{}/auditor.sqlite?mode=rwc", dir.display()),
-    ]);
-    a.extend(args(suite, SuiteRole::Auditor));
-    Service::start("pagewarden-auditor", &a)
+    start_auditor_with(dir, &args(suite, SuiteRole::Auditor))
 }
 
 /// A channel to `addr` that trusts `trust`'s CA, expects a server of role `server`, and
@@ -190,29 +172,33 @@ async fn internal_links_need_the_suite_ca_and_the_right_role() {
         .await
         .expect("a router lists markers");
 
-    // 5. A frame forged in clear on decode's transfer port is refused and reaches the auditor.
+    // 5. A frame forged in clear on decode's transfer port, and the same frame replayed inside
+    // a TLS record (as bytes recorded from a real prefill's stream would arrive), are refused,
+    // and each refusal reaches the auditor.
     let t = &decode.addrs["transfer"];
-    let mut s = tokio::net::TcpStream::connect(t)
-        .await
-        .expect("transfer port");
-    let _ = s
-        .write_all(b"PWKV\x01\x01\x00\x00forged frame for a guessed grant")
-        .await;
-    let mut rest = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+    let forged = b"PWKV\x01\x01\x00\x00forged frame for a guessed grant".to_vec();
+    let replayed = [&[0x16u8, 3, 3, 0, 5][..], &forged[..]].concat();
+    for bytes in [forged, replayed] {
+        let mut s = tokio::net::TcpStream::connect(t)
+            .await
+            .expect("transfer port");
+        let _ = s.write_all(&bytes).await;
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+    }
+    let refusals = |v: &serde_json::Value| v.to_string().matches("KV transfer connection").count();
     let start = Instant::now();
     let incidents = loop {
         let v = get_json(&auditor, "/api/incidents?status=open").await;
-        if v.to_string().contains("KV transfer connection")
-            || start.elapsed() > Duration::from_secs(10)
-        {
+        if refusals(&v) >= 2 || start.elapsed() > Duration::from_secs(10) {
             break v;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(
-        incidents.to_string().contains("KV transfer connection"),
-        "the refused transfer connection is not on record: {incidents}"
+    assert_eq!(
+        refusals(&incidents),
+        2,
+        "the refused transfer connections are not both on record: {incidents}"
     );
 }
 

@@ -29,7 +29,7 @@ const DEADLINE: Duration = Duration::from_secs(20);
 const SETTLE: Duration = Duration::from_secs(10);
 
 fn key(n: usize) -> String {
-    format!("storm-key-{n}")
+    pagewarden_system_tests::api_key(n)
 }
 
 fn marker(tenant: usize, n: usize, end: char) -> String {
@@ -40,14 +40,7 @@ fn marker(tenant: usize, n: usize, end: char) -> String {
 async fn start_router8(decodes: &[String], prefills: &[String]) -> Service {
     let dir = tempfile::tempdir().expect("tempdir");
     let tenants = dir.path().join("tenants.toml");
-    let mut toml = String::new();
-    for n in 0..TENANTS {
-        toml.push_str(&format!(
-            "[[tenants]]\nname = \"tenant-{n}\"\nkeys = [\"{}\"]\n",
-            key(n)
-        ));
-    }
-    std::fs::write(&tenants, toml).expect("write tenants");
+    pagewarden_system_tests::write_tenants(&tenants, TENANTS);
     let mut args: Vec<String> = vec![
         "--http-addr".into(),
         "127.0.0.1:0".into(),

@@ -427,3 +427,130 @@ async fn real_model_eight_at_once_wait_their_turn_and_leave_the_pools_free() {
     let pi = d.prefill_info().await;
     assert_eq!((pi.free_pages, pi.queue_depth), (pi.total_pages, 0));
 }
+
+/// Polls until `ok` holds over `service`'s metrics text (`/metrics` on its metrics listener,
+/// or the router's HTTP one); returns that text.
+async fn wait_metrics(
+    url: &str,
+    what: &str,
+    within: Duration,
+    ok: impl Fn(&str) -> bool,
+) -> String {
+    let start = Instant::now();
+    loop {
+        let text = reqwest::get(url)
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("metrics text");
+        if ok(&text) {
+            return text;
+        }
+        assert!(start.elapsed() < within, "{what}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn sample(text: &str, series: &str) -> f64 {
+    pagewarden_common::metrics::sample_value(text, series).unwrap_or(0.0)
+}
+
+/// Every page of a worker's pool is free (none used, draining or quarantined).
+fn pool_idle(text: &str, role: &str) -> bool {
+    let s = |state: &str| {
+        sample(
+            text,
+            &format!("pagewarden_pool_pages{{role=\"{role}\",state=\"{state}\"}}"),
+        )
+    };
+    s("free") > 0.0 && s("used") == 0.0 && s("draining") == 0.0 && s("quarantined") == 0.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_model_prefill_streams_pages_while_computing_and_a_cancel_stops_it_within_a_chunk() {
+    // Context 4,096 in chunks of 128: a prompt of about 4,000 tokens is 31 chunks.
+    let worker = [
+        "--context-length",
+        "4096",
+        "--pool-tokens",
+        "8192",
+        "--chunk-tokens",
+        "128",
+    ];
+    let decode = start_decode(&ModelArg::Real, &worker);
+    let prefill = start_prefill(&ModelArg::Real, &worker);
+    let router = start_router_with(&ModelArg::Real, &[&decode], &[&prefill], &[]).await;
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&model_path()).expect("model")).expect("tok");
+    let text = marked_prompt(&tok, "LONG1", 4000);
+    let chunks = tok.encode(&text, true).len().div_ceil(128) as f64;
+    let prefill_metrics = format!("http://{}/metrics", prefill.addrs["metrics"]);
+    let decode_metrics = format!("http://{}/metrics", decode.addrs["metrics"]);
+    let router_metrics = format!("{}/metrics", router.http_url());
+    let computed = |t: &str| sample(t, "pagewarden_prefill_chunks_total{role=\"prefill\"}");
+
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/completions", router.http_url()))
+        .bearer_auth(api_key(0))
+        .json(&json!({"prompt": text, "max_tokens": 8, "stream": true}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status().as_u16(), 200);
+
+    // Pipelined: decode holds pages of the prompt while prefill still computes it.
+    let mut seen = None;
+    let start = Instant::now();
+    while seen.is_none() {
+        let landed = sample(
+            &wait_metrics(&decode_metrics, "decode", SETTLE, |_| true).await,
+            "pagewarden_transfer_bytes_total{role=\"decode\"}",
+        );
+        let done = computed(&wait_metrics(&prefill_metrics, "prefill", SETTLE, |_| true).await);
+        if landed > 0.0 {
+            seen = Some(done);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no KV reached decode"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = seen.unwrap_or_default();
+    eprintln!("decode received KV after {seen} of {chunks} chunks");
+    assert!(
+        seen < chunks,
+        "KV reached decode only after the whole forward pass ({seen} of {chunks} chunks)"
+    );
+
+    // The client leaves: the router aborts both halves, and prefill stops within one chunk.
+    drop(response);
+    let aborted = wait_metrics(
+        &router_metrics,
+        "router abort",
+        Duration::from_secs(60),
+        |t| {
+            t.lines()
+                .any(|l| l.starts_with("pagewarden_router_aborts_sent_total{half=\"prefill\""))
+        },
+    )
+    .await;
+    drop(aborted);
+    let at_abort = computed(&wait_metrics(&prefill_metrics, "prefill", SETTLE, |_| true).await);
+    let idle = wait_metrics(&prefill_metrics, "prefill pool idle", SETTLE, |t| {
+        pool_idle(t, "prefill")
+    })
+    .await;
+    let after = computed(&idle);
+    wait_metrics(&decode_metrics, "decode pool idle", SETTLE, |t| {
+        pool_idle(t, "decode")
+    })
+    .await;
+    eprintln!("abort seen after {at_abort} chunks; prefill stopped after {after} of {chunks}");
+    assert!(
+        after <= at_abort + 1.0,
+        "prefill went on for {} chunks after the abort",
+        after - at_abort
+    );
+    assert!(after < chunks, "the prompt was computed to its end");
+}

@@ -9,7 +9,10 @@
 //! - `shutdown`: SIGTERM / Ctrl-C as a cancellation token.
 //! - `auditor_client`: `AuditorClient`, the bounded never-blocking sender of reports to the auditor.
 //! - `integrity`: the `IntegritySink` hook through which workers report violations (I8).
+//! - `secret`: bearer secrets (API keys, tokens) and their SHA-256, the only form servers keep.
+//! - `tenants`: the tenants file (hashed API keys → tenants) and clients' clear keys files.
 //! - `tls`: the suite CA, per-role certificates, mutual TLS and per-RPC role checks (I11).
+//! - `vllm_metrics`: the `vllm:*` metrics (vLLM's names and labels) beside Pagewarden's own.
 
 pub mod admission;
 pub mod auditor_client;
@@ -18,8 +21,11 @@ pub mod ids;
 pub mod integrity;
 pub mod metrics;
 pub mod preflight;
+pub mod secret;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tenants;
 pub mod tls;
+pub mod vllm_metrics;
 
 pub use ids::{AttemptId, RequestId, TenantId};

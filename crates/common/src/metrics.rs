@@ -1,4 +1,6 @@
-//! Prometheus metrics shared by the workers (`pagewarden_` prefix) and the `/metrics` HTTP server.
+//! Prometheus metrics shared by the workers (`pagewarden_` prefix, plus vLLM's engine metrics from
+//! [`crate::vllm_metrics`]), the `/metrics` HTTP server, and [`encode`], the one text encoder of
+//! every service.
 //!
 //! One [`WorkerMetrics`] per process, shared with `Arc`. Pool figures that live in the KV pool's
 //! own counters are mirrored into the registry at scrape time by a refresh hook
@@ -14,6 +16,19 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+
+use crate::vllm_metrics::VllmMetrics;
+
+/// The OpenMetrics text of `registries`, one after another, ended by one `# EOF`.
+pub fn encode(registries: &[&Registry]) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    for r in registries {
+        let _ = prometheus_client::encoding::text::encode_registry(&mut out, r);
+    }
+    let _ = prometheus_client::encoding::text::encode_eof(&mut out);
+    out
+}
 
 /// A label set with one `outcome` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -72,12 +87,15 @@ pub struct WorkerMetrics {
     transfer_bytes: Counter,
     transfer_duration: Histogram,
     prefill_duration: Histogram,
+    prefill_chunks: Counter,
     generated_tokens: Counter,
+    vllm: VllmMetrics,
 }
 
 impl WorkerMetrics {
-    /// Registers every metric under the `pagewarden_` prefix, with a constant `role` label.
-    pub fn new(role: &'static str) -> Self {
+    /// Registers every metric under the `pagewarden_` prefix, with a constant `role` label, and
+    /// vLLM's engine metrics for `model_name`.
+    pub fn new(role: &'static str, model_name: &str) -> Self {
         let mut registry = Registry::with_prefix_and_labels(
             "pagewarden",
             [(
@@ -100,7 +118,9 @@ impl WorkerMetrics {
             transfer_bytes: Counter::default(),
             transfer_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             prefill_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            prefill_chunks: Counter::default(),
             generated_tokens: Counter::default(),
+            vllm: VllmMetrics::new(model_name, role),
             registry: Registry::default(),
         };
         registry.register("requests", "Requests by outcome", m.requests.clone());
@@ -141,7 +161,7 @@ impl WorkerMetrics {
             m.ttft.clone(),
         );
         registry.register(
-            "inter_token_seconds",
+            "inter_token_latency_seconds",
             "Time between streamed tokens",
             m.inter_token.clone(),
         );
@@ -159,6 +179,11 @@ impl WorkerMetrics {
             "prefill_duration_seconds",
             "Duration of one prompt's forward pass",
             m.prefill_duration.clone(),
+        );
+        registry.register(
+            "prefill_chunks",
+            "Prefill chunks computed (a cancel stops a prompt within one)",
+            m.prefill_chunks.clone(),
         );
         registry.register(
             "generated_tokens",
@@ -193,11 +218,18 @@ impl WorkerMetrics {
     /// Sets the in-flight gauge.
     pub fn set_active(&self, n: usize) {
         self.active_requests.set(n as i64);
+        self.vllm.set_running(n);
     }
 
     /// Sets the waiting-queue gauge.
     pub fn set_queue_depth(&self, n: usize) {
         self.queue_depth.set(n as i64);
+        self.vllm.set_waiting(n);
+    }
+
+    /// Records how long a request waited in the queue before it got pages or compute.
+    pub fn observe_queue_time(&self, secs: f64) {
+        self.vllm.observe_queue_time(secs);
     }
 
     /// Records a time to first token.
@@ -208,6 +240,11 @@ impl WorkerMetrics {
     /// Records an inter-token gap.
     pub fn observe_inter_token(&self, secs: f64) {
         self.inter_token.observe(secs);
+    }
+
+    /// Counts one computed prefill chunk.
+    pub fn prefill_chunk(&self) {
+        self.prefill_chunks.inc();
     }
 
     /// Counts generated tokens.
@@ -246,6 +283,11 @@ impl WorkerMetrics {
                 .get_or_create(&StateLabel { state })
                 .set(v as i64);
         }
+        let total = g.free + g.used + g.draining + g.quarantined;
+        if total > 0 {
+            self.vllm
+                .set_kv_usage((total - g.free) as f64 / total as f64);
+        }
     }
 
     /// Mirrors a monotonic total kept elsewhere (the pool's deferred-release counters) into
@@ -271,40 +313,42 @@ impl WorkerMetrics {
 
     /// Prometheus text of every metric.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        encode(&[&self.registry, self.vllm.registry()])
     }
 }
 
 /// Called before each scrape to copy external figures (pool stats) into the metrics.
 pub type RefreshHook = Arc<dyn Fn(&WorkerMetrics) + Send + Sync>;
 
-/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
+/// Serves `GET /metrics`, `/live` and `/ready` on `listener` until `shutdown` resolves.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     metrics: Arc<WorkerMetrics>,
     refresh: RefreshHook,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let metrics = metrics.clone();
-            let refresh = refresh.clone();
-            async move {
-                refresh(&metrics);
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    metrics.render(),
-                )
-            }
-        }),
-    );
+    // `/live` and `/ready`: the listener binds only once the model is loaded and the preflight
+    // passed, and closes at shutdown, so answering at all means both.
+    let app = axum::Router::new()
+        .route("/live", get(|| async { "ok" }))
+        .route("/ready", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                let refresh = refresh.clone();
+                async move {
+                    refresh(&metrics);
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        metrics.render(),
+                    )
+                }
+            }),
+        );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -327,7 +371,7 @@ mod tests {
 
     #[test]
     fn names_are_prefixed_and_values_render() {
-        let m = WorkerMetrics::new("decode");
+        let m = WorkerMetrics::new("decode", "smol");
         m.rejection("context_length_exceeded");
         m.set_pool(PoolGauges {
             free: 7,
@@ -343,7 +387,10 @@ mod tests {
             .lines()
             .filter(|l| !l.starts_with('#') && !l.is_empty())
         {
-            assert!(line.starts_with("pagewarden_"), "{line}");
+            assert!(
+                line.starts_with("pagewarden_") || line.starts_with("vllm:"),
+                "{line}"
+            );
         }
         assert_eq!(
             sample_value(

@@ -8,6 +8,11 @@
 //! router_url = "http://127.0.0.1:8080"
 //! probe_interval = "5m"                                        # "0" turns probing off
 //! probe_tenants = [{ tenant = "probe-a", api_key = "pw-probe-a" }]
+//! secure_cookies = true          # the web UI is served under TLS (e.g. by a TLS proxy)
+//! [[operators]]                  # web UI accounts and JSON API tokens: see `accounts`
+//! name = "ana"
+//! role = "operator"
+//! password_argon2 = "$argon2id$..."
 //! ```
 
 use std::net::SocketAddr;
@@ -19,6 +24,7 @@ use serde::Deserialize;
 
 use pagewarden_common::tls::{InternalTls, TlsFlags, TlsKeys};
 
+use crate::accounts::{Accounts, ApiToken, OperatorAccount};
 use crate::probe::ProbeTenant;
 
 /// The configuration could not be read.
@@ -75,6 +81,9 @@ pub struct Args {
     /// Serve gRPC in clear on a non-loopback address, unauthenticated.
     #[arg(long)]
     pub insecure_internal: bool,
+    /// Log JSON lines instead of text.
+    #[arg(long)]
+    pub log_json: bool,
 }
 
 /// The TOML file's shape; every field optional.
@@ -98,6 +107,10 @@ pub struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     insecure_internal: Option<bool>,
+    operators: Vec<OperatorAccount>,
+    api_tokens: Vec<ApiToken>,
+    secure_cookies: Option<bool>,
+    log_json: Option<bool>,
 }
 
 /// The resolved configuration.
@@ -131,6 +144,12 @@ pub struct Config {
     pub tls: InternalTls,
     /// Plaintext gRPC allowed on a non-loopback address.
     pub insecure_internal: bool,
+    /// Web UI accounts and JSON API tokens (hashes only).
+    pub accounts: Accounts,
+    /// The web UI is served under TLS: session cookies are marked `Secure`.
+    pub secure_cookies: bool,
+    /// Log JSON lines instead of text.
+    pub log_json: bool,
 }
 
 /// Parses `90`, `30s`, `5m`, `1h` into a duration; `0` is `None` (off).
@@ -221,6 +240,10 @@ impl Config {
             model_path: a.model_path.or(f.model_path),
             tls,
             insecure_internal: a.insecure_internal || f.insecure_internal.unwrap_or(false),
+            accounts: Accounts::new(&f.operators, &f.api_tokens)
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?,
+            secure_cookies: f.secure_cookies.unwrap_or(false),
+            log_json: a.log_json || f.log_json.unwrap_or(false),
         })
     }
 

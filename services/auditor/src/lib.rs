@@ -3,6 +3,7 @@
 //! canary probes through the router, keeps an incident log (SQLite or PostgreSQL), and serves
 //! the operators' web UI with a JSON API behind it.
 //!
+//! - `accounts`: web UI operators (argon2) and JSON API tokens (SHA-256), with roles.
 //! - `client`: `AuditorClient`, the bounded, never-blocking sender router and workers use.
 //! - `config`: TOML file + flags.
 //! - `domain`: enums mirroring the schema's CHECK constraints, ids, time.
@@ -17,6 +18,7 @@
 //! - `tokens`: the `TokenCounter` used for probe token-count checks.
 //! - `web`: HTML pages, JSON API, `/metrics`, `/health`.
 
+pub mod accounts;
 pub mod client;
 pub mod config;
 pub mod domain;

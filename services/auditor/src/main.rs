@@ -11,9 +11,10 @@ use pagewarden_auditor::tokens::{GgufTokenCounter, TokenCounter};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let _telemetry = pagewarden_common::telemetry::init_telemetry("pagewarden-auditor", false)
-        .context("starting telemetry")?;
     let cfg = Config::load(Args::parse()).context("loading configuration")?;
+    let _telemetry =
+        pagewarden_common::telemetry::init_telemetry("pagewarden-auditor", cfg.log_json)
+            .context("starting telemetry")?;
     let tokens: Option<Arc<dyn TokenCounter>> = match &cfg.model_path {
         Some(p) => Some(Arc::new(
             GgufTokenCounter::open(p).context("loading the tokenizer for probe token counts")?,

@@ -125,8 +125,15 @@ pub async fn start(
         }
     });
 
+    if cfg.accounts.is_empty() {
+        tracing::warn!(
+            "no [[operators]] or [[api_tokens]] configured: nobody can use the web UI or the \
+             JSON API"
+        );
+    }
     let app = web::router(AppState {
         engine: engine.clone(),
+        auth: Arc::new(web::Auth::new(cfg.accounts.clone(), cfg.secure_cookies)),
     });
     let stop = shutdown.clone();
     tasks.spawn(async move {

@@ -93,7 +93,7 @@ async fn main() -> anyhow::Result<()> {
         .await?
     };
     let admission = loaded.admission();
-    let metrics = Arc::new(WorkerMetrics::new(ROLE.name));
+    let metrics = Arc::new(WorkerMetrics::new(ROLE.name, &loaded.model_name));
     let auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
         .context("auditor client")?;
     let integrity: Arc<dyn IntegritySink> = match auditor {

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::convert;
 use crate::scheduler::{Command, Load};
@@ -66,40 +67,45 @@ impl Decode for DecodeService {
     ) -> Result<Response<pb::ReserveReply>, Status> {
         let span = tracing::info_span!("decode.reserve");
         accept_trace_context(&span, request.metadata());
-        let _e = span.enter();
-        let m = request.into_inner();
-        let (req, attempt) = convert::request_ref(m.req.as_ref())?;
-        if m.tenant.is_empty() {
-            return Err(Status::invalid_argument("tenant is required"));
-        }
-        let sampling = convert::sampling(m.sampling.as_ref())?;
-        let penalty_prompt =
-            convert::penalty_prompt(&sampling, m.prompt_token_ids, m.prompt_tokens as usize)?;
-        // The call may wait in the scheduler's queue; if it is dropped meanwhile (the router
-        // gave up), the request leaves the queue at once.
-        let withdraw = Withdraw {
-            tx: self.tx.clone(),
-            req,
-            attempt,
-            armed: true,
-        };
-        let grant = self
-            .ask(|reply| Command::Reserve {
+        // The span is attached to the future, never entered across an await (a guard held over
+        // an await leaves a closed span on the thread's stack: tracing-subscriber then panics).
+        async move {
+            let m = request.into_inner();
+            let (req, attempt) = convert::request_ref(m.req.as_ref())?;
+            if m.tenant.is_empty() {
+                return Err(Status::invalid_argument("tenant is required"));
+            }
+            let sampling = convert::sampling(m.sampling.as_ref())?;
+            let penalty_prompt =
+                convert::penalty_prompt(&sampling, m.prompt_token_ids, m.prompt_tokens as usize)?;
+            // The call may wait in the scheduler's queue; if it is dropped meanwhile (the router
+            // gave up), the request leaves the queue at once.
+            let withdraw = Withdraw {
+                tx: self.tx.clone(),
                 req,
                 attempt,
-                tenant: TenantId::new(m.tenant),
-                prompt_tokens: m.prompt_tokens as usize,
-                sampling,
-                penalty_prompt,
-                reply,
-            })
-            .await?;
-        withdraw.disarm();
-        let grant = grant?;
-        Ok(Response::new(pb::ReserveReply {
-            req: m.req,
-            grant: Some(convert::grant(&grant, &self.info.transfer_addr)),
-        }))
+                armed: true,
+            };
+            let grant = self
+                .ask(|reply| Command::Reserve {
+                    req,
+                    attempt,
+                    tenant: TenantId::new(m.tenant),
+                    prompt_tokens: m.prompt_tokens as usize,
+                    sampling,
+                    penalty_prompt,
+                    reply,
+                })
+                .await?;
+            withdraw.disarm();
+            let grant = grant?;
+            Ok(Response::new(pb::ReserveReply {
+                req: m.req,
+                grant: Some(convert::grant(&grant, &self.info.transfer_addr)),
+            }))
+        }
+        .instrument(span)
+        .await
     }
 
     type GenerateStream = EventStream;
@@ -111,26 +117,30 @@ impl Decode for DecodeService {
         let received_at = Instant::now();
         let span = tracing::info_span!("decode.generate");
         accept_trace_context(&span, request.metadata());
-        let _e = span.enter();
-        let m = request.into_inner();
-        let (req, attempt) = convert::request_ref(m.req.as_ref())?;
-        let manifest = convert::manifest(m.manifest.as_ref())?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let args = GenerateArgs {
-            manifest,
-            first_token: m.first_token,
-            first_logprobs: convert::parse_logprobs(m.first_logprobs.as_ref())?,
-            tx,
-            received_at,
-        };
-        self.ask(|reply| Command::Generate {
-            req,
-            attempt,
-            args,
-            reply,
-        })
-        .await??;
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+        async move {
+            let m = request.into_inner();
+            let (req, attempt) = convert::request_ref(m.req.as_ref())?;
+            let manifest = convert::manifest(m.manifest.as_ref())?;
+            let (tx, rx) = mpsc::unbounded_channel();
+            let args = GenerateArgs {
+                manifest,
+                first_token: m.first_token,
+                first_logprobs: convert::parse_logprobs(m.first_logprobs.as_ref())?,
+                tx,
+                received_at,
+            };
+            self.ask(|reply| Command::Generate {
+                req,
+                attempt,
+                args,
+                reply,
+            })
+            .await??;
+            let events: EventStream = Box::pin(UnboundedReceiverStream::new(rx));
+            Ok(Response::new(events))
+        }
+        .instrument(span)
+        .await
     }
 
     async fn abort(

@@ -46,6 +46,8 @@ pub struct Queued {
     /// The prompt's ids when a repetition penalty needs them, else empty.
     pub penalty_prompt: Vec<u32>,
     pub reply: GrantReply,
+    /// When it joined the queue.
+    pub queued_at: Instant,
     /// When the wait ends with `queue_timeout`.
     pub deadline: Instant,
 }

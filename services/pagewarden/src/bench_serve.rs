@@ -21,7 +21,10 @@ use pagewarden_kvcache::{KvPool, PoolConfig, DEFAULT_PAGE_SIZE};
 use pagewarden_model::{Engine, LoadOptions, Model, SamplingParams};
 
 use crate::children::{self, Group};
-use crate::devconfig::{new_key, Plan, Tenant, TenantsFile};
+use crate::devconfig::Plan;
+use crate::devsecrets::{KEY_PREFIX, TENANTS_HEADER};
+use pagewarden_common::secret::{new_secret, SecretHash};
+use pagewarden_common::tenants::TenantsFile;
 
 const SERVICES: [&str; 3] = [
     "pagewarden-decode",
@@ -205,21 +208,18 @@ async fn run_suite(
     prompts: &[Vec<u32>],
 ) -> anyhow::Result<Vec<Level>> {
     let dir = tempfile::tempdir().context("creating a temp dir")?;
-    let key = new_key(&mut rand::rng());
-    let tenants = TenantsFile {
-        tenants: vec![Tenant {
-            name: "bench".into(),
-            keys: vec![key.clone()],
-        }],
-    };
+    let key = new_secret(KEY_PREFIX, &mut rand::rng());
+    let mut tenants = TenantsFile::default();
+    tenants.entry_mut("bench").key_sha256 = vec![SecretHash::of(&key)];
     let tenants_path = dir.path().join("tenants.toml");
-    std::fs::write(&tenants_path, toml::to_string(&tenants)?)?;
+    tenants.save(&tenants_path, TENANTS_HEADER)?;
     let plan = Plan {
         bin_dir: bin_dir.to_path_buf(),
         dir: dir.path().to_path_buf(),
         model: a.model.clone(),
         tenants: tenants_path,
         probe_key: String::new(),
+        auditor_config: dir.path().join("auditor.toml"),
         router_addr: "127.0.0.1:0".parse()?,
         auditor_addr: "127.0.0.1:0".parse()?,
         probe_interval: String::new(),

@@ -1,17 +1,17 @@
 //! `pagewarden chaos --router URL --keys FILE [--requests N] [--seed S]`: a bounded abort
-//! storm against a staging deployment. Every tenant of the tenants file (the router's
-//! `[[tenants]] name, keys` toml) sends prompts with its own fresh marker at the start and
+//! storm against a staging deployment. Every tenant of the clear keys file (`[[keys]] tenant,
+//! key`, as `pagewarden up` keeps in `.pw/keys.toml`) sends prompts with its own fresh marker at the start and
 //! the end; a seeded share of the streams is dropped mid-SSE. Every byte of every answer is
 //! scanned for the other tenants' markers. Prints a summary; exits non-zero on any leak.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use futures::StreamExt;
+use pagewarden_common::tenants::ClientKeys;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::Deserialize;
 
 /// `pagewarden chaos` flags.
 #[derive(Debug, clap::Args)]
@@ -19,8 +19,8 @@ pub struct ChaosArgs {
     /// Router base URL (staging only: this command aborts requests on purpose).
     #[arg(long)]
     pub router: String,
-    /// The router's tenants file (`[[tenants]] name = "..", keys = [..]`); the first key of
-    /// every tenant is used.
+    /// A clear keys file (`[[keys]] tenant = "..", key = ".."`, like `.pw/keys.toml`); the
+    /// first key of every tenant is used.
     #[arg(long)]
     pub keys: PathBuf,
     /// Requests in all.
@@ -38,18 +38,6 @@ pub struct ChaosArgs {
     /// Per-request deadline (seconds); a request still open then counts as hung.
     #[arg(long, default_value_t = 60)]
     pub deadline_s: u64,
-}
-
-#[derive(Deserialize)]
-struct TenantsFile {
-    #[serde(default)]
-    tenants: Vec<TenantEntry>,
-}
-
-#[derive(Deserialize)]
-struct TenantEntry {
-    name: String,
-    keys: Vec<String>,
 }
 
 /// One tenant as the storm sees it.
@@ -89,24 +77,21 @@ pub struct Summary {
     pub leaks: usize,
 }
 
-fn load_tenants(path: &PathBuf, rng: &mut StdRng) -> anyhow::Result<Vec<Tenant>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading tenants file {}", path.display()))?;
-    let file: TenantsFile =
-        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let tenants: Vec<Tenant> = file
-        .tenants
-        .into_iter()
-        .filter_map(|t| {
-            let key = t.keys.into_iter().next()?;
-            let marker = format!("ZQ{}X{:08x}", t.name.len(), rng.random::<u32>());
-            Some(Tenant {
-                name: t.name,
-                key,
-                marker,
-            })
-        })
-        .collect();
+fn load_tenants(path: &Path, rng: &mut StdRng) -> anyhow::Result<Vec<Tenant>> {
+    let file = ClientKeys::load(path)?;
+    let mut tenants: Vec<Tenant> = Vec::new();
+    for k in file.keys {
+        // The first key of every tenant.
+        if k.key.is_empty() || tenants.iter().any(|t| t.name == k.tenant) {
+            continue;
+        }
+        let marker = format!("ZQ{}X{:08x}", k.tenant.len(), rng.random::<u32>());
+        tenants.push(Tenant {
+            name: k.tenant,
+            key: k.key,
+            marker,
+        });
+    }
     if tenants.len() < 2 {
         bail!(
             "chaos needs at least two tenants with a key in {}",

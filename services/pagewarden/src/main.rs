@@ -1,5 +1,8 @@
 //! `pagewarden`: the launcher CLI. One subcommand per file:
-//! - `up.rs` (+ `children.rs`, `devconfig.rs`, `fetch.rs`): the whole suite on 127.0.0.1.
+//! - `up.rs` (+ `children.rs`, `devconfig.rs`, `devsecrets.rs`, `fetch.rs`): the whole suite
+//!   on 127.0.0.1.
+//! - `keys_cmd.rs`: add, rotate and revoke tenants' API keys in a tenants file.
+//! - `hash_password_cmd.rs`: the argon2 hash of an auditor operator's password.
 //! - `preflight_cmd.rs`: checks a deployment's workers and keys before it starts.
 //! - `probe_cmd.rs`: one canary sweep against a running router.
 //! - `generate.rs`: run the model in-process on one prompt.
@@ -12,8 +15,11 @@ mod bench_serve;
 mod chaos;
 mod children;
 mod devconfig;
+mod devsecrets;
 mod fetch;
 mod generate;
+mod hash_password_cmd;
+mod keys_cmd;
 mod preflight_cmd;
 mod probe_cmd;
 mod up;
@@ -37,6 +43,15 @@ enum Command {
     Up(up::UpArgs),
     /// Check a deployment config (pool vs context on every worker, versions, keys).
     Preflight(preflight_cmd::PreflightArgs),
+    /// Add, rotate or revoke a tenant's API keys in a tenants file (the router reloads it on
+    /// SIGHUP).
+    Keys {
+        /// What to do.
+        #[command(subcommand)]
+        what: keys_cmd::KeysCommand,
+    },
+    /// Print the argon2 hash of a password read on stdin (for the auditor's `[[operators]]`).
+    HashPassword,
     /// Run one canary sweep against a running router and print the result.
     Probe(probe_cmd::ProbeArgs),
     /// Generate text from a prompt in this process (no services).
@@ -65,6 +80,8 @@ fn main() -> anyhow::Result<()> {
         Command::Up(a) => up::run(a),
         Command::Preflight(a) => preflight_cmd::run(a),
         Command::Probe(a) => probe_cmd::run(a),
+        Command::Keys { what } => keys_cmd::run(what),
+        Command::HashPassword => hash_password_cmd::run(),
         Command::Generate(a) => generate::run(a),
         Command::Chaos(a) => chaos::run(a),
         Command::Bench { what } => match what {

@@ -5,7 +5,7 @@
 //! Prints a table; any failure makes the exit status non-zero.
 //!
 //! ```toml
-//! tenants_file = "tenants.toml"          # and/or inline [[tenants]] name = "..", keys = [..]
+//! tenants_file = "tenants.toml"          # and/or inline [[tenants]] name = "..", key_sha256 = [..]
 //! [[workers]]
 //! name = "decode-0"
 //! role = "decode"                        # prefill | decode
@@ -25,7 +25,7 @@ use pagewarden_kvcache::KvLayout;
 use pagewarden_model::{GgufFile, LlamaConfig};
 use serde::Deserialize;
 
-use crate::devconfig::{Tenant, TenantsFile};
+use pagewarden_common::tenants::{problems, TenantEntry, TenantsFile};
 
 /// `pagewarden preflight` flags.
 #[derive(Debug, clap::Args)]
@@ -92,7 +92,7 @@ pub struct PreflightFile {
     pub tenants_file: Option<PathBuf>,
     /// Inline tenants.
     #[serde(default)]
-    pub tenants: Vec<Tenant>,
+    pub tenants: Vec<TenantEntry>,
     /// Every worker.
     #[serde(default)]
     pub workers: Vec<WorkerEntry>,
@@ -226,35 +226,6 @@ fn check_worker(w: &WorkerEntry, base: &Path) -> Row {
     row
 }
 
-/// Keys: at least one tenant, names unique, every tenant has keys, none empty, none shared.
-pub fn check_tenants(tenants: &[Tenant]) -> Vec<String> {
-    let mut problems = Vec::new();
-    if tenants.is_empty() {
-        problems.push("no tenants: the router would refuse every request".into());
-    }
-    let mut names = std::collections::HashSet::new();
-    let mut keys = std::collections::HashMap::new();
-    for t in tenants {
-        if !names.insert(t.name.as_str()) {
-            problems.push(format!("tenant {:?} is listed twice", t.name));
-        }
-        if t.keys.is_empty() {
-            problems.push(format!("tenant {:?} has no keys", t.name));
-        }
-        for k in &t.keys {
-            if k.trim().is_empty() {
-                problems.push(format!("tenant {:?} has an empty key", t.name));
-            } else if let Some(other) = keys.insert(k.as_str(), t.name.as_str()) {
-                problems.push(format!(
-                    "tenants {other:?} and {:?} share a key: a key must name one tenant",
-                    t.name
-                ));
-            }
-        }
-    }
-    problems
-}
-
 /// Runs every check of `file`; paths in it are relative to `base`.
 pub fn check(file: &PreflightFile, base: &Path) -> anyhow::Result<Report> {
     let mut report = Report {
@@ -263,14 +234,9 @@ pub fn check(file: &PreflightFile, base: &Path) -> anyhow::Result<Report> {
     };
     let mut tenants = file.tenants.clone();
     if let Some(p) = &file.tenants_file {
-        let p = base.join(p);
-        let text =
-            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        let t: TenantsFile =
-            toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
-        tenants.extend(t.tenants);
+        tenants.extend(TenantsFile::load(&base.join(p))?.tenants);
     }
-    report.cluster.extend(check_tenants(&tenants));
+    report.cluster.extend(problems(&tenants));
     for role in [Role::Prefill, Role::Decode] {
         if !file.workers.iter().any(|w| w.role == role) {
             report.cluster.push(format!("no {} worker", role.as_str()));
@@ -372,28 +338,4 @@ pub fn run(args: PreflightArgs) -> anyhow::Result<()> {
         bail!("preflight failed: {n} problem(s), see the table above");
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn t(name: &str, keys: &[&str]) -> Tenant {
-        Tenant {
-            name: name.into(),
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-        }
-    }
-
-    #[test]
-    fn key_problems_are_each_named() {
-        assert!(check_tenants(&[t("a", &["k1"]), t("b", &["k2"])]).is_empty());
-        let p = check_tenants(&[t("a", &["k1"]), t("b", &["k1"]), t("c", &[]), t("d", &[""])]);
-        assert_eq!(p.len(), 3, "{p:?}");
-        assert!(p[0].contains("share a key"));
-        assert!(p[1].contains("\"c\" has no keys"));
-        assert!(p[2].contains("empty key"));
-        assert_eq!(check_tenants(&[]).len(), 1);
-        assert_eq!(check_tenants(&[t("a", &["x"]), t("a", &["y"])]).len(), 1);
-    }
 }

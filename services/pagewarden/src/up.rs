@@ -1,6 +1,6 @@
 //! `pagewarden up`: the whole suite on 127.0.0.1 for a developer. Fetches the default model
-//! when missing, writes the dev config dir (tenants with random keys, the auditor's SQLite
-//! file, logs), starts auditor → decode → prefill → router as child processes, waits until the
+//! when missing, writes the dev config dir (tenants with random keys, the auditor's dev
+//! operator with a random password, the auditor's SQLite file, logs), starts auditor → decode → prefill → router as child processes, waits until the
 //! router reports its workers live, prints how to use it, and stops everything on Ctrl-C or
 //! SIGTERM. A child that exits early ends the launcher with that child's last stderr lines.
 
@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 
 use crate::children::{self, Group, Running, Spec};
-use crate::devconfig::{self, Plan, DEV_TENANTS, PROBE_TENANT};
+use crate::devconfig::{self, Plan};
+use crate::devsecrets::{self, DevOperator, DEV_OPERATOR, DEV_TENANTS, PROBE_TENANT};
 use crate::fetch::{self, spinner};
+use pagewarden_common::tenants::ClientKeys;
 
 /// The four service binaries, expected next to the `pagewarden` executable.
 pub const SERVICES: [&str; 4] = [
@@ -165,7 +167,8 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     if !model.is_file() {
         bail!("model {} not found", model.display());
     }
-    let (tenants_path, tenants) = devconfig::ensure_tenants(&dir)?;
+    let (tenants_path, tenants) = devsecrets::ensure_tenants(&dir)?;
+    let operator = devsecrets::ensure_operator(&dir)?;
     // Mutual TLS on every internal link, with a dev CA kept in `.pw/tls/`.
     devconfig::ensure_tls(&dir)?;
     let mut group = Group::default();
@@ -180,7 +183,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    print_banner(&endpoints, &dir, &tenants_path, &tenants);
+    print_banner(&endpoints, &dir, &tenants_path, &tenants, &operator);
     let outcome = tokio::select! {
         err = group.first_exit() => Err(err),
         () = pagewarden_common::shutdown::signal() => Ok(()),
@@ -205,6 +208,7 @@ fn print_commands(
             .unwrap_or_else(|| fetch::model_path(root.unwrap_or(dir))),
         tenants: dir.join("tenants.toml"),
         probe_key: "KEY".into(),
+        auditor_config: devsecrets::auditor_config(dir),
         router_addr: args.router_addr,
         auditor_addr: args.auditor_addr,
         probe_interval: args.probe_interval.clone(),
@@ -254,7 +258,7 @@ async fn start_all(
     dir: &Path,
     model: &Path,
     tenants_path: &Path,
-    tenants: &devconfig::TenantsFile,
+    tenants: &ClientKeys,
     group: &mut Group,
 ) -> anyhow::Result<Endpoints> {
     let timeout = Duration::from_secs(up.start_timeout_s);
@@ -269,6 +273,7 @@ async fn start_all(
         model: model.to_path_buf(),
         tenants: tenants_path.to_path_buf(),
         probe_key: probe_key.to_string(),
+        auditor_config: devsecrets::auditor_config(dir),
         router_addr,
         auditor_addr,
         probe_interval: up.probe_interval.clone(),
@@ -403,14 +408,29 @@ pub fn curl_example(api: &str, key: &str, model: &str) -> String {
     )
 }
 
-fn print_banner(e: &Endpoints, dir: &Path, tenants_path: &Path, t: &devconfig::TenantsFile) {
+fn print_banner(
+    e: &Endpoints,
+    dir: &Path,
+    tenants_path: &Path,
+    t: &ClientKeys,
+    operator: &DevOperator,
+) {
     let key = |n: &str| t.key_of(n).unwrap_or_default().to_string();
     let (a, b) = (DEV_TENANTS[0], DEV_TENANTS[1]);
     println!();
     println!("Pagewarden is up.");
     println!("  API (OpenAI-compatible): {}/v1", e.api);
     println!("  auditor UI:              {}/", e.auditor);
-    println!("  dev tenants ({}):", tenants_path.display());
+    println!(
+        "    sign in as {DEV_OPERATOR}, password {} (kept in {})",
+        operator.password,
+        operator.password_file.display()
+    );
+    println!(
+        "  dev tenants (keys in {}, hashed in {}):",
+        dir.join("keys.toml").display(),
+        tenants_path.display()
+    );
     println!("    {a:<10} {}", key(a));
     println!("    {b:<10} {}", key(b));
     println!("  try it:");
@@ -420,6 +440,10 @@ fn print_banner(e: &Endpoints, dir: &Path, tenants_path: &Path, t: &devconfig::T
         e.api,
         key(a),
         key(b)
+    );
+    println!(
+        "  more keys: pagewarden keys add --tenant NAME --file {}, then kill -HUP the router",
+        tenants_path.display()
     );
     println!("  logs: {}", dir.join("logs").display());
     println!("Ctrl-C stops everything.");

@@ -161,7 +161,9 @@ fn flags_and_ports(args: &[String]) -> (Vec<String>, BTreeSet<u16>) {
 }
 
 /// Every drift between a compose file and the binaries.
-fn compose_problems(yaml: &str, clis: &BTreeMap<String, Cli>) -> Vec<String> {
+/// Problems of the compose file `yaml` and the Prometheus config it mounts (`prometheus`, whose
+/// scrape targets must be ports the services listen on).
+fn compose_problems(yaml: &str, prometheus: &str, clis: &BTreeMap<String, Cli>) -> Vec<String> {
     let mut doc: serde_yaml::Value = serde_yaml::from_str(yaml).expect("compose file is YAML");
     doc.apply_merge().expect("merge keys");
     let services = doc["services"]
@@ -173,6 +175,8 @@ fn compose_problems(yaml: &str, clis: &BTreeMap<String, Cli>) -> Vec<String> {
     let mut binaries = BTreeSet::new();
     listen.insert("postgres".into(), BTreeSet::from([5432]));
     listen.insert("otel-collector".into(), BTreeSet::from([4317, 4318]));
+    listen.insert("prometheus".into(), BTreeSet::from([9090]));
+    listen.insert("grafana".into(), BTreeSet::from([3000]));
     for (name, svc) in &services {
         let name = name.as_str().unwrap_or_default().to_string();
         let cmd = strs(&svc["command"]);
@@ -205,7 +209,21 @@ fn compose_problems(yaml: &str, clis: &BTreeMap<String, Cli>) -> Vec<String> {
             problems.push(format!("no compose service runs {bin}"));
         }
     }
-    for needed in ["postgres", "otel-collector"] {
+    let scrape: serde_yaml::Value =
+        serde_yaml::from_str(prometheus).expect("prometheus.yml is YAML");
+    for job in scrape["scrape_configs"].as_sequence().into_iter().flatten() {
+        for target in job["static_configs"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| strs(&c["targets"]))
+        {
+            for (host, port) in urls(&format!("http://{target}")) {
+                check_target(&mut problems, &listen, "prometheus scrape", &host, port);
+            }
+        }
+    }
+    for needed in ["postgres", "otel-collector", "prometheus", "grafana"] {
         if !services.contains_key(needed) {
             problems.push(format!("compose has no {needed} service"));
         }
@@ -270,7 +288,8 @@ fn check_target(
 fn compose_matches_the_binaries() {
     let clis = clis();
     let yaml = std::fs::read_to_string(repo().join("compose/docker-compose.yml")).unwrap();
-    let problems = compose_problems(&yaml, &clis);
+    let prometheus = std::fs::read_to_string(repo().join("compose/prometheus.yml")).unwrap();
+    let problems = compose_problems(&yaml, &prometheus, &clis);
     assert!(
         problems.is_empty(),
         "compose drifted:\n{}",
@@ -282,6 +301,9 @@ fn compose_matches_the_binaries() {
 fn the_compose_check_catches_drift() {
     let clis = clis();
     let yaml = std::fs::read_to_string(repo().join("compose/docker-compose.yml")).unwrap();
+    let prometheus = std::fs::read_to_string(repo().join("compose/prometheus.yml")).unwrap();
+    let bad_prometheus = prometheus.replace("decode:7202", "decode:7299");
+    assert_ne!(bad_prometheus, prometheus, "the mutation must apply");
     let bad = yaml
         .replace(
             "--grpc-addr\n      - 0.0.0.0:7201",
@@ -291,8 +313,9 @@ fn the_compose_check_catches_drift() {
         .replace("http://prefill:7101", "http://prefill:7999")
         .replace("127.0.0.1:8080:8080", "127.0.0.1:8080:8081");
     assert_ne!(bad, yaml, "the mutations must apply");
-    let problems = compose_problems(&bad, &clis).join("\n");
+    let problems = compose_problems(&bad, &bad_prometheus, &clis).join("\n");
     for expected in [
+        "prometheus scrape: decode:7299",
         "has no flag --grpc-address",
         "no environment variable PAGEWARDEN_DB_URL",
         "prefill:7999",
@@ -556,5 +579,18 @@ fn help_parsing_reads_flags_and_env_names() {
     assert_eq!(
         urls("postgres://u:p@postgres:5432/db"),
         vec![("postgres".into(), 5432)]
+    );
+}
+
+#[test]
+fn compose_ships_no_working_key() {
+    use pagewarden_common::tenants::{KeyTable, TenantsFile};
+    let path = repo().join("compose/tenants.example.toml");
+    let example = TenantsFile::load(&path).expect("the example tenants file loads");
+    let table = KeyTable::new(&example.tenants).expect("a key table");
+    assert!(
+        table.is_empty(),
+        "{} lists key hashes: whoever knows their keys gets in",
+        path.display()
     );
 }

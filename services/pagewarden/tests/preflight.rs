@@ -36,13 +36,14 @@ fn real_model() -> PathBuf {
     p
 }
 
+/// Tenants `a` and `b`, keys `ka` and `kb` (stored as their SHA-256).
 const TENANTS: &str = r#"
 [[tenants]]
 name = "a"
-keys = ["ka"]
+key_sha256 = ["3ebb1c99b12b77463e97c3a0f206e4fd46176cd1b8e183816a67338c04b25e5b"]
 [[tenants]]
 name = "b"
-keys = ["kb"]
+key_sha256 = ["74fec0c33e96ab90ac88666979207a50a6ea7b9b3eea6ec0e8b916d64c0a0706"]
 "#;
 
 fn worker(name: &str, role: &str, model: &Path, extra: &str) -> String {
@@ -117,11 +118,12 @@ fn bad_keys_unreadable_models_and_versions_fail_each_with_its_reason() {
     std::fs::write(
         &cfg,
         format!(
-            "{}{}{}\n[[tenants]]\nname = \"a\"\nkeys = [\"k\"]\n[[tenants]]\nname = \"b\"\n\
-             keys = [\"k\"]\n[[tenants]]\nname = \"c\"\nkeys = []\n",
+            "{}{}{}\n[[tenants]]\nname = \"a\"\nkey_sha256 = [\"{k}\"]\n[[tenants]]\n\
+             name = \"b\"\nkey_sha256 = [\"{k}\"]\n[[tenants]]\nname = \"c\"\nkey_sha256 = []\n",
             worker("prefill-0", "prefill", &tiny, "version = \"0.0.1\""),
             worker("decode-0", "decode", &tiny, ""),
             worker("decode-1", "decode", Path::new("missing.gguf"), ""),
+            k = pagewarden_common::secret::SecretHash::of("k"),
         ),
     )
     .unwrap();

@@ -1,5 +1,6 @@
-//! The gate in front of the forward pass: at most `max_running` jobs compute at once, each over
-//! local pages for its whole prompt. A job that passed admission (I3) but finds no slot or not
+//! The gate in front of the forward pass: at most `max_running` jobs are admitted at once, each
+//! over local pages for its whole prompt (admitted jobs take turns on the engine chunk by
+//! chunk, see `job.rs`). A job that passed admission (I3) but finds no slot or not
 //! enough free pages waits in a bounded [`FairQueue`] (FIFO per tenant, tenants in turn),
 //! holding no pages, instead of being refused (I9). A full queue or a passed queue deadline
 //! answers `queue_full` / `queue_timeout`; a cancelled waiter leaves the queue at once.
@@ -11,7 +12,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages};
@@ -116,6 +117,7 @@ impl Gate {
                 "{tokens} prompt tokens exceed this worker's KV pool"
             )));
         }
+        let queued_at = Instant::now();
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut inner = self.inner.lock();
@@ -147,7 +149,10 @@ impl Gate {
             }
         }
         tokio::select! {
-            admitted = rx => admitted.map_err(|_| Refused::Cancelled),
+            admitted = rx => {
+                self.metrics.observe_queue_time(queued_at.elapsed().as_secs_f64());
+                admitted.map_err(|_| Refused::Cancelled)
+            }
             () = tokio::time::sleep(self.cfg.queue_timeout) => {
                 let refusal = QueueRefusal::Timeout { waited: self.cfg.queue_timeout };
                 self.metrics.rejection(refusal.reason());

@@ -3,9 +3,11 @@
 //! - `compute.rs`: `Compute`, the forward pass and page reads on the CPU or a GPU (`--device`).
 //! - `grant.rs`: parsing the request and decode's write grant.
 //! - `gate.rs`: the bounded fair queue for a compute slot and the prompt's pages (I9).
-//! - `job.rs`: one job: chunked forward pass, first token, KV transfer, manifest.
+//! - `job.rs`: one job: chunked forward pass taking turns with other jobs, first token.
+//! - `outbound.rs`: one job's pages streamed to decode as chunks complete them; drain, manifest.
 //! - `segments.rs`: the transfer backend and its open segments.
 //! - `service.rs`: the `Prefill` gRPC service (admission, cancellation).
+//! - `turns.rs`: the engine's turn, one chunk at a time, tenants in rotation.
 //!
 //! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
 
@@ -13,8 +15,10 @@ mod compute;
 mod gate;
 mod grant;
 mod job;
+mod outbound;
 mod segments;
 mod service;
+mod turns;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -90,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
         .await?
     };
     let admission = loaded.admission();
-    let metrics = Arc::new(WorkerMetrics::new(ROLE.name));
+    let metrics = Arc::new(WorkerMetrics::new(ROLE.name, &loaded.model_name));
     // Prefill has no integrity hook yet; the client only carries its preflight report.
     let _auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
         .context("auditor client")?;
@@ -121,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics.clone(),
         chunk_tokens: cfg.chunk_tokens,
         batch_pages: cli.batch_pages,
+        turns: turns::Turns::default(),
         eog: loaded.model.tokenizer().eog_tokens().to_vec(),
     });
     let service = service::PrefillService {

@@ -12,7 +12,8 @@ use pagewarden_common::tls::{InternalTls, TlsFlags, TlsKeys};
 use crate::dispatch::DispatchConfig;
 use crate::edge::EdgeLimits;
 use crate::server::Settings;
-use crate::tenants::{TenantEntry, TenantsFile};
+use crate::tenants::TenantSource;
+use pagewarden_common::tenants::TenantEntry;
 
 /// Default listen address.
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
@@ -46,7 +47,7 @@ pub struct Args {
     /// Name served in /v1/models (default: the model file's stem).
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// Tenants toml file: `[[tenants]] name = "..", keys = [".."]`.
+    /// Tenants toml file: `[[tenants]] name = "..", key_sha256 = ["<hex>"]`; reloaded on SIGHUP.
     #[arg(long)]
     pub tenants: Option<PathBuf>,
     /// A decode worker's gRPC URL (repeatable).
@@ -161,8 +162,8 @@ pub struct RouterConfig {
     pub log_json: bool,
     /// Served name override.
     pub served_model_name: Option<String>,
-    /// Tenants (from the tenants file and the config file).
-    pub tenants: Vec<TenantEntry>,
+    /// Tenants: the config file's and the tenants file (read at start and on SIGHUP).
+    pub tenants: TenantSource,
     /// Decode URLs.
     pub decode: Vec<String>,
     /// Prefill URLs.
@@ -247,11 +248,10 @@ impl RouterConfig {
                 "--max-connections must be at least 1".into(),
             ));
         }
-        let mut tenants = file.tenants;
-        if let Some(p) = args.tenants.or(file.tenants_file) {
-            let t: TenantsFile = read_toml(&p)?;
-            tenants.extend(t.tenants);
-        }
+        let tenants = TenantSource {
+            inline: file.tenants,
+            file: args.tenants.or(file.tenants_file),
+        };
         let pick = |flag: Vec<String>, file: Vec<String>| if flag.is_empty() { file } else { flag };
         let decode = pick(args.decode, file.decode);
         let prefill = pick(args.prefill, file.prefill);
@@ -383,7 +383,7 @@ max_concurrency = 3
 request_timeout = "10s"
 [[tenants]]
 name = "a"
-keys = ["ka"]
+key_sha256 = ["3ebb1c99b12b77463e97c3a0f206e4fd46176cd1b8e183816a67338c04b25e5b"]
 "#,
         )
         .unwrap();
@@ -403,7 +403,7 @@ keys = ["ka"]
         assert_eq!(c.decode.len(), 2);
         assert_eq!(c.prefill, vec!["127.0.0.1:2".to_string()]);
         assert_eq!(c.request_timeout, Duration::from_secs(10));
-        assert_eq!(c.tenants.len(), 1);
+        assert_eq!(c.tenants.inline.len(), 1);
         assert!(RouterConfig::resolve(Args::parse_from(["r"])).is_err());
     }
 }

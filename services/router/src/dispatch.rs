@@ -181,6 +181,11 @@ impl Flight {
         self.job.admitted.prompt.len() as u32
     }
 
+    /// When the HTTP request arrived.
+    pub fn arrived(&self) -> Instant {
+        self.job.arrived
+    }
+
     /// Time to first token, once there was one.
     pub fn ttft(&self) -> Option<Duration> {
         self.ttft
@@ -427,9 +432,9 @@ impl Flight {
             None => {
                 let ttft = now - self.job.arrived;
                 self.ttft = Some(ttft);
-                self.metrics.ttft.observe(ttft.as_secs_f64());
+                self.metrics.first_token(ttft.as_secs_f64());
             }
-            Some(prev) => self.metrics.inter_token.observe((now - prev).as_secs_f64()),
+            Some(prev) => self.metrics.next_token((now - prev).as_secs_f64()),
         }
         self.last_token_at = Some(now);
         let logprobs = match (self.job.sampling.logprobs, event.marker_only) {

@@ -108,7 +108,14 @@ pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
     ))
 }
 
-/// `GET /health`: 200 when at least one decode and one prefill worker are live, else 503.
+/// `GET /live`: 200 while the process serves HTTP, whatever the workers' state (liveness: a
+/// restart would not help a router whose workers are down).
+pub async fn live() -> &'static str {
+    "ok"
+}
+
+/// `GET /health` and `GET /ready`: 200 when at least one decode and one prefill worker are
+/// live, else 503 (readiness: send no traffic here until then).
 pub async fn health(State(state): State<AppState>) -> Response {
     let context = state.pool.effective_context();
     let body = json!({

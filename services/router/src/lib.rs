@@ -4,7 +4,8 @@
 //! - `config.rs`: flags (clap) over a toml file over defaults → `RouterConfig`
 //! - `server.rs`: `AppState`, the route table, the `Info` poller, `serve(listener, state, shutdown)`
 //! - `edge.rs`: header/body read timeouts and the connection cap under the routes
-//! - `tenants.rs`: API keys → tenants; the auth middleware (401)
+//! - `access.rs`: each request's root span (joined to a client's `traceparent`) and access line
+//! - `tenants.rs`: API keys (hashed) → tenants, reloaded on SIGHUP; the auth middleware (401)
 //! - `extract.rs`: body extractor: 413 / invalid UTF-8 / invalid JSON as OpenAI errors
 //! - `params.rs`: typed field readers whose errors name the field
 //! - `validation.rs`: `ValidCompletionRequest`, `ValidChatRequest` (parse, don't validate)
@@ -21,11 +22,12 @@
 //! - `tokenize.rs`: `/tokenize`, `/detokenize`, `/version` (no worker involved)
 //! - `record.rs`: concurrency slot (429) and the per-request outcome count
 //! - `error.rs`: `RouterError` and its one mapping to status + OpenAI error body
-//! - `metrics.rs`: `pagewarden_router_*` Prometheus metrics
+//! - `metrics.rs`: `pagewarden_router_*` Prometheus metrics and vLLM's request metrics
 //! - `telemetry.rs`: trace context into gRPC metadata
 //! - `sample.rs`: `SampleSink`, the auditor's sampling hook (no-op default)
 //! - `auditor_sink.rs`: `AuditorSampleSink`, the `SampleSink` that reports to the auditor
 
+pub mod access;
 pub mod admission;
 pub mod auditor_sink;
 pub mod config;

@@ -1,7 +1,7 @@
 //! `pagewarden-router`: parses flags, loads the config, prints one start line
 //! (`pagewarden-router listening http=ADDR`) on stdout, and serves until SIGTERM or Ctrl-C.
 //! On either signal it stops accepting connections, lets in-flight requests finish for at most
-//! [`DRAIN_DEADLINE`], and exits 0.
+//! [`DRAIN_DEADLINE`], and exits 0. SIGHUP reloads the tenants file.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -38,6 +38,8 @@ async fn main() -> anyhow::Result<()> {
         None => Arc::new(NoSampling),
     };
     let state = AppState::from_config(&config, sink).context("start-up")?;
+    pagewarden_router::tenants::reload_on_sighup(state.tenants.clone())
+        .context("installing the SIGHUP handler (tenants file reload)")?;
     let listener = tokio::net::TcpListener::bind(config.http_addr)
         .await
         .with_context(|| format!("binding {}", config.http_addr))?;

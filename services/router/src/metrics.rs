@@ -1,5 +1,6 @@
 //! The router's Prometheus metrics (`pagewarden_router_*`): requests by outcome, rejections by
-//! reason, time to first token, inter-token latency, stale messages, aborts sent, live workers.
+//! reason, time to first token, inter-token latency, stale messages, aborts sent, live workers;
+//! and vLLM's request-level metrics ([`VllmMetrics`]: latency, tokens, finish reasons).
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -7,6 +8,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+
+use pagewarden_common::vllm_metrics::VllmMetrics;
 
 /// How a request that reached a handler ended.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -78,17 +81,13 @@ pub struct Metrics {
     pub effective_context: Gauge,
     /// Requests being served now.
     pub in_flight: Gauge,
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
+    /// The same requests under vLLM's names.
+    pub vllm: VllmMetrics,
 }
 
 impl Metrics {
-    /// Creates and registers every metric.
-    pub fn new() -> Self {
+    /// Creates and registers every metric; `model_name` labels the `vllm:*` ones.
+    pub fn new(model_name: &str) -> Self {
         let mut registry = Registry::with_prefix("pagewarden_router");
         let requests = Family::<RequestLabels, Counter>::default();
         let rejections = Family::<ReasonLabels, Counter>::default();
@@ -143,6 +142,7 @@ impl Metrics {
             live_workers,
             effective_context,
             in_flight,
+            vllm: VllmMetrics::new(model_name, "router"),
         }
     }
 
@@ -162,9 +162,18 @@ impl Metrics {
 
     /// The Prometheus/OpenMetrics text exposition.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        pagewarden_common::metrics::encode(&[&self.registry, self.vllm.registry()])
+    }
+
+    /// A request's first token, `secs` after its arrival.
+    pub fn first_token(&self, secs: f64) {
+        self.ttft.observe(secs);
+        self.vllm.first_token(secs);
+    }
+
+    /// A later token, `secs` after the one before.
+    pub fn next_token(&self, secs: f64) {
+        self.inter_token.observe(secs);
+        self.vllm.next_token(secs);
     }
 }

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use pagewarden_common::vllm_metrics::FinishedRequest;
 use pagewarden_common::{RequestId, TenantId};
 use pagewarden_proto::v1::Logprobs;
 use serde_json::Value;
@@ -46,7 +47,7 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
             Ok((text, finish, logprobs)) => {
                 let usage = Usage::new(s.flight.prompt_tokens(), s.flight.completion_tokens());
                 record.set(outcome_of_finish(finish));
-                offer(state, &s, &text, finish);
+                finished(state, &s, &text, finish);
                 let logprobs = s.render_logprobs(&logprobs);
                 Json(s.meta.full(&text, finish, usage, logprobs)).into_response()
             }
@@ -192,8 +193,15 @@ pub fn outcome_of_finish(finish: Finish) -> Outcome {
     }
 }
 
-/// Offers a finished response to the sample sink.
-pub fn offer(state: &AppState, s: &Streaming, text: &str, finish: Finish) {
+/// A response that finished (stop, length, or abort by a worker): counted under vLLM's metrics
+/// and offered to the sample sink.
+pub fn finished(state: &AppState, s: &Streaming, text: &str, finish: Finish) {
+    state.metrics.vllm.finished(FinishedRequest {
+        prompt_tokens: u64::from(s.flight.prompt_tokens()),
+        generation_tokens: u64::from(s.flight.completion_tokens()),
+        e2e_seconds: s.flight.arrived().elapsed().as_secs_f64(),
+        finished_reason: finish.as_str(),
+    });
     state.sink.offer(ResponseSample {
         request: s.flight.id(),
         tenant: s.flight.tenant().clone(),

@@ -11,6 +11,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::access;
 use crate::config::{ModelSource, RouterConfig};
 use crate::dispatch::DispatchConfig;
 use crate::edge::{serve_edge, EdgeLimits};
@@ -78,12 +79,13 @@ impl AppState {
         pool: WorkerPool,
         sink: Arc<dyn SampleSink>,
     ) -> Self {
+        let metrics = Arc::new(Metrics::new(frontend.model_name()));
         Self {
             settings,
             tenants: Arc::new(tenants),
             frontend: Arc::new(frontend),
             pool: Arc::new(pool),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             limiter: Arc::new(Semaphore::new(settings.max_concurrency)),
             sink,
         }
@@ -91,7 +93,7 @@ impl AppState {
 
     /// Loads tenants, the model's text side and the worker list from a resolved config.
     pub fn from_config(cfg: &RouterConfig, sink: Arc<dyn SampleSink>) -> Result<Self, StartError> {
-        let tenants = Tenants::new(&cfg.tenants)?;
+        let tenants = Tenants::load(cfg.tenants.clone())?;
         let frontend = match &cfg.model {
             ModelSource::File(path) => Frontend::load(path, cfg.served_model_name.clone())?,
             ModelSource::Tiny(seed) => Frontend::tiny(
@@ -142,6 +144,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(v1)
         .route("/health", get(handlers::health))
+        .route("/ready", get(handlers::health))
+        .route("/live", get(handlers::live))
         .route("/version", get(tokenize::version))
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)
@@ -149,6 +153,7 @@ pub fn router(state: AppState) -> Router {
             RouterError::MethodNotAllowed(method.to_string())
         })
         .layer(DefaultBodyLimit::max(state.settings.max_body_bytes))
+        .layer(axum::middleware::from_fn(access::access))
         .with_state(state)
 }
 

@@ -18,7 +18,7 @@ use pagewarden_proto::v1::Logprobs;
 use crate::dispatch::Token;
 use crate::openai::Usage;
 use crate::record::Record;
-use crate::respond::{offer, outcome_of_finish, Streaming};
+use crate::respond::{finished, outcome_of_finish, Streaming};
 
 struct State {
     s: Streaming,
@@ -61,7 +61,7 @@ impl State {
                     .push_back(json_event(&self.s.meta.usage_chunk(usage)));
             }
             self.record.set(outcome_of_finish(finish));
-            offer(&self.s.state, &self.s, &self.text, finish);
+            finished(&self.s.state, &self.s, &self.text, finish);
             self.finish();
         }
     }

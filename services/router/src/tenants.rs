@@ -1,123 +1,117 @@
-//! API keys → tenants, from a toml file (`[[tenants]] name = "..", keys = [..]`), and the auth
-//! middleware that runs before any body is read: no key or an unknown key is a 401.
+//! API keys → tenants: the key table of `pagewarden_common::tenants` (hashed keys only),
+//! swapped whole when the tenants file is reloaded on SIGHUP, and the auth middleware that runs
+//! before any body is read (no key or an unknown key is a 401).
+//!
+//! A reload never drops a request: a request looks its key up once, at admission, and keeps
+//! its tenant; a file that does not load is logged and the previous table stays in force.
 
-use std::collections::HashMap;
-use std::path::Path;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use pagewarden_common::tenants::{KeyTable, TenantEntry, TenantsFile};
 use pagewarden_common::TenantId;
-use serde::Deserialize;
+
+pub use pagewarden_common::tenants::TenantsError;
 
 use crate::error::RouterError;
 use crate::server::AppState;
 
-/// One `[[tenants]]` entry.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct TenantEntry {
-    /// The tenant's name.
-    pub name: String,
-    /// Its API keys (bearer tokens).
-    pub keys: Vec<String>,
-}
-
-/// The tenants file.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantsFile {
-    /// Every tenant.
-    #[serde(default)]
-    pub tenants: Vec<TenantEntry>,
-}
-
-/// Why a tenants table could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum TenantsError {
-    /// The file could not be read.
-    #[error("cannot read tenants file {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file is not valid toml of the expected shape.
-    #[error("cannot parse tenants file {path}: {source}")]
-    Parse {
-        /// The file.
-        path: String,
-        /// The toml error.
-        source: toml::de::Error,
-    },
-    /// Two tenants share a key, or a key is empty.
-    #[error("API key problem in tenant `{tenant}`: {what}")]
-    BadKey {
-        /// The tenant whose key is bad.
-        tenant: String,
-        /// What is wrong.
-        what: &'static str,
-    },
-}
-
-/// Key → tenant lookup.
+/// Where the tenants come from: entries inline in the config file, and the tenants file (read
+/// again on every reload).
 #[derive(Clone, Debug, Default)]
+pub struct TenantSource {
+    /// `[[tenants]]` of the config file.
+    pub inline: Vec<TenantEntry>,
+    /// The tenants file.
+    pub file: Option<PathBuf>,
+}
+
+impl TenantSource {
+    /// Reads the file (if any) and builds the table.
+    pub fn load(&self) -> Result<KeyTable, TenantsError> {
+        let mut all = self.inline.clone();
+        if let Some(p) = &self.file {
+            all.extend(TenantsFile::load(p)?.tenants);
+        }
+        KeyTable::new(&all)
+    }
+}
+
+/// The live key table.
+#[derive(Debug)]
 pub struct Tenants {
-    by_key: HashMap<String, TenantId>,
+    table: RwLock<Arc<KeyTable>>,
+    source: TenantSource,
 }
 
 impl Tenants {
-    /// Builds the table; a key shared by two tenants or an empty key is an error.
-    pub fn new(entries: &[TenantEntry]) -> Result<Self, TenantsError> {
-        let mut by_key = HashMap::new();
-        for t in entries {
-            for k in &t.keys {
-                if k.is_empty() {
-                    return Err(TenantsError::BadKey {
-                        tenant: t.name.clone(),
-                        what: "empty key",
-                    });
-                }
-                if by_key.insert(k.clone(), TenantId::new(&t.name)).is_some() {
-                    return Err(TenantsError::BadKey {
-                        tenant: t.name.clone(),
-                        what: "key already belongs to another tenant",
-                    });
-                }
-            }
-        }
-        Ok(Self { by_key })
+    /// Loads the table from `source`.
+    pub fn load(source: TenantSource) -> Result<Self, TenantsError> {
+        Ok(Self {
+            table: RwLock::new(Arc::new(source.load()?)),
+            source,
+        })
     }
 
-    /// Reads a tenants toml file.
-    pub fn load(path: &Path) -> Result<Self, TenantsError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TenantsError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let file: TenantsFile = toml::from_str(&text).map_err(|source| TenantsError::Parse {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::new(&file.tenants)
+    /// A fixed table of `entries` (tests; nothing to reload).
+    pub fn new(entries: &[TenantEntry]) -> Result<Self, TenantsError> {
+        Self::load(TenantSource {
+            inline: entries.to_vec(),
+            file: None,
+        })
+    }
+
+    fn current(&self) -> Arc<KeyTable> {
+        // A poisoned lock still holds a whole table: swaps are single assignments.
+        self.table.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The tenant owning `key`.
-    pub fn tenant(&self, key: &str) -> Option<&TenantId> {
-        self.by_key.get(key)
+    pub fn tenant(&self, key: &str) -> Option<TenantId> {
+        self.current().tenant(key).cloned()
     }
 
     /// Number of keys.
     pub fn len(&self) -> usize {
-        self.by_key.len()
+        self.current().len()
     }
 
     /// True when no key is configured (every request will be a 401).
     pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
+        self.current().is_empty()
     }
+
+    /// Reads the source again and swaps the table in; on error the old table stays.
+    /// Returns the number of keys now in force.
+    pub fn reload(&self) -> Result<usize, TenantsError> {
+        let fresh = Arc::new(self.source.load()?);
+        let n = fresh.len();
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+        Ok(n)
+    }
+}
+
+/// Reloads `tenants` on every SIGHUP. The handler is installed before this returns (SIGHUP's
+/// default action would end the process), so call it before announcing readiness.
+pub fn reload_on_sighup(tenants: Arc<Tenants>) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match tenants.reload() {
+                Ok(keys) => tracing::info!(keys, "tenants file reloaded"),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "tenants file not reloaded: the previous keys stay in force"
+                ),
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Middleware: resolves `Authorization: Bearer KEY` to a [`TenantId`] request extension.
@@ -139,7 +133,6 @@ pub async fn require_tenant(
                 .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
                 .map(|(_, key)| key.trim())
                 .and_then(|key| state.tenants.tenant(key))
-                .cloned()
                 .ok_or(RouterError::Unauthorized("invalid API key"))
         });
     match tenant {

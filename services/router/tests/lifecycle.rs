@@ -538,7 +538,12 @@ async fn binary_prints_its_start_line() {
     let model = dir.path().join("tiny.gguf");
     std::fs::write(&model, pagewarden_model::tiny_llama_gguf(3)).unwrap();
     let tenants = dir.path().join("tenants.toml");
-    std::fs::write(&tenants, "[[tenants]]\nname = \"a\"\nkeys = [\"k1\"]\n").unwrap();
+    let k1 = pagewarden_common::secret::SecretHash::of("k1");
+    std::fs::write(
+        &tenants,
+        format!("[[tenants]]\nname = \"a\"\nkey_sha256 = [\"{k1}\"]\n"),
+    )
+    .unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pagewarden-router"))
         .args(["--http-addr", "127.0.0.1:0", "--model"])
         .arg(&model)

@@ -1,10 +1,12 @@
 //! JSON API: one endpoint behind every page.
 
 use axum::extract::{Path, Query, State};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
-use super::{AppState, FilterQuery, SignoffForm, WebError};
+use super::session::sign_off_as;
+use super::{AppState, FilterQuery, SignoffAction, WebError};
+use crate::accounts::Principal;
 use crate::domain::{IncidentId, UnixMs};
 use crate::store::{Incident, NodeStatus, ProbeResult, ProbeRun, SampleTotals, SeriesPoint};
 
@@ -29,34 +31,24 @@ pub async fn incident(
         .ok_or_else(|| WebError::NotFound(format!("incident {id} not found")))
 }
 
-/// `POST /api/incidents/{id}/ack` with `{"by": ..., "note": ...}`
-pub async fn ack(
-    State(st): State<AppState>,
-    Path(id): Path<i64>,
-    Json(f): Json<SignoffForm>,
-) -> Result<Json<Incident>, WebError> {
-    let by = f.by()?;
-    let i = st
-        .engine
-        .store()
-        .acknowledge(IncidentId(id), by, &f.note, UnixMs::now())
-        .await?;
-    Ok(Json(i))
+/// The body of an acknowledgement or resolution; who acts is the bearer token's name.
+#[derive(Debug, Default, Deserialize)]
+pub struct SignoffNote {
+    /// Free-form note.
+    #[serde(default)]
+    pub note: String,
 }
 
-/// `POST /api/incidents/{id}/resolve` with `{"by": ..., "note": ...}`
-pub async fn resolve(
+/// `POST /api/incidents/{id}/ack` and `/resolve` with `{"note": ...}` (operator tokens only).
+pub async fn sign_off(
     State(st): State<AppState>,
-    Path(id): Path<i64>,
-    Json(f): Json<SignoffForm>,
+    Extension(who): Extension<Principal>,
+    Path((id, action)): Path<(i64, String)>,
+    Json(f): Json<SignoffNote>,
 ) -> Result<Json<Incident>, WebError> {
-    let by = f.by()?;
-    let i = st
-        .engine
-        .store()
-        .resolve(IncidentId(id), by, &f.note, UnixMs::now())
-        .await?;
-    Ok(Json(i))
+    let by = sign_off_as(&who)?;
+    let action: SignoffAction = action.parse()?;
+    Ok(Json(action.apply(&st, IncidentId(id), by, &f.note).await?))
 }
 
 /// `GET /api/nodes`

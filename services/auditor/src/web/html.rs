@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use axum::response::Html;
 
+use super::session::SessionUser;
 use crate::domain::{IncidentStatus, Severity, UnixMs};
 
 /// Escapes text for element content and quoted attribute values.
@@ -20,6 +21,19 @@ pub fn esc(s: &str) -> String {
         }
     }
     out
+}
+
+/// `path` when it is a path of this site (never a URL a form field could point elsewhere).
+pub fn same_site_path(path: &str) -> Option<&str> {
+    (path.starts_with('/') && !path.starts_with("//") && !path.contains('\\')).then_some(path)
+}
+
+/// The hidden field carrying `user`'s CSRF token, for every form of a signed-in page.
+pub fn csrf_input(user: &SessionUser) -> String {
+    format!(
+        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
+        esc(&user.csrf)
+    )
 }
 
 /// `Option<String>` as escaped text, `—` when absent.
@@ -84,10 +98,11 @@ th,td{border-bottom:1px solid #d5d8dc;padding:.35em .5em;text-align:left;vertica
 th{background:#f2f3f4}.badge{color:#fff;border-radius:3px;padding:.1em .45em;font-size:.85em}\
 form.inline{display:inline-flex;gap:.3em;margin:0}input,select,button{font-size:.9em}\
 pre{background:#f8f9f9;padding:.6em;white-space:pre-wrap}.bad{color:#c0392b;font-weight:bold}\
-.ok{color:#1e8449}";
+.ok{color:#1e8449}.who{margin-left:auto;color:#d6eaf8}";
 
-/// Wraps `body` in the layout, with `active` highlighted in the navigation.
-pub fn page(title: &str, active: &str, body: &str) -> Html<String> {
+/// Wraps `body` in the layout, with `active` highlighted in the navigation and, when someone
+/// is signed in, their name, role and a sign-out button.
+pub fn page(title: &str, active: &str, user: Option<&SessionUser>, body: &str) -> Html<String> {
     let mut out = String::with_capacity(body.len() + 2048);
     let _ = write!(
         out,
@@ -96,13 +111,24 @@ pub fn page(title: &str, active: &str, body: &str) -> Html<String> {
          <strong>Pagewarden auditor</strong>",
         esc(title)
     );
-    for (href, label) in NAV {
+    for (href, label) in NAV.iter().filter(|_| user.is_some()) {
         let class = if *href == active {
             " class=\"active\""
         } else {
             ""
         };
         let _ = write!(out, "<a href=\"{href}\"{class}>{label}</a>");
+    }
+    if let Some(u) = user {
+        let _ = write!(
+            out,
+            "<span class=\"who\" id=\"signed-in\">{} ({})</span>\
+             <form class=\"inline\" method=\"post\" action=\"/logout\">{}\
+             <button type=\"submit\" id=\"sign-out\">Sign out</button></form>",
+            esc(&u.who.name),
+            u.who.role.as_str(),
+            csrf_input(u)
+        );
     }
     let _ = write!(
         out,

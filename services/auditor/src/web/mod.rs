@@ -1,33 +1,44 @@
 //! The operators' web UI and the JSON API behind it, plus `/metrics` and `/health`.
+//! Pages need a signed-in session, the API a bearer token; `/login`, `/metrics` and `/health`
+//! are open (see `session` for every check).
 //!
 //! - `api`: JSON endpoints (`/api/...`).
 //! - `pages`: server-rendered HTML pages.
+//! - `login`: signing in and out.
+//! - `session`: sessions, CSRF, same-origin posts, bearer tokens, roles.
 //! - `html`: layout, escaping and small rendering helpers.
 //! - `chart`: the integrity-counters SVG chart.
 
 mod api;
 mod chart;
 mod html;
+mod login;
 mod pages;
+pub mod session;
 
 use std::sync::Arc;
 
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::domain::{IncidentKind, IncidentStatus};
+use crate::domain::{IncidentId, IncidentKind, IncidentStatus, UnixMs};
 use crate::engine::Engine;
-use crate::store::{IncidentFilter, StoreError};
+use crate::store::{Incident, IncidentFilter, StoreError};
+
+pub use session::Auth;
 
 /// State shared by every handler.
 #[derive(Clone)]
 pub struct AppState {
     /// The engine behind the pages.
     pub engine: Arc<Engine>,
+    /// Accounts and sessions.
+    pub auth: Arc<Auth>,
 }
 
 /// The one error type of the HTTP layer, mapped once to a status and an OpenAI-shaped body.
@@ -39,6 +50,12 @@ pub enum WebError {
     /// The request is malformed.
     #[error("{0}")]
     BadRequest(String),
+    /// Nobody is signed in, or the token is missing or unknown.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The caller may not do this (role, CSRF token, cross-origin post).
+    #[error("{0}")]
+    Forbidden(String),
     /// The request conflicts with the current state (e.g. resolving a resolved incident).
     #[error("{0}")]
     Conflict(String),
@@ -67,6 +84,8 @@ impl IntoResponse for WebError {
         let (status, code) = match &self {
             WebError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             WebError::BadRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            WebError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            WebError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             WebError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             WebError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
         };
@@ -104,25 +123,44 @@ impl FilterQuery {
     }
 }
 
-/// Who acknowledges or resolves, and why (JSON body or form).
-#[derive(Debug, Deserialize)]
-pub struct SignoffForm {
-    /// Operator name.
-    pub by: String,
-    /// Free-form note.
-    #[serde(default)]
-    pub note: String,
+/// What an operator does to an incident, named by the last path segment (`ack`, `resolve`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignoffAction {
+    /// `open → acknowledged`.
+    Acknowledge,
+    /// `open | acknowledged → resolved`.
+    Resolve,
 }
 
-impl SignoffForm {
-    fn by(&self) -> Result<&str, WebError> {
-        let by = self.by.trim();
-        if by.is_empty() {
-            return Err(WebError::BadRequest(
-                "`by` (operator name) is required".into(),
-            ));
+impl std::str::FromStr for SignoffAction {
+    type Err = WebError;
+
+    fn from_str(s: &str) -> Result<Self, WebError> {
+        match s {
+            "ack" => Ok(Self::Acknowledge),
+            "resolve" => Ok(Self::Resolve),
+            other => Err(WebError::NotFound(format!("no incident action {other:?}"))),
         }
-        Ok(by)
+    }
+}
+
+impl SignoffAction {
+    /// Records the action on incident `id` as done by `by` now.
+    async fn apply(
+        self,
+        st: &AppState,
+        id: IncidentId,
+        by: &str,
+        note: &str,
+    ) -> Result<Incident, WebError> {
+        let store = st.engine.store();
+        let now = UnixMs::now();
+        let done = match self {
+            Self::Acknowledge => store.acknowledge(id, by, note, now).await?,
+            Self::Resolve => store.resolve(id, by, note, now).await?,
+        };
+        tracing::info!(incident = id.0, by, action = ?self, "incident signed off");
+        Ok(done)
     }
 }
 
@@ -160,26 +198,52 @@ async fn health(axum::extract::State(st): axum::extract::State<AppState>) -> Res
     }
 }
 
+/// Liveness: the process serves HTTP (its database may be down; `/ready` says).
+async fn live() -> &'static str {
+    "ok"
+}
+
 /// Every route of the auditor's HTTP listener.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let pages = Router::new()
         .route("/", get(pages::index))
         .route("/incidents", get(pages::incidents))
         .route("/incidents/{id}", get(pages::incident))
-        .route("/incidents/{id}/ack", post(pages::ack))
-        .route("/incidents/{id}/resolve", post(pages::resolve))
+        .route("/incidents/{id}/{action}", post(pages::sign_off))
         .route("/nodes", get(pages::nodes))
         .route("/probes", get(pages::probes))
         .route("/integrity", get(pages::integrity))
+        .route("/logout", post(login::logout))
+        .route_layer(from_fn_with_state(state.clone(), session::require_session));
+    let api = Router::new()
         .route("/api/incidents", get(api::incidents))
         .route("/api/incidents/{id}", get(api::incident))
-        .route("/api/incidents/{id}/ack", post(api::ack))
-        .route("/api/incidents/{id}/resolve", post(api::resolve))
+        .route("/api/incidents/{id}/{action}", post(api::sign_off))
         .route("/api/nodes", get(api::nodes))
         .route("/api/probes", get(api::probes))
         .route("/api/integrity/series", get(api::series))
         .route("/api/summary", get(api::summary))
+        .route_layer(from_fn_with_state(state.clone(), session::require_bearer));
+    Router::new()
+        .merge(pages)
+        .merge(api)
+        .route("/login", get(login::login_page).post(login::login))
         .route("/metrics", get(metrics))
         .route("/health", get(health))
+        .route("/ready", get(health))
+        .route("/live", get(live))
+        .layer(from_fn(session::same_origin_posts))
+        // No page of the auditor may be framed by another site (clickjacking).
+        .layer(axum::middleware::map_response(
+            |mut r: Response| async move {
+                let h = r.headers_mut();
+                h.insert("x-frame-options", HeaderValue::from_static("DENY"));
+                h.insert(
+                    "content-security-policy",
+                    HeaderValue::from_static("frame-ancestors 'none'"),
+                );
+                r
+            },
+        ))
         .with_state(state)
 }

@@ -4,12 +4,13 @@ use std::fmt::Write;
 
 use axum::extract::{Path, Query, State};
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use axum::Form;
+use axum::{Extension, Form};
 use serde::Deserialize;
 
 use super::api::{load_runs, SeriesQuery};
-use super::html::{esc, opt, page, severity_badge, status_badge, time};
-use super::{chart, AppState, FilterQuery, SignoffForm, WebError};
+use super::html::{csrf_input, esc, opt, page, same_site_path, severity_badge, status_badge, time};
+use super::session::{sign_off_as, SessionUser};
+use super::{chart, AppState, FilterQuery, WebError};
 use crate::domain::{IncidentId, IncidentKind, IncidentStatus, UnixMs};
 use crate::store::Incident;
 
@@ -29,16 +30,20 @@ fn select(name: &str, current: Option<&str>, options: &[&str]) -> String {
     s
 }
 
-fn actions(i: &Incident, back: &str) -> String {
+/// The acknowledge/resolve forms of an incident; none for viewers.
+fn actions(i: &Incident, back: &str, user: &SessionUser) -> String {
+    if !user.who.role.may_sign_off() {
+        return String::new();
+    }
     let form = |action: &str, label: &str| {
         format!(
-            "<form class=\"inline\" method=\"post\" action=\"/incidents/{id}/{action}\">\
+            "<form class=\"inline\" method=\"post\" action=\"/incidents/{id}/{action}\">{csrf}\
              <input type=\"hidden\" name=\"back\" value=\"{back}\">\
-             <input name=\"by\" placeholder=\"operator\" required size=\"8\">\
              <input name=\"note\" placeholder=\"note\" size=\"12\">\
              <button type=\"submit\" id=\"{action}-{id}\">{label}</button></form>",
             id = i.id,
-            back = esc(back)
+            back = esc(back),
+            csrf = csrf_input(user),
         )
     };
     match i.status {
@@ -55,6 +60,7 @@ fn actions(i: &Incident, back: &str) -> String {
 /// `GET /incidents?status=&kind=&tenant=`
 pub async fn incidents(
     State(st): State<AppState>,
+    Extension(user): Extension<SessionUser>,
     Query(q): Query<FilterQuery>,
 ) -> Result<Html<String>, WebError> {
     let filter = q.parse()?;
@@ -105,7 +111,7 @@ pub async fn incidents(
             opt(&i.tenant),
             opt(&i.other_tenant),
             opt(&i.node),
-            actions(i, &back),
+            actions(i, &back, &user),
             id = i.id,
             status = i.status,
         );
@@ -114,12 +120,13 @@ pub async fn incidents(
     if list.is_empty() {
         b.push_str("<p id=\"no-incidents\">No incidents match.</p>");
     }
-    Ok(page("Incidents", "/incidents", &b))
+    Ok(page("Incidents", "/incidents", Some(&user), &b))
 }
 
 /// `GET /incidents/{id}`
 pub async fn incident(
     State(st): State<AppState>,
+    Extension(user): Extension<SessionUser>,
     Path(id): Path<i64>,
 ) -> Result<Html<String>, WebError> {
     let i = st
@@ -155,59 +162,50 @@ pub async fn incident(
         signoff(&i.acknowledged),
         signoff(&i.resolved),
         esc(&details),
-        actions(&i, &format!("/incidents/{}", i.id)),
+        actions(&i, &format!("/incidents/{}", i.id), &user),
     );
-    Ok(page(&format!("Incident {}", i.id), "/incidents", &b))
+    Ok(page(
+        &format!("Incident {}", i.id),
+        "/incidents",
+        Some(&user),
+        &b,
+    ))
 }
 
-/// A form post from the incident pages.
+/// A form post from the incident pages. The acting operator is the session's, not a field.
 #[derive(Deserialize)]
 pub struct ActionForm {
-    #[serde(flatten)]
-    signoff: SignoffForm,
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    note: String,
     #[serde(default)]
     back: String,
 }
 
-fn back_to(f: &ActionForm, id: i64) -> Redirect {
+/// `POST /incidents/{id}/ack` and `/resolve` (form): CSRF token, then role, then the store.
+pub async fn sign_off(
+    State(st): State<AppState>,
+    Extension(user): Extension<SessionUser>,
+    Path((id, action)): Path<(i64, String)>,
+    Form(f): Form<ActionForm>,
+) -> Result<Response, WebError> {
+    user.check_csrf(&f.csrf)?;
+    let by = sign_off_as(&user.who)?;
+    let action: super::SignoffAction = action.parse()?;
+    action.apply(&st, IncidentId(id), by, &f.note).await?;
     // Only same-site paths: never redirect to a URL a form field supplied.
-    if f.back.starts_with('/') && !f.back.starts_with("//") {
-        Redirect::to(&f.back)
-    } else {
-        Redirect::to(&format!("/incidents/{id}"))
-    }
-}
-
-/// `POST /incidents/{id}/ack` (form)
-pub async fn ack(
-    State(st): State<AppState>,
-    Path(id): Path<i64>,
-    Form(f): Form<ActionForm>,
-) -> Result<Response, WebError> {
-    let by = f.signoff.by()?;
-    st.engine
-        .store()
-        .acknowledge(IncidentId(id), by, &f.signoff.note, UnixMs::now())
-        .await?;
-    Ok(back_to(&f, id).into_response())
-}
-
-/// `POST /incidents/{id}/resolve` (form)
-pub async fn resolve(
-    State(st): State<AppState>,
-    Path(id): Path<i64>,
-    Form(f): Form<ActionForm>,
-) -> Result<Response, WebError> {
-    let by = f.signoff.by()?;
-    st.engine
-        .store()
-        .resolve(IncidentId(id), by, &f.signoff.note, UnixMs::now())
-        .await?;
-    Ok(back_to(&f, id).into_response())
+    let back = same_site_path(&f.back)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("/incidents/{id}"));
+    Ok(Redirect::to(&back).into_response())
 }
 
 /// `GET /nodes`
-pub async fn nodes(State(st): State<AppState>) -> Result<Html<String>, WebError> {
+pub async fn nodes(
+    State(st): State<AppState>,
+    Extension(user): Extension<SessionUser>,
+) -> Result<Html<String>, WebError> {
     let nodes = st.engine.store().nodes().await?;
     let mut b = String::from(
         "<table id=\"nodes\"><tr><th>node</th><th>role</th><th>pool tokens</th>\
@@ -238,11 +236,14 @@ pub async fn nodes(State(st): State<AppState>) -> Result<Html<String>, WebError>
     if nodes.is_empty() {
         b.push_str("<p>No preflight reports yet.</p>");
     }
-    Ok(page("Nodes", "/nodes", &b))
+    Ok(page("Nodes", "/nodes", Some(&user), &b))
 }
 
 /// `GET /probes`
-pub async fn probes(State(st): State<AppState>) -> Result<Html<String>, WebError> {
+pub async fn probes(
+    State(st): State<AppState>,
+    Extension(user): Extension<SessionUser>,
+) -> Result<Html<String>, WebError> {
     let runs = load_runs(&st, 20).await?;
     let mut b = String::from(
         "<table id=\"probe-runs\"><tr><th>run</th><th>started (UTC)</th><th>status</th>\
@@ -299,12 +300,13 @@ pub async fn probes(State(st): State<AppState>) -> Result<Html<String>, WebError
         }
         b.push_str("</table>");
     }
-    Ok(page("Probe history", "/probes", &b))
+    Ok(page("Probe history", "/probes", Some(&user), &b))
 }
 
 /// `GET /integrity?window_s=&bucket_s=`
 pub async fn integrity(
     State(st): State<AppState>,
+    Extension(user): Extension<SessionUser>,
     Query(q): Query<SeriesQuery>,
 ) -> Result<Html<String>, WebError> {
     let (since, bucket) = q.resolve();
@@ -318,5 +320,5 @@ pub async fn integrity(
         bucket / 1000
     );
     b.push_str(&chart::render(&points, since, UnixMs::now(), bucket));
-    Ok(page("Integrity counters", "/integrity", &b))
+    Ok(page("Integrity counters", "/integrity", Some(&user), &b))
 }

@@ -1,7 +1,10 @@
 //! The operators' UI in a real browser: headless Chromium driven over the W3C WebDriver protocol
 //! (Debian's `chromedriver`), spoken directly with reqwest so no extra client crate is needed.
-//! Opens the incident list, acknowledges and resolves a cross-tenant incident through the HTML
-//! forms, checks the node table and the integrity chart render, and saves a screenshot.
+//! An unauthenticated visit lands on the sign-in page; the operator signs in, acknowledges and
+//! resolves a cross-tenant incident through the HTML forms (recorded under their name); a page
+//! served from another origin that posts a form to the auditor is refused; a viewer gets no
+//! buttons and a post of theirs is refused. Also checks the node table and the integrity chart
+//! render, and saves a screenshot.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -11,7 +14,8 @@ use std::time::{Duration, Instant};
 use pagewarden_proto::v1 as pb;
 use serde_json::{json, Value};
 
-use crate::ingest::{get_json, grpc, start, wait_open_incident};
+use crate::auth::{OPERATOR, VIEWER};
+use crate::ingest::{get_json, grpc, open_incident_id, report_kinds, start};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -77,6 +81,32 @@ impl Session {
         let v: Value = resp.json().await.expect("webdriver json");
         assert!(status.is_success(), "webdriver {path}: {status} {v}");
         v["value"].clone()
+    }
+
+    async fn current_url(&self) -> String {
+        let v = self.cmd(reqwest::Method::GET, "/url", None).await;
+        v.as_str().unwrap_or_default().to_string()
+    }
+
+    /// Runs `script` (async: it ends by calling `done(value)`) in the page; returns the value.
+    async fn run_async(&self, script: &str) -> Value {
+        let body = format!("const done = arguments[arguments.length - 1]; {script}");
+        self.cmd(
+            reqwest::Method::POST,
+            "/execute/async",
+            Some(json!({ "script": body, "args": [] })),
+        )
+        .await
+    }
+
+    /// Signs in through the sign-in page the browser is on.
+    async fn sign_in(&self, (name, password): (&str, &str)) {
+        self.type_into(&self.find("#name").await, name).await;
+        self.type_into(&self.find("#password").await, password)
+            .await;
+        self.click(&self.find("#sign-in").await).await;
+        let who = self.wait_find("#signed-in").await;
+        assert!(self.text(&who).await.starts_with(name));
     }
 
     async fn goto(&self, url: &str) {
@@ -148,6 +178,22 @@ impl Session {
             Some(json!({})),
         )
         .await;
+    }
+
+    /// Polls until an element matches `css` (a navigation may still be under way); panics
+    /// after 5 s.
+    async fn wait_find(&self, css: &str) -> String {
+        let started = Instant::now();
+        loop {
+            if let Some(e) = self.try_find(css).await {
+                return e;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{css} never showed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Polls until the row `#incident-{id}` shows `status`; panics after 5 s.
@@ -273,6 +319,25 @@ fn screenshot_path() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("auditor-incidents.png")
 }
 
+/// A page of another origin (another port of the same host) that, once opened, posts a
+/// resolve form to the auditor, as a malicious site would with the operator's cookie.
+async fn serve_forging_page(auditor: &str, id: i64) -> String {
+    let html = format!(
+        "<!doctype html><html><body><form id=\"f\" method=\"post\" \
+         action=\"{auditor}/incidents/{id}/resolve\"><input name=\"by\" value=\"mallory\">\
+         <input name=\"note\" value=\"forged\"><input name=\"csrf\" value=\"guess\"></form>\
+         <script>document.getElementById('f').submit()</script></body></html>"
+    );
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || async move { axum::response::Html(html) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/")
+}
+
 #[tokio::test]
 async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     for bin in [CHROMIUM, CHROMEDRIVER] {
@@ -303,6 +368,7 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     })
     .await
     .unwrap();
+    report_kinds(&r, "decode-1", &[pb::IntegrityKind::ChecksumMismatch]).await;
     g.report_preflight(pb::PreflightReport {
         node: "decode-1".into(),
         role: "decode".into(),
@@ -313,27 +379,41 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     })
     .await
     .unwrap();
-    let (inc, _) = wait_open_incident(&r, "cross_tenant_marker").await;
-    let id = inc["id"].as_i64().unwrap();
+    let id = open_incident_id(&r, "cross_tenant_marker").await;
+    let other = open_incident_id(&r, "checksum_mismatch").await;
     let base = format!("http://{}", r.http_addr);
+    let api = format!("{base}/api/incidents/{id}");
 
     let profile = tempfile::tempdir().unwrap();
     let port = free_port();
     let _driver = spawn_chromedriver(port);
     let s = new_session(port, profile.path()).await;
 
+    // Not signed in: the incident list sends the browser to the sign-in page.
     s.goto(&format!("{base}/incidents")).await;
+    let at = s.current_url().await;
+    assert_eq!(
+        at,
+        format!("{base}/login?next=/incidents"),
+        "not redirected"
+    );
+    assert!(s.try_find(&format!("#incident-{id}")).await.is_none());
+    s.sign_in(OPERATOR).await;
+    assert_eq!(s.current_url().await, format!("{base}/incidents"));
     let row = s.find(&format!("#incident-{id}")).await;
     assert_eq!(s.attr(&row, "data-status").await.as_deref(), Some("open"));
 
-    let ack_by = s
+    let note = s
         .find(&format!(
-            "form[action=\"/incidents/{id}/ack\"] input[name=\"by\"]"
+            "form[action=\"/incidents/{id}/ack\"] input[name=\"note\"]"
         ))
         .await;
-    s.type_into(&ack_by, "ops-browser").await;
+    s.type_into(&note, "looking").await;
     s.click(&s.find(&format!("#ack-{id}")).await).await;
     s.wait_row_status(id, "acknowledged").await;
+    let acked = get_json(api.clone()).await;
+    assert_eq!(acked["acknowledged"]["by"], OPERATOR.0, "{acked}");
+    assert_eq!(acked["acknowledged"]["note"], "looking", "{acked}");
     let shot = screenshot_path();
     let png = s.screenshot(&shot).await;
     assert!(
@@ -346,16 +426,26 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
         shot.display()
     );
 
-    let resolve_by = s
-        .find(&format!(
-            "form[action=\"/incidents/{id}/resolve\"] input[name=\"by\"]"
-        ))
-        .await;
-    s.type_into(&resolve_by, "ops-browser").await;
+    // Another origin's page posts a resolve form with the operator's cookie: refused.
+    s.goto(&serve_forging_page(&base, id).await).await;
+    let started = Instant::now();
+    while !s.current_url().await.starts_with(&format!("{base}/")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the forged form never posted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body = s.text(&s.find("body").await).await;
+    assert!(body.contains("cross-origin form post refused"), "{body}");
+    assert_eq!(get_json(api.clone()).await["status"], "acknowledged");
+
+    s.goto(&format!("{base}/incidents")).await;
     s.click(&s.find(&format!("#resolve-{id}")).await).await;
     s.wait_row_status(id, "resolved").await;
-    let api = get_json(format!("{base}/api/incidents/{id}")).await;
-    assert_eq!(api["status"], "resolved", "{api}");
+    let done = get_json(api.clone()).await;
+    assert_eq!(done["status"], "resolved", "{done}");
+    assert_eq!(done["resolved"]["by"], OPERATOR.0, "{done}");
 
     s.goto(&format!("{base}/nodes")).await;
     let table = s.find("table#nodes").await;
@@ -364,6 +454,26 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
 
     s.goto(&format!("{base}/integrity")).await;
     s.find("svg").await;
+
+    // A viewer: no buttons, and a post of theirs (with their own CSRF token) is a 403.
+    s.click(&s.find("#sign-out").await).await;
+    s.wait_find("#sign-in").await;
+    s.goto(&format!("{base}/incidents")).await;
+    s.sign_in(VIEWER).await;
+    s.find(&format!("#incident-{other}")).await;
+    assert!(s.try_find(&format!("#ack-{other}")).await.is_none());
+    let status = s
+        .run_async(&format!(
+            "const csrf = document.querySelector('input[name=csrf]').value; \
+             fetch('/incidents/{other}/ack', {{method: 'POST', \
+             body: new URLSearchParams({{csrf, note: 'viewer'}})}}).then(r => done(r.status));"
+        ))
+        .await;
+    assert_eq!(status, 403);
+    assert_eq!(
+        get_json(format!("{base}/api/incidents/{other}")).await["status"],
+        "open"
+    );
 
     s.close().await;
     r.shutdown().await;

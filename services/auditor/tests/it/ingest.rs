@@ -4,14 +4,16 @@
 use std::time::{Duration, Instant};
 
 use pagewarden_auditor::client::AuditorClient as BufferedClient;
-use pagewarden_auditor::{Config, Running};
+use pagewarden_auditor::Running;
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
+use crate::auth::{self, Signed, OPERATOR, OPS_TOKEN};
+
 pub async fn start() -> Running {
-    pagewarden_auditor::start(&Config::for_tests("sqlite::memory:"), None)
+    pagewarden_auditor::start(&auth::config("sqlite::memory:"), None)
         .await
         .expect("auditor starts")
 }
@@ -22,14 +24,33 @@ pub async fn grpc(r: &Running) -> AuditorClient<Channel> {
         .expect("gRPC connects")
 }
 
+/// GETs a JSON API `url` with the operator token.
 pub async fn get_json(url: String) -> Value {
-    let resp = reqwest::get(&url).await.unwrap();
+    let resp = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth(OPS_TOKEN)
+        .send()
+        .await
+        .unwrap();
     assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
     resp.json().await.unwrap()
 }
 
+/// GETs an open endpoint (`/health`, `/metrics`) as text.
 pub async fn get_text(url: String) -> String {
     let resp = reqwest::get(&url).await.unwrap();
+    assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
+    resp.text().await.unwrap()
+}
+
+/// GETs a page `url` (`http://host:port/path`) signed in as the operator.
+pub async fn get_page(url: String) -> String {
+    let rest = url.strip_prefix("http://").expect("an http:// url");
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let resp = Signed::sign_in(&format!("http://{host}"), OPERATOR)
+        .await
+        .get(path)
+        .await;
     assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
     resp.text().await.unwrap()
 }
@@ -52,6 +73,25 @@ pub async fn wait_open_incident(r: &Running, kind: &str) -> (Value, Duration) {
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// Reports one integrity event of each of `kinds` from `node` over gRPC.
+pub async fn report_kinds(r: &Running, node: &str, kinds: &[pb::IntegrityKind]) {
+    let mut g = grpc(r).await;
+    for kind in kinds {
+        g.report_integrity(pb::IntegrityReport {
+            kind: *kind as i32,
+            node: node.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// The id of the first open incident of `kind` (waiting for it as [`wait_open_incident`]).
+pub async fn open_incident_id(r: &Running, kind: &str) -> i64 {
+    wait_open_incident(r, kind).await.0["id"].as_i64().unwrap()
 }
 
 fn req_ref(b: u8) -> Option<pb::RequestRef> {
@@ -99,13 +139,13 @@ async fn cross_tenant_marker_in_a_sample_opens_an_incident() {
     assert_eq!(inc["request_id"], "ab".repeat(16));
     let id = inc["id"].as_i64().unwrap();
 
-    let list_html = get_text(format!("http://{}/incidents?status=open", r.http_addr)).await;
+    let list_html = get_page(format!("http://{}/incidents?status=open", r.http_addr)).await;
     assert!(
         list_html.contains(&format!("id=\"incident-{id}\" data-status=\"open\"")),
         "{list_html}"
     );
     assert!(list_html.contains("cross_tenant_marker"));
-    let detail = get_text(format!("http://{}/incidents/{id}", r.http_addr)).await;
+    let detail = get_page(format!("http://{}/incidents/{id}", r.http_addr)).await;
     assert!(
         detail.contains(&alice.marker),
         "detail page shows the leaked marker"
@@ -136,7 +176,7 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
     let details: Value = serde_json::from_str(inc["details"].as_str().unwrap()).unwrap();
     assert_eq!(details["page"], 42);
     assert_eq!(details["generation"], 9);
-    let html = get_text(format!(
+    let html = get_page(format!(
         "http://{}/incidents?kind=generation_mismatch",
         r.http_addr
     ))
@@ -147,7 +187,8 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
     let base = format!("http://{}/api/incidents/{id}", r.http_addr);
     let acked: Value = http
         .post(format!("{base}/ack"))
-        .json(&json!({"by": "ops-ann", "note": "paging decode owner"}))
+        .bearer_auth(OPS_TOKEN)
+        .json(&json!({"note": "paging decode owner"}))
         .send()
         .await
         .unwrap()
@@ -155,16 +196,17 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
         .await
         .unwrap();
     assert_eq!(acked["status"], "acknowledged");
-    assert_eq!(acked["acknowledged"]["by"], "ops-ann");
+    assert_eq!(acked["acknowledged"]["by"], "ops-token");
     assert_eq!(get_json(base.clone()).await["status"], "acknowledged");
-    let html = get_text(format!("http://{}/incidents", r.http_addr)).await;
+    let html = get_page(format!("http://{}/incidents", r.http_addr)).await;
     assert!(html.contains(&format!(
         "id=\"incident-{id}\" data-status=\"acknowledged\""
     )));
 
     let resolved: Value = http
         .post(format!("{base}/resolve"))
-        .json(&json!({"by": "ops-bo", "note": "stale read fenced; kernel fix deployed"}))
+        .bearer_auth(OPS_TOKEN)
+        .json(&json!({"note": "stale read fenced; kernel fix deployed"}))
         .send()
         .await
         .unwrap()
@@ -176,13 +218,14 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
         resolved["resolved"]["note"],
         "stale read fenced; kernel fix deployed"
     );
-    let detail = get_text(format!("http://{}/incidents/{id}", r.http_addr)).await;
-    assert!(detail.contains("status-resolved") && detail.contains("ops-bo"));
+    let detail = get_page(format!("http://{}/incidents/{id}", r.http_addr)).await;
+    assert!(detail.contains("status-resolved") && detail.contains("ops-token"));
 
-    // Resolved is terminal; a missing operator name is refused.
+    // Resolved is terminal.
     let again = http
         .post(format!("{base}/resolve"))
-        .json(&json!({"by": "x"}))
+        .bearer_auth(OPS_TOKEN)
+        .json(&json!({}))
         .send()
         .await
         .unwrap();
@@ -192,15 +235,9 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
         .as_str()
         .unwrap()
         .contains("resolved"));
-    let anon = http
-        .post(format!("{base}/ack"))
-        .json(&json!({"by": " "}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(anon.status(), 400);
     assert_eq!(
         http.get(format!("http://{}/api/incidents/424242", r.http_addr))
+            .bearer_auth(OPS_TOKEN)
             .send()
             .await
             .unwrap()
@@ -213,30 +250,22 @@ async fn generation_mismatch_opens_an_incident_and_operators_resolve_it() {
 #[tokio::test]
 async fn html_forms_acknowledge_and_resolve() {
     let r = start().await;
-    let mut g = grpc(&r).await;
-    g.report_integrity(pb::IntegrityReport {
-        kind: pb::IntegrityKind::ChecksumMismatch as i32,
-        node: "decode-0".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let (inc, _) = wait_open_incident(&r, "checksum_mismatch").await;
-    let id = inc["id"].as_i64().unwrap();
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let resp = http
-        .post(format!("http://{}/incidents/{id}/ack", r.http_addr))
-        .form(&[
-            ("by", "ops"),
-            ("note", "seen"),
-            ("back", "/incidents?status=open"),
-        ])
-        .send()
-        .await
-        .unwrap();
+    report_kinds(&r, "decode-0", &[pb::IntegrityKind::ChecksumMismatch]).await;
+    let id = open_incident_id(&r, "checksum_mismatch").await;
+    let base = format!("http://{}", r.http_addr);
+    let ops = Signed::sign_in(&base, OPERATOR).await;
+    let csrf = ops.csrf.clone();
+    let resp = ops
+        .post(
+            &format!("/incidents/{id}/ack"),
+            &base,
+            &[
+                ("csrf", csrf.as_str()),
+                ("note", "seen"),
+                ("back", "/incidents?status=open"),
+            ],
+        )
+        .await;
     assert_eq!(resp.status(), 303);
     assert_eq!(resp.headers()["location"], "/incidents?status=open");
     assert_eq!(
@@ -244,12 +273,13 @@ async fn html_forms_acknowledge_and_resolve() {
         "acknowledged"
     );
     // An off-site `back` is ignored.
-    let resp = http
-        .post(format!("http://{}/incidents/{id}/resolve", r.http_addr))
-        .form(&[("by", "ops"), ("back", "//evil.example/")])
-        .send()
-        .await
-        .unwrap();
+    let resp = ops
+        .post(
+            &format!("/incidents/{id}/resolve"),
+            &base,
+            &[("csrf", csrf.as_str()), ("back", "//evil.example/")],
+        )
+        .await;
     assert_eq!(
         resp.headers()["location"],
         format!("/incidents/{id}").as_str()
@@ -318,7 +348,7 @@ async fn a_clean_run_opens_no_incident() {
     assert_eq!(summary["samples"]["samples"], 5);
     assert_eq!(summary["samples"]["scanned"], 4);
     assert_eq!(summary["samples"]["with_foreign_markers"], 0);
-    let html = get_text(format!("http://{}/incidents", r.http_addr)).await;
+    let html = get_page(format!("http://{}/incidents", r.http_addr)).await;
     assert!(html.contains("id=\"no-incidents\""));
     let metrics = get_text(format!("http://{}/metrics", r.http_addr)).await;
     assert!(
@@ -380,7 +410,7 @@ async fn preflight_failures_open_incidents_and_fill_the_node_table() {
     assert_eq!(nodes, vec!["decode-liar", "decode-small"]);
     let table = get_json(format!("http://{}/api/nodes", r.http_addr)).await;
     assert_eq!(table.as_array().unwrap().len(), 3);
-    let html = get_text(format!("http://{}/nodes", r.http_addr)).await;
+    let html = get_page(format!("http://{}/nodes", r.http_addr)).await;
     assert!(html.contains("decode-small") && html.contains("FAILED"));
 
     let bad = g
@@ -406,20 +436,8 @@ async fn preflight_failures_open_incidents_and_fill_the_node_table() {
 #[tokio::test]
 async fn integrity_chart_and_series() {
     let r = start().await;
-    let mut g = grpc(&r).await;
-    for kind in [
-        pb::IntegrityKind::Quarantine,
-        pb::IntegrityKind::Quarantine,
-        pb::IntegrityKind::WriteRejected,
-    ] {
-        g.report_integrity(pb::IntegrityReport {
-            kind: kind as i32,
-            node: "decode-0".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    }
+    use pb::IntegrityKind::{Quarantine, WriteRejected};
+    report_kinds(&r, "decode-0", &[Quarantine, Quarantine, WriteRejected]).await;
     let series = get_json(format!(
         "http://{}/api/integrity/series?window_s=600&bucket_s=600",
         r.http_addr
@@ -432,7 +450,7 @@ async fn integrity_chart_and_series() {
         .map(|p| p["count"].as_i64().unwrap())
         .sum();
     assert_eq!(total, 3);
-    let html = get_text(format!(
+    let html = get_page(format!(
         "http://{}/integrity?window_s=3600&bucket_s=3600",
         r.http_addr
     ))

@@ -1,5 +1,6 @@
 //! Integration tests of the auditor, in one binary to keep link time down.
 
+mod auth;
 mod browser;
 mod fake_router;
 mod ingest;

@@ -13,7 +13,7 @@ use pagewarden_auditor::Running;
 use pagewarden_common::TenantId;
 
 use crate::fake_router;
-use crate::ingest::{get_json, get_text, start};
+use crate::ingest::{get_json, get_page, start};
 
 fn settings(router: String) -> ProbeSettings {
     ProbeSettings {
@@ -100,7 +100,7 @@ async fn a_clean_probe_run_passes_and_crosses_the_limit() {
         .any(|(t, n)| t == "probe-b" && *n > fake_router::LIMIT as usize));
     assert!(seen.iter().any(|(t, n)| t == "probe-a" && *n < 32));
     assert!(incident_kinds(&r).await.is_empty());
-    let html = get_text(format!("http://{}/probes", r.http_addr)).await;
+    let html = get_page(format!("http://{}/probes", r.http_addr)).await;
     assert!(html.contains("passed") && html.contains("rejected_clean"));
     let api = get_json(format!("http://{}/api/probes", r.http_addr)).await;
     assert_eq!(api[0]["results"].as_array().unwrap().len(), 14);

@@ -174,6 +174,7 @@ impl Scheduler {
                 penalty_prompt,
                 reply,
             } => {
+                let now = Instant::now();
                 let q = Queued {
                     owner: Owner {
                         request: req,
@@ -183,7 +184,8 @@ impl Scheduler {
                     sampling,
                     penalty_prompt,
                     reply,
-                    deadline: Instant::now() + self.deps.queue_timeout,
+                    queued_at: now,
+                    deadline: now + self.deps.queue_timeout,
                 };
                 if let Err((status, q)) = self.enqueue(req, attempt, q) {
                     let _ = q.reply.send(Err(status));

@@ -142,8 +142,12 @@ impl Scheduler {
             sampling,
             penalty_prompt,
             reply,
+            queued_at,
             deadline: _,
         } = *q;
+        self.deps
+            .metrics
+            .observe_queue_time(queued_at.elapsed().as_secs_f64());
         let pages = match self.deps.pool.reserve(owner.clone(), prompt_tokens) {
             Ok(p) => p,
             Err(e) => {

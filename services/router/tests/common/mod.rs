@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fakes::{start_decode, start_prefill, Fake, FakeOpts};
+use pagewarden_common::secret::SecretHash;
+use pagewarden_common::tenants::TenantEntry;
 use pagewarden_router::config::DEFAULT_MAX_BODY_BYTES;
 use pagewarden_router::dispatch::DispatchConfig;
 use pagewarden_router::frontend::Frontend;
-use pagewarden_router::tenants::{TenantEntry, Tenants};
+use pagewarden_router::tenants::Tenants;
 use pagewarden_router::workers::WorkerPool;
 use pagewarden_router::{serve, AppState, NoSampling, Settings};
 use serde_json::Value;
@@ -75,11 +77,11 @@ impl Harness {
         let tenants = Tenants::new(&[
             TenantEntry {
                 name: "alpha".into(),
-                keys: vec![KEY.into()],
+                key_sha256: vec![SecretHash::of(KEY)],
             },
             TenantEntry {
                 name: "beta".into(),
-                keys: vec![OTHER_KEY.into()],
+                key_sha256: vec![SecretHash::of(OTHER_KEY)],
             },
         ])
         .unwrap();

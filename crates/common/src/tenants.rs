@@ -1,0 +1,319 @@
+//! The tenants file: API keys → tenants, one definition for the router (which reads it, and
+//! reloads it on SIGHUP), `pagewarden keys` (which edits it), `pagewarden up` (which writes the
+//! dev one) and `pagewarden preflight` (which checks it).
+//!
+//! ```toml
+//! [[tenants]]
+//! name = "acme"
+//! key_sha256 = ["<64 hex digits>"]   # SHA-256 of each API key, never the key itself
+//! ```
+//!
+//! Plain `keys = [...]` are refused with a message that says how to hash them: a copy of this
+//! file that leaks must not hold a working key.
+//!
+//! The clear keys a client needs (`pagewarden up`'s dev tenants, `pagewarden chaos`) live in a
+//! separate [`ClientKeys`] file that no server reads.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::secret::SecretHash;
+use crate::TenantId;
+
+/// One `[[tenants]]` entry.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(try_from = "RawEntry")]
+pub struct TenantEntry {
+    /// The tenant's name.
+    pub name: String,
+    /// SHA-256 of each of its API keys.
+    pub key_sha256: Vec<SecretHash>,
+}
+
+/// An entry as written, before plain keys are refused.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEntry {
+    name: String,
+    #[serde(default)]
+    key_sha256: Vec<SecretHash>,
+    keys: Option<toml::Value>,
+}
+
+impl TryFrom<RawEntry> for TenantEntry {
+    type Error = String;
+
+    fn try_from(r: RawEntry) -> Result<Self, String> {
+        if r.keys.is_some() {
+            return Err(format!(
+                "tenant `{0}` lists plain `keys`, which are refused: store only \
+                 `key_sha256 = [\"<hex>\"]`, the SHA-256 of each key (`printf %s KEY | sha256sum`), \
+                 or draw a new key with `pagewarden keys add --tenant {0} --file FILE`",
+                r.name
+            ));
+        }
+        Ok(Self {
+            name: r.name,
+            key_sha256: r.key_sha256,
+        })
+    }
+}
+
+/// The tenants file.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantsFile {
+    /// Every tenant.
+    #[serde(default)]
+    pub tenants: Vec<TenantEntry>,
+}
+
+/// Why a tenants file or table could not be read, built or written.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantsError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file is not valid toml of the expected shape (plain keys included).
+    #[error("cannot parse {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The toml error.
+        source: toml::de::Error,
+    },
+    /// A file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Two tenants share a key.
+    #[error("tenants `{0}` and `{1}` share a key: a key must name one tenant")]
+    SharedKey(String, String),
+}
+
+/// Reads a toml file of type `T`, mapping failures to [`TenantsError`].
+fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, TenantsError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TenantsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| TenantsError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Writes `text` to `path` through a sibling temp file and a rename (a reader never sees half
+/// a file), mode 0600 (the clear keys file holds secrets; the hashes are not for everyone).
+pub fn write_private(path: &Path, text: &str) -> Result<(), TenantsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| TenantsError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
+    f.write_all(text.as_bytes()).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}
+
+impl TenantsFile {
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> Result<Self, TenantsError> {
+        read_toml(path)
+    }
+
+    /// Writes the file (atomically, mode 0600) under a one-line `header` comment.
+    pub fn save(&self, path: &Path, header: &str) -> Result<(), TenantsError> {
+        let body = toml::to_string(self).map_err(|e| TenantsError::Write {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?;
+        write_private(path, &format!("# {header}\n{body}"))
+    }
+
+    /// The entry of tenant `name`, added empty when missing.
+    pub fn entry_mut(&mut self, name: &str) -> &mut TenantEntry {
+        let i = match self.tenants.iter().position(|t| t.name == name) {
+            Some(i) => i,
+            None => {
+                self.tenants.push(TenantEntry {
+                    name: name.to_string(),
+                    key_sha256: Vec::new(),
+                });
+                self.tenants.len() - 1
+            }
+        };
+        &mut self.tenants[i]
+    }
+}
+
+/// Every problem of a tenant list, each in a sentence for the operator: no tenants, a name
+/// listed twice, a tenant without keys, a key shared by two tenants.
+pub fn problems(tenants: &[TenantEntry]) -> Vec<String> {
+    let mut out = Vec::new();
+    if tenants.is_empty() {
+        out.push("no tenants: the router would refuse every request".into());
+    }
+    let mut names = HashSet::new();
+    let mut owners: HashMap<SecretHash, &str> = HashMap::new();
+    for t in tenants {
+        if !names.insert(t.name.as_str()) {
+            out.push(format!("tenant {:?} is listed twice", t.name));
+        }
+        if t.key_sha256.is_empty() {
+            out.push(format!("tenant {:?} has no keys", t.name));
+        }
+        for h in &t.key_sha256 {
+            if let Some(other) = owners.insert(*h, t.name.as_str()) {
+                if other != t.name {
+                    out.push(TenantsError::SharedKey(other.into(), t.name.clone()).to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Key → tenant lookup, by the SHA-256 of the presented key.
+#[derive(Clone, Debug, Default)]
+pub struct KeyTable {
+    by_hash: HashMap<SecretHash, TenantId>,
+}
+
+impl KeyTable {
+    /// Builds the table; a key shared by two tenants is an error.
+    pub fn new(entries: &[TenantEntry]) -> Result<Self, TenantsError> {
+        let mut by_hash: HashMap<SecretHash, TenantId> = HashMap::new();
+        for t in entries {
+            for h in &t.key_sha256 {
+                if let Some(other) = by_hash.insert(*h, TenantId::new(&t.name)) {
+                    if other.as_str() != t.name {
+                        return Err(TenantsError::SharedKey(
+                            other.as_str().into(),
+                            t.name.clone(),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(Self { by_hash })
+    }
+
+    /// The tenant owning `key`.
+    pub fn tenant(&self, key: &str) -> Option<&TenantId> {
+        self.by_hash.get(&SecretHash::of(key))
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// True when no key is configured (every request will be a 401).
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+}
+
+/// One clear key as a client holds it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientKey {
+    /// The tenant.
+    pub tenant: String,
+    /// The bearer key, in clear.
+    pub key: String,
+}
+
+/// A client's clear keys (`[[keys]] tenant = "..", key = ".."`): `pagewarden up` keeps its dev
+/// tenants' keys in one (mode 0600), `pagewarden chaos` reads one. No server reads it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientKeys {
+    /// Every key.
+    #[serde(default)]
+    pub keys: Vec<ClientKey>,
+}
+
+impl ClientKeys {
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> Result<Self, TenantsError> {
+        read_toml(path)
+    }
+
+    /// The first key of `tenant`.
+    pub fn key_of(&self, tenant: &str) -> Option<&str> {
+        self.keys
+            .iter()
+            .find(|k| k.tenant == tenant && !k.key.is_empty())
+            .map(|k| k.key.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, keys: &[&str]) -> TenantEntry {
+        TenantEntry {
+            name: name.into(),
+            key_sha256: keys.iter().map(|k| SecretHash::of(k)).collect(),
+        }
+    }
+
+    #[test]
+    fn plain_keys_are_refused_with_the_way_to_hash_them() {
+        let e = toml::from_str::<TenantsFile>("[[tenants]]\nname = \"a\"\nkeys = [\"k\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("sha256sum") && e.contains("pagewarden keys add"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn keys_are_found_by_hash_and_the_file_round_trips() {
+        let f = TenantsFile {
+            tenants: vec![entry("a", &["ka"]), entry("b", &["kb1", "kb2"])],
+        };
+        let text = toml::to_string(&f).unwrap();
+        assert!(!text.contains("kb1"), "{text}");
+        assert_eq!(toml::from_str::<TenantsFile>(&text).unwrap(), f);
+        let t = KeyTable::new(&f.tenants).unwrap();
+        assert_eq!(t.tenant("kb2").map(|t| t.as_str()), Some("b"));
+        assert!(t.tenant("kb").is_none());
+        assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn key_problems_are_each_named() {
+        assert!(problems(&[entry("a", &["k1"]), entry("b", &["k2"])]).is_empty());
+        let p = problems(&[entry("a", &["k1"]), entry("b", &["k1"]), entry("c", &[])]);
+        assert!(p[0].contains("share a key"), "{p:?}");
+        assert!(p[1].contains("\"c\" has no keys"), "{p:?}");
+        assert_eq!(problems(&[]).len(), 1);
+        assert_eq!(problems(&[entry("a", &["x"]), entry("a", &["y"])]).len(), 1);
+        assert!(KeyTable::new(&[entry("a", &["k"]), entry("b", &["k"])]).is_err());
+    }
+}

@@ -1,0 +1,98 @@
+//! Signing in and out of the web UI: `GET /login`, `POST /login`, `POST /logout`.
+
+use axum::extract::{Query, State};
+use axum::http::header::SET_COOKIE;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+use serde::Deserialize;
+
+use super::html::{esc, page, same_site_path};
+use super::session::{current, SessionUser};
+use super::{AppState, WebError};
+
+/// `?next=` of the sign-in page: where to go once signed in.
+#[derive(Debug, Default, Deserialize)]
+pub struct NextQuery {
+    #[serde(default)]
+    next: String,
+}
+
+fn form(next: &str, error: Option<&str>) -> Html<String> {
+    let error = error
+        .map(|e| format!("<p id=\"login-error\" class=\"bad\">{}</p>", esc(e)))
+        .unwrap_or_default();
+    let body = format!(
+        "{error}<form id=\"login\" method=\"post\" action=\"/login\">\
+         <input type=\"hidden\" name=\"next\" value=\"{}\">\
+         <p><label>name <input name=\"name\" id=\"name\" autocomplete=\"username\" required></label></p>\
+         <p><label>password <input name=\"password\" id=\"password\" type=\"password\" \
+         autocomplete=\"current-password\" required></label></p>\
+         <p><button type=\"submit\" id=\"sign-in\">Sign in</button></p></form>",
+        esc(next)
+    );
+    page("Sign in", "", None, &body)
+}
+
+/// `GET /login?next=`
+pub async fn login_page(Query(q): Query<NextQuery>) -> Html<String> {
+    form(&q.next, None)
+}
+
+/// The sign-in form as posted.
+#[derive(Deserialize)]
+pub struct LoginForm {
+    name: String,
+    password: String,
+    #[serde(default)]
+    next: String,
+}
+
+/// `POST /login`: a session cookie and a redirect to `next`, or the form again with a 401.
+pub async fn login(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    let next = same_site_path(&f.next).unwrap_or("/incidents").to_string();
+    match st.auth.login(f.name.trim().to_string(), f.password).await {
+        Some(id) => {
+            tracing::info!(name = %f.name.trim(), "operator signed in");
+            (
+                [(SET_COOKIE, st.auth.cookie(&headers, Some(&id)))],
+                Redirect::to(&next),
+            )
+                .into_response()
+        }
+        None => {
+            tracing::warn!(name = %f.name.trim(), "sign-in refused");
+            let page = form(&next, Some("wrong name or password"));
+            (StatusCode::UNAUTHORIZED, page).into_response()
+        }
+    }
+}
+
+/// The sign-out form as posted.
+#[derive(Deserialize)]
+pub struct LogoutForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// `POST /logout`: ends the session and clears the cookie.
+pub async fn logout(
+    State(st): State<AppState>,
+    Extension(user): Extension<SessionUser>,
+    headers: HeaderMap,
+    Form(f): Form<LogoutForm>,
+) -> Result<Response, WebError> {
+    user.check_csrf(&f.csrf)?;
+    if let Some((id, _)) = current(&st, &headers) {
+        st.auth.logout(&id);
+    }
+    Ok((
+        [(SET_COOKIE, st.auth.cookie(&headers, None))],
+        Redirect::to("/login"),
+    )
+        .into_response())
+}

@@ -1,0 +1,198 @@
+//! The secrets `pagewarden up` draws at first start and keeps across runs (so a curl line
+//! copied yesterday still works; delete a file to draw anew):
+//!
+//! - API keys of two dev tenants and the auditor's probe tenant: clear in `keys.toml` (for
+//!   the banner, the probe and you; mode 0600), only their SHA-256 in `tenants.toml` (what the
+//!   router reads). Tenants added with `pagewarden keys` are kept when dev keys are redrawn.
+//! - The auditor's dev operator: its password clear in `dev-operator.password` (0600), only
+//!   its argon2 hash in `auditor.toml` (what the auditor reads).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use pagewarden_auditor::accounts::{hash_password, OperatorAccount, Role};
+use pagewarden_common::secret::{new_secret, SecretHash};
+use pagewarden_common::tenants::{write_private, ClientKey, ClientKeys, KeyTable, TenantsFile};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+/// Names of the generated tenants: two for people.
+pub const DEV_TENANTS: [&str; 2] = ["dev-alice", "dev-bob"];
+/// The auditor's probe tenant.
+pub const PROBE_TENANT: &str = "auditor-probe";
+/// The auditor's dev operator account.
+pub const DEV_OPERATOR: &str = "dev-operator";
+/// The prefix of API keys drawn here and by `pagewarden keys`.
+pub const KEY_PREFIX: &str = "pw-";
+
+/// The comment heading every tenants file written here or by `pagewarden keys`.
+pub const TENANTS_HEADER: &str =
+    "Router tenants: SHA-256 of each API key (`pagewarden keys add|rotate|revoke` edits this).";
+
+fn dev_names() -> impl Iterator<Item = &'static str> {
+    DEV_TENANTS.into_iter().chain(std::iter::once(PROBE_TENANT))
+}
+
+/// Fresh keys for the dev tenants and the probe tenant, one each.
+pub fn generate(rng: &mut impl Rng) -> ClientKeys {
+    let keys = dev_names()
+        .map(|name| ClientKey {
+            tenant: name.to_string(),
+            key: new_secret(KEY_PREFIX, rng),
+        })
+        .collect();
+    ClientKeys { keys }
+}
+
+/// Whether `keys` holds a key for every dev tenant and each opens its tenant in `tenants`.
+fn still_valid(keys: &ClientKeys, tenants: &TenantsFile) -> bool {
+    let Ok(table) = KeyTable::new(&tenants.tenants) else {
+        return false;
+    };
+    dev_names().all(|name| {
+        keys.key_of(name)
+            .and_then(|k| table.tenant(k))
+            .is_some_and(|t| t.as_str() == name)
+    })
+}
+
+/// Reads `dir/keys.toml` and `dir/tenants.toml` when they still match; otherwise draws new dev
+/// keys, writes them clear to `keys.toml` and hashed into `tenants.toml` (other tenants kept).
+/// Returns the tenants file's path and the dev keys.
+pub fn ensure_tenants(dir: &Path) -> anyhow::Result<(PathBuf, ClientKeys)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (keys_path, tenants_path) = (dir.join("keys.toml"), dir.join("tenants.toml"));
+    let mut tenants = TenantsFile::load(&tenants_path).unwrap_or_default();
+    if let Ok(keys) = ClientKeys::load(&keys_path) {
+        if still_valid(&keys, &tenants) {
+            return Ok((tenants_path, keys));
+        }
+    }
+    let keys = generate(&mut rand::rng());
+    for k in &keys.keys {
+        tenants.entry_mut(&k.tenant).key_sha256 = vec![SecretHash::of(&k.key)];
+    }
+    let text = format!(
+        "# Dev API keys in clear, written by `pagewarden up`; delete this file to draw new ones.\n{}",
+        toml::to_string(&keys).context("encoding the keys file")?
+    );
+    write_private(&keys_path, &text)?;
+    tenants.save(&tenants_path, TENANTS_HEADER)?;
+    Ok((tenants_path, keys))
+}
+
+/// The auditor config `up` writes: only the dev operator account.
+#[derive(Debug, Default, Deserialize, Serialize)]
+struct DevAuditorConfig {
+    operators: Vec<OperatorAccount>,
+}
+
+/// The auditor config `up` writes and starts the auditor with.
+pub fn auditor_config(dir: &Path) -> PathBuf {
+    dir.join("auditor.toml")
+}
+
+/// The dev operator's sign-in, as the banner prints it.
+#[derive(Clone, Debug)]
+pub struct DevOperator {
+    /// Where the clear password is kept (mode 0600).
+    pub password_file: PathBuf,
+    /// The password.
+    pub password: String,
+}
+
+/// Reads the dev operator's password and `dir/auditor.toml` when both are there; otherwise
+/// draws a new random password and writes it (0600) and its argon2 hash.
+pub fn ensure_operator(dir: &Path) -> anyhow::Result<DevOperator> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let config = auditor_config(dir);
+    let password_file = dir.join("dev-operator.password");
+    let kept = std::fs::read_to_string(&password_file)
+        .ok()
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty() && config.is_file());
+    if let Some(password) = kept {
+        return Ok(DevOperator {
+            password_file,
+            password,
+        });
+    }
+    let mut rng = rand::rng();
+    let password = new_secret("", &mut rng);
+    let file = DevAuditorConfig {
+        operators: vec![OperatorAccount {
+            name: DEV_OPERATOR.into(),
+            role: Role::Operator,
+            password_argon2: hash_password(&password, &mut rng),
+        }],
+    };
+    let text = format!(
+        "# The auditor's dev operator, written by `pagewarden up` (its password is in {}).\n{}",
+        password_file.display(),
+        toml::to_string(&file).context("encoding the auditor config")?
+    );
+    write_private(&password_file, &format!("{password}\n"))?;
+    write_private(&config, &text)?;
+    Ok(DevOperator {
+        password_file,
+        password,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn generated_keys_are_distinct_and_complete() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let f = generate(&mut rng);
+        let keys: std::collections::HashSet<_> = f.keys.iter().map(|k| k.key.clone()).collect();
+        assert_eq!(keys.len(), 3);
+        assert!(keys.iter().all(|k| k.len() == 35 && k.starts_with("pw-")));
+    }
+
+    #[test]
+    fn keys_are_kept_across_runs_and_only_hashes_reach_the_tenants_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, first) = ensure_tenants(dir.path()).unwrap();
+        let (_, again) = ensure_tenants(dir.path()).unwrap();
+        assert_eq!(first, again);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(first.keys.iter().all(|k| !text.contains(&k.key)), "{text}");
+        let table = KeyTable::new(&TenantsFile::load(&path).unwrap().tenants).unwrap();
+        assert_eq!(
+            table
+                .tenant(first.key_of("dev-bob").unwrap())
+                .unwrap()
+                .as_str(),
+            "dev-bob"
+        );
+        // A tenant added by hand survives new dev keys.
+        let mut t = TenantsFile::load(&path).unwrap();
+        t.entry_mut("acme").key_sha256 = vec![SecretHash::of("pw-acme")];
+        t.save(&path, "x").unwrap();
+        std::fs::remove_file(dir.path().join("keys.toml")).unwrap();
+        let (_, fresh) = ensure_tenants(dir.path()).unwrap();
+        assert_ne!(fresh, first);
+        let table = KeyTable::new(&TenantsFile::load(&path).unwrap().tenants).unwrap();
+        assert!(table.tenant("pw-acme").is_some());
+        assert!(table.tenant(first.key_of("dev-bob").unwrap()).is_none());
+    }
+
+    #[test]
+    fn the_dev_operator_password_is_kept_clear_only_in_a_private_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let op = ensure_operator(dir.path()).unwrap();
+        let mode = std::fs::metadata(&op.password_file)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let config = std::fs::read_to_string(auditor_config(dir.path())).unwrap();
+        assert!(!config.contains(&op.password) && config.contains("$argon2id$"));
+        assert_eq!(ensure_operator(dir.path()).unwrap().password, op.password);
+    }
+}

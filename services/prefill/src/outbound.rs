@@ -1,0 +1,230 @@
+//! `Outbound`: one job's KV pages on their way into decode's granted pages. Pages are sent as
+//! soon as a chunk of the forward pass completes them (a token's KV never changes once
+//! written), in bounded batches, while the next chunk computes; the last, partial page goes at
+//! the end. The grant then ends with a drain, or with a cancel (which also drains) when the job
+//! is aborted or fails.
+//!
+//! ```text
+//! open ──submit(pages 0..k)──▶ … ──finish: rest, settle, drain──▶ (manifest, bytes)
+//!   └──────── abort / failure: cancel the grant (decode frees what it reserved) ────────┘
+//! ```
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use pagewarden_kvcache::{CommitManifest, GrantKey, ReadablePages};
+use pagewarden_transfer::{
+    BatchHandle, BatchStatus, ManifestBuilder, PageWriteReq, SegmentId, TransferBackend,
+};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::grant::ValidPrefill;
+use crate::job::{cancelled, JobDeps};
+
+/// How long a drain or cancel waits for decode's acknowledgement (and an unused grant's
+/// connection for its set-up) before the job gives up: the connection is then dropped, decode
+/// declares this peer gone, and frees what the grant held.
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Batches submitted but not yet confirmed, at most, before the sender waits for the oldest
+/// (bounds the page copies held for the wire).
+const MAX_IN_FLIGHT: usize = 4;
+
+/// The pages of one job's grant, sent as they become final.
+pub struct Outbound<'a> {
+    deps: &'a JobDeps,
+    job: &'a ValidPrefill,
+    seg: SegmentId,
+    manifest: ManifestBuilder,
+    bytes: u64,
+    /// Pages submitted so far (a prefix of the grant's pages).
+    submitted: usize,
+    /// Submitted batches, oldest first; confirmed ones join the manifest in this order.
+    in_flight: VecDeque<BatchHandle>,
+}
+
+impl<'a> Outbound<'a> {
+    /// Connects to the grant's decode transfer listener (an open connection is reused).
+    pub async fn open(deps: &'a JobDeps, job: &'a ValidPrefill) -> Result<Self, Status> {
+        let seg = deps.segments.open(&job.grant.transfer_addr).await?;
+        Ok(Self {
+            deps,
+            job,
+            seg,
+            manifest: ManifestBuilder::new(job.grant.key),
+            bytes: 0,
+            submitted: 0,
+            in_flight: VecDeque::new(),
+        })
+    }
+
+    /// Sends pages up to (not including) `upto` that are not sent yet, in batches, waiting for
+    /// the oldest batches when too many are in flight. On an error the grant is already ended.
+    pub async fn send_upto(
+        &mut self,
+        pages: &ReadablePages,
+        upto: usize,
+        cancel: &CancellationToken,
+    ) -> Result<(), Status> {
+        let upto = upto.min(self.job.grant.pages.len());
+        while self.submitted < upto {
+            let end = (self.submitted + self.deps.batch_pages.max(1)).min(upto);
+            let batch: Vec<usize> = (self.submitted..end).collect();
+            self.submit(pages, &batch)?;
+            self.submitted = end;
+            self.settle(MAX_IN_FLIGHT, cancel).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends the rest of the pages, waits for every batch, and drains the grant: the manifest
+    /// of every page sent, and the bytes sent.
+    pub async fn finish(
+        mut self,
+        pages: &ReadablePages,
+        cancel: &CancellationToken,
+    ) -> Result<(CommitManifest, u64), Status> {
+        self.send_upto(pages, self.job.grant.pages.len(), cancel)
+            .await?;
+        self.settle(0, cancel).await?;
+        let addr = &self.job.grant.transfer_addr;
+        let drained = tokio::time::timeout(
+            ACK_TIMEOUT,
+            self.deps
+                .segments
+                .backend()
+                .drain(self.seg, self.job.grant.key),
+        )
+        .await;
+        match drained {
+            Ok(Ok(())) => Ok((self.manifest.build(), self.bytes)),
+            Ok(Err(e)) => {
+                self.deps.segments.forget(addr, self.seg);
+                Err(Status::unavailable(format!(
+                    "KV transfer drain failed: {e}"
+                )))
+            }
+            Err(_) => {
+                self.deps.segments.forget(addr, self.seg);
+                Err(Status::unavailable(format!(
+                    "KV transfer drain not acknowledged within {ACK_TIMEOUT:?}"
+                )))
+            }
+        }
+    }
+
+    /// Ends the grant after an abort or a failure elsewhere (a cancel drains: nothing of it
+    /// can land afterwards, so decode frees its pages at once).
+    pub async fn abort(self) {
+        cancel_grant(
+            self.deps,
+            &self.job.grant.transfer_addr,
+            self.seg,
+            self.job.grant.key,
+        )
+        .await;
+    }
+
+    /// Submits the pages `batch` (generation-checked bytes: host memory on the CPU, device to
+    /// pinned host on a GPU).
+    fn submit(&mut self, pages: &ReadablePages, batch: &[usize]) -> Result<(), Status> {
+        let g = &self.job.grant;
+        let frames = self
+            .deps
+            .compute
+            .frames(pages, batch)
+            .map_err(|e| Status::internal(e.0))?;
+        let reqs: Vec<PageWriteReq> = batch
+            .iter()
+            .zip(frames)
+            .map(|(&i, src)| {
+                let (page, generation) = g.pages[i];
+                PageWriteReq {
+                    dst_page: page,
+                    dst_generation: generation,
+                    tokens: g.tokens_in_page(i) as u32,
+                    src,
+                }
+            })
+            .collect();
+        self.bytes += reqs.iter().map(|r| r.src.len() as u64).sum::<u64>();
+        match self
+            .deps
+            .segments
+            .backend()
+            .submit_batch(self.seg, g.key, reqs)
+        {
+            Ok(h) => {
+                self.in_flight.push_back(h);
+                Ok(())
+            }
+            Err(e) => {
+                self.deps.segments.forget(&g.transfer_addr, self.seg);
+                Err(Status::unavailable(format!("KV transfer failed: {e}")))
+            }
+        }
+    }
+
+    /// Waits for the oldest batches until at most `keep` are in flight; each confirmed batch
+    /// joins the manifest (with the checksums computed when it was sent). On a failure or an
+    /// abort the grant is cancelled before the error returns.
+    async fn settle(&mut self, keep: usize, cancel: &CancellationToken) -> Result<(), Status> {
+        while self.in_flight.len() > keep {
+            let Some(mut handle) = self.in_flight.pop_front() else {
+                break;
+            };
+            let status = tokio::select! {
+                s = handle.wait_ref() => s,
+                () = cancel.cancelled() => BatchStatus::Pending,
+            };
+            let failure = match status {
+                BatchStatus::Completed { .. } => {
+                    self.manifest.add_sent(&handle);
+                    continue;
+                }
+                BatchStatus::Pending | BatchStatus::Cancelled { .. } => cancelled(),
+                BatchStatus::Failed(f) => Status::unavailable(format!("KV transfer failed: {f:?}")),
+            };
+            let g = &self.job.grant;
+            cancel_grant(self.deps, &g.transfer_addr, self.seg, g.key).await;
+            return Err(failure);
+        }
+        Ok(())
+    }
+}
+
+/// Cancels `key` (which drains it); if decode does not acknowledge in time, drops the
+/// connection so the job ends and decode releases the grant's pages as its peer is gone.
+async fn cancel_grant(deps: &JobDeps, addr: &str, seg: SegmentId, key: GrantKey) {
+    let acked = tokio::time::timeout(ACK_TIMEOUT, deps.segments.backend().cancel(seg, key)).await;
+    match acked {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "KV grant cancel failed: dropping the connection");
+            deps.segments.forget(addr, seg);
+        }
+        Err(_) => {
+            tracing::warn!("KV grant cancel not acknowledged in time: dropping the connection");
+            deps.segments.forget(addr, seg);
+        }
+    }
+}
+
+/// Ends a grant under which no page was sent and no connection is open (the job was refused
+/// or failed before its transfer began): a cancel, which drains, tells decode that nothing of
+/// it can still land, so decode frees the reserved pages now instead of quarantining them when
+/// its drain timeout passes. Best effort: if decode is unreachable its pages stay fenced until
+/// it declares this peer gone.
+pub async fn abandon_grant(deps: &JobDeps, job: &ValidPrefill) {
+    let g = &job.grant;
+    match tokio::time::timeout(ACK_TIMEOUT, deps.segments.open(&g.transfer_addr)).await {
+        Ok(Ok(seg)) => cancel_grant(deps, &g.transfer_addr, seg, g.key).await,
+        Ok(Err(e)) => {
+            tracing::warn!(request = %job.req, error = %e.message(), "could not end the unused KV grant")
+        }
+        Err(_) => {
+            tracing::warn!(request = %job.req, "connecting to end the unused KV grant timed out")
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! `Turns`: the engine computes one chunk at a time. Jobs waiting for it are served round robin
+//! across tenants and FIFO within one ([`FairQueue`]), so a tenant with many long prompts in
+//! flight gets one chunk in turn with each other tenant, not one per prompt, and no chunks of
+//! two jobs oversubscribe the cores together.
+//!
+//! ```text
+//! take ──idle──▶ Turn ──drop: hand to the next waiter (or idle)──▶ …
+//!   └──busy──▶ waiting in the fair queue ──handed the turn──▶ Turn
+//!                  └── dropped while waiting: leaves; a turn handed meanwhile is passed on
+//! ```
+
+use pagewarden_common::TenantId;
+use pagewarden_worker::FairQueue;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+/// The engine's turn, one holder at a time.
+#[derive(Default)]
+pub struct Turns {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    busy: bool,
+    waiting: FairQueue<oneshot::Sender<()>>,
+}
+
+/// The turn, held until dropped.
+pub struct Turn<'a> {
+    turns: &'a Turns,
+}
+
+impl Turns {
+    /// Waits for the turn, in `tenant`'s place in the rotation.
+    pub async fn take(&self, tenant: &TenantId) -> Turn<'_> {
+        let rx = {
+            let mut inner = self.inner.lock();
+            if !inner.busy {
+                inner.busy = true;
+                return Turn { turns: self };
+            }
+            let (tx, rx) = oneshot::channel();
+            inner.waiting.push(tenant, tx);
+            rx
+        };
+        let mut waiting = Waiting {
+            turns: self,
+            rx: Some(rx),
+        };
+        if let Some(rx) = waiting.rx.as_mut() {
+            // The sender lives in the queue until it hands the turn over; `Turns` outlives us.
+            let _ = rx.await;
+        }
+        waiting.rx = None;
+        Turn { turns: self }
+    }
+
+    /// Hands the turn to the next waiter still waiting, or marks the engine idle.
+    fn pass_on(&self) {
+        let mut inner = self.inner.lock();
+        while let Some(tx) = inner.waiting.pop() {
+            if tx.send(()).is_ok() {
+                return;
+            }
+        }
+        inner.busy = false;
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.turns.pass_on();
+    }
+}
+
+/// A wait in progress; dropped early (the job was cancelled), it leaves the queue, and passes
+/// on a turn that was handed to it meanwhile.
+struct Waiting<'a> {
+    turns: &'a Turns,
+    rx: Option<oneshot::Receiver<()>>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if rx.try_recv().is_ok() {
+                self.turns.pass_on();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn t(name: &str) -> TenantId {
+        TenantId::new(name)
+    }
+
+    /// Each waiter records its name when it gets the turn, then lets it go.
+    async fn order(turns: Arc<Turns>, waiters: &[(&str, &str)]) -> Vec<String> {
+        let first = turns.take(&t("holder")).await;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for &(tenant, name) in waiters {
+            let (turns, log, name) = (turns.clone(), log.clone(), name.to_string());
+            let tenant = t(tenant);
+            tasks.push(tokio::spawn(async move {
+                let _turn = turns.take(&tenant).await;
+                log.lock().push(name);
+            }));
+            // Queue them in this order.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(first);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let out = log.lock().clone();
+        out
+    }
+
+    #[tokio::test]
+    async fn tenants_take_turns_and_each_is_fifo() {
+        let got = order(
+            Arc::new(Turns::default()),
+            &[
+                ("a", "a1"),
+                ("a", "a2"),
+                ("a", "a3"),
+                ("b", "b1"),
+                ("b", "b2"),
+            ],
+        )
+        .await;
+        assert_eq!(got, ["a1", "b1", "a2", "b2", "a3"]);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_leaves_does_not_keep_the_turn() {
+        let turns = Arc::new(Turns::default());
+        let held = turns.take(&t("a")).await;
+        let gone = {
+            let turns = turns.clone();
+            tokio::spawn(async move {
+                let _t = turns.take(&t("b")).await;
+                unreachable!("aborted before its turn");
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        gone.abort();
+        let _ = gone.await;
+        drop(held);
+        // The engine is idle again: a new taker gets the turn at once.
+        let next = tokio::time::timeout(Duration::from_secs(1), turns.take(&t("c"))).await;
+        assert!(next.is_ok(), "the turn was lost with the waiter that left");
+    }
+}

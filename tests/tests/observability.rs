@@ -1,0 +1,268 @@
+//! What an operator's tools read. Every service's `/metrics` is scraped after real traffic and
+//! parsed by a real Prometheus text parser (the Python `prometheus_client` one: its OpenMetrics parser for an
+//! `application/openmetrics-text` answer, its 0.0.4 text parser otherwise, chosen by the
+//! answer's content type as Prometheus does). vLLM's metric names and labels are checked on the
+//! parsed families, so that vLLM's dashboards would find them. A client's W3C `traceparent`
+//! is continued by the router: its answer names the same trace.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use pagewarden_system_tests::{
+    api_key, start_auditor, start_decode, start_prefill, start_router, ModelArg, Service,
+};
+use serde_json::{json, Value};
+
+const TINY: ModelArg = ModelArg::Tiny(11);
+
+/// Parses exposition text from stdin; prints `[[family, type, sample, labels, value], ...]`.
+const PARSER: &str = r#"
+import json, sys
+text = sys.stdin.read()
+if sys.argv[1].startswith("application/openmetrics-text"):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+else:
+    from prometheus_client.parser import text_string_to_metric_families
+out = []
+for f in text_string_to_metric_families(text):
+    for s in f.samples:
+        out.append([f.name, f.type, s.name, s.labels, s.value])
+print(json.dumps(out))
+"#;
+
+/// One parsed sample.
+#[derive(Debug)]
+struct Sample {
+    family: String,
+    kind: String,
+    name: String,
+    labels: serde_json::Map<String, Value>,
+    value: f64,
+}
+
+/// One sample as the parser prints it: family, type, sample name, labels, value.
+type Row = (String, String, String, serde_json::Map<String, Value>, f64);
+
+/// Scrapes `url` and parses the answer with the real parser; panics on a parse error.
+async fn scrape(url: &str) -> Vec<Sample> {
+    let r = reqwest::get(url).await.expect("scrape");
+    assert!(r.status().is_success(), "{url}: {}", r.status());
+    let content_type = r
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("text/plain")
+        .to_string();
+    let text = r.text().await.expect("metrics body");
+    let mut child = Command::new("python3")
+        .args(["-c", PARSER, &content_type])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 (scripts/test.sh installs prometheus-client)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write metrics text");
+    let out = child.wait_with_output().expect("parser");
+    assert!(
+        out.status.success(),
+        "{url} ({content_type}) did not parse:\n{}\n--- text ---\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Row> = serde_json::from_slice(&out.stdout).expect("parser output");
+    rows.into_iter()
+        .map(|(family, kind, name, labels, value)| Sample {
+            family,
+            kind,
+            name,
+            labels,
+            value,
+        })
+        .collect()
+}
+
+/// The value of sample `name` whose labels include every pair of `labels`.
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples
+        .iter()
+        .find(|s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).and_then(Value::as_str) == Some(*v))
+        })
+        .map(|s| s.value)
+}
+
+fn kind_of<'a>(samples: &'a [Sample], family: &str) -> Option<&'a str> {
+    samples
+        .iter()
+        .find(|s| s.family == family)
+        .map(|s| s.kind.as_str())
+}
+
+async fn complete(router: &Service, body: Value) -> Value {
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", router.http_url()))
+        .bearer_auth(api_key(0))
+        .json(&body)
+        .send()
+        .await
+        .expect("router request");
+    assert_eq!(r.status().as_u16(), 200);
+    r.json().await.expect("completion body")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_service_scrapes_and_parses_with_vllm_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let auditor = start_auditor(dir.path());
+    let decode = start_decode(&TINY, &[]);
+    let prefill = start_prefill(&TINY, &[]);
+    let router = start_router(&TINY, &[&decode], &[&prefill]).await;
+
+    let a = complete(&router, json!({"prompt": "hello there", "max_tokens": 5})).await;
+    let b = complete(
+        &router,
+        json!({"prompt": "a longer prompt than the first one", "max_tokens": 3}),
+    )
+    .await;
+    let prompt_tokens = a["usage"]["prompt_tokens"].as_f64().unwrap()
+        + b["usage"]["prompt_tokens"].as_f64().unwrap();
+    let generated = a["usage"]["completion_tokens"].as_f64().unwrap()
+        + b["usage"]["completion_tokens"].as_f64().unwrap();
+
+    // The router: request-level vLLM metrics, labelled with the served model name.
+    let r = scrape(&format!("{}/metrics", router.http_url())).await;
+    let model = [("model_name", "m")];
+    assert_eq!(
+        value(&r, "vllm:prompt_tokens_total", &model),
+        Some(prompt_tokens),
+        "{r:#?}"
+    );
+    assert_eq!(
+        value(&r, "vllm:generation_tokens_total", &model),
+        Some(generated)
+    );
+    let finished: f64 = r
+        .iter()
+        .filter(|s| s.name == "vllm:request_success_total")
+        .map(|s| s.value)
+        .sum();
+    assert_eq!(finished, 2.0);
+    assert_eq!(
+        value(&r, "vllm:e2e_request_latency_seconds_count", &model),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(&r, "vllm:time_to_first_token_seconds_count", &model),
+        Some(2.0)
+    );
+    assert_eq!(
+        kind_of(&r, "vllm:e2e_request_latency_seconds"),
+        Some("histogram")
+    );
+    assert!(value(&r, "vllm:inter_token_latency_seconds_count", &model) >= Some(1.0));
+    assert_eq!(
+        value(&r, "vllm:request_prompt_tokens_sum", &model),
+        Some(prompt_tokens)
+    );
+
+    // The workers: engine state, labelled with their model and role.
+    for (w, engine) in [(&decode, "decode"), (&prefill, "prefill")] {
+        let s = scrape(&format!("http://{}/metrics", w.addrs["metrics"])).await;
+        let labels = [("engine", engine)];
+        assert_eq!(
+            kind_of(&s, "vllm:kv_cache_usage_perc"),
+            Some("gauge"),
+            "{engine}"
+        );
+        let usage = value(&s, "vllm:kv_cache_usage_perc", &labels).expect("kv usage");
+        assert!((0.0..=1.0).contains(&usage), "{engine}: {usage}");
+        assert_eq!(
+            value(&s, "vllm:num_requests_waiting", &labels),
+            Some(0.0),
+            "{engine}"
+        );
+        assert_eq!(
+            value(&s, "vllm:request_queue_time_seconds_count", &labels),
+            Some(2.0),
+            "{engine}: every request passed its queue once"
+        );
+        let named = s
+            .iter()
+            .filter(|x| x.family.starts_with("vllm:"))
+            .all(|x| x.labels.get("model_name").and_then(Value::as_str).is_some());
+        assert!(named, "{engine}: a vllm:* series without model_name");
+        assert!(
+            s.iter()
+                .any(|x| x.family == "pagewarden_inter_token_latency_seconds"),
+            "{engine}: one inter-token name across the suite"
+        );
+    }
+
+    // The auditor: its own counters parse too.
+    let s = scrape(&format!("{}/metrics", auditor.http_url())).await;
+    assert!(
+        s.iter().any(|x| x.family.starts_with("pagewarden_")),
+        "{s:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_traceparent_is_continued() {
+    let decode = start_decode(&TINY, &[]);
+    let prefill = start_prefill(&TINY, &[]);
+    let router = start_router(&TINY, &[&decode], &[&prefill]).await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", router.http_url()))
+        .bearer_auth(api_key(0))
+        .header("traceparent", format!("00-{trace}-{parent}-01"))
+        .json(&json!({"prompt": "hello there", "max_tokens": 2}))
+        .send()
+        .await
+        .expect("router request");
+    assert_eq!(r.status().as_u16(), 200);
+    let answer = r
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .expect("the answer names its trace")
+        .to_string();
+    let parts: Vec<&str> = answer.split('-').collect();
+    assert_eq!(parts.len(), 4, "{answer}");
+    assert_eq!(parts[1], trace, "the client's trace is continued: {answer}");
+    assert_ne!(
+        parts[2], parent,
+        "the router's span is a child, not the client's: {answer}"
+    );
+
+    // Without a traceparent, each request roots a trace of its own.
+    let ids = fresh_trace_ids(&router).await;
+    assert_ne!(ids[0], ids[1]);
+    assert!(ids.iter().all(|t| t.len() == 32 && t != trace), "{ids:?}");
+}
+
+/// The trace ids of two requests sent without a `traceparent` (a 401 is answered too).
+async fn fresh_trace_ids(router: &Service) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let r = reqwest::get(format!("{}/v1/models", router.http_url()))
+            .await
+            .expect("models");
+        let tp = r
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .expect("traceparent on every answer")
+            .to_string();
+        ids.push(tp.split('-').nth(1).unwrap_or_default().to_string());
+    }
+    ids
+}
