@@ -45,7 +45,7 @@ pub fn greedy(max_tokens: u32) -> pb::SamplingParams {
         top_p: 1.0,
         seed: None,
         max_tokens,
-        stop: vec![],
+        ..Default::default()
     }
 }
 
@@ -107,6 +107,7 @@ impl Driver {
                 tenant: tenant.into(),
                 prompt_tokens,
                 sampling: Some(sampling),
+                prompt_token_ids: vec![],
             })
             .await?
             .into_inner();
@@ -148,6 +149,7 @@ impl Driver {
                 req: Some(req.clone()),
                 manifest: reply.manifest,
                 first_token: reply.first_token,
+                first_logprobs: reply.first_logprobs,
             })
             .await?
             .into_inner();

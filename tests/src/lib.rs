@@ -382,6 +382,56 @@ pub async fn get_json(service: &Service, path: &str) -> serde_json::Value {
         .expect("json body")
 }
 
+async fn post(
+    router: &Service,
+    path: &str,
+    tenant: usize,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{}{path}", router.http_url()))
+        .bearer_auth(api_key(tenant))
+        .json(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+}
+
+/// POSTs `body` to `path` on a router as tenant `tenant-N`: the status and the JSON body.
+pub async fn post_json(
+    router: &Service,
+    path: &str,
+    tenant: usize,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = post(router, path, tenant, body).await;
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("json body"))
+}
+
+/// POSTs a streaming request (`body` as sent) to `path` on a router as tenant `tenant-N`:
+/// the JSON of every `data:` event before `[DONE]`; panics unless 200 without error events.
+pub async fn post_sse(
+    router: &Service,
+    path: &str,
+    tenant: usize,
+    body: &serde_json::Value,
+) -> Vec<serde_json::Value> {
+    let r = post(router, path, tenant, body).await;
+    assert_eq!(r.status().as_u16(), 200, "POST {path} (stream)");
+    let text = r.text().await.expect("sse body");
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .take_while(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("sse json"))
+        .collect();
+    for v in &events {
+        assert!(v.get("error").is_none(), "stream error: {v}");
+    }
+    events
+}
+
 /// The API key of tenant `tenant-N` in routers started by [`start_router`].
 pub fn api_key(n: usize) -> String {
     format!("test-key-{n}")

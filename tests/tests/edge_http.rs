@@ -350,7 +350,7 @@ async fn refusals_are_openai_errors_and_good_requests_still_succeed() {
         ),
         (json!({"prompt": "x", "stop": ""}), "invalid_value", "stop"),
         (
-            json!({"prompt": "x", "logprobs": 5}),
+            json!({"prompt": "x", "logprobs": 21}),
             "invalid_value",
             "logprobs",
         ),

@@ -71,6 +71,7 @@ fn reserve() -> pb::ReserveRequest {
             max_tokens: 2,
             ..Default::default()
         }),
+        prompt_token_ids: vec![],
     }
 }
 

@@ -4,45 +4,21 @@
 use std::time::{Duration, Instant};
 
 use pagewarden_system_tests::{
-    api_key, reference, start_decode, start_prefill, start_router, ModelArg, Service,
+    api_key, post_json, post_sse, reference, start_decode, start_prefill, start_router, ModelArg,
+    Service,
 };
 use serde_json::{json, Value};
 
 const TINY: ModelArg = ModelArg::Tiny(11);
 
 async fn post(router: &Service, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{}{path}", router.http_url()))
-        .bearer_auth(api_key(0))
-        .json(&body)
-        .send()
-        .await
-        .expect("router request");
-    let status = r.status().as_u16();
-    (status, r.json().await.expect("json body"))
+    post_json(router, path, 0, &body).await
 }
 
 /// Streams a completion; returns (text, finish_reason, usage).
 async fn post_stream(router: &Service, body: Value) -> (String, String, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/completions", router.http_url()))
-        .bearer_auth(api_key(1))
-        .json(&body)
-        .send()
-        .await
-        .expect("router request");
-    assert_eq!(r.status().as_u16(), 200);
-    let body = r.text().await.expect("sse body");
     let (mut text, mut finish, mut usage) = (String::new(), String::new(), Value::Null);
-    for line in body.lines() {
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            break;
-        }
-        let v: Value = serde_json::from_str(data).expect("sse json");
-        assert!(v.get("error").is_none(), "stream error: {v}");
+    for v in post_sse(router, "/v1/completions", 1, &body).await {
         if let Some(c) = v["choices"].get(0) {
             text.push_str(c["text"].as_str().unwrap_or(""));
             if let Some(f) = c["finish_reason"].as_str() {

@@ -231,6 +231,7 @@ async fn max_tokens_is_said_once_at_reserve_and_nothing_is_left_behind() {
             tenant: "t".into(),
             prompt_tokens: 4,
             sampling: None,
+            prompt_token_ids: vec![],
         })
         .await
         .expect_err("sampling is required");

@@ -240,6 +240,7 @@ async fn abort_mid_transfer_and_client_disconnect_free_every_page() {
             req: Some(req.clone()),
             manifest: reply.manifest,
             first_token: reply.first_token,
+            first_logprobs: None,
         })
         .await
         .expect("generate")

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use pagewarden_kvcache::{KvPool, Owner, RequestId, TenantId};
 
 use crate::llama::{Model, ModelError};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::logprobs::TokenLogprobs;
+use crate::sampling::{EndTokens, Sampler, SamplingParams};
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer_stream::StreamDecoder;
 
@@ -34,8 +35,10 @@ impl FinishReason {
 pub struct GenerationOutput {
     /// The prompt's token ids.
     pub prompt_tokens: Vec<u32>,
-    /// Generated token ids (an end-of-generation token is not included).
+    /// Generated token ids (an end token, see `EndTokens`, is not included).
     pub tokens: Vec<u32>,
+    /// Per generated token, its logprobs when `SamplingParams::logprobs` asked for them.
+    pub logprobs: Vec<TokenLogprobs>,
     /// Generated text, cut before any stop sequence.
     pub text: String,
     /// Why generation ended.
@@ -101,10 +104,12 @@ impl Engine {
         let mut seq = self.pool.allocate(owner, total)?;
         let mut logits = model.prefill(&mut seq, prompt)?;
         let tok = model.tokenizer();
-        let mut sampler = Sampler::new(params);
+        let mut sampler = Sampler::for_request(params, prompt, tok.eog_tokens());
+        let end = EndTokens::new(params, tok.eog_tokens());
         let mut stop = StopMatcher::new(&params.stop);
         let mut detok = StreamDecoder::new(tok);
         let mut tokens = Vec::new();
+        let mut logprobs = Vec::new();
         let mut text = String::new();
         let mut emit = |s: &str, text: &mut String| {
             if !s.is_empty() {
@@ -122,13 +127,15 @@ impl Engine {
                 emit(&tail, &mut text);
                 break FinishReason::Length;
             }
-            let t = sampler.sample(&logits);
-            if tok.is_eog(t) {
+            let sampled = sampler.next(&logits);
+            let t = sampled.token;
+            if end.contains(t) {
                 let tail = detok.finish() + &stop.finish();
                 emit(&tail, &mut text);
                 break FinishReason::Stop;
             }
             tokens.push(t);
+            logprobs.extend(sampled.logprobs);
             match stop.push(&detok.push(t)) {
                 StopOutcome::Continue(s) => emit(&s, &mut text),
                 StopOutcome::Stop(s) => {
@@ -146,6 +153,7 @@ impl Engine {
         Ok(GenerationOutput {
             prompt_tokens: prompt.to_vec(),
             tokens,
+            logprobs,
             text,
             finish_reason,
         })

@@ -20,7 +20,9 @@
 //! - `cuda/`: `GpuModel`, the Llama forward pass on a GPU over a device KV pool (feature `cuda`)
 //! - `llama/`: `Model` (load, prefill, batched decode over paged KV), `ModelError`
 //! - `chat.rs`: `ChatTemplate` (minijinja, HF-compatible), `ChatMessage`
-//! - `sampling.rs`: `SamplingParams`, `Sampler` (greedy, temperature, top-k, top-p, seeded)
+//! - `sampling.rs`: `SamplingParams`, `Sampler` (penalties, min_tokens, greedy, temperature, min-p, top-k, top-p, seeded), `EndTokens`
+//! - `penalties.rs`: `Penalties`, repetition (vLLM/HF) and presence/frequency (OpenAI) over a sequence's history
+//! - `logprobs.rs`: `TokenLogprobs`, the log-softmax of raw logits at the chosen and top tokens
 //! - `stop.rs`: `StopMatcher`, stop sequences across streamed text
 //! - `tokenizer.rs`: `Tokenizer` (byte-level BPE or SentencePiece from GGUF metadata, llama.cpp-exact ids)
 //! - `tokenizer_bytes.rs`: GPT-2 byte ↔ unicode stand-in table
@@ -37,6 +39,8 @@ pub mod cuda;
 pub mod engine;
 pub mod gguf;
 pub mod llama;
+pub mod logprobs;
+pub mod penalties;
 pub mod sampling;
 pub mod stop;
 pub mod tokenizer;
@@ -55,7 +59,8 @@ pub use gguf::{
     tiny_llama_gguf, GgmlType, GgufError, GgufFile, GgufWriter, TensorInfo, TensorView,
 };
 pub use llama::{LoadOptions, Model, ModelError};
-pub use sampling::{argmax, Sampler, SamplingParams};
+pub use logprobs::{Logprob, TokenLogprobs, LOGPROB_FLOOR, MAX_TOP_LOGPROBS};
+pub use sampling::{argmax, EndTokens, Sampled, Sampler, SamplingParams};
 pub use stop::{StopMatcher, StopOutcome};
 pub use tokenizer::{TokenKind, Tokenizer, TokenizerError};
 pub use tokenizer_stream::StreamDecoder;

@@ -1,8 +1,15 @@
-//! `SamplingParams` and `Sampler`: greedy (argmax, ties to the lowest id), temperature, top-k,
-//! top-p, with a seeded RNG so a seeded request replays token for token.
+//! `SamplingParams` and `Sampler`: penalties, `min_tokens`, then greedy (argmax, ties to the
+//! lowest id) or temperature, min-p, top-k, top-p, with a seeded RNG so a seeded request replays
+//! token for token; `EndTokens`, the sampled ids that end a generation.
+//!
+//! Order per step (vLLM's): logprobs of the raw logits; penalties; end tokens masked while
+//! fewer than `min_tokens` were generated; then greedy, or temperature → min-p → top-k → top-p.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use crate::logprobs::TokenLogprobs;
+use crate::penalties::Penalties;
 
 /// How to pick each next token, and when to stop.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,6 +27,23 @@ pub struct SamplingParams {
     pub max_tokens: usize,
     /// Stop sequences; generation ends before the first one (see `StopMatcher`).
     pub stop: Vec<String>,
+    /// Drop tokens less likely than `min_p` times the most likely one; 0 disables.
+    pub min_p: f32,
+    /// Repetition penalty over prompt and generated tokens (vLLM/HF); 1 disables.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token generated so far; 0 disables.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit per time it was generated; 0 disables.
+    pub frequency_penalty: f32,
+    /// The model's end-of-generation tokens do not end generation (they are then ordinary
+    /// tokens); `stop_token_ids` still do.
+    pub ignore_eos: bool,
+    /// End tokens (see [`EndTokens`]) cannot be sampled before this many tokens were generated.
+    pub min_tokens: usize,
+    /// Token ids that end generation like an end-of-generation token (not part of the output).
+    pub stop_token_ids: Vec<u32>,
+    /// Report each chosen token's logprob and this many top logprobs; `None`: no logprobs.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -31,6 +55,14 @@ impl Default for SamplingParams {
             seed: None,
             max_tokens: 256,
             stop: Vec::new(),
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            ignore_eos: false,
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            logprobs: None,
         }
     }
 }
@@ -57,38 +89,137 @@ impl SamplingParams {
 /// overflow above it.
 pub const GREEDY_BELOW: f32 = 1e-4;
 
-/// Picks tokens from logits according to `SamplingParams`; holds the request's RNG.
+/// The sampled ids that end a generation and are not part of it: the model's
+/// end-of-generation tokens (unless `ignore_eos`) and `stop_token_ids`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndTokens(Vec<u32>);
+
+impl EndTokens {
+    /// The end tokens of a request sampled with `p` from a model whose end-of-generation
+    /// tokens are `eog`.
+    pub fn new(p: &SamplingParams, eog: &[u32]) -> Self {
+        let model = if p.ignore_eos { &[][..] } else { eog };
+        let mut ids: Vec<u32> = model.iter().chain(&p.stop_token_ids).copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        EndTokens(ids)
+    }
+
+    /// Whether `token` ends the generation.
+    pub fn contains(&self, token: u32) -> bool {
+        self.0.binary_search(&token).is_ok()
+    }
+}
+
+/// One sampled token and, when the request asked for them, its logprobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The token.
+    pub token: u32,
+    /// Logprobs of the raw logits (see `logprobs.rs`), when requested.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// Picks tokens from logits according to `SamplingParams`; holds the request's RNG and the
+/// history its penalties and `min_tokens` need.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     temperature: f32,
     top_k: usize,
     top_p: f32,
+    min_p: f32,
     greedy: bool,
     rng: StdRng,
+    penalties: Option<Penalties>,
+    /// Masked while fewer than `min_tokens` tokens were generated.
+    end: EndTokens,
+    min_tokens: usize,
+    generated: usize,
+    logprobs: Option<usize>,
     /// Reused scratch: (id, logit or probability).
     cands: Vec<(u32, f32)>,
+    /// Reused scratch: the logits after penalties and masking.
+    adjusted: Vec<f32>,
 }
 
 impl Sampler {
-    /// A sampler for `p`, seeded from `p.seed` (or the OS when `None`).
+    /// A sampler for `p` without prompt history or end tokens (a repetition penalty then sees
+    /// only generated tokens, and `min_tokens` masks only `stop_token_ids`), seeded from
+    /// `p.seed` (or the OS when `None`).
     pub fn new(p: &SamplingParams) -> Self {
+        Self::for_request(p, &[], &[])
+    }
+
+    /// A sampler for one request: `prompt` for the repetition penalty, `eog` the model's
+    /// end-of-generation tokens.
+    pub fn for_request(p: &SamplingParams, prompt: &[u32], eog: &[u32]) -> Self {
         let seed = p.seed.unwrap_or_else(rand::random);
         Sampler {
             temperature: p.temperature,
             top_k: p.top_k,
             top_p: p.top_p,
+            min_p: p.min_p,
             greedy: p.is_greedy(),
             rng: StdRng::seed_from_u64(seed),
+            penalties: Penalties::new(p, prompt),
+            end: EndTokens::new(p, eog),
+            min_tokens: p.min_tokens,
+            generated: 0,
+            logprobs: p.logprobs,
             cands: Vec::new(),
+            adjusted: Vec::new(),
         }
     }
 
-    /// The next token for `logits` (one per vocabulary entry). NaN logits never win.
+    /// Records a token generated for this request elsewhere (decode continues from the token
+    /// prefill sampled), as [`Sampler::next`] records its own.
+    pub fn accept(&mut self, token: u32) {
+        self.generated += 1;
+        if let Some(p) = &mut self.penalties {
+            p.record(token);
+        }
+    }
+
+    /// The next token for `logits` (one per vocabulary entry); NaN logits never win.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        self.next(logits).token
+    }
+
+    /// The next token for `logits` with its logprobs when requested; records the token.
     ///
     /// # Panics
     /// When `logits` is empty.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        assert!(!logits.is_empty(), "Sampler::sample: empty logits");
+    pub fn next(&mut self, logits: &[f32]) -> Sampled {
+        assert!(!logits.is_empty(), "Sampler::next: empty logits");
+        let mask = self.generated < self.min_tokens;
+        let token = if self.penalties.is_some() || mask {
+            let mut adjusted = std::mem::take(&mut self.adjusted);
+            adjusted.clear();
+            adjusted.extend_from_slice(logits);
+            if let Some(p) = &self.penalties {
+                p.apply(&mut adjusted);
+            }
+            if mask {
+                for &t in &self.end.0 {
+                    if let Some(l) = adjusted.get_mut(t as usize) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            let token = self.pick(&adjusted);
+            self.adjusted = adjusted;
+            token
+        } else {
+            self.pick(logits)
+        };
+        let logprobs = self
+            .logprobs
+            .map(|n| TokenLogprobs::compute(logits, token, n));
+        self.accept(token);
+        Sampled { token, logprobs }
+    }
+
+    fn pick(&mut self, logits: &[f32]) -> u32 {
         if self.greedy {
             return argmax(logits);
         }
@@ -103,6 +234,18 @@ impl Sampler {
         );
         if self.cands.is_empty() {
             return 0;
+        }
+        if self.min_p > 0.0 {
+            // p >= min_p * p_max  <=>  scaled logit >= max + ln(min_p).
+            let max = self
+                .cands
+                .iter()
+                .map(|c| c.1)
+                .fold(f32::NEG_INFINITY, f32::max);
+            if max.is_finite() {
+                let floor = max + self.min_p.ln();
+                self.cands.retain(|c| c.1 >= floor);
+            }
         }
         // Highest first, lowest id among equals: a total order, so results are reproducible.
         let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));

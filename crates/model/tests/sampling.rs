@@ -1,7 +1,10 @@
 //! Sampling and stop sequences: greedy ties, reproducible seeds, top-k/top-p reductions,
-//! the temperature-1 distribution, and stop strings split across pushes.
+//! the temperature-1 distribution, stop strings split across pushes; penalties, min-p,
+//! `min_tokens`, end tokens and raw logprobs.
 
-use pagewarden_model::{argmax, Sampler, SamplingParams, StopMatcher, StopOutcome};
+use pagewarden_model::{
+    argmax, EndTokens, Sampler, SamplingParams, StopMatcher, StopOutcome, TokenLogprobs,
+};
 use proptest::prelude::*;
 
 fn params(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplingParams {
@@ -147,4 +150,94 @@ fn a_tiny_positive_temperature_picks_the_most_likely_token() {
             assert_eq!(s.sample(&logits), 1, "temperature {t}");
         }
     }
+}
+
+#[test]
+fn penalties_steer_greedy_away_from_repeats() {
+    let logits = [1.0f32, 2.0, 1.5];
+    let greedy = |p: SamplingParams| {
+        let mut s = Sampler::for_request(&p, &[1], &[]);
+        (0..3).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+    };
+    assert_eq!(greedy(SamplingParams::greedy(3)), [1, 1, 1]);
+    // 2.0 / 1.5 < 1.5: the prompt's token 1 loses at once, then 2 is penalized as well.
+    let rep = SamplingParams {
+        repetition_penalty: 1.5,
+        ..SamplingParams::greedy(3)
+    };
+    assert_eq!(greedy(rep), [2, 1, 1]);
+    // Token 1 pays 0.6 per use: 2.0, then 1.4 < 1.5, then 2 pays too (1.5 - 0.6 < 1.4).
+    let freq = SamplingParams {
+        frequency_penalty: 0.6,
+        ..SamplingParams::greedy(3)
+    };
+    assert_eq!(greedy(freq), [1, 2, 1]);
+    let presence = SamplingParams {
+        presence_penalty: 1.2,
+        ..SamplingParams::greedy(3)
+    };
+    assert_eq!(greedy(presence), [1, 2, 0]);
+}
+
+#[test]
+fn min_tokens_masks_end_tokens_until_reached() {
+    let logits = [0.0f32, 5.0, 1.0, 4.0];
+    let p = SamplingParams {
+        min_tokens: 2,
+        stop_token_ids: vec![3],
+        ..SamplingParams::greedy(8)
+    };
+    let mut s = Sampler::for_request(&p, &[], &[1]);
+    assert_eq!(s.sample(&logits), 2, "neither the eog 1 nor the stop id 3");
+    s.accept(2); // a token sampled elsewhere counts too
+    assert_eq!(s.sample(&logits), 1);
+    let end = EndTokens::new(&p, &[1]);
+    assert!(end.contains(1) && end.contains(3) && !end.contains(2));
+    let ignore = SamplingParams {
+        ignore_eos: true,
+        ..p
+    };
+    let end = EndTokens::new(&ignore, &[1]);
+    assert!(!end.contains(1) && end.contains(3));
+    let mut s = Sampler::for_request(&ignore, &[], &[1]);
+    assert_eq!(
+        s.sample(&logits),
+        1,
+        "with ignore_eos the eog token is ordinary"
+    );
+}
+
+#[test]
+fn min_p_drops_unlikely_tokens() {
+    // p(0) / p(1) = e^-3 < 0.1: only token 1 survives min_p 0.1.
+    let logits = [0.0f32, 3.0];
+    let p = SamplingParams {
+        min_p: 0.1,
+        ..params(1.0, 0, 1.0, 3)
+    };
+    let mut s = Sampler::new(&p);
+    assert!((0..500).all(|_| s.sample(&logits) == 1));
+}
+
+#[test]
+fn logprobs_describe_the_raw_logits() {
+    let logits = [1.0f32, 2.0, 1.5];
+    let p = SamplingParams {
+        repetition_penalty: 3.0,
+        temperature: 0.5,
+        logprobs: Some(2),
+        ..params(0.5, 0, 1.0, 9)
+    };
+    let mut s = Sampler::for_request(&p, &[1], &[]);
+    let got = s.next(&logits);
+    let want = TokenLogprobs::compute(&logits, got.token, 2);
+    assert_eq!(got.logprobs, Some(want.clone()));
+    assert_eq!(
+        want.top[0].token, 1,
+        "penalties do not change what is reported"
+    );
+    assert_eq!(
+        Sampler::new(&params(0.0, 0, 1.0, 1)).next(&logits).logprobs,
+        None
+    );
 }

@@ -1,8 +1,9 @@
-//! The parts of a request that prefill and decode parse alike. Malformed input becomes
-//! `INVALID_ARGUMENT` here, so nothing past the gRPC layer sees an unparsed message.
+//! The parts of a request that prefill and decode parse alike, and the logprobs both send.
+//! Malformed input becomes `INVALID_ARGUMENT` here, so nothing past the gRPC layer sees an
+//! unparsed message.
 
 use pagewarden_common::{AttemptId, RequestId};
-use pagewarden_model::SamplingParams;
+use pagewarden_model::{Logprob, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
 use pagewarden_proto::v1 as pb;
 use tonic::Status;
 
@@ -18,6 +19,9 @@ pub fn request_ref(r: Option<&pb::RequestRef>) -> Result<(RequestId, AttemptId),
 pub const MAX_STOP: usize = 16;
 /// Longest stop sequence in bytes (the router's limit too).
 pub const MAX_STOP_BYTES: usize = 256;
+
+/// At most this many stop token ids (the router's limit too).
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
 
 /// Parses sampling parameters.
 pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status> {
@@ -35,6 +39,33 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
             "sampling.stop: at most {MAX_STOP} sequences of at most {MAX_STOP_BYTES} bytes"
         )));
     }
+    let repetition_penalty = s.repetition_penalty.unwrap_or(1.0);
+    let finite = [
+        s.min_p,
+        repetition_penalty,
+        s.presence_penalty,
+        s.frequency_penalty,
+    ];
+    if finite.iter().any(|x| !x.is_finite()) || !(0.0..=1.0).contains(&s.min_p) {
+        return Err(Status::invalid_argument(
+            "sampling: min_p must be in [0, 1] and every penalty finite",
+        ));
+    }
+    if repetition_penalty <= 0.0 {
+        return Err(Status::invalid_argument(
+            "sampling.repetition_penalty must be > 0",
+        ));
+    }
+    if s.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(Status::invalid_argument(format!(
+            "sampling.stop_token_ids: at most {MAX_STOP_TOKEN_IDS}"
+        )));
+    }
+    if s.logprobs.is_some_and(|n| n as usize > MAX_TOP_LOGPROBS) {
+        return Err(Status::invalid_argument(format!(
+            "sampling.logprobs: at most {MAX_TOP_LOGPROBS} top logprobs"
+        )));
+    }
     Ok(SamplingParams {
         temperature: s.temperature,
         top_k: s.top_k as usize,
@@ -42,7 +73,75 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
         seed: s.seed,
         max_tokens: s.max_tokens as usize,
         stop: s.stop.clone(),
+        min_p: s.min_p,
+        repetition_penalty,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        ignore_eos: s.ignore_eos,
+        min_tokens: s.min_tokens as usize,
+        stop_token_ids: s.stop_token_ids.clone(),
+        logprobs: s.logprobs.map(|n| n as usize),
     })
+}
+
+/// The prompt ids a repetition penalty needs (see `ReserveRequest.prompt_token_ids`): `ids`,
+/// which must be `prompt_tokens` long when `p` has a repetition penalty; else nothing.
+pub fn penalty_prompt(
+    p: &SamplingParams,
+    ids: Vec<u32>,
+    prompt_tokens: usize,
+) -> Result<Vec<u32>, Status> {
+    if p.repetition_penalty == 1.0 {
+        return Ok(Vec::new());
+    }
+    if ids.len() != prompt_tokens {
+        return Err(Status::invalid_argument(format!(
+            "prompt_token_ids: a repetition penalty needs all {prompt_tokens} prompt ids, got {}",
+            ids.len()
+        )));
+    }
+    Ok(ids)
+}
+
+/// A token's logprobs for the wire.
+pub fn logprobs(l: &TokenLogprobs) -> pb::Logprobs {
+    let one = |l: &Logprob| pb::TokenLogprob {
+        token: l.token,
+        logprob: l.logprob,
+    };
+    pb::Logprobs {
+        chosen: Some(one(&l.chosen)),
+        top: l.top.iter().map(one).collect(),
+    }
+}
+
+/// Parses a token's logprobs (absent stays absent).
+pub fn parse_logprobs(l: Option<&pb::Logprobs>) -> Result<Option<TokenLogprobs>, Status> {
+    let Some(l) = l else { return Ok(None) };
+    let one = |l: &pb::TokenLogprob| {
+        if l.logprob.is_nan() || l.logprob > 0.0 {
+            return Err(Status::invalid_argument(
+                "logprobs: a logprob must be a number <= 0",
+            ));
+        }
+        Ok(Logprob {
+            token: l.token,
+            logprob: l.logprob,
+        })
+    };
+    let chosen = l
+        .chosen
+        .as_ref()
+        .ok_or_else(|| Status::invalid_argument("logprobs.chosen is required"))?;
+    if l.top.len() > MAX_TOP_LOGPROBS {
+        return Err(Status::invalid_argument(format!(
+            "logprobs.top: at most {MAX_TOP_LOGPROBS}"
+        )));
+    }
+    Ok(Some(TokenLogprobs {
+        chosen: one(chosen)?,
+        top: l.top.iter().map(one).collect::<Result<_, _>>()?,
+    }))
 }
 
 /// Why a request that fits the context was refused after all: the wait for pages or compute is

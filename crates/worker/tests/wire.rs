@@ -1,8 +1,9 @@
 //! The request parts both workers parse: malformed ones become `INVALID_ARGUMENT` with a
 //! message for the client.
 
+use pagewarden_model::{Logprob, TokenLogprobs};
 use pagewarden_proto::v1 as pb;
-use pagewarden_worker::wire::{request_ref, sampling};
+use pagewarden_worker::wire::{logprobs, parse_logprobs, penalty_prompt, request_ref, sampling};
 use tonic::Code;
 
 fn params(temperature: f32, top_p: f32) -> pb::SamplingParams {
@@ -49,4 +50,89 @@ fn sampling_refuses_bad_temperature_and_top_p() {
         sampling(None).unwrap_err().message(),
         "sampling is required"
     );
+}
+
+#[test]
+fn sampling_carries_penalties_end_tokens_and_logprobs() {
+    let wire = pb::SamplingParams {
+        min_p: 0.1,
+        repetition_penalty: Some(1.3),
+        presence_penalty: -0.5,
+        frequency_penalty: 0.5,
+        ignore_eos: true,
+        min_tokens: 3,
+        stop_token_ids: vec![9, 10],
+        logprobs: Some(4),
+        ..params(0.7, 0.9)
+    };
+    let s = sampling(Some(&wire)).expect("valid");
+    assert_eq!(
+        (
+            s.min_p,
+            s.repetition_penalty,
+            s.presence_penalty,
+            s.frequency_penalty
+        ),
+        (0.1, 1.3, -0.5, 0.5)
+    );
+    assert!(s.ignore_eos);
+    assert_eq!(
+        (s.min_tokens, s.stop_token_ids.as_slice()),
+        (3, &[9, 10][..])
+    );
+    assert_eq!(s.logprobs, Some(4));
+    // Absent repetition penalty is off; the prompt ids are then not kept.
+    let off = sampling(Some(&params(0.0, 1.0))).unwrap();
+    assert_eq!((off.repetition_penalty, off.logprobs), (1.0, None));
+    assert!(penalty_prompt(&off, vec![1, 2], 2).unwrap().is_empty());
+    assert_eq!(penalty_prompt(&s, vec![1, 2], 2).unwrap(), [1, 2]);
+    assert_eq!(
+        penalty_prompt(&s, vec![], 2).unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    for bad in [
+        pb::SamplingParams {
+            repetition_penalty: Some(0.0),
+            ..params(0.0, 1.0)
+        },
+        pb::SamplingParams {
+            min_p: 1.5,
+            ..params(0.0, 1.0)
+        },
+        pb::SamplingParams {
+            frequency_penalty: f32::INFINITY,
+            ..params(0.0, 1.0)
+        },
+        pb::SamplingParams {
+            logprobs: Some(21),
+            ..params(0.0, 1.0)
+        },
+    ] {
+        assert_eq!(
+            sampling(Some(&bad)).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+    }
+}
+
+#[test]
+fn logprobs_round_trip_and_refuse_positive_values() {
+    let l = TokenLogprobs {
+        chosen: Logprob {
+            token: 3,
+            logprob: -0.25,
+        },
+        top: vec![Logprob {
+            token: 3,
+            logprob: -0.25,
+        }],
+    };
+    let wire = logprobs(&l);
+    assert_eq!(parse_logprobs(Some(&wire)).unwrap(), Some(l));
+    assert_eq!(parse_logprobs(None).unwrap(), None);
+    let mut bad = wire.clone();
+    bad.top[0].logprob = 0.5;
+    assert!(parse_logprobs(Some(&bad)).is_err());
+    bad.chosen = None;
+    assert!(parse_logprobs(Some(&bad)).is_err());
 }

@@ -1,6 +1,7 @@
 //! Building the `TokenEvent`s of a `Generate` stream.
 
 use pagewarden_common::{AttemptId, RequestId};
+use pagewarden_model::TokenLogprobs;
 use pagewarden_proto::v1::{FinishReason, RequestRef, TokenEvent};
 
 use crate::output::{Emitted, Finish};
@@ -13,8 +14,19 @@ pub fn request_ref(req: RequestId, attempt: AttemptId) -> RequestRef {
     }
 }
 
-/// One emitted token (or the end-of-generation marker).
-pub fn token(req: RequestId, attempt: AttemptId, e: Emitted) -> TokenEvent {
+/// One emitted token (or the end marker, which carries no logprobs: it is not part of the
+/// completion).
+pub fn token(
+    req: RequestId,
+    attempt: AttemptId,
+    e: Emitted,
+    logprobs: Option<TokenLogprobs>,
+) -> TokenEvent {
+    let logprobs = if e.end_of_generation {
+        None
+    } else {
+        logprobs.as_ref().map(pagewarden_worker::wire::logprobs)
+    };
     let finish = match e.finish {
         None => FinishReason::Unspecified,
         Some(Finish::Stop) => FinishReason::Stop,
@@ -26,6 +38,7 @@ pub fn token(req: RequestId, attempt: AttemptId, e: Emitted) -> TokenEvent {
         text: e.text,
         finish: finish as i32,
         marker_only: e.end_of_generation,
+        logprobs,
     }
 }
 
@@ -37,5 +50,6 @@ pub fn abort(req: RequestId, attempt: AttemptId) -> TokenEvent {
         text: String::new(),
         finish: FinishReason::Abort as i32,
         marker_only: true,
+        logprobs: None,
     }
 }

@@ -1,11 +1,12 @@
 //! Turning sampled tokens into stream events, with exactly the single-process engine's rules:
-//! an end-of-generation token ends the stream (and is not part of the completion), a stop
-//! sequence ends it before the stop text (held back while it may still form), `max_tokens`
-//! ends it with `length`. Text is released as complete UTF-8 only.
+//! an end token (`EndTokens`: end-of-generation unless `ignore_eos`, and `stop_token_ids`)
+//! ends the stream (and is not part of the completion), a stop sequence ends it before the stop
+//! text (held back while it may still form), `max_tokens` ends it with `length`. Text is
+//! released as complete UTF-8 only.
 
 use std::sync::Arc;
 
-use pagewarden_model::{StopMatcher, StopOutcome, Tokenizer};
+use pagewarden_model::{EndTokens, SamplingParams, StopMatcher, StopOutcome, Tokenizer};
 
 /// Why a sequence ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +26,7 @@ pub struct Emitted {
     pub text: String,
     /// Set when the sequence ends with this token.
     pub finish: Option<Finish>,
-    /// The token is an end-of-generation marker and not part of the completion.
+    /// The token is an end token (see `EndTokens`) and not part of the completion.
     pub end_of_generation: bool,
 }
 
@@ -73,25 +74,27 @@ pub struct Output {
     generated: usize,
     detok: Detok,
     stop: StopMatcher,
+    end: EndTokens,
 }
 
 impl Output {
-    pub fn new(tokenizer: Arc<Tokenizer>, max_tokens: usize, stop: Vec<String>) -> Self {
+    pub fn new(tokenizer: Arc<Tokenizer>, p: &SamplingParams) -> Self {
         Self {
-            max_tokens,
+            max_tokens: p.max_tokens,
             generated: 0,
+            end: EndTokens::new(p, tokenizer.eog_tokens()),
             detok: Detok {
                 tokenizer,
                 tokens: Vec::new(),
                 released: 0,
             },
-            stop: StopMatcher::new(&stop),
+            stop: StopMatcher::new(&p.stop),
         }
     }
 
     /// Accepts the next sampled token (the same control flow as `Engine::generate_streaming`).
     pub fn push(&mut self, token: u32) -> Emitted {
-        if self.detok.tokenizer.is_eog(token) {
+        if self.end.contains(token) {
             let text = self.detok.finish() + &self.stop.finish();
             return Emitted {
                 token,
@@ -153,7 +156,7 @@ mod tests {
         let tok = tokenizer();
         let ids = tok.encode("hello world", false);
         assert!(ids.len() >= 2);
-        let mut out = Output::new(tok.clone(), ids.len(), vec![]);
+        let mut out = Output::new(tok.clone(), &SamplingParams::greedy(ids.len()));
         let mut text = String::new();
         for (i, &t) in ids.iter().enumerate() {
             let e = out.push(t);
@@ -162,7 +165,11 @@ mod tests {
         }
         assert_eq!(text, "hello world");
 
-        let mut out = Output::new(tok.clone(), 100, vec!["wor".into()]);
+        let with_stop = SamplingParams {
+            stop: vec!["wor".into()],
+            ..SamplingParams::greedy(100)
+        };
+        let mut out = Output::new(tok.clone(), &with_stop);
         let text: String = ids
             .iter()
             .map(|&t| out.push(t))
@@ -175,8 +182,20 @@ mod tests {
             .eog_tokens()
             .first()
             .expect("an end-of-generation token");
-        let mut out = Output::new(tok, 100, vec![]);
+        let mut out = Output::new(tok.clone(), &SamplingParams::greedy(100));
         let e = out.push(eog);
+        assert!(e.end_of_generation);
+        assert_eq!(e.finish, Some(Finish::Stop));
+
+        // ignore_eos: the end-of-generation token is ordinary; a stop token id ends instead.
+        let p = SamplingParams {
+            ignore_eos: true,
+            stop_token_ids: vec![ids[0]],
+            ..SamplingParams::greedy(100)
+        };
+        let mut out = Output::new(tok, &p);
+        assert_eq!(out.push(eog).finish, None);
+        let e = out.push(ids[0]);
         assert!(e.end_of_generation);
         assert_eq!(e.finish, Some(Finish::Stop));
     }

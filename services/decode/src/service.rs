@@ -76,6 +76,8 @@ impl Decode for DecodeService {
                 return Err(Status::invalid_argument("tenant is required"));
             }
             let sampling = convert::sampling(m.sampling.as_ref())?;
+            let penalty_prompt =
+                convert::penalty_prompt(&sampling, m.prompt_token_ids, m.prompt_tokens as usize)?;
             // The call may wait in the scheduler's queue; if it is dropped meanwhile (the router
             // gave up), the request leaves the queue at once.
             let withdraw = Withdraw {
@@ -91,6 +93,7 @@ impl Decode for DecodeService {
                     tenant: TenantId::new(m.tenant),
                     prompt_tokens: m.prompt_tokens as usize,
                     sampling,
+                    penalty_prompt,
                     reply,
                 })
                 .await?;
@@ -122,6 +125,7 @@ impl Decode for DecodeService {
             let args = GenerateArgs {
                 manifest,
                 first_token: m.first_token,
+                first_logprobs: convert::parse_logprobs(m.first_logprobs.as_ref())?,
                 tx,
                 received_at,
             };

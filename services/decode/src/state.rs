@@ -22,7 +22,9 @@ use pagewarden_common::AttemptId;
 use pagewarden_kvcache::{
     CommitError, CommitManifest, Owner, ReadablePages, ReservedPages, WriteGrant,
 };
-use pagewarden_model::{Sampler, SamplingParams};
+use std::sync::Arc;
+
+use pagewarden_model::{Sampler, SamplingParams, TokenLogprobs, Tokenizer};
 use pagewarden_proto::v1::TokenEvent;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
@@ -41,6 +43,8 @@ pub struct Queued {
     pub prompt_tokens: usize,
     /// The whole generation's parameters (`max_tokens` among them), given once at `Reserve`.
     pub sampling: SamplingParams,
+    /// The prompt's ids when a repetition penalty needs them, else empty.
+    pub penalty_prompt: Vec<u32>,
     pub reply: GrantReply,
     /// When it joined the queue.
     pub queued_at: Instant,
@@ -54,6 +58,7 @@ pub struct Reservation {
     pub pages: ReservedPages,
     pub prompt_tokens: usize,
     pub sampling: SamplingParams,
+    pub penalty_prompt: Vec<u32>,
 }
 
 /// What `Generate` brings to a reservation: only what prefill produced. The sampling
@@ -61,6 +66,8 @@ pub struct Reservation {
 pub struct GenerateArgs {
     pub manifest: CommitManifest,
     pub first_token: u32,
+    /// Prefill's logprobs of `first_token`, when the sampling asked for them.
+    pub first_logprobs: Option<TokenLogprobs>,
     pub tx: EventTx,
     pub received_at: Instant,
 }
@@ -71,18 +78,22 @@ impl Reservation {
     pub fn commit(
         self,
         args: GenerateArgs,
-        output: Output,
+        tokenizer: Arc<Tokenizer>,
     ) -> Result<Running, (CommitError, EventTx)> {
         let pages = match self.pages.commit(&args.manifest) {
             Ok(p) => p,
             Err(e) => return Err((e, args.tx)),
         };
+        let mut sampler =
+            Sampler::for_request(&self.sampling, &self.penalty_prompt, tokenizer.eog_tokens());
+        // Prefill sampled the first token: it counts for the penalties and `min_tokens`.
+        sampler.accept(args.first_token);
         Ok(Running {
             owner: self.owner,
             pages,
             next_input: args.first_token,
-            sampler: Sampler::new(&self.sampling),
-            output,
+            sampler,
+            output: Output::new(tokenizer, &self.sampling),
             tx: args.tx,
             received_at: args.received_at,
             last_emit: None,

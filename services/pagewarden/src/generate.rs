@@ -82,6 +82,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         seed: a.seed,
         max_tokens: a.max_tokens,
         stop: a.stop.clone(),
+        ..SamplingParams::default()
     };
     if a.json {
         let out = engine.generate(&prompt, &params)?;

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages};
-use pagewarden_model::Sampler;
+use pagewarden_model::{Sampled, Sampler};
 use pagewarden_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -37,6 +37,8 @@ pub struct JobDeps {
     pub batch_pages: usize,
     /// One chunk computes at a time; waiting jobs take turns, tenants in rotation.
     pub turns: Turns,
+    /// The model's end-of-generation tokens (`min_tokens` masks them).
+    pub eog: Vec<u32>,
 }
 
 /// Runs one admitted job to its end.
@@ -78,7 +80,7 @@ async fn compute_and_send(
             return Err(s);
         }
     };
-    let (pages, first_token) = match compute(deps, job, pages, &mut out, cancel).await {
+    let (pages, first) = match compute(deps, job, pages, &mut out, cancel).await {
         Ok(done) => done,
         Err(Failure::Compute(s)) => {
             out.abort().await;
@@ -105,9 +107,13 @@ async fn compute_and_send(
             page_checksums: manifest.page_checksums,
             digest: manifest.digest,
         }),
-        first_token,
+        first_token: first.token,
         transfer_bytes: bytes,
         transfer_micros: secs.as_micros() as u64,
+        first_logprobs: first
+            .logprobs
+            .as_ref()
+            .map(pagewarden_worker::wire::logprobs),
     })
 }
 
@@ -132,7 +138,7 @@ async fn compute(
     mut pages: ReadablePages,
     out: &mut Outbound<'_>,
     cancel: &CancellationToken,
-) -> Result<(ReadablePages, u32), Failure> {
+) -> Result<(ReadablePages, Sampled), Failure> {
     let page_size = deps.pool.layout().page_size;
     let mut logits = Vec::new();
     let mut done = 0;
@@ -167,6 +173,6 @@ async fn compute(
             .await
             .map_err(Failure::Transfer)?;
     }
-    let first = Sampler::new(&job.sampling).sample(&logits);
+    let first = Sampler::for_request(&job.sampling, &job.prompt, &deps.eog).next(&logits);
     Ok((pages, first))
 }

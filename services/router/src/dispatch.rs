@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_proto::v1::{
-    FinishReason, GenerateRequest, PrefillReply, PrefillRequest, RequestRef, ReserveRequest,
-    SamplingParams, TokenEvent, WriteGrant,
+    FinishReason, GenerateRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef,
+    ReserveRequest, SamplingParams, TokenEvent, WriteGrant,
 };
 use tonic::Streaming;
 use tracing::Instrument;
@@ -51,7 +51,7 @@ impl Finish {
 }
 
 /// One generated token relayed to the client; the last one carries `finish`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Token {
     /// Token id.
     pub id: u32,
@@ -59,6 +59,8 @@ pub struct Token {
     pub text: String,
     /// Set on the last token only.
     pub finish: Option<Finish>,
+    /// Its logprobs, when requested (never on an end marker, which is no completion token).
+    pub logprobs: Option<Logprobs>,
 }
 
 /// Timeouts for dispatch.
@@ -297,6 +299,14 @@ impl Flight {
             seed: s.seed,
             max_tokens: self.job.admitted.max_tokens,
             stop: s.stop.clone(),
+            min_p: s.min_p,
+            repetition_penalty: (s.repetition_penalty != 1.0).then_some(s.repetition_penalty),
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            ignore_eos: s.ignore_eos,
+            min_tokens: s.min_tokens,
+            stop_token_ids: s.stop_token_ids.clone(),
+            logprobs: s.logprobs,
         }
     }
 
@@ -306,6 +316,12 @@ impl Flight {
             tenant: self.job.tenant.to_string(),
             prompt_tokens: self.prompt_tokens(),
             sampling: Some(self.sampling()),
+            // Decode continues the sampling; a repetition penalty also counts prompt tokens.
+            prompt_token_ids: if self.job.sampling.repetition_penalty != 1.0 {
+                self.job.admitted.prompt.clone()
+            } else {
+                Vec::new()
+            },
         };
         let mut client = self.decode.worker().decode();
         let reply = self
@@ -349,6 +365,7 @@ impl Flight {
             req: Some(self.req.clone()),
             manifest: reply.manifest,
             first_token: reply.first_token,
+            first_logprobs: reply.first_logprobs,
         };
         let mut client = self.decode.worker().decode();
         self.call(
@@ -420,10 +437,18 @@ impl Flight {
             Some(prev) => self.metrics.next_token((now - prev).as_secs_f64()),
         }
         self.last_token_at = Some(now);
+        let logprobs = match (self.job.sampling.logprobs, event.marker_only) {
+            (Some(_), false) => Some(event.logprobs.ok_or_else(|| {
+                self.guard.set_reason(AbortReason::DecodeFailed);
+                missing(Half::Decode, "the logprobs the request asked for")
+            })?),
+            (None, _) | (Some(_), true) => None,
+        };
         Ok(Some(Token {
             id: event.token,
             text: event.text,
             finish,
+            logprobs,
         }))
     }
 }

@@ -17,6 +17,7 @@
 //! - `respond.rs`: the shared path from tokens to a response (full JSON or stream)
 //! - `sse.rs`: OpenAI chunks as server-sent events, `[DONE]`
 //! - `openai.rs`: response bodies, usage, model list
+//! - `logprobs.rs`: token logprobs in the chat and legacy completions shapes
 //! - `handlers.rs`: the HTTP handlers
 //! - `tokenize.rs`: `/tokenize`, `/detokenize`, `/version` (no worker involved)
 //! - `record.rs`: concurrency slot (429) and the per-request outcome count
@@ -37,6 +38,7 @@ pub mod extract;
 pub mod frontend;
 pub mod guard;
 pub mod handlers;
+pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod params;

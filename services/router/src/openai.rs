@@ -87,16 +87,16 @@ impl ResponseMeta {
         }
     }
 
-    /// The complete (non-streaming) body.
-    pub fn full(&self, text: &str, finish: Finish, usage: Usage) -> Value {
+    /// The complete (non-streaming) body; `logprobs` is null unless requested.
+    pub fn full(&self, text: &str, finish: Finish, usage: Usage, logprobs: Value) -> Value {
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
-                "index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_str(),
+                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.as_str(),
             }),
             Endpoint::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish.as_str(),
             }),
         };
@@ -113,12 +113,13 @@ impl ResponseMeta {
         })
     }
 
-    /// One streaming chunk carrying `text`; `first` adds the assistant role to a chat delta.
-    pub fn chunk(&self, text: &str, finish: Option<Finish>, first: bool) -> Value {
+    /// One streaming chunk carrying `text` and the `logprobs` of its tokens (null unless
+    /// requested); `first` adds the assistant role to a chat delta.
+    pub fn chunk(&self, text: &str, finish: Option<Finish>, first: bool, logprobs: Value) -> Value {
         let finish = finish.map(Finish::as_str);
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
-                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
             }),
             Endpoint::Chat => {
                 let delta = if first {
@@ -126,7 +127,7 @@ impl ResponseMeta {
                 } else {
                     json!({"content": text})
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };
         self.chunk_with(vec![choice], None)

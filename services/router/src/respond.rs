@@ -7,10 +7,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pagewarden_common::vllm_metrics::FinishedRequest;
 use pagewarden_common::{RequestId, TenantId};
+use pagewarden_proto::v1::Logprobs;
+use serde_json::Value;
 
 use crate::admission::admit;
 use crate::dispatch::{Finish, Flight, Job, Token};
 use crate::error::RouterError;
+use crate::logprobs::LogprobsRenderer;
 use crate::metrics::Outcome;
 use crate::openai::{Endpoint, ResponseMeta, Usage};
 use crate::record::{Record, Slot};
@@ -41,11 +44,12 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
     match start(state, p).await {
         Ok(Started::Stream(s)) => sse::response(s, record),
         Ok(Started::Full(mut s)) => match collect(&mut s).await {
-            Ok((text, finish)) => {
+            Ok((text, finish, logprobs)) => {
                 let usage = Usage::new(s.flight.prompt_tokens(), s.flight.completion_tokens());
                 record.set(outcome_of_finish(finish));
                 finished(state, &s, &text, finish);
-                Json(s.meta.full(&text, finish, usage)).into_response()
+                let logprobs = s.render_logprobs(&logprobs);
+                Json(s.meta.full(&text, finish, usage, logprobs)).into_response()
             }
             Err(e) => {
                 record.fail(&e);
@@ -70,10 +74,23 @@ pub struct Streaming {
     pub meta: ResponseMeta,
     /// Send a usage chunk at the end.
     pub include_usage: bool,
+    /// Renders token logprobs, when the request asked for them.
+    pub logprobs: Option<LogprobsRenderer>,
     /// The app (for the sample sink).
     pub state: AppState,
     /// Held until the stream ends.
     pub slot: Slot,
+}
+
+impl Streaming {
+    /// The `logprobs` value of a choice holding the tokens of `items`; null when the request
+    /// asked for none.
+    pub fn render_logprobs(&mut self, items: &[Logprobs]) -> Value {
+        match &mut self.logprobs {
+            Some(r) => r.render(self.state.frontend.tokenizer(), items),
+            None => Value::Null,
+        }
+    }
 }
 
 enum Started {
@@ -83,6 +100,11 @@ enum Started {
 
 async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
     let context = state.pool.effective_context()?;
+    let logprobs = p
+        .common
+        .sampling
+        .logprobs
+        .map(|_| LogprobsRenderer::new(p.endpoint));
     let admitted = admit(
         p.tokens,
         p.common.max_tokens,
@@ -116,6 +138,7 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
             first: None,
             meta,
             include_usage: p.common.include_usage,
+            logprobs,
             state: state.clone(),
             slot: p.slot,
         }));
@@ -134,29 +157,30 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
         first: Some(first),
         meta,
         include_usage: p.common.include_usage,
+        logprobs,
         state: state.clone(),
         slot: p.slot,
     }))
 }
 
-async fn collect(s: &mut Streaming) -> Result<(String, Finish), RouterError> {
+/// The whole completion: its text, how it ended, and its tokens' logprobs (when requested).
+async fn collect(s: &mut Streaming) -> Result<(String, Finish, Vec<Logprobs>), RouterError> {
     let mut text = String::new();
-    if let Some(first) = s.first.take() {
-        text = first.text;
-        if let Some(finish) = first.finish {
-            return Ok((text, finish));
-        }
-    }
+    let mut logprobs = Vec::new();
+    let mut next = s.first.take();
     loop {
-        match s.flight.next().await {
-            Some(Ok(token)) => {
-                text.push_str(&token.text);
-                if let Some(finish) = token.finish {
-                    return Ok((text, finish));
-                }
-            }
-            Some(Err(e)) => return Err(e),
-            None => return Err(RouterError::Internal("token stream ended early".into())),
+        let token = match next.take() {
+            Some(first) => first,
+            None => match s.flight.next().await {
+                Some(Ok(token)) => token,
+                Some(Err(e)) => return Err(e),
+                None => return Err(RouterError::Internal("token stream ended early".into())),
+            },
+        };
+        text.push_str(&token.text);
+        logprobs.extend(token.logprobs);
+        if let Some(finish) = token.finish {
+            return Ok((text, finish, logprobs));
         }
     }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::stream::{self, Stream, StreamExt};
+use pagewarden_proto::v1::Logprobs;
 
 use crate::dispatch::Token;
 use crate::openai::Usage;
@@ -24,17 +25,29 @@ struct State {
     record: Record,
     queue: VecDeque<Event>,
     text: String,
+    /// Logprobs of tokens whose text is not out yet: they go with the next chunk.
+    logprobs: Vec<Logprobs>,
     first: bool,
     done: bool,
 }
 
 impl State {
     fn push(&mut self, token: Token) {
+        self.logprobs.extend(token.logprobs);
         // Nothing to show (mid-UTF-8, or text held back for a possible stop sequence).
         if token.text.is_empty() && token.finish.is_none() && !self.first {
             return;
         }
-        let chunk = self.s.meta.chunk(&token.text, token.finish, self.first);
+        let logprobs = std::mem::take(&mut self.logprobs);
+        let logprobs = if logprobs.is_empty() {
+            serde_json::Value::Null
+        } else {
+            self.s.render_logprobs(&logprobs)
+        };
+        let chunk = self
+            .s
+            .meta
+            .chunk(&token.text, token.finish, self.first, logprobs);
         self.first = false;
         self.text.push_str(&token.text);
         self.queue.push_back(json_event(&chunk));
@@ -112,12 +125,14 @@ fn events(mut s: Streaming, record: Record) -> impl Stream<Item = Result<Event, 
         id: 0,
         text: String::new(),
         finish: None,
+        logprobs: None,
     });
     let mut state = State {
         s,
         record,
         queue: VecDeque::new(),
         text: String::new(),
+        logprobs: Vec::new(),
         first: true,
         done: false,
     };

@@ -13,6 +13,12 @@ pub const MAX_TOKENS_LIMIT: i64 = u32::MAX as i64;
 pub const MAX_STOP: usize = 16;
 /// Longest stop sequence, in UTF-8 bytes (every generated token is matched against them all).
 pub const MAX_STOP_BYTES: usize = 256;
+/// At most this many `stop_token_ids` (the workers' limit too).
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
+/// Largest `repetition_penalty` (1 is off; values above a few already forbid any repeat).
+pub const MAX_REPETITION_PENALTY: f64 = 10.0;
+/// The most top logprobs per token (vLLM's default `max_logprobs`).
+pub const MAX_TOP_LOGPROBS: i64 = pagewarden_model::MAX_TOP_LOGPROBS as i64;
 
 /// A completion prompt: text to tokenize, or token ids given by the client.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,6 +51,22 @@ pub struct ValidSampling {
     pub seed: Option<u64>,
     /// Stop sequences, each non-empty.
     pub stop: Vec<String>,
+    /// In [0, 1]; 0 = off.
+    pub min_p: f32,
+    /// In (0, 10]; 1 = off.
+    pub repetition_penalty: f32,
+    /// In [-2, 2]; 0 = off.
+    pub presence_penalty: f32,
+    /// In [-2, 2]; 0 = off.
+    pub frequency_penalty: f32,
+    /// End-of-generation tokens do not end generation.
+    pub ignore_eos: bool,
+    /// End tokens are masked until this many tokens were generated.
+    pub min_tokens: u32,
+    /// Token ids that end generation.
+    pub stop_token_ids: Vec<u32>,
+    /// Logprobs of each generated token and this many top logprobs; `None`: no logprobs.
+    pub logprobs: Option<u32>,
 }
 
 /// What every generation request carries besides its prompt.
@@ -86,10 +108,12 @@ impl ValidCompletionRequest {
         let f = Fields::new(body);
         let prompt = parse_prompt(&f)?;
         f.only_default("echo", &[json!(false)])?;
-        f.only_default("logprobs", &[json!(0)])?;
         f.only_default("best_of", &[json!(1)])?;
         f.only_default("suffix", &[json!("")])?;
-        let common = parse_common(&f, "max_tokens")?;
+        let logprobs = f
+            .integer("logprobs", 0, MAX_TOP_LOGPROBS)?
+            .map(|n| n as u32);
+        let common = parse_common(&f, "max_tokens", logprobs)?;
         f.reject_unknown()?;
         Ok(Self { prompt, common })
     }
@@ -100,11 +124,25 @@ impl ValidChatRequest {
     pub fn parse(body: &Map<String, Value>) -> Result<Self, ValidationError> {
         let f = Fields::new(body);
         let messages = parse_messages(&f)?;
-        f.only_default("logprobs", &[json!(false)])?;
-        f.only_default("top_logprobs", &[json!(0)])?;
+        let top = f.integer("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+        let logprobs = match (f.bool("logprobs")?.unwrap_or(false), top) {
+            (true, top) => Some(top.unwrap_or(0) as u32),
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(f.err("top_logprobs", "requires `logprobs: true`"));
+            }
+        };
         f.only_default("tools", &[json!([])])?;
         f.only_default("tool_choice", &[json!("none"), json!("auto")])?;
-        f.only_default("response_format", &[json!({"type": "text"})])?;
+        if f.get("response_format")
+            .is_some_and(|v| *v != json!({"type": "text"}))
+        {
+            return Err(f.err(
+                "response_format",
+                "is not supported beyond `{\"type\": \"text\"}`: this server has no \
+                 constrained decoding, so it cannot promise JSON output",
+            ));
+        }
         f.only_default("functions", &[json!([])])?;
         f.only_default("function_call", &[json!("none"), json!("auto")])?;
         f.only_default("parallel_tool_calls", &[json!(true), json!(false)])?;
@@ -118,7 +156,7 @@ impl ValidChatRequest {
             (Some(_), None) => "max_completion_tokens",
             (None, _) => "max_tokens",
         };
-        let common = parse_common(&f, max_field)?;
+        let common = parse_common(&f, max_field, logprobs)?;
         f.reject_unknown()?;
         Ok(Self { messages, common })
     }
@@ -195,12 +233,15 @@ impl ValidDetokenizeRequest {
     }
 }
 
-fn parse_common(f: &Fields<'_>, max_field: &str) -> Result<ValidCommon, ValidationError> {
+/// `logprobs` is the endpoint's own reading of its logprobs fields.
+fn parse_common(
+    f: &Fields<'_>,
+    max_field: &str,
+    logprobs: Option<u32>,
+) -> Result<ValidCommon, ValidationError> {
     let model = f.string("model")?.map(str::to_owned);
     let max_tokens = f.integer(max_field, 1, MAX_TOKENS_LIMIT)?.map(|n| n as u32);
     f.only_default("n", &[json!(1)])?;
-    f.only_default("presence_penalty", &[json!(0), json!(0.0)])?;
-    f.only_default("frequency_penalty", &[json!(0), json!(0.0)])?;
     f.only_default("logit_bias", &[json!({})])?;
     f.only_default("store", &[json!(false)])?;
     f.only_default("service_tier", &[json!("auto"), json!("default")])?;
@@ -218,6 +259,39 @@ fn parse_common(f: &Fields<'_>, max_field: &str) -> Result<ValidCommon, Validati
     // OpenAI seeds are any 64-bit integer; negative ones keep their bits.
     let seed = f.integer("seed", i64::MIN, i64::MAX)?.map(|s| s as u64);
     let stop = parse_stop(f)?;
+    let min_p = f.number("min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32;
+    let repetition_penalty = match f.number("repetition_penalty", 0.0, MAX_REPETITION_PENALTY)? {
+        Some(r) if r <= 0.0 => return Err(f.err("repetition_penalty", "must be greater than 0")),
+        Some(r) => r as f32,
+        None => 1.0,
+    };
+    let presence_penalty = f.number("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32;
+    let frequency_penalty = f.number("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32;
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    let min_tokens = f.integer("min_tokens", 0, MAX_TOKENS_LIMIT)?.unwrap_or(0) as u32;
+    if let Some(max) = max_tokens.filter(|&m| min_tokens > m) {
+        return Err(f.err(
+            "min_tokens",
+            format!("must be at most `{max_field}` ({max}), got {min_tokens}"),
+        ));
+    }
+    let stop_token_ids = match f.get("stop_token_ids") {
+        None => Vec::new(),
+        Some(Value::Array(ids)) if ids.len() > MAX_STOP_TOKEN_IDS => {
+            return Err(f.err(
+                "stop_token_ids",
+                format!("may hold at most {MAX_STOP_TOKEN_IDS} ids"),
+            ))
+        }
+        Some(Value::Array(ids)) if ids.is_empty() => Vec::new(),
+        Some(Value::Array(ids)) => token_ids(f, "stop_token_ids", ids)?,
+        Some(v) => {
+            return Err(f.err(
+                "stop_token_ids",
+                format!("must be an array of token ids, found {}", kind_of(v)),
+            ))
+        }
+    };
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.get("stream_options") {
         None => false,
@@ -243,6 +317,14 @@ fn parse_common(f: &Fields<'_>, max_field: &str) -> Result<ValidCommon, Validati
             top_k,
             seed,
             stop,
+            min_p,
+            repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+            ignore_eos,
+            min_tokens,
+            stop_token_ids,
+            logprobs,
         },
         stream,
         include_usage,

@@ -97,7 +97,11 @@ async fn bad_parameters_are_400_naming_the_field() {
         ),
         (json!({"prompt": "hi", "echo": true}), "echo"),
         // Unknown or misspelled fields are refused by name, never dropped.
-        (json!({"prompt": "hi", "min_p": 0.1}), "min_p"),
+        (json!({"prompt": "hi", "min_p": 1.5}), "min_p"),
+        (
+            json!({"prompt": "hi", "guided_regex": "a+"}),
+            "guided_regex",
+        ),
         (json!({"prompt": "hi", "max_token": 5}), "max_token"),
         (
             json!({"prompt": "hi", "stream_options": {"include_usage": true, "usage": 1}}),
@@ -152,8 +156,8 @@ async fn bad_parameters_are_400_naming_the_field() {
             "messages[0].content[0].cache",
         ),
         (
-            json!({"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 1.1}),
-            "repetition_penalty",
+            json!({"messages": [{"role": "user", "content": "x"}], "guided_json": {}}),
+            "guided_json",
         ),
     ];
     for (body, field) in chat_cases {

@@ -26,7 +26,7 @@ use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{CommitError, KvPool, Owner};
-use pagewarden_model::{SamplingParams, Tokenizer};
+use pagewarden_model::{Sampled, SamplingParams, Tokenizer};
 use pagewarden_worker::wire::QueueRefusal;
 use pagewarden_worker::FairQueue;
 use tokio::sync::{mpsc, oneshot};
@@ -35,7 +35,6 @@ use tonic::Status;
 
 use crate::compute::{Compute, StepError};
 use crate::events;
-use crate::output::Output;
 use crate::rotation::Rotation;
 use crate::sink::{DecodeSink, StreamEnd};
 use crate::state::{Entry, GenerateArgs, GrantReply, Queued, RequestState, Running};
@@ -52,6 +51,8 @@ pub enum Command {
         tenant: TenantId,
         prompt_tokens: usize,
         sampling: SamplingParams,
+        /// The prompt's ids when a repetition penalty needs them, else empty.
+        penalty_prompt: Vec<u32>,
         reply: GrantReply,
     },
     Generate {
@@ -99,7 +100,7 @@ pub struct SchedulerDeps {
     pub queue_timeout: Duration,
 }
 
-type StepResult = Vec<(RequestId, Box<Running>, Result<u32, StepError>)>;
+type StepResult = Vec<(RequestId, Box<Running>, Result<Sampled, StepError>)>;
 
 struct Scheduler {
     deps: SchedulerDeps,
@@ -170,6 +171,7 @@ impl Scheduler {
                 tenant,
                 prompt_tokens,
                 sampling,
+                penalty_prompt,
                 reply,
             } => {
                 let now = Instant::now();
@@ -180,6 +182,7 @@ impl Scheduler {
                     },
                     prompt_tokens,
                     sampling,
+                    penalty_prompt,
                     reply,
                     queued_at: now,
                     deadline: now + self.deps.queue_timeout,
@@ -273,13 +276,11 @@ impl Scheduler {
         };
         let tenant = reservation.owner.tenant.clone();
         let key = reservation.pages.grant().key;
-        let output = Output::new(
-            self.deps.tokenizer.clone(),
-            reservation.sampling.max_tokens,
-            reservation.sampling.stop.clone(),
-        );
-        let first = args.first_token;
-        let committed = reservation.commit(args, output);
+        let first = Sampled {
+            token: args.first_token,
+            logprobs: args.first_logprobs.clone(),
+        };
+        let committed = reservation.commit(args, self.deps.tokenizer.clone());
         let ended = self.deps.sink.take(key);
         match committed {
             Ok(mut running) => {

@@ -140,6 +140,7 @@ impl Scheduler {
             owner,
             prompt_tokens,
             sampling,
+            penalty_prompt,
             reply,
             queued_at,
             deadline: _,
@@ -171,6 +172,7 @@ impl Scheduler {
             pages,
             prompt_tokens,
             sampling,
+            penalty_prompt,
         }));
         if reply.send(Ok(grant)).is_err() {
             // The caller left between its last check and now: nothing was written.

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind};
 use pagewarden_common::RequestId;
+use pagewarden_model::Sampled;
 use tonic::Status;
 
 use super::{Scheduler, StepResult};
@@ -16,7 +17,8 @@ use crate::state::RequestState;
 
 impl Scheduler {
     /// Emits `token` for a running request and ends it if it finished or its client is gone.
-    pub(super) fn accept(&mut self, req: RequestId, token: u32) {
+    pub(super) fn accept(&mut self, req: RequestId, sampled: Sampled) {
+        let token = sampled.token;
         let Some(entry) = self.table.get_mut(&req) else {
             return;
         };
@@ -43,8 +45,13 @@ impl Scheduler {
         }
         let finish = emitted.finish;
         let sent =
-            r.tx.send(Ok(events::token(req, entry.attempt, emitted)))
-                .is_ok();
+            r.tx.send(Ok(events::token(
+                req,
+                entry.attempt,
+                emitted,
+                sampled.logprobs,
+            )))
+            .is_ok();
         match (finish, sent) {
             (Some(f), _) => {
                 entry.state = RequestState::Finished;
@@ -116,7 +123,7 @@ impl Scheduler {
             seqs.into_iter()
                 .zip(results)
                 .map(|((req, mut r), logits)| {
-                    let tok = logits.map(|l| r.sampler.sample(&l));
+                    let tok = logits.map(|l| r.sampler.next(&l));
                     (req, r, tok)
                 })
                 .collect()

@@ -222,6 +222,7 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
         text: "STALE".into(),
         finish: 0,
         marker_only: false,
+        logprobs: None,
     });
     let emit = o.hang_after.or(o.eog_after).unwrap_or(max).min(max);
     let hang = o.hang_after.is_some_and(|h| h < max);
@@ -237,6 +238,7 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
             0
         },
         marker_only: false,
+        logprobs: None,
     });
     // End of generation: a marker-only STOP event that carries no completion token.
     let end = eog.then(|| TokenEvent {
@@ -245,6 +247,7 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
         text: String::new(),
         finish: FinishReason::Stop as i32,
         marker_only: true,
+        logprobs: None,
     });
     let events = events.chain(end);
     let delay = o.token_delay;
@@ -288,6 +291,7 @@ impl Prefill for Inner {
             first_token: 5,
             transfer_bytes: 0,
             transfer_micros: 0,
+            first_logprobs: None,
         }))
     }
 
