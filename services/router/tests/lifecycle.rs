@@ -355,6 +355,18 @@ async fn deadline_aborts_both_halves_and_answers_504() {
     assert!(h.prefill[0].wait_abort().await.is_some());
 }
 
+/// Whether alpha's `body` is served (200) within a second, trying every 20 ms while a freed
+/// slot comes back.
+async fn served_again(h: &Harness, body: &Value) -> bool {
+    for _ in 0..50 {
+        if h.post("/v1/completions", body).await.status() == 200 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 /// A stream of `key`'s held open after its first token (the fake decode hangs after one).
 async fn held_stream(h: &Harness, key: &str) -> reqwest::Response {
     let mut r = h
@@ -410,23 +422,10 @@ async fn a_tenant_at_its_own_limit_gets_429_and_the_others_are_served() {
     // Alpha's place comes back when one of its streams ends.
     drop(a1);
     h.decode[0].wait_abort().await.unwrap();
-    let mut ok = false;
-    for _ in 0..50 {
-        let r = h
-            .client
-            .post(h.url("/v1/completions"))
-            .bearer_auth(KEY)
-            .json(&json!({"prompt": "c", "max_tokens": 9, "stream": true}))
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 200 {
-            ok = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(ok, "alpha's place was not given back");
+    assert!(
+        served_again(&h, &json!({"prompt": "c", "max_tokens": 9, "stream": true})).await,
+        "alpha's place was not given back"
+    );
 }
 
 #[tokio::test]
@@ -458,18 +457,10 @@ async fn over_capacity_is_429_with_retry_after() {
     // The slot comes back once the held stream is gone.
     h.decode[0].wait_abort().await.unwrap();
     h.decode[0].opts.lock().hang_after = None;
-    let mut ok = false;
-    for _ in 0..50 {
-        let r = h
-            .post("/v1/completions", &json!({"prompt": "c", "max_tokens": 2}))
-            .await;
-        if r.status() == 200 {
-            ok = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(ok, "slot was not released");
+    assert!(
+        served_again(&h, &json!({"prompt": "c", "max_tokens": 2})).await,
+        "slot was not released"
+    );
 }
 
 #[tokio::test]
