@@ -290,6 +290,14 @@ struct RealSuite {
     url: String,
 }
 
+/// A decode and a prefill worker on the real model with `worker` flags, and a router over them.
+async fn real_services(worker: &[&str]) -> [pagewarden_system_tests::Service; 3] {
+    let decode = start_decode(&ModelArg::Real, worker);
+    let prefill = start_prefill(&ModelArg::Real, worker);
+    let router = start_router_with(&ModelArg::Real, &[&decode], &[&prefill], &[]).await;
+    [decode, prefill, router]
+}
+
 async fn real_suite() -> RealSuite {
     let ctx = CONTEXT.to_string();
     let pool = (2 * CONTEXT).to_string();
@@ -305,9 +313,7 @@ async fn real_suite() -> RealSuite {
         "--queue-timeout-ms",
         "900000",
     ];
-    let decode = start_decode(&ModelArg::Real, &worker);
-    let prefill = start_prefill(&ModelArg::Real, &worker);
-    let router = start_router_with(&ModelArg::Real, &[&decode], &[&prefill], &[]).await;
+    let [decode, prefill, router] = real_services(&worker).await;
     let d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let tok = Arc::new(
         Tokenizer::from_gguf(&GgufFile::open(&model_path()).expect("model")).expect("tokenizer"),
@@ -478,9 +484,7 @@ async fn real_model_prefill_streams_pages_while_computing_and_a_cancel_stops_it_
         "--chunk-tokens",
         "128",
     ];
-    let decode = start_decode(&ModelArg::Real, &worker);
-    let prefill = start_prefill(&ModelArg::Real, &worker);
-    let router = start_router_with(&ModelArg::Real, &[&decode], &[&prefill], &[]).await;
+    let [decode, prefill, router] = real_services(&worker).await;
     let tok = Tokenizer::from_gguf(&GgufFile::open(&model_path()).expect("model")).expect("tok");
     let text = marked_prompt(&tok, "LONG1", 4000);
     let chunks = tok.encode(&text, true).len().div_ceil(128) as f64;

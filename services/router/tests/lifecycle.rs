@@ -367,19 +367,26 @@ async fn served_again(h: &Harness, body: &Value) -> bool {
     false
 }
 
-/// A stream of `key`'s held open after its first token (the fake decode hangs after one).
-async fn held_stream(h: &Harness, key: &str) -> reqwest::Response {
+/// `body` sent as `key`, streamed: the response once its first token has arrived (the stream
+/// stays open while it is held).
+async fn first_token_stream(h: &Harness, key: &str, body: &Value) -> reqwest::Response {
     let mut r = h
         .client
         .post(h.url("/v1/completions"))
         .bearer_auth(key)
-        .json(&json!({"prompt": "a", "max_tokens": 9, "stream": true}))
+        .json(body)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
     read_until_first_token(&mut r).await;
     r
+}
+
+/// A stream of `key`'s held open after its first token (the fake decode hangs after one).
+async fn held_stream(h: &Harness, key: &str) -> reqwest::Response {
+    let body = json!({"prompt": "a", "max_tokens": 9, "stream": true});
+    first_token_stream(h, key, &body).await
 }
 
 #[tokio::test]
@@ -439,14 +446,7 @@ async fn over_capacity_is_429_with_retry_after() {
         ..Opts::default()
     })
     .await;
-    let mut held = h
-        .post(
-            "/v1/completions",
-            &json!({"prompt": "a", "max_tokens": 9, "stream": true}),
-        )
-        .await;
-    assert_eq!(held.status(), 200);
-    read_until_first_token(&mut held).await;
+    let held = held_stream(&h, KEY).await;
     let r = h
         .post("/v1/completions", &json!({"prompt": "b", "max_tokens": 2}))
         .await;
@@ -517,15 +517,8 @@ async fn least_loaded_workers_are_picked_and_dead_ones_skipped() {
     .await;
     let mut streams = Vec::new();
     for _ in 0..2 {
-        let mut r = h
-            .post(
-                "/v1/completions",
-                &json!({"prompt": "x", "max_tokens": 5, "stream": true}),
-            )
-            .await;
-        assert_eq!(r.status(), 200);
-        read_until_first_token(&mut r).await;
-        streams.push(r);
+        let body = json!({"prompt": "x", "max_tokens": 5, "stream": true});
+        streams.push(first_token_stream(&h, KEY, &body).await);
     }
     // First request: decode 1 (fewer active at its last poll) and prefill 0. Second: decode 1
     // now has one request in flight from this router, so decode 0 gets it, and prefill 1.
@@ -660,15 +653,8 @@ async fn a_worker_with_a_queue_is_avoided() {
     .await;
     let mut streams = Vec::new();
     for _ in 0..2 {
-        let mut r = h
-            .post(
-                "/v1/completions",
-                &json!({"prompt": "x", "max_tokens": 5, "stream": true}),
-            )
-            .await;
-        assert_eq!(r.status(), 200);
-        read_until_first_token(&mut r).await;
-        streams.push(r);
+        let body = json!({"prompt": "x", "max_tokens": 5, "stream": true});
+        streams.push(first_token_stream(&h, KEY, &body).await);
     }
     assert_eq!(
         h.decode[0].reserves(),
