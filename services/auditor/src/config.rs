@@ -7,7 +7,9 @@
 //! data_dir = "data"
 //! router_url = "http://127.0.0.1:8080"
 //! probe_interval = "5m"                                        # "0" turns probing off
+//! probe_sweep = "full"           # what each scheduled run sends: "light" or "full"
 //! probe_tenants = [{ tenant = "probe-a", api_key = "pw-probe-a" }]
+//! probe_keys_file = ".pw/keys.toml"   # every tenant of a client keys file probes too
 //! secure_cookies = true          # the web UI is served under TLS (e.g. by a TLS proxy)
 //! [[operators]]                  # web UI accounts and JSON API tokens: see `accounts`
 //! name = "ana"
@@ -22,9 +24,11 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
+use pagewarden_common::tenants::ClientKeys;
 use pagewarden_common::tls::{InternalTls, TlsFlags, TlsKeys};
 
 use crate::accounts::{Accounts, ApiToken, OperatorAccount};
+use crate::domain::SweepKind;
 use crate::probe::ProbeTenant;
 
 /// The configuration could not be read.
@@ -36,6 +40,9 @@ pub enum ConfigError {
     /// The file is not valid TOML for this config.
     #[error("parsing {0}: {1}")]
     Parse(PathBuf, toml::de::Error),
+    /// The probe keys file could not be read or parsed.
+    #[error("probe keys file: {0}")]
+    ProbeKeys(#[from] pagewarden_common::tenants::TenantsError),
     /// A value is malformed.
     #[error("{0}")]
     Invalid(String),
@@ -69,9 +76,18 @@ pub struct Args {
     /// A probe tenant as `tenant=api_key` (repeatable).
     #[arg(long = "probe-key")]
     pub probe_keys: Vec<String>,
+    /// A client keys file (`[[keys]] tenant = "..", key = ".."`, as `pagewarden up` keeps its
+    /// dev tenants' keys): every tenant in it is a probe tenant too.
+    #[arg(long)]
+    pub probe_keys_file: Option<PathBuf>,
     /// Time between probe runs (`90`, `30s`, `5m`, `1h`; `0` turns probing off).
     #[arg(long)]
     pub probe_interval: Option<String>,
+    /// What each scheduled probe run sends: `light` (per tenant one short prompt and one just
+    /// past the context) or `full` (lengths doubling up to the context, then past it).
+    /// Default `full`; either can also be started on demand from the Probes page.
+    #[arg(long)]
+    pub probe_sweep: Option<String>,
     /// GGUF model whose tokenizer gives exact prompt token counts for probes.
     #[arg(long, env = "PAGEWARDEN_MODEL")]
     pub model_path: Option<PathBuf>,
@@ -96,7 +112,9 @@ pub struct FileConfig {
     data_dir: Option<PathBuf>,
     router_url: Option<String>,
     probe_interval: Option<String>,
+    probe_sweep: Option<String>,
     probe_tenants: Vec<ProbeTenant>,
+    probe_keys_file: Option<PathBuf>,
     probe_max_tokens: Option<u32>,
     probe_page_size: Option<u32>,
     probe_max_ttft_ms: Option<u64>,
@@ -128,6 +146,8 @@ pub struct Config {
     pub probe_tenants: Vec<ProbeTenant>,
     /// Time between runs; `None` turns probing off.
     pub probe_interval: Option<Duration>,
+    /// What each scheduled run sends.
+    pub probe_sweep: SweepKind,
     /// `max_tokens` of probe requests.
     pub probe_max_tokens: u32,
     /// First probe length in words (one KV page).
@@ -202,13 +222,33 @@ impl Config {
             Some(u) => u,
             None => format!("sqlite://{}/auditor.sqlite?mode=rwc", data_dir.display()),
         };
+        // File entries, then the keys file, then flags; a tenant named twice probes once,
+        // with the last key given.
         let mut probe_tenants = f.probe_tenants;
+        if let Some(path) = a.probe_keys_file.or(f.probe_keys_file) {
+            for k in ClientKeys::load(&path)?.keys {
+                probe_tenants.push(ProbeTenant {
+                    tenant: k.tenant,
+                    api_key: k.key,
+                });
+            }
+        }
         for k in &a.probe_keys {
             probe_tenants.push(parse_probe_key(k)?);
         }
+        let mut seen = std::collections::HashSet::new();
+        probe_tenants.reverse();
+        probe_tenants.retain(|t| seen.insert(t.tenant.clone()));
+        probe_tenants.reverse();
         let probe_interval = match a.probe_interval.or(f.probe_interval) {
             Some(s) => parse_interval(&s)?,
             None => Some(Duration::from_secs(300)),
+        };
+        let probe_sweep = match a.probe_sweep.or(f.probe_sweep) {
+            Some(s) => s.trim().parse::<SweepKind>().map_err(|_| {
+                ConfigError::Invalid(format!("bad probe sweep {s:?} (light or full)"))
+            })?,
+            None => SweepKind::Full,
         };
         let tls = InternalTls::load(&a.tls.over(TlsKeys {
             tls_ca: f.tls_ca,
@@ -232,6 +272,7 @@ impl Config {
                 .map(|u| u.trim_end_matches('/').to_string()),
             probe_tenants,
             probe_interval,
+            probe_sweep,
             probe_max_tokens: f.probe_max_tokens.unwrap_or(4),
             probe_page_size: f.probe_page_size.unwrap_or(16),
             probe_max_ttft_ms: f.probe_max_ttft_ms.unwrap_or(60_000),
@@ -288,9 +329,61 @@ mod tests {
         let c = Config::merge(f, a).unwrap();
         assert_eq!(c.grpc_addr.port(), 2);
         assert_eq!(c.probe_interval, Some(Duration::from_secs(300)));
+        assert_eq!(c.probe_sweep, SweepKind::Full);
         assert_eq!(c.probe_tenants.len(), 2);
         assert!(c.database_url.starts_with("sqlite://data/"));
         assert_eq!(c.sqlite_dir(), Some(PathBuf::from("data")));
+    }
+
+    #[test]
+    fn a_keys_file_adds_its_tenants_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("keys.toml");
+        std::fs::write(
+            &keys,
+            "[[keys]]\ntenant = \"dev-alice\"\nkey = \"ka\"\n\
+             [[keys]]\ntenant = \"auditor-probe\"\nkey = \"kp-old\"\n",
+        )
+        .unwrap();
+        let a = Args {
+            probe_keys_file: Some(keys),
+            probe_keys: vec!["auditor-probe=kp".into()],
+            ..Args::default()
+        };
+        let c = Config::merge(FileConfig::default(), a).unwrap();
+        let got: Vec<(&str, &str)> = c
+            .probe_tenants
+            .iter()
+            .map(|t| (t.tenant.as_str(), t.api_key.as_str()))
+            .collect();
+        assert_eq!(got, vec![("dev-alice", "ka"), ("auditor-probe", "kp")]);
+        let a = Args {
+            probe_keys_file: Some(dir.path().join("missing.toml")),
+            ..Args::default()
+        };
+        let e = Config::merge(FileConfig::default(), a).unwrap_err();
+        assert!(e.to_string().contains("missing.toml"), "{e}");
+    }
+
+    #[test]
+    fn the_scheduled_sweep_is_named_by_flag_or_file() {
+        let f: FileConfig = toml::from_str("probe_sweep = \"light\"").unwrap();
+        assert_eq!(
+            Config::merge(f, Args::default()).unwrap().probe_sweep,
+            SweepKind::Light
+        );
+        let f: FileConfig = toml::from_str("probe_sweep = \"light\"").unwrap();
+        let a = Args {
+            probe_sweep: Some("full".into()),
+            ..Args::default()
+        };
+        assert_eq!(Config::merge(f, a).unwrap().probe_sweep, SweepKind::Full);
+        let a = Args {
+            probe_sweep: Some("medium".into()),
+            ..Args::default()
+        };
+        let e = Config::merge(FileConfig::default(), a).unwrap_err();
+        assert!(e.to_string().contains("light or full"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The auditor's vocabulary: every enum here mirrors a CHECK-constrained column of the schema
-//! (`migrations/*/0001_init.sql`), so a value the database accepts is a value Rust can name.
+//! (`migrations/*/`), so a value the database accepts is a value Rust can name.
 //!
 //! Incident lifecycle (transitions are one-way; `resolved` is terminal):
 //!
@@ -192,6 +192,39 @@ impl From<IntegrityKind> for IncidentKind {
     }
 }
 
+impl IntegrityKind {
+    /// Whether an event of this kind is routine: the defense did its job and no tenant's data
+    /// went anywhere, so the event is stored and counted (dashboard, metrics) but opens no
+    /// incident. `names_request` says whether the event names the request it concerns.
+    ///
+    /// Routine:
+    /// - `deferred_release_drained`: pages went back to the free list only once no write could
+    ///   still land (I4 working as designed).
+    /// - `stale_message` naming a request: a late message of an old attempt, a reused request
+    ///   id or a revoked grant, dropped and counted (I5 working as designed; cancellations and
+    ///   retries produce them all day).
+    ///
+    /// Everything else opens an incident, and so does a `stale_message` that names no request:
+    /// a message no request accounts for (a KV transfer connection refused for its certificate
+    /// or a forged frame) is evidence of something outside the protocol.
+    pub fn is_routine(self, names_request: bool) -> bool {
+        match self {
+            IntegrityKind::DeferredReleaseDrained => true,
+            IntegrityKind::StaleMessage => names_request,
+            IntegrityKind::GenerationMismatch
+            | IntegrityKind::ChecksumMismatch
+            | IntegrityKind::CountMismatch
+            | IntegrityKind::GuardWordCorrupt
+            | IntegrityKind::WriteRejected
+            | IntegrityKind::Quarantine
+            | IntegrityKind::DeferredReleaseTimedOut
+            | IntegrityKind::PreflightFailed
+            | IntegrityKind::PageNotWritten
+            | IntegrityKind::ManifestMismatch => false,
+        }
+    }
+}
+
 impl IncidentKind {
     /// The severity an incident of this kind opens with.
     pub fn severity(self) -> Severity {
@@ -253,6 +286,17 @@ sql_enum!(
         Failed => "failed",
         /// The run could not be carried out (router unreachable, no limit advertised).
         Error => "error",
+    }
+);
+
+sql_enum!(
+    /// Which steps a probe run sends.
+    SweepKind, "sweep kind" {
+        /// Per tenant, one short prompt and one just past the context limit: cheap enough to
+        /// run every few minutes on a CPU.
+        Light => "light",
+        /// Per tenant, lengths from one page doubling up to the limit, then past it.
+        Full => "full",
     }
 );
 
@@ -338,6 +382,23 @@ mod tests {
             assert_eq!(as_incident.as_str(), k.as_str());
         }
         assert!("bogus".parse::<IncidentStatus>().is_err());
+    }
+
+    #[test]
+    fn only_drained_releases_and_request_bound_stale_messages_are_routine() {
+        let routine: Vec<(IntegrityKind, bool)> = IntegrityKind::ALL
+            .iter()
+            .flat_map(|k| [(*k, true), (*k, false)])
+            .filter(|(k, names)| k.is_routine(*names))
+            .collect();
+        assert_eq!(
+            routine,
+            vec![
+                (IntegrityKind::DeferredReleaseDrained, true),
+                (IntegrityKind::DeferredReleaseDrained, false),
+                (IntegrityKind::StaleMessage, true),
+            ]
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The engine: turns validated reports into stored records and incidents. Every detector
 //! (sample scan, integrity event, preflight, probe step) opens incidents through
-//! [`Engine::open_incident`], so metrics and logs see all of them.
+//! [`Engine::open_incident`], so metrics and logs see all of them. Routine integrity events
+//! ([`IntegrityKind::is_routine`](crate::domain::IntegrityKind::is_routine)) are stored and
+//! counted but open none.
 
 use pagewarden_common::TenantId;
 use serde_json::json;
@@ -120,6 +122,8 @@ impl Engine {
                     request_id: request_id.clone(),
                     tenant: Some(s.tenant.as_str().to_string()),
                     other_tenant: Some(f.owner.as_str().to_string()),
+                    page: None,
+                    generation: None,
                     details: json!({
                         "source": "sample",
                         "sample_id": sample_id,
@@ -136,10 +140,15 @@ impl Engine {
         Ok(opened)
     }
 
-    /// Stores an integrity event; every one opens an incident (drained releases as `info`).
-    pub async fn ingest_integrity(&self, e: ValidIntegrity) -> Result<IncidentId, StoreError> {
+    /// Stores an integrity event; one that is not routine opens an incident, a routine one is
+    /// only counted (`None`).
+    pub async fn ingest_integrity(
+        &self,
+        e: ValidIntegrity,
+    ) -> Result<Option<IncidentId>, StoreError> {
         let at = UnixMs::now();
         self.metrics.integrity(e.kind);
+        let routine = e.kind.is_routine(e.request.is_some());
         let rec = NewIntegrityEvent {
             kind: e.kind,
             node: e.node,
@@ -148,28 +157,38 @@ impl Engine {
             page: e.page.map(i64::from),
             generation: e.generation.map(clamp_i64),
             details: e.details,
+            routine,
             at,
         };
         let event_id = self.store.insert_integrity(&rec).await?;
+        if routine {
+            self.metrics.routine(rec.kind);
+            tracing::debug!(kind = %rec.kind, node = %rec.node, "routine integrity event counted");
+            return Ok(None);
+        }
         let kind = IncidentKind::from(rec.kind);
-        self.open_incident(NewIncident {
-            kind,
-            severity: kind.severity(),
-            node: Some(rec.node.clone()),
-            request_id: rec.request_id.clone(),
-            tenant: rec.tenant.clone(),
-            other_tenant: None,
-            details: json!({
-                "source": "integrity_event",
-                "event_id": event_id,
-                "page": rec.page,
-                "generation": rec.generation,
-                "details": rec.details,
+        let id = self
+            .open_incident(NewIncident {
+                kind,
+                severity: kind.severity(),
+                node: Some(rec.node.clone()),
+                request_id: rec.request_id.clone(),
+                tenant: rec.tenant.clone(),
+                other_tenant: None,
+                page: rec.page,
+                generation: rec.generation,
+                details: json!({
+                    "source": "integrity_event",
+                    "event_id": event_id,
+                    "page": rec.page,
+                    "generation": rec.generation,
+                    "details": rec.details,
+                })
+                .to_string(),
+                at,
             })
-            .to_string(),
-            at,
-        })
-        .await
+            .await?;
+        Ok(Some(id))
     }
 
     /// Stores a preflight report; a failed one, or one whose pool cannot hold the advertised
@@ -208,6 +227,8 @@ impl Engine {
                 request_id: None,
                 tenant: None,
                 other_tenant: None,
+                page: None,
+                generation: None,
                 details: json!({
                     "source": "preflight",
                     "why": why,

@@ -85,11 +85,12 @@ impl Auditor for AuditorService {
         req: Request<pb::IntegrityReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
         let e = ValidIntegrity::try_from(req.into_inner()).map_err(invalid)?;
-        self.engine
+        let opened = self
+            .engine
             .ingest_integrity(e)
             .await
             .map_err(|e| self.store_failed(e))?;
-        Ok(ack(1))
+        Ok(ack(usize::from(opened.is_some())))
     }
 
     async fn report_preflight(

@@ -14,6 +14,7 @@ pub struct Metrics {
     probe_failures: AtomicU64,
     ingest_errors: AtomicU64,
     integrity: Vec<AtomicU64>,
+    routine: Vec<AtomicU64>,
     incidents: Vec<AtomicU64>,
 }
 
@@ -27,6 +28,10 @@ impl Default for Metrics {
             probe_failures: AtomicU64::new(0),
             ingest_errors: AtomicU64::new(0),
             integrity: IntegrityKind::ALL
+                .iter()
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            routine: IntegrityKind::ALL
                 .iter()
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -58,6 +63,11 @@ impl Metrics {
     /// An integrity event was ingested.
     pub fn integrity(&self, kind: IntegrityKind) {
         bump(&self.integrity[index_of(IntegrityKind::ALL, &kind)]);
+    }
+
+    /// A routine integrity event was counted instead of opening an incident.
+    pub fn routine(&self, kind: IntegrityKind) {
+        bump(&self.routine[index_of(IntegrityKind::ALL, &kind)]);
     }
 
     /// An incident was opened.
@@ -133,6 +143,15 @@ impl Metrics {
             "# HELP {name} Integrity events ingested\n# TYPE {name} counter"
         );
         for (k, c) in IntegrityKind::ALL.iter().zip(&self.integrity) {
+            let _ = writeln!(out, "{name}{{kind=\"{k}\"}} {}", c.load(Ordering::Relaxed));
+        }
+        let name = "pagewarden_auditor_routine_events_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Routine integrity events counted instead of opening an incident\n\
+             # TYPE {name} counter"
+        );
+        for (k, c) in IntegrityKind::ALL.iter().zip(&self.routine) {
             let _ = writeln!(out, "{name}{{kind=\"{k}\"}} {}", c.load(Ordering::Relaxed));
         }
         let name = "pagewarden_auditor_incidents_opened_total";

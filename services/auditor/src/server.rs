@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::engine::Engine;
 use crate::grpc::{caller_policy, AuditorService};
 use crate::probe::plan::LatencyBounds;
-use crate::probe::{ProbeSettings, Prober};
+use crate::probe::{ProbeSettings, Prober, Schedule};
 use crate::store::{Store, StoreError};
 use crate::tokens::TokenCounter;
 use crate::web::{self, AppState};
@@ -81,7 +81,9 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, StartError> {
         .map_err(|e| StartError::Io(format!("binding {what} listener {addr}"), e))
 }
 
-/// Opens the store, binds both listeners and starts serving (and probing, when configured).
+/// Opens the store, binds both listeners and starts serving (and probing, when configured:
+/// on schedule when `probe_interval` is set, on demand whenever a router and probe tenants
+/// are).
 pub async fn start(
     cfg: &Config,
     tokens: Option<Arc<dyn TokenCounter>>,
@@ -125,6 +127,40 @@ pub async fn start(
         }
     });
 
+    let prober = match &cfg.router_url {
+        Some(_) if cfg.probe_tenants.is_empty() => {
+            tracing::warn!("router_url set but no probe tenants: probing is off");
+            None
+        }
+        Some(router_url) => Some(Arc::new(Prober::new(
+            engine.clone(),
+            ProbeSettings {
+                router_url: router_url.clone(),
+                tenants: cfg.probe_tenants.clone(),
+                max_tokens: cfg.probe_max_tokens,
+                page_size: cfg.probe_page_size,
+                latency: LatencyBounds {
+                    max_ttft_ms: cfg.probe_max_ttft_ms,
+                    min_prefill_us_per_token: cfg.probe_min_prefill_us_per_token,
+                },
+                request_timeout: cfg.probe_request_timeout,
+                tokens,
+            },
+        )?)),
+        None => None,
+    };
+    if let (Some(prober), Some(every)) = (&prober, cfg.probe_interval) {
+        let schedule = Schedule {
+            every,
+            sweep: cfg.probe_sweep,
+        };
+        tasks.spawn(
+            prober
+                .clone()
+                .run_every(schedule, shutdown.clone().cancelled_owned()),
+        );
+    }
+
     if cfg.accounts.is_empty() {
         tracing::warn!(
             "no [[operators]] or [[api_tokens]] configured: nobody can use the web UI or the \
@@ -134,6 +170,7 @@ pub async fn start(
     let app = web::router(AppState {
         engine: engine.clone(),
         auth: Arc::new(web::Auth::new(cfg.accounts.clone(), cfg.secure_cookies)),
+        prober,
     });
     let stop = shutdown.clone();
     tasks.spawn(async move {
@@ -144,29 +181,6 @@ pub async fn start(
             tracing::error!(error = %e, "HTTP server stopped");
         }
     });
-
-    if let (Some(router_url), Some(interval)) = (&cfg.router_url, cfg.probe_interval) {
-        if cfg.probe_tenants.is_empty() {
-            tracing::warn!("router_url set but no probe tenants: probing is off");
-        } else {
-            let prober = Prober::new(
-                engine.clone(),
-                ProbeSettings {
-                    router_url: router_url.clone(),
-                    tenants: cfg.probe_tenants.clone(),
-                    max_tokens: cfg.probe_max_tokens,
-                    page_size: cfg.probe_page_size,
-                    latency: LatencyBounds {
-                        max_ttft_ms: cfg.probe_max_ttft_ms,
-                        min_prefill_us_per_token: cfg.probe_min_prefill_us_per_token,
-                    },
-                    request_timeout: cfg.probe_request_timeout,
-                    tokens,
-                },
-            )?;
-            tasks.spawn(prober.run_every(interval, shutdown.clone().cancelled_owned()));
-        }
-    }
 
     Ok(Running {
         http_addr,

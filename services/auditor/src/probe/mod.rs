@@ -2,6 +2,10 @@
 //! growing length through the router and checks every answer (see `plan::judge`). Every
 //! failed check opens an incident; every step is recorded under its run.
 //!
+//! A run is a light or a full sweep ([`SweepKind`]). The schedule runs one kind every
+//! interval; an operator can start either on demand ([`Prober::start`]). One run at a time:
+//! a run waits for its turn, an on-demand start is refused while one is under way.
+//!
 //! - `plan`: step lengths, prompts and verdicts (pure).
 //! - `http`: `/v1/models` and one streamed `/v1/completions`.
 
@@ -13,8 +17,9 @@ use std::time::Duration;
 
 use pagewarden_common::TenantId;
 use serde_json::json;
+use tokio::sync::Mutex;
 
-use crate::domain::{IncidentKind, ProbeOutcome, ProbeRunId, ProbeRunStatus, UnixMs};
+use crate::domain::{IncidentKind, ProbeOutcome, ProbeRunId, ProbeRunStatus, SweepKind, UnixMs};
 use crate::engine::Engine;
 use crate::store::{NewIncident, ProbeResult, ProbeRunEnd, StoreError};
 use crate::tokens::TokenCounter;
@@ -48,11 +53,27 @@ pub struct ProbeSettings {
     pub tokens: Option<Arc<dyn TokenCounter>>,
 }
 
+/// When scheduled runs happen, and which sweep they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Time between runs.
+    pub every: Duration,
+    /// The sweep each scheduled run sends.
+    pub sweep: SweepKind,
+}
+
+/// An on-demand run was refused because another is under way.
+#[derive(Debug, thiserror::Error)]
+#[error("a probe run is already under way; try again when it has finished")]
+pub struct SweepBusy;
+
 /// Sends probe runs and records them.
 pub struct Prober {
     engine: Arc<Engine>,
     settings: ProbeSettings,
     http: reqwest::Client,
+    /// Held by the run under way.
+    turn: Arc<Mutex<()>>,
 }
 
 impl Prober {
@@ -65,22 +86,30 @@ impl Prober {
             engine,
             settings,
             http,
+            turn: Arc::default(),
         })
     }
 
-    /// Runs every `interval` until `shutdown` resolves.
+    /// Runs `schedule` until `shutdown` resolves. The first run starts as soon as the router
+    /// first answers (a suite starts its auditor before its router), or after one interval
+    /// if it never does: from then on an unreachable router is an incident.
     pub async fn run_every(
-        self,
-        interval: Duration,
+        self: Arc<Self>,
+        schedule: Schedule,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         tokio::pin!(shutdown);
-        let mut tick = tokio::time::interval(interval);
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = tokio::time::timeout(schedule.every, self.router_answers()) => {}
+        }
+        let mut tick = tokio::time::interval(schedule.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tick.tick() => {
-                    if let Err(e) = self.run_once().await {
+                    if let Err(e) = self.run(schedule.sweep).await {
                         tracing::error!(error = %e, "probe run could not be stored");
                     }
                 }
@@ -88,10 +117,48 @@ impl Prober {
         }
     }
 
-    /// One full run: every step for every probe tenant. Returns the run's id.
+    /// Resolves once the router lists a model with a context limit.
+    async fn router_answers(&self) {
+        let Some(first) = self.settings.tenants.first() else {
+            return;
+        };
+        let s = &self.settings;
+        while http::context_limit(&self.http, &s.router_url, &first.api_key)
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+
+    /// Starts a run of `sweep` in the background, unless a run is under way.
+    pub fn start(self: &Arc<Self>, sweep: SweepKind) -> Result<(), SweepBusy> {
+        let turn = self.turn.clone().try_lock_owned().map_err(|_| SweepBusy)?;
+        let me = self.clone();
+        tokio::spawn(async move {
+            let _turn = turn;
+            if let Err(e) = me.sweep(sweep).await {
+                tracing::error!(error = %e, "on-demand probe run could not be stored");
+            }
+        });
+        Ok(())
+    }
+
+    /// One full run, waiting for its turn. Returns the run's id.
     pub async fn run_once(&self) -> Result<ProbeRunId, StoreError> {
+        self.run(SweepKind::Full).await
+    }
+
+    /// One run of `sweep`, waiting for its turn. Returns the run's id.
+    pub async fn run(&self, sweep: SweepKind) -> Result<ProbeRunId, StoreError> {
+        let _turn = self.turn.lock().await;
+        self.sweep(sweep).await
+    }
+
+    /// Every step of `sweep` for every probe tenant; the caller holds the turn.
+    async fn sweep(&self, sweep: SweepKind) -> Result<ProbeRunId, StoreError> {
         let store = self.engine.store();
-        let run = store.start_probe_run(UnixMs::now()).await?;
+        let run = store.start_probe_run(UnixMs::now(), sweep).await?;
         let s = &self.settings;
         let Some(first) = s.tenants.first() else {
             return self
@@ -118,6 +185,8 @@ impl Prober {
                             request_id: None,
                             tenant: Some(first.tenant.clone()),
                             other_tenant: None,
+                            page: None,
+                            generation: None,
                             details:
                                 json!({"source": "probe", "run_id": run.0, "error": e.to_string()})
                                     .to_string(),
@@ -131,7 +200,7 @@ impl Prober {
             };
         let (mut steps, mut failures) = (0i64, 0i64);
         for tenant in &s.tenants {
-            for (i, words) in plan::steps(limit, s.page_size, s.max_tokens)
+            for (i, words) in plan::steps_of(sweep, limit, s.page_size, s.max_tokens)
                 .into_iter()
                 .enumerate()
             {
@@ -149,7 +218,7 @@ impl Prober {
         } else {
             ProbeRunStatus::Failed
         };
-        let msg = format!("{steps} steps, {failures} failed, limit {limit}");
+        let msg = format!("{sweep} sweep: {steps} steps, {failures} failed, limit {limit}");
         self.finish(run, status, Some(i64::from(limit)), steps, failures, &msg)
             .await
     }
@@ -271,6 +340,8 @@ impl Prober {
                     request_id: None,
                     tenant: Some(tenant.tenant.clone()),
                     other_tenant: leaked.first().map(|f| f.owner.as_str().to_string()),
+                    page: None,
+                    generation: None,
                     details: json!({
                         "source": "probe",
                         "run_id": run.0,

@@ -1,10 +1,11 @@
 //! What a probe run sends and how each answer is judged. Pure functions, no I/O.
 //!
 //! Prompts are `<marker> w w w ... w <marker>` with filler words that are one token each in
-//! byte-level BPE vocabularies, so a prompt of `n` words has at least `n` tokens. Lengths
-//! start at one page and double up to the context limit, then cross it.
+//! byte-level BPE vocabularies, so a prompt of `n` words has at least `n` tokens. A full sweep's
+//! lengths start at one page and double up to the context limit, then cross it; a light sweep
+//! sends one page and one page past the limit.
 
-use crate::domain::ProbeOutcome;
+use crate::domain::{ProbeOutcome, SweepKind};
 
 /// Filler words: common, short, and one token each (with their leading space).
 const FILLER: &[&str] = &[
@@ -14,8 +15,28 @@ const FILLER: &[&str] = &[
 /// Tokens the two markers and BOS may add on top of the filler, at most (a marker is ~10).
 const MARKER_TOKEN_ALLOWANCE: u32 = 48;
 
-/// Filler word counts for one run: `page`, doubling while under `limit`, then one step just
-/// under the limit and two past it.
+/// Filler word counts one run of `sweep` sends per tenant.
+pub fn steps_of(sweep: SweepKind, limit: u32, page: u32, max_tokens: u32) -> Vec<u32> {
+    match sweep {
+        SweepKind::Light => light_steps(limit, page),
+        SweepKind::Full => steps(limit, page, max_tokens),
+    }
+}
+
+/// A light sweep: one short prompt (one page, when that fits under `limit`) and the step just
+/// past the limit, which the router must refuse before any page is allocated.
+pub fn light_steps(limit: u32, page: u32) -> Vec<u32> {
+    let page = page.max(1);
+    let mut out = Vec::with_capacity(2);
+    if page < limit {
+        out.push(page);
+    }
+    out.push(limit.saturating_add(page));
+    out
+}
+
+/// Filler word counts for one full run: `page`, doubling while under `limit`, then one step
+/// just under the limit and two past it.
 pub fn steps(limit: u32, page: u32, max_tokens: u32) -> Vec<u32> {
     let page = page.max(1);
     let mut out = Vec::new();
@@ -203,6 +224,15 @@ mod tests {
         let s = steps(256, 16, 4);
         assert_eq!(s, vec![16, 32, 64, 128, 204, 272, 512]);
         assert!(s.iter().any(|&w| w > 256));
+    }
+
+    #[test]
+    fn a_light_sweep_is_one_page_and_one_page_past_the_limit() {
+        assert_eq!(light_steps(256, 16), vec![16, 272]);
+        assert_eq!(steps_of(SweepKind::Light, 256, 16, 4), vec![16, 272]);
+        assert_eq!(steps_of(SweepKind::Full, 256, 16, 4), steps(256, 16, 4));
+        // A page that does not fit is not sent as the "short" prompt.
+        assert_eq!(light_steps(8, 16), vec![24]);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use sqlx::Row;
 
 use super::{
     get_enum, get_flag, MarkerRecord, NewIntegrityEvent, NewPreflight, NewSample, NodeStatus,
-    SampleTotals, SeriesPoint, Store, StoreError,
+    RoutineCount, SampleTotals, SeriesPoint, Store, StoreError,
 };
 use crate::domain::UnixMs;
 
@@ -53,7 +53,7 @@ impl Store {
     pub async fn insert_integrity(&self, e: &NewIntegrityEvent) -> Result<i64, StoreError> {
         let row = sqlx::query(
             "INSERT INTO integrity_events (kind, node, request_id, tenant, page, generation, \
-             details, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+             details, routine, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
         )
         .bind(e.kind.as_str())
         .bind(e.node.clone())
@@ -62,10 +62,30 @@ impl Store {
         .bind(e.page)
         .bind(e.generation)
         .bind(e.details.clone())
+        .bind(i64::from(e.routine))
         .bind(e.at.0)
         .fetch_one(self.pool())
         .await?;
         Ok(row.try_get("id")?)
+    }
+
+    /// Routine integrity events (counted, no incident) per kind, with the latest of each.
+    pub async fn routine_counts(&self) -> Result<Vec<RoutineCount>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT kind, COUNT(*) AS n, MAX(at) AS last_at FROM integrity_events \
+             WHERE routine = 1 GROUP BY kind ORDER BY kind",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(RoutineCount {
+                    kind: get_enum(r, "kind")?,
+                    count: r.try_get("n")?,
+                    last_at: UnixMs(r.try_get("last_at")?),
+                })
+            })
+            .collect()
     }
 
     /// Integrity events since `since`, counted per kind in buckets of `bucket_ms`.

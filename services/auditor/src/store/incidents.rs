@@ -1,22 +1,82 @@
-//! Incidents: open, list, read, and the acknowledge/resolve transitions.
+//! Incidents: open, list (filtered, a window at a time), count, chart, read, and the
+//! acknowledge/resolve transitions.
 
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 
-use super::{get_enum, Incident, IncidentFilter, NewIncident, Signoff, Store, StoreError};
+use super::{
+    get_enum, Incident, IncidentFilter, IncidentPoint, NewIncident, Signoff, Store, StoreError,
+    Window,
+};
 use crate::domain::{IncidentId, IncidentStatus, UnixMs};
 
 const COLUMNS: &str = "id, kind, severity, status, node, request_id, tenant, other_tenant, \
-    details, created_at, acknowledged_by, acknowledged_at, ack_note, resolved_by, resolved_at, \
-    resolve_note";
+    page, generation, details, created_at, acknowledged_by, acknowledged_at, ack_note, \
+    resolved_by, resolved_at, resolve_note";
+
+/// A bound value of a filter clause.
+enum Arg {
+    Text(String),
+    Int(i64),
+}
+
+/// `WHERE ...` for `f` (empty when it does not filter) and its arguments, numbered from `$1`.
+/// Only `$N` placeholders are interpolated into the SQL; every value is bound.
+fn where_clause(f: &IncidentFilter) -> (String, Vec<Arg>) {
+    let mut clauses: Vec<String> = Vec::new();
+    let mut args: Vec<Arg> = Vec::new();
+    if let Some(s) = f.status {
+        args.push(Arg::Text(s.as_str().into()));
+        clauses.push(format!("status = ${}", args.len()));
+    }
+    if let Some(k) = f.kind {
+        args.push(Arg::Text(k.as_str().into()));
+        clauses.push(format!("kind = ${}", args.len()));
+    }
+    if let Some(t) = &f.tenant {
+        args.push(Arg::Text(t.clone()));
+        let n = args.len();
+        clauses.push(format!("(tenant = ${n} OR other_tenant = ${n})"));
+    }
+    if let Some(node) = &f.node {
+        args.push(Arg::Text(node.clone()));
+        clauses.push(format!("node = ${}", args.len()));
+    }
+    if let Some(p) = f.page {
+        args.push(Arg::Int(p));
+        clauses.push(format!("page = ${}", args.len()));
+    }
+    if let Some(g) = f.generation {
+        args.push(Arg::Int(g));
+        clauses.push(format!("generation = ${}", args.len()));
+    }
+    let sql = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    (sql, args)
+}
+
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, <sqlx::Any as sqlx::Database>::Arguments>;
+
+fn bind_all(mut q: AnyQuery<'_>, args: Vec<Arg>) -> AnyQuery<'_> {
+    for a in args {
+        q = match a {
+            Arg::Text(t) => q.bind(t),
+            Arg::Int(i) => q.bind(i),
+        };
+    }
+    q
+}
 
 impl Store {
     /// Opens an incident; returns its id.
     pub async fn insert_incident(&self, n: &NewIncident) -> Result<IncidentId, StoreError> {
         let row = sqlx::query(
             "INSERT INTO incidents (kind, severity, status, node, request_id, tenant, \
-             other_tenant, details, created_at) \
-             VALUES ($1, $2, 'open', $3, $4, $5, $6, $7, $8) RETURNING id",
+             other_tenant, page, generation, details, created_at) \
+             VALUES ($1, $2, 'open', $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
         )
         .bind(n.kind.as_str())
         .bind(n.severity.as_str())
@@ -24,6 +84,8 @@ impl Store {
         .bind(n.request_id.clone())
         .bind(n.tenant.clone())
         .bind(n.other_tenant.clone())
+        .bind(n.page)
+        .bind(n.generation)
         .bind(n.details.clone())
         .bind(n.at.0)
         .fetch_one(self.pool())
@@ -41,42 +103,60 @@ impl Store {
         row.as_ref().map(incident_from_row).transpose()
     }
 
-    /// Incidents matching `f`, newest first.
-    pub async fn incidents(&self, f: &IncidentFilter) -> Result<Vec<Incident>, StoreError> {
-        let mut clauses: Vec<String> = Vec::new();
-        let mut args: Vec<String> = Vec::new();
-        if let Some(s) = f.status {
-            args.push(s.as_str().to_string());
-            clauses.push(format!("status = ${}", args.len()));
-        }
-        if let Some(k) = f.kind {
-            args.push(k.as_str().to_string());
-            clauses.push(format!("kind = ${}", args.len()));
-        }
-        if let Some(t) = &f.tenant {
-            args.push(t.clone());
-            let n = args.len();
-            clauses.push(format!("(tenant = ${n} OR other_tenant = ${n})"));
-        }
-        let filter = if clauses.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", clauses.join(" AND "))
-        };
-        let limit_param = args.len() + 1;
-        // Only `$N` placeholders are interpolated; every value is bound.
+    /// The incidents matching `f`, newest first, in window `w`.
+    pub async fn incidents(
+        &self,
+        f: &IncidentFilter,
+        w: Window,
+    ) -> Result<Vec<Incident>, StoreError> {
+        let (filter, args) = where_clause(f);
+        let (limit, offset) = (args.len() + 1, args.len() + 2);
         let sql = format!(
-            "SELECT {COLUMNS} FROM incidents {filter} ORDER BY id DESC LIMIT ${limit_param}"
+            "SELECT {COLUMNS} FROM incidents {filter} ORDER BY id DESC \
+             LIMIT ${limit} OFFSET ${offset}"
         );
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for a in args {
-            q = q.bind(a);
-        }
-        let rows = q
-            .bind(f.limit.unwrap_or(200))
+        let rows = bind_all(sqlx::query(AssertSqlSafe(sql)), args)
+            .bind(w.limit)
+            .bind(w.offset)
             .fetch_all(self.pool())
             .await?;
         rows.iter().map(incident_from_row).collect()
+    }
+
+    /// How many incidents match `f` (what the list pages through).
+    pub async fn incident_total(&self, f: &IncidentFilter) -> Result<i64, StoreError> {
+        let (filter, args) = where_clause(f);
+        let sql = format!("SELECT COUNT(*) AS n FROM incidents {filter}");
+        let row = bind_all(sqlx::query(AssertSqlSafe(sql)), args)
+            .fetch_one(self.pool())
+            .await?;
+        Ok(row.try_get("n")?)
+    }
+
+    /// Incidents opened since `since`, counted per severity in buckets of `bucket_ms`.
+    pub async fn incident_series(
+        &self,
+        since: UnixMs,
+        bucket_ms: i64,
+    ) -> Result<Vec<IncidentPoint>, StoreError> {
+        let bucket_ms = bucket_ms.max(1);
+        let rows = sqlx::query(
+            "SELECT (created_at / $1) * $1 AS bucket, severity, COUNT(*) AS n FROM incidents \
+             WHERE created_at >= $2 GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .bind(bucket_ms)
+        .bind(since.0)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(IncidentPoint {
+                    bucket: UnixMs(r.try_get("bucket")?),
+                    severity: get_enum(r, "severity")?,
+                    count: r.try_get("n")?,
+                })
+            })
+            .collect()
     }
 
     /// Incidents per status, in `IncidentStatus::ALL` order.
@@ -196,6 +276,8 @@ fn incident_from_row(row: &AnyRow) -> Result<Incident, StoreError> {
         request_id: row.try_get("request_id")?,
         tenant: row.try_get("tenant")?,
         other_tenant: row.try_get("other_tenant")?,
+        page: row.try_get("page")?,
+        generation: row.try_get("generation")?,
         details: row.try_get("details")?,
         created_at: UnixMs(row.try_get("created_at")?),
         acknowledged: signoff(row, "acknowledged_by", "acknowledged_at", "ack_note")?,

@@ -4,7 +4,8 @@
 //!
 //! - `records`: the row types read and written.
 //! - `incidents`: incidents and their open → acknowledged → resolved transitions.
-//! - `events`: samples, integrity events, preflight reports, markers, the integrity series.
+//! - `events`: samples, integrity events (routine counts included), preflight reports, markers,
+//!   the integrity series.
 //! - `probes`: probe runs and their per-step results.
 
 mod events;
@@ -23,16 +24,30 @@ pub use records::*;
 
 use crate::domain::{IncidentId, IncidentStatus, UnknownValue};
 
-const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../../../migrations/sqlite/0001_init.sql"),
-)];
-const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../../../migrations/postgres/0001_init.sql"),
-)];
+const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../../../migrations/sqlite/0001_init.sql"),
+    ),
+    (
+        2,
+        "routine_pages_sweeps",
+        include_str!("../../../../migrations/sqlite/0002_routine_pages_sweeps.sql"),
+    ),
+];
+const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../../../migrations/postgres/0001_init.sql"),
+    ),
+    (
+        2,
+        "routine_pages_sweeps",
+        include_str!("../../../../migrations/postgres/0002_routine_pages_sweeps.sql"),
+    ),
+];
 
 /// What went wrong talking to the database.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +103,8 @@ impl Backend {
         }
     }
 
-    fn migrator(self) -> Migrator {
+    /// The backend's migrations up to `through` (inclusive).
+    fn migrator(self, through: i64) -> Migrator {
         let files = match self {
             Backend::Sqlite => SQLITE_MIGRATIONS,
             Backend::Postgres => POSTGRES_MIGRATIONS,
@@ -96,6 +112,7 @@ impl Backend {
         Migrator::with_migrations(
             files
                 .iter()
+                .filter(|(v, _, _)| *v <= through)
                 .map(|(v, desc, sql)| {
                     Migration::new(
                         *v,
@@ -123,6 +140,12 @@ impl Store {
     /// `sqlite::memory:` gets a single connection (each SQLite connection would otherwise see
     /// its own empty database); file URLs should carry `?mode=rwc` to be created when missing.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_through(url, i64::MAX).await
+    }
+
+    /// [`Store::connect`], applying migrations only up to version `through`: for tests of a
+    /// later migration over rows written under an earlier schema.
+    pub async fn connect_through(url: &str, through: i64) -> Result<Self, StoreError> {
         let backend = Backend::of_url(url)?;
         sqlx::any::install_default_drivers();
         let memory = backend == Backend::Sqlite && url.contains(":memory:");
@@ -136,7 +159,7 @@ impl Store {
             })
             .max_lifetime(None);
         let pool = opts.connect(url).await?;
-        backend.migrator().run(&pool).await?;
+        backend.migrator(through).run(&pool).await?;
         Ok(Store { pool, backend })
     }
 

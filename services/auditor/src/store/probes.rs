@@ -1,17 +1,24 @@
 //! Probe runs and their per-step results.
 
-use sqlx::Row;
+use sqlx::any::AnyRow;
+use sqlx::{AssertSqlSafe, Row};
 
 use super::{get_enum, ProbeResult, ProbeRun, ProbeRunEnd, Store, StoreError};
-use crate::domain::{ProbeRunId, UnixMs};
+use crate::domain::{ProbeRunId, SweepKind, UnixMs};
 
 impl Store {
-    /// Starts a run in status `running`.
-    pub async fn start_probe_run(&self, at: UnixMs) -> Result<ProbeRunId, StoreError> {
+    /// Starts a run of `sweep` in status `running`.
+    pub async fn start_probe_run(
+        &self,
+        at: UnixMs,
+        sweep: SweepKind,
+    ) -> Result<ProbeRunId, StoreError> {
         let row = sqlx::query(
-            "INSERT INTO probe_runs (started_at, status) VALUES ($1, 'running') RETURNING id",
+            "INSERT INTO probe_runs (started_at, status, sweep) VALUES ($1, 'running', $2) \
+             RETURNING id",
         )
         .bind(at.0)
+        .bind(sweep.as_str())
         .fetch_one(self.pool())
         .await?;
         Ok(ProbeRunId(row.try_get("id")?))
@@ -69,8 +76,8 @@ impl Store {
     /// The newest `limit` runs, newest first.
     pub async fn probe_runs(&self, limit: i64) -> Result<Vec<ProbeRun>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, started_at, finished_at, status, context_limit, steps, failures, message \
-             FROM probe_runs ORDER BY id DESC LIMIT $1",
+            "SELECT id, started_at, finished_at, status, sweep, context_limit, steps, failures, \
+             message FROM probe_runs ORDER BY id DESC LIMIT $1",
         )
         .bind(limit)
         .fetch_all(self.pool())
@@ -82,6 +89,7 @@ impl Store {
                     started_at: UnixMs(r.try_get("started_at")?),
                     finished_at: r.try_get::<Option<i64>, _>("finished_at")?.map(UnixMs),
                     status: get_enum(r, "status")?,
+                    sweep: get_enum(r, "sweep")?,
                     context_limit: r.try_get("context_limit")?,
                     steps: r.try_get("steps")?,
                     failures: r.try_get("failures")?,
@@ -93,29 +101,49 @@ impl Store {
 
     /// Every step of one run, in order.
     pub async fn probe_results(&self, run: ProbeRunId) -> Result<Vec<ProbeResult>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT tenant, step, prompt_words, expected_tokens, outcome, http_status, \
-             prompt_tokens, ttft_ms, detail, at FROM probe_results WHERE run_id = $1 \
-             ORDER BY step, id",
-        )
-        .bind(run.0)
-        .fetch_all(self.pool())
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(ProbeResult {
-                    tenant: r.try_get("tenant")?,
-                    step: r.try_get("step")?,
-                    prompt_words: r.try_get("prompt_words")?,
-                    expected_tokens: r.try_get("expected_tokens")?,
-                    outcome: get_enum(r, "outcome")?,
-                    http_status: r.try_get("http_status")?,
-                    prompt_tokens: r.try_get("prompt_tokens")?,
-                    ttft_ms: r.try_get("ttft_ms")?,
-                    detail: r.try_get("detail")?,
-                    at: UnixMs(r.try_get("at")?),
-                })
-            })
-            .collect()
+        let sql = format!(
+            "SELECT {RESULT_COLUMNS} FROM probe_results WHERE run_id = $1 ORDER BY step, id"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(run.0)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(result_from_row).collect()
     }
+
+    /// The newest `limit` steps observed since `since`, of every run, newest first (the
+    /// prompt-length chart).
+    pub async fn recent_probe_results(
+        &self,
+        since: UnixMs,
+        limit: i64,
+    ) -> Result<Vec<ProbeResult>, StoreError> {
+        let sql = format!(
+            "SELECT {RESULT_COLUMNS} FROM probe_results WHERE at >= $1 ORDER BY id DESC LIMIT $2"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(since.0)
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(result_from_row).collect()
+    }
+}
+
+const RESULT_COLUMNS: &str = "tenant, step, prompt_words, expected_tokens, outcome, http_status, \
+    prompt_tokens, ttft_ms, detail, at";
+
+fn result_from_row(r: &AnyRow) -> Result<ProbeResult, StoreError> {
+    Ok(ProbeResult {
+        tenant: r.try_get("tenant")?,
+        step: r.try_get("step")?,
+        prompt_words: r.try_get("prompt_words")?,
+        expected_tokens: r.try_get("expected_tokens")?,
+        outcome: get_enum(r, "outcome")?,
+        http_status: r.try_get("http_status")?,
+        prompt_tokens: r.try_get("prompt_tokens")?,
+        ttft_ms: r.try_get("ttft_ms")?,
+        detail: r.try_get("detail")?,
+        at: UnixMs(r.try_get("at")?),
+    })
 }

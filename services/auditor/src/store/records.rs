@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::domain::{
     IncidentId, IncidentKind, IncidentStatus, IntegrityKind, NodeRole, ProbeOutcome, ProbeRunId,
-    ProbeRunStatus, SampleStatus, Severity, UnixMs,
+    ProbeRunStatus, SampleStatus, Severity, SweepKind, UnixMs,
 };
 
 /// An incident to open.
@@ -22,6 +22,10 @@ pub struct NewIncident {
     pub tenant: Option<String>,
     /// The other tenant involved (the owner of a leaked marker).
     pub other_tenant: Option<String>,
+    /// The KV page involved, on `node`, if any.
+    pub page: Option<i64>,
+    /// The page's generation involved, if any.
+    pub generation: Option<i64>,
     /// JSON text with whatever the detector knew.
     pub details: String,
     /// When it was detected.
@@ -58,6 +62,10 @@ pub struct Incident {
     pub tenant: Option<String>,
     /// The other tenant involved.
     pub other_tenant: Option<String>,
+    /// The KV page involved, on `node`, if any.
+    pub page: Option<i64>,
+    /// The page's generation involved, if any.
+    pub generation: Option<i64>,
     /// JSON text with whatever the detector knew.
     pub details: String,
     /// When it was detected.
@@ -69,7 +77,7 @@ pub struct Incident {
 }
 
 /// Which incidents to list; `None` fields do not filter.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IncidentFilter {
     /// Only this status.
     pub status: Option<IncidentStatus>,
@@ -77,8 +85,30 @@ pub struct IncidentFilter {
     pub kind: Option<IncidentKind>,
     /// Only incidents naming this tenant (as reader or as other tenant).
     pub tenant: Option<String>,
-    /// At most this many, newest first (default 200).
-    pub limit: Option<i64>,
+    /// Only incidents on this node.
+    pub node: Option<String>,
+    /// Only incidents tagged with this KV page (on any node unless `node` is set too).
+    pub page: Option<i64>,
+    /// Only incidents tagged with this page generation.
+    pub generation: Option<i64>,
+}
+
+/// Which slice of a newest-first list to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// At most this many rows.
+    pub limit: i64,
+    /// After skipping this many.
+    pub offset: i64,
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window {
+            limit: 100,
+            offset: 0,
+        }
+    }
 }
 
 /// A sampled response to record.
@@ -125,8 +155,21 @@ pub struct NewIntegrityEvent {
     pub generation: Option<i64>,
     /// Free-form details.
     pub details: String,
+    /// Routine (counted, no incident): see [`IntegrityKind::is_routine`].
+    pub routine: bool,
     /// When it was received.
     pub at: UnixMs,
+}
+
+/// How many routine integrity events of one kind were counted, and the latest.
+#[derive(Clone, Debug, Serialize)]
+pub struct RoutineCount {
+    /// Event kind.
+    pub kind: IntegrityKind,
+    /// Events counted.
+    pub count: i64,
+    /// When the latest arrived.
+    pub last_at: UnixMs,
 }
 
 /// A preflight report to record.
@@ -180,6 +223,17 @@ pub struct SeriesPoint {
     pub count: i64,
 }
 
+/// Incidents of one severity opened in one time bucket.
+#[derive(Clone, Debug, Serialize)]
+pub struct IncidentPoint {
+    /// Bucket start.
+    pub bucket: UnixMs,
+    /// Severity.
+    pub severity: Severity,
+    /// Incidents opened in the bucket.
+    pub count: i64,
+}
+
 /// Totals over the samples table.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SampleTotals {
@@ -202,6 +256,8 @@ pub struct ProbeRun {
     pub finished_at: Option<UnixMs>,
     /// Where it stands.
     pub status: ProbeRunStatus,
+    /// Which steps it sends.
+    pub sweep: SweepKind,
     /// The context limit the router advertised.
     pub context_limit: Option<i64>,
     /// Steps sent.

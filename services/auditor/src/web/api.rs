@@ -1,21 +1,42 @@
 //! JSON API: one endpoint behind every page.
 
 use axum::extract::{Path, Query, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
-use super::session::sign_off_as;
-use super::{AppState, FilterQuery, SignoffAction, WebError};
+use super::query::IncidentQuery;
+use super::session::{operator_as, sign_off_as};
+use super::{AppState, SignoffAction, WebError};
 use crate::accounts::Principal;
-use crate::domain::{IncidentId, UnixMs};
-use crate::store::{Incident, NodeStatus, ProbeResult, ProbeRun, SampleTotals, SeriesPoint};
+use crate::domain::{IncidentId, SweepKind, UnixMs};
+use crate::store::{
+    Incident, IncidentPoint, NodeStatus, ProbeResult, ProbeRun, RoutineCount, SampleTotals,
+    SeriesPoint,
+};
 
-/// `GET /api/incidents?status=&kind=&tenant=&limit=`
+/// How far back the prompt-length chart looks.
+pub const PROBE_CHART_WINDOW_MS: i64 = 24 * 3600 * 1000;
+/// The most probe steps the prompt-length chart draws.
+pub const PROBE_CHART_STEPS: i64 = 2000;
+
+/// `GET /api/incidents?status=&kind=&tenant=&node=&page=&generation=&page_no=&limit=`: one
+/// page of the list, newest first; `x-total-count` says how many match in all.
 pub async fn incidents(
     State(st): State<AppState>,
-    Query(q): Query<FilterQuery>,
-) -> Result<Json<Vec<Incident>>, WebError> {
-    Ok(Json(st.engine.store().incidents(&q.parse()?).await?))
+    Query(q): Query<IncidentQuery>,
+) -> Result<Response, WebError> {
+    let view = q.parse()?;
+    let store = st.engine.store();
+    let list = store.incidents(&view.filter, view.window()).await?;
+    let total = store.incident_total(&view.filter).await?;
+    let mut resp = Json(list).into_response();
+    resp.headers_mut().insert(
+        HeaderName::from_static("x-total-count"),
+        HeaderValue::from(total),
+    );
+    Ok(resp)
 }
 
 /// `GET /api/incidents/{id}`
@@ -92,21 +113,48 @@ pub async fn probes(
     ))
 }
 
-/// `?window_s=&bucket_s=` for the series.
+/// `?window_s=&bucket_s=` for the series, as text so a bad value is a 400 naming it.
 #[derive(Deserialize)]
 pub struct SeriesQuery {
-    /// How far back, seconds (default 3600).
-    pub window_s: Option<i64>,
-    /// Bucket width, seconds (default 60).
-    pub bucket_s: Option<i64>,
+    /// How far back, seconds (default 3600, 60 to 30 days).
+    pub window_s: Option<String>,
+    /// Bucket width, seconds (default 60, 1 to a day).
+    pub bucket_s: Option<String>,
+}
+
+/// The most buckets one chart may have.
+const MAX_BUCKETS: i64 = 10_000;
+
+fn seconds(
+    name: &str,
+    v: &Option<String>,
+    default: i64,
+    lo: i64,
+    hi: i64,
+) -> Result<i64, WebError> {
+    let Some(s) = v.as_deref().map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(default);
+    };
+    match s.parse::<i64>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(WebError::BadRequest(format!(
+            "{name} must be a whole number of seconds from {lo} to {hi}, not {s:?}"
+        ))),
+    }
 }
 
 impl SeriesQuery {
-    /// (since, bucket_ms) with defaults and bounds applied.
-    pub fn resolve(&self) -> (UnixMs, i64) {
-        let window = self.window_s.unwrap_or(3600).clamp(60, 30 * 86400);
-        let bucket = self.bucket_s.unwrap_or(60).clamp(1, 86400);
-        (UnixMs(UnixMs::now().0 - window * 1000), bucket * 1000)
+    /// (since, bucket_ms), or a 400 for a value out of range or too many buckets.
+    pub fn resolve(&self) -> Result<(UnixMs, i64), WebError> {
+        let window = seconds("window_s", &self.window_s, 3600, 60, 30 * 86400)?;
+        let bucket = seconds("bucket_s", &self.bucket_s, 60, 1, 86400)?;
+        if window / bucket > MAX_BUCKETS {
+            return Err(WebError::BadRequest(format!(
+                "window_s / bucket_s is {} buckets; at most {MAX_BUCKETS}",
+                window / bucket
+            )));
+        }
+        Ok((UnixMs(UnixMs::now().0 - window * 1000), bucket * 1000))
     }
 }
 
@@ -115,10 +163,71 @@ pub async fn series(
     State(st): State<AppState>,
     Query(q): Query<SeriesQuery>,
 ) -> Result<Json<Vec<SeriesPoint>>, WebError> {
-    let (since, bucket) = q.resolve();
+    let (since, bucket) = q.resolve()?;
     Ok(Json(
         st.engine.store().integrity_series(since, bucket).await?,
     ))
+}
+
+/// `GET /api/incidents/series?window_s=&bucket_s=`: incidents opened, per severity.
+pub async fn incident_series(
+    State(st): State<AppState>,
+    Query(q): Query<SeriesQuery>,
+) -> Result<Json<Vec<IncidentPoint>>, WebError> {
+    let (since, bucket) = q.resolve()?;
+    Ok(Json(
+        st.engine.store().incident_series(since, bucket).await?,
+    ))
+}
+
+/// `GET /api/probes/recent`: the steps the prompt-length chart draws, newest first.
+pub async fn recent_probe_steps(
+    State(st): State<AppState>,
+) -> Result<Json<Vec<ProbeResult>>, WebError> {
+    let since = UnixMs(UnixMs::now().0 - PROBE_CHART_WINDOW_MS);
+    Ok(Json(
+        st.engine
+            .store()
+            .recent_probe_results(since, PROBE_CHART_STEPS)
+            .await?,
+    ))
+}
+
+/// Starts a probe run of `sweep` in the background for `by`: 409 when probing is off or a run
+/// is under way.
+pub fn start_sweep(st: &AppState, sweep: SweepKind, by: &str) -> Result<(), WebError> {
+    let prober = st.prober.as_ref().ok_or_else(|| {
+        WebError::Conflict("probing is off: the auditor has no router_url or probe tenants".into())
+    })?;
+    prober
+        .start(sweep)
+        .map_err(|e| WebError::Conflict(e.to_string()))?;
+    tracing::info!(%sweep, by, "probe run started on demand");
+    Ok(())
+}
+
+/// The body of an on-demand run.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepRequest {
+    /// `light` or `full`.
+    pub sweep: SweepKind,
+}
+
+/// `POST /api/probes/run` with `{"sweep": "light" | "full"}` (operator tokens only): 202 once
+/// the run has started in the background; its steps appear under `/api/probes`.
+pub async fn run_probe(
+    State(st): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Json(r): Json<SweepRequest>,
+) -> Result<Response, WebError> {
+    let by = operator_as(&who, "start probe runs")?;
+    start_sweep(&st, r.sweep, by)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "started": r.sweep })),
+    )
+        .into_response())
 }
 
 /// Totals for the dashboard header.
@@ -128,6 +237,8 @@ pub struct Summary {
     pub incidents: Vec<(String, i64)>,
     /// Sample totals.
     pub samples: SampleTotals,
+    /// Routine integrity events counted (no incident), per kind.
+    pub routine: Vec<RoutineCount>,
 }
 
 /// `GET /api/summary`
@@ -141,5 +252,6 @@ pub async fn summary(State(st): State<AppState>) -> Result<Json<Summary>, WebErr
             .map(|(s, n)| (s.to_string(), n))
             .collect(),
         samples: store.sample_totals().await?,
+        routine: store.routine_counts().await?,
     }))
 }

@@ -1,18 +1,37 @@
-//! The integrity-counters chart: events per time bucket, stacked by kind, as inline SVG.
+//! Counts over time as inline SVG: bars per time bucket, stacked by series. Two charts use it:
+//! integrity events stacked by kind, and incidents opened stacked by severity.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::html::{esc, time};
-use crate::domain::{IntegrityKind, UnixMs};
-use crate::store::SeriesPoint;
+use crate::domain::{IntegrityKind, Severity, UnixMs};
+use crate::store::{IncidentPoint, SeriesPoint};
 
 const W: f64 = 900.0;
 const H: f64 = 260.0;
 const PAD_L: f64 = 40.0;
 const PAD_B: f64 = 24.0;
 
-fn color(k: IntegrityKind) -> &'static str {
+/// One stacked segment: `count` events of series `name` in the bucket starting at `bucket`.
+struct Segment {
+    bucket: UnixMs,
+    name: &'static str,
+    color: &'static str,
+    count: i64,
+}
+
+/// The time axis and the legend of one chart.
+struct Frame<'a> {
+    id: &'a str,
+    label: &'a str,
+    since: UnixMs,
+    now: UnixMs,
+    bucket_ms: i64,
+    legend: Vec<(&'static str, &'static str)>,
+}
+
+fn integrity_color(k: IntegrityKind) -> &'static str {
     match k {
         IntegrityKind::GenerationMismatch => "#c0392b",
         IntegrityKind::ChecksumMismatch => "#8e44ad",
@@ -29,34 +48,96 @@ fn color(k: IntegrityKind) -> &'static str {
     }
 }
 
-/// Renders `points` (bucketed at `bucket_ms` from `since` to `now`) as an SVG element.
-pub fn render(points: &[SeriesPoint], since: UnixMs, now: UnixMs, bucket_ms: i64) -> String {
-    let first = since.0.div_euclid(bucket_ms);
-    let last = now.0.div_euclid(bucket_ms);
+/// The color of a severity, shared by the badges and the incidents chart.
+pub fn severity_color(s: Severity) -> &'static str {
+    match s {
+        Severity::Info => "#5d6d7e",
+        Severity::Warning => "#b9770e",
+        Severity::Critical => "#922b21",
+    }
+}
+
+/// Integrity events (bucketed at `bucket_ms` from `since` to `now`), stacked by kind.
+pub fn integrity(points: &[SeriesPoint], since: UnixMs, now: UnixMs, bucket_ms: i64) -> String {
+    let segments: Vec<Segment> = points
+        .iter()
+        .map(|p| Segment {
+            bucket: p.bucket,
+            name: p.kind.as_str(),
+            color: integrity_color(p.kind),
+            count: p.count,
+        })
+        .collect();
+    let frame = Frame {
+        id: "integrity-chart",
+        label: "integrity events",
+        since,
+        now,
+        bucket_ms,
+        legend: IntegrityKind::ALL
+            .iter()
+            .map(|k| (k.as_str(), integrity_color(*k)))
+            .collect(),
+    };
+    stacked(&frame, &segments)
+}
+
+/// Incidents opened (bucketed at `bucket_ms` from `since` to `now`), stacked by severity.
+pub fn incidents(points: &[IncidentPoint], since: UnixMs, now: UnixMs, bucket_ms: i64) -> String {
+    let segments: Vec<Segment> = points
+        .iter()
+        .map(|p| Segment {
+            bucket: p.bucket,
+            name: p.severity.as_str(),
+            color: severity_color(p.severity),
+            count: p.count,
+        })
+        .collect();
+    let frame = Frame {
+        id: "incidents-chart",
+        label: "incidents opened",
+        since,
+        now,
+        bucket_ms,
+        legend: Severity::ALL
+            .iter()
+            .map(|s| (s.as_str(), severity_color(*s)))
+            .collect(),
+    };
+    stacked(&frame, &segments)
+}
+
+fn stacked(f: &Frame<'_>, segments: &[Segment]) -> String {
+    let bucket_ms = f.bucket_ms.max(1);
+    let first = f.since.0.div_euclid(bucket_ms);
+    let last = f.now.0.div_euclid(bucket_ms);
     let n = (last - first + 1).max(1) as f64;
-    let mut stacks: BTreeMap<i64, Vec<(IntegrityKind, i64)>> = BTreeMap::new();
-    for p in points {
+    let mut stacks: BTreeMap<i64, Vec<&Segment>> = BTreeMap::new();
+    for s in segments {
         stacks
-            .entry(p.bucket.0.div_euclid(bucket_ms))
+            .entry(s.bucket.0.div_euclid(bucket_ms))
             .or_default()
-            .push((p.kind, p.count));
+            .push(s);
     }
     let max = stacks
         .values()
-        .map(|v| v.iter().map(|(_, c)| c).sum::<i64>())
+        .map(|v| v.iter().map(|s| s.count).sum::<i64>())
         .max()
         .unwrap_or(0)
         .max(1) as f64;
     let plot_w = W - PAD_L;
     let plot_h = H - PAD_B;
     let bar_w = (plot_w / n).max(1.0);
+    let legend_rows = f.legend.len().div_ceil(5) as f64;
+    let total_h = H + 8.0 + legend_rows * 16.0;
     let mut svg = String::new();
     let _ = write!(
         svg,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"integrity-chart\" width=\"{W}\" \
-         height=\"{}\" viewBox=\"0 0 {W} {}\" role=\"img\" aria-label=\"integrity events\">",
-        H + 56.0,
-        H + 56.0
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"{id}\" width=\"{W}\" \
+         height=\"{total_h}\" viewBox=\"0 0 {W} {total_h}\" role=\"img\" \
+         aria-label=\"{label}\">",
+        id = esc(f.id),
+        label = esc(f.label),
     );
     let _ = write!(
         svg,
@@ -64,20 +145,21 @@ pub fn render(points: &[SeriesPoint], since: UnixMs, now: UnixMs, bucket_ms: i64
          <text x=\"2\" y=\"12\" font-size=\"11\">{max}</text>\
          <text x=\"2\" y=\"{plot_h}\" font-size=\"11\">0</text>"
     );
-    for (bucket, kinds) in &stacks {
+    for (bucket, segs) in &stacks {
         let x = PAD_L + (bucket - first) as f64 * bar_w;
         let mut y = plot_h;
-        for (kind, count) in kinds {
-            let h = *count as f64 / max * (plot_h - 16.0);
+        for s in segs {
+            let h = s.count as f64 / max * (plot_h - 16.0);
             y -= h;
             let _ = write!(
                 svg,
                 "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{}\">\
-                 <title>{} {}: {count}</title></rect>",
+                 <title>{} {}: {}</title></rect>",
                 (bar_w - 1.0).max(1.0),
-                color(*kind),
+                s.color,
                 esc(&time(UnixMs(bucket * bucket_ms))),
-                kind
+                s.name,
+                s.count,
             );
         }
     }
@@ -86,22 +168,51 @@ pub fn render(points: &[SeriesPoint], since: UnixMs, now: UnixMs, bucket_ms: i64
         "<text x=\"{PAD_L}\" y=\"{}\" font-size=\"11\">{}</text>\
          <text x=\"{W}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{}</text>",
         plot_h + 14.0,
-        esc(&time(since)),
+        esc(&time(f.since)),
         plot_h + 14.0,
-        esc(&time(now))
+        esc(&time(f.now))
     );
-    for (i, k) in IntegrityKind::ALL.iter().enumerate() {
+    for (i, (name, color)) in f.legend.iter().enumerate() {
         let x = PAD_L + (i % 5) as f64 * 170.0;
         let y = H + 6.0 + (i / 5) as f64 * 16.0;
         let _ = write!(
             svg,
-            "<rect x=\"{x}\" y=\"{y}\" width=\"10\" height=\"10\" fill=\"{}\"/>\
-             <text x=\"{}\" y=\"{}\" font-size=\"11\">{k}</text>",
-            color(*k),
+            "<rect x=\"{x}\" y=\"{y}\" width=\"10\" height=\"10\" fill=\"{color}\"/>\
+             <text x=\"{}\" y=\"{}\" font-size=\"11\">{name}</text>",
             x + 14.0,
             y + 9.0
         );
     }
     svg.push_str("</svg>");
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bars_stack_per_bucket_and_name_their_series() {
+        let p = |bucket, severity, count| IncidentPoint {
+            bucket: UnixMs(bucket),
+            severity,
+            count,
+        };
+        let svg = incidents(
+            &[
+                p(0, Severity::Critical, 2),
+                p(0, Severity::Warning, 1),
+                p(60_000, Severity::Info, 4),
+            ],
+            UnixMs(0),
+            UnixMs(120_000),
+            60_000,
+        );
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
+        assert!(svg.contains("id=\"incidents-chart\""));
+        assert!(svg.contains("critical: 2") && svg.contains("warning: 1"));
+        assert!(svg.contains("info: 4"));
+        // The tallest stack (4) sets the scale.
+        assert!(svg.contains(">4</text>"));
+    }
 }

@@ -75,11 +75,7 @@ pub fn status_badge(s: IncidentStatus) -> String {
 
 /// A colored badge for a severity.
 pub fn severity_badge(s: Severity) -> String {
-    let color = match s {
-        Severity::Info => "#5d6d7e",
-        Severity::Warning => "#b9770e",
-        Severity::Critical => "#922b21",
-    };
+    let color = super::chart::severity_color(s);
     format!("<span class=\"badge\" style=\"background:{color}\">{s}</span>")
 }
 
@@ -87,7 +83,7 @@ const NAV: &[(&str, &str)] = &[
     ("/incidents", "Incidents"),
     ("/nodes", "Nodes"),
     ("/probes", "Probes"),
-    ("/integrity", "Integrity"),
+    ("/integrity", "Over time"),
 ];
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#1b2631}\
@@ -98,7 +94,11 @@ th,td{border-bottom:1px solid #d5d8dc;padding:.35em .5em;text-align:left;vertica
 th{background:#f2f3f4}.badge{color:#fff;border-radius:3px;padding:.1em .45em;font-size:.85em}\
 form.inline{display:inline-flex;gap:.3em;margin:0}input,select,button{font-size:.9em}\
 pre{background:#f8f9f9;padding:.6em;white-space:pre-wrap}.bad{color:#c0392b;font-weight:bold}\
-.ok{color:#1e8449}.who{margin-left:auto;color:#d6eaf8}";
+.ok{color:#1e8449}.who{margin-left:auto;color:#d6eaf8}.muted{color:#566573;font-size:.85em}\
+nav.pager{margin:.8em 0;display:flex;gap:1em;align-items:center}\
+a.page-tag{font-family:monospace;background:#eaf2f8;padding:0 .3em;border-radius:3px}\
+#routine{background:#f8f9f9;padding:.4em .6em;border-left:3px solid #7f8c8d}\
+svg{max-width:100%;height:auto}";
 
 /// Wraps `body` in the layout, with `active` highlighted in the navigation and, when someone
 /// is signed in, their name, role and a sign-out button.

@@ -3,17 +3,25 @@
 //! are open (see `session` for every check).
 //!
 //! - `api`: JSON endpoints (`/api/...`).
-//! - `pages`: server-rendered HTML pages.
+//! - `incident_pages`: the incident list and detail pages, and their form posts.
+//! - `pages`: the other server-rendered pages (nodes, probes, charts over time).
+//! - `query`: the incident list's query string (filters, page tags, paging).
+//! - `refresh`: pages that reload themselves, and the script that does it.
 //! - `login`: signing in and out.
 //! - `session`: sessions, CSRF, same-origin posts, bearer tokens, roles.
 //! - `html`: layout, escaping and small rendering helpers.
-//! - `chart`: the integrity-counters SVG chart.
+//! - `chart`: counts over time as stacked-bar SVG (incidents, integrity events).
+//! - `scatter`: probe steps against prompt length as SVG.
 
 mod api;
 mod chart;
 mod html;
+mod incident_pages;
 mod login;
 mod pages;
+mod query;
+mod refresh;
+mod scatter;
 pub mod session;
 
 use std::sync::Arc;
@@ -23,12 +31,12 @@ use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::json;
 
-use crate::domain::{IncidentId, IncidentKind, IncidentStatus, UnixMs};
+use crate::domain::{IncidentId, UnixMs};
 use crate::engine::Engine;
-use crate::store::{Incident, IncidentFilter, StoreError};
+use crate::probe::Prober;
+use crate::store::{Incident, StoreError};
 
 pub use session::Auth;
 
@@ -39,6 +47,8 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Accounts and sessions.
     pub auth: Arc<Auth>,
+    /// The prober, for runs on demand; `None` when probing is not configured.
+    pub prober: Option<Arc<Prober>>,
 }
 
 /// The one error type of the HTTP layer, mapped once to a status and an OpenAI-shaped body.
@@ -91,35 +101,6 @@ impl IntoResponse for WebError {
         };
         let body = json!({"error": {"message": self.to_string(), "type": code, "code": code}});
         (status, Json(body)).into_response()
-    }
-}
-
-/// Incident list filters as they arrive in a query string; empty means "any".
-#[derive(Debug, Default, Deserialize)]
-pub struct FilterQuery {
-    status: Option<String>,
-    kind: Option<String>,
-    tenant: Option<String>,
-    limit: Option<i64>,
-}
-
-impl FilterQuery {
-    fn parse(&self) -> Result<IncidentFilter, WebError> {
-        fn some(v: &Option<String>) -> Option<&str> {
-            v.as_deref().map(str::trim).filter(|s| !s.is_empty())
-        }
-        Ok(IncidentFilter {
-            status: some(&self.status)
-                .map(|s| s.parse::<IncidentStatus>())
-                .transpose()
-                .map_err(|e| WebError::BadRequest(e.to_string()))?,
-            kind: some(&self.kind)
-                .map(|s| s.parse::<IncidentKind>())
-                .transpose()
-                .map_err(|e| WebError::BadRequest(e.to_string()))?,
-            tenant: some(&self.tenant).map(str::to_string),
-            limit: self.limit.map(|l| l.clamp(1, 1000)),
-        })
     }
 }
 
@@ -207,20 +188,24 @@ async fn live() -> &'static str {
 pub fn router(state: AppState) -> Router {
     let pages = Router::new()
         .route("/", get(pages::index))
-        .route("/incidents", get(pages::incidents))
-        .route("/incidents/{id}", get(pages::incident))
-        .route("/incidents/{id}/{action}", post(pages::sign_off))
+        .route("/incidents", get(incident_pages::incidents))
+        .route("/incidents/{id}", get(incident_pages::incident))
+        .route("/incidents/{id}/{action}", post(incident_pages::sign_off))
         .route("/nodes", get(pages::nodes))
         .route("/probes", get(pages::probes))
+        .route("/probes/run", post(pages::run_probe))
         .route("/integrity", get(pages::integrity))
         .route("/logout", post(login::logout))
         .route_layer(from_fn_with_state(state.clone(), session::require_session));
     let api = Router::new()
         .route("/api/incidents", get(api::incidents))
+        .route("/api/incidents/series", get(api::incident_series))
         .route("/api/incidents/{id}", get(api::incident))
         .route("/api/incidents/{id}/{action}", post(api::sign_off))
         .route("/api/nodes", get(api::nodes))
         .route("/api/probes", get(api::probes))
+        .route("/api/probes/recent", get(api::recent_probe_steps))
+        .route("/api/probes/run", post(api::run_probe))
         .route("/api/integrity/series", get(api::series))
         .route("/api/summary", get(api::summary))
         .route_layer(from_fn_with_state(state.clone(), session::require_bearer));
@@ -228,19 +213,21 @@ pub fn router(state: AppState) -> Router {
         .merge(pages)
         .merge(api)
         .route("/login", get(login::login_page).post(login::login))
+        .route(refresh::SCRIPT_PATH, get(refresh::script))
         .route("/metrics", get(metrics))
         .route("/health", get(health))
         .route("/ready", get(health))
         .route("/live", get(live))
         .layer(from_fn(session::same_origin_posts))
-        // No page of the auditor may be framed by another site (clickjacking).
+        // No page of the auditor may be framed by another site (clickjacking), and no script
+        // runs but the auditor's own files (the pages have no inline script).
         .layer(axum::middleware::map_response(
             |mut r: Response| async move {
                 let h = r.headers_mut();
                 h.insert("x-frame-options", HeaderValue::from_static("DENY"));
                 h.insert(
                     "content-security-policy",
-                    HeaderValue::from_static("frame-ancestors 'none'"),
+                    HeaderValue::from_static("frame-ancestors 'none'; script-src 'self'"),
                 );
                 r
             },

@@ -59,11 +59,16 @@ impl SessionUser {
 
 /// The acting name when `who` may acknowledge and resolve; a 403 for viewers.
 pub fn sign_off_as(who: &Principal) -> Result<&str, WebError> {
+    operator_as(who, "acknowledge or resolve incidents")
+}
+
+/// The acting name when `who` is an operator; a 403 for viewers saying only operators `what`.
+pub fn operator_as<'a>(who: &'a Principal, what: &str) -> Result<&'a str, WebError> {
     if who.role.may_sign_off() {
         Ok(&who.name)
     } else {
         Err(WebError::Forbidden(format!(
-            "`{}` is a {}: only operators acknowledge or resolve incidents",
+            "`{}` is a {}: only operators {what}",
             who.name,
             who.role.as_str()
         )))

@@ -122,7 +122,7 @@ impl Signed {
 }
 
 /// POSTs JSON to the API with `token` (or none).
-async fn api_post(url: String, token: Option<&str>, body: Value) -> reqwest::Response {
+pub async fn api_post(url: String, token: Option<&str>, body: Value) -> reqwest::Response {
     let mut req = reqwest::Client::new().post(url).json(&body);
     if let Some(t) = token {
         req = req.bearer_auth(t);

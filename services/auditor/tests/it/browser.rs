@@ -3,8 +3,10 @@
 //! An unauthenticated visit lands on the sign-in page; the operator signs in, acknowledges and
 //! resolves a cross-tenant incident through the HTML forms (recorded under their name); a page
 //! served from another origin that posts a form to the auditor is refused; a viewer gets no
-//! buttons and a post of theirs is refused. Also checks the node table and the integrity chart
-//! render, and saves a screenshot.
+//! buttons and a post of theirs is refused. Also checks the node table; pages through the
+//! incident list, filters it by a page tag, and watches it refresh itself; checks the probe
+//! chart and the charts over time render; and saves a screenshot of each into
+//! `$CARGO_TARGET_TMPDIR/auditor-screens/`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -13,6 +15,9 @@ use std::time::{Duration, Instant};
 
 use pagewarden_proto::v1 as pb;
 use serde_json::{json, Value};
+
+use pagewarden_auditor::probe::Prober;
+use pagewarden_auditor::Running;
 
 use crate::auth::{OPERATOR, VIEWER};
 use crate::ingest::{get_json, grpc, open_incident_id, report_kinds, start};
@@ -315,8 +320,23 @@ fn base64_decoder_round_trips_known_text() {
     assert_eq!(base64_decode("YWI="), b"ab");
 }
 
-fn screenshot_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("auditor-incidents.png")
+/// Where screenshot `name` is saved.
+fn screenshot_path(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("auditor-screens");
+    std::fs::create_dir_all(&dir).expect("screenshot dir");
+    dir.join(name)
+}
+
+/// Saves a screenshot of what the browser shows as `name`, checks it is a PNG, says where.
+async fn shoot(s: &Session, name: &str) {
+    let shot = screenshot_path(name);
+    let png = s.screenshot(&shot).await;
+    assert!(
+        png.len() > 1000 && png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "screenshot is not a PNG ({} bytes)",
+        png.len()
+    );
+    println!("screenshot: {}", shot.display());
 }
 
 /// A page of another origin (another port of the same host) that, once opened, posts a
@@ -336,6 +356,99 @@ async fn serve_forging_page(auditor: &str, id: i64) -> String {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     format!("http://{addr}/")
+}
+
+/// The number of rows of the incident table the browser shows.
+async fn rows(s: &Session) -> i64 {
+    s.run_async("done(document.querySelectorAll('#incidents tr[id^=\"incident-\"]').length);")
+        .await
+        .as_i64()
+        .expect("a count")
+}
+
+/// Polls until the browser's URL contains `part`; panics after 5 s.
+async fn wait_url(s: &Session, part: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let at = s.current_url().await;
+        if at.contains(part) {
+            return at;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never reached a URL with {part}: at {at}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The operator pages through the list, follows a page tag, watches the list refresh itself,
+/// and looks at the probe chart and the charts over time.
+async fn pages_filters_refresh_and_charts(s: &Session, r: &Running, base: &str) {
+    // Paging: 7 incidents, 3 a page.
+    s.goto(&format!("{base}/incidents?limit=3")).await;
+    let of = s.text(&s.find("#page-of").await).await;
+    assert!(of.starts_with("page 1 of 3"), "{of}");
+    assert_eq!(rows(s).await, 3);
+    s.click(&s.find("#older").await).await;
+    wait_url(s, "page_no=2").await;
+    let of = s.text(&s.wait_find("#page-of").await).await;
+    assert!(of.starts_with("page 2 of 3"), "{of}");
+    assert_eq!(rows(s).await, 3);
+    shoot(s, "incidents-page-2.png").await;
+
+    // A page tag links the incidents of that page on that node.
+    s.goto(&format!("{base}/incidents")).await;
+    let tagged = open_incident_id(r, "generation_mismatch").await;
+    let link = s.find(&format!("#incident-{tagged} a.page-tag")).await;
+    assert_eq!(s.text(&link).await, "7");
+    s.click(&link).await;
+    let at = wait_url(s, "page=7").await;
+    assert!(at.contains("node=decode-1"), "{at}");
+    s.wait_find("#incidents").await;
+    assert_eq!(rows(s).await, 3, "decode-1 page 7 holds three incidents");
+    let pages = s
+        .run_async(
+            "done(Array.from(document.querySelectorAll('#incidents tr[id^=\"incident-\"] \
+             a.page-tag')).filter((a, i) => i % 2 === 0).map(a => a.textContent));",
+        )
+        .await;
+    assert_eq!(pages, json!(["7", "7", "7"]));
+    shoot(s, "incidents-page-tag-7.png").await;
+
+    // The list refreshes itself: an incident reported now shows up without a navigation.
+    s.goto(&format!("{base}/incidents?refresh=2")).await;
+    s.find("#auto-refresh[data-seconds=\"2\"]").await;
+    report_kinds(r, "decode-3", &[pb::IntegrityKind::GuardWordCorrupt]).await;
+    let fresh = open_incident_id(r, "guard_word_corrupt").await;
+    let started = Instant::now();
+    while s.try_find(&format!("#incident-{fresh}")).await.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the list never refreshed to show incident {fresh}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The probe page: outcome and TTFT against prompt length, one dot per step.
+    s.goto(&format!("{base}/probes")).await;
+    s.find("svg#probe-chart").await;
+    let dots = s
+        .run_async("done(document.querySelectorAll('#probe-chart circle.step').length);")
+        .await;
+    assert_eq!(dots, 14, "7 steps for each of 2 probe tenants");
+    shoot(s, "probes.png").await;
+
+    // Incidents and integrity events over time.
+    s.goto(&format!("{base}/integrity?window_s=3600&bucket_s=300"))
+        .await;
+    s.find("svg#incidents-chart").await;
+    s.find("svg#integrity-chart").await;
+    let bars = s
+        .run_async("done(document.querySelectorAll('#incidents-chart rect title').length);")
+        .await;
+    assert!(bars.as_i64() >= Some(1), "no incident bars: {bars}");
+    shoot(s, "over-time.png").await;
 }
 
 #[tokio::test]
@@ -381,6 +494,34 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     .unwrap();
     let id = open_incident_id(&r, "cross_tenant_marker").await;
     let other = open_incident_id(&r, "checksum_mismatch").await;
+    // Incidents with page tags, and a probe run for the prompt-length chart.
+    for (node, page, generation) in [
+        ("decode-1", 7, 1),
+        ("decode-1", 7, 2),
+        ("decode-1", 8, 1),
+        ("decode-2", 7, 1),
+        ("decode-1", 7, 3),
+    ] {
+        g.report_integrity(pb::IntegrityReport {
+            kind: pb::IntegrityKind::GenerationMismatch as i32,
+            node: node.into(),
+            page: Some(page),
+            generation: Some(generation),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let (router, _fake) =
+        crate::fake_router::start(&[("key-a", "probe-a"), ("key-b", "probe-b")]).await;
+    Prober::new(
+        r.engine.clone(),
+        crate::probe::settings(format!("http://{router}")),
+    )
+    .unwrap()
+    .run_once()
+    .await
+    .unwrap();
     let base = format!("http://{}", r.http_addr);
     let api = format!("{base}/api/incidents/{id}");
 
@@ -414,17 +555,7 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     let acked = get_json(api.clone()).await;
     assert_eq!(acked["acknowledged"]["by"], OPERATOR.0, "{acked}");
     assert_eq!(acked["acknowledged"]["note"], "looking", "{acked}");
-    let shot = screenshot_path();
-    let png = s.screenshot(&shot).await;
-    assert!(
-        png.len() > 1000 && png.starts_with(b"\x89PNG\r\n\x1a\n"),
-        "screenshot is not a PNG ({} bytes)",
-        png.len()
-    );
-    println!(
-        "screenshot of the acknowledged incident: {}",
-        shot.display()
-    );
+    shoot(&s, "incidents-acknowledged.png").await;
 
     // Another origin's page posts a resolve form with the operator's cookie: refused.
     s.goto(&serve_forging_page(&base, id).await).await;
@@ -452,8 +583,7 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     let text = s.text(&table).await;
     assert!(text.contains("decode-1"), "node table: {text}");
 
-    s.goto(&format!("{base}/integrity")).await;
-    s.find("svg").await;
+    pages_filters_refresh_and_charts(&s, &r, &base).await;
 
     // A viewer: no buttons, and a post of theirs (with their own CSRF token) is a 403.
     s.click(&s.find("#sign-out").await).await;

@@ -1,21 +1,23 @@
 //! The canary prober against the fake router: a clean run passes and opens nothing; a leaked
 //! marker, an accepted over-length prompt, a miscounted prompt and an unreachable router each
-//! become incidents.
+//! become incidents. A light sweep sends one short and one over-length step per tenant, on
+//! schedule (as under `pagewarden up`) or when an operator asks.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use pagewarden_auditor::domain::{ProbeOutcome, ProbeRunStatus};
+use pagewarden_auditor::domain::{ProbeOutcome, ProbeRunStatus, SweepKind};
 use pagewarden_auditor::probe::plan::LatencyBounds;
 use pagewarden_auditor::probe::{ProbeSettings, ProbeTenant, Prober};
 use pagewarden_auditor::tokens::WordCounter;
 use pagewarden_auditor::Running;
 use pagewarden_common::TenantId;
 
+use crate::auth::{api_post, OPS_TOKEN, VIEWER_TOKEN};
 use crate::fake_router;
 use crate::ingest::{get_json, get_page, start};
 
-fn settings(router: String) -> ProbeSettings {
+pub fn settings(router: String) -> ProbeSettings {
     ProbeSettings {
         router_url: router,
         tenants: vec![
@@ -198,5 +200,121 @@ async fn an_unreachable_router_is_an_incident() {
         incident_kinds(&r).await,
         vec!["probe_unreachable".to_string()]
     );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_light_sweep_is_one_short_and_one_overlength_step_per_tenant() {
+    let (r, prober, fake) = setup().await;
+    let run = prober.run(SweepKind::Light).await.unwrap();
+    let runs = r.engine.store().probe_runs(1).await.unwrap();
+    assert_eq!(runs[0].id, run);
+    assert_eq!(
+        (runs[0].sweep, runs[0].status),
+        (SweepKind::Light, ProbeRunStatus::Passed),
+        "{}",
+        runs[0].message
+    );
+    let results = r.engine.store().probe_results(run).await.unwrap();
+    let mut steps: Vec<(&str, i64, ProbeOutcome)> = results
+        .iter()
+        .map(|s| (s.tenant.as_str(), s.prompt_words, s.outcome))
+        .collect();
+    steps.sort_by_key(|(t, words, _)| (t.to_string(), *words));
+    let over = i64::from(fake_router::LIMIT) + 16;
+    assert_eq!(
+        steps,
+        vec![
+            ("probe-a", 16, ProbeOutcome::Accepted),
+            ("probe-a", over, ProbeOutcome::RejectedClean),
+            ("probe-b", 16, ProbeOutcome::Accepted),
+            ("probe-b", over, ProbeOutcome::RejectedClean),
+        ]
+    );
+    assert_eq!(fake.seen.lock().len(), 4, "nothing else was sent");
+    assert!(incident_kinds(&r).await.is_empty());
+    r.shutdown().await;
+}
+
+/// An auditor whose prober points at `router`, with `interval` and `sweep` scheduled.
+async fn start_probing(router: String, interval: Option<Duration>, sweep: SweepKind) -> Running {
+    let mut c = crate::auth::config("sqlite::memory:");
+    let s = settings(router.clone());
+    c.router_url = Some(router);
+    c.probe_tenants = s.tenants;
+    c.probe_interval = interval;
+    c.probe_sweep = sweep;
+    c.probe_request_timeout = Duration::from_secs(10);
+    pagewarden_auditor::start(&c, None).await.unwrap()
+}
+
+/// Polls until a finished run of `sweep` is stored; panics after 10 s.
+async fn wait_finished_run(r: &Running, sweep: SweepKind) {
+    let started = Instant::now();
+    loop {
+        let runs = r.engine.store().probe_runs(10).await.unwrap();
+        if let Some(run) = runs
+            .iter()
+            .find(|x| x.sweep == sweep && x.status != ProbeRunStatus::Running)
+        {
+            assert_eq!(run.status, ProbeRunStatus::Passed, "{}", run.message);
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no finished {sweep} run within 10 s: {runs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn scheduled_light_sweeps_start_once_the_router_answers() {
+    let (addr, fake) = fake_router::start(&[("key-a", "probe-a"), ("key-b", "probe-b")]).await;
+    let r = start_probing(
+        format!("http://{addr}"),
+        Some(Duration::from_millis(300)),
+        SweepKind::Light,
+    )
+    .await;
+    wait_finished_run(&r, SweepKind::Light).await;
+    let runs = r.engine.store().probe_runs(10).await.unwrap();
+    assert!(runs.iter().all(|x| x.sweep == SweepKind::Light));
+    assert!(fake.seen.lock().len() >= 4);
+    assert!(incident_kinds(&r).await.is_empty());
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn operators_start_a_sweep_on_demand() {
+    let (addr, _fake) = fake_router::start(&[("key-a", "probe-a"), ("key-b", "probe-b")]).await;
+    let r = start_probing(format!("http://{addr}"), None, SweepKind::Light).await;
+    let url = format!("http://{}/api/probes/run", r.http_addr);
+    let body = serde_json::json!({"sweep": "full"});
+    let viewer = api_post(url.clone(), Some(VIEWER_TOKEN), body.clone()).await;
+    assert_eq!(viewer.status(), 403);
+    let bad = api_post(
+        url.clone(),
+        Some(OPS_TOKEN),
+        serde_json::json!({"sweep": "huge"}),
+    )
+    .await;
+    assert!(bad.status().is_client_error(), "{}", bad.status());
+    let ok = api_post(url.clone(), Some(OPS_TOKEN), body).await;
+    assert_eq!(ok.status(), 202);
+    wait_finished_run(&r, SweepKind::Full).await;
+    let api = get_json(format!("http://{}/api/probes", r.http_addr)).await;
+    assert_eq!(api[0]["sweep"], "full");
+    assert_eq!(api[0]["results"].as_array().unwrap().len(), 14);
+    let html = get_page(format!("http://{}/probes", r.http_addr)).await;
+    assert!(html.contains("id=\"probe-chart\"") && html.contains("id=\"run-light\""));
+    assert_eq!(html.matches("class=\"step outcome-").count(), 14);
+    r.shutdown().await;
+
+    // Without a router to probe there is nothing to start.
+    let r = start().await;
+    let url = format!("http://{}/api/probes/run", r.http_addr);
+    let off = api_post(url, Some(OPS_TOKEN), serde_json::json!({"sweep": "light"})).await;
+    assert_eq!(off.status(), 409);
     r.shutdown().await;
 }

@@ -2,11 +2,11 @@
 
 use pagewarden_auditor::domain::{
     IncidentKind, IncidentStatus, IntegrityKind, NodeRole, ProbeOutcome, ProbeRunStatus,
-    SampleStatus, UnixMs,
+    SampleStatus, Severity, SweepKind, UnixMs,
 };
 use pagewarden_auditor::store::{
     Backend, IncidentFilter, MarkerRecord, NewIncident, NewIntegrityEvent, NewPreflight, NewSample,
-    ProbeResult, ProbeRunEnd, Store, StoreError,
+    ProbeResult, ProbeRunEnd, Store, StoreError, Window,
 };
 
 use crate::pg::TempPostgres;
@@ -19,6 +19,8 @@ fn incident(kind: IncidentKind, tenant: &str, at: i64) -> NewIncident {
         request_id: Some("00ff".into()),
         tenant: Some(tenant.into()),
         other_tenant: Some("other".into()),
+        page: None,
+        generation: None,
         details: r#"{"why":"test"}"#.into(),
         at: UnixMs(at),
     }
@@ -33,10 +35,13 @@ async fn suite(store: Store) {
             .unwrap();
     }
     let all = store
-        .incidents(&IncidentFilter {
-            tenant: Some("t-all".into()),
-            ..Default::default()
-        })
+        .incidents(
+            &IncidentFilter {
+                tenant: Some("t-all".into()),
+                ..Default::default()
+            },
+            Window::default(),
+        )
         .await
         .unwrap();
     assert_eq!(all.len(), IncidentKind::ALL.len());
@@ -65,19 +70,25 @@ async fn suite(store: Store) {
         .await
         .unwrap();
     let by_kind = store
-        .incidents(&IncidentFilter {
-            kind: Some(IncidentKind::GenerationMismatch),
-            ..Default::default()
-        })
+        .incidents(
+            &IncidentFilter {
+                kind: Some(IncidentKind::GenerationMismatch),
+                ..Default::default()
+            },
+            Window::default(),
+        )
         .await
         .unwrap();
     assert_eq!(by_kind.len(), 2);
     assert_eq!(by_kind[0].id, b);
     let by_tenant = store
-        .incidents(&IncidentFilter {
-            tenant: Some("alice".into()),
-            ..Default::default()
-        })
+        .incidents(
+            &IncidentFilter {
+                tenant: Some("alice".into()),
+                ..Default::default()
+            },
+            Window::default(),
+        )
         .await
         .unwrap();
     assert_eq!(by_tenant.iter().map(|i| i.id).collect::<Vec<_>>(), vec![a]);
@@ -128,10 +139,13 @@ async fn suite(store: Store) {
         Err(StoreError::NotFound(_))
     ));
     let open_only = store
-        .incidents(&IncidentFilter {
-            status: Some(IncidentStatus::Open),
-            ..Default::default()
-        })
+        .incidents(
+            &IncidentFilter {
+                status: Some(IncidentStatus::Open),
+                ..Default::default()
+            },
+            Window::default(),
+        )
         .await
         .unwrap();
     assert_eq!(open_only.len(), IncidentKind::ALL.len());
@@ -184,6 +198,7 @@ async fn suite(store: Store) {
                 page: Some(7),
                 generation: Some(3),
                 details: String::new(),
+                routine: false,
                 at: UnixMs(at),
             })
             .await
@@ -271,7 +286,10 @@ async fn suite(store: Store) {
     );
 
     // Probe runs and results.
-    let run = store.start_probe_run(UnixMs(10)).await.unwrap();
+    let run = store
+        .start_probe_run(UnixMs(10), SweepKind::Light)
+        .await
+        .unwrap();
     for (step, outcome) in [
         (0, ProbeOutcome::Accepted),
         (1, ProbeOutcome::RejectedClean),
@@ -316,12 +334,195 @@ async fn suite(store: Store) {
         (runs[0].status, runs[0].context_limit, runs[0].finished_at),
         (ProbeRunStatus::Passed, Some(256), Some(UnixMs(12)))
     );
+    assert_eq!(runs[0].sweep, SweepKind::Light);
+    let recent = store.recent_probe_results(UnixMs(11), 1).await.unwrap();
+    assert_eq!(recent.len(), 1, "at most `limit` steps");
+    assert_eq!(recent[0].step, 1, "newest first");
+    assert!(store
+        .recent_probe_results(UnixMs(12), 10)
+        .await
+        .unwrap()
+        .is_empty());
     let results = store.probe_results(run).await.unwrap();
     assert_eq!(results.len(), 2);
     assert_eq!(results[1].outcome, ProbeOutcome::RejectedClean);
     assert_eq!(results[1].prompt_tokens, None);
 
+    issue_19(&store).await;
     store.close().await;
+}
+
+/// Routine counts, page-tag filters, paging and the incidents series (issue 19).
+async fn issue_19(store: &Store) {
+    // Routine events are counted per kind, with the latest; others are not counted as routine.
+    for (kind, routine, at) in [
+        (IntegrityKind::StaleMessage, true, 5_000),
+        (IntegrityKind::StaleMessage, true, 7_000),
+        (IntegrityKind::DeferredReleaseDrained, true, 6_000),
+        (IntegrityKind::StaleMessage, false, 9_000),
+    ] {
+        store
+            .insert_integrity(&NewIntegrityEvent {
+                kind,
+                node: "decode-9".into(),
+                request_id: None,
+                tenant: None,
+                page: None,
+                generation: None,
+                details: String::new(),
+                routine,
+                at: UnixMs(at),
+            })
+            .await
+            .unwrap();
+    }
+    let routine: Vec<(IntegrityKind, i64, i64)> = store
+        .routine_counts()
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| (c.kind, c.count, c.last_at.0))
+        .collect();
+    assert_eq!(
+        routine,
+        vec![
+            (IntegrityKind::DeferredReleaseDrained, 1, 6_000),
+            (IntegrityKind::StaleMessage, 2, 7_000),
+        ]
+    );
+
+    // Page tags: incidents on page 5 of decode-p, one of them at another generation, one on
+    // page 5 of another node.
+    let tagged = |node: &str, page: i64, generation: i64, at: i64| NewIncident {
+        node: Some(node.into()),
+        page: Some(page),
+        generation: Some(generation),
+        tenant: Some("t-page".into()),
+        ..incident(IncidentKind::GenerationMismatch, "t-page", at)
+    };
+    let mut ids = Vec::new();
+    for (node, page, generation, at) in [
+        ("decode-p", 5, 1, 1_000_000),
+        ("decode-p", 5, 2, 1_000_100),
+        ("decode-p", 6, 1, 1_000_200),
+        ("decode-q", 5, 1, 1_000_300),
+        ("decode-p", 5, 2, 1_000_400),
+    ] {
+        ids.push(
+            store
+                .insert_incident(&tagged(node, page, generation, at))
+                .await
+                .unwrap(),
+        );
+    }
+    let on = |node: Option<&str>, page: i64, generation: Option<i64>| IncidentFilter {
+        node: node.map(str::to_string),
+        page: Some(page),
+        generation,
+        ..Default::default()
+    };
+    let list = |f: IncidentFilter| async move {
+        store
+            .incidents(&f, Window::default())
+            .await
+            .unwrap()
+            .iter()
+            .map(|i| i.id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        list(on(Some("decode-p"), 5, None)).await,
+        vec![ids[4], ids[1], ids[0]]
+    );
+    assert_eq!(
+        list(on(Some("decode-p"), 5, Some(2))).await,
+        vec![ids[4], ids[1]]
+    );
+    assert_eq!(
+        list(on(None, 5, None)).await.len(),
+        4,
+        "page 5 of every node"
+    );
+    let read = store.incident(ids[2]).await.unwrap().unwrap();
+    assert_eq!((read.page, read.generation), (Some(6), Some(1)));
+
+    // Paging: windows of 2 over the 5 tagged incidents, newest first, with the total.
+    let f = IncidentFilter {
+        tenant: Some("t-page".into()),
+        ..Default::default()
+    };
+    assert_eq!(store.incident_total(&f).await.unwrap(), 5);
+    let mut seen = Vec::new();
+    for offset in [0, 2, 4, 6] {
+        let w = Window { limit: 2, offset };
+        let page = store.incidents(&f, w).await.unwrap();
+        assert!(page.len() <= 2);
+        seen.extend(page.iter().map(|i| i.id));
+    }
+    let mut want = ids.clone();
+    want.reverse();
+    assert_eq!(
+        seen, want,
+        "every incident once, newest first, then nothing"
+    );
+
+    // Incidents over time, per severity.
+    let series = store
+        .incident_series(UnixMs(1_000_000), 1_000)
+        .await
+        .unwrap();
+    let got: Vec<(i64, Severity, i64)> = series
+        .iter()
+        .map(|p| (p.bucket.0, p.severity, p.count))
+        .collect();
+    assert_eq!(got, vec![(1_000_000, Severity::Critical, 5)]);
+}
+
+/// Migration 2 copies the page tag of incidents opened before it out of their details JSON
+/// (SQLite reads the JSON, PostgreSQL matches a pattern: both are checked here).
+async fn migration_2_backfills_page_tags(url: &str) {
+    let old = Store::connect_through(url, 1).await.unwrap();
+    old.execute_raw(
+        r#"INSERT INTO incidents (kind, severity, status, details, created_at) VALUES
+           ('generation_mismatch', 'critical', 'open',
+            '{"details":"[decode] \"page\":7","event_id":3,"generation":9,"page":42,"source":"integrity_event"}', 5),
+           ('quarantine', 'warning', 'open',
+            '{"details":"","event_id":4,"generation":null,"page":null,"source":"integrity_event"}', 6),
+           ('probe_latency', 'warning', 'open', '{"page":3,"source":"probe"}', 7),
+           ('probe_latency', 'warning', 'open', 'not json "page":5,', 8)"#,
+    )
+    .await
+    .unwrap();
+    old.close().await;
+    let new = Store::connect(url).await.unwrap();
+    let all = new
+        .incidents(&IncidentFilter::default(), Window::default())
+        .await
+        .unwrap();
+    let tags: Vec<(i64, Option<i64>, Option<i64>)> = all
+        .iter()
+        .map(|i| (i.created_at.0, i.page, i.generation))
+        .collect();
+    assert_eq!(
+        tags,
+        vec![
+            (8, None, None),
+            (7, None, None),
+            (6, None, None),
+            (5, Some(42), Some(9))
+        ]
+    );
+    new.close().await;
+}
+
+#[tokio::test]
+async fn migration_2_backfills_page_tags_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    migration_2_backfills_page_tags(&format!(
+        "sqlite://{}/m.sqlite?mode=rwc",
+        dir.path().display()
+    ))
+    .await;
 }
 
 #[tokio::test]
@@ -347,6 +548,10 @@ async fn store_suite_on_postgres() {
     let pg = TempPostgres::start();
     let store = Store::connect(&pg.url).await.unwrap();
     assert_eq!(store.backend(), Backend::Postgres);
+    store.execute_raw("CREATE DATABASE backfill").await.unwrap();
+    let (server, _db) = pg.url.rsplit_once('/').expect("a database in the url");
+    let backfill = format!("{server}/backfill");
+    migration_2_backfills_page_tags(&backfill).await;
     suite(store).await;
     let again = Store::connect(&pg.url).await.unwrap();
     assert_eq!(again.markers(None).await.unwrap().len(), 3);
