@@ -89,7 +89,8 @@ impl Plan {
         }
     }
 
-    /// The auditor on SQLite in `dir/auditor`, probing the router as the probe tenant.
+    /// The auditor on SQLite in `dir/auditor`, probing the router as the probe tenant and the
+    /// dev tenants (a light sweep every `probe_interval`).
     pub fn auditor(&self) -> Spec {
         let data = self.dir.join("auditor");
         let mut a = strings(["--config", &self.auditor_config.display().to_string()]);
@@ -106,6 +107,12 @@ impl Plan {
             &format!("{PROBE_TENANT}={}", self.probe_key),
             "--probe-interval",
             &self.probe_interval,
+            // A light sweep (short prompts and the just-over-context step) as every dev tenant
+            // of `keys.toml`, the two people's and the probe tenant (issue 19).
+            "--probe-sweep",
+            "light",
+            "--probe-keys-file",
+            &self.dir.join("keys.toml").display().to_string(),
             "--model-path",
             &self.model.display().to_string(),
         ]));

@@ -53,8 +53,9 @@ pub struct UpArgs {
     /// minutes; the workers' 30 s default would expire its grant mid-transfer.
     #[arg(long, default_value_t = 300_000)]
     pub grant_ttl_ms: u64,
-    /// How often the auditor runs its canary sweep (`0`: only on `pagewarden probe`).
-    #[arg(long, default_value = "0")]
+    /// How often the auditor runs its light canary sweep, as every dev tenant (`0`: only on
+    /// demand, from its Probes page or with `pagewarden probe`).
+    #[arg(long, default_value = "3m")]
     pub probe_interval: String,
     /// Seconds each service may take to start (model load included).
     #[arg(long, default_value_t = 300)]
