@@ -1,6 +1,8 @@
 //! Probe steps against prompt length as inline SVG: each answered step is a dot at (prompt
 //! tokens, first-token latency), colored by outcome; a step with no first token (refused, or
 //! no answer) is a dot on the strip under the axis. The context limit is a dashed line.
+//! Prompt length is on a log₂ scale: a full sweep doubles its length each step, and a light
+//! sweep's short prompt would otherwise sit on the axis next to a context of thousands.
 
 use std::fmt::Write;
 
@@ -55,7 +57,20 @@ pub fn probes(results: &[ProbeResult], limit: Option<i64>) -> String {
         .max(1) as f64;
     let plot_w = W - PAD_L - PAD_R;
     let axis_y = PLOT_TOP + PLOT_H;
-    let x_of = |v: i64| PAD_L + v as f64 / max_x * plot_w;
+    // From half the shortest prompt, so the shortest does not sit on the y axis.
+    let min_x = results
+        .iter()
+        .map(prompt_len)
+        .chain(limit)
+        .min()
+        .unwrap_or(1)
+        .max(2) as f64
+        / 2.0;
+    let (log_lo, log_hi) = (min_x.log2(), max_x.max(min_x * 2.0).log2());
+    let x_of = |v: i64| {
+        let v = (v as f64).max(min_x);
+        PAD_L + (v.log2() - log_lo) / (log_hi - log_lo) * plot_w
+    };
     let y_of = |v: i64| axis_y - v as f64 / max_y * PLOT_H;
     let legend_rows = ProbeOutcome::ALL.len().div_ceil(4) as f64;
     let total_h = axis_y + STRIP + 30.0 + legend_rows * 16.0;
@@ -70,27 +85,49 @@ pub fn probes(results: &[ProbeResult], limit: Option<i64>) -> String {
          <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{max_y} ms</text>\
          <text x=\"{}\" y=\"{axis_y}\" font-size=\"11\" text-anchor=\"end\">0</text>\
          <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">no TTFT</text>\
-         <text x=\"{PAD_L}\" y=\"{}\" font-size=\"11\">0</text>\
-         <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{max_x} prompt tokens</text>",
+         <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">prompt tokens (log scale)\
+         </text>",
         W - PAD_R,
         PAD_L - 4.0,
         PLOT_TOP + 10.0,
         PAD_L - 4.0,
         PAD_L - 4.0,
         axis_y + STRIP / 2.0 + 4.0,
-        axis_y + STRIP + 14.0,
         W - PAD_R,
         axis_y + STRIP + 14.0,
     );
+    // Ticks at the powers of 4 between the ends of the axis.
+    let mut tick: i64 = 1;
+    while (tick as f64) < min_x {
+        tick = tick.saturating_mul(4);
+    }
+    while tick as f64 <= max_x {
+        let x = x_of(tick);
+        let _ = write!(
+            svg,
+            "<line x1=\"{x:.1}\" y1=\"{axis_y}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#566573\"/>\
+             <text class=\"tick\" x=\"{x:.1}\" y=\"{}\" font-size=\"10\" \
+             text-anchor=\"middle\">{tick}</text>",
+            axis_y + 4.0,
+            axis_y + STRIP + 2.0,
+        );
+        tick = tick.saturating_mul(4);
+    }
     if let Some(l) = limit {
         let x = x_of(l);
+        // The label sits on whichever side of the line has room.
+        let (tx, anchor) = if x > PAD_L + plot_w / 2.0 {
+            (x - 3.0, "end")
+        } else {
+            (x + 3.0, "start")
+        };
         let _ = write!(
             svg,
             "<line id=\"context-limit\" x1=\"{x:.1}\" y1=\"{PLOT_TOP}\" x2=\"{x:.1}\" \
              y2=\"{}\" stroke=\"#922b21\" stroke-dasharray=\"4 3\"/>\
-             <text x=\"{:.1}\" y=\"{}\" font-size=\"11\" fill=\"#922b21\">limit {l}</text>",
+             <text x=\"{tx:.1}\" y=\"{}\" font-size=\"11\" fill=\"#922b21\" \
+             text-anchor=\"{anchor}\">context limit {l}</text>",
             axis_y + STRIP,
-            x + 3.0,
             PLOT_TOP + 10.0,
         );
     }
@@ -168,7 +205,15 @@ mod tests {
         assert_eq!(svg.matches("class=\"step ").count(), 3);
         assert!(svg.contains("20 tokens, TTFT 50 ms, accepted"));
         assert!(svg.contains("300 tokens, HTTP 400, rejected_clean"));
-        assert!(svg.contains("id=\"context-limit\"") && svg.contains("limit 256"));
+        assert!(svg.contains("id=\"context-limit\"") && svg.contains("context limit 256"));
+        // Log scale from half the shortest prompt (20 tokens) to the longest (300), ticked at
+        // powers of 4.
+        let ticks: Vec<&str> = svg
+            .split("class=\"tick\"")
+            .skip(1)
+            .map(|t| t.split('>').nth(1).unwrap().split('<').next().unwrap())
+            .collect();
+        assert_eq!(ticks, vec!["16", "64", "256"]);
         // The slowest answer is at the top of the plot.
         assert!(svg.contains(&format!("cy=\"{PLOT_TOP:.1}\"")));
         assert!(svg.contains(">100 ms</text>"));
