@@ -5,6 +5,7 @@
 use std::fmt::Write;
 
 use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 use serde::Deserialize;
@@ -194,8 +195,20 @@ pub async fn run_probe(
         .sweep
         .parse::<SweepKind>()
         .map_err(|e| WebError::BadRequest(e.to_string()))?;
-    start_sweep(&st, sweep, by)?;
-    Ok(Redirect::to("/probes").into_response())
+    match start_sweep(&st, sweep, by) {
+        Ok(()) => Ok(Redirect::to("/probes").into_response()),
+        // A person clicked: answer with a page, not the API's JSON.
+        Err(WebError::Conflict(why)) => {
+            let body = format!(
+                "<p class=\"bad\" id=\"sweep-refused\">{}</p><p><a href=\"/probes\">back to \
+                 the probe history</a></p>",
+                esc(&why)
+            );
+            let html = page("Probe history", "/probes", Some(&user), &body);
+            Ok((StatusCode::CONFLICT, html).into_response())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// `GET /integrity?window_s=&bucket_s=`: incidents opened and integrity events over time.

@@ -385,8 +385,10 @@ async fn wait_url(s: &Session, part: &str) -> String {
 /// The operator pages through the list, follows a page tag, watches the list refresh itself,
 /// and looks at the probe chart and the charts over time.
 async fn pages_filters_refresh_and_charts(s: &Session, r: &Running, base: &str) {
-    // Paging: 7 incidents, 3 a page.
+    // Paging: 7 incidents, 3 a page; the routine stale message is counted above them.
     s.goto(&format!("{base}/incidents?limit=3")).await;
+    let routine = s.text(&s.find("#routine-stale_message").await).await;
+    assert!(routine.starts_with("stale_message 1"), "{routine}");
     let of = s.text(&s.find("#page-of").await).await;
     assert!(of.starts_with("page 1 of 3"), "{of}");
     assert_eq!(rows(s).await, 3);
@@ -512,6 +514,19 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
         .await
         .unwrap();
     }
+    // A routine event: counted on the dashboard, no incident.
+    g.report_integrity(pb::IntegrityReport {
+        kind: pb::IntegrityKind::StaleMessage as i32,
+        node: "decode-1".into(),
+        req: Some(pb::RequestRef {
+            request_id: vec![0xee; 16],
+            attempt: 2,
+        }),
+        details: "[decode] late message of attempt 1".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let (router, _fake) =
         crate::fake_router::start(&[("key-a", "probe-a"), ("key-b", "probe-b")]).await;
     Prober::new(

@@ -13,7 +13,7 @@ use pagewarden_auditor::tokens::WordCounter;
 use pagewarden_auditor::Running;
 use pagewarden_common::TenantId;
 
-use crate::auth::{api_post, OPS_TOKEN, VIEWER_TOKEN};
+use crate::auth::{api_post, Signed, OPERATOR, OPS_TOKEN, VIEWER, VIEWER_TOKEN};
 use crate::fake_router;
 use crate::ingest::{get_json, get_page, start};
 
@@ -309,6 +309,22 @@ async fn operators_start_a_sweep_on_demand() {
     let html = get_page(format!("http://{}/probes", r.http_addr)).await;
     assert!(html.contains("id=\"probe-chart\"") && html.contains("id=\"run-light\""));
     assert_eq!(html.matches("class=\"step outcome-").count(), 14);
+
+    // The Probes page's buttons: a form post with the session's CSRF token, operators only.
+    let base = format!("http://{}", r.http_addr);
+    let viewer = Signed::sign_in(&base, VIEWER).await;
+    let csrf = viewer.csrf.clone();
+    let form = [("csrf", csrf.as_str()), ("sweep", "light")];
+    assert_eq!(viewer.post("/probes/run", &base, &form).await.status(), 403);
+    let ops = Signed::sign_in(&base, OPERATOR).await;
+    let csrf = ops.csrf.clone();
+    let bad = [("csrf", csrf.as_str()), ("sweep", "huge")];
+    assert_eq!(ops.post("/probes/run", &base, &bad).await.status(), 400);
+    let form = [("csrf", csrf.as_str()), ("sweep", "light")];
+    let resp = ops.post("/probes/run", &base, &form).await;
+    assert_eq!(resp.status(), 303);
+    assert_eq!(resp.headers()["location"], "/probes");
+    wait_finished_run(&r, SweepKind::Light).await;
     r.shutdown().await;
 
     // Without a router to probe there is nothing to start.
