@@ -11,3 +11,4 @@ mod process;
 mod routine;
 mod store_suite;
 mod tokens;
+mod webdriver;
