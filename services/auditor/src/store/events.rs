@@ -5,7 +5,7 @@ use sqlx::Row;
 
 use super::{
     get_enum, get_flag, MarkerRecord, NewIntegrityEvent, NewPreflight, NewSample, NodeStatus,
-    RoutineCount, SampleTotals, SeriesPoint, Store, StoreError,
+    RoutineCount, SamplePoint, SampleTotals, SeriesPoint, Store, StoreError,
 };
 use crate::domain::UnixMs;
 
@@ -47,6 +47,33 @@ impl Store {
             scanned: row.try_get("scanned")?,
             with_foreign_markers: row.try_get("leaked")?,
         })
+    }
+
+    /// The newest `limit` samples received since `since`, newest first (the latency chart).
+    pub async fn recent_samples(
+        &self,
+        since: UnixMs,
+        limit: i64,
+    ) -> Result<Vec<SamplePoint>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT tenant, prompt_tokens, ttft_ms, status, at FROM samples WHERE at >= $1 \
+             ORDER BY id DESC LIMIT $2",
+        )
+        .bind(since.0)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SamplePoint {
+                    tenant: r.try_get("tenant")?,
+                    prompt_tokens: r.try_get("prompt_tokens")?,
+                    ttft_ms: r.try_get("ttft_ms")?,
+                    status: get_enum(r, "status")?,
+                    at: UnixMs(r.try_get("at")?),
+                })
+            })
+            .collect()
     }
 
     /// Records an integrity event.

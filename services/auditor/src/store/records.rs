@@ -234,6 +234,21 @@ pub struct IncidentPoint {
     pub count: i64,
 }
 
+/// A sampled request as the latency chart draws it.
+#[derive(Clone, Debug, Serialize)]
+pub struct SamplePoint {
+    /// The tenant who made the request.
+    pub tenant: String,
+    /// Prompt length in tokens.
+    pub prompt_tokens: i64,
+    /// Time to first token, when there was one.
+    pub ttft_ms: Option<i64>,
+    /// How it ended.
+    pub status: SampleStatus,
+    /// When it was received.
+    pub at: UnixMs,
+}
+
 /// Totals over the samples table.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SampleTotals {

@@ -12,13 +12,13 @@ use super::{AppState, SignoffAction, WebError};
 use crate::accounts::Principal;
 use crate::domain::{IncidentId, SweepKind, UnixMs};
 use crate::store::{
-    Incident, IncidentPoint, NodeStatus, ProbeResult, ProbeRun, RoutineCount, SampleTotals,
-    SeriesPoint,
+    Incident, IncidentPoint, NodeStatus, ProbeResult, ProbeRun, RoutineCount, SamplePoint,
+    SampleTotals, SeriesPoint,
 };
 
-/// How far back the prompt-length chart looks.
+/// How far back the prompt-length charts (probe steps, sampled traffic) look.
 pub const PROBE_CHART_WINDOW_MS: i64 = 24 * 3600 * 1000;
-/// The most probe steps the prompt-length chart draws.
+/// The most dots a prompt-length chart draws.
 pub const PROBE_CHART_STEPS: i64 = 2000;
 
 /// `GET /api/incidents?status=&kind=&tenant=&node=&page=&generation=&page_no=&limit=`: one
@@ -189,6 +189,19 @@ pub async fn recent_probe_steps(
         st.engine
             .store()
             .recent_probe_results(since, PROBE_CHART_STEPS)
+            .await?,
+    ))
+}
+
+/// `GET /api/samples/recent`: the sampled requests the traffic chart draws, newest first.
+pub async fn recent_samples(
+    State(st): State<AppState>,
+) -> Result<Json<Vec<SamplePoint>>, WebError> {
+    let since = UnixMs(UnixMs::now().0 - PROBE_CHART_WINDOW_MS);
+    Ok(Json(
+        st.engine
+            .store()
+            .recent_samples(since, PROBE_CHART_STEPS)
             .await?,
     ))
 }

@@ -11,7 +11,7 @@
 //! - `session`: sessions, CSRF, same-origin posts, bearer tokens, roles.
 //! - `html`: layout, escaping and small rendering helpers.
 //! - `chart`: counts over time as stacked-bar SVG (incidents, integrity events).
-//! - `scatter`: probe steps against prompt length as SVG.
+//! - `scatter`: first-token latency against prompt length as SVG (probe steps, sampled traffic).
 
 mod api;
 mod chart;
@@ -206,6 +206,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/probes", get(api::probes))
         .route("/api/probes/recent", get(api::recent_probe_steps))
         .route("/api/probes/run", post(api::run_probe))
+        .route("/api/samples/recent", get(api::recent_samples))
         .route("/api/integrity/series", get(api::series))
         .route("/api/summary", get(api::summary))
         .route_layer(from_fn_with_state(state.clone(), session::require_bearer));

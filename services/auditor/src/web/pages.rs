@@ -100,6 +100,11 @@ pub async fn probes(
         .store()
         .recent_probe_results(since, PROBE_CHART_STEPS)
         .await?;
+    let traffic = st
+        .engine
+        .store()
+        .recent_samples(since, PROBE_CHART_STEPS)
+        .await?;
     let limit = runs.iter().find_map(|r| r.run.context_limit);
     let mut b = sweep_forms(&st, &user);
     b.push_str(&refresh::marker(refresh_s, "/probes?refresh=0", "/probes"));
@@ -110,6 +115,14 @@ pub async fn probes(
          token sit under the axis.</p>{}",
         recent.len(),
         scatter::probes(&recent, limit)
+    );
+    let _ = write!(
+        b,
+        "<h2>Sampled traffic: first-token latency against prompt length</h2>\
+         <p class=\"muted\">The last {} requests of every tenant the router sampled in the last \
+         24 h, by how they ended.</p>{}",
+        traffic.len(),
+        scatter::samples(&traffic, limit)
     );
     b.push_str(
         "<h2>Runs</h2><table id=\"probe-runs\"><tr><th>run</th><th>started (UTC)</th>\

@@ -1,14 +1,15 @@
-//! Probe steps against prompt length as inline SVG: each answered step is a dot at (prompt
-//! tokens, first-token latency), colored by outcome; a step with no first token (refused, or
-//! no answer) is a dot on the strip under the axis. The context limit is a dashed line.
+//! First-token latency against prompt length as inline SVG, for probe steps (colored by
+//! outcome) and for sampled requests of every tenant (colored by how they ended): each is a dot
+//! at (prompt tokens, TTFT); one with no first token (refused, or no answer) is a dot on the
+//! strip under the axis. The context limit is a dashed line.
 //! Prompt length is on a log₂ scale: a full sweep doubles its length each step, and a light
 //! sweep's short prompt would otherwise sit on the axis next to a context of thousands.
 
 use std::fmt::Write;
 
 use super::html::esc;
-use crate::domain::ProbeOutcome;
-use crate::store::ProbeResult;
+use crate::domain::{ProbeOutcome, SampleStatus};
+use crate::store::{ProbeResult, SamplePoint};
 
 const W: f64 = 900.0;
 const PAD_L: f64 = 56.0;
@@ -40,46 +41,123 @@ fn prompt_len(r: &ProbeResult) -> i64 {
         .unwrap_or(r.prompt_words)
 }
 
-/// Renders `results` with the context `limit` (when known) marked.
+/// The color of a sampled request's ending.
+fn sample_color(s: SampleStatus) -> &'static str {
+    match s {
+        SampleStatus::Ok => "#1e8449",
+        SampleStatus::Rejected => "#2e86c1",
+        SampleStatus::Error => "#c0392b",
+        SampleStatus::Cancelled => "#7f8c8d",
+    }
+}
+
+/// One dot: where, what color, its CSS class and hover text.
+struct Dot {
+    len: i64,
+    ttft_ms: Option<i64>,
+    color: &'static str,
+    class: String,
+    title: String,
+}
+
+/// What a chart is and what its colors mean.
+struct Chart<'a> {
+    id: &'a str,
+    aria: &'a str,
+    legend: Vec<(&'static str, &'static str)>,
+}
+
+/// Probe steps (`results`), with the context `limit` (when known) marked.
 pub fn probes(results: &[ProbeResult], limit: Option<i64>) -> String {
-    let max_x = results
+    let dots: Vec<Dot> = results
         .iter()
-        .map(prompt_len)
-        .chain(limit)
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
-    let max_y = results
+        .map(|r| {
+            let len = prompt_len(r);
+            let what = match (r.ttft_ms, r.http_status) {
+                (Some(t), _) => format!("TTFT {t} ms"),
+                (None, Some(s)) => format!("HTTP {s}"),
+                (None, None) => "no answer".to_string(),
+            };
+            Dot {
+                len,
+                ttft_ms: r.ttft_ms,
+                color: outcome_color(r.outcome),
+                class: format!("step outcome-{}", r.outcome),
+                title: format!(
+                    "{} step {}: {len} tokens, {what}, {}",
+                    r.tenant, r.step, r.outcome
+                ),
+            }
+        })
+        .collect();
+    let chart = Chart {
+        id: "probe-chart",
+        aria: "probe outcome and first-token latency against prompt length",
+        legend: ProbeOutcome::ALL
+            .iter()
+            .map(|o| (o.as_str(), outcome_color(*o)))
+            .collect(),
+    };
+    render(&chart, &dots, limit)
+}
+
+/// Sampled requests of every tenant, as the router reported them.
+pub fn samples(points: &[SamplePoint], limit: Option<i64>) -> String {
+    let dots: Vec<Dot> = points
         .iter()
-        .filter_map(|r| r.ttft_ms)
+        .map(|p| Dot {
+            len: p.prompt_tokens,
+            ttft_ms: p.ttft_ms,
+            color: sample_color(p.status),
+            class: format!("sample status-{}", p.status),
+            title: format!(
+                "{}: {} prompt tokens, {}, {}",
+                p.tenant,
+                p.prompt_tokens,
+                p.ttft_ms
+                    .map(|t| format!("TTFT {t} ms"))
+                    .unwrap_or_else(|| "no first token".into()),
+                p.status
+            ),
+        })
+        .collect();
+    let chart = Chart {
+        id: "traffic-chart",
+        aria: "sampled requests: first-token latency against prompt length",
+        legend: SampleStatus::ALL
+            .iter()
+            .map(|s| (s.as_str(), sample_color(*s)))
+            .collect(),
+    };
+    render(&chart, &dots, limit)
+}
+
+fn render(chart: &Chart<'_>, dots: &[Dot], limit: Option<i64>) -> String {
+    let lens = || dots.iter().map(|d| d.len).chain(limit);
+    let max_x = lens().max().unwrap_or(0).max(1) as f64;
+    let max_y = dots
+        .iter()
+        .filter_map(|d| d.ttft_ms)
         .max()
         .unwrap_or(0)
         .max(1) as f64;
     let plot_w = W - PAD_L - PAD_R;
     let axis_y = PLOT_TOP + PLOT_H;
     // From half the shortest prompt, so the shortest does not sit on the y axis.
-    let min_x = results
-        .iter()
-        .map(prompt_len)
-        .chain(limit)
-        .min()
-        .unwrap_or(1)
-        .max(2) as f64
-        / 2.0;
+    let min_x = lens().min().unwrap_or(1).max(2) as f64 / 2.0;
     let (log_lo, log_hi) = (min_x.log2(), max_x.max(min_x * 2.0).log2());
     let x_of = |v: i64| {
         let v = (v as f64).max(min_x);
         PAD_L + (v.log2() - log_lo) / (log_hi - log_lo) * plot_w
     };
     let y_of = |v: i64| axis_y - v as f64 / max_y * PLOT_H;
-    let legend_rows = ProbeOutcome::ALL.len().div_ceil(4) as f64;
+    let legend_rows = chart.legend.len().div_ceil(4) as f64;
     let total_h = axis_y + STRIP + 30.0 + legend_rows * 16.0;
     let mut svg = String::new();
     let _ = write!(
         svg,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"probe-chart\" width=\"{W}\" \
-         height=\"{total_h}\" viewBox=\"0 0 {W} {total_h}\" role=\"img\" \
-         aria-label=\"probe outcome and first-token latency against prompt length\">\
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"{id}\" width=\"{W}\" \
+         height=\"{total_h}\" viewBox=\"0 0 {W} {total_h}\" role=\"img\" aria-label=\"{aria}\">\
          <line x1=\"{PAD_L}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#566573\"/>\
          <line x1=\"{PAD_L}\" y1=\"{PLOT_TOP}\" x2=\"{PAD_L}\" y2=\"{axis_y}\" stroke=\"#566573\"/>\
          <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{max_y} ms</text>\
@@ -95,6 +173,8 @@ pub fn probes(results: &[ProbeResult], limit: Option<i64>) -> String {
         axis_y + STRIP / 2.0 + 4.0,
         W - PAD_R,
         axis_y + STRIP + 14.0,
+        id = esc(chart.id),
+        aria = esc(chart.aria),
     );
     // Ticks at the powers of 4 between the ends of the axis.
     let mut tick: i64 = 1;
@@ -123,7 +203,7 @@ pub fn probes(results: &[ProbeResult], limit: Option<i64>) -> String {
         };
         let _ = write!(
             svg,
-            "<line id=\"context-limit\" x1=\"{x:.1}\" y1=\"{PLOT_TOP}\" x2=\"{x:.1}\" \
+            "<line class=\"context-limit\" x1=\"{x:.1}\" y1=\"{PLOT_TOP}\" x2=\"{x:.1}\" \
              y2=\"{}\" stroke=\"#922b21\" stroke-dasharray=\"4 3\"/>\
              <text x=\"{tx:.1}\" y=\"{}\" font-size=\"11\" fill=\"#922b21\" \
              text-anchor=\"{anchor}\">context limit {l}</text>",
@@ -131,39 +211,30 @@ pub fn probes(results: &[ProbeResult], limit: Option<i64>) -> String {
             PLOT_TOP + 10.0,
         );
     }
-    for r in results {
-        let len = prompt_len(r);
-        let (cy, what) = match r.ttft_ms {
-            Some(t) => (y_of(t), format!("TTFT {t} ms")),
-            None => (
-                axis_y + STRIP / 2.0,
-                match r.http_status {
-                    Some(s) => format!("HTTP {s}"),
-                    None => "no answer".to_string(),
-                },
-            ),
+    for d in dots {
+        let cy = match d.ttft_ms {
+            Some(t) => y_of(t),
+            None => axis_y + STRIP / 2.0,
         };
         let _ = write!(
             svg,
-            "<circle class=\"step outcome-{o}\" cx=\"{:.1}\" cy=\"{cy:.1}\" r=\"4\" fill=\"{}\" \
-             fill-opacity=\"0.8\"><title>{} step {}: {len} tokens, {what}, {o}</title></circle>",
-            x_of(len),
-            outcome_color(r.outcome),
-            esc(&r.tenant),
-            r.step,
-            o = r.outcome,
+            "<circle class=\"{}\" cx=\"{:.1}\" cy=\"{cy:.1}\" r=\"4\" fill=\"{}\" \
+             fill-opacity=\"0.8\"><title>{}</title></circle>",
+            esc(&d.class),
+            x_of(d.len),
+            d.color,
+            esc(&d.title),
         );
     }
-    for (i, o) in ProbeOutcome::ALL.iter().enumerate() {
+    for (i, (name, color)) in chart.legend.iter().enumerate() {
         let x = PAD_L + (i % 4) as f64 * 200.0;
         let y = axis_y + STRIP + 24.0 + (i / 4) as f64 * 16.0;
         let _ = write!(
             svg,
-            "<circle cx=\"{}\" cy=\"{}\" r=\"5\" fill=\"{}\"/>\
-             <text x=\"{}\" y=\"{}\" font-size=\"11\">{o}</text>",
+            "<circle cx=\"{}\" cy=\"{}\" r=\"5\" fill=\"{color}\"/>\
+             <text x=\"{}\" y=\"{}\" font-size=\"11\">{name}</text>",
             x + 5.0,
             y + 5.0,
-            outcome_color(*o),
             x + 14.0,
             y + 9.0
         );
@@ -205,7 +276,7 @@ mod tests {
         assert_eq!(svg.matches("class=\"step ").count(), 3);
         assert!(svg.contains("20 tokens, TTFT 50 ms, accepted"));
         assert!(svg.contains("300 tokens, HTTP 400, rejected_clean"));
-        assert!(svg.contains("id=\"context-limit\"") && svg.contains("context limit 256"));
+        assert!(svg.contains("class=\"context-limit\"") && svg.contains("context limit 256"));
         // Log scale from half the shortest prompt (20 tokens) to the longest (300), ticked at
         // powers of 4.
         let ticks: Vec<&str> = svg
@@ -217,6 +288,28 @@ mod tests {
         // The slowest answer is at the top of the plot.
         assert!(svg.contains(&format!("cy=\"{PLOT_TOP:.1}\"")));
         assert!(svg.contains(">100 ms</text>"));
+    }
+
+    #[test]
+    fn sampled_requests_are_dots_by_status() {
+        let p = |tenant: &str, tokens, ttft, status| SamplePoint {
+            tenant: tenant.into(),
+            prompt_tokens: tokens,
+            ttft_ms: ttft,
+            status,
+            at: UnixMs(0),
+        };
+        let svg = samples(
+            &[
+                p("alice", 40, Some(30), SampleStatus::Ok),
+                p("bob<", 9000, None, SampleStatus::Rejected),
+            ],
+            None,
+        );
+        assert!(svg.contains("id=\"traffic-chart\""));
+        assert_eq!(svg.matches("class=\"sample status-").count(), 2);
+        assert!(svg.contains("alice: 40 prompt tokens, TTFT 30 ms, ok"));
+        assert!(svg.contains("bob&lt;: 9000 prompt tokens, no first token, rejected"));
     }
 
     #[test]

@@ -142,6 +142,14 @@ async fn pages_filters_refresh_and_charts(s: &Session, r: &Running, base: &str) 
         .await;
     assert_eq!(dots, 14, "7 steps for each of 2 probe tenants");
     shoot(s, "probes.png").await;
+    let traffic = s
+        .run_async(
+            "const c = document.getElementById('traffic-chart'); c.scrollIntoView(); \
+             done(c.querySelectorAll('circle.sample').length);",
+        )
+        .await;
+    assert_eq!(traffic, 1, "the one sampled request");
+    shoot(s, "probes-traffic.png").await;
 
     // Incidents and integrity events over time.
     s.goto(&format!("{base}/integrity?window_s=3600&bucket_s=300"))

@@ -350,6 +350,16 @@ async fn a_clean_run_opens_no_incident() {
     assert_eq!(summary["samples"]["with_foreign_markers"], 0);
     let html = get_page(format!("http://{}/incidents", r.http_addr)).await;
     assert!(html.contains("id=\"no-incidents\""));
+    // Every sample is a dot of the traffic chart; the refused one has no first token.
+    let html = get_page(format!("http://{}/probes", r.http_addr)).await;
+    assert!(html.contains("id=\"traffic-chart\""));
+    assert_eq!(html.matches("class=\"sample status-").count(), 5);
+    assert!(
+        html.contains("bob: 0 prompt tokens, no first token, rejected"),
+        "{html}"
+    );
+    let api = get_json(format!("http://{}/api/samples/recent", r.http_addr)).await;
+    assert_eq!(api.as_array().unwrap().len(), 5);
     let metrics = get_text(format!("http://{}/metrics", r.http_addr)).await;
     assert!(
         metrics.contains("pagewarden_auditor_samples_total 5"),
