@@ -48,6 +48,11 @@ pub struct ProbeSettings {
     pub tokens: Option<Arc<dyn TokenCounter>>,
 }
 
+/// How long [`Prober::run_every`] waits for the router's `/ready` before its first run.
+pub const READY_GRACE: Duration = Duration::from_secs(600);
+/// How often the router's `/ready` is asked meanwhile (and how long each ask may take).
+const READY_POLL: Duration = Duration::from_secs(2);
+
 /// Sends probe runs and records them.
 pub struct Prober {
     engine: Arc<Engine>,
@@ -68,13 +73,26 @@ impl Prober {
         })
     }
 
-    /// Runs every `interval` until `shutdown` resolves.
+    /// Runs every `interval` until `shutdown` resolves, the first run once the router says it
+    /// is ready (or [`READY_GRACE`] has passed): an auditor started before the router, as in
+    /// any deployment where the router reports to it, opens no incident for that.
     pub async fn run_every(
         self,
         interval: Duration,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         tokio::pin!(shutdown);
+        tokio::select! {
+            _ = &mut shutdown => return,
+            ready = self.wait_router_ready(READY_GRACE) => {
+                if !ready {
+                    tracing::warn!(
+                        router = %self.settings.router_url,
+                        "router not ready after {}s: probing anyway", READY_GRACE.as_secs()
+                    );
+                }
+            }
+        }
         let mut tick = tokio::time::interval(interval);
         loop {
             tokio::select! {
@@ -85,6 +103,22 @@ impl Prober {
                     }
                 }
             }
+        }
+    }
+
+    /// Polls the router's `/ready` until it answers 200, for at most `grace`; whether it did.
+    pub async fn wait_router_ready(&self, grace: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
+        let url = format!("{}/ready", self.settings.router_url);
+        loop {
+            let answer = self.http.get(&url).timeout(READY_POLL).send().await;
+            if answer.is_ok_and(|r| r.status().is_success()) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(READY_POLL).await;
         }
     }
 

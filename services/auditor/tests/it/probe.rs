@@ -200,3 +200,32 @@ async fn an_unreachable_router_is_an_incident() {
     );
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn periodic_probing_waits_for_the_router_to_be_ready() {
+    let (r, prober, fake) = setup().await;
+    fake.faults.lock().not_ready = true;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task =
+        tokio::spawn(prober.run_every(Duration::from_secs(3600), stop.clone().cancelled_owned()));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let store = r.engine.store();
+    assert!(
+        store.probe_runs(5).await.unwrap().is_empty(),
+        "probed a router that is not ready"
+    );
+    assert!(fake.seen.lock().is_empty());
+    fake.faults.lock().not_ready = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while store.probe_runs(5).await.unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no run once the router was ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.cancel();
+    task.await.unwrap();
+    assert!(incident_kinds(&r).await.is_empty());
+    r.shutdown().await;
+}
