@@ -181,18 +181,39 @@ fn dev_keys(stack: &Stack) -> ClientKeys {
     ClientKeys::load(&path).expect("the init step's keys.toml parses")
 }
 
-async fn wait_ready(http: &reqwest::Client, router: &str) {
+/// Waits for the router's `/ready`; fails at once, instead of at the timeout, when a service
+/// of the stack has exited or restarted (a misconfigured service crash-loops under
+/// `restart: unless-stopped`).
+fn wait_ready(stack: &Stack, rt: &tokio::runtime::Runtime, router: &str) {
+    let _in_runtime = rt.enter();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
-        let r = http.get(format!("{router}/ready")).send().await;
+        let r = rt.block_on(http.get(format!("{router}/ready")).send());
         if r.as_ref().is_ok_and(|r| r.status().is_success()) {
             return;
+        }
+        for service in WORKERS.iter().chain(&["router", "auditor", "postgres"]) {
+            let id = stack.ok(&["ps", "-q", service]);
+            let state = ok(Command::new("docker").args([
+                "inspect",
+                "-f",
+                "{{.State.Status}} restarts={{.RestartCount}}",
+                &id,
+            ]));
+            assert!(
+                state == "running restarts=0",
+                "{service} is not running steadily ({state}): see its logs below"
+            );
         }
         assert!(
             Instant::now() < deadline,
             "the router at {router} was not ready within {READY_TIMEOUT:?}: {r:?}"
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 
@@ -214,7 +235,6 @@ async fn completions(router: &str, alice: &str, bob: &str) {
         .timeout(Duration::from_secs(180))
         .build()
         .unwrap();
-    wait_ready(&http, router).await;
     let models: Value = http
         .get(format!("{router}/v1/models"))
         .bearer_auth(alice)
@@ -361,6 +381,7 @@ fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
         keys.key_of("dev-bob").expect("a dev-bob key").to_string(),
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
+    phase("router ready", || wait_ready(&stack, &rt, &router));
     phase("completions through the router", || {
         rt.block_on(completions(&router, &alice, &bob))
     });
