@@ -17,12 +17,12 @@
 //! (`docker compose` or `docker-compose`) and debootstrap (`scripts/test.sh` installs it);
 //! fails, never skips, without them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pagewarden_common::tenants::ClientKeys;
-use pagewarden_system_tests::{bin, bin_dir, model_path, workspace_root};
+use pagewarden_system_tests::{bin, bin_dir, model_path};
 use serde_json::{json, Value};
 
 /// The model file name the compose file's commands name under `/models`.
@@ -31,6 +31,14 @@ const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const WORKERS: [&str; 4] = ["prefill-0", "prefill-1", "decode-0", "decode-1"];
 /// How long the whole stack may take to become ready after `up` returns.
 const READY_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// The repository this test was compiled from (its compose file and scripts).
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate sits in the repository")
+        .to_path_buf()
+}
 
 fn output_text(o: &Output) -> String {
     format!(
@@ -73,7 +81,7 @@ struct Stack {
 
 impl Stack {
     fn cmd(&self, args: &[&str]) -> Command {
-        let dir = workspace_root().join("compose");
+        let dir = repo().join("compose");
         let mut c = Command::new(&self.program[0]);
         c.args(&self.program[1..]).args(["-p", &self.project]);
         for f in [
@@ -332,7 +340,7 @@ fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
         bin(b);
     }
     let program = compose_program();
-    let root = workspace_root();
+    let root = repo();
     let script = |name: &str| -> PathBuf { root.join("scripts").join(name) };
     let base = phase(
         "base image (debootstrap + docker import, or cached)",
