@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what the tests need when missing
 # (PostgreSQL server binaries, ibverbs headers and clang for the rdma feature, Chromium and
-# ChromeDriver for the auditor UI test, NVRTC for the CUDA compile test, Python's Prometheus
-# text parser for the metrics scrape test, the default model), then checks formatting, lints
-# every feature, and runs every test of the workspace.
+# ChromeDriver for the auditor UI test, debootstrap for the compose test's base image, NVRTC
+# for the CUDA compile test, Python's Prometheus text parser for the metrics scrape test, the
+# default model), then checks formatting, lints every feature, and runs every test of the
+# workspace. The compose test also needs Docker Engine with Compose, which it does not install.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -21,7 +22,7 @@ if [ -z "${PW_SELF_CONTAINED:-}" ] && [ -d "$root/../shared" ]; then
 fi
 
 need_apt=()
-for pkg in postgresql libibverbs-dev librdmacm-dev clang libclang-dev pkg-config chromium chromium-driver; do
+for pkg in postgresql libibverbs-dev librdmacm-dev clang libclang-dev pkg-config chromium chromium-driver debootstrap; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

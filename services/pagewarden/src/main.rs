@@ -3,6 +3,7 @@
 //!   on 127.0.0.1.
 //! - `keys_cmd.rs`: add, rotate and revoke tenants' API keys in a tenants file.
 //! - `hash_password_cmd.rs`: the argon2 hash of an auditor operator's password.
+//! - `init_secrets_cmd.rs`: a container suite's CA, certificates and keys, one dir per role.
 //! - `preflight_cmd.rs`: checks a deployment's workers and keys before it starts.
 //! - `probe_cmd.rs`: one canary sweep against a running router.
 //! - `generate.rs`: run the model in-process on one prompt.
@@ -19,6 +20,7 @@ mod devsecrets;
 mod fetch;
 mod generate;
 mod hash_password_cmd;
+mod init_secrets_cmd;
 mod keys_cmd;
 mod preflight_cmd;
 mod probe_cmd;
@@ -52,6 +54,9 @@ enum Command {
     },
     /// Print the argon2 hash of a password read on stdin (for the auditor's `[[operators]]`).
     HashPassword,
+    /// Draw a container suite's CA, per-role certificates and keys at its first start, one
+    /// directory per role (compose's `init` service); files already there are kept.
+    InitSecrets(init_secrets_cmd::InitSecretsArgs),
     /// Run one canary sweep against a running router and print the result.
     Probe(probe_cmd::ProbeArgs),
     /// Generate text from a prompt in this process (no services).
@@ -82,6 +87,7 @@ fn main() -> anyhow::Result<()> {
         Command::Probe(a) => probe_cmd::run(a),
         Command::Keys { what } => keys_cmd::run(what),
         Command::HashPassword => hash_password_cmd::run(),
+        Command::InitSecrets(a) => init_secrets_cmd::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Chaos(a) => chaos::run(a),
         Command::Bench { what } => match what {

@@ -302,7 +302,7 @@ fn the_compose_check_catches_drift() {
     let clis = clis();
     let yaml = std::fs::read_to_string(repo().join("compose/docker-compose.yml")).unwrap();
     let prometheus = std::fs::read_to_string(repo().join("compose/prometheus.yml")).unwrap();
-    let bad_prometheus = prometheus.replace("decode:7202", "decode:7299");
+    let bad_prometheus = prometheus.replace("decode-0:7202", "decode-0:7299");
     assert_ne!(bad_prometheus, prometheus, "the mutation must apply");
     let bad = yaml
         .replace(
@@ -310,15 +310,18 @@ fn the_compose_check_catches_drift() {
             "--grpc-address\n      - 0.0.0.0:7201",
         )
         .replace("PAGEWARDEN_AUDITOR_DATABASE_URL", "PAGEWARDEN_DB_URL")
-        .replace("http://prefill:7101", "http://prefill:7999")
-        .replace("127.0.0.1:8080:8080", "127.0.0.1:8080:8081");
+        .replace("http://prefill-0:7101", "http://prefill-0:7999")
+        .replace(
+            "127.0.0.1:${PAGEWARDEN_ROUTER_PORT:-8080}:8080",
+            "127.0.0.1:${PAGEWARDEN_ROUTER_PORT:-8080}:8081",
+        );
     assert_ne!(bad, yaml, "the mutations must apply");
     let problems = compose_problems(&bad, &bad_prometheus, &clis).join("\n");
     for expected in [
-        "prometheus scrape: decode:7299",
+        "prometheus scrape: decode-0:7299",
         "has no flag --grpc-address",
         "no environment variable PAGEWARDEN_DB_URL",
-        "prefill:7999",
+        "prefill-0:7999",
         "publishes 127.0.0.1:8080:8081",
     ] {
         assert!(

@@ -67,6 +67,11 @@ pub struct Schedule {
 #[error("a probe run is already under way; try again when it has finished")]
 pub struct SweepBusy;
 
+/// How long [`Prober::run_every`] waits for the router's `/ready` before its first run.
+pub const READY_GRACE: Duration = Duration::from_secs(600);
+/// How often the router's `/ready` is asked meanwhile (and how long each ask may take).
+const READY_POLL: Duration = Duration::from_secs(2);
+
 /// Sends probe runs and records them.
 pub struct Prober {
     engine: Arc<Engine>,
@@ -90,9 +95,10 @@ impl Prober {
         })
     }
 
-    /// Runs `schedule` until `shutdown` resolves. The first run starts as soon as the router
-    /// first answers (a suite starts its auditor before its router), or after one interval
-    /// if it never does: from then on an unreachable router is an incident.
+    /// Runs `schedule` until `shutdown` resolves, the first run once the router says it is
+    /// ready (or [`READY_GRACE`] has passed): an auditor started before the router, as in any
+    /// deployment where the router reports to it, opens no incident for that. From then on an
+    /// unreachable router is an incident.
     pub async fn run_every(
         self: Arc<Self>,
         schedule: Schedule,
@@ -101,7 +107,14 @@ impl Prober {
         tokio::pin!(shutdown);
         tokio::select! {
             _ = &mut shutdown => return,
-            _ = tokio::time::timeout(schedule.every, self.router_answers()) => {}
+            ready = self.wait_router_ready(READY_GRACE) => {
+                if !ready {
+                    tracing::warn!(
+                        router = %self.settings.router_url,
+                        "router not ready after {}s: probing anyway", READY_GRACE.as_secs()
+                    );
+                }
+            }
         }
         let mut tick = tokio::time::interval(schedule.every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -114,20 +127,6 @@ impl Prober {
                     }
                 }
             }
-        }
-    }
-
-    /// Resolves once the router lists a model with a context limit.
-    async fn router_answers(&self) {
-        let Some(first) = self.settings.tenants.first() else {
-            return;
-        };
-        let s = &self.settings;
-        while http::context_limit(&self.http, &s.router_url, &first.api_key)
-            .await
-            .is_err()
-        {
-            tokio::time::sleep(Duration::from_secs(2)).await;
         }
     }
 
@@ -144,7 +143,23 @@ impl Prober {
         Ok(())
     }
 
-    /// One full run, waiting for its turn. Returns the run's id.
+    /// Polls the router's `/ready` until it answers 200, for at most `grace`; whether it did.
+    pub async fn wait_router_ready(&self, grace: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
+        let url = format!("{}/ready", self.settings.router_url);
+        loop {
+            let answer = self.http.get(&url).timeout(READY_POLL).send().await;
+            if answer.is_ok_and(|r| r.status().is_success()) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(READY_POLL).await;
+        }
+    }
+
+    /// One full run: every step for every probe tenant. Returns the run's id.
     pub async fn run_once(&self) -> Result<ProbeRunId, StoreError> {
         self.run(SweepKind::Full).await
     }

@@ -24,6 +24,8 @@ pub struct Faults {
     pub accept_overlength: bool,
     /// Report one token fewer than the prompt has.
     pub miscount: bool,
+    /// Answer `/ready` with 503 (as a router without live workers does).
+    pub not_ready: bool,
 }
 
 #[derive(Clone)]
@@ -37,6 +39,14 @@ async fn models() -> Json<Value> {
     Json(
         json!({"object": "list", "data": [{"id": "smollm2", "object": "model", "max_model_len": LIMIT}]}),
     )
+}
+
+async fn ready(State(f): State<Fake>) -> StatusCode {
+    if f.faults.lock().not_ready {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
 }
 
 fn error(status: StatusCode, code: &str) -> Response {
@@ -99,6 +109,7 @@ pub async fn start(keys: &[(&str, &str)]) -> (SocketAddr, Fake) {
         seen: Arc::default(),
     };
     let app = Router::new()
+        .route("/ready", get(ready))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .with_state(fake.clone());

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pagewarden_auditor::domain::{ProbeOutcome, ProbeRunStatus, SweepKind};
 use pagewarden_auditor::probe::plan::LatencyBounds;
-use pagewarden_auditor::probe::{ProbeSettings, ProbeTenant, Prober};
+use pagewarden_auditor::probe::{ProbeSettings, ProbeTenant, Prober, Schedule};
 use pagewarden_auditor::tokens::WordCounter;
 use pagewarden_auditor::Running;
 use pagewarden_common::TenantId;
@@ -332,5 +332,40 @@ async fn operators_start_a_sweep_on_demand() {
     let url = format!("http://{}/api/probes/run", r.http_addr);
     let off = api_post(url, Some(OPS_TOKEN), serde_json::json!({"sweep": "light"})).await;
     assert_eq!(off.status(), 409);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn periodic_probing_waits_for_the_router_to_be_ready() {
+    let (r, prober, fake) = setup().await;
+    fake.faults.lock().not_ready = true;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task =
+        tokio::spawn(prober.run_every(
+            Schedule {
+                every: Duration::from_secs(3600),
+                sweep: SweepKind::Full,
+            },
+            stop.clone().cancelled_owned(),
+        ));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let store = r.engine.store();
+    assert!(
+        store.probe_runs(5).await.unwrap().is_empty(),
+        "probed a router that is not ready"
+    );
+    assert!(fake.seen.lock().is_empty());
+    fake.faults.lock().not_ready = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while store.probe_runs(5).await.unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no run once the router was ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.cancel();
+    task.await.unwrap();
+    assert!(incident_kinds(&r).await.is_empty());
     r.shutdown().await;
 }
