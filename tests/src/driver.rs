@@ -80,24 +80,26 @@ impl Driver {
             .into_inner()
     }
 
-    /// `Reserve` on decode, for greedy sampling with `max_tokens`.
+    /// `Reserve` on decode for `prompt` (the ids prefill is then given), greedy sampling with
+    /// `max_tokens`.
     pub async fn reserve(
         &mut self,
         req: &pb::RequestRef,
         tenant: &str,
-        prompt_tokens: u32,
+        prompt: &[u32],
         max_tokens: u32,
     ) -> Result<pb::WriteGrant, Status> {
-        self.reserve_with(req, tenant, prompt_tokens, greedy(max_tokens))
+        self.reserve_with(req, tenant, prompt, greedy(max_tokens))
             .await
     }
 
-    /// `Reserve` on decode with the generation's sampling parameters (said once, here).
+    /// `Reserve` on decode for `prompt` with the generation's sampling parameters (said once,
+    /// here).
     pub async fn reserve_with(
         &mut self,
         req: &pb::RequestRef,
         tenant: &str,
-        prompt_tokens: u32,
+        prompt: &[u32],
         sampling: pb::SamplingParams,
     ) -> Result<pb::WriteGrant, Status> {
         let r = self
@@ -105,9 +107,10 @@ impl Driver {
             .reserve(pb::ReserveRequest {
                 req: Some(req.clone()),
                 tenant: tenant.into(),
-                prompt_tokens,
+                prompt_tokens: prompt.len() as u32,
                 sampling: Some(sampling),
-                prompt_token_ids: vec![],
+                prompt_token_ids: prompt.to_vec(),
+                tenant_weight: 1,
             })
             .await?
             .into_inner();
@@ -131,6 +134,7 @@ impl Driver {
                 prompt_tokens: prompt.to_vec(),
                 grant: Some(grant),
                 sampling: Some(sampling),
+                tenant_weight: 1,
             })
             .await?
             .into_inner())
@@ -191,7 +195,7 @@ impl Driver {
     ) -> Result<Completion, Status> {
         let req = fresh_ref();
         let grant = self
-            .reserve_with(&req, tenant, prompt.len() as u32, sampling.clone())
+            .reserve_with(&req, tenant, prompt, sampling.clone())
             .await?;
         let reply = self.prefill(&req, tenant, prompt, grant, sampling).await?;
         self.generate(&req, reply).await

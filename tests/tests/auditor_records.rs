@@ -97,10 +97,7 @@ async fn reserve_and_prefill(
     tenant: &str,
 ) -> (pb::RequestRef, pb::WriteGrant, pb::PrefillReply) {
     let req = fresh_ref();
-    let grant = d
-        .reserve(&req, tenant, PROMPT.len() as u32, 4)
-        .await
-        .expect("reserve");
+    let grant = d.reserve(&req, tenant, &PROMPT, 4).await.expect("reserve");
     let reply = d
         .prefill(&req, tenant, &PROMPT, grant.clone(), greedy(4))
         .await
@@ -275,10 +272,10 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
     // reservation is unharmed and completes. The auditor counts it as routine: no incident.
     let req = fresh_ref();
     let grant = d
-        .reserve(&req, "tenant-0", PROMPT.len() as u32, 4)
+        .reserve(&req, "tenant-0", &PROMPT, 4)
         .await
         .expect("first reserve");
-    let replay = d.reserve(&req, "tenant-0", PROMPT.len() as u32, 4).await;
+    let replay = d.reserve(&req, "tenant-0", &PROMPT, 4).await;
     assert_eq!(
         replay.as_ref().err().map(tonic::Status::code),
         Some(tonic::Code::Aborted),

@@ -71,7 +71,8 @@ fn reserve() -> pb::ReserveRequest {
             max_tokens: 2,
             ..Default::default()
         }),
-        prompt_token_ids: vec![],
+        prompt_token_ids: vec![30, 31, 32, 33],
+        tenant_weight: 1,
     }
 }
 

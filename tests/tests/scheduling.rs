@@ -50,13 +50,17 @@ fn spawn_reserve(
     max_tokens: u32,
 ) -> ReserveCall {
     let (mut d, req) = (d.clone(), req.clone());
-    tokio::spawn(async move { d.reserve(&req, "t", prompt_tokens, max_tokens).await })
+    let p = prompt(prompt_tokens as usize);
+    tokio::spawn(async move { d.reserve(&req, "t", &p, max_tokens).await })
 }
 
-/// Tiny model: context 256; decode's default pool holds two contexts (32 pages of 16). Two
-/// reservations of 100 prompt + 156 max tokens promise all 32 pages (7 held, 9 owed each).
-const PROMPT: u32 = 100;
-const MAX: u32 = 156;
+/// Tiny model: context 256; decode's default pool holds two contexts (32 pages of 16). A
+/// reservation holds its prompt's pages (15 for 240 tokens) and is owed the page its first
+/// generated token needs: two of them speak for all 32 pages.
+const PROMPT: u32 = 240;
+const MAX: u32 = 16;
+/// Pages two reservations hold.
+const HELD: u64 = 30;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reserve_that_does_not_fit_now_waits_holding_nothing_and_is_served_later() {
@@ -65,19 +69,19 @@ async fn a_reserve_that_does_not_fit_now_waits_holding_nothing_and_is_served_lat
     let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let total = d.decode_info().await.total_pages;
     let (r1, r2, r3) = (fresh_ref(), fresh_ref(), fresh_ref());
-    let g1 = d.reserve(&r1, "t", PROMPT, MAX).await.expect("first fits");
-    let g2 = d.reserve(&r2, "t", PROMPT, MAX).await.expect("second fits");
+    let p = prompt(PROMPT as usize);
+    let g1 = d.reserve(&r1, "t", &p, MAX).await.expect("first fits");
+    let g2 = d.reserve(&r2, "t", &p, MAX).await.expect("second fits");
     let call3 = spawn_reserve(&d, &r3, PROMPT, MAX);
     let info = wait_info(&mut d, "third request queued", |i| i.queue_depth == 1).await;
     assert_eq!(
         info.free_pages,
-        total - 14,
+        total - HELD,
         "the waiting request holds no pages"
     );
     assert!(!call3.is_finished(), "queued, not refused");
 
     // The first one runs to its end; its pages free, and the waiting one gets its grant.
-    let p = prompt(PROMPT as usize);
     let reply = d
         .prefill(&r1, "t", &p, g1, greedy(MAX))
         .await
@@ -106,12 +110,13 @@ async fn a_full_queue_and_a_passed_queue_deadline_answer_typed_statuses() {
     let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let total = d.decode_info().await.total_pages;
     let (r1, r2) = (fresh_ref(), fresh_ref());
-    d.reserve(&r1, "t", PROMPT, MAX).await.expect("first fits");
-    d.reserve(&r2, "t", PROMPT, MAX).await.expect("second fits");
+    let p = prompt(PROMPT as usize);
+    d.reserve(&r1, "t", &p, MAX).await.expect("first fits");
+    d.reserve(&r2, "t", &p, MAX).await.expect("second fits");
     let call3 = spawn_reserve(&d, &fresh_ref(), PROMPT, MAX);
     wait_info(&mut d, "third request queued", |i| i.queue_depth == 1).await;
     let full = d
-        .reserve(&fresh_ref(), "t", PROMPT, MAX)
+        .reserve(&fresh_ref(), "t", &p, MAX)
         .await
         .expect_err("the queue holds one");
     assert_eq!(full.code(), tonic::Code::ResourceExhausted, "{full:?}");
@@ -120,10 +125,10 @@ async fn a_full_queue_and_a_passed_queue_deadline_answer_typed_statuses() {
     assert_eq!(late.code(), tonic::Code::ResourceExhausted, "{late:?}");
     assert_eq!(reason(&late).as_deref(), Some("queue_timeout"));
     let info = d.decode_info().await;
-    assert_eq!((info.queue_depth, info.free_pages), (0, total - 14));
+    assert_eq!((info.queue_depth, info.free_pages), (0, total - HELD));
     // Admission (I3) still comes first: an over-context request is rejected, never queued.
     let over = d
-        .reserve(&fresh_ref(), "t", 200, 57)
+        .reserve(&fresh_ref(), "t", &prompt(200), 57)
         .await
         .expect_err("over the context");
     assert_eq!(reason(&over).as_deref(), Some("context_length_exceeded"));
@@ -138,8 +143,9 @@ async fn a_cancelled_waiting_request_leaves_the_queue_at_once() {
     let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let total = d.decode_info().await.total_pages;
     let (r1, r2) = (fresh_ref(), fresh_ref());
-    d.reserve(&r1, "t", PROMPT, MAX).await.expect("first fits");
-    d.reserve(&r2, "t", PROMPT, MAX).await.expect("second fits");
+    let p = prompt(PROMPT as usize);
+    d.reserve(&r1, "t", &p, MAX).await.expect("first fits");
+    d.reserve(&r2, "t", &p, MAX).await.expect("second fits");
 
     // The caller goes away (the router gave up): the request leaves the queue.
     let gone = spawn_reserve(&d, &fresh_ref(), PROMPT, MAX);
@@ -208,7 +214,7 @@ async fn max_tokens_is_said_once_at_reserve_and_nothing_is_left_behind() {
     let mut sampling = greedy(3);
     sampling.stop = vec![];
     let grant = d
-        .reserve_with(&req, "t", p.len() as u32, sampling.clone())
+        .reserve_with(&req, "t", &p, sampling.clone())
         .await
         .expect("reserve");
     // Prefill's own copy of the sampling parameters is for its admission re-check and first
@@ -231,10 +237,25 @@ async fn max_tokens_is_said_once_at_reserve_and_nothing_is_left_behind() {
             tenant: "t".into(),
             prompt_tokens: 4,
             sampling: None,
-            prompt_token_ids: vec![],
+            prompt_token_ids: vec![30, 31, 32, 33],
+            tenant_weight: 1,
         })
         .await
         .expect_err("sampling is required");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    // So is every prompt id: decode recomputes a preempted sequence from them.
+    let err = d
+        .decode
+        .reserve(pb::ReserveRequest {
+            req: Some(fresh_ref()),
+            tenant: "t".into(),
+            prompt_tokens: 4,
+            sampling: Some(greedy(3)),
+            prompt_token_ids: vec![30, 31, 32],
+            tenant_weight: 1,
+        })
+        .await
+        .expect_err("prompt ids are required");
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
 }
 
@@ -383,9 +404,9 @@ async fn real_model_eight_at_once_wait_their_turn_and_leave_the_pools_free() {
         client,
         url,
     } = real_suite().await;
-    // Eight requests at once. Each reserves a budget of a quarter prompt plus half the
-    // context for its completion (a stop sequence ends it after the code), so decode's pool
-    // (two contexts) holds three budgets at a time: the rest wait their turn, none is refused.
+    // Eight requests at once. Each reserves its prompt's pages, half a context (its completion
+    // may take the other half; a stop sequence ends it after the code), so decode's pool (two
+    // contexts) holds three prompts at a time: the rest wait their turn, none is refused.
     let started = Instant::now();
     let deepest = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let poller = {
@@ -403,8 +424,8 @@ async fn real_model_eight_at_once_wait_their_turn_and_leave_the_pools_free() {
             let (client, url, tok) = (client.clone(), url.clone(), tok.clone());
             let code = format!("K{i}W{i}");
             tokio::spawn(async move {
-                let text = marked_prompt(&tok, &code, CONTEXT / 4);
-                let max = (CONTEXT / 2) as u32;
+                let text = marked_prompt(&tok, &code, CONTEXT / 2);
+                let max = (CONTEXT / 2 - 16) as u32;
                 let got = complete(&client, &url, &api_key(i % 2), &text, max, &["\n"]).await;
                 (code, got)
             })

@@ -65,6 +65,7 @@ async fn prefill_into(
             prompt_tokens: prompt.to_vec(),
             grant: Some(grant),
             sampling: Some(greedy(1)),
+            tenant_weight: 1,
         })
         .await
         .expect("prefill");

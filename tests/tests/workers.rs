@@ -101,7 +101,7 @@ async fn over_length_requests_are_rejected_before_any_allocation() {
         let max_tokens = 1;
         let fits = prompt_len + max_tokens <= context;
         let req = fresh_ref();
-        let grant = d.reserve(&req, "tenant-a", prompt_len, max_tokens).await;
+        let grant = d.reserve(&req, "tenant-a", &prompt, max_tokens).await;
         if fits {
             let grant = grant.expect("a request that fits is reserved");
             let reply = d
@@ -184,7 +184,7 @@ async fn a_pool_smaller_than_the_context_refuses_to_start_or_lowers_the_context(
     assert_eq!((info.context_length, info.pool_tokens), (128, 128));
     // Under the model's context (256) but over the pool: rejected, nothing reserved.
     let err = d
-        .reserve(&fresh_ref(), "t", 100, 40)
+        .reserve(&fresh_ref(), "t", &[30; 100], 40)
         .await
         .expect_err("over the pool");
     assert_eq!(reason(&err).as_deref(), Some("context_length_exceeded"));
@@ -204,10 +204,7 @@ async fn abort_mid_transfer_and_client_disconnect_free_every_page() {
     // cancels and drains, and the pages come back to the free list (not quarantine).
     for delay_ms in [0u64, 1, 3, 10] {
         let req = fresh_ref();
-        let grant = d
-            .reserve(&req, "t", prompt.len() as u32, 4)
-            .await
-            .expect("reserve");
+        let grant = d.reserve(&req, "t", &prompt, 4).await.expect("reserve");
         let mut p = d.clone();
         let (r2, pr) = (req.clone(), prompt.clone());
         let call = tokio::spawn(async move { p.prefill(&r2, "t", &pr, grant, greedy(4)).await });
@@ -228,8 +225,8 @@ async fn abort_mid_transfer_and_client_disconnect_free_every_page() {
 
     // A client that drops its token stream mid-generation: decode aborts that request.
     let req = fresh_ref();
-    let grant = d.reserve(&req, "t", 5, 200).await.expect("reserve");
     let prompt5 = [40, 41, 42, 43, 44];
+    let grant = d.reserve(&req, "t", &prompt5, 200).await.expect("reserve");
     let reply = d
         .prefill(&req, "t", &prompt5, grant, greedy(200))
         .await
@@ -287,7 +284,7 @@ async fn queue_behind_stuck_job() -> QueuedBehindStuckJob {
     let black_hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let req_a = fresh_ref();
     let mut grant_a = d2
-        .reserve(&req_a, "t", prompt.len() as u32, 4)
+        .reserve(&req_a, "t", &prompt, 4)
         .await
         .expect("reserve A");
     grant_a.transfer_addr = black_hole.local_addr().unwrap().to_string();
@@ -296,10 +293,7 @@ async fn queue_behind_stuck_job() -> QueuedBehindStuckJob {
         tokio::spawn(async move { pa.prefill(&req_a, "t", &pra, grant_a, greedy(4)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let req_b = fresh_ref();
-    let grant_b = d
-        .reserve(&req_b, "t", prompt.len() as u32, 4)
-        .await
-        .expect("reserve B");
+    let grant_b = d.reserve(&req_b, "t", &prompt, 4).await.expect("reserve B");
     let (mut pb_, rb) = (d.clone(), req_b.clone());
     let call_b =
         tokio::spawn(async move { pb_.prefill(&rb, "t", &prompt, grant_b, greedy(4)).await });
@@ -382,10 +376,7 @@ async fn a_prefill_killed_mid_transfer_leaves_decode_clean() {
     let total = d.decode_info().await.total_pages as f64;
     let prompt: Vec<u32> = (0..250).map(|i| 20 + i % 200).collect();
     let req = fresh_ref();
-    let grant = d
-        .reserve(&req, "t", prompt.len() as u32, 4)
-        .await
-        .expect("reserve");
+    let grant = d.reserve(&req, "t", &prompt, 4).await.expect("reserve");
     let mut p = d.clone();
     let (r2, pr) = (req.clone(), prompt.clone());
     let call = tokio::spawn(async move { p.prefill(&r2, "t", &pr, grant, greedy(4)).await });

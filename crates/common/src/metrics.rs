@@ -89,6 +89,7 @@ pub struct WorkerMetrics {
     prefill_duration: Histogram,
     prefill_chunks: Counter,
     generated_tokens: Counter,
+    preemptions: Counter,
     vllm: VllmMetrics,
 }
 
@@ -120,6 +121,7 @@ impl WorkerMetrics {
             prefill_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             prefill_chunks: Counter::default(),
             generated_tokens: Counter::default(),
+            preemptions: Counter::default(),
             vllm: VllmMetrics::new(model_name, role),
             registry: Registry::default(),
         };
@@ -190,6 +192,11 @@ impl WorkerMetrics {
             "Tokens generated",
             m.generated_tokens.clone(),
         );
+        registry.register(
+            "preemptions",
+            "Sequences preempted for KV pages (their pages freed, recomputed later)",
+            m.preemptions.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -250,6 +257,11 @@ impl WorkerMetrics {
     /// Counts generated tokens.
     pub fn generated(&self, n: u64) {
         self.generated_tokens.inc_by(n);
+    }
+
+    /// Counts a sequence preempted for pages.
+    pub fn preempted(&self) {
+        self.preemptions.inc();
     }
 
     /// Records one transfer.

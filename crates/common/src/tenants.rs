@@ -7,6 +7,8 @@
 //! name = "acme"
 //! key_sha256 = ["<64 hex digits>"]   # SHA-256 of each API key, never the key itself
 //! max_concurrent = 4                   # optional: its requests in flight at once (429 above)
+//! weight = 2                           # optional (default 1): its share of the workers' queues
+//! tokens_per_minute = 100000           # optional: prompt + completion tokens a minute (429 above)
 //! ```
 //!
 //! Plain `keys = [...]` are refused with a message that says how to hash them: a copy of this
@@ -35,6 +37,35 @@ pub struct TenantEntry {
     /// router's default for every tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent: Option<u32>,
+    /// Its share of the workers' waiting queues against other waiting tenants (weighted round
+    /// robin: up to `weight` of its requests per turn); `None`: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    /// Prompt and completion tokens it may use a minute (the router answers 429 with
+    /// `Retry-After` above); `None`: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// A tenant's share and limits, as the router applies them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantLimits {
+    /// Requests in flight at once, at most (`None`: the router's default).
+    pub max_concurrent: Option<u32>,
+    /// Weight in the workers' fair queues (at least 1).
+    pub weight: u32,
+    /// Tokens a minute, at most (`None`: no limit).
+    pub tokens_per_minute: Option<u64>,
+}
+
+impl Default for TenantLimits {
+    fn default() -> Self {
+        Self {
+            max_concurrent: None,
+            weight: 1,
+            tokens_per_minute: None,
+        }
+    }
 }
 
 /// An entry as written, before plain keys are refused.
@@ -46,6 +77,8 @@ struct RawEntry {
     key_sha256: Vec<SecretHash>,
     keys: Option<toml::Value>,
     max_concurrent: Option<u32>,
+    weight: Option<u32>,
+    tokens_per_minute: Option<u64>,
 }
 
 impl TryFrom<RawEntry> for TenantEntry {
@@ -67,10 +100,25 @@ impl TryFrom<RawEntry> for TenantEntry {
                 r.name
             ));
         }
+        if r.weight == Some(0) {
+            return Err(format!(
+                "tenant `{}`: weight = 0 would never serve it while others wait (the least is 1)",
+                r.name
+            ));
+        }
+        if r.tokens_per_minute == Some(0) {
+            return Err(format!(
+                "tenant `{}`: tokens_per_minute = 0 would refuse every request (leave it out \
+                 for no limit)",
+                r.name
+            ));
+        }
         Ok(Self {
             name: r.name,
             key_sha256: r.key_sha256,
             max_concurrent: r.max_concurrent,
+            weight: r.weight,
+            tokens_per_minute: r.tokens_per_minute,
         })
     }
 }
@@ -174,6 +222,8 @@ impl TenantsFile {
                     name: name.to_string(),
                     key_sha256: Vec::new(),
                     max_concurrent: None,
+                    weight: None,
+                    tokens_per_minute: None,
                 });
                 self.tenants.len() - 1
             }
@@ -213,18 +263,23 @@ pub fn problems(tenants: &[TenantEntry]) -> Vec<String> {
 #[derive(Clone, Debug, Default)]
 pub struct KeyTable {
     by_hash: HashMap<SecretHash, TenantId>,
-    max_concurrent: HashMap<TenantId, u32>,
+    limits: HashMap<TenantId, TenantLimits>,
 }
 
 impl KeyTable {
     /// Builds the table; a key shared by two tenants is an error.
     pub fn new(entries: &[TenantEntry]) -> Result<Self, TenantsError> {
         let mut by_hash: HashMap<SecretHash, TenantId> = HashMap::new();
-        let mut max_concurrent = HashMap::new();
+        let mut limits = HashMap::new();
         for t in entries {
-            if let Some(n) = t.max_concurrent {
-                max_concurrent.insert(TenantId::new(&t.name), n);
-            }
+            limits.insert(
+                TenantId::new(&t.name),
+                TenantLimits {
+                    max_concurrent: t.max_concurrent,
+                    weight: t.weight.unwrap_or(1).max(1),
+                    tokens_per_minute: t.tokens_per_minute,
+                },
+            );
             for h in &t.key_sha256 {
                 if let Some(other) = by_hash.insert(*h, TenantId::new(&t.name)) {
                     if other.as_str() != t.name {
@@ -236,15 +291,17 @@ impl KeyTable {
                 }
             }
         }
-        Ok(Self {
-            by_hash,
-            max_concurrent,
-        })
+        Ok(Self { by_hash, limits })
+    }
+
+    /// The tenant's share and limits (the defaults for a tenant the table does not list).
+    pub fn limits(&self, tenant: &TenantId) -> TenantLimits {
+        self.limits.get(tenant).copied().unwrap_or_default()
     }
 
     /// The tenant's own limit of requests in flight, if its entry sets one.
     pub fn max_concurrent(&self, tenant: &TenantId) -> Option<u32> {
-        self.max_concurrent.get(tenant).copied()
+        self.limits(tenant).max_concurrent
     }
 
     /// The tenant owning `key`.
@@ -307,6 +364,8 @@ mod tests {
             name: name.into(),
             key_sha256: keys.iter().map(|k| SecretHash::of(k)).collect(),
             max_concurrent: None,
+            weight: None,
+            tokens_per_minute: None,
         }
     }
 
@@ -349,6 +408,34 @@ mod tests {
             "[[tenants]]\nname = \"a\"\nkey_sha256 = []\nmax_concurrent = 0\n",
         );
         assert!(zero.unwrap_err().to_string().contains("max_concurrent = 0"));
+    }
+
+    #[test]
+    fn a_tenant_may_carry_a_weight_and_a_token_rate() {
+        let f: TenantsFile = toml::from_str(
+            "[[tenants]]\nname = \"a\"\nkey_sha256 = []\nweight = 3\ntokens_per_minute = 600\n\
+             [[tenants]]\nname = \"b\"\nkey_sha256 = []\n",
+        )
+        .unwrap();
+        assert_eq!(
+            toml::from_str::<TenantsFile>(&toml::to_string(&f).unwrap()).unwrap(),
+            f
+        );
+        let t = KeyTable::new(&f.tenants).unwrap();
+        let a = t.limits(&TenantId::new("a"));
+        assert_eq!((a.weight, a.tokens_per_minute), (3, Some(600)));
+        assert_eq!(t.limits(&TenantId::new("b")), TenantLimits::default());
+        assert_eq!(t.limits(&TenantId::new("unlisted")).weight, 1);
+        for (field, said) in [
+            ("weight = 0", "weight = 0"),
+            ("tokens_per_minute = 0", "tokens_per_minute = 0"),
+        ] {
+            let text = format!("[[tenants]]\nname = \"a\"\nkey_sha256 = []\n{field}\n");
+            let e = toml::from_str::<TenantsFile>(&text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(said), "{e}");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! `FairQueue`: the waiting line of a worker, FIFO within a tenant and round robin across
-//! tenants, so one tenant's flood cannot push another tenant's request to the back.
+//! `FairQueue`: the waiting line of a worker, FIFO within a tenant and weighted round robin
+//! across tenants (each tenant's turn serves up to its weight of requests, from the tenants
+//! file's `weight`), so one tenant's flood cannot push another tenant's request to the back.
 //!
 //! Both workers keep requests that fit the context but not the free pages (or compute) here;
 //! a queued request holds no pages. The queue only orders: bounds, deadlines and what "fits"
@@ -9,11 +10,23 @@ use std::collections::VecDeque;
 
 use pagewarden_common::TenantId;
 
-/// Per-tenant FIFOs served in rotation: the next item is the head of the tenant at the front of
-/// the rotation; after it is taken, that tenant goes to the back.
+/// One tenant's place in the rotation.
+#[derive(Debug)]
+struct Line<T> {
+    tenant: TenantId,
+    /// Items its turn may take (at least 1).
+    weight: u32,
+    /// Items taken in its current turn.
+    taken: u32,
+    items: VecDeque<T>,
+}
+
+/// Per-tenant FIFOs served in weighted rotation: the next item is the head of the tenant at
+/// the front of the rotation; once that tenant has had `weight` items in this turn (or has none
+/// left), it goes to the back.
 #[derive(Debug)]
 pub struct FairQueue<T> {
-    rotation: VecDeque<(TenantId, VecDeque<T>)>,
+    rotation: VecDeque<Line<T>>,
     len: usize,
 }
 
@@ -42,28 +55,43 @@ impl<T> FairQueue<T> {
         self.len == 0
     }
 
-    /// Appends `item` to `tenant`'s line; a tenant new to the rotation joins at its back.
-    pub fn push(&mut self, tenant: &TenantId, item: T) {
-        match self.rotation.iter_mut().find(|(t, _)| t == tenant) {
-            Some((_, line)) => line.push_back(item),
-            None => self
-                .rotation
-                .push_back((tenant.clone(), VecDeque::from([item]))),
+    /// Appends `item` to `tenant`'s line; a tenant new to the rotation joins at its back. The
+    /// tenant's weight is the latest given (0 counts as 1).
+    pub fn push(&mut self, tenant: &TenantId, weight: u32, item: T) {
+        let weight = weight.max(1);
+        match self.rotation.iter_mut().find(|l| l.tenant == *tenant) {
+            Some(line) => {
+                line.weight = weight;
+                line.items.push_back(item);
+            }
+            None => self.rotation.push_back(Line {
+                tenant: tenant.clone(),
+                weight,
+                taken: 0,
+                items: VecDeque::from([item]),
+            }),
         }
         self.len += 1;
     }
 
     /// The item that [`FairQueue::pop`] would return.
     pub fn peek(&self) -> Option<&T> {
-        self.rotation.front().and_then(|(_, line)| line.front())
+        self.rotation.front().and_then(|l| l.items.front())
     }
 
-    /// Takes the next item and moves its tenant to the back of the rotation.
+    /// Takes the next item; its tenant goes to the back of the rotation once its turn has had
+    /// `weight` items.
     pub fn pop(&mut self) -> Option<T> {
-        let (tenant, mut line) = self.rotation.pop_front()?;
-        let item = line.pop_front();
-        if !line.is_empty() {
-            self.rotation.push_back((tenant, line));
+        let mut line = self.rotation.pop_front()?;
+        let item = line.items.pop_front();
+        line.taken += 1;
+        if !line.items.is_empty() {
+            if line.taken < line.weight {
+                self.rotation.push_front(line);
+            } else {
+                line.taken = 0;
+                self.rotation.push_back(line);
+            }
         }
         if item.is_some() {
             self.len -= 1;
@@ -75,7 +103,7 @@ impl<T> FairQueue<T> {
     /// rotation order of the others is kept.
     pub fn remove_first(&mut self, mut pred: impl FnMut(&T) -> bool) -> Option<T> {
         for i in 0..self.rotation.len() {
-            let line = &mut self.rotation[i].1;
+            let line = &mut self.rotation[i].items;
             if let Some(j) = line.iter().position(&mut pred) {
                 let item = line.remove(j);
                 if line.is_empty() {
@@ -91,18 +119,18 @@ impl<T> FairQueue<T> {
     /// Removes and returns every item that `pred` accepts.
     pub fn drain_matching(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
         let mut out = Vec::new();
-        for (_, line) in self.rotation.iter_mut() {
-            let mut kept = VecDeque::with_capacity(line.len());
-            for item in line.drain(..) {
+        for line in self.rotation.iter_mut() {
+            let mut kept = VecDeque::with_capacity(line.items.len());
+            for item in line.items.drain(..) {
                 if pred(&item) {
                     out.push(item);
                 } else {
                     kept.push_back(item);
                 }
             }
-            *line = kept;
+            line.items = kept;
         }
-        self.rotation.retain(|(_, line)| !line.is_empty());
+        self.rotation.retain(|l| !l.items.is_empty());
         self.len -= out.len();
         out
     }
@@ -120,10 +148,10 @@ mod tests {
     fn fifo_within_a_tenant_round_robin_across_tenants() {
         let mut q = FairQueue::new();
         for i in 0..4 {
-            q.push(&t("flood"), format!("a{i}"));
+            q.push(&t("flood"), 1, format!("a{i}"));
         }
-        q.push(&t("quiet"), "b0".to_string());
-        q.push(&t("quiet"), "b1".to_string());
+        q.push(&t("quiet"), 1, "b0".to_string());
+        q.push(&t("quiet"), 1, "b1".to_string());
         assert_eq!(q.len(), 6);
         let order: Vec<String> = std::iter::from_fn(|| q.pop()).collect();
         assert_eq!(order, ["a0", "b0", "a1", "b1", "a2", "a3"]);
@@ -131,11 +159,33 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_of_weight_w_gets_w_turns_for_each_of_the_others() {
+        let mut q = FairQueue::new();
+        for i in 0..6 {
+            q.push(&t("heavy"), 3, format!("h{i}"));
+        }
+        for i in 0..3 {
+            q.push(&t("light"), 1, format!("l{i}"));
+        }
+        let order: Vec<String> = std::iter::from_fn(|| q.pop()).collect();
+        assert_eq!(
+            order,
+            ["h0", "h1", "h2", "l0", "h3", "h4", "h5", "l1", "l2"]
+        );
+        // A weight of 0 counts as 1: the tenant is still served.
+        q.push(&t("zero"), 0, "z0".to_string());
+        q.push(&t("zero"), 0, "z1".to_string());
+        q.push(&t("other"), 1, "o0".to_string());
+        let order: Vec<String> = std::iter::from_fn(|| q.pop()).collect();
+        assert_eq!(order, ["z0", "o0", "z1"]);
+    }
+
+    #[test]
     fn removing_keeps_the_rest_in_order() {
         let mut q = FairQueue::new();
-        q.push(&t("a"), 1);
-        q.push(&t("b"), 2);
-        q.push(&t("a"), 3);
+        q.push(&t("a"), 1, 1);
+        q.push(&t("b"), 1, 2);
+        q.push(&t("a"), 1, 3);
         assert_eq!(q.remove_first(|&x| x == 2), Some(2));
         assert_eq!(q.remove_first(|&x| x == 9), None);
         assert_eq!(q.peek(), Some(&1));

@@ -84,19 +84,13 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
     })
 }
 
-/// The prompt ids a repetition penalty needs (see `ReserveRequest.prompt_token_ids`): `ids`,
-/// which must be `prompt_tokens` long when `p` has a repetition penalty; else nothing.
-pub fn penalty_prompt(
-    p: &SamplingParams,
-    ids: Vec<u32>,
-    prompt_tokens: usize,
-) -> Result<Vec<u32>, Status> {
-    if p.repetition_penalty == 1.0 {
-        return Ok(Vec::new());
-    }
+/// The prompt's ids (see `ReserveRequest.prompt_token_ids`): exactly `prompt_tokens` of them.
+/// Decode needs them to recompute a sequence preempted for pages (and a repetition penalty
+/// counts them).
+pub fn prompt_ids(ids: Vec<u32>, prompt_tokens: usize) -> Result<Vec<u32>, Status> {
     if ids.len() != prompt_tokens {
         return Err(Status::invalid_argument(format!(
-            "prompt_token_ids: a repetition penalty needs all {prompt_tokens} prompt ids, got {}",
+            "prompt_token_ids: all {prompt_tokens} prompt ids are required, got {}",
             ids.len()
         )));
     }

@@ -3,7 +3,7 @@
 
 use pagewarden_model::{Logprob, TokenLogprobs};
 use pagewarden_proto::v1 as pb;
-use pagewarden_worker::wire::{logprobs, parse_logprobs, penalty_prompt, request_ref, sampling};
+use pagewarden_worker::wire::{logprobs, parse_logprobs, prompt_ids, request_ref, sampling};
 use tonic::Code;
 
 fn params(temperature: f32, top_p: f32) -> pb::SamplingParams {
@@ -81,15 +81,17 @@ fn sampling_carries_penalties_end_tokens_and_logprobs() {
         (3, &[9, 10][..])
     );
     assert_eq!(s.logprobs, Some(4));
-    // Absent repetition penalty is off; the prompt ids are then not kept.
+    // Absent repetition penalty is off.
     let off = sampling(Some(&params(0.0, 1.0))).unwrap();
     assert_eq!((off.repetition_penalty, off.logprobs), (1.0, None));
-    assert!(penalty_prompt(&off, vec![1, 2], 2).unwrap().is_empty());
-    assert_eq!(penalty_prompt(&s, vec![1, 2], 2).unwrap(), [1, 2]);
-    assert_eq!(
-        penalty_prompt(&s, vec![], 2).unwrap_err().code(),
-        Code::InvalidArgument
-    );
+    // The prompt ids are always required, all of them (decode recomputes from them).
+    assert_eq!(prompt_ids(vec![1, 2], 2).unwrap(), [1, 2]);
+    for short in [vec![], vec![1]] {
+        assert_eq!(
+            prompt_ids(short, 2).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+    }
     for bad in [
         pb::SamplingParams {
             repetition_penalty: Some(0.0),

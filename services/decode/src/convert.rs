@@ -5,7 +5,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pagewarden_kvcache::{CommitManifest, GrantKey, WriteGrant};
 use pagewarden_proto::v1 as pb;
-pub use pagewarden_worker::wire::{parse_logprobs, penalty_prompt, request_ref, sampling};
+pub use pagewarden_worker::wire::{parse_logprobs, prompt_ids, request_ref, sampling};
 use tonic::Status;
 
 /// Parses a grant key.

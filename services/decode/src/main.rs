@@ -2,7 +2,8 @@
 //!
 //! - `compute.rs`: `Compute`, decode steps on the CPU or a GPU (`--device`).
 //! - `state.rs`: the per-request state enum and its transitions.
-//! - `scheduler.rs`: the single-owner scheduler task (queue, reserve, commit, continuous batching).
+//! - `scheduler/`: the single-owner scheduler task (queue, reserve, commit, continuous batching,
+//!   pages as you go with recompute preemption).
 //! - `rotation.rs`: the fair (FCFS, round-robin) order in which sequences are stepped.
 //! - `output.rs`: tokens → stream events (EOG, max_tokens, stop sequences, UTF-8).
 //! - `events.rs`: `TokenEvent` construction.
@@ -126,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
             max_batch: cfg.max_concurrency,
             max_queue: cfg.max_queue,
             queue_timeout: cfg.queue_timeout,
+            recompute_chunk: cfg.chunk_tokens,
         },
         rx,
         shutdown.clone(),

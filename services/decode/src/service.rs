@@ -76,8 +76,7 @@ impl Decode for DecodeService {
                 return Err(Status::invalid_argument("tenant is required"));
             }
             let sampling = convert::sampling(m.sampling.as_ref())?;
-            let penalty_prompt =
-                convert::penalty_prompt(&sampling, m.prompt_token_ids, m.prompt_tokens as usize)?;
+            let prompt = convert::prompt_ids(m.prompt_token_ids, m.prompt_tokens as usize)?;
             // The call may wait in the scheduler's queue; if it is dropped meanwhile (the router
             // gave up), the request leaves the queue at once.
             let withdraw = Withdraw {
@@ -91,9 +90,9 @@ impl Decode for DecodeService {
                     req,
                     attempt,
                     tenant: TenantId::new(m.tenant),
-                    prompt_tokens: m.prompt_tokens as usize,
+                    weight: m.tenant_weight.max(1),
+                    prompt,
                     sampling,
-                    penalty_prompt,
                     reply,
                 })
                 .await?;

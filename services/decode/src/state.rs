@@ -2,19 +2,34 @@
 //!
 //! ```text
 //!   Reserve ──▶ Queued ──pages free──▶ Reserved ──commit ok (I2)──▶ Running ⇄ Stepping ──eog/stop/length──▶ Finished
-//!                 │                       │                            │         │
-//!                 │ abort / withdrawn /   │ expiry / abort /           │ abort / client gone / KV read refused (I1)
-//!                 │ queue deadline        │ commit refused             ▼         ▼
-//!                 └───────────────────────┴─────────────────────────▶ Aborted ◀───┘
+//!                 │                       │                          │  ▲  ▲
+//!                 │                       │          pool short:     │  │  └──────────────┐
+//!                 │                       │          youngest first  ▼  │ last chunk      │
+//!                 │                       │                    Preempted ──pages free──▶ Recomputing ⇄ Stepping
+//!                 │ abort / withdrawn /   │ expiry / abort /        │                       │
+//!                 │ queue deadline        │ commit refused          │ abort / client gone / KV read refused (I1)
+//!                 └───────────────────────┴─────────────────────────┴──────────▶ Aborted ◀───┘
 //! ```
 //!
 //! `Queued` holds no pages: a request that fits the context (admission, I3, already passed)
-//! waits there, in the scheduler's fair queue, until its whole budget's pages are free (I9).
+//! waits there, in the scheduler's fair queue, until its prompt's pages are free (I9).
 //!
-//! `Stepping` means the sequence's pages are on the model thread for one batched step; an abort
-//! that arrives meanwhile is recorded and applied when the step returns. `Finished` and
-//! `Aborted` are terminal and hold no pages (tombstones, kept so a late or repeated message is
-//! recognised as stale, I5).
+//! Pages as you go: a reservation holds the prompt's pages only (the grant's); the pages of
+//! generated tokens are allocated by decode, one page when a sequence's last one is full, at
+//! fresh generations and written only by decode's own engine (`ReadablePages`, no grant: no
+//! remote writer can reach them). When the pool runs short, the youngest sequences are
+//! `Preempted` (vLLM's recompute preemption): their pages are freed and only their token ids
+//! are kept (the [`Sequence`]: prompt then every sampled token, sampler and output state).
+//! When pages free up the oldest preempted sequence is `Recomputing`: fresh local pages, and
+//! decode's engine runs its tokens through a prefill pass, a chunk per turn, writing the same
+//! K/V the undisturbed run held (each row's K/V depend only on the tokens before it, computed
+//! by the same kernels), then it is `Running` again with its next input unchanged: the same
+//! greedy text as an undisturbed run, the client stream only pauses.
+//!
+//! `Stepping` means the sequence's pages are on the model thread for one batched step or one
+//! recompute chunk; an abort that arrives meanwhile is recorded and applied when it returns.
+//! `Finished` and `Aborted` are terminal and hold no pages (tombstones, kept so a late or
+//! repeated message is recognised as stale, I5).
 
 use std::time::Instant;
 
@@ -40,11 +55,14 @@ pub type GrantReply = oneshot::Sender<Result<WriteGrant, Status>>;
 /// An admitted `Reserve` waiting for pages; it holds none.
 pub struct Queued {
     pub owner: Owner,
-    pub prompt_tokens: usize,
+    /// Arrival order on this worker (the youngest is preempted first).
+    pub arrival: u64,
+    /// The tenant's weight in the queue.
+    pub weight: u32,
+    /// The prompt's ids (recompute after a preemption, repetition penalty).
+    pub prompt: Vec<u32>,
     /// The whole generation's parameters (`max_tokens` among them), given once at `Reserve`.
     pub sampling: SamplingParams,
-    /// The prompt's ids when a repetition penalty needs them, else empty.
-    pub penalty_prompt: Vec<u32>,
     pub reply: GrantReply,
     /// When it joined the queue.
     pub queued_at: Instant,
@@ -55,10 +73,11 @@ pub struct Queued {
 /// Pages reserved under a write grant, waiting for prefill's commit.
 pub struct Reservation {
     pub owner: Owner,
+    pub arrival: u64,
+    /// The grant covers exactly these tokens.
     pub pages: ReservedPages,
-    pub prompt_tokens: usize,
+    pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
-    pub penalty_prompt: Vec<u32>,
 }
 
 /// What `Generate` brings to a reservation: only what prefill produced. The sampling
@@ -85,19 +104,22 @@ impl Reservation {
             Err(e) => return Err((e, args.tx)),
         };
         let mut sampler =
-            Sampler::for_request(&self.sampling, &self.penalty_prompt, tokenizer.eog_tokens());
-        // Prefill sampled the first token: it counts for the penalties and `min_tokens`.
+            Sampler::for_request(&self.sampling, &self.prompt, tokenizer.eog_tokens());
+        // Prefill sampled the first token: it counts for the penalties and `min_tokens`. The
+        // scheduler emits it next, which appends it to `tokens` (the next input).
         sampler.accept(args.first_token);
         Ok(Running {
-            owner: self.owner,
             pages,
-            next_input: args.first_token,
-            sampler,
-            output: Output::new(tokenizer, &self.sampling),
-            tx: args.tx,
-            received_at: args.received_at,
-            last_emit: None,
-            max_total: self.prompt_tokens + self.sampling.max_tokens,
+            seq: Sequence {
+                owner: self.owner,
+                arrival: self.arrival,
+                tokens: self.prompt,
+                sampler,
+                output: Output::new(tokenizer, &self.sampling),
+                tx: args.tx,
+                received_at: args.received_at,
+                last_emit: None,
+            },
         })
     }
 
@@ -107,19 +129,41 @@ impl Reservation {
     }
 }
 
-/// A committed sequence being generated.
-pub struct Running {
+/// What a sequence carries between steps besides its pages; all of it survives a preemption.
+pub struct Sequence {
     pub owner: Owner,
-    pub pages: ReadablePages,
-    /// The token whose KV the next step writes (the last one emitted).
-    pub next_input: u32,
+    /// Arrival order on this worker (the youngest is preempted first).
+    pub arrival: u64,
+    /// The prompt's ids, then every sampled token. The KV of all but the last is in the
+    /// sequence's pages (once recomputed, after a preemption); the last is the next input.
+    pub tokens: Vec<u32>,
     pub sampler: Sampler,
     pub output: Output,
     pub tx: EventTx,
     pub received_at: Instant,
     pub last_emit: Option<Instant>,
-    /// prompt + max_tokens: pages are grown to this up front.
-    pub max_total: usize,
+}
+
+impl Sequence {
+    /// The token whose KV the next step writes (the last one sampled).
+    pub fn next_input(&self) -> u32 {
+        *self
+            .tokens
+            .last()
+            .expect("a sequence holds its prompt and first token")
+    }
+
+    /// Tokens whose KV the pages hold once the sequence is whole.
+    pub fn kv_len(&self) -> usize {
+        self.tokens.len() - 1
+    }
+}
+
+/// A sequence with its pages. `Running`: `pages.len() == seq.kv_len()`; `Recomputing`: the
+/// pages hold a prefix of that, the rest is computed a chunk at a time.
+pub struct Running {
+    pub pages: ReadablePages,
+    pub seq: Sequence,
 }
 
 /// The state of one request.
@@ -127,6 +171,10 @@ pub enum RequestState {
     Queued(Box<Queued>),
     Reserved(Box<Reservation>),
     Running(Box<Running>),
+    /// Pages freed for others; waits (holding none) to be recomputed.
+    Preempted(Box<Sequence>),
+    /// Fresh pages being refilled from the sequence's tokens, a chunk per turn.
+    Recomputing(Box<Running>),
     /// On the model thread; `abort` records an abort that arrived meanwhile.
     Stepping {
         abort: bool,
@@ -166,28 +214,35 @@ impl RequestState {
             RequestState::Queued(_) => "queued",
             RequestState::Reserved(_) => "reserved",
             RequestState::Running(_) => "running",
+            RequestState::Preempted(_) => "preempted",
+            RequestState::Recomputing(_) => "recomputing",
             RequestState::Stepping { .. } => "stepping",
             RequestState::Finished => "finished",
             RequestState::Aborted => "aborted",
         }
     }
 
-    /// Whether the request is not over yet (queued, or holding pages).
+    /// Whether the request is not over yet.
     pub fn is_live(&self) -> bool {
         match self {
             RequestState::Queued(_)
             | RequestState::Reserved(_)
             | RequestState::Running(_)
+            | RequestState::Preempted(_)
+            | RequestState::Recomputing(_)
             | RequestState::Stepping { .. } => true,
             RequestState::Finished | RequestState::Aborted => false,
         }
     }
 
-    /// Whether the request holds (or is about to hold) pages: live and past the queue.
+    /// Whether the request is past the queue and live (a preempted one holds no pages for
+    /// now, but is being served).
     pub fn is_active(&self) -> bool {
         match self {
             RequestState::Reserved(_)
             | RequestState::Running(_)
+            | RequestState::Preempted(_)
+            | RequestState::Recomputing(_)
             | RequestState::Stepping { .. } => true,
             RequestState::Queued(_) | RequestState::Finished | RequestState::Aborted => false,
         }

@@ -68,10 +68,10 @@ pub struct BenchServeArgs {
 
 /// What one request saw.
 #[derive(Clone, Debug, Default)]
-struct Sample {
-    ttft: Option<Duration>,
-    gaps: Vec<Duration>,
-    tokens: usize,
+pub(crate) struct Sample {
+    pub(crate) ttft: Option<Duration>,
+    pub(crate) gaps: Vec<Duration>,
+    pub(crate) tokens: usize,
 }
 
 /// Summary of one stream count on one side.
@@ -86,7 +86,7 @@ struct Level {
     tok_s: f64,
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -165,7 +165,7 @@ pub fn run(a: BenchServeArgs) -> anyhow::Result<()> {
 }
 
 /// The service binaries' dir: next to this executable.
-fn service_binaries() -> anyhow::Result<PathBuf> {
+pub(crate) fn service_binaries() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the pagewarden executable")?;
     let dir = exe
         .parent()
@@ -188,7 +188,7 @@ fn service_binaries() -> anyhow::Result<PathBuf> {
 }
 
 /// `count` distinct prompts of exactly `len` token ids.
-fn make_prompts(model: &Model, len: usize, count: usize) -> Vec<Vec<u32>> {
+pub(crate) fn make_prompts(model: &Model, len: usize, count: usize) -> Vec<Vec<u32>> {
     let base = model.tokenizer().encode(TEXT, false);
     (0..count)
         .map(|i| {
@@ -208,26 +208,8 @@ async fn run_suite(
     prompts: &[Vec<u32>],
 ) -> anyhow::Result<Vec<Level>> {
     let dir = tempfile::tempdir().context("creating a temp dir")?;
-    let key = new_secret(KEY_PREFIX, &mut rand::rng());
-    let mut tenants = TenantsFile::default();
-    tenants.entry_mut("bench").key_sha256 = vec![SecretHash::of(&key)];
-    let tenants_path = dir.path().join("tenants.toml");
-    tenants.save(&tenants_path, TENANTS_HEADER)?;
-    let plan = Plan {
-        bin_dir: bin_dir.to_path_buf(),
-        dir: dir.path().to_path_buf(),
-        model: a.model.clone(),
-        tenants: tenants_path,
-        probe_key: String::new(),
-        auditor_config: dir.path().join("auditor.toml"),
-        router_addr: "127.0.0.1:0".parse()?,
-        auditor_addr: "127.0.0.1:0".parse()?,
-        probe_interval: String::new(),
-        grant_ttl_ms: 30_000,
-        pool_tokens: None,
-        context_length: None,
-        auditor_grpc: None,
-    };
+    let [key] = tenant_keys(dir.path(), ["bench"])?;
+    let plan = bench_plan(bin_dir, dir.path(), &a.model)?;
     let mut group = Group::default();
     let res = suite_levels(a, &plan, &key, prompts, &mut group).await;
     for (name, status) in group.stop_all(Duration::from_secs(10)).await {
@@ -245,19 +227,7 @@ async fn suite_levels(
     prompts: &[Vec<u32>],
     group: &mut Group,
 ) -> anyhow::Result<Vec<Level>> {
-    let timeout = Duration::from_secs(a.start_timeout_s);
-    let logs = plan.dir.join("logs");
-    for role in ["decode", "prefill"] {
-        eprintln!("starting {role} (loading the model)");
-        group.push(children::start(&plan.worker(role), &logs, timeout).await?);
-    }
-    let router = plan.router(
-        &addr(group, "decode", "grpc")?,
-        &addr(group, "prefill", "grpc")?,
-    );
-    group.push(children::start(&router, &logs, timeout).await?);
-    let api = format!("http://{}", addr(group, "router", "http")?);
-    wait_healthy(&api, timeout).await?;
+    let api = start_suite(plan, group, Duration::from_secs(a.start_timeout_s)).await?;
     let http = reqwest::Client::builder().build()?;
     // Warm-up: one short request so first-touch costs are not in the first level.
     stream_one(&http, &api, key, &prompts[0], 4).await?;
@@ -292,6 +262,62 @@ async fn suite_levels(
         ));
     }
     Ok(out)
+}
+
+/// A clear key for each tenant in `names`, their hashes in `dir/tenants.toml`.
+pub(crate) fn tenant_keys<const N: usize>(
+    dir: &Path,
+    names: [&str; N],
+) -> anyhow::Result<[String; N]> {
+    let mut tenants = TenantsFile::default();
+    let keys = names.map(|name| {
+        let key = new_secret(KEY_PREFIX, &mut rand::rng());
+        tenants.entry_mut(name).key_sha256 = vec![SecretHash::of(&key)];
+        key
+    });
+    tenants.save(&dir.join("tenants.toml"), TENANTS_HEADER)?;
+    Ok(keys)
+}
+
+/// The suite's plan in `dir` (its tenants file written by [`tenant_keys`]), no auditor.
+pub(crate) fn bench_plan(bin_dir: &Path, dir: &Path, model: &Path) -> anyhow::Result<Plan> {
+    Ok(Plan {
+        bin_dir: bin_dir.to_path_buf(),
+        dir: dir.to_path_buf(),
+        model: model.to_path_buf(),
+        tenants: dir.join("tenants.toml"),
+        probe_key: String::new(),
+        auditor_config: dir.join("auditor.toml"),
+        router_addr: "127.0.0.1:0".parse()?,
+        auditor_addr: "127.0.0.1:0".parse()?,
+        probe_interval: String::new(),
+        grant_ttl_ms: 30_000,
+        pool_tokens: None,
+        context_length: None,
+        auditor_grpc: None,
+    })
+}
+
+/// Starts decode, prefill and the router of `plan` into `group`; the router's base URL once
+/// it is healthy.
+pub(crate) async fn start_suite(
+    plan: &Plan,
+    group: &mut Group,
+    timeout: Duration,
+) -> anyhow::Result<String> {
+    let logs = plan.dir.join("logs");
+    for role in ["decode", "prefill"] {
+        eprintln!("starting {role} (loading the model)");
+        group.push(children::start(&plan.worker(role), &logs, timeout).await?);
+    }
+    let router = plan.router(
+        &addr(group, "decode", "grpc")?,
+        &addr(group, "prefill", "grpc")?,
+    );
+    group.push(children::start(&router, &logs, timeout).await?);
+    let api = format!("http://{}", addr(group, "router", "http")?);
+    wait_healthy(&api, timeout).await?;
+    Ok(api)
 }
 
 fn addr(group: &Group, name: &str, k: &str) -> anyhow::Result<String> {
@@ -331,10 +357,24 @@ async fn stream_one(
     prompt: &[u32],
     max_tokens: usize,
 ) -> anyhow::Result<Sample> {
+    stream_with(http, api, key, prompt, max_tokens, false).await
+}
+
+/// One streaming greedy completion (`ignore_eos`: exactly `max_tokens` tokens); returns its
+/// arrivals and usage.completion_tokens.
+pub(crate) async fn stream_with(
+    http: &reqwest::Client,
+    api: &str,
+    key: &str,
+    prompt: &[u32],
+    max_tokens: usize,
+    ignore_eos: bool,
+) -> anyhow::Result<Sample> {
     let body = serde_json::json!({
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
+        "ignore_eos": ignore_eos,
         "stream": true,
         "stream_options": {"include_usage": true},
     });

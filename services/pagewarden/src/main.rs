@@ -9,9 +9,11 @@
 //! - `generate.rs`: run the model in-process on one prompt.
 //! - `bench_engine.rs`: prefill/decode throughput of the CPU engine.
 //! - `bench_serve.rs`: TTFT, inter-token latency and tok/s of the suite beside the engine.
+//! - `bench_fair.rs`: one tenant's TTFT beside another's flood; no stream waits for another.
 //! - `chaos.rs`: a bounded abort storm with a cross-tenant marker check (staging only).
 
 mod bench_engine;
+mod bench_fair;
 mod bench_serve;
 mod chaos;
 mod children;
@@ -78,6 +80,9 @@ enum BenchCommand {
     /// TTFT, inter-token latency and tokens/s for N concurrent streams through router →
     /// prefill → decode, beside the single-process engine.
     Serve(bench_serve::BenchServeArgs),
+    /// Tenant B's p90 TTFT alone and beside tenant A's flood of long requests, and every
+    /// stream's largest inter-token gap with more streams than decode's batch.
+    Fairness(bench_fair::BenchFairArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -93,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench { what } => match what {
             BenchCommand::Engine(a) => bench_engine::run(a),
             BenchCommand::Serve(a) => bench_serve::run(a),
+            BenchCommand::Fairness(a) => bench_fair::run(a),
         },
     }
 }

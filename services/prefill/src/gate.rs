@@ -109,6 +109,7 @@ impl Gate {
     pub async fn admit(
         self: &Arc<Self>,
         owner: Owner,
+        weight: u32,
         tokens: usize,
         cancel: &CancellationToken,
     ) -> Result<Admitted, Refused> {
@@ -126,6 +127,7 @@ impl Gate {
             let tenant = owner.tenant.clone();
             inner.queue.push(
                 &tenant,
+                weight,
                 Waiter {
                     id,
                     owner,

@@ -33,6 +33,8 @@ pub struct ValidPrefill {
     pub req: RequestId,
     pub attempt: AttemptId,
     pub tenant: TenantId,
+    /// The tenant's weight in this worker's queues (at least 1).
+    pub weight: u32,
     pub prompt: Vec<u32>,
     pub grant: Grant,
     pub sampling: SamplingParams,
@@ -99,6 +101,7 @@ pub fn parse(
         req,
         attempt,
         tenant: TenantId::new(m.tenant),
+        weight: m.tenant_weight.max(1),
         prompt: m.prompt_tokens,
         grant,
         sampling,

@@ -51,7 +51,11 @@ pub async fn run(
         request: job.req,
         tenant: job.tenant.clone(),
     };
-    let Admitted { pages, slot } = match deps.gate.admit(owner, job.prompt.len(), &cancel).await {
+    let admitted = deps
+        .gate
+        .admit(owner, job.weight, job.prompt.len(), &cancel)
+        .await;
+    let Admitted { pages, slot } = match admitted {
         Ok(a) => a,
         Err(refused) => {
             abandon_grant(&deps, &job).await;
@@ -144,7 +148,7 @@ async fn compute(
     let mut done = 0;
     for chunk in job.prompt.chunks(deps.chunk_tokens) {
         let turn = tokio::select! {
-            t = deps.turns.take(&job.tenant) => t,
+            t = deps.turns.take(&job.tenant, job.weight) => t,
             () = cancel.cancelled() => return Err(Failure::Compute(cancelled())),
         };
         let d = deps.clone();

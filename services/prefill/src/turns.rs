@@ -32,8 +32,9 @@ pub struct Turn<'a> {
 }
 
 impl Turns {
-    /// Waits for the turn, in `tenant`'s place in the rotation.
-    pub async fn take(&self, tenant: &TenantId) -> Turn<'_> {
+    /// Waits for the turn, in `tenant`'s place in the rotation (up to `weight` turns in a row
+    /// while others wait).
+    pub async fn take(&self, tenant: &TenantId, weight: u32) -> Turn<'_> {
         let rx = {
             let mut inner = self.inner.lock();
             if !inner.busy {
@@ -41,7 +42,7 @@ impl Turns {
                 return Turn { turns: self };
             }
             let (tx, rx) = oneshot::channel();
-            inner.waiting.push(tenant, tx);
+            inner.waiting.push(tenant, weight, tx);
             rx
         };
         let mut waiting = Waiting {
@@ -104,14 +105,14 @@ mod tests {
 
     /// Each waiter records its name when it gets the turn, then lets it go.
     async fn order(turns: Arc<Turns>, waiters: &[(&str, &str)]) -> Vec<String> {
-        let first = turns.take(&t("holder")).await;
+        let first = turns.take(&t("holder"), 1).await;
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for &(tenant, name) in waiters {
             let (turns, log, name) = (turns.clone(), log.clone(), name.to_string());
             let tenant = t(tenant);
             tasks.push(tokio::spawn(async move {
-                let _turn = turns.take(&tenant).await;
+                let _turn = turns.take(&tenant, 1).await;
                 log.lock().push(name);
             }));
             // Queue them in this order.
@@ -144,11 +145,11 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_that_leaves_does_not_keep_the_turn() {
         let turns = Arc::new(Turns::default());
-        let held = turns.take(&t("a")).await;
+        let held = turns.take(&t("a"), 1).await;
         let gone = {
             let turns = turns.clone();
             tokio::spawn(async move {
-                let _t = turns.take(&t("b")).await;
+                let _t = turns.take(&t("b"), 1).await;
                 unreachable!("aborted before its turn");
             })
         };
@@ -157,7 +158,7 @@ mod tests {
         let _ = gone.await;
         drop(held);
         // The engine is idle again: a new taker gets the turn at once.
-        let next = tokio::time::timeout(Duration::from_secs(1), turns.take(&t("c"))).await;
+        let next = tokio::time::timeout(Duration::from_secs(1), turns.take(&t("c"), 1)).await;
         assert!(next.is_ok(), "the turn was lost with the waiter that left");
     }
 }

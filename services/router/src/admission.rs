@@ -3,9 +3,6 @@
 
 use crate::error::RouterError;
 
-/// `max_tokens` when the client gives none, capped by the room left in the context.
-pub const DEFAULT_MAX_TOKENS: u32 = 256;
-
 /// A request that fits: its tokens, its completion budget, and the context it was checked against.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Admitted {
@@ -17,8 +14,9 @@ pub struct Admitted {
     pub context: u32,
 }
 
-/// Checks `prompt + max_tokens <= context`. `requested = None` picks
-/// `min(DEFAULT_MAX_TOKENS, context - prompt)`; a prompt that leaves no room for one token is
+/// Checks `prompt + max_tokens <= context`. `requested = None` picks the rest of the context
+/// (`context - prompt`, as vLLM: decode allocates a completion's pages as it is generated, so
+/// a large budget holds no pages up front); a prompt that leaves no room for one token is
 /// rejected either way. `prompt_param` is the field to blame (`prompt` or `messages`).
 pub fn admit(
     prompt: Vec<u32>,
@@ -39,7 +37,7 @@ pub fn admit(
     }
     let room = (ctx - p) as u32;
     let max_tokens = match requested {
-        None => DEFAULT_MAX_TOKENS.min(room),
+        None => room,
         Some(m) if u64::from(m) + p <= ctx => m,
         Some(m) => {
             return Err(RouterError::ContextLengthExceeded {
@@ -78,8 +76,9 @@ mod tests {
         assert_eq!(admit(toks(99), None, 100, "prompt").unwrap().max_tokens, 1);
         assert_eq!(admit(toks(10), None, 100, "prompt").unwrap().max_tokens, 90);
         assert_eq!(
-            admit(toks(10), None, 1000, "prompt").unwrap().max_tokens,
-            256
+            admit(toks(10), None, 8192, "prompt").unwrap().max_tokens,
+            8182,
+            "the rest of the context"
         );
         assert_eq!(
             code(admit(toks(100), None, 100, "prompt")),

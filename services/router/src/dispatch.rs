@@ -25,6 +25,7 @@ use crate::error::{from_status, Half, RouterError};
 use crate::guard::{AbortGuard, AbortReason};
 use crate::metrics::Metrics;
 use crate::telemetry::traced;
+use crate::token_rate::TokenMeter;
 use crate::validation::ValidSampling;
 use crate::workers::{Lease, WorkerPool};
 
@@ -84,6 +85,10 @@ pub struct Job {
     pub sampling: ValidSampling,
     /// When the HTTP request arrived (for TTFT).
     pub arrived: Instant,
+    /// The tenant's weight in the workers' queues (the tenants file's `weight`).
+    pub weight: u32,
+    /// Charges the tenant's relayed completion tokens to its tokens-per-minute budget.
+    pub meter: TokenMeter,
 }
 
 /// The request's state (see the module diagram). Exactly one of these at any time.
@@ -316,12 +321,9 @@ impl Flight {
             tenant: self.job.tenant.to_string(),
             prompt_tokens: self.prompt_tokens(),
             sampling: Some(self.sampling()),
-            // Decode continues the sampling; a repetition penalty also counts prompt tokens.
-            prompt_token_ids: if self.job.sampling.repetition_penalty != 1.0 {
-                self.job.admitted.prompt.clone()
-            } else {
-                Vec::new()
-            },
+            // Decode recomputes a preempted sequence from them; a repetition penalty counts them.
+            prompt_token_ids: self.job.admitted.prompt.clone(),
+            tenant_weight: self.job.weight,
         };
         let mut client = self.decode.worker().decode();
         let reply = self
@@ -341,6 +343,7 @@ impl Flight {
             prompt_tokens: self.job.admitted.prompt.clone(),
             grant: Some(grant),
             sampling: Some(self.sampling()),
+            tenant_weight: self.job.weight,
         };
         let mut client = self.prefill.worker().prefill();
         let reply = self
@@ -416,6 +419,7 @@ impl Flight {
         // A marker-only event ends the stream without a completion token (EOG or abort).
         if !event.marker_only {
             self.completion_tokens += 1;
+            self.job.meter.charge(1);
         }
         if self.completion_tokens > self.job.admitted.max_tokens {
             self.guard.set_reason(AbortReason::DecodeFailed);

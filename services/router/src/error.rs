@@ -92,6 +92,19 @@ pub enum RouterError {
         /// Its limit.
         limit: usize,
     },
+    /// The tenant used its tokens per minute (prompt and completion tokens).
+    #[error(
+        "tenant `{tenant}` is over its limit of {per_minute} tokens per minute; retry in \
+         {retry_after:.1?}"
+    )]
+    TokenRateExceeded {
+        /// The tenant.
+        tenant: String,
+        /// Its limit.
+        per_minute: u64,
+        /// When its bucket holds this request's prompt again.
+        retry_after: Duration,
+    },
     /// No live decode or no live prefill worker.
     #[error("no live {0} worker; retry later")]
     NoLiveWorkers(&'static str),
@@ -214,6 +227,12 @@ impl RouterError {
                 Some("tenant_limit_exceeded"),
                 None,
             ),
+            E::TokenRateExceeded { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                Some("tokens_per_minute_exceeded"),
+                None,
+            ),
             E::NoLiveWorkers(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "service_unavailable",
@@ -267,6 +286,10 @@ impl RouterError {
 
     /// `Some(seconds)` for the over-capacity errors that carry `Retry-After`.
     pub fn retry_after(&self) -> Option<u64> {
+        if let RouterError::TokenRateExceeded { retry_after, .. } = self {
+            // Whole seconds, rounded up: a client retrying on time is admitted.
+            return Some(retry_after.as_secs_f64().ceil().max(1.0) as u64);
+        }
         match self.status() {
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
                 Some(RETRY_AFTER_SECS)

@@ -21,6 +21,7 @@
 //! - `handlers.rs`: the HTTP handlers
 //! - `tokenize.rs`: `/tokenize`, `/detokenize`, `/version` (no worker involved)
 //! - `record.rs`: concurrency slot (429) and the per-request outcome count
+//! - `token_rate.rs`: per-tenant tokens per minute (token buckets; 429 with `Retry-After`)
 //! - `error.rs`: `RouterError` and its one mapping to status + OpenAI error body
 //! - `metrics.rs`: `pagewarden_router_*` Prometheus metrics and vLLM's request metrics
 //! - `telemetry.rs`: trace context into gRPC metadata
@@ -49,6 +50,7 @@ pub mod server;
 pub mod sse;
 pub mod telemetry;
 pub mod tenants;
+pub mod token_rate;
 pub mod tokenize;
 pub mod validation;
 pub mod workers;

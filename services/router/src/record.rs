@@ -153,6 +153,7 @@ pub fn outcome_of(e: &RouterError) -> Outcome {
         | RouterError::ContextLengthExceeded { .. }
         | RouterError::Overloaded(_)
         | RouterError::TenantOverloaded { .. }
+        | RouterError::TokenRateExceeded { .. }
         | RouterError::NoLiveWorkers(_)
         | RouterError::PoolExhausted { .. }
         | RouterError::WorkerRejected { .. }

@@ -20,6 +20,7 @@ use crate::record::{Record, Slot};
 use crate::sample::ResponseSample;
 use crate::server::AppState;
 use crate::sse;
+use crate::token_rate::TokenMeter;
 use crate::validation::ValidCommon;
 
 /// A request that passed auth, parsing and tokenization.
@@ -111,12 +112,26 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
         context,
         p.endpoint.prompt_param(),
     )?;
+    let limits = state.tenants.limits(&p.tenant);
+    state.token_rates.admit(
+        &p.tenant,
+        limits.tokens_per_minute,
+        admitted.prompt.len(),
+        Instant::now(),
+    )?;
+    let meter = TokenMeter::new(
+        state.token_rates.clone(),
+        p.tenant.clone(),
+        limits.tokens_per_minute,
+    );
     let job = Job {
         id: RequestId::random(),
         tenant: p.tenant,
         admitted,
         sampling: p.common.sampling,
         arrived: p.arrived,
+        weight: limits.weight,
+        meter,
     };
     let mut flight = Flight::start(
         &state.pool,

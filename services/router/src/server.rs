@@ -22,6 +22,7 @@ use crate::metrics::{Metrics, RoleLabels};
 use crate::record::TenantSlots;
 use crate::sample::SampleSink;
 use crate::tenants::{require_tenant, Tenants, TenantsError};
+use crate::token_rate::TokenRates;
 use crate::tokenize;
 use crate::workers::{PoolError, WorkerPool};
 
@@ -57,6 +58,8 @@ pub struct AppState {
     pub limiter: Arc<Semaphore>,
     /// Each tenant's requests in flight (its own limit).
     pub tenant_slots: Arc<TenantSlots>,
+    /// Each tenant's tokens per minute.
+    pub token_rates: Arc<TokenRates>,
     /// The auditor's sampling hook.
     pub sink: Arc<dyn SampleSink>,
 }
@@ -93,6 +96,7 @@ impl AppState {
             metrics,
             limiter: Arc::new(Semaphore::new(settings.max_concurrency)),
             tenant_slots: Arc::default(),
+            token_rates: Arc::default(),
             sink,
         }
     }

@@ -12,7 +12,7 @@ use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use pagewarden_common::tenants::{KeyTable, TenantEntry, TenantsFile};
+use pagewarden_common::tenants::{KeyTable, TenantEntry, TenantLimits, TenantsFile};
 use pagewarden_common::TenantId;
 
 pub use pagewarden_common::tenants::TenantsError;
@@ -78,6 +78,11 @@ impl Tenants {
     /// The tenant's own limit of requests in flight, if its entry sets one.
     pub fn max_concurrent(&self, tenant: &TenantId) -> Option<u32> {
         self.current().max_concurrent(tenant)
+    }
+
+    /// The tenant's weight and limits (defaults for a tenant without an entry).
+    pub fn limits(&self, tenant: &TenantId) -> TenantLimits {
+        self.current().limits(tenant)
     }
 
     /// Number of keys.

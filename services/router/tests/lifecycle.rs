@@ -436,6 +436,79 @@ async fn a_tenant_at_its_own_limit_gets_429_and_the_others_are_served() {
 }
 
 #[tokio::test]
+async fn a_tenant_over_its_tokens_per_minute_gets_429_with_retry_after_and_weights_reach_the_workers(
+) {
+    // Alpha may use 60 tokens a minute (one a second); beta has no limit.
+    let h = Harness::start(Opts {
+        alpha_tokens_per_minute: Some(60),
+        ..Opts::default()
+    })
+    .await;
+    // Its prompt and its 56 completion tokens use the minute up.
+    let r = h
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [5, 6, 7, 8], "max_tokens": 56}),
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 200);
+    let r = h
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [5, 6, 7, 8], "max_tokens": 2}),
+        )
+        .await;
+    let wait: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=4).contains(&wait),
+        "Retry-After {wait}: 4 tokens at 1 a second"
+    );
+    let err = expect_error(r, 429).await;
+    assert_eq!(err["code"], "tokens_per_minute_exceeded");
+    assert_eq!(err["type"], "rate_limit_error");
+    let message = err["message"].as_str().unwrap();
+    assert!(message.contains("alpha") && message.contains("60"), "{err}");
+    assert!(h
+        .metrics()
+        .await
+        .contains("reason=\"tokens_per_minute_exceeded\""));
+    // Beta is not held back.
+    let r = h
+        .client
+        .post(h.url("/v1/completions"))
+        .bearer_auth(OTHER_KEY)
+        .json(&json!({"prompt": [5, 6, 7, 8], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // Each tenant's weight (alpha's entry says 2, beta has none) reaches both workers' queues.
+    let reserves: Vec<(String, u32)> = h.decode[0]
+        .calls
+        .lock()
+        .reserve
+        .iter()
+        .map(|r| (r.tenant.clone(), r.tenant_weight))
+        .collect();
+    let prefills: Vec<(String, u32)> = h.prefill[0]
+        .calls
+        .lock()
+        .prefill
+        .iter()
+        .map(|p| (p.tenant.clone(), p.tenant_weight))
+        .collect();
+    let expected = [("alpha".to_string(), 2), ("beta".to_string(), 1)];
+    assert_eq!(
+        (reserves.as_slice(), prefills.as_slice()),
+        (&expected[..], &expected[..])
+    );
+}
+
+#[tokio::test]
 async fn over_capacity_is_429_with_retry_after() {
     let h = Harness::start(Opts {
         decode: vec![FakeOpts {

@@ -178,6 +178,12 @@ impl GpuWorker {
         let mut seq = sequence(pages);
         let logits = self.model.prefill(&mut seq, tokens)??;
         pages.set_len(seq.len());
+        // The device holds these pages' K/V at their generations now: a decode step reads them
+        // as they are (decode recomputing a preempted sequence; the host copy was never written).
+        let ps = self.pool.layout().page_size;
+        for &(p, g) in &pages.table()[..pages.len().div_ceil(ps)] {
+            self.resident[p.index()] = g.0;
+        }
         Ok(logits)
     }
 

@@ -1,22 +1,29 @@
 //! The scheduler task: the single owner of every request's [`RequestState`], fed by
 //! [`Command`]s with `oneshot` replies.
 //!
-//! `queue.rs` holds the queue half, `step.rs` the batching half.
+//! `queue.rs` holds the queue half, `step.rs` the batching half, `preempt.rs` the pages-as-you-go
+//! half (growth, preemption, recompute).
 //!
 //! - Queue, don't refuse (I9): a `Reserve` that passed admission (I3) waits in a bounded
-//!   [`FairQueue`] (FIFO per tenant, tenants in turn), holding no pages, until the pages of its
-//!   whole budget (prompt + max_tokens) are free beside what earlier reservations are owed; a
-//!   full queue or a passed queue deadline answers `queue_full` / `queue_timeout`.
+//!   [`FairQueue`] (FIFO per tenant, tenants in turn), holding no pages, until its prompt's
+//!   pages (plus the page its first generated token may need) are free beside what is owed to
+//!   earlier reservations, preempted sequences and sequences about to grow; a full queue or a
+//!   passed queue deadline answers `queue_full` / `queue_timeout`.
+//! - Pages as you go: a sequence gets a page when its last one is full, just before the step
+//!   that needs it. When none is free, the youngest sequences (by arrival) are preempted: their
+//!   pages are freed and they are recomputed from their token ids when pages free up, oldest
+//!   first and before any new grant (see `state.rs`).
 //! - Continuous batching, fair: whenever no step is in flight, up to `max_batch` running
 //!   sequences go to the model thread for one `decode_step`, taken in commit order from a
 //!   rotation; those stepped go to its back, so with more sequences than the batch every one
 //!   is stepped in turn and none waits for another to finish. Commands keep being served while
 //!   the step runs.
 
+mod preempt;
 mod queue;
 mod step;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,10 +56,11 @@ pub enum Command {
         req: RequestId,
         attempt: AttemptId,
         tenant: TenantId,
-        prompt_tokens: usize,
+        /// The tenant's weight in the queue (at least 1).
+        weight: u32,
+        /// The prompt's ids (the grant covers this many tokens).
+        prompt: Vec<u32>,
         sampling: SamplingParams,
-        /// The prompt's ids when a repetition penalty needs them, else empty.
-        penalty_prompt: Vec<u32>,
         reply: GrantReply,
     },
     Generate {
@@ -98,18 +106,35 @@ pub struct SchedulerDeps {
     pub max_queue: usize,
     /// Longest wait in the queue.
     pub queue_timeout: Duration,
+    /// Tokens per recompute turn of a preempted sequence (the prefill chunk).
+    pub recompute_chunk: usize,
 }
 
-type StepResult = Vec<(RequestId, Box<Running>, Result<Sampled, StepError>)>;
+/// What came back from the model thread.
+enum Done {
+    /// One batched decode step: each sequence's sampled token or why it failed.
+    Step(Vec<(RequestId, Box<Running>, Result<Sampled, StepError>)>),
+    /// One chunk of a preempted sequence's recompute.
+    Recompute(RequestId, Box<Running>, Result<(), StepError>),
+}
 
 struct Scheduler {
     deps: SchedulerDeps,
     table: HashMap<RequestId, Entry>,
-    step: Option<JoinHandle<StepResult>>,
+    step: Option<JoinHandle<Done>>,
     /// Queued requests, in serving order.
     queue: FairQueue<(RequestId, AttemptId)>,
     /// Committed requests in the order they are stepped.
     rotation: Rotation,
+    /// Arrivals so far: the next `Reserve`'s arrival number.
+    arrivals: u64,
+    /// Preempted sequences by arrival: the oldest is recomputed first.
+    preempted: BTreeMap<u64, RequestId>,
+    /// Sequences being recomputed, the one in progress first.
+    recomputing: VecDeque<RequestId>,
+    /// Whether the model thread's next turn goes to a recompute chunk (turns alternate with
+    /// decode steps, so a long recompute never stalls the running streams).
+    recompute_turn: bool,
 }
 
 /// Runs the scheduler until `shutdown` (or every sender is gone).
@@ -120,11 +145,15 @@ pub async fn run(deps: SchedulerDeps, mut rx: mpsc::Receiver<Command>, shutdown:
         step: None,
         queue: FairQueue::new(),
         rotation: Rotation::default(),
+        arrivals: 0,
+        preempted: BTreeMap::new(),
+        recomputing: VecDeque::new(),
+        recompute_turn: false,
     };
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
         if s.step.is_none() {
-            s.start_step();
+            s.start_work();
         }
         tokio::select! {
             cmd = rx.recv() => match cmd {
@@ -134,7 +163,10 @@ pub async fn run(deps: SchedulerDeps, mut rx: mpsc::Receiver<Command>, shutdown:
             done = async { match s.step.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
                 s.step = None;
                 match done {
-                    Ok(results) => s.finish_step(results),
+                    Ok(Done::Step(results)) => s.finish_step(results),
+                    Ok(Done::Recompute(req, running, result)) => {
+                        s.finish_recompute(req, running, result)
+                    }
                     Err(e) => tracing::error!(error = %e, "decode step panicked"),
                 }
             }
@@ -145,9 +177,16 @@ pub async fn run(deps: SchedulerDeps, mut rx: mpsc::Receiver<Command>, shutdown:
     // Dropping the table aborts reservations (revoke) and frees readable pages.
     for (_, entry) in s.table.drain() {
         match entry.state {
-            RequestState::Running(r) => {
-                let _ =
-                    r.tx.send(Err(Status::unavailable("decode worker shutting down")));
+            RequestState::Running(r) | RequestState::Recomputing(r) => {
+                let _ = r
+                    .seq
+                    .tx
+                    .send(Err(Status::unavailable("decode worker shutting down")));
+            }
+            RequestState::Preempted(seq) => {
+                let _ = seq
+                    .tx
+                    .send(Err(Status::unavailable("decode worker shutting down")));
             }
             RequestState::Queued(q) => {
                 let _ = q
@@ -169,20 +208,22 @@ impl Scheduler {
                 req,
                 attempt,
                 tenant,
-                prompt_tokens,
+                weight,
+                prompt,
                 sampling,
-                penalty_prompt,
                 reply,
             } => {
                 let now = Instant::now();
+                self.arrivals += 1;
                 let q = Queued {
                     owner: Owner {
                         request: req,
                         tenant,
                     },
-                    prompt_tokens,
+                    arrival: self.arrivals,
+                    weight,
+                    prompt,
                     sampling,
-                    penalty_prompt,
                     reply,
                     queued_at: now,
                     deadline: now + self.deps.queue_timeout,
@@ -266,6 +307,8 @@ impl Scheduler {
             RequestState::Reserved(r) => *r,
             other @ (RequestState::Queued(_)
             | RequestState::Running(_)
+            | RequestState::Preempted(_)
+            | RequestState::Recomputing(_)
             | RequestState::Stepping { .. }
             | RequestState::Finished
             | RequestState::Aborted) => {
@@ -283,14 +326,8 @@ impl Scheduler {
         let committed = reservation.commit(args, self.deps.tokenizer.clone());
         let ended = self.deps.sink.take(key);
         match committed {
-            Ok(mut running) => {
-                if let Err(e) = running.pages.grow(running.max_total) {
-                    entry.ended_at = Some(Instant::now());
-                    self.deps.metrics.request("error");
-                    return Err(Status::resource_exhausted(format!(
-                        "cannot grow pages for generation: {e}"
-                    )));
-                }
+            Ok(running) => {
+                // Pages for generated tokens come as they are needed (`preempt.rs`).
                 self.deps.metrics.request("committed");
                 entry.state = RequestState::Running(Box::new(running));
                 self.rotation.push(req);
@@ -362,8 +399,14 @@ impl Scheduler {
                 }
                 true
             }
-            RequestState::Running(r) => {
-                let _ = r.tx.send(Ok(events::abort(req, attempt)));
+            RequestState::Running(r) | RequestState::Recomputing(r) => {
+                // Its pages are freed with `r`.
+                let _ = r.seq.tx.send(Ok(events::abort(req, attempt)));
+                true
+            }
+            RequestState::Preempted(seq) => {
+                self.preempted.remove(&seq.arrival);
+                let _ = seq.tx.send(Ok(events::abort(req, attempt)));
                 true
             }
             RequestState::Stepping { .. } => {

@@ -1,6 +1,6 @@
 //! The queue half of the scheduler (I9): admission and the stale check on `Reserve`, a place
-//! in the fair queue, grants in queue order while the head's whole budget fits, and refusals
-//! when the queue is full or a wait passes its deadline.
+//! in the fair queue, grants in queue order while the head's prompt fits in the spare pages,
+//! and refusals when the queue is full or a wait passes its deadline.
 
 use std::time::Instant;
 
@@ -25,7 +25,7 @@ impl Scheduler {
         if let Err(r) = self
             .deps
             .admission
-            .check(q.prompt_tokens, q.sampling.max_tokens)
+            .check(q.prompt.len(), q.sampling.max_tokens)
         {
             self.deps.metrics.rejection(r.reason());
             self.deps.metrics.request("rejected");
@@ -41,7 +41,7 @@ impl Scheduler {
         }
         // Joins the line, and is granted at once if it is the head and fits; only a request
         // that must wait counts against the queue's bound (`--max-queue 0`: never wait).
-        self.queue.push(&q.owner.tenant, (req, attempt));
+        self.queue.push(&q.owner.tenant, q.weight, (req, attempt));
         self.table.insert(
             req,
             Entry {
@@ -64,24 +64,25 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Pages the request's whole budget needs.
-    pub(super) fn budget_pages(&self, prompt_tokens: usize, max_tokens: usize) -> usize {
-        (prompt_tokens + max_tokens).div_ceil(self.deps.pool.layout().page_size)
+    /// Pages a grant of `prompt_tokens` needs now: the prompt's, plus the page its first
+    /// generated token may need (the only headroom; later pages come as they are needed).
+    pub(super) fn grant_pages(&self, prompt_tokens: usize) -> usize {
+        self.deps.pool.layout().pages_for(prompt_tokens + 1)
     }
 
-    /// Pages promised to reservations beyond what they hold: each grows to its whole budget
-    /// on commit, so those pages are not free for the queue.
+    /// Pages promised beyond what requests hold: each reservation's first-token page.
     pub(super) fn owed_pages(&self) -> usize {
-        let page_size = self.deps.pool.layout().page_size;
+        let pages_for = |t: usize| self.deps.pool.layout().pages_for(t);
         self.table
             .values()
             .map(|e| match &e.state {
                 RequestState::Reserved(r) => {
-                    self.budget_pages(r.prompt_tokens, r.sampling.max_tokens)
-                        - r.prompt_tokens.div_ceil(page_size)
+                    pages_for(r.prompt.len() + 1) - pages_for(r.prompt.len())
                 }
                 RequestState::Queued(_)
                 | RequestState::Running(_)
+                | RequestState::Preempted(_)
+                | RequestState::Recomputing(_)
                 | RequestState::Stepping { .. }
                 | RequestState::Finished
                 | RequestState::Aborted => 0,
@@ -89,36 +90,36 @@ impl Scheduler {
             .sum()
     }
 
-    /// Grants queued requests, in queue order, while the next one's budget fits in the free
-    /// pages. The head waits for room rather than being overtaken, so a long request is
-    /// never starved by short ones.
+    /// Resumes preempted sequences first (they are older than anything queued), then grants
+    /// queued requests, in queue order, while the next one's prompt fits in the spare pages.
+    /// The head waits for room rather than being overtaken, so a long request is never starved
+    /// by short ones; nothing is granted while a preempted sequence still waits for pages.
     pub(super) fn admit_waiting(&mut self) {
+        self.resume_preempted();
         while let Some(&(req, attempt)) = self.queue.peek() {
+            if !self.preempted.is_empty() {
+                break;
+            }
             let waiting = self
                 .table
                 .get(&req)
                 .filter(|e| e.attempt == attempt)
                 .and_then(|e| match &e.state {
-                    RequestState::Queued(q) => Some((q.prompt_tokens, q.sampling.max_tokens)),
+                    RequestState::Queued(q) => Some(q.prompt.len()),
                     RequestState::Reserved(_)
                     | RequestState::Running(_)
+                    | RequestState::Preempted(_)
+                    | RequestState::Recomputing(_)
                     | RequestState::Stepping { .. }
                     | RequestState::Finished
                     | RequestState::Aborted => None,
                 });
-            let Some((prompt_tokens, max_tokens)) = waiting else {
+            let Some(prompt_tokens) = waiting else {
                 // Left the queue another way (abort, newer attempt): only its place remains.
                 self.queue.pop();
                 continue;
             };
-            let needed = self.budget_pages(prompt_tokens, max_tokens);
-            let free = self
-                .deps
-                .pool
-                .stats()
-                .free
-                .saturating_sub(self.owed_pages());
-            if needed > free {
+            if self.grant_pages(prompt_tokens) > self.spare_pages() {
                 break;
             }
             self.queue.pop();
@@ -138,9 +139,10 @@ impl Scheduler {
         };
         let Queued {
             owner,
-            prompt_tokens,
+            arrival,
+            weight: _,
+            prompt,
             sampling,
-            penalty_prompt,
             reply,
             queued_at,
             deadline: _,
@@ -148,7 +150,7 @@ impl Scheduler {
         self.deps
             .metrics
             .observe_queue_time(queued_at.elapsed().as_secs_f64());
-        let pages = match self.deps.pool.reserve(owner.clone(), prompt_tokens) {
+        let pages = match self.deps.pool.reserve(owner.clone(), prompt.len()) {
             Ok(p) => p,
             Err(e) => {
                 let status = match e {
@@ -169,10 +171,10 @@ impl Scheduler {
         entry.expires_at = grant.expires_at;
         entry.state = RequestState::Reserved(Box::new(Reservation {
             owner,
+            arrival,
             pages,
-            prompt_tokens,
+            prompt,
             sampling,
-            penalty_prompt,
         }));
         if reply.send(Ok(grant)).is_err() {
             // The caller left between its last check and now: nothing was written.

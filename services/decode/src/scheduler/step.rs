@@ -8,12 +8,12 @@ use pagewarden_common::RequestId;
 use pagewarden_model::Sampled;
 use tonic::Status;
 
-use super::{Scheduler, StepResult};
+use super::{Done, Scheduler};
 use crate::compute::StepError;
 use crate::events;
 use crate::output::Finish;
 use crate::rotation::Turn;
-use crate::state::RequestState;
+use crate::state::{RequestState, Running};
 
 impl Scheduler {
     /// Emits `token` for a running request and ends it if it finished or its client is gone.
@@ -27,25 +27,27 @@ impl Scheduler {
             entry.state = state;
             return;
         };
-        let emitted = r.output.push(token);
+        let emitted = r.seq.output.push(token);
         let now = Instant::now();
-        match r.last_emit {
+        match r.seq.last_emit {
             None => self
                 .deps
                 .metrics
-                .observe_ttft((now - r.received_at).as_secs_f64()),
+                .observe_ttft((now - r.seq.received_at).as_secs_f64()),
             Some(prev) => self
                 .deps
                 .metrics
                 .observe_inter_token((now - prev).as_secs_f64()),
         }
-        r.last_emit = Some(now);
+        r.seq.last_emit = Some(now);
         if !emitted.end_of_generation {
             self.deps.metrics.generated(1);
         }
         let finish = emitted.finish;
-        let sent =
-            r.tx.send(Ok(events::token(
+        let sent = r
+            .seq
+            .tx
+            .send(Ok(events::token(
                 req,
                 entry.attempt,
                 emitted,
@@ -68,13 +70,16 @@ impl Scheduler {
                 self.deps.metrics.request("client_gone");
             }
             (None, true) => {
-                r.next_input = token;
+                // The next input: its KV is written by the next step.
+                r.seq.tokens.push(token);
                 entry.state = RequestState::Running(r);
             }
         }
     }
 
-    pub(super) fn start_step(&mut self) {
+    /// Starts one batched step of the next sequences in the rotation, each with a page for its
+    /// next token (preempting the youngest when the pool is short). Whether a step started.
+    pub(super) fn start_step(&mut self) -> bool {
         let mut seqs = Vec::new();
         let table = &mut self.table;
         let metrics = &self.deps.metrics;
@@ -84,7 +89,10 @@ impl Scheduler {
             };
             match entry.state {
                 RequestState::Running(_) => {}
-                RequestState::Stepping { .. } => return Turn::Busy,
+                // A preempted sequence keeps its place: it is stepped again once recomputed.
+                RequestState::Stepping { .. }
+                | RequestState::Preempted(_)
+                | RequestState::Recomputing(_) => return Turn::Busy,
                 RequestState::Queued(_)
                 | RequestState::Reserved(_)
                 | RequestState::Finished
@@ -98,7 +106,7 @@ impl Scheduler {
             else {
                 unreachable!("matched Running just above")
             };
-            if r.tx.is_closed() {
+            if r.seq.tx.is_closed() {
                 entry.state = RequestState::Aborted;
                 entry.ended_at = Some(Instant::now());
                 metrics.request("client_gone");
@@ -107,8 +115,9 @@ impl Scheduler {
             seqs.push((req, r));
             Turn::Ready
         });
+        self.make_room(&mut seqs);
         if seqs.is_empty() {
-            return;
+            return false;
         }
         let compute = self.deps.compute.clone();
         self.step = Some(tokio::task::spawn_blocking(move || {
@@ -116,21 +125,30 @@ impl Scheduler {
             let results = {
                 let mut batch: Vec<_> = seqs
                     .iter_mut()
-                    .map(|(_, r)| (&mut r.pages, r.next_input))
+                    .map(|(_, r)| {
+                        let next = r.seq.next_input();
+                        (&mut r.pages, next)
+                    })
                     .collect();
                 compute.decode_step(&mut batch)
             };
-            seqs.into_iter()
-                .zip(results)
-                .map(|((req, mut r), logits)| {
-                    let tok = logits.map(|l| r.sampler.next(&l));
-                    (req, r, tok)
-                })
-                .collect()
+            Done::Step(
+                seqs.into_iter()
+                    .zip(results)
+                    .map(|((req, mut r), logits)| {
+                        let tok = logits.map(|l| r.seq.sampler.next(&l));
+                        (req, r, tok)
+                    })
+                    .collect(),
+            )
         }));
+        true
     }
 
-    pub(super) fn finish_step(&mut self, results: StepResult) {
+    pub(super) fn finish_step(
+        &mut self,
+        results: Vec<(RequestId, Box<Running>, Result<Sampled, StepError>)>,
+    ) {
         for (req, running, result) in results {
             let Some(entry) = self.table.get_mut(&req) else {
                 continue;
@@ -140,11 +158,13 @@ impl Scheduler {
                 RequestState::Queued(_)
                 | RequestState::Reserved(_)
                 | RequestState::Running(_)
+                | RequestState::Preempted(_)
+                | RequestState::Recomputing(_)
                 | RequestState::Finished
                 | RequestState::Aborted => true,
             };
             if aborted {
-                let _ = running.tx.send(Ok(events::abort(req, entry.attempt)));
+                let _ = running.seq.tx.send(Ok(events::abort(req, entry.attempt)));
                 entry.state = RequestState::Aborted;
                 entry.ended_at = Some(Instant::now());
                 continue;
@@ -154,32 +174,38 @@ impl Scheduler {
                     entry.state = RequestState::Running(running);
                     self.accept(req, token);
                 }
-                Err(e) => {
-                    // I1/I8: fail only this request, count it, report it; never data.
-                    let kind = match e {
-                        StepError::KvRefused(_) => {
-                            self.deps.integrity.report(IntegrityEvent {
-                                node_id: self.deps.node_id.clone(),
-                                role: "decode",
-                                kind: IntegrityKind::GenerationMismatch,
-                                request: Some(req),
-                                tenant: Some(running.owner.tenant.clone()),
-                                detail: e.to_string(),
-                            });
-                            "kv_read_refused"
-                        }
-                        StepError::Failed(_) => "error",
-                    };
-                    tracing::warn!(request = %req, error = %e, "sequence failed");
-                    let _ = running
-                        .tx
-                        .send(Err(Status::internal(format!("generation failed: {e}"))));
-                    entry.state = RequestState::Aborted;
-                    entry.ended_at = Some(Instant::now());
-                    self.deps.metrics.request(kind);
-                }
+                Err(e) => self.fail(req, running, e),
             }
         }
         self.admit_waiting();
+    }
+
+    /// Ends a sequence whose step (or recompute) failed. I1/I8: fail only this request,
+    /// count it, report it; never data. Its pages are freed with `running`.
+    pub(super) fn fail(&mut self, req: RequestId, running: Box<Running>, e: StepError) {
+        let kind = match e {
+            StepError::KvRefused(_) => {
+                self.deps.integrity.report(IntegrityEvent {
+                    node_id: self.deps.node_id.clone(),
+                    role: "decode",
+                    kind: IntegrityKind::GenerationMismatch,
+                    request: Some(req),
+                    tenant: Some(running.seq.owner.tenant.clone()),
+                    detail: e.to_string(),
+                });
+                "kv_read_refused"
+            }
+            StepError::Failed(_) => "error",
+        };
+        tracing::warn!(request = %req, error = %e, "sequence failed");
+        let _ = running
+            .seq
+            .tx
+            .send(Err(Status::internal(format!("generation failed: {e}"))));
+        if let Some(entry) = self.table.get_mut(&req) {
+            entry.state = RequestState::Aborted;
+            entry.ended_at = Some(Instant::now());
+        }
+        self.deps.metrics.request(kind);
     }
 }

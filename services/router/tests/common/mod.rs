@@ -33,6 +33,8 @@ pub struct Opts {
     pub tenant_max_concurrency: Option<usize>,
     /// Tenant alpha's own `max_concurrent`.
     pub alpha_max_concurrent: Option<u32>,
+    /// Tenant alpha's `tokens_per_minute`.
+    pub alpha_tokens_per_minute: Option<u64>,
     pub request_timeout: Duration,
 }
 
@@ -46,6 +48,7 @@ impl Default for Opts {
             max_concurrency: 64,
             tenant_max_concurrency: None,
             alpha_max_concurrent: None,
+            alpha_tokens_per_minute: None,
             request_timeout: Duration::from_secs(20),
         }
     }
@@ -85,11 +88,15 @@ impl Harness {
                 name: "alpha".into(),
                 key_sha256: vec![SecretHash::of(KEY)],
                 max_concurrent: opts.alpha_max_concurrent,
+                weight: Some(2),
+                tokens_per_minute: opts.alpha_tokens_per_minute,
             },
             TenantEntry {
                 name: "beta".into(),
                 key_sha256: vec![SecretHash::of(OTHER_KEY)],
                 max_concurrent: None,
+                weight: None,
+                tokens_per_minute: None,
             },
         ])
         .unwrap();

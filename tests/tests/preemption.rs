@@ -1,0 +1,103 @@
+//! Issue 13, pages as you go (I9): decode allocates the pages of generated tokens as they are
+//! generated, and when its pool runs short it preempts the youngest sequences (frees their
+//! pages) and recomputes them later from their token ids. Real worker processes on 127.0.0.1,
+//! the tiny test model.
+
+use std::time::{Duration, Instant};
+
+use pagewarden_system_tests::driver::{greedy, Driver};
+use pagewarden_system_tests::{start_decode, start_prefill, ModelArg};
+
+const TINY: ModelArg = ModelArg::Tiny(7);
+const PREEMPTIONS: &str = "pagewarden_preemptions_total{role=\"decode\"}";
+
+/// Four prompts of 40 tokens, each generating 150 (end-of-generation ignored): 190 tokens, 12
+/// pages each at the end. Decode's pool is one context (256 tokens, 16 pages): all four are
+/// granted (3 pages each) and start, and their generations collide.
+const PROMPT: usize = 40;
+const MAX: u32 = 150;
+
+fn prompt(i: usize) -> Vec<u32> {
+    (0..PROMPT)
+        .map(|j| 20 + ((i * 37 + j * 11) % 200) as u32)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempted_sequences_are_recomputed_and_say_what_they_say_alone() {
+    let decode = start_decode(&TINY, &["--pool-tokens", "256"]);
+    let prefill = start_prefill(&TINY, &[]);
+    let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
+    let info = d.decode_info().await;
+    assert_eq!((info.total_pages, info.context_length), (16, 256));
+    let sampling = || {
+        let mut s = greedy(MAX);
+        s.ignore_eos = true;
+        s
+    };
+
+    // Each alone: it has the pool to itself, nothing is preempted.
+    let mut alone = Vec::new();
+    for i in 0..4 {
+        let out = d
+            .complete("t", &prompt(i), sampling())
+            .await
+            .expect("alone");
+        assert_eq!(out.tokens.len(), MAX as usize, "request {i} alone: {out:?}");
+        alone.push(out);
+    }
+    assert_eq!(
+        decode.metric(PREEMPTIONS).await,
+        0.0,
+        "a request alone was preempted"
+    );
+
+    // All four at once: the pool cannot hold them; the youngest give their pages up, are
+    // recomputed, and say exactly what they said alone.
+    let calls: Vec<_> = (0..4)
+        .map(|i| {
+            let mut d = d.clone();
+            let s = sampling();
+            tokio::spawn(async move { d.complete(&format!("t{}", i % 2), &prompt(i), s).await })
+        })
+        .collect();
+    for (i, c) in calls.into_iter().enumerate() {
+        let out = c.await.unwrap().expect("together");
+        assert_eq!(
+            out.tokens, alone[i].tokens,
+            "request {i}: tokens differ from alone"
+        );
+        assert_eq!(
+            out.text, alone[i].text,
+            "request {i}: text differs from alone"
+        );
+        assert_eq!(out.finish, alone[i].finish);
+    }
+    let preempted = decode.metric(PREEMPTIONS).await;
+    eprintln!("preemptions: {preempted}");
+    assert!(
+        preempted >= 1.0,
+        "no sequence was preempted: the test does not fill the pool"
+    );
+
+    // Every page comes back; a request after all that is served as before.
+    let start = Instant::now();
+    loop {
+        let (di, pi) = (d.decode_info().await, d.prefill_info().await);
+        let idle = (di.free_pages, di.active_requests, di.queue_depth) == (di.total_pages, 0, 0)
+            && pi.free_pages == pi.total_pages;
+        if idle {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "pools not free: {di:?} {pi:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = d
+        .complete("t", &prompt(0), sampling())
+        .await
+        .expect("again");
+    assert_eq!(again.tokens, alone[0].tokens);
+}
