@@ -50,6 +50,7 @@ pub mod sse;
 pub mod telemetry;
 pub mod tenants;
 pub mod tokenize;
+pub mod unauthenticated;
 pub mod validation;
 pub mod workers;
 
