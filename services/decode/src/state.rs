@@ -85,7 +85,7 @@ impl Reservation {
             Err(e) => return Err((e, args.tx)),
         };
         let mut sampler =
-            Sampler::for_request(&self.sampling, &self.penalty_prompt, tokenizer.eog_tokens());
+            Sampler::for_model(&self.sampling, &self.penalty_prompt, &tokenizer);
         // Prefill sampled the first token: it counts for the penalties and `min_tokens`.
         sampler.accept(args.first_token);
         Ok(Running {
