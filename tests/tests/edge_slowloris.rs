@@ -1,13 +1,16 @@
 //! The router's edge against slow clients (issue 14): 500 sockets that dribble a request head
 //! one byte at a time are closed once `--header-read-timeout` passes, while a well-behaved
-//! client keeps being served throughout; a body that never finishes ends in a clean 400.
+//! client keeps being served throughout; a body that never finishes ends in a clean 400. One
+//! client address holds at most `--max-unauthenticated-per-addr` sockets that have not shown a
+//! key, while other addresses, and that address's authenticated connections, are served.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use pagewarden_system_tests::{api_key, start_decode, start_prefill, start_router_with, ModelArg};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 const TINY: ModelArg = ModelArg::Tiny(11);
 const SLOW: usize = 500;
@@ -15,9 +18,26 @@ const SLOW: usize = 500;
 /// without one fails instead of hanging.
 const GIVE_UP: Duration = Duration::from_secs(60);
 
-/// Dribbles a request head forever; returns once the router closed the socket.
+/// A connection to `addr` from the loopback address `from` (all of 127/8 is this host).
+async fn connect_from(from: Ipv4Addr, addr: &str) -> std::io::Result<TcpStream> {
+    let addr: SocketAddr = addr.parse().expect("router address");
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(IpAddr::V4(from), 0))?;
+    socket.connect(addr).await
+}
+
+/// Whether the router closes a socket that has sent nothing within `within`.
+async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(within, s.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+/// Dribbles a request head forever from 127.0.0.2; returns once the router closed the socket.
 async fn dribble(addr: String) -> bool {
-    let Ok(mut s) = TcpStream::connect(&addr).await else {
+    let Ok(mut s) = connect_from(Ipv4Addr::new(127, 0, 0, 2), &addr).await else {
         return true;
     };
     if s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
@@ -50,7 +70,14 @@ async fn dribbling_sockets_are_closed_while_a_good_client_is_served() {
         &TINY,
         &[&decode],
         &[&prefill],
-        &["--header-read-timeout", "1s", "--body-read-timeout", "1s"],
+        &[
+            "--header-read-timeout",
+            "1s",
+            "--body-read-timeout",
+            "1s",
+            "--max-unauthenticated-per-addr",
+            "1000",
+        ],
     )
     .await;
     let addr = router.addrs["http"].clone();
@@ -101,4 +128,99 @@ async fn dribbling_sockets_are_closed_while_a_good_client_is_served() {
     .await;
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_cap_of_unauthenticated_sockets() {
+    const CAP: usize = 4;
+    let flooder = Ipv4Addr::new(127, 0, 0, 3);
+    let decode = start_decode(&TINY, &[]);
+    let prefill = start_prefill(&TINY, &[]);
+    let router = start_router_with(
+        &TINY,
+        &[&decode],
+        &[&prefill],
+        &[
+            "--header-read-timeout",
+            "60s",
+            "--max-unauthenticated-per-addr",
+            &CAP.to_string(),
+        ],
+    )
+    .await;
+    let addr = router.addrs["http"].clone();
+    let mut idle = Vec::new();
+    for _ in 0..CAP {
+        idle.push(connect_from(flooder, &addr).await.expect("connect"));
+    }
+    // Held open: the router has no reason to close them yet.
+    for s in &mut idle {
+        assert!(!closed_within(s, Duration::from_millis(300)).await);
+    }
+    let mut over = connect_from(flooder, &addr).await.expect("connect");
+    assert!(
+        closed_within(&mut over, Duration::from_secs(10)).await,
+        "a socket past the address's cap was kept open"
+    );
+
+    // Another address is served while the flooder holds its cap.
+    let complete = |client: reqwest::Client| {
+        let url = format!("{}/v1/completions", router.http_url());
+        async move {
+            client
+                .post(url)
+                .bearer_auth(api_key(0))
+                .json(&json!({"prompt": "hello there", "max_tokens": 2, "temperature": 0}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }
+    };
+    let elsewhere = reqwest::Client::builder()
+        .local_address(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 4)))
+        .build()
+        .expect("client");
+    assert_eq!(complete(elsewhere).await.expect("another address"), 200);
+
+    // One idle socket closes; a kept-alive client from the flooder's address takes its place
+    // and authenticates, after which its connection no longer counts: a raw socket fits again.
+    drop(idle.pop());
+    let same = reqwest::Client::builder()
+        .local_address(IpAddr::V4(flooder))
+        .pool_max_idle_per_host(1)
+        .build()
+        .expect("client");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match complete(same.clone()).await {
+            Ok(200) => break,
+            other => {
+                assert!(Instant::now() < deadline, "same address never served: {other:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let mut again = connect_from(flooder, &addr).await.expect("connect");
+    assert!(
+        !closed_within(&mut again, Duration::from_secs(1)).await,
+        "an authenticated connection still counted against its address"
+    );
+    assert_eq!(complete(same).await.expect("kept alive"), 200);
+
+    let metrics = reqwest::get(format!("{}/metrics", router.http_url()))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    let refused: f64 = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("pagewarden_router_refused_connections_total")
+                && l.contains("unauthenticated_per_address")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(refused >= 1.0, "refusal not counted:\n{metrics}");
 }

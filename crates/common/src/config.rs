@@ -388,7 +388,7 @@ impl WorkerConfig {
             max_concurrency,
             chunk_tokens,
             grant_ttl: Duration::from_millis(
-                flags.grant_ttl_ms.or(file.grant_ttl_ms).unwrap_or(30_000),
+                flags.grant_ttl_ms.or(file.grant_ttl_ms).unwrap_or(300_000),
             ),
             drain_timeout: Duration::from_millis(
                 flags

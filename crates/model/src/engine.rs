@@ -104,7 +104,7 @@ impl Engine {
         let mut seq = self.pool.allocate(owner, total)?;
         let mut logits = model.prefill(&mut seq, prompt)?;
         let tok = model.tokenizer();
-        let mut sampler = Sampler::for_request(params, prompt, tok.eog_tokens());
+        let mut sampler = Sampler::for_model(params, prompt, tok);
         let end = EndTokens::new(params, tok.eog_tokens());
         let mut stop = StopMatcher::new(&params.stop);
         let mut detok = StreamDecoder::new(tok);

@@ -34,6 +34,7 @@
 pub mod arch;
 pub mod chat;
 pub mod config;
+pub mod constraint;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod engine;
@@ -54,6 +55,7 @@ pub mod weights;
 pub use arch::Arch;
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use config::LlamaConfig;
+pub use constraint::{Constraint, ConstraintError, Grammar, Grammars};
 pub use engine::{Engine, FinishReason, GenerationOutput};
 pub use gguf::{
     tiny_llama_gguf, GgmlType, GgufError, GgufFile, GgufWriter, TensorInfo, TensorView,

@@ -2,14 +2,17 @@
 //! lowest id) or temperature, min-p, top-k, top-p, with a seeded RNG so a seeded request replays
 //! token for token; `EndTokens`, the sampled ids that end a generation.
 //!
-//! Order per step (vLLM's): logprobs of the raw logits; penalties; end tokens masked while
-//! fewer than `min_tokens` were generated; then greedy, or temperature → min-p → top-k → top-p.
+//! Order per step (vLLM's): logprobs of the raw logits; penalties; the grammar's mask
+//! (`response_format`, see `constraint.rs`); end tokens masked while fewer than `min_tokens`
+//! were generated; then greedy, or temperature → min-p → top-k → top-p.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::constraint::{Constraint, Grammar};
 use crate::logprobs::TokenLogprobs;
 use crate::penalties::Penalties;
+use crate::tokenizer::Tokenizer;
 
 /// How to pick each next token, and when to stop.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,6 +47,8 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Report each chosen token's logprob and this many top logprobs; `None`: no logprobs.
     pub logprobs: Option<usize>,
+    /// What the output must be (`response_format`); `None`: free text.
+    pub grammar: Option<Grammar>,
 }
 
 impl Default for SamplingParams {
@@ -63,6 +68,7 @@ impl Default for SamplingParams {
             min_tokens: 0,
             stop_token_ids: Vec::new(),
             logprobs: None,
+            grammar: None,
         }
     }
 }
@@ -136,6 +142,8 @@ pub struct Sampler {
     min_tokens: usize,
     generated: usize,
     logprobs: Option<usize>,
+    /// The request's grammar, when it has one.
+    constraint: Option<Constraint>,
     /// Reused scratch: (id, logit or probability).
     cands: Vec<(u32, f32)>,
     /// Reused scratch: the logits after penalties and masking.
@@ -166,14 +174,30 @@ impl Sampler {
             min_tokens: p.min_tokens,
             generated: 0,
             logprobs: p.logprobs,
+            constraint: None,
             cands: Vec::new(),
             adjusted: Vec::new(),
         }
     }
 
+    /// A sampler for one request to the model whose tokenizer is `tok`: [`Sampler::for_request`]
+    /// with its end tokens, and the request's grammar compiled against its vocabulary.
+    /// A grammar that does not compile leaves only end tokens (see [`Constraint::for_tokenizer`]).
+    pub fn for_model(p: &SamplingParams, prompt: &[u32], tok: &Tokenizer) -> Self {
+        let mut s = Self::for_request(p, prompt, tok.eog_tokens());
+        s.constraint = p
+            .grammar
+            .as_ref()
+            .map(|g| Constraint::for_tokenizer(tok, g));
+        s
+    }
+
     /// Records a token generated for this request elsewhere (decode continues from the token
     /// prefill sampled), as [`Sampler::next`] records its own.
     pub fn accept(&mut self, token: u32) {
+        if let Some(c) = &mut self.constraint {
+            c.accept(token);
+        }
         self.generated += 1;
         if let Some(p) = &mut self.penalties {
             p.record(token);
@@ -191,13 +215,18 @@ impl Sampler {
     /// When `logits` is empty.
     pub fn next(&mut self, logits: &[f32]) -> Sampled {
         assert!(!logits.is_empty(), "Sampler::next: empty logits");
-        let mask = self.generated < self.min_tokens;
-        let token = if self.penalties.is_some() || mask {
+        // A complete document ends even before `min_tokens`: the grammar wins.
+        let mask = self.generated < self.min_tokens
+            && !self.constraint.as_mut().is_some_and(Constraint::is_complete);
+        let token = if self.penalties.is_some() || self.constraint.is_some() || mask {
             let mut adjusted = std::mem::take(&mut self.adjusted);
             adjusted.clear();
             adjusted.extend_from_slice(logits);
             if let Some(p) = &self.penalties {
                 p.apply(&mut adjusted);
+            }
+            if let Some(c) = &mut self.constraint {
+                c.mask(&mut adjusted);
             }
             if mask {
                 for &t in &self.end.0 {

@@ -4,7 +4,9 @@
 //! characters, byte fallback; `tokenizer_spm`). No BOS is ever added.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
+use crate::constraint::{ConstraintError, Grammars};
 use crate::gguf::{GgufError, GgufFile};
 use crate::tokenizer_bpe::{merge_word, MergeRanks};
 use crate::tokenizer_bytes::token_text_to_bytes;
@@ -92,6 +94,8 @@ pub struct Tokenizer {
     eos: Option<u32>,
     eog: Vec<u32>,
     add_bos: bool,
+    /// The vocabulary indexed for constrained decoding, built by the first request that asks.
+    grammars: OnceLock<Result<Grammars, ConstraintError>>,
 }
 
 impl Tokenizer {
@@ -230,6 +234,7 @@ impl Tokenizer {
             eos,
             eog,
             add_bos,
+            grammars: OnceLock::new(),
         })
     }
 
@@ -389,6 +394,14 @@ impl Tokenizer {
     /// All end-of-generation ids.
     pub fn eog_tokens(&self) -> &[u32] {
         &self.eog
+    }
+
+    /// The vocabulary indexed for constrained decoding (built once, on first use).
+    pub fn grammars(&self) -> Result<&Grammars, ConstraintError> {
+        self.grammars
+            .get_or_init(|| Grammars::new(self))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 }
 

@@ -3,7 +3,7 @@
 //! unparsed message.
 
 use pagewarden_common::{AttemptId, RequestId};
-use pagewarden_model::{Logprob, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
+use pagewarden_model::{Grammar, Logprob, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
 use pagewarden_proto::v1 as pb;
 use tonic::Status;
 
@@ -66,6 +66,20 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
             "sampling.logprobs: at most {MAX_TOP_LOGPROBS} top logprobs"
         )));
     }
+    let grammar = match &s.grammar {
+        None => None,
+        Some(pb::sampling_params::Grammar::JsonObject(true)) => Some(Grammar::JsonObject),
+        Some(pb::sampling_params::Grammar::JsonObject(false)) => {
+            return Err(Status::invalid_argument(
+                "sampling.json_object: must be true when set",
+            ))
+        }
+        Some(pb::sampling_params::Grammar::JsonSchema(text)) => Some(Grammar::JsonSchema(
+            serde_json::from_str(text).map_err(|e| {
+                Status::invalid_argument(format!("sampling.json_schema: not JSON: {e}"))
+            })?,
+        )),
+    };
     Ok(SamplingParams {
         temperature: s.temperature,
         top_k: s.top_k as usize,
@@ -81,6 +95,7 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
         min_tokens: s.min_tokens as usize,
         stop_token_ids: s.stop_token_ids.clone(),
         logprobs: s.logprobs.map(|n| n as usize),
+        grammar,
     })
 }
 

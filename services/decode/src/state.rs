@@ -104,9 +104,9 @@ impl Reservation {
             Err(e) => return Err((e, args.tx)),
         };
         let mut sampler =
-            Sampler::for_request(&self.sampling, &self.prompt, tokenizer.eog_tokens());
-        // Prefill sampled the first token: it counts for the penalties and `min_tokens`. The
-        // scheduler emits it next, which appends it to `tokens` (the next input).
+            Sampler::for_model(&self.sampling, &self.prompt, &tokenizer);
+        // Prefill sampled the first token: it counts for the penalties, `min_tokens` and the
+        // grammar. The scheduler emits it next, which appends it to `tokens` (the next input).
         sampler.accept(args.first_token);
         Ok(Running {
             pages,

@@ -291,7 +291,7 @@ pub(crate) fn bench_plan(bin_dir: &Path, dir: &Path, model: &Path) -> anyhow::Re
         router_addr: "127.0.0.1:0".parse()?,
         auditor_addr: "127.0.0.1:0".parse()?,
         probe_interval: String::new(),
-        grant_ttl_ms: 30_000,
+        grant_ttl_ms: 300_000,
         pool_tokens: None,
         context_length: None,
         auditor_grpc: None,

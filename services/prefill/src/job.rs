@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages};
-use pagewarden_model::{Sampled, Sampler};
+use pagewarden_model::{Model, Sampled, Sampler};
 use pagewarden_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -37,8 +37,9 @@ pub struct JobDeps {
     pub batch_pages: usize,
     /// One chunk computes at a time; waiting jobs take turns, tenants in rotation.
     pub turns: Turns,
-    /// The model's end-of-generation tokens (`min_tokens` masks them).
-    pub eog: Vec<u32>,
+    /// The model, for its tokenizer: end-of-generation tokens (`min_tokens` masks them) and
+    /// the vocabulary a `response_format` grammar is compiled against.
+    pub model: Arc<Model>,
 }
 
 /// Runs one admitted job to its end.
@@ -177,6 +178,6 @@ async fn compute(
             .await
             .map_err(Failure::Transfer)?;
     }
-    let first = Sampler::for_request(&job.sampling, &job.prompt, &deps.eog).next(&logits);
+    let first = Sampler::for_model(&job.sampling, &job.prompt, deps.model.tokenizer()).next(&logits);
     Ok((pages, first))
 }

@@ -126,7 +126,7 @@ async fn main() -> anyhow::Result<()> {
         chunk_tokens: cfg.chunk_tokens,
         batch_pages: cli.batch_pages,
         turns: turns::Turns::default(),
-        eog: loaded.model.tokenizer().eog_tokens().to_vec(),
+        model: loaded.model.clone(),
     });
     let service = service::PrefillService {
         deps,

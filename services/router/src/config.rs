@@ -90,6 +90,10 @@ pub struct Args {
     /// Most client connections served at once; more are closed on accept.
     #[arg(long)]
     pub max_connections: Option<usize>,
+    /// Most connections one client address may hold before any request on them carries a
+    /// valid API key; more from that address are closed on accept.
+    #[arg(long)]
+    pub max_unauthenticated_per_addr: Option<usize>,
 }
 
 /// The `--config` file.
@@ -121,6 +125,7 @@ pub struct FileConfig {
     header_read_timeout: Option<String>,
     body_read_timeout: Option<String>,
     max_connections: Option<usize>,
+    max_unauthenticated_per_addr: Option<usize>,
 }
 
 /// Why the configuration is unusable.
@@ -249,10 +254,19 @@ impl RouterConfig {
                 .max_connections
                 .or(file.max_connections)
                 .unwrap_or(defaults.max_connections),
+            max_unauthenticated_per_addr: args
+                .max_unauthenticated_per_addr
+                .or(file.max_unauthenticated_per_addr)
+                .unwrap_or(defaults.max_unauthenticated_per_addr),
         };
         if edge.max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "--max-connections must be at least 1".into(),
+            ));
+        }
+        if edge.max_unauthenticated_per_addr == 0 {
+            return Err(ConfigError::Invalid(
+                "--max-unauthenticated-per-addr must be at least 1".into(),
             ));
         }
         let tenants = TenantSource {

@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pagewarden_common::{AttemptId, RequestId, TenantId};
+use pagewarden_model::Grammar;
+use pagewarden_proto::v1::sampling_params::Grammar as WireGrammar;
 use pagewarden_proto::v1::{
     FinishReason, GenerateRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef,
     ReserveRequest, SamplingParams, TokenEvent, WriteGrant,
@@ -312,6 +314,10 @@ impl Flight {
             min_tokens: s.min_tokens,
             stop_token_ids: s.stop_token_ids.clone(),
             logprobs: s.logprobs,
+            grammar: s.grammar.as_ref().map(|g| match g {
+                Grammar::JsonObject => WireGrammar::JsonObject(true),
+                Grammar::JsonSchema(schema) => WireGrammar::JsonSchema(schema.to_string()),
+            }),
         }
     }
 

@@ -1,11 +1,12 @@
 //! The HTTP edge's own defenses, below the routes: a request head must arrive within
 //! `header_timeout` (slowloris sockets are closed), a request body within `body_timeout` of its
-//! head (a dribbled body ends in a 400), and at most `max_connections` sockets are served at
-//! once (more are closed on accept, so a flood cannot exhaust the process).
+//! head (a dribbled body ends in a 400), at most `max_connections` sockets are served at once,
+//! and one client address holds at most `max_unauthenticated_per_addr` sockets that have not yet
+//! shown a valid API key (more are closed on accept, so a flood from one host cannot exhaust
+//! the process or crowd out other clients).
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,8 +21,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tower::ServiceExt;
+
+use crate::metrics::ReasonLabels;
+use crate::unauthenticated::Unauthenticated;
 
 /// Limits of the edge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +39,8 @@ pub struct EdgeLimits {
     pub body_timeout: Duration,
     /// Most sockets served at once.
     pub max_connections: usize,
+    /// Most sockets one client address may hold before a request on them carries a valid key.
+    pub max_unauthenticated_per_addr: usize,
 }
 
 impl Default for EdgeLimits {
@@ -40,19 +49,19 @@ impl Default for EdgeLimits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            max_unauthenticated_per_addr: 64,
         }
     }
 }
 
-/// Connections closed on accept because `max_connections` were open (for `/metrics` and tests).
-pub static REFUSED_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
-
 /// Serves `app` on `listener` under `limits` until `shutdown` resolves, then stops accepting
-/// and waits for open connections to finish their requests.
+/// and waits for open connections to finish their requests. Connections closed on accept are
+/// counted in `refused` by reason (`max_connections`, `unauthenticated_per_address`).
 pub async fn serve_edge(
     listener: TcpListener,
     app: Router,
     limits: EdgeLimits,
+    refused: Family<ReasonLabels, Counter>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let body_timeout = limits.body_timeout;
@@ -66,6 +75,8 @@ pub async fn serve_edge(
         .header_read_timeout(limits.header_timeout);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let unauthenticated = Unauthenticated::new(limits.max_unauthenticated_per_addr);
+    let refuse = |reason: &'static str| refused.get_or_create(&ReasonLabels { reason }).inc();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -81,12 +92,25 @@ pub async fn serve_edge(
             },
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            REFUSED_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+            refuse("max_connections");
             tracing::debug!(%peer, "connection cap reached: closing");
             continue;
         };
+        let Some(pending) = unauthenticated.admit(peer.ip()) else {
+            refuse("unauthenticated_per_address");
+            tracing::debug!(%peer, "unauthenticated connections per address reached: closing");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        let svc = TowerToHyperService::new(app.clone());
+        // Each request carries its connection's place in the count; the API key check takes
+        // the connection out of it. The connection's own copy goes when the connection ends.
+        let svc = TowerToHyperService::new(app.clone().map_request({
+            let pending = pending.clone();
+            move |mut req: Request<_>| {
+                req.extensions_mut().insert(pending.clone());
+                req
+            }
+        }));
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), svc)
             .into_owned();
@@ -95,6 +119,7 @@ pub async fn serve_edge(
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, error = %e, "connection ended");
             }
+            drop(pending);
             drop(slot);
         });
     }

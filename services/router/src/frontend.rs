@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use pagewarden_model::{ChatMessage, ChatTemplate, GgufFile, Tokenizer};
+use pagewarden_model::{ChatMessage, ChatTemplate, GgufFile, Grammar, Tokenizer};
 
 use crate::error::{RouterError, ValidationError};
 use crate::validation::{ChatTurn, Prompt};
@@ -102,6 +102,19 @@ impl Frontend {
             }
         };
         non_empty(tokens, "prompt")
+    }
+
+    /// Refuses a `response_format` whose schema does not compile against this vocabulary, with
+    /// the grammar library's reason (the first such request also builds the vocabulary index).
+    pub fn check_grammar(&self, grammar: Option<&Grammar>) -> Result<(), RouterError> {
+        let Some(g) = grammar else {
+            return Ok(());
+        };
+        self.tokenizer
+            .grammars()
+            .and_then(|grammars| grammars.compile(g))
+            .map(drop)
+            .map_err(|e| ValidationError::new("response_format", format!("`response_format`: {e}")).into())
     }
 
     /// Tokens of a conversation rendered through the model's chat template.

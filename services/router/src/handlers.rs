@@ -32,7 +32,12 @@ pub async fn completions(
         check_model(&state, req.common.model.as_deref())?;
         let frontend = state.frontend.clone();
         let prompt = req.prompt;
-        let tokens = blocking(move || frontend.completion_tokens(&prompt)).await?;
+        let grammar = req.common.sampling.grammar.clone();
+        let tokens = blocking(move || {
+            frontend.check_grammar(grammar.as_ref())?;
+            frontend.completion_tokens(&prompt)
+        })
+        .await?;
         Ok::<_, RouterError>(Prepared {
             endpoint: Endpoint::Completions,
             tenant,
@@ -65,7 +70,12 @@ pub async fn chat(
         check_model(&state, req.common.model.as_deref())?;
         let frontend = state.frontend.clone();
         let messages = req.messages;
-        let tokens = blocking(move || frontend.chat_tokens(&messages)).await?;
+        let grammar = req.common.sampling.grammar.clone();
+        let tokens = blocking(move || {
+            frontend.check_grammar(grammar.as_ref())?;
+            frontend.chat_tokens(&messages)
+        })
+        .await?;
         Ok::<_, RouterError>(Prepared {
             endpoint: Endpoint::Chat,
             tenant,

@@ -52,6 +52,7 @@ pub mod telemetry;
 pub mod tenants;
 pub mod token_rate;
 pub mod tokenize;
+pub mod unauthenticated;
 pub mod validation;
 pub mod workers;
 

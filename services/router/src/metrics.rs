@@ -81,6 +81,8 @@ pub struct Metrics {
     pub effective_context: Gauge,
     /// Requests being served now.
     pub in_flight: Gauge,
+    /// Client connections closed on accept, by reason (the edge's caps).
+    pub refused_connections: Family<ReasonLabels, Counter>,
     /// The same requests under vLLM's names.
     pub vllm: VllmMetrics,
 }
@@ -98,6 +100,7 @@ impl Metrics {
         let live_workers = Family::<RoleLabels, Gauge>::default();
         let effective_context = Gauge::default();
         let in_flight = Gauge::default();
+        let refused_connections = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "requests",
             "Requests by endpoint and outcome",
@@ -131,6 +134,11 @@ impl Metrics {
             effective_context.clone(),
         );
         registry.register("in_flight", "Requests being served", in_flight.clone());
+        registry.register(
+            "refused_connections",
+            "Client connections closed on accept, by the cap that closed them",
+            refused_connections.clone(),
+        );
         Self {
             registry,
             requests,
@@ -142,6 +150,7 @@ impl Metrics {
             live_workers,
             effective_context,
             in_flight,
+            refused_connections,
             vllm: VllmMetrics::new(model_name, "router"),
         }
     }

@@ -196,7 +196,8 @@ pub async fn serve_with(
             }
         })
     };
-    let result = serve_edge(listener, router(state), limits, shutdown).await;
+    let refused = state.metrics.refused_connections.clone();
+    let result = serve_edge(listener, router(state), limits, refused, shutdown).await;
     poller.abort();
     result
 }

@@ -19,6 +19,7 @@ pub use pagewarden_common::tenants::TenantsError;
 
 use crate::error::RouterError;
 use crate::server::AppState;
+use crate::unauthenticated::Pending;
 
 /// Where the tenants come from: entries inline in the config file, and the tenants file (read
 /// again on every reload).
@@ -147,6 +148,9 @@ pub async fn require_tenant(
         });
     match tenant {
         Ok(t) => {
+            if let Some(pending) = req.extensions().get::<Pending>() {
+                pending.authenticated();
+            }
             req.extensions_mut().insert(t);
             next.run(req).await
         }

@@ -1,6 +1,7 @@
 //! Parse, don't validate: request bodies become [`ValidCompletionRequest`] / [`ValidChatRequest`]
 //! here, and nothing downstream accepts anything else. Every error names its field.
 
+use pagewarden_model::Grammar;
 use serde_json::{json, Map, Value};
 
 use crate::error::ValidationError;
@@ -67,6 +68,8 @@ pub struct ValidSampling {
     pub stop_token_ids: Vec<u32>,
     /// Logprobs of each generated token and this many top logprobs; `None`: no logprobs.
     pub logprobs: Option<u32>,
+    /// `response_format` beyond text: the output is constrained to it.
+    pub grammar: Option<Grammar>,
 }
 
 /// What every generation request carries besides its prompt.
@@ -134,15 +137,6 @@ impl ValidChatRequest {
         };
         f.only_default("tools", &[json!([])])?;
         f.only_default("tool_choice", &[json!("none"), json!("auto")])?;
-        if f.get("response_format")
-            .is_some_and(|v| *v != json!({"type": "text"}))
-        {
-            return Err(f.err(
-                "response_format",
-                "is not supported beyond `{\"type\": \"text\"}`: this server has no \
-                 constrained decoding, so it cannot promise JSON output",
-            ));
-        }
         f.only_default("functions", &[json!([])])?;
         f.only_default("function_call", &[json!("none"), json!("auto")])?;
         f.only_default("parallel_tool_calls", &[json!(true), json!(false)])?;
@@ -234,6 +228,60 @@ impl ValidDetokenizeRequest {
 }
 
 /// `logprobs` is the endpoint's own reading of its logprobs fields.
+/// `response_format`: `{"type": "text"}` (or absent), `{"type": "json_object"}`, or
+/// `{"type": "json_schema", "json_schema": {"name": .., "schema": {..}, "strict": ..,
+/// "description": ..}}` (OpenAI's shape; vLLM accepts it on both endpoints). Whether the schema
+/// compiles is checked against the vocabulary at admission (`Frontend::check_grammar`).
+fn parse_response_format(f: &Fields<'_>) -> Result<Option<Grammar>, ValidationError> {
+    let rf = match f.get("response_format") {
+        None => return Ok(None),
+        Some(Value::Object(o)) => Fields::nested(o, "response_format"),
+        Some(v) => {
+            return Err(f.err(
+                "response_format",
+                format!("must be an object, found {}", kind_of(v)),
+            ))
+        }
+    };
+    let grammar = match rf.require("type")? {
+        Value::String(t) if t == "text" => None,
+        Value::String(t) if t == "json_object" => Some(Grammar::JsonObject),
+        Value::String(t) if t == "json_schema" => {
+            let js = match rf.require("json_schema")? {
+                Value::Object(o) => Fields::nested(o, "response_format.json_schema"),
+                v => {
+                    return Err(rf.err(
+                        "json_schema",
+                        format!("must be an object, found {}", kind_of(v)),
+                    ))
+                }
+            };
+            js.string("name")?;
+            js.string("description")?;
+            js.bool("strict")?;
+            let schema = match js.require("schema")? {
+                v @ (Value::Object(_) | Value::Bool(true)) => v.clone(),
+                v => {
+                    return Err(js.err(
+                        "schema",
+                        format!("must be a JSON schema object, found {}", kind_of(v)),
+                    ))
+                }
+            };
+            js.reject_unknown()?;
+            Some(Grammar::JsonSchema(schema))
+        }
+        v => {
+            return Err(rf.err(
+                "type",
+                format!("must be `text`, `json_object` or `json_schema`, got {v}"),
+            ))
+        }
+    };
+    rf.reject_unknown()?;
+    Ok(grammar)
+}
+
 fn parse_common(
     f: &Fields<'_>,
     max_field: &str,
@@ -292,6 +340,14 @@ fn parse_common(
             ))
         }
     };
+    let grammar = parse_response_format(f)?;
+    if grammar.is_some() && ignore_eos {
+        return Err(f.err(
+            "ignore_eos",
+            "cannot be combined with `response_format`: a constrained answer ends when its \
+             document is complete",
+        ));
+    }
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.get("stream_options") {
         None => false,
@@ -325,6 +381,7 @@ fn parse_common(
             min_tokens,
             stop_token_ids,
             logprobs,
+            grammar,
         },
         stream,
         include_usage,
