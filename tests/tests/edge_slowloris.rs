@@ -195,7 +195,10 @@ async fn one_address_holds_at_most_its_cap_of_unauthenticated_sockets() {
         match complete(same.clone()).await {
             Ok(200) => break,
             other => {
-                assert!(Instant::now() < deadline, "same address never served: {other:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "same address never served: {other:?}"
+                );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }

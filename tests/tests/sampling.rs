@@ -377,7 +377,11 @@ async fn sampling_values_in_range_are_served_and_out_of_range_ones_are_400s_nami
         ("top_logprobs", json!(21), "top_logprobs"),
         ("top_logprobs", json!(2), "top_logprobs"),
         ("logprobs", json!(3), "logprobs"),
-        ("response_format", json!({"type": "xml"}), "response_format.type"),
+        (
+            "response_format",
+            json!({"type": "xml"}),
+            "response_format.type",
+        ),
         (
             "response_format",
             json!({"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}),
@@ -464,7 +468,8 @@ fn meets_person_schema(text: &str) -> Result<(), String> {
             .iter()
             .all(|c| matches!(c.as_str(), Some("red" | "green" | "blue")))
         && o["member"].is_boolean();
-    ok.then_some(()).ok_or(format!("out of the schema: {text:?}"))
+    ok.then_some(())
+        .ok_or(format!("out of the schema: {text:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -510,7 +515,10 @@ async fn a_json_schema_is_met_by_every_sampled_answer_and_is_needed_for_it() {
             meets_person_schema(text).is_ok()
         })
         .count();
-    assert!(free_ok < free.len(), "every unconstrained answer met the schema too");
+    assert!(
+        free_ok < free.len(),
+        "every unconstrained answer met the schema too"
+    );
 
     // Streamed, and on /v1/completions with json_object: the text is a JSON object.
     let chunks = s.stream("/v1/chat/completions", body(99, true)).await;

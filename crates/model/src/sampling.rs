@@ -217,7 +217,10 @@ impl Sampler {
         assert!(!logits.is_empty(), "Sampler::next: empty logits");
         // A complete document ends even before `min_tokens`: the grammar wins.
         let mask = self.generated < self.min_tokens
-            && !self.constraint.as_mut().is_some_and(Constraint::is_complete);
+            && !self
+                .constraint
+                .as_mut()
+                .is_some_and(Constraint::is_complete);
         let token = if self.penalties.is_some() || self.constraint.is_some() || mask {
             let mut adjusted = std::mem::take(&mut self.adjusted);
             adjusted.clear();

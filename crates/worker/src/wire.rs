@@ -74,11 +74,11 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
                 "sampling.json_object: must be true when set",
             ))
         }
-        Some(pb::sampling_params::Grammar::JsonSchema(text)) => Some(Grammar::JsonSchema(
-            serde_json::from_str(text).map_err(|e| {
-                Status::invalid_argument(format!("sampling.json_schema: not JSON: {e}"))
-            })?,
-        )),
+        Some(pb::sampling_params::Grammar::JsonSchema(text)) => {
+            Some(Grammar::JsonSchema(serde_json::from_str(text).map_err(
+                |e| Status::invalid_argument(format!("sampling.json_schema: not JSON: {e}")),
+            )?))
+        }
     };
     Ok(SamplingParams {
         temperature: s.temperature,

@@ -103,8 +103,7 @@ impl Reservation {
             Ok(p) => p,
             Err(e) => return Err((e, args.tx)),
         };
-        let mut sampler =
-            Sampler::for_model(&self.sampling, &self.prompt, &tokenizer);
+        let mut sampler = Sampler::for_model(&self.sampling, &self.prompt, &tokenizer);
         // Prefill sampled the first token: it counts for the penalties, `min_tokens` and the
         // grammar. The scheduler emits it next, which appends it to `tokens` (the next input).
         sampler.accept(args.first_token);

@@ -178,6 +178,7 @@ async fn compute(
             .await
             .map_err(Failure::Transfer)?;
     }
-    let first = Sampler::for_model(&job.sampling, &job.prompt, deps.model.tokenizer()).next(&logits);
+    let first =
+        Sampler::for_model(&job.sampling, &job.prompt, deps.model.tokenizer()).next(&logits);
     Ok((pages, first))
 }

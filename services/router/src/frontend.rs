@@ -114,7 +114,9 @@ impl Frontend {
             .grammars()
             .and_then(|grammars| grammars.compile(g))
             .map(drop)
-            .map_err(|e| ValidationError::new("response_format", format!("`response_format`: {e}")).into())
+            .map_err(|e| {
+                ValidationError::new("response_format", format!("`response_format`: {e}")).into()
+            })
     }
 
     /// Tokens of a conversation rendered through the model's chat template.

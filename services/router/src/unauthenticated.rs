@@ -103,9 +103,15 @@ mod tests {
         let a1 = gate.admit(A).expect("first");
         let _a2 = gate.admit(A).expect("second");
         assert!(gate.admit(A).is_none(), "third from the same address");
-        assert!(gate.admit(B).is_some(), "another address is not capped by A");
+        assert!(
+            gate.admit(B).is_some(),
+            "another address is not capped by A"
+        );
         drop(a1);
-        assert!(gate.admit(A).is_some(), "a closed connection frees its place");
+        assert!(
+            gate.admit(A).is_some(),
+            "a closed connection frees its place"
+        );
     }
 
     #[test]
@@ -116,9 +122,15 @@ mod tests {
         a.authenticated();
         a.authenticated();
         assert_eq!(gate.held(A), 0);
-        let _b = gate.admit(A).expect("the authenticated one no longer counts");
+        let _b = gate
+            .admit(A)
+            .expect("the authenticated one no longer counts");
         drop(copy);
         drop(a);
-        assert_eq!(gate.held(A), 1, "dropping an authenticated one releases nothing more");
+        assert_eq!(
+            gate.held(A),
+            1,
+            "dropping an authenticated one releases nothing more"
+        );
     }
 }
