@@ -340,7 +340,7 @@ async fn periodic_probing_waits_for_the_router_to_be_ready() {
     let (r, prober, fake) = setup().await;
     fake.faults.lock().not_ready = true;
     let stop = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(prober.run_every(
+    let task = tokio::spawn(Arc::new(prober).run_every(
         Schedule {
             every: Duration::from_secs(3600),
             sweep: SweepKind::Full,
