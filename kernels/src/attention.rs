@@ -27,6 +27,9 @@ use crate::parallel::Parallel;
 
 /// Query tokens per task.
 const Q_BLOCK: usize = 16;
+/// Query tokens per task of the tiled x86 kernel (`attention_tiled`): its scores, 4 tokens x
+/// a group of heads x the keys, stay in L2 at 4k keys.
+const TILED_Q_BLOCK: usize = 4;
 /// Keys per run in a prefill task (64 rows of a 64-wide head: 16 KiB of K or V, L1-resident).
 const KEY_RUN: usize = 64;
 
@@ -127,11 +130,31 @@ pub fn paged_attention_with(
     }
     // Each kv head's K and V rows as f32 ([ctx][hd]), converted once for all its tasks.
     let kv = par.map(geo.kv_heads, |g| gather(isa, geo, blocks, g, ctx));
-    let qblocks = n.div_ceil(Q_BLOCK);
+    let tiled = isa != Isa::Portable && tiled_supports(geo);
+    // The tiled kernel keeps a task's scores (rows x keys) in L2: fewer tokens per task.
+    let q_block = if tiled { TILED_Q_BLOCK } else { Q_BLOCK };
+    let qblocks = n.div_ceil(q_block);
     let order = if n >= 2 { Order::Gemm } else { Order::Vec };
     let results = par.map(geo.kv_heads * qblocks, |task| {
         let (g, qb) = (task / qblocks, task % qblocks);
-        let (i0, i1) = (qb * Q_BLOCK, ((qb + 1) * Q_BLOCK).min(n));
+        let (i0, i1) = (qb * q_block, ((qb + 1) * q_block).min(n));
+        #[cfg(target_arch = "x86_64")]
+        if tiled {
+            let job = crate::attention_tiled::TiledTask {
+                geo,
+                q,
+                first_pos,
+                k: &kv[g].0,
+                v: &kv[g].1,
+                g,
+                i0,
+                i1,
+                isa,
+            };
+            // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only detected when the CPU has AVX2,
+            // FMA and F16C.
+            return unsafe { job.run() };
+        }
         let job = Task {
             geo,
             q,
@@ -155,13 +178,25 @@ pub fn paged_attention_with(
     for (task, res) in results.into_iter().enumerate() {
         let (g, qb) = (task / qblocks, task % qblocks);
         for (k, row) in res.chunks_exact(gw).enumerate() {
-            let i = qb * Q_BLOCK + k;
+            let i = qb * q_block + k;
             out[i * qw + g * gw..i * qw + (g + 1) * gw].copy_from_slice(row);
         }
     }
 }
 
-/// K and V of kv head `g` for keys `0..ctx`, as f32 rows of `head_dim`.
+/// Whether the tiled x86 kernel handles this geometry.
+#[cfg(target_arch = "x86_64")]
+fn tiled_supports(geo: &AttnGeometry) -> bool {
+    crate::attention_tiled::supports(geo)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn tiled_supports(_: &AttnGeometry) -> bool {
+    false
+}
+
+/// K and V of kv head `g` for keys `0..ctx`, as f32 rows of `head_dim`, followed by zero rows
+/// up to a multiple of 16 keys (the tiled kernel reads whole tiles).
 fn gather(
     isa: Isa,
     geo: &AttnGeometry,
@@ -170,8 +205,8 @@ fn gather(
     ctx: usize,
 ) -> (Vec<f32>, Vec<f32>) {
     let (hd, tw, ps) = (geo.head_dim, geo.token_width(), geo.page_size);
-    let mut k = vec![0f32; ctx * hd];
-    let mut v = vec![0f32; ctx * hd];
+    let mut k = vec![0f32; ctx.next_multiple_of(16) * hd];
+    let mut v = vec![0f32; ctx.next_multiple_of(16) * hd];
     for j in 0..ctx {
         let blk = &blocks[j / ps];
         let at = (j % ps) * tw + g * hd;

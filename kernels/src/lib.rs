@@ -18,6 +18,7 @@
 //! - `attention`: causal grouped-query attention over paged f16 K/V blocks.
 //! - `attention_decode`: decode (one query token) attention split over keys, then columns.
 //! - `attention_sums`: attention's dot products and weighted sums in ggml's order.
+//! - `attention_tiled`: prefill attention on x86, tiled over query rows and keys.
 //! - `device`: backend selection, `Device { Cpu, Cuda(n) }` from `cpu|cuda:N` (file
 //!   `cuda/device.rs`, always compiled).
 //! - `cuda` (feature `cuda`): the CUDA backend, the same kernels on the GPU (`cuda/mod.rs`).
@@ -28,6 +29,8 @@ pub mod activation;
 pub mod attention;
 mod attention_decode;
 mod attention_sums;
+#[cfg(target_arch = "x86_64")]
+mod attention_tiled;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[path = "cuda/device.rs"]

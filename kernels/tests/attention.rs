@@ -75,11 +75,22 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
             page_size: 16,
             window: Some(50),
         },
+        // Gemma 3's head size, a group of three, a window inside one 64-key tile.
+        AttnGeometry {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 128,
+            page_size: 16,
+            window: Some(40),
+        },
     ] {
         let tw = geo.token_width();
         // 300 and 611: decode runs over several score tasks (256 keys each) and ragged chunks;
-        // (70, 20): prefill over more than one 64-key run.
+        // (70, 20): prefill over more than one 64-key run; (250, 37) and (0, 70): more than
+        // one 256-key V tile, query blocks that straddle 16-key lanes, ragged row blocks.
         for (first, n) in [
+            (250, 37),
+            (0, 70),
             (0usize, 1usize),
             (0, 7),
             (70, 20),

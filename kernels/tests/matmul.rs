@@ -314,3 +314,26 @@ fn k_quant_dequantize_matches_block_layout() {
         assert!((a - b).abs() <= 0.51, "{a} vs {b}");
     }
 }
+
+#[test]
+fn activation_quantization_is_the_same_on_every_isa_and_thread_count() {
+    use pagewarden_kernels::act::quantize_acts_with;
+    let mut rng = Rng::new(23);
+    let (rows, cols) = (37, 96);
+    let mut x = rng.vec(rows * cols, 3.0);
+    // An all-zero block, exact halves (ties round to even) and a block at one scale.
+    x[32..64].fill(0.0);
+    for (i, v) in x[64..96].iter_mut().enumerate() {
+        *v = (i as f32 - 16.0) * 0.5;
+    }
+    let want = quantize_acts_with(Isa::Portable, &x, rows, cols, &Parallel::single());
+    for isa in Isa::available() {
+        for threads in [1, 2] {
+            let got = quantize_acts_with(isa, &x, rows, cols, &Parallel::new(threads));
+            assert_eq!(got.qs, want.qs, "{isa:?} x{threads}: values");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got.d), bits(&want.d), "{isa:?} x{threads}: scales");
+            assert_eq!(bits(&got.s), bits(&want.s), "{isa:?} x{threads}: sums");
+        }
+    }
+}

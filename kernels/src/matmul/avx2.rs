@@ -34,6 +34,17 @@ pub(super) fn rows(
             }
             Acts::Float(_) => {}
         }
+        if let Acts::Quant(a) = acts {
+            // SAFETY: as for the tiles below; shapes were checked above.
+            unsafe {
+                if vnni {
+                    x86::rows_q8_vnni(w, r0, n, a, tokens, out)
+                } else {
+                    x86::rows_q8(w, r0, n, a, tokens, out)
+                }
+            };
+            return;
+        }
         let mut t0 = 0;
         while t0 < tokens {
             let nt = (tokens - t0).min(TILE);
@@ -91,6 +102,76 @@ mod x86 {
         out: &mut [f32],
     ) {
         tile_body::<true>(ty, row, acts, cols, t0, out)
+    }
+
+    /// Rows `r0..r0 + n` of a Q4_0/Q4_1/Q5_0/Q8_0 matrix for all tokens (AVX2).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows_q8(
+        w: &QMatrix<'_>,
+        r0: usize,
+        n: usize,
+        a: &QuantizedActs,
+        tokens: usize,
+        out: &mut [f32],
+    ) {
+        rows_q8_body::<false>(w, r0, n, a, tokens, out)
+    }
+
+    /// [`rows_q8`] with AVX-512 VNNI's `vpdpbusd` (same bits).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn rows_q8_vnni(
+        w: &QMatrix<'_>,
+        r0: usize,
+        n: usize,
+        a: &QuantizedActs,
+        tokens: usize,
+        out: &mut [f32],
+    ) {
+        rows_q8_body::<true>(w, r0, n, a, tokens, out)
+    }
+
+    /// Tiles of four tokens by one row; a single token (decode) takes four rows at a time,
+    /// whose accumulation chains then overlap.
+    #[inline(always)]
+    unsafe fn rows_q8_body<const VNNI: bool>(
+        w: &QMatrix<'_>,
+        r0: usize,
+        n: usize,
+        a: &QuantizedActs,
+        tokens: usize,
+        out: &mut [f32],
+    ) {
+        let mut t0 = 0;
+        while t0 < tokens {
+            let nt = (tokens - t0).min(TILE);
+            let mut i = 0;
+            if nt == 1 {
+                while i + 4 <= n {
+                    let rows = [
+                        w.row(r0 + i),
+                        w.row(r0 + i + 1),
+                        w.row(r0 + i + 2),
+                        w.row(r0 + i + 3),
+                    ];
+                    let r = quant_rows::<4, 1, VNNI>(w.ty, rows, a, t0);
+                    for (k, rk) in r.iter().enumerate() {
+                        out[(i + k) * tokens + t0] = rk[0];
+                    }
+                    i += 4;
+                }
+            }
+            for i in i..n {
+                let o = &mut out[i * tokens + t0..i * tokens + t0 + nt];
+                let row = w.row(r0 + i);
+                match nt {
+                    4 => o.copy_from_slice(&quant::<4, VNNI>(w.ty, row, a, t0)),
+                    3 => o.copy_from_slice(&quant::<3, VNNI>(w.ty, row, a, t0)),
+                    2 => o.copy_from_slice(&quant::<2, VNNI>(w.ty, row, a, t0)),
+                    _ => o.copy_from_slice(&quant::<1, VNNI>(w.ty, row, a, t0)),
+                }
+            }
+            t0 += nt;
+        }
     }
 
     #[inline(always)]
@@ -173,23 +254,37 @@ mod x86 {
         a: &QuantizedActs,
         t0: usize,
     ) -> [f32; NT] {
+        quant_rows::<1, NT, VNNI>(ty, [row], a, t0)[0]
+    }
+
+    /// `NR` quantized rows against `NT` consecutive tokens starting at `t0`: every
+    /// (row, token) pair is its own accumulation, in the one-row order.
+    #[inline(always)]
+    unsafe fn quant_rows<const NR: usize, const NT: usize, const VNNI: bool>(
+        ty: WeightType,
+        rows: [&[u8]; NR],
+        a: &QuantizedActs,
+        t0: usize,
+    ) -> [[f32; NT]; NR] {
         match ty {
-            WeightType::Q4_0 => quant_ty::<NT, VNNI, Q4_0>(row, a, t0),
-            WeightType::Q4_1 => quant_ty::<NT, VNNI, Q4_1>(row, a, t0),
-            WeightType::Q5_0 => quant_ty::<NT, VNNI, Q5_0>(row, a, t0),
-            WeightType::Q8_0 => quant_ty::<NT, VNNI, Q8_0>(row, a, t0),
+            WeightType::Q4_0 => quant_ty::<NR, NT, VNNI, Q4_0>(rows, a, t0),
+            WeightType::Q4_1 => quant_ty::<NR, NT, VNNI, Q4_1>(rows, a, t0),
+            WeightType::Q5_0 => quant_ty::<NR, NT, VNNI, Q5_0>(rows, a, t0),
+            WeightType::Q8_0 => quant_ty::<NR, NT, VNNI, Q8_0>(rows, a, t0),
             other => unreachable!("{other:?} does not take Q8 activations"),
         }
     }
 
-    /// [`quant`] for the weight type `TY`.
+    /// [`quant_rows`] for the weight type `TY`. Several rows at once share each activation
+    /// load and run independent accumulation chains side by side (one row's chain is bound
+    /// by the latency of its fused multiply-adds).
     #[allow(clippy::needless_range_loop)]
     #[inline(always)]
-    unsafe fn quant_ty<const NT: usize, const VNNI: bool, const TY: u8>(
-        row: &[u8],
+    unsafe fn quant_ty<const NR: usize, const NT: usize, const VNNI: bool, const TY: u8>(
+        rows: [&[u8]; NR],
         a: &QuantizedActs,
         t0: usize,
-    ) -> [f32; NT] {
+    ) -> [[f32; NT]; NR] {
         let nb = a.blocks();
         let bb = match TY {
             Q4_0 => 18,
@@ -197,56 +292,74 @@ mod x86 {
             Q5_0 => 22,
             _ => 34,
         };
-        debug_assert_eq!(row.len(), nb * bb);
-        let mut acc = [_mm256_setzero_ps(); NT];
-        let mut msum = [0f32; NT];
+        for row in &rows {
+            debug_assert_eq!(row.len(), nb * bb);
+        }
+        let mut acc = [[_mm256_setzero_ps(); NT]; NR];
+        // Q4_1's `sum(m * s)`, in lane 1 (lane 0 collects products nobody reads): the scale
+        // products `[dw * dy, mw * s]` come from one multiply of `[dw, mw]` by `[dy, s]`.
+        let mut msum = [[_mm_setzero_ps(); NT]; NR];
         let eight = _mm256_set1_epi8(8);
         let high_nibble = _mm256_set1_epi8(0xF0u8 as i8);
-        let rp = row.as_ptr();
         let qp = a.qs.as_ptr();
         for b in 0..nb {
-            let blk = rp.add(b * bb);
-            let dw = f16_load(blk);
-            let yat = |j: usize| qp.add((t0 + j) * a.cols + b * QK) as *const __m256i;
-            match TY {
-                Q4_1 => {
-                    let mw = f16_load(blk.add(2));
-                    let w = nibbles(blk.add(4));
-                    for j in 0..NT {
-                        let y = _mm256_loadu_si256(yat(j));
-                        let p = dot_u8i8::<VNNI>(w, y);
-                        let k = (t0 + j) * nb + b;
-                        let sc = _mm256_set1_ps(dw * *a.d.get_unchecked(k));
-                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
-                        msum[j] += mw * *a.s.get_unchecked(k);
-                    }
+            let mut y = [_mm256_setzero_si256(); NT];
+            let mut dy = [0f32; NT];
+            let mut dys = [_mm_setzero_ps(); NT];
+            for j in 0..NT {
+                let k = (t0 + j) * nb + b;
+                y[j] = _mm256_loadu_si256(qp.add((t0 + j) * a.cols + b * QK) as *const __m256i);
+                dy[j] = *a.d.get_unchecked(k);
+                if TY == Q4_1 {
+                    dys[j] = _mm_unpacklo_ps(_mm_set_ss(dy[j]), _mm_set_ss(*a.s.get_unchecked(k)));
                 }
-                _ => {
-                    // Signed weights: Q4_0 and Q5_0 unpacked to -8..7 / -16..15, Q8_0 as is.
-                    let w = match TY {
-                        Q4_0 => _mm256_sub_epi8(nibbles(blk.add(2)), eight),
-                        Q5_0 => {
-                            let w = nibbles(blk.add(6));
-                            let qh = (blk.add(2) as *const u32).read_unaligned();
-                            // A clear high bit makes the value negative: nibble - 16.
-                            let neg = _mm256_andnot_si256(bits_to_bytes(qh), high_nibble);
-                            _mm256_or_si256(w, neg)
+            }
+            for i in 0..NR {
+                let blk = rows[i].as_ptr().add(b * bb);
+                match TY {
+                    Q4_1 => {
+                        // [dw, mw]: the block's two f16 values converted together (exact).
+                        let dm =
+                            _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
+                        let w = nibbles(blk.add(4));
+                        for j in 0..NT {
+                            let p = dot_u8i8::<VNNI>(w, y[j]);
+                            let prod = _mm_mul_ps(dm, dys[j]);
+                            let sc = _mm256_broadcastss_ps(prod);
+                            acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[i][j]);
+                            msum[i][j] = _mm_add_ps(msum[i][j], prod);
                         }
-                        _ => _mm256_loadu_si256(blk.add(2) as *const __m256i),
-                    };
-                    let aw = _mm256_sign_epi8(w, w);
-                    for j in 0..NT {
-                        let y = _mm256_loadu_si256(yat(j));
-                        let p = dot_u8i8::<VNNI>(aw, _mm256_sign_epi8(y, w));
-                        let sc = _mm256_set1_ps(dw * *a.d.get_unchecked((t0 + j) * nb + b));
-                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
+                    }
+                    _ => {
+                        let dw = f16_load(blk);
+                        // Signed weights: Q4_0 and Q5_0 unpacked to -8..7 / -16..15, Q8_0
+                        // as is.
+                        let w = match TY {
+                            Q4_0 => _mm256_sub_epi8(nibbles(blk.add(2)), eight),
+                            Q5_0 => {
+                                let w = nibbles(blk.add(6));
+                                let qh = (blk.add(2) as *const u32).read_unaligned();
+                                // A clear high bit makes the value negative: nibble - 16.
+                                let neg = _mm256_andnot_si256(bits_to_bytes(qh), high_nibble);
+                                _mm256_or_si256(w, neg)
+                            }
+                            _ => _mm256_loadu_si256(blk.add(2) as *const __m256i),
+                        };
+                        let aw = _mm256_sign_epi8(w, w);
+                        for j in 0..NT {
+                            let p = dot_u8i8::<VNNI>(aw, _mm256_sign_epi8(y[j], w));
+                            let sc = _mm256_set1_ps(dw * dy[j]);
+                            acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[i][j]);
+                        }
                     }
                 }
             }
         }
-        let mut out = [0f32; NT];
-        for j in 0..NT {
-            out[j] = hsum(acc[j]) + msum[j];
+        let mut out = [[0f32; NT]; NR];
+        for i in 0..NR {
+            for j in 0..NT {
+                out[i][j] = hsum(acc[i][j]) + _mm_cvtss_f32(_mm_movehdup_ps(msum[i][j]));
+            }
         }
         out
     }

@@ -11,7 +11,7 @@ mod kquant_avx2;
 pub mod kquant_portable;
 pub mod portable;
 
-use crate::act::{quantize_acts, QuantizedActs};
+use crate::act::{quantize_acts_with, QuantizedActs};
 use crate::act_k::{quantize_acts_k, QuantizedActsK};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
@@ -126,10 +126,13 @@ pub fn matmul_many_with(
     }
     // Each activation format the weights need, prepared once for all of them.
     let needs = |k: ActKind| ws.iter().any(|w| w.ty.act_kind() == k);
-    let quant = needs(ActKind::Q8).then(|| quantize_acts(x, tokens, cols));
+    let quant = needs(ActKind::Q8).then(|| quantize_acts_with(isa, x, tokens, cols, par));
     let quant_k = needs(ActKind::Q8K).then(|| quantize_acts_k(x, tokens, cols));
     let total: usize = ws.iter().map(|w| w.rows).sum();
-    let chunk_rows = (total / (par.threads() * 4)).clamp(8, 64);
+    // About eight jobs per thread, so the last ones even out the threads (an uneven split of
+    // wo or ffn_down into nine jobs left one thread idle a tenth of the time), in whole
+    // groups of four rows for the decode kernel.
+    let chunk_rows = (total / (par.threads() * 8)).clamp(8, 64) / 4 * 4;
     let mut jobs = Vec::new();
     for (i, w) in ws.iter().enumerate() {
         jobs.extend(

@@ -1,0 +1,265 @@
+//! Prefill attention on x86 (AVX2 + FMA), tiled over query rows and keys: the same sums as
+//! the reference task in `attention` (llama.cpp's non-flash path, tinyBLAS order), computed so
+//! that each K or V row is loaded once for two query rows and the accumulators stay in
+//! registers, instead of a reload and store of every accumulator per key and query.
+//!
+//! One task is a kv head and a block of query tokens; its rows are (token, query head of the
+//! group) pairs. Three passes, each over the task's keys:
+//!
+//! 1. scores: 2 rows x 2 keys per micro-tile, each score tinyBLAS's 16-lane fused
+//!    multiply-add chain over the head dimension (two 8-lane registers), the four chains
+//!    reduced together by a transposing tree that adds exactly the pairs
+//!    `_mm512_reduce_add_ps` adds (`expf::reduce16`);
+//! 2. softmax per row (`softmax_padded`), probabilities rounded to f16, zero past the row's
+//!    last key;
+//! 3. weighted sum of V: accumulator lane `j % 16` of a row takes key `j`, keys ascending,
+//!    two rows sharing each V load, 16 keys of a lane between a load and a store of its
+//!    accumulators; the 16 lanes are reduced at the end (`weighted_finish`). A key past a
+//!    row's causal limit has probability +0 and adds nothing (an accumulator that starts at +0
+//!    never becomes -0), so rows of different tokens can share a key range, as they do in
+//!    llama.cpp's masked, padded cache.
+//!
+//! Every score and output element is the reference's sum in the reference's order: the bits
+//! are `Isa::Portable`'s (tested in `kernels/tests/attention.rs`).
+
+use half::f16;
+use std::arch::x86_64::*;
+
+use crate::activation::softmax_padded;
+use crate::attention::{round_f16, AttnGeometry};
+use crate::attention_sums::{weighted_finish, Order};
+use crate::isa::Isa;
+
+/// Query rows per micro-tile.
+const RB: usize = 2;
+/// Keys per score tile: 64 rows of a 64-wide head, 16 KiB of f32, L1-resident.
+const KEY_TILE: usize = 64;
+/// Keys per V tile: 16 per accumulator lane between a load and a store of the lane.
+const V_TILE: usize = 256;
+
+/// One task: kv head `g`, query tokens `i0..i1`.
+pub(crate) struct TiledTask<'a> {
+    pub geo: &'a AttnGeometry,
+    /// All queries of the call, `n * heads * head_dim`.
+    pub q: &'a [f32],
+    pub first_pos: usize,
+    /// This kv head's keys and values as f32 rows of `head_dim`, at least
+    /// `(first_pos + i1).next_multiple_of(16)` rows (zero padded).
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub g: usize,
+    pub i0: usize,
+    pub i1: usize,
+    /// `Avx2` or `Avx512` (both run this code; it picks the softmax).
+    pub isa: Isa,
+}
+
+/// Whether the tiled kernel handles this head size (whole 16-lane accumulators).
+pub(crate) fn supports(geo: &AttnGeometry) -> bool {
+    geo.head_dim.is_multiple_of(16)
+}
+
+impl TiledTask<'_> {
+    /// The number of keys row `r` of this task sees (its token's causal limit).
+    fn limit(&self, r: usize) -> usize {
+        let group = self.geo.heads / self.geo.kv_heads;
+        self.first_pos + self.i0 + r / group + 1
+    }
+
+    /// Returns `(i1 - i0) * group * head_dim` outputs, laid out as the reference task's.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn run(&self) -> Vec<f32> {
+        let geo = self.geo;
+        let hd = geo.head_dim;
+        assert!(supports(geo));
+        let group = geo.heads / geo.kv_heads;
+        let qw = geo.heads * hd;
+        let rows = (self.i1 - self.i0) * group;
+        let rows_pad = rows.next_multiple_of(RB);
+        let kmax = self.limit(rows - 1);
+        let stride = kmax.next_multiple_of(16);
+        assert!(self.k.len() >= stride * hd && self.v.len() >= stride * hd);
+
+        // Query rows, rounded to f16 as llama.cpp's f16 cache has them; padding rows are zero.
+        let mut qh = vec![0f32; rows_pad * hd];
+        for t in 0..self.i1 - self.i0 {
+            let src = &self.q[(self.i0 + t) * qw + self.g * group * hd..][..group * hd];
+            qh[t * group * hd..(t + 1) * group * hd].copy_from_slice(src);
+        }
+        let mut half = vec![f16::ZERO; stride.max(rows * hd)];
+        round_f16(&mut qh[..rows * hd], &mut half);
+
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut s = vec![0f32; rows_pad * stride];
+        for kt in (0..kmax).step_by(KEY_TILE) {
+            for rb in (0..rows_pad).step_by(RB) {
+                let lim = self.limit((rb + RB - 1).min(rows - 1));
+                let end = (kt + KEY_TILE).min(lim.next_multiple_of(2));
+                for j in (kt..end).step_by(2) {
+                    let at = rb * stride + j;
+                    let sc = scores_2x2(&qh[rb * hd..(rb + RB) * hd], &self.k[j * hd..], hd);
+                    s[at] = sc[0] * scale;
+                    s[at + 1] = sc[1] * scale;
+                    s[at + stride] = sc[2] * scale;
+                    s[at + stride + 1] = sc[3] * scale;
+                }
+            }
+        }
+        for r in 0..rows {
+            let lim = self.limit(r);
+            let row = &mut s[r * stride..(r + 1) * stride];
+            let (p, rest) = row.split_at_mut(lim);
+            geo.mask_window(p);
+            softmax_padded(self.isa, p);
+            round_f16(p, &mut half);
+            rest.fill(0.0);
+        }
+
+        let mut acc = vec![0f32; rows_pad * 16 * hd];
+        for vt in (0..kmax).step_by(V_TILE) {
+            for rb in (0..rows_pad).step_by(RB) {
+                let lim = self.limit((rb + RB - 1).min(rows - 1));
+                if vt >= lim {
+                    continue;
+                }
+                let pv = PvTile {
+                    s: &s,
+                    stride,
+                    v: self.v,
+                    hd,
+                    rb,
+                    vt,
+                    end: (vt + V_TILE).min(lim.next_multiple_of(16)),
+                };
+                if hd.is_multiple_of(32) {
+                    for c0 in (0..hd).step_by(32) {
+                        pv.run::<4>(c0, &mut acc);
+                    }
+                } else {
+                    for c0 in (0..hd).step_by(16) {
+                        pv.run::<2>(c0, &mut acc);
+                    }
+                }
+            }
+        }
+        let mut out = vec![0f32; rows * hd];
+        for (r, o) in out.chunks_exact_mut(hd).enumerate() {
+            weighted_finish(Order::Gemm, hd, &mut acc[r * 16 * hd..(r + 1) * 16 * hd], o);
+        }
+        out
+    }
+}
+
+/// Scores (unscaled) of query rows 0 and 1 of `q` against keys 0 and 1 of `k` (rows of `hd`),
+/// as `[r0k0, r0k1, r1k0, r1k1]`.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn scores_2x2(q: &[f32], k: &[f32], hd: usize) -> [f32; 4] {
+    assert!(q.len() >= 2 * hd && k.len() >= 2 * hd);
+    let (qp, kp) = (q.as_ptr(), k.as_ptr());
+    // acc[s] is (lanes 0..8, lanes 8..16) of score s = 2 * row + key.
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    for c in (0..hd).step_by(16) {
+        for h in 0..2 {
+            let q0 = _mm256_loadu_ps(qp.add(c + 8 * h));
+            let q1 = _mm256_loadu_ps(qp.add(hd + c + 8 * h));
+            let k0 = _mm256_loadu_ps(kp.add(c + 8 * h));
+            let k1 = _mm256_loadu_ps(kp.add(hd + c + 8 * h));
+            acc[0][h] = _mm256_fmadd_ps(k0, q0, acc[0][h]);
+            acc[1][h] = _mm256_fmadd_ps(k1, q0, acc[1][h]);
+            acc[2][h] = _mm256_fmadd_ps(k0, q1, acc[2][h]);
+            acc[3][h] = _mm256_fmadd_ps(k1, q1, acc[3][h]);
+        }
+    }
+    let f = reduce16x4(&acc);
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), f);
+    // Lane 4h + m holds input 2m + h.
+    [lanes[0], lanes[4], lanes[1], lanes[5]]
+}
+
+/// Four `reduce16`s at once (each input a 16-lane accumulator as two 8-lane halves), with
+/// the same additions for every input: halves, then quarters, then pairs. Lane `4h + m` of the
+/// result is the sum of input `2m + h` (lanes 2, 3, 6, 7 repeat 0, 1, 4, 5).
+#[inline(always)]
+pub(crate) unsafe fn reduce16x4(v: &[[__m256; 2]; 4]) -> __m256 {
+    // Halves: `a[i] + a[i + 8]`. (No closures: they would not inherit the target features.)
+    let mut t3 = [_mm256_setzero_ps(); 4];
+    for (t, vs) in t3.iter_mut().zip(v) {
+        *t = _mm256_add_ps(vs[0], vs[1]);
+    }
+    // Quarters: z0 = [inputs 0 | 1], z1 = [inputs 2 | 3], four partial sums each.
+    let z0 = _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(t3[0], t3[1]),
+        _mm256_permute2f128_ps::<0x31>(t3[0], t3[1]),
+    );
+    let z1 = _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(t3[2], t3[3]),
+        _mm256_permute2f128_ps::<0x31>(t3[2], t3[3]),
+    );
+    // Pairs (0 + 2, 1 + 3): half h holds inputs h and 2 + h.
+    let x = _mm256_add_ps(
+        _mm256_shuffle_ps::<0x44>(z0, z1),
+        _mm256_shuffle_ps::<0xEE>(z0, z1),
+    );
+    // The last addition.
+    _mm256_add_ps(
+        _mm256_shuffle_ps::<0x88>(x, x),
+        _mm256_shuffle_ps::<0xDD>(x, x),
+    )
+}
+
+/// The weighted sum of V rows `vt..end` for rows `rb..rb + 2`, accumulated in
+/// `acc[row][key % 16][hd]`.
+struct PvTile<'a> {
+    s: &'a [f32],
+    stride: usize,
+    v: &'a [f32],
+    hd: usize,
+    rb: usize,
+    vt: usize,
+    end: usize,
+}
+
+impl PvTile<'_> {
+    /// Columns `c0..c0 + 8 * NC`.
+    #[inline(always)]
+    unsafe fn run<const NC: usize>(&self, c0: usize, acc: &mut [f32]) {
+        let hd = self.hd;
+        assert!(acc.len() >= (self.rb + RB) * 16 * hd);
+        assert!(self.v.len() >= self.end * hd && c0 + 8 * NC <= hd);
+        assert!(self.s.len() >= (self.rb + RB - 1) * self.stride + self.end);
+        let (ap, vp, sp) = (acc.as_mut_ptr(), self.v.as_ptr(), self.s.as_ptr());
+        for lane in 0..16 {
+            let at = |r: usize, c: usize| ((self.rb + r) * 16 + lane) * hd + c0 + 8 * c;
+            let mut a = [[_mm256_setzero_ps(); NC]; RB];
+            for (r, ar) in a.iter_mut().enumerate() {
+                for (c, x) in ar.iter_mut().enumerate() {
+                    *x = _mm256_loadu_ps(ap.add(at(r, c)));
+                }
+            }
+            let mut j = self.vt + lane;
+            while j < self.end {
+                let mut vv = [_mm256_setzero_ps(); NC];
+                for (c, x) in vv.iter_mut().enumerate() {
+                    *x = _mm256_loadu_ps(vp.add(j * hd + c0 + 8 * c));
+                }
+                for (r, ar) in a.iter_mut().enumerate() {
+                    let p = _mm256_broadcast_ss(&*sp.add((self.rb + r) * self.stride + j));
+                    for (x, vc) in ar.iter_mut().zip(&vv) {
+                        *x = _mm256_fmadd_ps(*vc, p, *x);
+                    }
+                }
+                j += 16;
+            }
+            for (r, ar) in a.iter().enumerate() {
+                for (c, x) in ar.iter().enumerate() {
+                    _mm256_storeu_ps(ap.add(at(r, c)), *x);
+                }
+            }
+        }
+    }
+}
