@@ -7,7 +7,9 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use pagewarden_system_tests::{api_key, start_decode, start_prefill, start_router_with, ModelArg};
+use pagewarden_system_tests::{
+    api_key, start_decode, start_prefill, start_router_with, ModelArg, Service,
+};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -24,6 +26,17 @@ async fn connect_from(from: Ipv4Addr, addr: &str) -> std::io::Result<TcpStream> 
     let socket = TcpSocket::new_v4()?;
     socket.bind(SocketAddr::new(IpAddr::V4(from), 0))?;
     socket.connect(addr).await
+}
+
+/// A two-token completion through `router` with `client`; its status.
+async fn complete(client: &reqwest::Client, router: &Service) -> reqwest::Result<u16> {
+    client
+        .post(format!("{}/v1/completions", router.http_url()))
+        .bearer_auth(api_key(0))
+        .json(&json!({"prompt": "hello there", "max_tokens": 2, "temperature": 0}))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
 }
 
 /// Whether the router closes a socket that has sent nothing within `within`.
@@ -88,14 +101,8 @@ async fn dribbling_sockets_are_closed_while_a_good_client_is_served() {
     // The good client is served while the slow sockets are open.
     let client = reqwest::Client::new();
     for _ in 0..5 {
-        let r = client
-            .post(format!("{}/v1/completions", router.http_url()))
-            .bearer_auth(api_key(0))
-            .json(&json!({"prompt": "hello there", "max_tokens": 2, "temperature": 0}))
-            .send()
-            .await
-            .expect("good request");
-        assert_eq!(r.status().as_u16(), 200);
+        let status = complete(&client, &router).await.expect("good request");
+        assert_eq!(status, 200);
     }
 
     let mut closed = 0;
@@ -164,23 +171,16 @@ async fn one_address_holds_at_most_its_cap_of_unauthenticated_sockets() {
     );
 
     // Another address is served while the flooder holds its cap.
-    let complete = |client: reqwest::Client| {
-        let url = format!("{}/v1/completions", router.http_url());
-        async move {
-            client
-                .post(url)
-                .bearer_auth(api_key(0))
-                .json(&json!({"prompt": "hello there", "max_tokens": 2, "temperature": 0}))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        }
-    };
     let elsewhere = reqwest::Client::builder()
         .local_address(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 4)))
         .build()
         .expect("client");
-    assert_eq!(complete(elsewhere).await.expect("another address"), 200);
+    assert_eq!(
+        complete(&elsewhere, &router)
+            .await
+            .expect("another address"),
+        200
+    );
 
     // One idle socket closes; a kept-alive client from the flooder's address takes its place
     // and authenticates, after which its connection no longer counts: a raw socket fits again.
@@ -192,7 +192,7 @@ async fn one_address_holds_at_most_its_cap_of_unauthenticated_sockets() {
         .expect("client");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match complete(same.clone()).await {
+        match complete(&same, &router).await {
             Ok(200) => break,
             other => {
                 assert!(
@@ -208,7 +208,7 @@ async fn one_address_holds_at_most_its_cap_of_unauthenticated_sockets() {
         !closed_within(&mut again, Duration::from_secs(1)).await,
         "an authenticated connection still counted against its address"
     );
-    assert_eq!(complete(same).await.expect("kept alive"), 200);
+    assert_eq!(complete(&same, &router).await.expect("kept alive"), 200);
 
     let metrics = reqwest::get(format!("{}/metrics", router.http_url()))
         .await

@@ -16,7 +16,6 @@ use pagewarden_kvcache::ReserveError;
 
 use super::{Done, Scheduler};
 use crate::compute::StepError;
-use crate::events;
 use crate::state::{RequestState, Running};
 
 impl Scheduler {
@@ -257,24 +256,7 @@ impl Scheduler {
         r: Box<Running>,
         result: Result<(), StepError>,
     ) {
-        let Some(entry) = self.table.get_mut(&req) else {
-            return;
-        };
-        let aborted = match entry.state {
-            RequestState::Stepping { abort } => abort,
-            RequestState::Queued(_)
-            | RequestState::Reserved(_)
-            | RequestState::Running(_)
-            | RequestState::Preempted(_)
-            | RequestState::Recomputing(_)
-            | RequestState::Finished
-            | RequestState::Aborted => true,
-        };
-        if aborted {
-            let _ = r.seq.tx.send(Ok(events::abort(req, entry.attempt)));
-            entry.state = RequestState::Aborted;
-            entry.ended_at = Some(std::time::Instant::now());
-        } else {
+        if let Some(entry) = self.back_from_model(req, &r) {
             match result {
                 Ok(()) if r.pages.len() == r.seq.kv_len() => {
                     tracing::info!(request = %req, tokens = r.pages.len(), "recomputed");

@@ -13,7 +13,7 @@ use crate::compute::StepError;
 use crate::events;
 use crate::output::Finish;
 use crate::rotation::Turn;
-use crate::state::{RequestState, Running};
+use crate::state::{Entry, RequestState, Running};
 
 impl Scheduler {
     /// Emits `token` for a running request and ends it if it finished or its client is gone.
@@ -145,30 +145,43 @@ impl Scheduler {
         true
     }
 
+    /// The entry of a sequence back from the model thread (a step or a recompute chunk), to
+    /// be updated by the caller; `None` when the request is gone, or was aborted meanwhile:
+    /// then it ends here (its abort event sent, its state `Aborted`) and the caller drops the
+    /// sequence, freeing its pages.
+    pub(super) fn back_from_model(
+        &mut self,
+        req: RequestId,
+        running: &Running,
+    ) -> Option<&mut Entry> {
+        let entry = self.table.get_mut(&req)?;
+        let aborted = match entry.state {
+            RequestState::Stepping { abort } => abort,
+            RequestState::Queued(_)
+            | RequestState::Reserved(_)
+            | RequestState::Running(_)
+            | RequestState::Preempted(_)
+            | RequestState::Recomputing(_)
+            | RequestState::Finished
+            | RequestState::Aborted => true,
+        };
+        if aborted {
+            let _ = running.seq.tx.send(Ok(events::abort(req, entry.attempt)));
+            entry.state = RequestState::Aborted;
+            entry.ended_at = Some(Instant::now());
+            return None;
+        }
+        Some(entry)
+    }
+
     pub(super) fn finish_step(
         &mut self,
         results: Vec<(RequestId, Box<Running>, Result<Sampled, StepError>)>,
     ) {
         for (req, running, result) in results {
-            let Some(entry) = self.table.get_mut(&req) else {
+            let Some(entry) = self.back_from_model(req, &running) else {
                 continue;
             };
-            let aborted = match entry.state {
-                RequestState::Stepping { abort } => abort,
-                RequestState::Queued(_)
-                | RequestState::Reserved(_)
-                | RequestState::Running(_)
-                | RequestState::Preempted(_)
-                | RequestState::Recomputing(_)
-                | RequestState::Finished
-                | RequestState::Aborted => true,
-            };
-            if aborted {
-                let _ = running.seq.tx.send(Ok(events::abort(req, entry.attempt)));
-                entry.state = RequestState::Aborted;
-                entry.ended_at = Some(Instant::now());
-                continue;
-            }
             match result {
                 Ok(token) => {
                     entry.state = RequestState::Running(running);
