@@ -486,11 +486,88 @@ fn toml_key_problems(path: &Path, cli: &Cli, extra: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// A unit's `LoadCredential=NAME:SOURCE` lines, by name.
+fn load_credentials(unit: &Path) -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(unit).unwrap();
+    ini(&text)
+        .into_iter()
+        .filter(|(k, _)| k == "LoadCredential")
+        .filter_map(|(_, v)| v.split_once(':').map(|(n, s)| (n.into(), s.into())))
+        .collect()
+}
+
+/// `compose/systemd/<role>.toml` as its unit sees it once installed under `root` instead of `/`:
+/// every `/run/credentials/pagewarden-<role>.service/NAME` becomes the file the unit's
+/// `LoadCredential=NAME:SOURCE` hands over (`SOURCE` under `root`). A credential path the unit
+/// does not hand over, or one whose source the README's install steps do not write, is a problem.
+fn as_installed(role: &str, root: &Path, problems: &mut Vec<String>) -> PathBuf {
+    let dir = repo().join("compose/systemd");
+    let creds = load_credentials(&dir.join(format!("pagewarden-{role}.service")));
+    let prefix = format!("/run/credentials/pagewarden-{role}.service/");
+    let mut text = std::fs::read_to_string(dir.join(format!("{role}.toml"))).unwrap();
+    while let Some(at) = text.find(&prefix) {
+        let rest = &text[at + prefix.len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| *c != '"' && !c.is_whitespace())
+            .collect();
+        let installed = match creds.get(&name) {
+            Some(source) => {
+                let file = root.join(source.trim_start_matches('/'));
+                if !file.is_file() {
+                    problems.push(format!(
+                        "{role}: credential {name} comes from {source}, which the install \
+                         steps do not write"
+                    ));
+                }
+                file
+            }
+            None => {
+                problems.push(format!(
+                    "{role}.toml names credential {name}, which pagewarden-{role}.service \
+                     does not load"
+                ));
+                PathBuf::from("/nonexistent").join(&name)
+            }
+        };
+        let installed = installed.display().to_string();
+        text.replace_range(at..at + prefix.len() + name.len(), &installed);
+    }
+    let path = root.join(format!("{role}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The install steps the credentials come from: `pagewarden init-secrets --dir
+/// /etc/pagewarden/tls` (the suite CA, a certificate and key per role) and the tenants and
+/// auditor files copied to `/etc/pagewarden/`, here under `root`.
+fn install_credentials(root: &Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pagewarden"))
+        .args(["init-secrets", "--dir"])
+        .arg(root.join("etc/pagewarden/tls"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "init-secrets: {out:?}");
+    let etc = root.join("etc/pagewarden");
+    std::fs::copy(
+        repo().join("compose/tenants.example.toml"),
+        etc.join("tenants.toml"),
+    )
+    .unwrap();
+    std::fs::copy(
+        repo().join("compose/systemd/auditor.toml"),
+        etc.join("auditor.toml"),
+    )
+    .unwrap();
+}
+
 #[test]
 fn example_config_files_load_with_the_services_own_loaders() {
     use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
     let clis = clis();
     let dir = repo().join("compose/systemd");
+    let root = tempfile::tempdir().unwrap();
+    install_credentials(root.path());
     let mut problems = Vec::new();
     for (role, defaults) in [
         ("decode", WorkerDefaults::decode()),
@@ -498,7 +575,7 @@ fn example_config_files_load_with_the_services_own_loaders() {
     ] {
         let path = dir.join(format!("{role}.toml"));
         let flags = WorkerFlags {
-            config: Some(path.clone()),
+            config: Some(as_installed(role, root.path(), &mut problems)),
             model: Some(PathBuf::from("/m.gguf")),
             ..WorkerFlags::default()
         };
@@ -513,12 +590,13 @@ fn example_config_files_load_with_the_services_own_loaders() {
     }
     let auditor = dir.join("auditor.toml");
     let args = pagewarden_auditor::config::Args {
-        config: Some(auditor.clone()),
+        config: Some(as_installed("auditor", root.path(), &mut problems)),
         ..Default::default()
     };
     if let Err(e) = pagewarden_auditor::config::Config::load(args) {
         problems.push(format!("{}: {e}", auditor.display()));
     }
+    as_installed("router", root.path(), &mut problems);
     problems.extend(toml_key_problems(
         &dir.join("router.toml"),
         &clis["pagewarden-router"],
