@@ -103,6 +103,10 @@ impl std::fmt::Display for RefusedReason {
     }
 }
 
+/// Socket bytes read ahead of rustls on a TLS receiver: up to sixteen 16 KiB records per socket
+/// read, and this much more memory per open connection (the connection cap bounds the sum).
+const TLS_READ_AHEAD: usize = 256 << 10;
+
 /// Secures an accepted socket: TLS handshake within the timeout and the role check, or the
 /// plain socket when the listener runs in clear.
 pub(crate) async fn accept(
@@ -114,6 +118,10 @@ pub(crate) async fn accept(
         return Ok((Box::new(rd), Box::new(wr)));
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
+    // rustls asks its transport for 4 KiB at a time: straight on the socket that is five reads
+    // (syscalls) per 16 KiB record, the cost that dominated TLS goodput. A read-ahead buffer
+    // turns them into one socket read per `TLS_READ_AHEAD` bytes.
+    let stream = tokio::io::BufReader::with_capacity(TLS_READ_AHEAD, stream);
     let s = match tokio::time::timeout(opts.handshake_timeout, acceptor.accept(stream)).await {
         Err(_) => return Err(RefusedReason::HandshakeTimeout),
         Ok(Err(e)) => return Err(RefusedReason::Handshake(e.to_string())),
