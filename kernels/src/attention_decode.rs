@@ -15,6 +15,8 @@ use half::f16;
 use crate::activation::softmax_padded;
 use crate::attention::{round_f16, widen, AttnGeometry, KvBlock};
 use crate::attention_sums::VEC_STEP;
+#[cfg(target_arch = "x86_64")]
+use crate::attention_sums::weighted_add_avx2;
 use crate::attention_sums::{dot_vec, weighted_add, weighted_finish, weighted_start, Order};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
@@ -126,8 +128,17 @@ unsafe fn run_scores_avx2(job: &ScoreTask<'_, '_>) {
 impl ScoreTask<'_, '_> {
     #[inline(always)]
     fn run(&self) {
+        // Common head widths as constants, so each dot product is straight-line vector code.
+        match self.geo.head_dim {
+            64 => self.run_hd(64),
+            128 => self.run_hd(128),
+            hd => self.run_hd(hd),
+        }
+    }
+
+    #[inline(always)]
+    fn run_hd(&self, hd: usize) {
         let geo = self.geo;
-        let hd = geo.head_dim;
         let group = geo.heads / geo.kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
         let mut buf = vec![0f32; CHUNK * hd];
@@ -172,7 +183,19 @@ unsafe fn run_sums_avx2(job: &SumTask<'_, '_>) {
 impl SumTask<'_, '_> {
     #[inline(always)]
     fn run(&self) {
-        let (cols, group, keys) = (self.cols, self.group, self.keys);
+        // A constant width lets the compiler unroll the 16-wide fused multiply-adds into two
+        // vector instructions (with a run-time width under its 32-wide unrolled loop, they ran
+        // one lane at a time).
+        if self.cols == COLS {
+            self.run_cols(COLS)
+        } else {
+            self.run_cols(self.cols)
+        }
+    }
+
+    #[inline(always)]
+    fn run_cols(&self, cols: usize) {
+        let (group, keys) = (self.group, self.keys);
         let hd = self.geo.head_dim;
         let mut acc = vec![0f32; group * VEC_STEP * cols];
         for a in acc.chunks_exact_mut(VEC_STEP * cols) {
@@ -196,7 +219,15 @@ impl SumTask<'_, '_> {
             for (h, a) in acc.chunks_exact_mut(VEC_STEP * cols).enumerate() {
                 let head = self.g * group + h;
                 let p = &self.scores[head * keys + j0..head * keys + j0 + nc];
-                weighted_add(Order::Vec, j0, p, vb, cols, a);
+                match self.isa {
+                    // SAFETY: Avx2 and Avx512 are only detected when the CPU has avx2 and
+                    // fma (this runs inside `run_sums_avx2` for them).
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 | Isa::Avx512 if cols.is_multiple_of(8) => unsafe {
+                        weighted_add_avx2(Order::Vec, j0, p, vb, cols, a)
+                    },
+                    _ => weighted_add(Order::Vec, j0, p, vb, cols, a),
+                }
             }
         }
         let mut o = vec![0f32; cols];
