@@ -16,7 +16,7 @@ use crate::activation::softmax_padded;
 use crate::attention::{round_f16, widen, AttnGeometry, KvBlock};
 use crate::attention_sums::VEC_STEP;
 #[cfg(target_arch = "x86_64")]
-use crate::attention_sums::weighted_add_avx2;
+use crate::attention_sums::{dot_vec_avx2, weighted_add_avx2};
 use crate::attention_sums::{dot_vec, weighted_add, weighted_finish, weighted_start, Order};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
@@ -136,6 +136,18 @@ impl ScoreTask<'_, '_> {
         }
     }
 
+    /// [`dot_vec`] on this task's instruction set (same bits).
+    #[inline(always)]
+    fn dot(&self, k: &[f32], q: &[f32]) -> f32 {
+        match self.isa {
+            // SAFETY: Avx2 and Avx512 are only detected when the CPU has avx2 and fma (this
+            // runs inside `run_scores_avx2` for them).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512 => unsafe { dot_vec_avx2(k, q) },
+            _ => dot_vec(k, q),
+        }
+    }
+
     #[inline(always)]
     fn run_hd(&self, hd: usize) {
         let geo = self.geo;
@@ -153,7 +165,7 @@ impl ScoreTask<'_, '_> {
                     // SAFETY: (head, c0 + jj) is inside `heads * keys` and belongs to this
                     // task alone (its kv head's query heads, its run of keys).
                     unsafe {
-                        *self.scores.0.add(head * self.keys + c0 + jj) = dot_vec(k, qv) * scale
+                        *self.scores.0.add(head * self.keys + c0 + jj) = self.dot(k, qv) * scale
                     };
                 }
             }
