@@ -3,7 +3,8 @@
 //!
 //! 1. scores: tasks of (kv head, run of keys); each widens its K rows once for the whole
 //!    group of query heads;
-//! 2. softmax: one task per query head;
+//! 2. softmax: one task per query head (inside pass 1's task when one task scores all keys
+//!    of its heads, up to 256 keys);
 //! 3. weighted sum of V: tasks of (kv head, block of output columns). Every output element is
 //!    its own sum over the keys, so splitting by column changes no sum's order.
 //!
@@ -73,14 +74,20 @@ pub(crate) fn decode(
             // SAFETY: Avx2 and Avx512 are only detected when the CPU has avx2, fma and f16c.
             Isa::Avx2 | Isa::Avx512 => unsafe { run_scores_avx2(&job) },
         }
+        if runs == 1 {
+            // This task scored every key of its query heads: their softmax follows here,
+            // one parallel region fewer per layer for contexts up to `SCORE_KEYS`.
+            // SAFETY: the rows of heads g*group..(g+1)*group belong to this task alone.
+            let rows = unsafe {
+                std::slice::from_raw_parts_mut(sp.0.add(g * group * keys), group * keys)
+            };
+            rows.chunks_exact_mut(keys)
+                .for_each(|s| softmax_row(isa, geo, s));
+        }
     });
-
-    par.for_each_chunk(&mut scores, keys, |_, s| {
-        let mut tmp = vec![f16::ZERO; s.len()];
-        geo.mask_window(s);
-        softmax_padded(isa, s);
-        round_f16(s, &mut tmp);
-    });
+    if runs > 1 {
+        par.for_each_chunk(&mut scores, keys, |_, s| softmax_row(isa, geo, s));
+    }
 
     let cols = if hd.is_multiple_of(COLS) { COLS } else { hd };
     let cblocks = hd / cols;
@@ -105,6 +112,14 @@ pub(crate) fn decode(
             Isa::Avx2 | Isa::Avx512 => unsafe { run_sums_avx2(&job) },
         }
     });
+}
+
+/// One query head's scores into probabilities, rounded to f16 as llama.cpp's are.
+fn softmax_row(isa: Isa, geo: &AttnGeometry, s: &mut [f32]) {
+    let mut tmp = vec![f16::ZERO; s.len()];
+    geo.mask_window(s);
+    softmax_padded(isa, s);
+    round_f16(s, &mut tmp);
 }
 
 /// Scores of keys `j0..j1` for every query head of kv head `g`.
