@@ -16,9 +16,9 @@ use half::f16;
 use crate::activation::softmax_padded;
 use crate::attention::{round_f16, widen, AttnGeometry, KvBlock};
 use crate::attention_sums::VEC_STEP;
+use crate::attention_sums::{dot_vec, weighted_add, weighted_finish, weighted_start, Order};
 #[cfg(target_arch = "x86_64")]
 use crate::attention_sums::{dot_vec_avx2, weighted_add_avx2};
-use crate::attention_sums::{dot_vec, weighted_add, weighted_finish, weighted_start, Order};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
 
@@ -78,9 +78,8 @@ pub(crate) fn decode(
             // This task scored every key of its query heads: their softmax follows here,
             // one parallel region fewer per layer for contexts up to `SCORE_KEYS`.
             // SAFETY: the rows of heads g*group..(g+1)*group belong to this task alone.
-            let rows = unsafe {
-                std::slice::from_raw_parts_mut(sp.0.add(g * group * keys), group * keys)
-            };
+            let rows =
+                unsafe { std::slice::from_raw_parts_mut(sp.0.add(g * group * keys), group * keys) };
             rows.chunks_exact_mut(keys)
                 .for_each(|s| softmax_row(isa, geo, s));
         }

@@ -82,14 +82,8 @@ pub(crate) unsafe fn dot_vec_avx2(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     // folded[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]), l < 16.
-    let lo = _mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[4]),
-        _mm256_add_ps(acc[2], acc[6]),
-    );
-    let hi = _mm256_add_ps(
-        _mm256_add_ps(acc[1], acc[5]),
-        _mm256_add_ps(acc[3], acc[7]),
-    );
+    let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+    let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
     // reduce16: t3 = hi + lo, t6 = t3[4..8] + t3[0..4], (t6[0] + t6[2]) + (t6[1] + t6[3]).
     let t3 = _mm256_add_ps(hi, lo);
     let t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));

@@ -473,7 +473,11 @@ mod tests {
                 }
             });
         }
-        assert_eq!(elsewhere.load(Ordering::Relaxed), 0, "the window ran on the caller");
+        assert_eq!(
+            elsewhere.load(Ordering::Relaxed),
+            0,
+            "the window ran on the caller"
+        );
         // The window is over: the next region is parallel again (the barrier needs two
         // threads).
         assert_eq!(solo_left(), 0);
