@@ -3,7 +3,8 @@
 //!
 //! 1. scores: tasks of (kv head, run of keys); each widens its K rows once for the whole
 //!    group of query heads;
-//! 2. softmax: one task per query head;
+//! 2. softmax: one task per query head (inside pass 1's task when one task scores all keys
+//!    of its heads, up to 256 keys);
 //! 3. weighted sum of V: tasks of (kv head, block of output columns). Every output element is
 //!    its own sum over the keys, so splitting by column changes no sum's order.
 //!
@@ -16,6 +17,8 @@ use crate::activation::softmax_padded;
 use crate::attention::{round_f16, widen, AttnGeometry, KvBlock};
 use crate::attention_sums::VEC_STEP;
 use crate::attention_sums::{dot_vec, weighted_add, weighted_finish, weighted_start, Order};
+#[cfg(target_arch = "x86_64")]
+use crate::attention_sums::{dot_vec_avx2, weighted_add_avx2};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
 
@@ -71,14 +74,19 @@ pub(crate) fn decode(
             // SAFETY: Avx2 and Avx512 are only detected when the CPU has avx2, fma and f16c.
             Isa::Avx2 | Isa::Avx512 => unsafe { run_scores_avx2(&job) },
         }
+        if runs == 1 {
+            // This task scored every key of its query heads: their softmax follows here,
+            // one parallel region fewer per layer for contexts up to `SCORE_KEYS`.
+            // SAFETY: the rows of heads g*group..(g+1)*group belong to this task alone.
+            let rows =
+                unsafe { std::slice::from_raw_parts_mut(sp.0.add(g * group * keys), group * keys) };
+            rows.chunks_exact_mut(keys)
+                .for_each(|s| softmax_row(isa, geo, s));
+        }
     });
-
-    par.for_each_chunk(&mut scores, keys, |_, s| {
-        let mut tmp = vec![f16::ZERO; s.len()];
-        geo.mask_window(s);
-        softmax_padded(isa, s);
-        round_f16(s, &mut tmp);
-    });
+    if runs > 1 {
+        par.for_each_chunk(&mut scores, keys, |_, s| softmax_row(isa, geo, s));
+    }
 
     let cols = if hd.is_multiple_of(COLS) { COLS } else { hd };
     let cblocks = hd / cols;
@@ -105,6 +113,14 @@ pub(crate) fn decode(
     });
 }
 
+/// One query head's scores into probabilities, rounded to f16 as llama.cpp's are.
+fn softmax_row(isa: Isa, geo: &AttnGeometry, s: &mut [f32]) {
+    let mut tmp = vec![f16::ZERO; s.len()];
+    geo.mask_window(s);
+    softmax_padded(isa, s);
+    round_f16(s, &mut tmp);
+}
+
 /// Scores of keys `j0..j1` for every query head of kv head `g`.
 struct ScoreTask<'a, 'b> {
     geo: &'a AttnGeometry,
@@ -126,8 +142,29 @@ unsafe fn run_scores_avx2(job: &ScoreTask<'_, '_>) {
 impl ScoreTask<'_, '_> {
     #[inline(always)]
     fn run(&self) {
+        // Common head widths as constants, so each dot product is straight-line vector code.
+        match self.geo.head_dim {
+            64 => self.run_hd(64),
+            128 => self.run_hd(128),
+            hd => self.run_hd(hd),
+        }
+    }
+
+    /// [`dot_vec`] on this task's instruction set (same bits).
+    #[inline(always)]
+    fn dot(&self, k: &[f32], q: &[f32]) -> f32 {
+        match self.isa {
+            // SAFETY: Avx2 and Avx512 are only detected when the CPU has avx2 and fma (this
+            // runs inside `run_scores_avx2` for them).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512 => unsafe { dot_vec_avx2(k, q) },
+            _ => dot_vec(k, q),
+        }
+    }
+
+    #[inline(always)]
+    fn run_hd(&self, hd: usize) {
         let geo = self.geo;
-        let hd = geo.head_dim;
         let group = geo.heads / geo.kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
         let mut buf = vec![0f32; CHUNK * hd];
@@ -142,7 +179,7 @@ impl ScoreTask<'_, '_> {
                     // SAFETY: (head, c0 + jj) is inside `heads * keys` and belongs to this
                     // task alone (its kv head's query heads, its run of keys).
                     unsafe {
-                        *self.scores.0.add(head * self.keys + c0 + jj) = dot_vec(k, qv) * scale
+                        *self.scores.0.add(head * self.keys + c0 + jj) = self.dot(k, qv) * scale
                     };
                 }
             }
@@ -172,7 +209,19 @@ unsafe fn run_sums_avx2(job: &SumTask<'_, '_>) {
 impl SumTask<'_, '_> {
     #[inline(always)]
     fn run(&self) {
-        let (cols, group, keys) = (self.cols, self.group, self.keys);
+        // A constant width lets the compiler unroll the 16-wide fused multiply-adds into two
+        // vector instructions (with a run-time width under its 32-wide unrolled loop, they ran
+        // one lane at a time).
+        if self.cols == COLS {
+            self.run_cols(COLS)
+        } else {
+            self.run_cols(self.cols)
+        }
+    }
+
+    #[inline(always)]
+    fn run_cols(&self, cols: usize) {
+        let (group, keys) = (self.group, self.keys);
         let hd = self.geo.head_dim;
         let mut acc = vec![0f32; group * VEC_STEP * cols];
         for a in acc.chunks_exact_mut(VEC_STEP * cols) {
@@ -196,7 +245,15 @@ impl SumTask<'_, '_> {
             for (h, a) in acc.chunks_exact_mut(VEC_STEP * cols).enumerate() {
                 let head = self.g * group + h;
                 let p = &self.scores[head * keys + j0..head * keys + j0 + nc];
-                weighted_add(Order::Vec, j0, p, vb, cols, a);
+                match self.isa {
+                    // SAFETY: Avx2 and Avx512 are only detected when the CPU has avx2 and
+                    // fma (this runs inside `run_sums_avx2` for them).
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 | Isa::Avx512 if cols.is_multiple_of(8) => unsafe {
+                        weighted_add_avx2(Order::Vec, j0, p, vb, cols, a)
+                    },
+                    _ => weighted_add(Order::Vec, j0, p, vb, cols, a),
+                }
             }
         }
         let mut o = vec![0f32; cols];

@@ -14,6 +14,13 @@
 //! the OS did not schedule in time (an oversubscribed machine) is not waited for: the caller
 //! has done its items. Only then does the borrowed closure go out of scope. A panic in any
 //! item is caught, the region still completes, and the panic is resumed on the caller.
+//!
+//! On an oversubscribed machine (more runnable threads than CPUs: other processes, the prefill
+//! and decode workers side by side) a worker is often descheduled holding an item, and the
+//! caller then waits out the worker's turn of the scheduler, milliseconds, for a region of a
+//! few microseconds: two threads ran decode at half the speed of one. The caller notices such
+//! a stall (it waited far longer than its own items took) and runs the next regions alone,
+//! a window that doubles while stalls recur and shrinks again while regions run clean.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -24,6 +31,15 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before it parks (decode steps follow each other within this).
 const SPIN: Duration = Duration::from_millis(2);
+
+/// Regions run on the caller alone after a first stall (about one decode step of a small
+/// model), and the most after repeated ones.
+const SOLO_BASE: usize = 256;
+const SOLO_MAX: usize = 16 * 1024;
+/// A wait for workers counts as a stall when it is longer than this many of the caller's own
+/// items, plus `STALL_SLACK`.
+const STALL_ITEMS: u32 = 8;
+const STALL_SLACK: Duration = Duration::from_micros(200);
 
 /// How many threads a kernel may use. With one thread, work runs inline on the caller.
 #[derive(Clone)]
@@ -80,9 +96,54 @@ unsafe impl Send for JobRef {}
 
 struct Pool {
     shared: Arc<Shared>,
-    /// One region at a time (two callers sharing a model take turns).
-    dispatch: Mutex<()>,
+    /// One region at a time (two callers sharing a model take turns); holds the stall backoff.
+    dispatch: Mutex<Backoff>,
     workers: Vec<JoinHandle<()>>,
+}
+
+/// When to run regions on the caller alone (see the module documentation).
+#[derive(Debug)]
+struct Backoff {
+    /// Regions still to run alone.
+    solo_left: usize,
+    /// The window the next stall opens.
+    window: usize,
+    /// Regions run in parallel without a stall since the window last changed.
+    clean: usize,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff {
+            solo_left: 0,
+            window: SOLO_BASE,
+            clean: 0,
+        }
+    }
+
+    /// Whether the next region runs on the caller alone (counts it).
+    fn take_solo(&mut self) -> bool {
+        if self.solo_left == 0 {
+            return false;
+        }
+        self.solo_left -= 1;
+        true
+    }
+
+    /// Records how a parallel region went.
+    fn record(&mut self, stalled: bool) {
+        if stalled {
+            self.solo_left = self.window;
+            self.window = (self.window * 2).min(SOLO_MAX);
+            self.clean = 0;
+        } else {
+            self.clean += 1;
+            if self.clean >= 4 * SOLO_BASE {
+                self.window = (self.window / 2).max(SOLO_BASE);
+                self.clean = 0;
+            }
+        }
+    }
 }
 
 impl Drop for Pool {
@@ -99,9 +160,10 @@ impl Drop for Pool {
 }
 
 impl Shared {
-    /// Claims and runs items of `job` until none is left.
-    fn work(&self, job: JobRef) {
+    /// Claims and runs items of `job` until none is left; returns how many it ran.
+    fn work(&self, job: JobRef) -> usize {
         IN_REGION.with(|r| r.set(true));
+        let mut done = 0;
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= job.n {
@@ -110,6 +172,7 @@ impl Shared {
             if self.panicked.load(Ordering::Relaxed) {
                 continue;
             }
+            done += 1;
             // SAFETY: see `JobRef`.
             let f = unsafe { &*job.f };
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(i))) {
@@ -119,6 +182,7 @@ impl Shared {
             }
         }
         IN_REGION.with(|r| r.set(false));
+        done
     }
 
     fn worker_loop(&self) {
@@ -192,14 +256,19 @@ impl Pool {
             .collect();
         Pool {
             shared,
-            dispatch: Mutex::new(()),
+            dispatch: Mutex::new(Backoff::new()),
             workers,
         }
     }
 
     /// Runs `f(i)` for `i < n` on the caller and every worker; returns when all are done.
     fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
-        let _turn = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut turn = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
+        if turn.take_solo() {
+            drop(turn);
+            (0..n).for_each(f);
+            return;
+        }
         let s = &*self.shared;
         // SAFETY: erases the closure's lifetime; it outlives the region (we wait for
         // the region closed with `active == 0` below before returning, even when an item
@@ -218,7 +287,9 @@ impl Pool {
         if *s.sleep.lock().unwrap_or_else(|e| e.into_inner()) > 0 {
             s.wake.notify_all();
         }
-        s.work(job);
+        let start = Instant::now();
+        let mine = s.work(job);
+        let worked = start.elapsed();
         let mut spins = 0u32;
         s.open.store(false, Ordering::SeqCst);
         while s.active.load(Ordering::SeqCst) != 0 {
@@ -229,6 +300,15 @@ impl Pool {
                 // A worker lost its CPU (an oversubscribed machine): let it run.
                 std::thread::yield_now();
             }
+        }
+        if mine > 0 {
+            let waited = if spins > 0 {
+                start.elapsed() - worked
+            } else {
+                Duration::ZERO
+            };
+            let per_item = worked / u32::try_from(mine).unwrap_or(u32::MAX);
+            turn.record(waited > per_item * STALL_ITEMS + STALL_SLACK);
         }
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if s.panicked.load(Ordering::Relaxed) {
@@ -357,6 +437,86 @@ mod tests {
         }));
         assert!(r.is_err());
         assert_eq!(par.map(4, |i| i), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_stalled_worker_sends_the_next_regions_to_the_caller_alone() {
+        let par = Parallel::new(2);
+        let pool = par.pool.as_ref().expect("two threads have a pool");
+        let solo_left = || pool.dispatch.lock().unwrap().solo_left;
+        let caller = std::thread::current().id();
+        // Two items that meet at a barrier run on two threads; the worker's then holds its
+        // item for a long time, as a descheduled worker would. (Tried again if the caller
+        // itself waited so long at the barrier that the worker's delay looked ordinary.)
+        let stall = || {
+            let meet = std::sync::Barrier::new(2);
+            par.for_each_index(2, |_| {
+                meet.wait();
+                if std::thread::current().id() != caller {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
+        };
+        for _ in 0..5 {
+            stall();
+            if solo_left() > 0 {
+                break;
+            }
+        }
+        let window = solo_left();
+        assert!(window >= SOLO_BASE, "the stall was noticed");
+        let elsewhere = AtomicUsize::new(0);
+        for _ in 0..window {
+            par.for_each_index(64, |_| {
+                if std::thread::current().id() != caller {
+                    elsewhere.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        assert_eq!(
+            elsewhere.load(Ordering::Relaxed),
+            0,
+            "the window ran on the caller"
+        );
+        // The window is over: the next region is parallel again (the barrier needs two
+        // threads).
+        assert_eq!(solo_left(), 0);
+        let meet = std::sync::Barrier::new(2);
+        let threads = Mutex::new(std::collections::HashSet::new());
+        par.for_each_index(2, |_| {
+            meet.wait();
+            threads.lock().unwrap().insert(std::thread::current().id());
+        });
+        assert_eq!(threads.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn backoff_doubles_while_stalls_recur_and_shrinks_while_clean() {
+        let mut b = Backoff::new();
+        assert!(!b.take_solo());
+        b.record(true);
+        assert_eq!(b.solo_left, SOLO_BASE);
+        b.solo_left = 0;
+        b.record(true);
+        assert_eq!((b.solo_left, b.window), (2 * SOLO_BASE, 4 * SOLO_BASE));
+        for _ in 0..2 * SOLO_BASE {
+            assert!(b.take_solo());
+        }
+        assert!(!b.take_solo());
+        for _ in 0..8 * SOLO_BASE {
+            b.record(false);
+        }
+        assert_eq!(b.window, SOLO_BASE);
+        for _ in 0..100 * SOLO_BASE {
+            b.record(false);
+        }
+        assert_eq!(b.window, SOLO_BASE);
+        b.record(true);
+        b.solo_left = 0;
+        for _ in 0..20 {
+            b.record(true);
+        }
+        assert_eq!(b.window, SOLO_MAX);
     }
 
     #[test]
