@@ -28,6 +28,9 @@ struct Line<T> {
 pub struct FairQueue<T> {
     rotation: VecDeque<Line<T>>,
     len: usize,
+    /// Whether the line at the back got there because its turn just ended (no other line was
+    /// served since): a tenant new to the rotation then goes ahead of it.
+    back_just_served: bool,
 }
 
 impl<T> Default for FairQueue<T> {
@@ -35,6 +38,7 @@ impl<T> Default for FairQueue<T> {
         Self {
             rotation: VecDeque::new(),
             len: 0,
+            back_just_served: false,
         }
     }
 }
@@ -55,8 +59,11 @@ impl<T> FairQueue<T> {
         self.len == 0
     }
 
-    /// Appends `item` to `tenant`'s line; a tenant new to the rotation joins at its back. The
-    /// tenant's weight is the latest given (0 counts as 1).
+    /// Appends `item` to `tenant`'s line; a tenant new to the rotation joins at its back, but
+    /// ahead of a tenant whose turn just ended there (as in deficit round robin, where the
+    /// newcomer joins the round that tenant has just had its share of: with one tenant served
+    /// turn after turn, a newcomer is next instead of one turn later). The tenant's weight is
+    /// the latest given (0 counts as 1).
     pub fn push(&mut self, tenant: &TenantId, weight: u32, item: T) {
         let weight = weight.max(1);
         match self.rotation.iter_mut().find(|l| l.tenant == *tenant) {
@@ -64,14 +71,26 @@ impl<T> FairQueue<T> {
                 line.weight = weight;
                 line.items.push_back(item);
             }
-            None => self.rotation.push_back(Line {
-                tenant: tenant.clone(),
-                weight,
-                taken: 0,
-                items: VecDeque::from([item]),
-            }),
+            None => {
+                let line = Line {
+                    tenant: tenant.clone(),
+                    weight,
+                    taken: 0,
+                    items: VecDeque::from([item]),
+                };
+                if self.back_just_served {
+                    self.rotation.insert(self.rotation.len() - 1, line);
+                } else {
+                    self.rotation.push_back(line);
+                }
+            }
         }
         self.len += 1;
+    }
+
+    /// Whether a tenant other than `tenant` has an item waiting.
+    pub fn waits_besides(&self, tenant: &TenantId) -> bool {
+        self.rotation.iter().any(|l| l.tenant != *tenant)
     }
 
     /// The item that [`FairQueue::pop`] would return.
@@ -85,17 +104,47 @@ impl<T> FairQueue<T> {
         let mut line = self.rotation.pop_front()?;
         let item = line.items.pop_front();
         line.taken += 1;
+        self.back_just_served = false;
         if !line.items.is_empty() {
             if line.taken < line.weight {
                 self.rotation.push_front(line);
             } else {
                 line.taken = 0;
                 self.rotation.push_back(line);
+                self.back_just_served = true;
             }
         }
         if item.is_some() {
             self.len -= 1;
         }
+        item
+    }
+
+    /// Takes the next item that `fits` now: the head when it fits; when it does not (it waits
+    /// for pages or a slot), the first fitting head of a later tenant's line that `may_pass`
+    /// accepts, in rotation order, that line keeping its place. The callers let a tenant with
+    /// nothing in service pass: one tenant's blocked head then never holds back another
+    /// tenant's first request, and the head cannot starve, since its own tenant's requests in
+    /// service end and free what it waits for (once they have, its tenant passes too).
+    pub fn pop_fitting(
+        &mut self,
+        mut fits: impl FnMut(&T) -> bool,
+        mut may_pass: impl FnMut(&TenantId) -> bool,
+    ) -> Option<T> {
+        if fits(self.peek()?) {
+            return self.pop();
+        }
+        let i = (1..self.rotation.len()).find(|&i| {
+            let line = &self.rotation[i];
+            may_pass(&line.tenant) && line.items.front().is_some_and(&mut fits)
+        })?;
+        let line = &mut self.rotation[i];
+        let item = line.items.pop_front();
+        if line.items.is_empty() {
+            self.rotation.remove(i);
+            self.back_just_served = false;
+        }
+        self.len -= 1;
         item
     }
 
@@ -108,6 +157,7 @@ impl<T> FairQueue<T> {
                 let item = line.remove(j);
                 if line.is_empty() {
                     self.rotation.remove(i);
+                    self.back_just_served = false;
                 }
                 self.len -= 1;
                 return item;
@@ -130,7 +180,11 @@ impl<T> FairQueue<T> {
             }
             line.items = kept;
         }
+        let lines = self.rotation.len();
         self.rotation.retain(|l| !l.items.is_empty());
+        if self.rotation.len() != lines {
+            self.back_just_served = false;
+        }
         self.len -= out.len();
         out
     }
@@ -178,6 +232,52 @@ mod tests {
         q.push(&t("other"), 1, "o0".to_string());
         let order: Vec<String> = std::iter::from_fn(|| q.pop()).collect();
         assert_eq!(order, ["z0", "o0", "z1"]);
+    }
+
+    #[test]
+    fn a_newcomer_goes_ahead_of_the_tenant_whose_turn_just_ended() {
+        let mut q = FairQueue::new();
+        for i in 0..3 {
+            q.push(&t("flood"), 1, format!("a{i}"));
+        }
+        assert_eq!(q.pop().as_deref(), Some("a0"));
+        q.push(&t("quiet"), 1, "b0".to_string());
+        assert_eq!(q.pop().as_deref(), Some("b0"));
+        // Once another tenant was served, the back is the rightful next again.
+        assert_eq!(q.pop().as_deref(), Some("a1"));
+        q.push(&t("third"), 1, "c0".to_string());
+        assert_eq!(q.pop().as_deref(), Some("c0"));
+        q.push(&t("quiet"), 1, "b1".to_string());
+        q.push(&t("fourth"), 1, "d0".to_string());
+        let order: Vec<String> = std::iter::from_fn(|| q.pop()).collect();
+        assert_eq!(order, ["a2", "b1", "d0"]);
+    }
+
+    #[test]
+    fn an_idle_tenant_passes_a_blocked_head_and_nothing_else_does() {
+        let mut q = FairQueue::new();
+        // Sizes; "flood" has requests in service, "idle" and "busy" wait behind its head.
+        q.push(&t("flood"), 1, 64);
+        q.push(&t("flood"), 1, 64);
+        q.push(&t("busy"), 1, 2);
+        q.push(&t("idle"), 1, 2);
+        q.push(&t("idle"), 1, 3);
+        let fits = |&n: &i32| n <= 8;
+        let idle = |tenant: &TenantId| *tenant == t("idle");
+        // The head (64) does not fit: "busy" may not pass it, "idle"'s first may.
+        assert_eq!(q.pop_fitting(fits, idle), Some(2));
+        assert_eq!(q.len(), 4);
+        // Its line keeps its place: still behind the blocked head.
+        assert_eq!(q.pop_fitting(fits, |_| false), None);
+        assert_eq!(q.pop_fitting(|_| true, idle), Some(64));
+        assert_eq!(q.pop(), Some(2));
+        assert_eq!(q.pop(), Some(3));
+        assert_eq!(q.pop(), Some(64));
+        assert_eq!(q.pop_fitting(|_| true, |_| true), None);
+        assert!(q.is_empty());
+        q.push(&t("flood"), 1, 1);
+        assert!(!q.waits_besides(&t("flood")));
+        assert!(q.waits_besides(&t("idle")));
     }
 
     #[test]

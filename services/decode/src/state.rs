@@ -33,7 +33,7 @@
 
 use std::time::Instant;
 
-use pagewarden_common::AttemptId;
+use pagewarden_common::{AttemptId, TenantId};
 use pagewarden_kvcache::{
     CommitError, CommitManifest, Owner, ReadablePages, ReservedPages, WriteGrant,
 };
@@ -185,6 +185,8 @@ pub enum RequestState {
 /// A request's entry in the scheduler's table.
 pub struct Entry {
     pub attempt: AttemptId,
+    /// Whose request it is (the queue lets a tenant with no request active pass a blocked head).
+    pub tenant: TenantId,
     pub state: RequestState,
     /// When a reservation must be committed by; irrelevant after commit.
     pub expires_at: Instant,

@@ -43,6 +43,19 @@ impl Compute {
         }
     }
 
+    /// The tokens of one forward pass after which a job's turn may end early for another
+    /// tenant's job (`job.rs`). On the CPU a pass costs in proportion to its tokens, so a long
+    /// chunk split in passes of 64 costs about the same, and a waiting job waits for at most
+    /// one of them instead of the whole chunk; on a GPU a short pass costs nearly as much as a
+    /// long one, so the chunk runs whole.
+    pub fn yield_tokens(&self, chunk_tokens: usize) -> usize {
+        match self {
+            Compute::Cpu(_) => chunk_tokens.min(64),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(_) => chunk_tokens,
+        }
+    }
+
     /// Runs `tokens` after those already in `pages`; logits of the last position.
     pub fn prefill(
         &self,

@@ -5,16 +5,24 @@
 //! holding no pages, instead of being refused (I9). A full queue or a passed queue deadline
 //! answers `queue_full` / `queue_timeout`; a cancelled waiter leaves the queue at once.
 //!
+//! A tenant with no job admitted is never held behind another tenant's jobs: its first waiter
+//! is admitted as soon as its pages are free, past a blocked head and past `max_running` (so
+//! at most one job per tenant over the bound; the engine runs one chunk at a time anyway, see
+//! `turns.rs`, so the bound only caps jobs holding pages). Otherwise a tenant keeping all the
+//! slots with long prompts makes every other tenant's short one wait for a whole long prompt.
+//!
 //! ```text
 //! wait ──slot and pages free──▶ Admitted{pages, slot} ──job ends: pages dropped, then slot──▶ (next waiter)
 //!   │
 //!   └─ cancel / deadline / queue full ──▶ refused (held nothing)
 //! ```
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pagewarden_common::metrics::WorkerMetrics;
+use pagewarden_common::TenantId;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages};
 use pagewarden_worker::wire::QueueRefusal;
 use pagewarden_worker::FairQueue;
@@ -45,6 +53,8 @@ struct Waiter {
 struct Inner {
     queue: FairQueue<Waiter>,
     running: usize,
+    /// Jobs admitted per tenant (tenants with none are absent).
+    by_tenant: HashMap<TenantId, usize>,
     next_id: u64,
 }
 
@@ -60,11 +70,21 @@ pub struct Gate {
 /// the next waiter in. Drop the job's pages before it, so they are free for that waiter.
 pub struct Slot {
     gate: Arc<Gate>,
+    tenant: TenantId,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.gate.inner.lock().running -= 1;
+        {
+            let mut inner = self.gate.inner.lock();
+            inner.running -= 1;
+            if let Some(n) = inner.by_tenant.get_mut(&self.tenant) {
+                *n -= 1;
+                if *n == 0 {
+                    inner.by_tenant.remove(&self.tenant);
+                }
+            }
+        }
         self.gate.pump();
     }
 }
@@ -92,6 +112,7 @@ impl Gate {
             inner: Mutex::new(Inner {
                 queue: FairQueue::new(),
                 running: 0,
+                by_tenant: HashMap::new(),
                 next_id: 0,
             }),
             pool,
@@ -164,29 +185,37 @@ impl Gate {
         }
     }
 
-    /// Admits waiters, in queue order, while a slot is free and the next one's pages are.
-    /// The head is never overtaken, so a long prompt is not starved by short ones.
+    /// Admits waiters, in queue order, while a slot is free and the next one's pages are; a
+    /// tenant with no job admitted passes a blocked head and the slot bound (module doc). The
+    /// head is never overtaken otherwise, so a long prompt is not starved by short ones.
     fn pump(self: &Arc<Self>) {
         // Admissions whose waiter already left: dropped after the lock is released (their
         // slot's drop takes it again).
         let mut orphaned = Vec::new();
         {
             let mut inner = self.inner.lock();
-            while inner.running < self.cfg.max_running {
-                let Some(head) = inner.queue.peek() else {
-                    break;
-                };
-                if head.tx.is_closed() {
-                    inner.queue.pop();
+            loop {
+                // A waiter that already left is only removed (its `Leave` may not have run).
+                if inner.queue.remove_first(|w| w.tx.is_closed()).is_some() {
                     continue;
                 }
-                let needed = head.tokens.div_ceil(self.pool.layout().page_size);
-                if needed > self.pool.stats().free {
-                    break;
-                }
-                let Some(w) = inner.queue.pop() else {
+                let page_size = self.pool.layout().page_size;
+                let free = self.pool.stats().free;
+                let slot_free = inner.running < self.cfg.max_running;
+                let Inner {
+                    queue, by_tenant, ..
+                } = &mut *inner;
+                let idle = |tenant: &TenantId| !by_tenant.contains_key(tenant);
+                let next = queue.pop_fitting(
+                    |w| {
+                        w.tokens.div_ceil(page_size) <= free && (slot_free || idle(&w.owner.tenant))
+                    },
+                    idle,
+                );
+                let Some(w) = next else {
                     break;
                 };
+                let tenant = w.owner.tenant.clone();
                 let pages = match self.pool.allocate(w.owner, w.tokens) {
                     Ok(p) => p,
                     Err(e) => {
@@ -196,9 +225,13 @@ impl Gate {
                     }
                 };
                 inner.running += 1;
+                *inner.by_tenant.entry(tenant.clone()).or_default() += 1;
                 let admitted = Admitted {
                     pages,
-                    slot: Slot { gate: self.clone() },
+                    slot: Slot {
+                        gate: self.clone(),
+                        tenant,
+                    },
                 };
                 if let Err(a) = w.tx.send(admitted) {
                     orphaned.push(a);
@@ -239,5 +272,118 @@ impl Refused {
             Refused::Queue(q) => q.status("prefill"),
             Refused::Invalid(m) => Status::invalid_argument(m),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagewarden_common::RequestId;
+    use pagewarden_kvcache::{KvLayout, PoolConfig};
+
+    const PAGE: usize = 4;
+
+    fn gate(pages: usize, max_running: usize) -> Arc<Gate> {
+        let layout = KvLayout {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 4,
+            page_size: PAGE,
+        };
+        Gate::new(
+            KvPool::new(PoolConfig::with_pages(layout, pages)),
+            GateConfig {
+                max_running,
+                max_queue: 16,
+                queue_timeout: Duration::from_secs(60),
+            },
+            Arc::new(WorkerMetrics::new("prefill", "test")),
+        )
+    }
+
+    fn owner(tenant: &str) -> Owner {
+        Owner {
+            request: RequestId::random(),
+            tenant: TenantId::new(tenant),
+        }
+    }
+
+    /// Starts a job's wait at the gate; its admission arrives on the returned task.
+    fn wait(
+        gate: &Arc<Gate>,
+        tenant: &str,
+        tokens: usize,
+    ) -> tokio::task::JoinHandle<Result<Admitted, Refused>> {
+        let (gate, owner) = (gate.clone(), owner(tenant));
+        tokio::spawn(async move {
+            let cancel = CancellationToken::new();
+            gate.admit(owner, 1, tokens, &cancel).await
+        })
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tenant_with_nothing_admitted_does_not_wait_for_another_tenants_slots() {
+        // One slot, held by "flood"; a second "flood" job and "quiet"'s first wait.
+        let gate = gate(64, 1);
+        let held = wait(&gate, "flood", 8 * PAGE).await.unwrap().ok().unwrap();
+        let flood2 = wait(&gate, "flood", 8 * PAGE);
+        settle().await;
+        let quiet = wait(&gate, "quiet", PAGE);
+        settle().await;
+        assert!(
+            quiet.is_finished(),
+            "quiet's first job waited for flood's slot"
+        );
+        let quiet = quiet.await.unwrap().ok().unwrap();
+        assert!(!flood2.is_finished(), "flood went past its slot bound");
+        assert_eq!(gate.queued(), 1);
+        // A second "quiet" job, with one admitted, waits its turn like everyone else.
+        let quiet2 = wait(&gate, "quiet", PAGE);
+        settle().await;
+        assert!(!quiet2.is_finished());
+        // Its job ended, flood has nothing admitted: its next job goes in, not quiet2.
+        drop(held);
+        let flood2 = flood2.await.unwrap().ok().unwrap();
+        settle().await;
+        assert!(!quiet2.is_finished());
+        // Once "quiet" has nothing admitted again, its next job passes.
+        drop(quiet);
+        settle().await;
+        assert!(quiet2.is_finished());
+        drop(flood2);
+    }
+
+    #[tokio::test]
+    async fn a_blocked_head_is_passed_only_by_a_tenant_with_nothing_admitted() {
+        // Pages for 10; "flood" holds 8 and its next job needs 8: it waits for pages.
+        let gate = gate(10, 8);
+        let held = wait(&gate, "flood", 8 * PAGE).await.unwrap().ok().unwrap();
+        let flood2 = wait(&gate, "flood", 8 * PAGE);
+        settle().await;
+        let quiet = wait(&gate, "quiet", PAGE);
+        settle().await;
+        assert!(
+            quiet.is_finished(),
+            "quiet waited behind flood's blocked head"
+        );
+        let quiet = quiet.await.unwrap().ok().unwrap();
+        let quiet2 = wait(&gate, "quiet", PAGE);
+        settle().await;
+        assert!(
+            !quiet2.is_finished(),
+            "a tenant with a job admitted passed the head"
+        );
+        drop(held);
+        let flood2 = flood2.await.unwrap().ok().unwrap();
+        drop(quiet);
+        settle().await;
+        assert!(quiet2.is_finished());
+        drop(flood2);
     }
 }

@@ -135,8 +135,11 @@ enum Failure {
 
 /// The forward pass, one chunk at a time, each chunk in its turn on the engine ([`Turns`]: a
 /// long prompt does not hold the engine until it ends, and a short one behind it waits a chunk
-/// per tenant ahead of it, not whole prompts). Between chunks: the pages the chunk
-/// completed go to decode, and a cancel stops the job (within one chunk).
+/// per tenant ahead of it, not whole prompts). A chunk runs in passes of
+/// [`Compute::yield_tokens`], and the turn ends after the pass during which another tenant's
+/// job started waiting: that job waits for one pass, not the rest of the chunk. Between
+/// turns: the pages completed so far go to decode, and a cancel stops the job (within one
+/// chunk).
 async fn compute(
     deps: &Arc<JobDeps>,
     job: &ValidPrefill,
@@ -145,19 +148,28 @@ async fn compute(
     cancel: &CancellationToken,
 ) -> Result<(ReadablePages, Sampled), Failure> {
     let page_size = deps.pool.layout().page_size;
+    let pass = deps.compute.yield_tokens(deps.chunk_tokens);
     let mut logits = Vec::new();
     let mut done = 0;
-    for chunk in job.prompt.chunks(deps.chunk_tokens) {
+    while done < job.prompt.len() {
         let turn = tokio::select! {
             t = deps.turns.take(&job.tenant, job.weight) => t,
             () = cancel.cancelled() => return Err(Failure::Compute(cancelled())),
         };
         let d = deps.clone();
-        let n = chunk.len();
-        let chunk = chunk.to_vec();
-        let (back, result) = tokio::task::spawn_blocking(move || {
-            let r = d.compute.prefill(&mut pages, &chunk);
-            (pages, r)
+        let tenant = job.tenant.clone();
+        let chunk = job.prompt[done..(done + deps.chunk_tokens).min(job.prompt.len())].to_vec();
+        let (back, ran, result) = tokio::task::spawn_blocking(move || {
+            let mut ran = 0;
+            let mut result = Ok(Vec::new());
+            for part in chunk.chunks(pass) {
+                result = d.compute.prefill(&mut pages, part);
+                ran += part.len();
+                if result.is_err() || d.turns.contended(&tenant) {
+                    break;
+                }
+            }
+            (pages, ran, result)
         })
         .await
         .map_err(|e| Failure::Compute(Status::internal(format!("prefill task failed: {e}"))))?;
@@ -170,7 +182,7 @@ async fn compute(
             )))
         })?;
         deps.metrics.prefill_chunk();
-        done += n;
+        done += ran;
         if cancel.is_cancelled() {
             return Err(Failure::Compute(cancelled()));
         }

@@ -57,6 +57,12 @@ impl Turns {
         Turn { turns: self }
     }
 
+    /// Whether a job of a tenant other than `tenant` waits for the turn (the holder, of
+    /// `tenant`, then ends its turn early: see `job.rs`).
+    pub fn contended(&self, tenant: &TenantId) -> bool {
+        self.inner.lock().waiting.waits_besides(tenant)
+    }
+
     /// Hands the turn to the next waiter still waiting, or marks the engine idle.
     fn pass_on(&self) {
         let mut inner = self.inner.lock();
@@ -140,6 +146,28 @@ mod tests {
         )
         .await;
         assert_eq!(got, ["a1", "b1", "a2", "b2", "a3"]);
+    }
+
+    #[tokio::test]
+    async fn the_turn_is_contended_only_by_another_tenants_waiter() {
+        let turns = Arc::new(Turns::default());
+        let held = turns.take(&t("a"), 1).await;
+        assert!(!turns.contended(&t("a")));
+        let waiter = |tenant: &'static str| {
+            let turns = turns.clone();
+            tokio::spawn(async move {
+                let _t = turns.take(&t(tenant), 1).await;
+            })
+        };
+        let a2 = waiter("a");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(!turns.contended(&t("a")), "a's own job ends a's turn early");
+        let b = waiter("b");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(turns.contended(&t("a")));
+        drop(held);
+        b.await.unwrap();
+        a2.await.unwrap();
     }
 
     #[tokio::test]

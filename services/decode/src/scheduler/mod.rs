@@ -22,6 +22,8 @@
 mod preempt;
 mod queue;
 mod step;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;

@@ -2,9 +2,10 @@
 //! in the fair queue, grants in queue order while the head's prompt fits in the spare pages,
 //! and refusals when the queue is full or a wait passes its deadline.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use pagewarden_common::{AttemptId, RequestId};
+use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::ReserveError;
 use pagewarden_worker::wire::QueueRefusal;
 use tonic::Status;
@@ -46,6 +47,7 @@ impl Scheduler {
             req,
             Entry {
                 attempt,
+                tenant: q.owner.tenant.clone(),
                 expires_at: q.deadline,
                 ended_at: None,
                 state: RequestState::Queued(Box::new(q)),
@@ -62,12 +64,6 @@ impl Scheduler {
             );
         }
         Ok(())
-    }
-
-    /// Pages a grant of `prompt_tokens` needs now: the prompt's, plus the page its first
-    /// generated token may need (the only headroom; later pages come as they are needed).
-    pub(super) fn grant_pages(&self, prompt_tokens: usize) -> usize {
-        self.deps.pool.layout().pages_for(prompt_tokens + 1)
     }
 
     /// Pages promised beyond what requests hold: each reservation's first-token page.
@@ -93,36 +89,40 @@ impl Scheduler {
     /// Resumes preempted sequences first (they are older than anything queued), then grants
     /// queued requests, in queue order, while the next one's prompt fits in the spare pages.
     /// The head waits for room rather than being overtaken, so a long request is never starved
-    /// by short ones; nothing is granted while a preempted sequence still waits for pages.
+    /// by short ones, except by a tenant with no request active here: its first request that
+    /// fits passes (`FairQueue::pop_fitting`), so one tenant's flood never holds another
+    /// tenant's only request behind it. Nothing is granted while a preempted sequence still
+    /// waits for pages.
     pub(super) fn admit_waiting(&mut self) {
         self.resume_preempted();
-        while let Some(&(req, attempt)) = self.queue.peek() {
-            if !self.preempted.is_empty() {
-                break;
-            }
-            let waiting = self
-                .table
-                .get(&req)
-                .filter(|e| e.attempt == attempt)
-                .and_then(|e| match &e.state {
-                    RequestState::Queued(q) => Some(q.prompt.len()),
-                    RequestState::Reserved(_)
-                    | RequestState::Running(_)
-                    | RequestState::Preempted(_)
-                    | RequestState::Recomputing(_)
-                    | RequestState::Stepping { .. }
-                    | RequestState::Finished
-                    | RequestState::Aborted => None,
-                });
-            let Some(prompt_tokens) = waiting else {
-                // Left the queue another way (abort, newer attempt): only its place remains.
-                self.queue.pop();
+        while self.preempted.is_empty() {
+            let table = &self.table;
+            // Left the queue another way (abort, newer attempt): only its place remains.
+            if self
+                .queue
+                .remove_first(|&(r, a)| queued_prompt(table, r, a).is_none())
+                .is_some()
+            {
                 continue;
-            };
-            if self.grant_pages(prompt_tokens) > self.spare_pages() {
-                break;
             }
-            self.queue.pop();
+            let spare = self.spare_pages();
+            let layout = self.deps.pool.layout();
+            let active: HashSet<&TenantId> = table
+                .values()
+                .filter(|e| e.state.is_active())
+                .map(|e| &e.tenant)
+                .collect();
+            let next = self.queue.pop_fitting(
+                // A grant's pages: the prompt's, plus the page its first generated token may
+                // need (the only headroom; later pages come as they are needed).
+                |&(r, a)| {
+                    queued_prompt(table, r, a).is_some_and(|n| layout.pages_for(n + 1) <= spare)
+                },
+                |tenant| !active.contains(tenant),
+            );
+            let Some((req, attempt)) = next else {
+                break;
+            };
             self.grant(req, attempt);
         }
         self.deps.metrics.set_queue_depth(self.queue.len());
@@ -202,5 +202,24 @@ impl Scheduler {
         self.deps.metrics.request(refusal.reason());
         tracing::info!(request = %req, reason = refusal.reason(), "refused from the queue");
         let _ = q.reply.send(Err(refusal.status("decode")));
+    }
+}
+
+/// The prompt length of `req` while its `attempt` is queued; `None` once it left the queue.
+fn queued_prompt(
+    table: &HashMap<RequestId, Entry>,
+    req: RequestId,
+    attempt: AttemptId,
+) -> Option<usize> {
+    let e = table.get(&req).filter(|e| e.attempt == attempt)?;
+    match &e.state {
+        RequestState::Queued(q) => Some(q.prompt.len()),
+        RequestState::Reserved(_)
+        | RequestState::Running(_)
+        | RequestState::Preempted(_)
+        | RequestState::Recomputing(_)
+        | RequestState::Stepping { .. }
+        | RequestState::Finished
+        | RequestState::Aborted => None,
     }
 }
