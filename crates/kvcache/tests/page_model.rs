@@ -17,6 +17,7 @@ use std::collections::BTreeSet;
 
 use stateright::{Checker, Model, Property};
 
+#[path = "page_model/shared_pages.rs"]
 mod shared_pages;
 
 const PAGES: usize = 3;

@@ -301,7 +301,7 @@ enum Op {
     DropAllocation(prop::sample::Index),
 }
 
-/// Prompt `p` of two tenants' four: prompts 0 and 1 share their first page.
+/// One of four prompts of `3 * PS` tokens; prompts 0 and 1 share their first page.
 fn random_prompt(p: u8) -> Vec<u32> {
     let mut v = prompt(1000 * p as u32, 3 * PS);
     if p == 1 {

@@ -78,15 +78,15 @@ enum A {
     Evict(u8),
 }
 
-pub struct SharedCache {
-    pub namespace_in_key: bool,
-    pub evict_needs_no_readers: bool,
-    pub read_checks_generation: bool,
-    pub zero_on_evict: bool,
+struct SharedCache {
+    namespace_in_key: bool,
+    evict_needs_no_readers: bool,
+    read_checks_generation: bool,
+    zero_on_evict: bool,
 }
 
 impl SharedCache {
-    pub fn all_defenses() -> Self {
+    fn all_defenses() -> Self {
         Self {
             namespace_in_key: true,
             evict_needs_no_readers: true,
@@ -264,10 +264,10 @@ impl Model for SharedCache {
     }
 }
 
-pub const CROSSED: &str = "no read of KV cached under another namespace";
-pub const STALE: &str = "no read at a stale generation";
-pub const PINNED: &str = "a pinned page stays Shared at the pinned generation";
-pub const LEFTOVER: &str = "no allocation finds bytes that were cached";
+const CROSSED: &str = "no read of KV cached under another namespace";
+const STALE: &str = "no read at a stale generation";
+const PINNED: &str = "a pinned page stays Shared at the pinned generation";
+const LEFTOVER: &str = "no allocation finds bytes that were cached";
 
 #[test]
 fn shared_pages_with_every_defense_have_no_violation() {
