@@ -457,9 +457,8 @@ mod tests {
             }
         }
         for bad in ["", "a b", "ü"] {
-            let text = format!(
-                "[[tenants]]\nname = \"a\"\nkey_sha256 = []\nshared_namespace = {bad:?}\n"
-            );
+            let text =
+                format!("[[tenants]]\nname = \"a\"\nkey_sha256 = []\nshared_namespace = {bad:?}\n");
             let e = toml::from_str::<TenantsFile>(&text)
                 .unwrap_err()
                 .to_string();

@@ -280,7 +280,9 @@ impl ReadablePages {
                     .is_some_and(|e| e.page == page && e.generation == generation),
                 (Some(_), None) | (None, Some(_)) => false,
             };
-            let chunks = rest.chunks_exact(ps).take(if linked_to_prefix { full } else { 0 });
+            let chunks = rest
+                .chunks_exact(ps)
+                .take(if linked_to_prefix { full } else { 0 });
             for (i, chunk) in chunks.enumerate() {
                 let (page, generation) = table[i];
                 let h = PrefixHash::next(namespace, parent.as_ref(), chunk);
@@ -378,12 +380,16 @@ impl PoolInner {
         }
     }
 
-    /// One reader fewer on a Shared page (a `SharedPages` dropped).
+    /// One reader fewer on a Shared page (a `SharedPages` dropped). Its debug checks stay
+    /// quiet while unwinding: a second panic in a drop would abort the process.
     pub(crate) fn unpin_page(&self, page: PageId) {
         let mut meta = self.slots[page.index()].meta.lock();
         match meta.state {
             PageState::Shared { readers } => {
-                debug_assert!(readers > 0, "{page} unpinned with no reader");
+                debug_assert!(
+                    readers > 0 || std::thread::panicking(),
+                    "{page} unpinned with no reader"
+                );
                 let readers = readers.saturating_sub(1);
                 self.gauges
                     .transition(&mut meta, PageState::Shared { readers });
@@ -393,7 +399,11 @@ impl PoolInner {
             | PageState::Readable
             | PageState::Draining { .. }
             | PageState::Quarantined { .. } => {
-                debug_assert!(false, "{page} pinned but {:?}", meta.state);
+                debug_assert!(
+                    std::thread::panicking(),
+                    "{page} pinned but {:?}",
+                    meta.state
+                );
             }
         }
     }

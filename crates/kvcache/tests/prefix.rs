@@ -262,13 +262,20 @@ fn an_evicted_page_comes_back_zeroed() {
     let (_, out) = publish(&pool, 2, &a, &prompt(100, PS));
     assert_eq!((out.cached, out.evicted), (1, 1));
     let held = pool.allocate(owner(3), 2 * PS).unwrap();
-    let i = held.table().iter().position(|(p, _)| *p == xt[0].0).unwrap();
+    let i = held
+        .table()
+        .iter()
+        .position(|(p, _)| *p == xt[0].0)
+        .unwrap();
     assert!(held.page_bytes(i).unwrap().iter().all(|&b| b == 0));
     drop(held);
     // Reclaim eviction: an allocation of the whole pool evicts Y.
     let all = pool.allocate(owner(4), 3 * PS).unwrap();
     for i in 0..3 {
-        assert!(all.page_bytes(i).unwrap().iter().all(|&b| b == 0), "page {i}");
+        assert!(
+            all.page_bytes(i).unwrap().iter().all(|&b| b == 0),
+            "page {i}"
+        );
     }
     assert_eq!(pool.metrics().snapshot().prefix_evictions, 2);
 }
@@ -292,12 +299,21 @@ fn eviction_within_a_namespace_is_least_recently_used() {
 #[derive(Clone, Debug)]
 enum Op {
     /// A request of namespace `ns` with prompt `prompt` finishes and publishes.
-    Publish { ns: u8, prompt: u8, tokens: usize },
+    Publish {
+        ns: u8,
+        prompt: u8,
+        tokens: usize,
+    },
     /// Pin the longest cached prefix of a prompt under a namespace.
-    Pin { ns: u8, prompt: u8 },
+    Pin {
+        ns: u8,
+        prompt: u8,
+    },
     Unpin(prop::sample::Index),
     /// Local allocation (may reclaim cached pages).
-    Allocate { tokens: usize },
+    Allocate {
+        tokens: usize,
+    },
     DropAllocation(prop::sample::Index),
 }
 
@@ -357,7 +373,12 @@ fn run(ops: Vec<Op>) {
                 for (i, &(page, generation)) in table.iter().enumerate() {
                     if let Some(PageState::Shared { .. }) = pool.page_state(page) {
                         let prefix = p[..skip + (i + 1) * PS].to_vec();
-                        let c = Cached { req: next_req, ns, prefix, generation };
+                        let c = Cached {
+                            req: next_req,
+                            ns,
+                            prefix,
+                            generation,
+                        };
                         cached.insert(page, c);
                     }
                 }

@@ -24,7 +24,11 @@ enum Bytes {
     Zero,
     /// The prompt page's KV as computed by a request of `ns` at generation `gen`; `cached`
     /// once it has been published into the cache.
-    Kv { ns: u8, gen: u8, cached: bool },
+    Kv {
+        ns: u8,
+        gen: u8,
+        cached: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -33,7 +37,10 @@ enum PState {
     /// Owned by a request of `ns` that computed the page.
     Owned(u8),
     /// Cached under `ns`, with `readers` pins.
-    Shared { ns: u8, readers: u8 },
+    Shared {
+        ns: u8,
+        readers: u8,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
