@@ -439,7 +439,10 @@ fn run(ops: Vec<Op>) {
             );
         }
         let s = pool.stats();
-        assert_eq!(s.shared, spaces.iter().map(|n| pool.cached_pages(n)).sum::<usize>());
+        assert_eq!(
+            s.shared,
+            spaces.iter().map(|n| pool.cached_pages(n)).sum::<usize>()
+        );
         assert_eq!(s.free + s.readable + s.shared, pool.capacity_pages());
         let m = pool.metrics().snapshot();
         assert_eq!((m.allocations - m.releases) as usize, s.readable + s.shared);
