@@ -9,6 +9,8 @@
 //! - `shutdown`: SIGTERM / Ctrl-C as a cancellation token.
 //! - `auditor_client`: `AuditorClient`, the bounded never-blocking sender of reports to the auditor.
 //! - `integrity`: the `IntegritySink` hook through which workers report violations (I8).
+//! - `namespace`: prefix-cache namespaces, HMAC-SHA256 of a tenant (or a named shared
+//!   namespace) under the suite secret (I10).
 //! - `secret`: bearer secrets (API keys, tokens) and their SHA-256, the only form servers keep.
 //! - `tenants`: the tenants file (hashed API keys → tenants) and clients' clear keys files.
 //! - `tls`: the suite CA, per-role certificates, mutual TLS and per-RPC role checks (I11).
@@ -20,6 +22,7 @@ pub mod config;
 pub mod ids;
 pub mod integrity;
 pub mod metrics;
+pub mod namespace;
 pub mod preflight;
 pub mod secret;
 pub mod shutdown;

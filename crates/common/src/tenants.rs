@@ -9,6 +9,8 @@
 //! max_concurrent = 4                   # optional: its requests in flight at once (429 above)
 //! weight = 2                           # optional (default 1): its share of the workers' queues
 //! tokens_per_minute = 100000           # optional: prompt + completion tokens a minute (429 above)
+//! shared_namespace = "acme-org"        # optional: share cached prompt prefixes with the tenants
+//!                                      # placed in the same named namespace (else: private)
 //! ```
 //!
 //! Plain `keys = [...]` are refused with a message that says how to hash them: a copy of this
@@ -22,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::namespace::{Namespace, NamespaceSecret, Placement};
 use crate::secret::SecretHash;
 use crate::TenantId;
 
@@ -45,6 +48,20 @@ pub struct TenantEntry {
     /// `Retry-After` above); `None`: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<u64>,
+    /// The named prefix-cache namespace it shares with every tenant placed in the same one;
+    /// `None`: its own namespace, shared with nobody (I10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_namespace: Option<String>,
+}
+
+impl TenantEntry {
+    /// Where its cached prefixes live.
+    pub fn placement<'a>(&'a self, id: &'a TenantId) -> Placement<'a> {
+        match &self.shared_namespace {
+            Some(name) => Placement::Shared(name),
+            None => Placement::Private(id),
+        }
+    }
 }
 
 /// A tenant's share and limits, as the router applies them.
@@ -79,6 +96,15 @@ struct RawEntry {
     max_concurrent: Option<u32>,
     weight: Option<u32>,
     tokens_per_minute: Option<u64>,
+    shared_namespace: Option<String>,
+}
+
+/// Whether `name` may name a shared namespace: 1 to 64 of `A-Z a-z 0-9 . _ -`.
+fn valid_namespace_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 impl TryFrom<RawEntry> for TenantEntry {
@@ -113,12 +139,22 @@ impl TryFrom<RawEntry> for TenantEntry {
                 r.name
             ));
         }
+        if let Some(ns) = &r.shared_namespace {
+            if !valid_namespace_name(ns) {
+                return Err(format!(
+                    "tenant `{}`: shared_namespace {ns:?} must be 1 to 64 letters, digits, `.`, \
+                     `_` or `-` (leave it out for a namespace of its own)",
+                    r.name
+                ));
+            }
+        }
         Ok(Self {
             name: r.name,
             key_sha256: r.key_sha256,
             max_concurrent: r.max_concurrent,
             weight: r.weight,
             tokens_per_minute: r.tokens_per_minute,
+            shared_namespace: r.shared_namespace,
         })
     }
 }
@@ -224,6 +260,7 @@ impl TenantsFile {
                     max_concurrent: None,
                     weight: None,
                     tokens_per_minute: None,
+                    shared_namespace: None,
                 });
                 self.tenants.len() - 1
             }
@@ -264,6 +301,8 @@ pub fn problems(tenants: &[TenantEntry]) -> Vec<String> {
 pub struct KeyTable {
     by_hash: HashMap<SecretHash, TenantId>,
     limits: HashMap<TenantId, TenantLimits>,
+    /// Tenants the file places in a named shared namespace.
+    shared: HashMap<TenantId, String>,
 }
 
 impl KeyTable {
@@ -271,7 +310,11 @@ impl KeyTable {
     pub fn new(entries: &[TenantEntry]) -> Result<Self, TenantsError> {
         let mut by_hash: HashMap<SecretHash, TenantId> = HashMap::new();
         let mut limits = HashMap::new();
+        let mut shared = HashMap::new();
         for t in entries {
+            if let Some(ns) = &t.shared_namespace {
+                shared.insert(TenantId::new(&t.name), ns.clone());
+            }
             limits.insert(
                 TenantId::new(&t.name),
                 TenantLimits {
@@ -291,7 +334,21 @@ impl KeyTable {
                 }
             }
         }
-        Ok(Self { by_hash, limits })
+        Ok(Self {
+            by_hash,
+            limits,
+            shared,
+        })
+    }
+
+    /// The prefix-cache namespace of `tenant` under the suite's `secret`: the shared one the
+    /// file places it in, else its own (also for a tenant the table does not list).
+    pub fn namespace(&self, tenant: &TenantId, secret: &NamespaceSecret) -> Namespace {
+        let placement = match self.shared.get(tenant) {
+            Some(name) => Placement::Shared(name),
+            None => Placement::Private(tenant),
+        };
+        Namespace::derive(secret, placement)
     }
 
     /// The tenant's share and limits (the defaults for a tenant the table does not list).
@@ -366,6 +423,46 @@ mod tests {
             max_concurrent: None,
             weight: None,
             tokens_per_minute: None,
+            shared_namespace: None,
+        }
+    }
+
+    #[test]
+    fn only_tenants_placed_in_the_same_named_namespace_share_one() {
+        let f: TenantsFile = toml::from_str(
+            "[[tenants]]\nname = \"a\"\nkey_sha256 = []\nshared_namespace = \"org\"\n\
+             [[tenants]]\nname = \"b\"\nkey_sha256 = []\nshared_namespace = \"org\"\n\
+             [[tenants]]\nname = \"c\"\nkey_sha256 = []\n\
+             [[tenants]]\nname = \"d\"\nkey_sha256 = []\nshared_namespace = \"c\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            toml::from_str::<TenantsFile>(&toml::to_string(&f).unwrap()).unwrap(),
+            f
+        );
+        let secret = NamespaceSecret::random(&mut rand::rng());
+        let t = KeyTable::new(&f.tenants).unwrap();
+        let ns = |n: &str| t.namespace(&TenantId::new(n), &secret);
+        assert_eq!(ns("a"), ns("b"));
+        assert_eq!(
+            ns("a"),
+            Namespace::derive(&secret, f.tenants[0].placement(&TenantId::new("a")))
+        );
+        // Private namespaces: c's own, an unlisted tenant's own, and neither equals the
+        // shared namespace named after c that d is placed in.
+        let distinct = [ns("a"), ns("c"), ns("d"), ns("unlisted")];
+        for (i, x) in distinct.iter().enumerate() {
+            for y in &distinct[i + 1..] {
+                assert_ne!(x, y);
+            }
+        }
+        for bad in ["", "a b", "ü"] {
+            let text =
+                format!("[[tenants]]\nname = \"a\"\nkey_sha256 = []\nshared_namespace = {bad:?}\n");
+            let e = toml::from_str::<TenantsFile>(&text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("shared_namespace"), "{e}");
         }
     }
 

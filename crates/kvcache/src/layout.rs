@@ -96,6 +96,9 @@ pub struct PoolConfig {
     /// over the rayon pool for large grants (`cargo bench -p pagewarden-transfer --bench
     /// goodput` measures both settings). Off trusts the fence alone for that window.
     pub commit_rehash: bool,
+    /// Prefix cache: pages each namespace may keep cached (LRU within it beyond that). 0 (the
+    /// default) turns the cache off: `publish_prefix` frees every page.
+    pub prefix_pages_per_namespace: usize,
     /// TEST-ONLY switches that remove single defenses (feature `unsafe-test-switches`).
     #[cfg(any(test, feature = "unsafe-test-switches"))]
     pub defenses: Defenses,
@@ -103,7 +106,7 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     /// A pool of exactly `pages` pages, defaults elsewhere (no zeroing, 5 s drain timeout,
-    /// 60 s grant lifetime, re-hash on commit).
+    /// 60 s grant lifetime, re-hash on commit, no prefix cache).
     pub fn with_pages(layout: KvLayout, pages: usize) -> Self {
         Self {
             layout,
@@ -112,6 +115,7 @@ impl PoolConfig {
             drain_timeout: Duration::from_secs(5),
             grant_ttl: Duration::from_secs(60),
             commit_rehash: true,
+            prefix_pages_per_namespace: 0,
             #[cfg(any(test, feature = "unsafe-test-switches"))]
             defenses: Defenses::default(),
         }

@@ -16,6 +16,9 @@
 //! - `reserved`: `ReservedPages` and `commit` (I2).
 //! - `readable`: `ReadablePages`, generation-checked reads (I1), RAII release.
 //! - `release`: revoke, `mark_drained`, `sweep_expired`, `release_quarantined` (I4).
+//! - `prefix`: the prefix cache: hash-chained index per namespace, publish, pin, LRU
+//!   eviction within quotas, reclaim under allocation pressure (I10).
+//! - `shared`: `SharedPages`, read-only pins on cached pages, generation-checked reads.
 //! - `checks`: which defenses run (constant `true` outside tests).
 //!
 //! # Page lifecycle
@@ -25,7 +28,11 @@
 //!       ┌──────────────────────────────────────────────┐
 //!       │                                              ▼
 //!     Free ──reserve──▶ Reserved(grant) ──commit ok──▶ Readable ──drop──▶ Free
-//!       ▲                     │
+//!       ▲  ▲                  │                            │
+//!       │  │                  │                  publish_prefix (full prompt pages)
+//!       │  │                  │                            ▼
+//!       │  └─evict: zero, generation + 1── Shared{readers} (pin / unpin; evict at 0 only)
+//!       │                     │
 //!       │        abort / drop / commit err (revoke: writes fenced)
 //!       │                     ▼
 //!       ├──mark_drained── Draining(grant) ──sweep_expired (drain_timeout)──▶ Quarantined(grant)
@@ -33,9 +40,11 @@
 //!       └──────────────────release_quarantined (peer gone) / mark_drained────────┘
 //! ```
 //!
-//! Every move to Reserved or Readable bumps the page's `Generation`. A page reaches Free only
-//! when no write can still land on it: Readable pages have no grant; Draining pages wait for
-//! the transfer layer's drain confirmation; Quarantined ones for their peer to be gone.
+//! Every move to Reserved or Readable bumps the page's `Generation`, and so does eviction
+//! from Shared. A page reaches Free only when no write can still land on it and nobody reads
+//! it: Readable pages have no grant; Draining pages wait for the transfer layer's drain
+//! confirmation; Quarantined ones for their peer to be gone; Shared ones for their last
+//! reader (a Shared page is never written: see `prefix`).
 //!
 //! # Safety model
 //!
@@ -63,10 +72,12 @@ mod layout;
 mod metrics;
 mod page;
 mod pool;
+mod prefix;
 mod readable;
 mod receive;
 mod release;
 mod reserved;
+mod shared;
 mod store;
 mod sync;
 
@@ -80,10 +91,13 @@ pub use layout::Defenses;
 pub use layout::{KvLayout, PoolConfig, DEFAULT_PAGE_SIZE};
 pub use metrics::{PoolMetrics, PoolMetricsSnapshot, PoolStats};
 pub use page::PageState;
+pub use pagewarden_common::namespace::{Namespace, NamespaceSecret, Placement};
 pub use pagewarden_common::{RequestId, TenantId};
 pub use pool::KvPool;
+pub use prefix::{PrefixHash, Published};
 pub use readable::ReadablePages;
 pub use reserved::ReservedPages;
+pub use shared::SharedPages;
 
 /// Who owns an allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]

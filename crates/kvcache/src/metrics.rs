@@ -13,6 +13,8 @@ pub struct PoolStats {
     pub reserved: usize,
     /// Owned by a `ReadablePages`.
     pub readable: usize,
+    /// In the prefix cache (pinned or not).
+    pub shared: usize,
     /// Grant revoked, waiting for drain confirmation.
     pub draining: usize,
     /// Drain never confirmed; held until the peer is declared gone.
@@ -83,6 +85,14 @@ counters! {
     commit_digest_mismatch,
     /// Commits refused: grant expired.
     commit_expired,
+    /// Prefix cache: pages newly cached by `ReadablePages::publish_prefix`.
+    prefix_pages_cached,
+    /// Prefix cache: pages pinned by `KvPool::pin_prefix` (hits, in pages).
+    prefix_pages_hit,
+    /// Prefix cache: `pin_prefix` calls.
+    prefix_pins,
+    /// Prefix cache: pages evicted (zeroed, generation bumped, freed).
+    prefix_evictions,
 }
 
 fn bump(c: &AtomicU64, n: u64) {

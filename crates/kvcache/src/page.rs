@@ -20,6 +20,12 @@ pub enum PageState {
     },
     /// Owned by a `ReadablePages`; readable by its owner only.
     Readable,
+    /// In the prefix cache, bound to one namespace: read-only, never written again. `readers`
+    /// `SharedPages` pin it; only at 0 may it be evicted (zeroed, generation bumped, freed).
+    Shared {
+        /// Pins held on the page right now.
+        readers: u32,
+    },
     /// `grant` was revoked; waiting until no write of it can still land.
     Draining {
         /// The revoked grant.
@@ -73,6 +79,7 @@ impl PageSlot {
 pub(crate) struct Gauges {
     reserved: AtomicUsize,
     readable: AtomicUsize,
+    shared: AtomicUsize,
     draining: AtomicUsize,
     quarantined: AtomicUsize,
 }
@@ -83,6 +90,7 @@ impl Gauges {
             PageState::Free => None,
             PageState::Reserved { .. } => Some(&self.reserved),
             PageState::Readable => Some(&self.readable),
+            PageState::Shared { .. } => Some(&self.shared),
             PageState::Draining { .. } => Some(&self.draining),
             PageState::Quarantined { .. } => Some(&self.quarantined),
         }
@@ -99,11 +107,12 @@ impl Gauges {
         meta.state = to;
     }
 
-    /// (reserved, readable, draining, quarantined).
-    pub(crate) fn read(&self) -> [usize; 4] {
+    /// (reserved, readable, shared, draining, quarantined).
+    pub(crate) fn read(&self) -> [usize; 5] {
         [
             self.reserved.load(Ordering::Relaxed),
             self.readable.load(Ordering::Relaxed),
+            self.shared.load(Ordering::Relaxed),
             self.draining.load(Ordering::Relaxed),
             self.quarantined.load(Ordering::Relaxed),
         ]

@@ -13,6 +13,7 @@ use crate::ids::{Generation, GrantKey, PageId};
 use crate::layout::{KvLayout, PoolConfig};
 use crate::metrics::{PoolMetrics, PoolStats};
 use crate::page::{Gauges, PageSlot, PageState};
+use crate::prefix::PrefixIndex;
 use crate::readable::ReadablePages;
 use crate::reserved::ReservedPages;
 use crate::store::PageStore;
@@ -32,6 +33,9 @@ pub(crate) struct PoolInner {
     pub(crate) grants: Mutex<Registry>,
     pub(crate) gauges: Gauges,
     pub(crate) metrics: PoolMetrics,
+    /// The prefix cache's index. Lock order: this lock, then page metadata locks, then the
+    /// grant registry; never the reverse.
+    pub(crate) prefix: Mutex<PrefixIndex>,
 }
 
 impl KvPool {
@@ -53,6 +57,7 @@ impl KvPool {
                 grants: Mutex::new(Registry::new()),
                 gauges: Gauges::default(),
                 metrics: PoolMetrics::default(),
+                prefix: Mutex::new(PrefixIndex::default()),
             }),
         }
     }
@@ -74,11 +79,12 @@ impl KvPool {
 
     /// Page counts per lifecycle state.
     pub fn stats(&self) -> PoolStats {
-        let [reserved, readable, draining, quarantined] = self.inner.gauges.read();
+        let [reserved, readable, shared, draining, quarantined] = self.inner.gauges.read();
         PoolStats {
             free: self.inner.free.len(),
             reserved,
             readable,
+            shared,
             draining,
             quarantined,
         }
@@ -179,13 +185,20 @@ impl PoolInner {
             });
         }
         let n = self.cfg.layout.pages_for(tokens);
-        let pages = self
-            .free
-            .take(n)
-            .map_err(|free_pages| ReserveError::Exhausted {
-                requested_pages: n,
-                free_pages,
-            })?;
+        // Short of free pages, evict unpinned cached prefix pages first (I9: a cached page
+        // never makes a live request wait).
+        let pages = match self.free.take(n) {
+            Ok(pages) => pages,
+            Err(free) => {
+                self.reclaim(n - free);
+                self.free
+                    .take(n)
+                    .map_err(|free_pages| ReserveError::Exhausted {
+                        requested_pages: n,
+                        free_pages,
+                    })?
+            }
+        };
         let table = pages
             .into_iter()
             .map(|p| (p, self.claim_page(p, owner, state(p))))

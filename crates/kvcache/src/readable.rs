@@ -36,6 +36,10 @@ impl ReadablePages {
         }
     }
 
+    pub(crate) fn pool(&self) -> &Arc<PoolInner> {
+        &self.pool
+    }
+
     /// Who owns these pages.
     pub fn owner(&self) -> &Owner {
         &self.owner
@@ -107,21 +111,15 @@ impl ReadablePages {
     /// Checks the presented generation of page `index` against the page's current one (I1).
     #[inline]
     fn checked_page(&self, index: usize) -> Result<PageId, ReadError> {
-        let &(page, expected) = self.table.get(index).ok_or(ReadError::OutOfRange)?;
-        if self.pool.check_read_generation() {
-            let current = self.pool.slots[page.index()]
-                .generation
-                .load(Ordering::Acquire);
-            if current != expected.0 {
-                self.pool.metrics.add(|m| &m.generation_mismatches, 1);
-                return Err(ReadError::GenerationMismatch {
-                    page,
-                    expected,
-                    current: Generation(current),
-                });
-            }
-        }
-        Ok(page)
+        self.pool.checked_read(self.table.get(index))
+    }
+
+    /// Takes the table and token count out without freeing the pages (the caller moves them
+    /// on: `publish_prefix`).
+    pub(crate) fn into_table(mut self) -> (Vec<(PageId, Generation)>, usize) {
+        // `self` then drops with an empty table: nothing is freed.
+        let table = std::mem::take(&mut self.table);
+        (table, self.len)
     }
 
     /// Mutable K and V rows for one token position at one layer (each `token_width` f16).
@@ -163,21 +161,13 @@ impl ReadablePages {
         layer: usize,
         page_index: usize,
     ) -> Result<(&[f16], &[f16]), ReadError> {
-        let l = self.pool.cfg.layout;
-        if layer >= l.layers {
+        if layer >= self.pool.cfg.layout.layers {
             return Err(ReadError::OutOfRange);
         }
         let page = self.checked_page(page_index)?;
-        let n = l.block_elems();
-        let base = self.pool.store.page_ptr(page).cast::<f16>();
-        // SAFETY: both blocks lie inside the page (layer < layers). The page is Readable and
-        // owned by `self`; writers need `&mut self` (kv_row_mut), so none is live now.
-        unsafe {
-            Ok((
-                std::slice::from_raw_parts(base.add(l.block_offset(layer, 0)), n),
-                std::slice::from_raw_parts(base.add(l.block_offset(layer, 1)), n),
-            ))
-        }
+        // SAFETY: the page is Readable and owned by `self`; writers need `&mut self`
+        // (kv_row_mut), so none is live while the returned borrow of `self` is.
+        Ok(unsafe { self.pool.layer_blocks(page, layer) })
     }
 
     /// Whole page bytes (all layers), for the transfer sender. Generation-checked.
@@ -192,6 +182,49 @@ impl ReadablePages {
     #[cfg(any(test, feature = "unsafe-test-switches"))]
     pub fn test_set_table_generation(&mut self, index: usize, generation: Generation) {
         self.table[index].1 = generation;
+    }
+}
+
+impl PoolInner {
+    /// The page of a reader's table entry, after checking the generation it presents against
+    /// the page's current one (I1); a mismatch is counted. `None`: out of range.
+    #[inline]
+    pub(crate) fn checked_read(
+        &self,
+        entry: Option<&(PageId, Generation)>,
+    ) -> Result<PageId, ReadError> {
+        let &(page, expected) = entry.ok_or(ReadError::OutOfRange)?;
+        if self.check_read_generation() {
+            let current = self.slots[page.index()].generation.load(Ordering::Acquire);
+            if current != expected.0 {
+                self.metrics.add(|m| &m.generation_mismatches, 1);
+                return Err(ReadError::GenerationMismatch {
+                    page,
+                    expected,
+                    current: Generation(current),
+                });
+            }
+        }
+        Ok(page)
+    }
+
+    /// The K and V blocks of `layer` in `page` (each `page_size * token_width` f16).
+    ///
+    /// # Safety
+    /// `layer < layers`, and no writer touches the page while the returned slices live.
+    #[inline]
+    pub(crate) unsafe fn layer_blocks(&self, page: PageId, layer: usize) -> (&[f16], &[f16]) {
+        let l = self.cfg.layout;
+        let n = l.block_elems();
+        let base = self.store.page_ptr(page).cast::<f16>();
+        // SAFETY: both blocks lie inside the page (layer < layers, caller contract); no
+        // writer by caller contract.
+        unsafe {
+            (
+                std::slice::from_raw_parts(base.add(l.block_offset(layer, 0)), n),
+                std::slice::from_raw_parts(base.add(l.block_offset(layer, 1)), n),
+            )
+        }
     }
 }
 

@@ -67,6 +67,7 @@ impl PoolInner {
             PageState::Free
             | PageState::Reserved { .. }
             | PageState::Readable
+            | PageState::Shared { .. }
             | PageState::Draining { .. }
             | PageState::Quarantined { .. } => {
                 if !self.check_grant_fencing() && length_ok {

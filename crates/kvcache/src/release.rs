@@ -113,6 +113,7 @@ impl PoolInner {
                 PageState::Free
                 | PageState::Reserved { .. }
                 | PageState::Readable
+                | PageState::Shared { .. }
                 | PageState::Draining { .. }
                 | PageState::Quarantined { .. } => {}
             }

@@ -10,10 +10,15 @@
 //!   to admission (the incident).
 //! - `defer_free = false`: revoked pages go straight to the free list, without waiting for
 //!   the drain acknowledgement.
+//!
+//! `shared_pages`: the same for the prefix cache's shared read-only pages (I10).
 
 use std::collections::BTreeSet;
 
 use stateright::{Checker, Model, Property};
+
+#[path = "page_model/shared_pages.rs"]
+mod shared_pages;
 
 const PAGES: usize = 3;
 const REQS: usize = 2;

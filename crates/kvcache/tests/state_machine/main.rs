@@ -26,6 +26,12 @@ use proptest::test_runner::Config;
 use proptest_state_machine::{prop_state_machine, StateMachineTest};
 use support::{fill, owner};
 
+fn namespace(req: u8) -> pagewarden_kvcache::Namespace {
+    let secret = pagewarden_kvcache::NamespaceSecret::from_bytes(&[1; 32]);
+    let tenant = pagewarden_kvcache::TenantId::new(format!("tenant-{req}"));
+    pagewarden_kvcache::Namespace::derive(&secret, pagewarden_kvcache::Placement::Private(&tenant))
+}
+
 const LAYOUT: KvLayout = KvLayout {
     layers: LAYERS,
     kv_heads: 1,
@@ -353,8 +359,16 @@ impl StateMachineTest for PoolTest {
                     Err(e) => assert_eq!(p.table().len(), had, "{e}"),
                 }
             }
-            Transition::DropReadable { rd } => {
-                s.readable.remove(rd.index(s.readable.len()));
+            Transition::DropReadable { rd, publish } => {
+                let (req, p) = s.readable.remove(rd.index(s.readable.len()));
+                if publish {
+                    // The prefix cache is off in this pool: publishing frees like a drop.
+                    let tokens: Vec<u32> = (0..p.len() as u32).map(|t| t + req as u32).collect();
+                    let pages = p.table().len();
+                    let none = s.pool.pin_prefix(&namespace(req), &[]);
+                    let out = p.publish_prefix(&none, &tokens);
+                    assert_eq!((out.cached, out.freed), (0, pages));
+                }
             }
         }
         s
@@ -369,6 +383,7 @@ impl StateMachineTest for PoolTest {
                 free: m.free,
                 reserved,
                 readable,
+                shared: 0,
                 draining: m.draining(),
                 quarantined: m.quarantined(),
             }

@@ -89,8 +89,10 @@ pub enum Transition {
         rd: Index,
         extra: usize,
     },
+    /// Drop, or publish into the prefix cache (off in this pool: frees the same).
     DropReadable {
         rd: Index,
+        publish: bool,
     },
 }
 
@@ -355,8 +357,8 @@ impl ReferenceStateMachine for PoolModel {
             ));
             arms.push((
                 2,
-                any::<Index>()
-                    .prop_map(|rd| Transition::DropReadable { rd })
+                (any::<Index>(), any::<bool>())
+                    .prop_map(|(rd, publish)| Transition::DropReadable { rd, publish })
                     .boxed(),
             ));
         }
@@ -455,7 +457,7 @@ impl ReferenceStateMachine for PoolModel {
                     }
                 }
             }
-            Transition::DropReadable { rd } => {
+            Transition::DropReadable { rd, .. } => {
                 let r = s.readable.remove(rd.index(s.readable.len()));
                 s.free += r.pages;
             }

@@ -90,6 +90,7 @@ impl Harness {
                 max_concurrent: opts.alpha_max_concurrent,
                 weight: Some(2),
                 tokens_per_minute: opts.alpha_tokens_per_minute,
+                shared_namespace: None,
             },
             TenantEntry {
                 name: "beta".into(),
@@ -97,6 +98,7 @@ impl Harness {
                 max_concurrent: None,
                 weight: None,
                 tokens_per_minute: None,
+                shared_namespace: None,
             },
         ])
         .unwrap();
