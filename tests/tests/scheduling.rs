@@ -311,15 +311,17 @@ struct RealSuite {
     url: String,
 }
 
-/// A decode and a prefill worker on the real model with `worker` flags, and a router over them.
-async fn real_services(worker: &[&str]) -> [pagewarden_system_tests::Service; 3] {
+/// A decode and a prefill worker on the real model with `worker` flags, and a router over them
+/// with `router` flags.
+async fn real_services(worker: &[&str], router: &[&str]) -> [pagewarden_system_tests::Service; 3] {
     let decode = start_decode(&ModelArg::Real, worker);
     let prefill = start_prefill(&ModelArg::Real, worker);
-    let router = start_router_with(&ModelArg::Real, &[&decode], &[&prefill], &[]).await;
+    let router = start_router_with(&ModelArg::Real, &[&decode], &[&prefill], router).await;
     [decode, prefill, router]
 }
 
-async fn real_suite() -> RealSuite {
+/// `router`: flags of the router (its default deadline unless one is given).
+async fn real_suite(router: &[&str]) -> RealSuite {
     let ctx = CONTEXT.to_string();
     let pool = (2 * CONTEXT).to_string();
     let worker = [
@@ -334,7 +336,7 @@ async fn real_suite() -> RealSuite {
         "--queue-timeout-ms",
         "900000",
     ];
-    let [decode, prefill, router] = real_services(&worker).await;
+    let [decode, prefill, router] = real_services(&worker, router).await;
     let d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let tok = Arc::new(
         Tokenizer::from_gguf(&GgufFile::open(&model_path()).expect("model")).expect("tokenizer"),
@@ -357,7 +359,7 @@ async fn real_model_two_tenants_interleave_prompts_up_to_the_context() {
         tok,
         client,
         url,
-    } = real_suite().await;
+    } = real_suite(&[]).await;
     let codes = ["QX7A", "ZV9B"];
     let max_tokens = 6u32;
 
@@ -403,7 +405,14 @@ async fn real_model_eight_at_once_wait_their_turn_and_leave_the_pools_free() {
         tok,
         client,
         url,
-    } = real_suite().await;
+    } = real_suite(&[
+        // The last of eight long requests waits for seven before it: on a shared 2-core CI
+        // machine that can pass the default 300 s deadline, which this test does not claim
+        // (the interleaving test above runs under the default one).
+        "--request-timeout",
+        "900s",
+    ])
+    .await;
     // Eight requests at once. Each reserves its prompt's pages, half a context (its completion
     // may take the other half; a stop sequence ends it after the code), so decode's pool (two
     // contexts) holds three prompts at a time: the rest wait their turn, none is refused.
@@ -505,7 +514,7 @@ async fn real_model_prefill_streams_pages_while_computing_and_a_cancel_stops_it_
         "--chunk-tokens",
         "128",
     ];
-    let [decode, prefill, router] = real_services(&worker).await;
+    let [decode, prefill, router] = real_services(&worker, &[]).await;
     let tok = Tokenizer::from_gguf(&GgufFile::open(&model_path()).expect("model")).expect("tok");
     let text = marked_prompt(&tok, "LONG1", 4000);
     let chunks = tok.encode(&text, true).len().div_ceil(128) as f64;
