@@ -48,6 +48,7 @@ pub mod vec;
 pub use attention::{paged_attention, AttnGeometry, KvBlock};
 pub use device::{Device, ParseDeviceError};
 pub use isa::Isa;
+pub use matmul::packed::PackedRows;
 pub use matmul::{matmul, matmul_many, matmul_many_with, matmul_with, QMatrix};
 pub use parallel::Parallel;
 pub use quant::WeightType;

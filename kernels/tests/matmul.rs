@@ -337,3 +337,63 @@ fn activation_quantization_is_the_same_on_every_isa_and_thread_count() {
         }
     }
 }
+
+/// The interleaved packing changes only where the bytes sit: on every instruction set, a
+/// matrix with its packing gives the same bits as the plain rows on AVX2 (ggml's kernel), for
+/// one token and for tiles of several, alone and beside unpacked weights in one pass. Where the
+/// CPU has AVX-512, this runs the 16-row kernel; elsewhere the packing is ignored.
+#[test]
+fn packed_rows_give_the_bits_of_plain_rows_on_every_isa() {
+    use pagewarden_kernels::{matmul_many_with, PackedRows};
+    let mut rng = Rng::new(33);
+    for ty in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
+        for &(rows, cols, tokens) in &[(16, 576, 1), (48, 1536, 1), (64, 576, 5), (160, 64, 3)] {
+            let data = make(&mut rng, ty, rows, cols);
+            let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+            let pk = PackedRows::pack(&w).expect("whole groups of a packable type");
+            assert_eq!(pk.bytes() % 64, 0);
+            let packed = w.with_packed(&pk);
+            // Large activations: every activation byte reaches +-127.
+            let x = rng.vec(tokens * cols, 50.0);
+            let mut want = vec![0f32; tokens * rows];
+            matmul_with(Isa::Avx2, &w, &x, tokens, &mut want, &Parallel::new(1));
+            let other = make(&mut rng, WeightType::Q4_1, 20, cols);
+            let other = QMatrix::new(WeightType::Q4_1, 20, cols, &other).unwrap();
+            for isa in Isa::available().into_iter().filter(|i| *i != Isa::Portable) {
+                for threads in [1, 2] {
+                    let par = Parallel::new(threads);
+                    let mut got = vec![f32::NAN; tokens * rows];
+                    let mut beside = vec![f32::NAN; tokens * 20];
+                    matmul_many_with(
+                        isa,
+                        &[packed, other],
+                        &x,
+                        tokens,
+                        &mut [&mut got, &mut beside],
+                        &par,
+                    );
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{ty:?} {rows}x{cols}x{tokens} {isa:?} t{threads}");
+                    let mut alone = vec![0f32; tokens * 20];
+                    matmul_with(Isa::Avx2, &other, &x, tokens, &mut alone, &par);
+                    assert_eq!(beside, alone, "{ty:?} {isa:?}: the unpacked neighbour");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn only_whole_groups_of_packable_types_are_packed() {
+    use pagewarden_kernels::PackedRows;
+    let mut rng = Rng::new(34);
+    let q = make(&mut rng, WeightType::Q4_1, 24, 64);
+    assert!(PackedRows::pack(&QMatrix::new(WeightType::Q4_1, 24, 64, &q).unwrap()).is_none());
+    let k = random_k_blocks(&mut rng, WeightType::Q4_K, 16, 256);
+    assert!(PackedRows::pack(&QMatrix::new(WeightType::Q4_K, 16, 256, &k).unwrap()).is_none());
+    let f = make(&mut rng, WeightType::F16, 16, 64);
+    assert!(PackedRows::pack(&QMatrix::new(WeightType::F16, 16, 64, &f).unwrap()).is_none());
+}

@@ -179,4 +179,23 @@ impl<'a> LlamaWeights<'a> {
             output,
         })
     }
+
+    /// The matrices that run as matrix products, each once (the embeddings only when the head
+    /// is tied to them, as the head): what `PackedRows` may accelerate.
+    pub(crate) fn products_mut(&mut self) -> impl Iterator<Item = &mut Matrix<'a>> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| {
+                [
+                    &mut l.wq,
+                    &mut l.wk,
+                    &mut l.wv,
+                    &mut l.wo,
+                    &mut l.gate,
+                    &mut l.up,
+                    &mut l.down,
+                ]
+            })
+            .chain(std::iter::once(&mut self.output))
+    }
 }

@@ -73,7 +73,7 @@ pub(super) fn rows(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use super::*;
     use crate::matmul::kquant_avx2 as kquant;
     use std::arch::x86_64::*;
@@ -215,8 +215,9 @@ mod x86 {
         }
     }
 
+    /// The sum of the eight lanes in ggml's order (halves, then pairs, then the last two).
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(in crate::matmul) unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_movehdup_ps(s));

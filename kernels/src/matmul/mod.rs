@@ -6,9 +6,11 @@
 //! unpacked once per tile (prefill reuses the weights across tokens).
 
 mod avx2;
+mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
 pub mod kquant_portable;
+pub mod packed;
 pub mod portable;
 
 use crate::act::{quantize_acts_with, QuantizedActs};
@@ -16,6 +18,7 @@ use crate::act_k::{quantize_acts_k, QuantizedActsK};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
 use crate::quant::{ActKind, WeightType};
+use packed::PackedRows;
 
 /// A borrowed row-major weight matrix in one of the supported storage types.
 #[derive(Clone, Copy, Debug)]
@@ -28,6 +31,9 @@ pub struct QMatrix<'a> {
     pub cols: usize,
     /// `rows * ty.row_bytes(cols)` bytes.
     pub data: &'a [u8],
+    /// The same rows interleaved for the 512-bit kernels, when the loader packed them
+    /// ([`QMatrix::with_packed`]); other instruction sets read `data`.
+    pub packed: Option<&'a PackedRows>,
 }
 
 impl<'a> QMatrix<'a> {
@@ -39,7 +45,17 @@ impl<'a> QMatrix<'a> {
             rows,
             cols,
             data,
+            packed: None,
         })
+    }
+
+    /// This matrix with its interleaved packing (`PackedRows::pack` of the same matrix).
+    pub fn with_packed(self, packed: &'a PackedRows) -> QMatrix<'a> {
+        assert!(packed.packs(&self), "packing of another matrix");
+        QMatrix {
+            packed: Some(packed),
+            ..self
+        }
     }
 
     /// Bytes per row.
@@ -131,8 +147,13 @@ pub fn matmul_many_with(
     let total: usize = ws.iter().map(|w| w.rows).sum();
     // About eight jobs per thread, so the last ones even out the threads (an uneven split of
     // wo or ffn_down into nine jobs left one thread idle a tenth of the time), in whole
-    // groups of four rows for the decode kernel.
-    let chunk_rows = (total / (par.threads() * 8)).clamp(8, 64) / 4 * 4;
+    // groups of four rows for the decode kernel (sixteen for the interleaved one).
+    let align = if isa == Isa::Avx512 && ws.iter().any(|w| w.packed.is_some()) {
+        packed::GROUP
+    } else {
+        4
+    };
+    let chunk_rows = (total / (par.threads() * 8)).clamp(2 * align, 64) / align * align;
     let mut jobs = Vec::new();
     for (i, w) in ws.iter().enumerate() {
         jobs.extend(
@@ -183,6 +204,6 @@ fn rows_kernel(
     match isa {
         Isa::Portable => portable::rows(w, r0, n, acts, tokens, out),
         Isa::Avx2 => avx2::rows(false, w, r0, n, acts, tokens, out),
-        Isa::Avx512 => avx2::rows(true, w, r0, n, acts, tokens, out),
+        Isa::Avx512 => avx512::rows(w, r0, n, acts, tokens, out),
     }
 }

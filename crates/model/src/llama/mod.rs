@@ -9,7 +9,7 @@ pub(crate) mod forward;
 
 use std::path::Path;
 
-use pagewarden_kernels::Parallel;
+use pagewarden_kernels::{Isa, PackedRows, Parallel};
 use pagewarden_kvcache::{KvLayout, ReadablePages};
 
 pub use error::ModelError;
@@ -43,6 +43,8 @@ impl Default for LoadOptions {
 pub struct Model {
     // Declared before `file` so it is dropped first: it borrows the file's bytes.
     weights: LlamaWeights<'static>,
+    // Declared before `file`, after `weights`: the weights borrow these too.
+    packed: Vec<PackedRows>,
     file: Box<GgufFile>,
     config: LlamaConfig,
     tokenizer: Tokenizer,
@@ -79,11 +81,13 @@ impl Model {
         // mutated). `file` lives in the same `Model` and is dropped after `weights` (field
         // order), and `weights()` hands out borrows no longer than `&self`.
         let file_ref: &'static GgufFile = unsafe { &*(file.as_ref() as *const GgufFile) };
-        let weights = LlamaWeights::from_gguf(file_ref, &config)?;
+        let mut weights = LlamaWeights::from_gguf(file_ref, &config)?;
+        let packed = pack_for_cpu(&mut weights);
         let mut opts = opts.clone();
         opts.prefill_chunk = opts.prefill_chunk.max(1);
         Ok(Model {
             weights,
+            packed,
             file,
             config,
             tokenizer,
@@ -91,6 +95,11 @@ impl Model {
             par: Parallel::new(opts.threads),
             opts,
         })
+    }
+
+    /// Bytes of weights repacked for this CPU's kernels (0 where none are).
+    pub fn packed_bytes(&self) -> usize {
+        self.packed.iter().map(|p| p.bytes()).sum()
     }
 
     /// The model's shape.
@@ -180,4 +189,31 @@ impl Model {
             .collect();
         self.forward(&mut work)
     }
+}
+
+/// On a CPU with the 512-bit kernels, repacks every matrix they can take (`PackedRows`) and
+/// points the weights at the packing; returns the packings, which the weights now borrow.
+fn pack_for_cpu(weights: &mut LlamaWeights<'static>) -> Vec<PackedRows> {
+    if Isa::detect() != Isa::Avx512 {
+        return Vec::new();
+    }
+    let mut at = Vec::new();
+    let packed: Vec<PackedRows> = weights
+        .products_mut()
+        .enumerate()
+        .filter_map(|(i, m)| PackedRows::pack(m).inspect(|_| at.push(i)))
+        .collect();
+    // The vector is complete: its elements no longer move (moving the vector moves only its
+    // handle).
+    let mut next = at.iter().zip(&packed).peekable();
+    for (i, m) in weights.products_mut().enumerate() {
+        if let Some((_, p)) = next.next_if(|(j, _)| **j == i) {
+            // SAFETY: the packing is never moved or changed while the weights live: the
+            // `Model` that receives both drops `weights` before `packed` (field order), and
+            // `weights()` hands out borrows no longer than `&self`.
+            let r: &'static PackedRows = unsafe { &*(p as *const PackedRows) };
+            *m = m.with_packed(r);
+        }
+    }
+    packed
 }

@@ -1,0 +1,142 @@
+//! Weight rows interleaved sixteen at a time, for the 512-bit kernels (`Isa::Avx512`).
+//!
+//! In a GGUF row-major matrix each 32-element block is one row's scale(s) and quants. Here,
+//! for every group of [`GROUP`] rows and every block index, the group's sixteen blocks sit in
+//! one 64-byte-aligned record: first the sixteen f16 scales (Q4_1: then the sixteen f16
+//! minimums), then the quants dword-interleaved, so that one 64-byte load holds the same four
+//! bytes of all sixteen rows. A `vpdpbusd` against four activation bytes broadcast to every
+//! lane then yields, in lane `r`, row `r`'s sum of four products: exactly the 32-bit lane that
+//! ggml's AVX2 kernel forms for that row. Keeping those eight lanes apart per row, in eight
+//! registers, keeps ggml's float order and so its bits (`avx512.rs`).
+//!
+//! Signed quants (Q4_0, Q8_0) are stored offset to unsigned (`w + 8` is Q4_0's nibble as
+//! stored; Q8_0 stores `w ^ 0x80`, i.e. `w + 128`), and the kernel starts each lane from
+//! `-offset * sum(y)` over the same four activations, so the integer lane is `sum(w * y)`,
+//! exact: no sign trick per row.
+
+use super::QMatrix;
+use crate::quant::{WeightType, QK};
+
+/// Rows per interleaved group.
+pub const GROUP: usize = 16;
+
+/// One cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Line(pub(crate) [u8; 64]);
+
+/// A matrix repacked into groups of [`GROUP`] interleaved rows (see the module doc).
+pub struct PackedRows {
+    ty: WeightType,
+    rows: usize,
+    cols: usize,
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedRows")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+
+impl PackedRows {
+    /// Repacks `w`, or `None` when its type has no interleaved kernel (only Q4_0, Q4_1 and
+    /// Q8_0 do) or its rows are not whole groups.
+    pub fn pack(w: &QMatrix<'_>) -> Option<PackedRows> {
+        let lines_per = record_lines(w.ty)?;
+        if w.rows == 0 || !w.rows.is_multiple_of(GROUP) || !w.cols.is_multiple_of(QK) {
+            return None;
+        }
+        let nb = w.cols / QK;
+        let block_bytes = w.ty.row_bytes(QK)?;
+        let mut lines = vec![Line([0; 64]); w.rows / GROUP * nb * lines_per];
+        for g in 0..w.rows / GROUP {
+            for b in 0..nb {
+                let mut record = [0u8; 64 * MAX_LINES];
+                let bytes = &mut record[..64 * lines_per];
+                for r in 0..GROUP {
+                    let blk = &w.row(g * GROUP + r)[b * block_bytes..][..block_bytes];
+                    bytes[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+                    let quants = match w.ty {
+                        WeightType::Q4_1 => {
+                            bytes[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+                            &blk[4..]
+                        }
+                        _ => &blk[2..],
+                    };
+                    for (k, dw) in quants.chunks_exact(4).enumerate() {
+                        let at = 64 + k * 64 + 4 * r;
+                        for (o, &q) in bytes[at..at + 4].iter_mut().zip(dw) {
+                            *o = if w.ty == WeightType::Q8_0 {
+                                q ^ 0x80
+                            } else {
+                                q
+                            };
+                        }
+                    }
+                }
+                let at = (g * nb + b) * lines_per;
+                for (line, src) in lines[at..at + lines_per]
+                    .iter_mut()
+                    .zip(bytes.chunks_exact(64))
+                {
+                    line.0.copy_from_slice(src);
+                }
+            }
+        }
+        Some(PackedRows {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            lines,
+        })
+    }
+
+    /// Storage type of the source rows.
+    pub fn ty(&self) -> WeightType {
+        self.ty
+    }
+
+    /// Rows (a multiple of [`GROUP`]).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Elements per row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.lines.len() * 64
+    }
+
+    /// Whether this is the packing of `w` (same type and shape).
+    pub(crate) fn packs(&self, w: &QMatrix<'_>) -> bool {
+        self.ty == w.ty && self.rows == w.rows && self.cols == w.cols
+    }
+
+    /// The record of group `g`, block `b`: `record_lines(ty)` lines.
+    pub(crate) fn record(&self, g: usize, b: usize) -> *const u8 {
+        let per = record_lines(self.ty).expect("packed types have records");
+        self.lines[(g * (self.cols / QK) + b) * per..].as_ptr() as *const u8
+    }
+}
+
+/// The most lines a record takes (Q8_0's).
+const MAX_LINES: usize = 9;
+
+/// Lines per (group, block) record: one of scales (and Q4_1's minimums), then 64 bytes per
+/// four quant bytes of a row (Q4_x: 16 bytes a row, Q8_0: 32).
+pub(crate) fn record_lines(ty: WeightType) -> Option<usize> {
+    match ty {
+        WeightType::Q4_0 | WeightType::Q4_1 => Some(1 + 4),
+        WeightType::Q8_0 => Some(1 + 8),
+        _ => None,
+    }
+}
