@@ -29,6 +29,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
+
 /// How long an idle worker spins before it parks (decode steps follow each other within this).
 const SPIN: Duration = Duration::from_millis(2);
 
@@ -68,16 +70,19 @@ struct JobRef {
     n: usize,
 }
 
-/// State shared by the caller and the workers.
+/// State shared by the caller and the workers. The three counters that change within a
+/// region each have their own cache line: `next` takes a write per item from every thread,
+/// and sharing its line with the epoch that idle workers spin on, or with `active`, which the
+/// caller spins on, cost a line transfer per item claimed.
 struct Shared {
     /// Bumped (Release) when a job is published; `u64`-like wrap is harmless.
-    epoch: AtomicUsize,
+    epoch: CachePadded<AtomicUsize>,
     /// The current job; written only while no worker is inside a region.
     job: Mutex<Option<JobRef>>,
     /// Next item to claim.
-    next: AtomicUsize,
+    next: CachePadded<AtomicUsize>,
     /// Workers inside the current region (entered and not yet left).
-    active: AtomicUsize,
+    active: CachePadded<AtomicUsize>,
     /// Whether the current region still admits workers.
     open: AtomicBool,
     /// Set when an item panicked; the payload is kept in `panic`.
@@ -234,10 +239,10 @@ impl Shared {
 impl Pool {
     fn new(workers: usize) -> Pool {
         let shared = Arc::new(Shared {
-            epoch: AtomicUsize::new(0),
+            epoch: CachePadded::new(AtomicUsize::new(0)),
             job: Mutex::new(None),
-            next: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
+            next: CachePadded::new(AtomicUsize::new(0)),
+            active: CachePadded::new(AtomicUsize::new(0)),
             open: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             panic: Mutex::new(None),
