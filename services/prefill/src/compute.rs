@@ -43,11 +43,11 @@ impl Compute {
         }
     }
 
-    /// The tokens of one forward pass after which a job's turn may end early for another
-    /// tenant's job (`job.rs`). On the CPU a pass costs in proportion to its tokens, so a long
-    /// chunk split in passes of 64 costs about the same, and a waiting job waits for at most
-    /// one of them instead of the whole chunk; on a GPU a short pass costs nearly as much as a
-    /// long one, so the chunk runs whole.
+    /// The tokens of one forward pass while another tenant's job waits, after which the turn
+    /// ends for it (`job.rs`). On the CPU a short prompt's pass costs in proportion to its
+    /// tokens, so the waiting job waits for 64 tokens instead of a chunk (a long prompt's
+    /// passes each re-read all its earlier keys, so they run whole while nobody waits); on a
+    /// GPU a short pass costs nearly as much as a long one, so the chunk runs whole.
     pub fn yield_tokens(&self, chunk_tokens: usize) -> usize {
         match self {
             Compute::Cpu(_) => chunk_tokens.min(64),

@@ -135,9 +135,11 @@ enum Failure {
 
 /// The forward pass, one chunk at a time, each chunk in its turn on the engine ([`Turns`]: a
 /// long prompt does not hold the engine until it ends, and a short one behind it waits a chunk
-/// per tenant ahead of it, not whole prompts). A chunk runs in passes of
-/// [`Compute::yield_tokens`], and the turn ends after the pass during which another tenant's
-/// job started waiting: that job waits for one pass, not the rest of the chunk. Between
+/// per tenant ahead of it, not whole prompts). A chunk runs whole while no other tenant's job
+/// waits, and in passes of [`Compute::yield_tokens`] while one does; the turn ends after the
+/// pass during which another tenant's job started waiting, or after the first pass when one
+/// was already waiting: that job waits for the pass under way (the rest of a chunk begun while
+/// nobody waited), never for the rest of the prompt. Between
 /// turns: the pages completed so far go to decode, and a cancel stops the job (within one
 /// chunk).
 async fn compute(
@@ -162,7 +164,16 @@ async fn compute(
         let (back, ran, result) = tokio::task::spawn_blocking(move || {
             let mut ran = 0;
             let mut result = Ok(Vec::new());
-            for part in chunk.chunks(pass) {
+            while ran < chunk.len() {
+                // Short passes only while another tenant waits: each pass re-reads every
+                // earlier key of the prompt, and 64-token passes throughout took a 7,299-token
+                // prompt from 32 s to 60 s on 2 vCPUs.
+                let n = if d.turns.contended(&tenant) {
+                    pass
+                } else {
+                    chunk.len()
+                };
+                let part = &chunk[ran..(ran + n).min(chunk.len())];
                 result = d.compute.prefill(&mut pages, part);
                 ran += part.len();
                 if result.is_err() || d.turns.contended(&tenant) {
