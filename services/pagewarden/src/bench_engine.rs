@@ -45,6 +45,9 @@ pub struct BenchEngineArgs {
     /// repetition per round) and print the ratio of each round.
     #[arg(long)]
     pub llama_bench: Option<PathBuf>,
+    /// Prompt tokens per forward pass during prefill (the prefill worker's `--chunk-tokens`).
+    #[arg(long, default_value_t = LoadOptions::default().prefill_chunk)]
+    pub chunk: usize,
 }
 
 const TEXT: &str = "Disaggregated serving splits the prefill and decode phases of inference so \
@@ -147,6 +150,7 @@ pub fn run(a: BenchEngineArgs) -> anyhow::Result<()> {
     );
     for &threads in &a.threads {
         let opts = LoadOptions {
+            prefill_chunk: a.chunk,
             threads,
             ..LoadOptions::default()
         };

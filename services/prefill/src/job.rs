@@ -135,11 +135,11 @@ enum Failure {
 
 /// The forward pass, one chunk at a time, each chunk in its turn on the engine ([`Turns`]: a
 /// long prompt does not hold the engine until it ends, and a short one behind it waits a chunk
-/// per tenant ahead of it, not whole prompts). A chunk runs whole while no other tenant's job
-/// waits, and in passes of [`Compute::yield_tokens`] while one does; the turn ends after the
-/// pass during which another tenant's job started waiting, or after the first pass when one
-/// was already waiting: that job waits for the pass under way (the rest of a chunk begun while
-/// nobody waited), never for the rest of the prompt. Between
+/// per tenant ahead of it, not whole prompts). A chunk runs in passes of
+/// [`Compute::yield_tokens`] while another tenant's job waits, and of an eighth of the context
+/// so far (at least that) while none does; the turn ends after the pass during which another
+/// tenant's job started waiting, or after the first pass when one was already waiting: that
+/// job waits for the pass under way, never for the rest of the prompt. Between
 /// turns: the pages completed so far go to decode, and a cancel stops the job (within one
 /// chunk).
 async fn compute(
@@ -165,13 +165,15 @@ async fn compute(
             let mut ran = 0;
             let mut result = Ok(Vec::new());
             while ran < chunk.len() {
-                // Short passes only while another tenant waits: each pass re-reads every
-                // earlier key of the prompt, and 64-token passes throughout took a 7,299-token
-                // prompt from 32 s to 60 s on 2 vCPUs.
+                // Each pass re-reads every earlier key of the prompt: 64-token passes
+                // throughout took a 7,299-token prompt from 32 s to 60 s on 2 vCPUs. While
+                // nobody waits, a pass covers an eighth of the context so far (at least
+                // `pass`): that overhead stays bounded, and a job that starts waiting waits for
+                // at most that many tokens. While one waits, one short pass, then the turn ends.
                 let n = if d.turns.contended(&tenant) {
                     pass
                 } else {
-                    chunk.len()
+                    pass.max((done + ran) / 8)
                 };
                 let part = &chunk[ran..(ran + n).min(chunk.len())];
                 result = d.compute.prefill(&mut pages, part);
