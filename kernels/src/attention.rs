@@ -152,7 +152,7 @@ pub fn paged_attention_with(
                 isa,
             };
             // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only detected when the CPU has AVX2,
-            // FMA and F16C.
+            // FMA and F16C, and `Isa::Avx512` when it has AVX-512 F too.
             return unsafe { job.run() };
         }
         let job = Task {
