@@ -4,6 +4,7 @@
 //! `maddubs` + `madd` on AVX2 and as one `vpdpbusd` with AVX-512 VNNI (u8 x i8, the sign trick
 //! for signed weights); both give the same 32-bit lane sums, so both paths have the same bits.
 
+use super::packed::GROUP as PACKED_GROUP;
 use super::{portable, Acts, QMatrix};
 use crate::act::QuantizedActs;
 use crate::quant::{WeightType, QK};
@@ -35,6 +36,22 @@ pub(super) fn rows(
             Acts::Float(_) => {}
         }
         if let Acts::Quant(a) = acts {
+            let mut done = 0;
+            if let Some(pk) = w.packed.filter(|_| r0.is_multiple_of(PACKED_GROUP)) {
+                assert!(pk.packs(w), "packing of another matrix");
+                while done + PACKED_GROUP <= n {
+                    let g = (r0 + done) / PACKED_GROUP;
+                    for t in 0..tokens {
+                        // SAFETY: as below; `pk` packs `w` (checked), so group `g` exists.
+                        let group = unsafe { x86::packed_group(pk, g, a, t) };
+                        for (r, v) in group.iter().enumerate() {
+                            out[(done + r) * tokens + t] = *v;
+                        }
+                    }
+                    done += PACKED_GROUP;
+                }
+            }
+            let (r0, n, out) = (r0 + done, n - done, &mut out[done * tokens..]);
             // SAFETY: as for the tiles below; shapes were checked above.
             unsafe {
                 if vnni {
@@ -76,6 +93,7 @@ pub(super) fn rows(
 pub(super) mod x86 {
     use super::*;
     use crate::matmul::kquant_avx2 as kquant;
+    use crate::matmul::packed::PackedRows;
     use std::arch::x86_64::*;
 
     /// Dispatches one row x `out.len()` tokens tile (AVX2).
@@ -213,6 +231,108 @@ pub(super) mod x86 {
             }
             (ty, _) => unreachable!("activations prepared for the wrong type {ty:?}"),
         }
+    }
+
+    /// Group `g` of `pk` (sixteen rows) against token `t`'s activations: `packed.rs`'s
+    /// records, eight rows per register (`maddubs` + `madd` form the same 32-bit lanes as
+    /// `vpdpbusd`; Q8_0's bytes are turned back to signed for ggml's sign trick, since
+    /// `maddubs` would saturate on the offset ones).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn packed_group(
+        pk: &PackedRows,
+        g: usize,
+        a: &QuantizedActs,
+        t: usize,
+    ) -> [f32; PACKED_GROUP] {
+        let mut out = [0f32; PACKED_GROUP];
+        for h in 0..2 {
+            let r = match pk.ty() {
+                WeightType::Q4_0 => packed_half::<Q4_0>(pk, g, h, a, t),
+                WeightType::Q4_1 => packed_half::<Q4_1>(pk, g, h, a, t),
+                WeightType::Q8_0 => packed_half::<Q8_0>(pk, g, h, a, t),
+                other => unreachable!("{other:?} is never packed"),
+            };
+            out[8 * h..8 * h + 8].copy_from_slice(&r);
+        }
+        out
+    }
+
+    /// Rows `8h..8h + 8` of group `g`: `acc[k]` holds, in lane `r`, row `8h + r`'s ggml lane
+    /// `k`, as in the 512-bit kernel.
+    #[inline(always)]
+    unsafe fn packed_half<const TY: u8>(
+        pk: &PackedRows,
+        g: usize,
+        h: usize,
+        a: &QuantizedActs,
+        t: usize,
+    ) -> [f32; 8] {
+        let nb = a.blocks();
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut msum = _mm256_setzero_ps();
+        let low = _mm256_set1_epi8(0x0F);
+        let ones8 = _mm256_set1_epi8(1);
+        let ones16 = _mm256_set1_epi16(1);
+        let qy = a.qs.as_ptr().add(t * a.cols);
+        for b in 0..nb {
+            let rec = pk.record(g, b);
+            let yb = qy.add(b * QK);
+            let k = t * nb + b;
+            let dy = *a.d.get_unchecked(k);
+            let dw = _mm256_cvtph_ps(_mm_load_si128(rec.add(16 * h) as *const __m128i));
+            let sc = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
+            if TY == Q4_1 {
+                let mw = _mm256_cvtph_ps(_mm_load_si128(rec.add(32 + 16 * h) as *const __m128i));
+                let s = *a.s.get_unchecked(k);
+                msum = _mm256_add_ps(msum, _mm256_mul_ps(mw, _mm256_set1_ps(s)));
+            }
+            // Q4_0's lanes start from `-8 * sum(y)` over their four activations.
+            let mut init = [0i32; 8];
+            if TY == Q4_0 {
+                let y = _mm256_loadu_si256(yb as *const __m256i);
+                let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16);
+                let c = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(sums));
+                _mm256_storeu_si256(init.as_mut_ptr() as *mut __m256i, c);
+            }
+            let y4 = |k: usize| _mm256_set1_epi32((yb.add(4 * k) as *const i32).read_unaligned());
+            let q = rec.add(64 + 32 * h);
+            if TY == Q8_0 {
+                let flip = _mm256_set1_epi8(0x80u8 as i8);
+                for k in 0..8 {
+                    let w =
+                        _mm256_xor_si256(_mm256_load_si256(q.add(64 * k) as *const __m256i), flip);
+                    let p = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y4(k), w)),
+                        ones16,
+                    );
+                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[k]);
+                }
+            } else {
+                for j in 0..4 {
+                    let v = _mm256_load_si256(q.add(64 * j) as *const __m256i);
+                    let lo = _mm256_and_si256(v, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y4(j)), ones16);
+                    let p = _mm256_add_epi32(p, _mm256_set1_epi32(init[j]));
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y4(j + 4)), ones16);
+                    let p = _mm256_add_epi32(p, _mm256_set1_epi32(init[j + 4]));
+                    acc[j + 4] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j + 4]);
+                }
+            }
+        }
+        // ggml's horizontal sum, for eight rows at once (see the 512-bit kernel).
+        let s0 = _mm256_add_ps(acc[0], acc[4]);
+        let s1 = _mm256_add_ps(acc[1], acc[5]);
+        let s2 = _mm256_add_ps(acc[2], acc[6]);
+        let s3 = _mm256_add_ps(acc[3], acc[7]);
+        let mut r = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+        if TY == Q4_1 {
+            r = _mm256_add_ps(r, msum);
+        }
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), r);
+        out
     }
 
     /// The sum of the eight lanes in ggml's order (halves, then pairs, then the last two).

@@ -148,7 +148,7 @@ pub fn matmul_many_with(
     // About eight jobs per thread, so the last ones even out the threads (an uneven split of
     // wo or ffn_down into nine jobs left one thread idle a tenth of the time), in whole
     // groups of four rows for the decode kernel (sixteen for the interleaved one).
-    let align = if isa == Isa::Avx512 && ws.iter().any(|w| w.packed.is_some()) {
+    let align = if isa != Isa::Portable && ws.iter().any(|w| w.packed.is_some()) {
         packed::GROUP
     } else {
         4

@@ -1,4 +1,5 @@
-//! Weight rows interleaved sixteen at a time, for the 512-bit kernels (`Isa::Avx512`).
+//! Weight rows interleaved sixteen at a time, for the x86 kernels (`Isa::Avx512` takes a group
+//! per register, `Isa::Avx2` half a group).
 //!
 //! In a GGUF row-major matrix each 32-element block is one row's scale(s) and quants. Here,
 //! for every group of [`GROUP`] rows and every block index, the group's sixteen blocks sit in
@@ -12,7 +13,8 @@
 //! Signed quants (Q4_0, Q8_0) are stored offset to unsigned (`w + 8` is Q4_0's nibble as
 //! stored; Q8_0 stores `w ^ 0x80`, i.e. `w + 128`), and the kernel starts each lane from
 //! `-offset * sum(y)` over the same four activations, so the integer lane is `sum(w * y)`,
-//! exact: no sign trick per row.
+//! exact: no sign trick per row. (AVX2's `maddubs` would saturate on Q8_0's offset bytes, so
+//! that kernel flips them back and takes ggml's sign trick.)
 
 use super::QMatrix;
 use crate::quant::{WeightType, QK};

@@ -191,10 +191,11 @@ impl Model {
     }
 }
 
-/// On a CPU with the 512-bit kernels, repacks every matrix they can take (`PackedRows`) and
-/// points the weights at the packing; returns the packings, which the weights now borrow.
+/// On a CPU with the AVX2 or 512-bit kernels, repacks every matrix they can take
+/// (`PackedRows`) and points the weights at the packing; returns the packings, which the
+/// weights now borrow.
 fn pack_for_cpu(weights: &mut LlamaWeights<'static>) -> Vec<PackedRows> {
-    if Isa::detect() != Isa::Avx512 {
+    if Isa::detect() == Isa::Portable {
         return Vec::new();
     }
     let mut at = Vec::new();
