@@ -298,14 +298,14 @@ pub(super) mod x86 {
             let q = rec.add(64 + 32 * h);
             if TY == Q8_0 {
                 let flip = _mm256_set1_epi8(0x80u8 as i8);
-                for k in 0..8 {
+                for (k, a) in acc.iter_mut().enumerate() {
                     let w =
                         _mm256_xor_si256(_mm256_load_si256(q.add(64 * k) as *const __m256i), flip);
                     let p = _mm256_madd_epi16(
                         _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y4(k), w)),
                         ones16,
                     );
-                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[k]);
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, *a);
                 }
             } else {
                 for j in 0..4 {
