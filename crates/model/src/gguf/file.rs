@@ -119,6 +119,27 @@ impl GgufFile {
         })
     }
 
+    /// Drops this process's resident copy of the pages under `data` (tensor bytes of this
+    /// file that a repacked copy now stands in for): a later read faults them back in from
+    /// the file, unchanged. Best effort: a no-op for an in-memory file or bytes from
+    /// elsewhere, and a refusal by the kernel is ignored.
+    pub fn release(&self, data: &[u8]) {
+        #[cfg(unix)]
+        if let Backing::Mmap(m) = &self.backing {
+            let (base, at) = (m.as_ptr() as usize, data.as_ptr() as usize);
+            if at < base || at + data.len() > base + m.len() {
+                return;
+            }
+            // SAFETY: `open` maps the file read-only and shared (`Mmap::map`): MADV_DONTNEED
+            // only drops resident pages, and the next read of any byte in them (the range is
+            // widened to whole pages) returns the same bytes from the file, so no borrow of
+            // the mapping ever sees other contents.
+            let _ = unsafe {
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at - base, data.len())
+            };
+        }
+    }
+
     fn bytes(&self) -> &[u8] {
         match &self.backing {
             Backing::Mmap(m) => m,
