@@ -18,7 +18,7 @@ use crate::attention::{round_f16, widen, AttnGeometry, KvBlock};
 use crate::attention_sums::VEC_STEP;
 use crate::attention_sums::{dot_vec, weighted_add, weighted_finish, weighted_start, Order};
 #[cfg(target_arch = "x86_64")]
-use crate::attention_sums::{dot_vec_avx2, weighted_add_avx2};
+use crate::attention_sums::{dot_vec_avx2, weighted_add_avx2, weighted_add_vec_lanes_avx2};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
 
@@ -27,6 +27,9 @@ const SCORE_KEYS: usize = 256;
 const CHUNK: usize = 64;
 /// Output columns per weighted-sum task.
 const COLS: usize = 16;
+/// Keys widened at a time by a weighted-sum task (16 columns: 32 KiB): each accumulator lane
+/// takes eight of them between a load and a store.
+const SUM_KEYS: usize = 8 * VEC_STEP;
 
 /// A buffer written at disjoint indices by the tasks of one pass.
 #[derive(Clone, Copy)]
@@ -227,9 +230,9 @@ impl SumTask<'_, '_> {
         for a in acc.chunks_exact_mut(VEC_STEP * cols) {
             weighted_start(Order::Vec, cols, a);
         }
-        let mut buf = vec![0f32; CHUNK * cols];
-        for j0 in (0..keys).step_by(CHUNK) {
-            let nc = CHUNK.min(keys - j0);
+        let mut buf = vec![0f32; SUM_KEYS * cols];
+        for j0 in (0..keys).step_by(SUM_KEYS) {
+            let nc = SUM_KEYS.min(keys - j0);
             let vb = &mut buf[..nc * cols];
             widen(
                 self.isa,
@@ -248,6 +251,10 @@ impl SumTask<'_, '_> {
                 match self.isa {
                     // SAFETY: Avx2 and Avx512 are only detected when the CPU has avx2 and
                     // fma (this runs inside `run_sums_avx2` for them).
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 | Isa::Avx512 if cols.is_multiple_of(8) && cols <= 32 => unsafe {
+                        weighted_add_vec_lanes_avx2(j0, p, vb, cols, a)
+                    },
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx2 | Isa::Avx512 if cols.is_multiple_of(8) => unsafe {
                         weighted_add_avx2(Order::Vec, j0, p, vb, cols, a)

@@ -168,6 +168,49 @@ pub(crate) unsafe fn weighted_add_avx2(
     }
 }
 
+/// [`weighted_add_avx2`] for `Order::Vec` with each accumulator lane kept in registers while
+/// it takes all of its keys in the run: lane `l` takes keys `j0 + l`, `j0 + l + 64`, ... in
+/// ascending order, each with the same fused multiply-add, so the bits are the same; the
+/// lane's accumulators are loaded and stored once per run instead of once per key. `j0` must
+/// be a multiple of [`VEC_STEP`] and `hd` of 8 (at most 32).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn weighted_add_vec_lanes_avx2(
+    j0: usize,
+    p: &[f32],
+    v: &[f32],
+    hd: usize,
+    acc: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(j0.is_multiple_of(VEC_STEP) && hd.is_multiple_of(8) && hd <= 32);
+    assert!(v.len() >= p.len() * hd && acc.len() >= VEC_STEP * hd);
+    let n = p.len();
+    let vecs = hd / 8;
+    for l in 0..VEC_STEP.min(n) {
+        let a = acc.as_mut_ptr().add(l * hd);
+        let mut r = [_mm256_setzero_ps(); 4];
+        for (c, x) in r.iter_mut().enumerate().take(vecs) {
+            *x = _mm256_loadu_ps(a.add(8 * c));
+        }
+        let mut jj = l;
+        while jj < n {
+            let w = _mm256_set1_ps(*p.get_unchecked(jj));
+            let x = v.as_ptr().add(jj * hd);
+            for (c, rc) in r.iter_mut().enumerate().take(vecs) {
+                *rc = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(8 * c)), w, *rc);
+            }
+            jj += VEC_STEP;
+        }
+        for (c, x) in r.iter().enumerate().take(vecs) {
+            _mm256_storeu_ps(a.add(8 * c), *x);
+        }
+    }
+}
+
 /// Folds and reduces the accumulators into `o`.
 #[inline(always)]
 pub(crate) fn weighted_finish(order: Order, hd: usize, acc: &mut [f32], o: &mut [f32]) {

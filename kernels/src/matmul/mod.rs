@@ -153,7 +153,10 @@ pub fn matmul_many_with(
     } else {
         4
     };
-    let chunk_rows = (total / (par.threads() * 8)).clamp(2 * align, 64) / align * align;
+    // A job of one token is short, and every job costs a claim on a line the threads share:
+    // the output head (49,152 rows) took 768 of them a step with 64-row jobs.
+    let most = if tokens == 1 { 256 } else { 64 };
+    let chunk_rows = (total / (par.threads() * 8)).clamp(2 * align, most) / align * align;
     let mut jobs = Vec::new();
     for (i, w) in ws.iter().enumerate() {
         jobs.extend(
