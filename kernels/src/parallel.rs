@@ -20,7 +20,8 @@
 //! caller then waits out the worker's turn of the scheduler, milliseconds, for a region of a
 //! few microseconds: two threads ran decode at half the speed of one. The caller notices such
 //! a stall (it waited far longer than its own items took) and runs the next regions alone,
-//! a window that doubles while stalls recur and shrinks again while regions run clean.
+//! a window that doubles while stalls recur and shrinks again while regions run clean, and
+//! that ends after `SOLO_TIME` in any case (a long prefill's regions take milliseconds each).
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -38,6 +39,10 @@ const SPIN: Duration = Duration::from_millis(2);
 /// model), and the most after repeated ones.
 const SOLO_BASE: usize = 256;
 const SOLO_MAX: usize = 16 * 1024;
+/// A window also ends after this long, whatever regions it has left: regions of a long
+/// prompt's prefill take milliseconds, and 16,384 of them ran a 7,299-token prefill on one
+/// thread for most of its 50 s (the worker thread got 2 s of CPU, or none).
+const SOLO_TIME: Duration = Duration::from_millis(100);
 /// A wait for workers counts as a stall when it is longer than this many of the caller's own
 /// items, plus `STALL_SLACK`.
 const STALL_ITEMS: u32 = 8;
@@ -111,6 +116,8 @@ struct Pool {
 struct Backoff {
     /// Regions still to run alone.
     solo_left: usize,
+    /// When the current window opened.
+    solo_since: Instant,
     /// The window the next stall opens.
     window: usize,
     /// Regions run in parallel without a stall since the window last changed.
@@ -121,6 +128,7 @@ impl Backoff {
     fn new() -> Backoff {
         Backoff {
             solo_left: 0,
+            solo_since: Instant::now(),
             window: SOLO_BASE,
             clean: 0,
         }
@@ -131,6 +139,10 @@ impl Backoff {
         if self.solo_left == 0 {
             return false;
         }
+        if self.solo_since.elapsed() > SOLO_TIME {
+            self.solo_left = 0;
+            return false;
+        }
         self.solo_left -= 1;
         true
     }
@@ -139,6 +151,7 @@ impl Backoff {
     fn record(&mut self, stalled: bool) {
         if stalled {
             self.solo_left = self.window;
+            self.solo_since = Instant::now();
             self.window = (self.window * 2).min(SOLO_MAX);
             self.clean = 0;
         } else {
@@ -522,6 +535,21 @@ mod tests {
             b.record(true);
         }
         assert_eq!(b.window, SOLO_MAX);
+    }
+
+    #[test]
+    fn a_window_ends_after_its_time_with_regions_left() {
+        let mut b = Backoff::new();
+        b.record(true);
+        assert!(b.take_solo());
+        b.solo_since -= SOLO_TIME + Duration::from_millis(1);
+        assert!(!b.take_solo(), "the window's time is up");
+        assert_eq!(b.solo_left, 0);
+        assert_eq!(
+            b.window,
+            2 * SOLO_BASE,
+            "a recurring stall still doubles the next"
+        );
     }
 
     #[test]
