@@ -36,21 +36,10 @@ pub(super) fn rows(
             Acts::Float(_) => {}
         }
         if let Acts::Quant(a) = acts {
-            let mut done = 0;
-            if let Some(pk) = w.packed.filter(|_| r0.is_multiple_of(PACKED_GROUP)) {
-                assert!(pk.packs(w), "packing of another matrix");
-                while done + PACKED_GROUP <= n {
-                    let g = (r0 + done) / PACKED_GROUP;
-                    for t in 0..tokens {
-                        // SAFETY: as below; `pk` packs `w` (checked), so group `g` exists.
-                        let group = unsafe { x86::packed_group(pk, g, a, t) };
-                        for (r, v) in group.iter().enumerate() {
-                            out[(done + r) * tokens + t] = *v;
-                        }
-                    }
-                    done += PACKED_GROUP;
-                }
-            }
+            // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only selected when avx2, fma and f16c
+            // were detected.
+            let done =
+                unsafe { super::packed::run_groups(x86::packed_group, w, r0, n, a, tokens, out) };
             let (r0, n, out) = (r0 + done, n - done, &mut out[done * tokens..]);
             // SAFETY: as for the tiles below; shapes were checked above.
             unsafe {
@@ -90,7 +79,7 @@ pub(super) fn rows(
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) mod x86 {
+mod x86 {
     use super::*;
     use crate::matmul::kquant_avx2 as kquant;
     use crate::matmul::packed::PackedRows;
@@ -337,7 +326,7 @@ pub(super) mod x86 {
 
     /// The sum of the eight lanes in ggml's order (halves, then pairs, then the last two).
     #[inline(always)]
-    pub(in crate::matmul) unsafe fn hsum(v: __m256) -> f32 {
+    unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_movehdup_ps(s));

@@ -17,6 +17,7 @@
 //! that kernel flips them back and takes ggml's sign trick.)
 
 use super::QMatrix;
+use crate::act::QuantizedActs;
 use crate::quant::{WeightType, QK};
 
 /// Rows per interleaved group.
@@ -141,4 +142,44 @@ pub(crate) fn record_lines(ty: WeightType) -> Option<usize> {
         WeightType::Q8_0 => Some(1 + 8),
         _ => None,
     }
+}
+
+/// One instruction set's kernel for a group of [`GROUP`] packed rows and one token.
+pub(crate) type GroupKernel = unsafe fn(&PackedRows, usize, &QuantizedActs, usize) -> [f32; GROUP];
+
+/// Rows `r0..r0 + n` of `w` through its packing, whole groups only, for every token, into
+/// `out[(r - r0) * tokens + t]`; returns how many rows it did (none unless `w` is packed and
+/// `r0` starts a group).
+///
+/// # Safety
+/// The CPU must support what `kernel` needs.
+pub(crate) unsafe fn run_groups(
+    kernel: GroupKernel,
+    w: &QMatrix<'_>,
+    r0: usize,
+    n: usize,
+    a: &QuantizedActs,
+    tokens: usize,
+    out: &mut [f32],
+) -> usize {
+    let Some(pk) = w.packed.filter(|_| r0.is_multiple_of(GROUP)) else {
+        return 0;
+    };
+    assert!(pk.packs(w), "packing of another matrix");
+    assert_eq!(a.qs.len(), tokens * w.cols, "activation shape");
+    assert_eq!(a.d.len(), tokens * a.blocks());
+    let mut done = 0;
+    while done + GROUP <= n {
+        let g = (r0 + done) / GROUP;
+        for t in 0..tokens {
+            // SAFETY: the caller vouches for the CPU; `pk` packs `w` (checked), so group `g`
+            // exists, and the activations hold `tokens` rows (checked).
+            let group = unsafe { kernel(pk, g, a, t) };
+            for (r, v) in group.iter().enumerate() {
+                out[(done + r) * tokens + t] = *v;
+            }
+        }
+        done += GROUP;
+    }
+    done
 }
