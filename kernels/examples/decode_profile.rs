@@ -1,5 +1,5 @@
-//! The kernels of one SmolLM2-135M decode step (Q4_1 layers, Q8_0 output, random weights, a
-//! context of CTX keys), run STEPS times on THREADS threads: a kernels-only harness that builds
+//! The kernels of one SmolLM2-135M decode step (Q4_1 layers, Q8_0 output, random weights packed
+//! as the model packs them at load, a context of CTX keys), run STEPS times on THREADS threads: a kernels-only harness that builds
 //! in a minute and runs under `valgrind --tool=callgrind` (instruction counts per step are
 //! `(total(STEPS) - total(0)) / STEPS`), for before/after comparisons on a noisy machine.
 //! `cargo run --release -p pagewarden-kernels --example decode_profile -- THREADS STEPS CTX`
@@ -8,7 +8,7 @@ use pagewarden_kernels::activation::swiglu;
 use pagewarden_kernels::norm::rms_norm;
 use pagewarden_kernels::quant::quantize_row;
 use pagewarden_kernels::{matmul, matmul_many, paged_attention, AttnGeometry, KvBlock, Parallel};
-use pagewarden_kernels::{QMatrix, WeightType};
+use pagewarden_kernels::{PackedRows, QMatrix, WeightType};
 use std::time::Instant;
 
 fn rnd(seed: &mut u64, n: usize) -> Vec<f32> {
@@ -32,8 +32,15 @@ fn mat(seed: &mut u64, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
     v
 }
 
-fn m(d: &[u8], r: usize, c: usize) -> QMatrix<'_> {
-    QMatrix::new(WeightType::Q4_1, r, c, d).unwrap()
+/// The Q4_1 matrix `d` of shape `r x c`, through its packing.
+fn m<'a>(d: &'a [u8], pk: &'a PackedRows, r: usize, c: usize) -> QMatrix<'a> {
+    QMatrix::new(WeightType::Q4_1, r, c, d)
+        .unwrap()
+        .with_packed(pk)
+}
+
+fn pack(ty: WeightType, d: &[u8], r: usize, c: usize) -> PackedRows {
+    PackedRows::pack(&QMatrix::new(ty, r, c, d).unwrap()).expect("packable")
 }
 
 fn main() {
@@ -58,7 +65,26 @@ fn main() {
             ]
         })
         .collect();
+    let shapes = [
+        (dim, dim),
+        (kvh * hd, dim),
+        (kvh * hd, dim),
+        (dim, dim),
+        (ffn, dim),
+        (ffn, dim),
+        (dim, ffn),
+    ];
+    let lp: Vec<Vec<PackedRows>> = lw
+        .iter()
+        .map(|w| {
+            w.iter()
+                .zip(shapes)
+                .map(|(d, (r, c))| pack(q41, d, r, c))
+                .collect()
+        })
+        .collect();
     let out_w = mat(&mut seed, WeightType::Q8_0, vocab, dim);
+    let out_p = pack(WeightType::Q8_0, &out_w, vocab, dim);
     let page = 16;
     let pages = (ctx + 1).div_ceil(page);
     let kv: Vec<f16> = rnd(&mut seed, pages * page * kvh * hd)
@@ -95,13 +121,13 @@ fn main() {
     );
     let mut logits = vec![0f32; vocab];
     let mut step = |x: &mut Vec<f32>| {
-        for w in &lw {
+        for (w, p) in lw.iter().zip(&lp) {
             rms_norm(x, &norm_w, 1e-5, &mut xn);
             matmul_many(
                 &[
-                    m(&w[0], dim, dim),
-                    m(&w[1], kvh * hd, dim),
-                    m(&w[2], kvh * hd, dim),
+                    m(&w[0], &p[0], dim, dim),
+                    m(&w[1], &p[1], kvh * hd, dim),
+                    m(&w[2], &p[2], kvh * hd, dim),
                 ],
                 &xn,
                 1,
@@ -109,22 +135,24 @@ fn main() {
                 &par,
             );
             paged_attention(&geo, &q, 1, ctx, &blocks, &mut att, &par);
-            matmul(&m(&w[3], dim, dim), &att, 1, &mut proj, &par);
+            matmul(&m(&w[3], &p[3], dim, dim), &att, 1, &mut proj, &par);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b * 1e-3);
             rms_norm(x, &norm_w, 1e-5, &mut xn);
             matmul_many(
-                &[m(&w[4], ffn, dim), m(&w[5], ffn, dim)],
+                &[m(&w[4], &p[4], ffn, dim), m(&w[5], &p[5], ffn, dim)],
                 &xn,
                 1,
                 &mut [&mut gate, &mut up],
                 &par,
             );
             swiglu(&mut gate, &up);
-            matmul(&m(&w[6], dim, ffn), &gate, 1, &mut proj, &par);
+            matmul(&m(&w[6], &p[6], dim, ffn), &gate, 1, &mut proj, &par);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b * 1e-3);
         }
         rms_norm(x, &norm_w, 1e-5, &mut xn);
-        let ow = QMatrix::new(WeightType::Q8_0, vocab, dim, &out_w).unwrap();
+        let ow = QMatrix::new(WeightType::Q8_0, vocab, dim, &out_w)
+            .unwrap()
+            .with_packed(&out_p);
         matmul(&ow, &xn, 1, &mut logits, &par);
         logits.iter().copied().fold(0f32, f32::max)
     };

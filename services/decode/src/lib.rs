@@ -1,0 +1,163 @@
+//! `pagewarden-decode`: the decode worker, as a library: [`run`] serves with the flags in
+//! [`Cli`]; the binary (`main.rs`) only parses them.
+//!
+//! - `compute.rs`: `Compute`, decode steps on the CPU or a GPU (`--device`).
+//! - `state.rs`: the per-request state enum and its transitions.
+//! - `scheduler/`: the single-owner scheduler task (queue, reserve, commit, continuous batching,
+//!   pages as you go with recompute preemption).
+//! - `rotation.rs`: the fair (FCFS, round-robin) order in which sequences are stepped.
+//! - `output.rs`: tokens → stream events (EOG, max_tokens, stop sequences, UTF-8).
+//! - `events.rs`: `TokenEvent` construction.
+//! - `convert.rs`: proto ↔ domain conversions.
+//! - `service.rs`: the `Decode` gRPC service.
+//! - `pool_metrics.rs`: pool figures mirrored into `/metrics`.
+//! - `sink.rs`: the transfer sink (the pool) remembering drains of live grants.
+//!
+//! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
+
+mod compute;
+mod convert;
+mod events;
+mod output;
+mod pool_metrics;
+mod rotation;
+mod scheduler;
+mod service;
+mod sink;
+mod state;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use pagewarden_common::auditor_client::AuditorIntegritySink;
+use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
+use pagewarden_common::integrity::{IntegritySink, LogIntegritySink};
+use pagewarden_common::metrics::WorkerMetrics;
+use pagewarden_common::shutdown;
+use pagewarden_kernels::Device;
+use pagewarden_model::Tokenizer;
+use pagewarden_proto::v1::decode_server::DecodeServer;
+use pagewarden_transfer::{PageSink, ReceiverCounters, TcpReceiver};
+use pagewarden_worker::{auditor_client, Listeners, MetricsEndpoint, PoolOptions, Role};
+
+/// This worker, for messages, telemetry and the auditor.
+const ROLE: Role = Role {
+    name: "decode",
+    binary: "pagewarden-decode",
+    cuda_built: cfg!(feature = "cuda"),
+};
+
+/// The decode worker: verifies commits and generates tokens with continuous batching.
+#[derive(Parser, Debug)]
+#[command(name = "pagewarden-decode", version)]
+pub struct Cli {
+    #[command(flatten)]
+    pub flags: WorkerFlags,
+    /// The auditor's gRPC URL: integrity events and the preflight report go there.
+    #[arg(long, env = "PAGEWARDEN_AUDITOR")]
+    pub auditor: Option<String>,
+    /// Where decode steps run and committed KV pages' data lives: `cpu` or `cuda:N` (GPU N;
+    /// needs a build with `--features pagewarden-decode/cuda` and the NVIDIA driver). Pages are
+    /// received and verified in host memory either way.
+    #[arg(long, env = "PAGEWARDEN_DEVICE", default_value = "cpu")]
+    pub device: Device,
+}
+
+/// Pages copied to the GPU per pinned staging round.
+const STAGING_PAGES: usize = 16;
+
+/// Runs the worker until SIGTERM or Ctrl-C, then drains and returns.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let auditor_url = cli.auditor.as_deref();
+    pagewarden_worker::check_device(cli.device, &ROLE)?;
+    let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::decode())?;
+    let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
+    // Every internal client of this process (the auditor's) presents this identity.
+    pagewarden_common::tls::install_client_tls(cfg.tls.clone());
+    let shutdown = shutdown::on_signal();
+    let (loaded, tokenizer, compute) = {
+        let (job_cfg, device) = (cfg.clone(), cli.device);
+        pagewarden_worker::start_up(&ROLE, auditor_url, &cfg.node_id, move || {
+            let cfg = job_cfg;
+            let pool = PoolOptions {
+                device,
+                zero_on_release: cfg.zero_on_release,
+                commit_rehash: cfg.commit_rehash,
+            };
+            let loaded = pagewarden_worker::load(&cfg, pool)?;
+            let tokenizer = Tokenizer::from_gguf(loaded.model.gguf()).context("tokenizer")?;
+            let compute =
+                compute::Compute::open(device, loaded.model.clone(), &loaded.pool, STAGING_PAGES)?;
+            anyhow::Ok((loaded, Arc::new(tokenizer), compute))
+        })
+        .await?
+    };
+    let admission = loaded.admission();
+    let metrics = Arc::new(WorkerMetrics::new(ROLE.name, &loaded.model_name));
+    let auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
+        .context("auditor client")?;
+    let integrity: Arc<dyn IntegritySink> = match auditor {
+        Some(client) => Arc::new(AuditorIntegritySink::new(client)),
+        None => Arc::new(LogIntegritySink),
+    };
+
+    let decode_sink = sink::DecodeSink::new(loaded.pool.clone());
+    let sink: Arc<dyn PageSink> = Arc::new(decode_sink.clone());
+    let counters = Arc::new(ReceiverCounters::default());
+    // Under mutual TLS only prefill certificates may write; refusals reach the auditor (I11).
+    let security = pagewarden_worker::receiver_options(&cfg, integrity.clone(), ROLE.name)?;
+    let receiver = TcpReceiver::bind_with(cfg.transfer_addr, sink, counters.clone(), security)
+        .await
+        .with_context(|| format!("binding transfer listener {}", cfg.transfer_addr))?;
+    let transfer_addr = receiver.local_addr();
+    let listeners = Listeners::bind(&cfg, transfer_addr).await?;
+
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    let sched = tokio::spawn(scheduler::run(
+        scheduler::SchedulerDeps {
+            compute,
+            tokenizer,
+            pool: loaded.pool.clone(),
+            sink: decode_sink,
+            admission,
+            metrics: metrics.clone(),
+            integrity,
+            node_id: cfg.node_id.clone(),
+            max_batch: cfg.max_concurrency,
+            max_queue: cfg.max_queue,
+            queue_timeout: cfg.queue_timeout,
+            recompute_chunk: cfg.chunk_tokens,
+        },
+        rx,
+        shutdown.clone(),
+    ));
+    let service = service::DecodeService {
+        tx,
+        pool: loaded.pool.clone(),
+        info: Arc::new(service::Static {
+            node_id: cfg.node_id.clone(),
+            model: loaded.model_name.clone(),
+            admission,
+            page_size: cfg.page_size,
+            transfer_addr: transfer_addr.to_string(),
+        }),
+    };
+    let metrics = MetricsEndpoint {
+        metrics,
+        refresh: pool_metrics::hook(loaded.pool.clone(), counters),
+    };
+    pagewarden_worker::serve(
+        &ROLE,
+        listeners,
+        metrics,
+        DecodeServer::new(service),
+        shutdown,
+    )
+    .await
+    .context("gRPC server")?;
+    let _ = sched.await;
+    drop(receiver);
+    tracing::info!("decode worker stopped");
+    Ok(())
+}

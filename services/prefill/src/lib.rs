@@ -1,0 +1,160 @@
+//! `pagewarden-prefill`: the prefill worker, as a library: [`run`] serves with the flags in
+//! [`Cli`]; the binary (`main.rs`) only parses them.
+//!
+//! - `compute.rs`: `Compute`, the forward pass and page reads on the CPU or a GPU (`--device`).
+//! - `grant.rs`: parsing the request and decode's write grant.
+//! - `gate.rs`: the bounded fair queue for a compute slot and the prompt's pages (I9).
+//! - `job.rs`: one job: chunked forward pass taking turns with other jobs, first token.
+//! - `outbound.rs`: one job's pages streamed to decode as chunks complete them; drain, manifest.
+//! - `segments.rs`: the transfer backend and its open segments.
+//! - `service.rs`: the `Prefill` gRPC service (admission, cancellation).
+//! - `turns.rs`: the engine's turn, one chunk at a time, tenants in rotation.
+//!
+//! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
+
+mod compute;
+mod gate;
+mod grant;
+mod job;
+mod outbound;
+mod segments;
+mod service;
+mod turns;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
+use pagewarden_common::metrics::WorkerMetrics;
+use pagewarden_common::shutdown;
+use pagewarden_kernels::Device;
+use pagewarden_proto::v1::prefill_server::PrefillServer;
+use pagewarden_transfer::{EngineConfig, ListenOptions, TcpBackend};
+use pagewarden_worker::{
+    auditor_client, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, Role,
+};
+
+/// This worker, for messages, telemetry and the auditor.
+const ROLE: Role = Role {
+    name: "prefill",
+    binary: "pagewarden-prefill",
+    cuda_built: cfg!(feature = "cuda"),
+};
+
+/// The prefill worker: runs prompts and writes their KV into decode's granted pages.
+#[derive(Parser, Debug)]
+#[command(name = "pagewarden-prefill", version)]
+pub struct Cli {
+    #[command(flatten)]
+    pub flags: WorkerFlags,
+    /// The auditor's gRPC URL: integrity events and the preflight report go there.
+    #[arg(long, env = "PAGEWARDEN_AUDITOR")]
+    pub auditor: Option<String>,
+    /// Pages per transfer batch.
+    #[arg(long, default_value_t = 16)]
+    pub batch_pages: usize,
+    /// Where the model runs and the KV pages' data lives: `cpu` or `cuda:N` (GPU N; needs a
+    /// build with `--features pagewarden-prefill/cuda` and the NVIDIA driver).
+    #[arg(long, env = "PAGEWARDEN_DEVICE", default_value = "cpu")]
+    pub device: Device,
+}
+
+/// Runs the worker until SIGTERM or Ctrl-C, then drains and returns.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let auditor_url = cli.auditor.as_deref();
+    pagewarden_worker::check_device(cli.device, &ROLE)?;
+    let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::prefill())?;
+    let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
+    // Every internal client of this process (the auditor's) presents this identity.
+    pagewarden_common::tls::install_client_tls(cfg.tls.clone());
+    let shutdown = shutdown::on_signal();
+    let (loaded, compute) = {
+        let (job_cfg, device, batch_pages) = (cfg.clone(), cli.device, cli.batch_pages);
+        pagewarden_worker::start_up(&ROLE, auditor_url, &cfg.node_id, move || {
+            let cfg = job_cfg;
+            // On a GPU the host pool only owns the pages (their data lives on the device), so
+            // it is not zeroed on release: the device pages are.
+            let pool = PoolOptions {
+                device,
+                zero_on_release: cfg.zero_on_release && device == Device::Cpu,
+                // Prefill allocates its pages locally: nothing is ever committed into them.
+                commit_rehash: false,
+            };
+            let loaded = pagewarden_worker::load(&cfg, pool)?;
+            let gpu = GpuOptions {
+                prefill_chunk: cfg.chunk_tokens,
+                staging_pages: batch_pages,
+                zero_new_pages: cfg.zero_on_release,
+            };
+            let compute = compute::Compute::open(device, loaded.model.clone(), &loaded.pool, &gpu)?;
+            anyhow::Ok((loaded, compute))
+        })
+        .await?
+    };
+    let admission = loaded.admission();
+    let metrics = Arc::new(WorkerMetrics::new(ROLE.name, &loaded.model_name));
+    // Prefill has no integrity hook yet; the client only carries its preflight report.
+    let _auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
+        .context("auditor client")?;
+    // Prefill has no transfer listener (it only sends); `transfer=` in its listening line names
+    // the sending bind address.
+    let listeners = Listeners::bind(&cfg, cfg.transfer_addr).await?;
+
+    // Under mutual TLS the KV stream is encrypted and decode checks this worker's role (I11).
+    let backend = TcpBackend::with_security(
+        EngineConfig::default(),
+        cfg.transfer_addr,
+        ListenOptions::default(),
+        pagewarden_worker::sender_tls(&cfg)?,
+    );
+    let deps = Arc::new(job::JobDeps {
+        compute,
+        pool: loaded.pool.clone(),
+        segments: segments::Segments::new(backend),
+        gate: gate::Gate::new(
+            loaded.pool.clone(),
+            gate::GateConfig {
+                max_running: cfg.max_concurrency,
+                max_queue: cfg.max_queue,
+                queue_timeout: cfg.queue_timeout,
+            },
+            metrics.clone(),
+        ),
+        metrics: metrics.clone(),
+        chunk_tokens: cfg.chunk_tokens,
+        batch_pages: cli.batch_pages,
+        turns: turns::Turns::default(),
+        model: loaded.model.clone(),
+    });
+    let service = service::PrefillService {
+        deps,
+        info: Arc::new(service::Static {
+            node_id: cfg.node_id.clone(),
+            model: loaded.model_name.clone(),
+            admission,
+            page_size: cfg.page_size,
+        }),
+        active: Arc::new(parking_lot::Mutex::new(HashMap::new())),
+    };
+
+    let pool = loaded.pool.clone();
+    let metrics = MetricsEndpoint {
+        metrics,
+        refresh: Arc::new(move |m: &WorkerMetrics| {
+            m.set_pool(pagewarden_worker::pool_gauges(&pool))
+        }),
+    };
+    pagewarden_worker::serve(
+        &ROLE,
+        listeners,
+        metrics,
+        PrefillServer::new(service),
+        shutdown,
+    )
+    .await
+    .context("gRPC server")?;
+    tracing::info!("prefill worker stopped");
+    Ok(())
+}
