@@ -10,6 +10,7 @@ use pagewarden_system_tests::{start_decode, start_prefill, ModelArg};
 
 const TINY: ModelArg = ModelArg::Tiny(7);
 const PREEMPTIONS: &str = "pagewarden_preemptions_total{role=\"decode\"}";
+const SHARE_PREEMPTIONS: &str = "pagewarden_share_preemptions_total{role=\"decode\"}";
 
 /// Four prompts of 40 tokens, each generating 150 (end-of-generation ignored): 190 tokens, 12
 /// pages each at the end. Decode's pool is one context (256 tokens, 16 pages): all four are
@@ -100,4 +101,70 @@ async fn preempted_sequences_are_recomputed_and_say_what_they_say_alone() {
         .await
         .expect("again");
     assert_eq!(again.tokens, alone[0].tokens);
+}
+
+/// A tenant's share of decode's pool while another waits: tenant "a" fills the pool with
+/// three long generations, then tenant "b" sends one request whose prompt does not fit in what
+/// is left. "b" holds nothing, under its half of the pool, so "a" (over its half) gives its
+/// youngest sequence back (counted apart), "b" is served, and "a"'s requests still say what
+/// they say alone. Without the share rule "b" waits until "a" frees pages by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_tenant_gets_its_share_back_from_one_over_its_own() {
+    // 32 pages; "a": three prompts of 40 tokens generating 200 each (15 pages each at the end:
+    // they cannot all fit); "b": a prompt of 200 tokens (13 pages with its first token's).
+    let decode = start_decode(&TINY, &["--pool-tokens", "512"]);
+    let prefill = start_prefill(&TINY, &[]);
+    let d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
+    let long = || {
+        let mut s = greedy(200);
+        s.ignore_eos = true;
+        s
+    };
+    let mut alone = Vec::new();
+    for i in 0..3 {
+        alone.push(
+            d.clone()
+                .complete("a", &prompt(i), long())
+                .await
+                .expect("alone"),
+        );
+    }
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let (mut d, s) = (d.clone(), long());
+            tokio::spawn(async move { d.complete("a", &prompt(i), s).await })
+        })
+        .collect();
+    // Until "a" holds most of the pool (its prompts' 9 pages have grown past 24).
+    let start = Instant::now();
+    loop {
+        let info = d.clone().decode_info().await;
+        if info.total_pages - info.free_pages >= 24 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "\"a\" never filled the pool: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let b_prompt: Vec<u32> = (0..200).map(|j| 30 + (j * 7 % 150) as u32).collect();
+    let b = d
+        .clone()
+        .complete("b", &b_prompt, greedy(4))
+        .await
+        .expect("b");
+    assert_eq!(b.tokens.len(), 4, "{b:?}");
+    for (i, c) in calls.into_iter().enumerate() {
+        let out = c.await.unwrap().expect("a's request");
+        assert_eq!(
+            out.tokens, alone[i].tokens,
+            "a's request {i}: differs from alone"
+        );
+    }
+    let for_share = decode.metric(SHARE_PREEMPTIONS).await;
+    assert!(
+        for_share >= 1.0,
+        "no sequence of \"a\" was preempted for \"b\"'s share"
+    );
 }

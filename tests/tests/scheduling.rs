@@ -3,7 +3,9 @@
 //! up; a full queue or a passed queue deadline answers a typed status; a cancelled waiter
 //! leaves the queue at once; `max_tokens` is said once, at `Reserve`. The last test runs the
 //! real model behind the router: two tenants' marked prompts up to 0.98 × the context, then
-//! eight requests at once against pools sized for two contexts.
+//! eight requests at once against pools sized for two contexts. Those run at a context of
+//! 2,048 unless `PAGEWARDEN_TEST_CONTEXT` names another (the model's full 8,192, for one run by
+//! hand: `PAGEWARDEN_TEST_CONTEXT=8192 cargo test --release --test scheduling real_model`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -261,7 +263,13 @@ async fn max_tokens_is_said_once_at_reserve_and_nothing_is_left_behind() {
 
 // ---- The real model behind the router ----
 
-const CONTEXT: usize = 2048;
+/// The workers' advertised context: 2,048 (CI), or `PAGEWARDEN_TEST_CONTEXT`.
+fn context() -> usize {
+    match std::env::var("PAGEWARDEN_TEST_CONTEXT") {
+        Ok(v) => v.parse().expect("PAGEWARDEN_TEST_CONTEXT: a token count"),
+        Err(_) => 2048,
+    }
+}
 
 /// A prompt of about `tokens` tokens (never more) whose continuation is `code`: filler, then
 /// the line `code: CODE` repeated, ending with `code:` (a small model copies the pattern).
@@ -302,7 +310,7 @@ async fn complete(
     (status, r.json().await.expect("json body"))
 }
 
-/// Workers (context 2,048, each pool two contexts: 4,096 tokens) and a router, real model.
+/// Workers (context [`context`], each pool two contexts) and a router, real model.
 struct RealSuite {
     _services: Vec<pagewarden_system_tests::Service>,
     d: Driver,
@@ -322,8 +330,8 @@ async fn real_services(worker: &[&str], router: &[&str]) -> [pagewarden_system_t
 
 /// `router`: flags of the router (its default deadline unless one is given).
 async fn real_suite(router: &[&str]) -> RealSuite {
-    let ctx = CONTEXT.to_string();
-    let pool = (2 * CONTEXT).to_string();
+    let ctx = context().to_string();
+    let pool = (2 * context()).to_string();
     let worker = [
         "--context-length",
         ctx.as_str(),
@@ -364,9 +372,9 @@ async fn real_model_two_tenants_interleave_prompts_up_to_the_context() {
     let max_tokens = 6u32;
 
     // Two tenants interleave marked prompts of growing length, up to 0.98 × the context.
-    let top = CONTEXT * 98 / 100 - max_tokens as usize;
+    let top = context() * 98 / 100 - max_tokens as usize;
     let started = Instant::now();
-    for len in [200, 900, 1500, top] {
+    for len in [200, context() * 44 / 100, context() * 73 / 100, top] {
         let calls: Vec<_> = (0..2)
             .map(|t| {
                 let (client, url, tok) = (client.clone(), url.clone(), tok.clone());
@@ -433,8 +441,8 @@ async fn real_model_eight_at_once_wait_their_turn_and_leave_the_pools_free() {
             let (client, url, tok) = (client.clone(), url.clone(), tok.clone());
             let code = format!("K{i}W{i}");
             tokio::spawn(async move {
-                let text = marked_prompt(&tok, &code, CONTEXT / 2);
-                let max = (CONTEXT / 2 - 16) as u32;
+                let text = marked_prompt(&tok, &code, context() / 2);
+                let max = (context() / 2 - 16) as u32;
                 let got = complete(&client, &url, &api_key(i % 2), &text, max, &["\n"]).await;
                 (code, got)
             })

@@ -90,6 +90,7 @@ pub struct WorkerMetrics {
     prefill_chunks: Counter,
     generated_tokens: Counter,
     preemptions: Counter,
+    share_preemptions: Counter,
     vllm: VllmMetrics,
 }
 
@@ -122,6 +123,7 @@ impl WorkerMetrics {
             prefill_chunks: Counter::default(),
             generated_tokens: Counter::default(),
             preemptions: Counter::default(),
+            share_preemptions: Counter::default(),
             vllm: VllmMetrics::new(model_name, role),
             registry: Registry::default(),
         };
@@ -197,6 +199,12 @@ impl WorkerMetrics {
             "Sequences preempted for KV pages (their pages freed, recomputed later)",
             m.preemptions.clone(),
         );
+        registry.register(
+            "share_preemptions",
+            "Of those, sequences of a tenant over its share of the pool preempted so that \
+             another tenant's waiting request could be granted",
+            m.share_preemptions.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -262,6 +270,12 @@ impl WorkerMetrics {
     /// Counts a sequence preempted for pages.
     pub fn preempted(&self) {
         self.preemptions.inc();
+    }
+
+    /// Counts a sequence preempted for another tenant's share of the pool (also counted by
+    /// [`WorkerMetrics::preempted`]).
+    pub fn preempted_for_share(&self) {
+        self.share_preemptions.inc();
     }
 
     /// Records one transfer.

@@ -1,5 +1,6 @@
 //! `KvPool`: the shared handle, allocation (local and reserved), and state queries.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,6 +19,7 @@ use crate::readable::ReadablePages;
 use crate::reserved::ReservedPages;
 use crate::store::PageStore;
 use crate::Owner;
+use pagewarden_common::RequestId;
 
 /// Cheap-to-clone, `Send + Sync` handle to one pool.
 #[derive(Clone)]
@@ -88,6 +90,21 @@ impl KvPool {
             draining,
             quarantined,
         }
+    }
+
+    /// Pages each request holds now (reserved under its grant, or readable by it): a scan of
+    /// every page's metadata, for schedulers weighing tenants' shares of the pool.
+    pub fn pages_per_request(&self) -> HashMap<RequestId, usize> {
+        let mut held = HashMap::new();
+        for slot in self.inner.slots.iter() {
+            let meta = slot.meta.lock();
+            if let (PageState::Reserved { .. } | PageState::Readable, Some(owner)) =
+                (meta.state, meta.owner)
+            {
+                *held.entry(owner).or_insert(0) += 1;
+            }
+        }
+        held
     }
 
     /// Event counters; `.snapshot()` copies them.

@@ -187,6 +187,9 @@ pub struct Entry {
     pub attempt: AttemptId,
     /// Whose request it is (the queue lets a tenant with no request active pass a blocked head).
     pub tenant: TenantId,
+    /// The tenant's weight (at least 1): its queue turns, and its share of the pool while
+    /// another tenant waits (`scheduler/share.rs`).
+    pub weight: u32,
     pub state: RequestState,
     /// When a reservation must be committed by; irrelevant after commit.
     pub expires_at: Instant,

@@ -2,7 +2,8 @@
 //! [`Command`]s with `oneshot` replies.
 //!
 //! `queue.rs` holds the queue half, `step.rs` the batching half, `preempt.rs` the pages-as-you-go
-//! half (growth, preemption, recompute).
+//! half (growth, preemption, recompute), `share.rs` the tenants' shares of the pool while
+//! another tenant waits.
 //!
 //! - Queue, don't refuse (I9): a `Reserve` that passed admission (I3) waits in a bounded
 //!   [`FairQueue`] (FIFO per tenant, tenants in turn), holding no pages, until its prompt's
@@ -21,6 +22,7 @@
 
 mod preempt;
 mod queue;
+mod share;
 mod step;
 #[cfg(test)]
 mod tests;

@@ -119,7 +119,7 @@ impl Scheduler {
             .max()
     }
 
-    fn preempt_in_table(&mut self, req: RequestId) {
+    pub(super) fn preempt_in_table(&mut self, req: RequestId) {
         let Some(entry) = self.table.get_mut(&req) else {
             return;
         };
@@ -157,9 +157,12 @@ impl Scheduler {
     }
 
     /// Gives preempted sequences, oldest first, fresh pages for their KV and next token while
-    /// they fit in the spare pages; each is then recomputed a chunk per turn.
-    pub(super) fn resume_preempted(&mut self) {
-        while let Some((&arrival, &req)) = self.preempted.first_key_value() {
+    /// they fit in the spare pages; each is then recomputed a chunk per turn. A sequence whose
+    /// tenant would be over its share while another tenant waits is passed over (`share.rs`).
+    /// Whether one that may resume still waits for pages (then nothing new is granted).
+    pub(super) fn resume_preempted(&mut self) -> bool {
+        let order: Vec<(u64, RequestId)> = self.preempted.iter().map(|(&a, &r)| (a, r)).collect();
+        for (arrival, req) in order {
             let Some(entry) = self.table.get_mut(&req) else {
                 self.preempted.remove(&arrival);
                 continue;
@@ -186,30 +189,42 @@ impl Scheduler {
                 self.deps.metrics.request("client_gone");
                 continue;
             }
-            let tokens = seq.kv_len() + 1;
-            let need = self.deps.pool.layout().pages_for(tokens);
-            let spare = self.spare_pages();
-            let Some(entry) = self.table.get_mut(&req) else {
-                return;
+            entry.state = RequestState::Preempted(seq);
+            let tenant = entry.tenant.clone();
+            let Some(RequestState::Preempted(seq)) = self.table.get(&req).map(|e| &e.state) else {
+                continue;
             };
-            if need > spare {
-                entry.state = RequestState::Preempted(seq);
-                return;
+            let tokens = seq.kv_len() + 1;
+            let owner = seq.owner.clone();
+            let need = self.deps.pool.layout().pages_for(tokens);
+            if self.resume_deferred(&tenant, need) {
+                continue;
             }
-            match self.deps.pool.allocate(seq.owner.clone(), tokens) {
+            if need > self.spare_pages() {
+                return true;
+            }
+            match self.deps.pool.allocate(owner, tokens) {
                 Ok(pages) => {
                     self.preempted.remove(&arrival);
+                    let Some(entry) = self.table.get_mut(&req) else {
+                        continue;
+                    };
+                    let RequestState::Preempted(seq) =
+                        std::mem::replace(&mut entry.state, RequestState::Aborted)
+                    else {
+                        unreachable!("checked above, nothing ran between");
+                    };
                     entry.state = RequestState::Recomputing(Box::new(Running { pages, seq: *seq }));
                     self.recomputing.push_back(req);
                 }
                 Err(e) => {
                     // Counted as spare just above: only a racing release path gets here.
                     tracing::warn!(request = %req, error = %e, "recompute waits for pages");
-                    entry.state = RequestState::Preempted(seq);
-                    return;
+                    return true;
                 }
             }
         }
+        false
     }
 
     /// Starts the next chunk of the first sequence being recomputed. Whether one started.

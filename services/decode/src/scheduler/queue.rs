@@ -48,6 +48,7 @@ impl Scheduler {
             Entry {
                 attempt,
                 tenant: q.owner.tenant.clone(),
+                weight: q.weight.max(1),
                 expires_at: q.deadline,
                 ended_at: None,
                 state: RequestState::Queued(Box::new(q)),
@@ -91,11 +92,25 @@ impl Scheduler {
     /// The head waits for room rather than being overtaken, so a long request is never starved
     /// by short ones, except by a tenant with no request active here: its first request that
     /// fits passes (`FairQueue::pop_fitting`), so one tenant's flood never holds another
-    /// tenant's only request behind it. Nothing is granted while a preempted sequence still
-    /// waits for pages.
+    /// tenant's only request behind it. Nothing is granted while a preempted sequence that may
+    /// resume still waits for pages. When the head still waits for pages, tenants over their
+    /// share of the pool give sequences back for it (`share.rs`), and the round runs again.
     pub(super) fn admit_waiting(&mut self) {
-        self.resume_preempted();
-        while self.preempted.is_empty() {
+        loop {
+            if !self.resume_preempted() {
+                self.grant_fitting();
+            }
+            if !self.reclaim_for_head() {
+                break;
+            }
+        }
+        self.deps.metrics.set_queue_depth(self.queue.len());
+        self.deps.metrics.set_active(self.active());
+    }
+
+    /// Grants queued requests in queue order while the next one fits (see `admit_waiting`).
+    fn grant_fitting(&mut self) {
+        loop {
             let table = &self.table;
             // Left the queue another way (abort, newer attempt): only its place remains.
             if self
@@ -125,8 +140,6 @@ impl Scheduler {
             };
             self.grant(req, attempt);
         }
-        self.deps.metrics.set_queue_depth(self.queue.len());
-        self.deps.metrics.set_active(self.active());
     }
 
     /// Turns the queued request into a reservation and sends its grant.
