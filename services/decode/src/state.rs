@@ -239,6 +239,20 @@ impl RequestState {
         }
     }
 
+    /// The sequence, while it holds pages outside the model thread that it could give up
+    /// (running, or between recompute chunks).
+    pub fn preemptible(&self) -> Option<&Running> {
+        match self {
+            RequestState::Running(r) | RequestState::Recomputing(r) => Some(r),
+            RequestState::Queued(_)
+            | RequestState::Reserved(_)
+            | RequestState::Preempted(_)
+            | RequestState::Stepping { .. }
+            | RequestState::Finished
+            | RequestState::Aborted => None,
+        }
+    }
+
     /// Whether the request is past the queue and live (a preempted one holds no pages for
     /// now, but is being served).
     pub fn is_active(&self) -> bool {

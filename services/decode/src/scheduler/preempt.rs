@@ -105,17 +105,7 @@ impl Scheduler {
     fn youngest_holding_pages(&self) -> Option<(u64, RequestId)> {
         self.table
             .iter()
-            .filter_map(|(req, e)| match &e.state {
-                RequestState::Running(r) | RequestState::Recomputing(r) => {
-                    Some((r.seq.arrival, *req))
-                }
-                RequestState::Queued(_)
-                | RequestState::Reserved(_)
-                | RequestState::Preempted(_)
-                | RequestState::Stepping { .. }
-                | RequestState::Finished
-                | RequestState::Aborted => None,
-            })
+            .filter_map(|(req, e)| Some((e.state.preemptible()?.seq.arrival, *req)))
             .max()
     }
 

@@ -123,16 +123,9 @@ impl Scheduler {
                     && shares.over_by(&e.tenant) > 0
                     && shares.holders.get(&e.tenant).copied().unwrap_or(0) > 1
             })
-            .filter_map(|(req, e)| match &e.state {
-                RequestState::Running(r) | RequestState::Recomputing(r) => {
-                    Some(((shares.over_by(&e.tenant), r.seq.arrival), *req))
-                }
-                RequestState::Queued(_)
-                | RequestState::Reserved(_)
-                | RequestState::Preempted(_)
-                | RequestState::Stepping { .. }
-                | RequestState::Finished
-                | RequestState::Aborted => None,
+            .filter_map(|(req, e)| {
+                let r = e.state.preemptible()?;
+                Some(((shares.over_by(&e.tenant), r.seq.arrival), *req))
             })
             .max_by_key(|(key, _)| *key)
             .map(|(_, req)| req)
