@@ -61,12 +61,24 @@ pub fn geglu(gate: &mut [f32], up: &[f32]) {
 
 /// SwiGLU in place: `gate[i] = silu(gate[i]) * up[i]`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    swiglu_with(Isa::detect(), gate, up)
+}
+
+/// [`swiglu`] on an explicit instruction set (every one gives the same bits).
+pub fn swiglu_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "swiglu: shape");
     let body = gate.len() / LANES * LANES;
-    match Isa::detect() {
-        Isa::Portable => swiglu_body(&mut gate[..body], &up[..body]),
+    let (g, u) = (&mut gate[..body], &up[..body]);
+    match isa {
+        Isa::Portable => swiglu_body(g, u),
         // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
-        Isa::Avx2 | Isa::Avx512 => unsafe { swiglu_avx2(&mut gate[..body], &up[..body]) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { swiglu_avx2(g, u) },
+        // SAFETY: Avx512 is only detected when the CPU has avx512f.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { swiglu_avx512(g, u) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => swiglu_body(g, u),
     }
     for (g, u) in gate[body..].iter_mut().zip(&up[body..]) {
         *g = silu_libm(*g) * u;
@@ -97,25 +109,43 @@ unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
-    swiglu_body(gate, up)
+/// [`swiglu_body`] sixteen lanes at a time, ggml's own vector width (same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(gate.len() % LANES, 0);
+    let one = _mm512_set1_ps(1.0);
+    for (g, u) in gate.chunks_exact_mut(LANES).zip(up.chunks_exact(LANES)) {
+        let x = _mm512_loadu_ps(g.as_ptr());
+        let e = crate::expf::x86::expf16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
+        _mm512_storeu_ps(
+            g.as_mut_ptr(),
+            _mm512_mul_ps(s, _mm512_loadu_ps(u.as_ptr())),
+        );
+    }
 }
 
 /// Numerically stable softmax in place (max subtracted first), as ggml's `soft_max` sums it.
 /// Empty input is left as is.
 pub fn softmax(x: &mut [f32]) {
-    match Isa::detect() {
-        Isa::Portable => softmax_blocks(x, false),
-        // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
-        Isa::Avx2 | Isa::Avx512 => unsafe { softmax_fma(x) },
-    }
+    softmax_with(Isa::detect(), x)
 }
 
-/// [`softmax`] compiled with hardware fused multiply-add.
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn softmax_fma(x: &mut [f32]) {
-    softmax_blocks(x, false)
+/// [`softmax`] on an explicit instruction set (every one gives the same bits).
+pub fn softmax_with(isa: Isa, x: &mut [f32]) {
+    match isa {
+        Isa::Portable => softmax_blocks(x, false),
+        // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { softmax_blocks_avx2(x, false) },
+        // SAFETY: Avx512 is only detected when the CPU has avx512f.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { softmax_blocks_avx512(x, false) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => softmax_blocks(x, false),
+    }
 }
 
 /// Softmax over `x`. With `padded`, the row is taken to continue with masked (-inf) entries
@@ -159,10 +189,62 @@ pub(crate) fn softmax_padded(isa: Isa, x: &mut [f32]) {
         Isa::Portable => softmax_blocks(x, true),
         // SAFETY: Avx2 is only detected when the CPU has avx2 and fma.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 => unsafe { softmax_blocks_avx2(x, true) },
+        Isa::Avx2 => unsafe { softmax_blocks_avx2(x, true) },
+        // SAFETY: Avx512 is only detected when the CPU has avx512f.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { softmax_blocks_avx512(x, true) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2 | Isa::Avx512 => softmax_blocks(x, true),
     }
+}
+
+/// [`softmax_blocks`] one 16-lane register a block, as ggml runs it (same bits): the
+/// maximum, the exponentials, each block's sum and the scaling all in registers.
+///
+/// # Safety
+/// The CPU must support AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub(crate) unsafe fn softmax_blocks_avx512(x: &mut [f32], padded: bool) {
+    use crate::expf::x86::{expf16, reduce16_zmm};
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let body = n / LANES * LANES;
+    let p = x.as_mut_ptr();
+    // A masked tail loads -inf, which neither raises the maximum nor adds to the sum.
+    let tail_mask: __mmask16 = ((1u32 << (n - body)) - 1) as __mmask16;
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut mv = ninf;
+    for i in (0..body).step_by(LANES) {
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(p.add(i)));
+    }
+    mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, tail_mask, p.add(body)));
+    let max = _mm512_reduce_max_ps(mv);
+    let m = _mm512_set1_ps(max);
+    let mut sum = 0f64;
+    for i in (0..body).step_by(LANES) {
+        let e = expf16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), m));
+        _mm512_storeu_ps(p.add(i), e);
+        sum += reduce16_zmm(e) as f64;
+    }
+    let tail = &mut x[body..];
+    if padded && !tail.is_empty() {
+        let v = _mm512_mask_loadu_ps(ninf, tail_mask, tail.as_ptr());
+        let e = expf16(_mm512_sub_ps(v, m));
+        _mm512_mask_storeu_ps(tail.as_mut_ptr(), tail_mask, e);
+        sum += reduce16_zmm(e) as f64;
+    } else {
+        for v in tail.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v as f64;
+        }
+    }
+    let inv = _mm512_set1_ps((1.0 / sum) as f32);
+    for i in (0..body).step_by(LANES) {
+        _mm512_storeu_ps(p.add(i), _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), inv));
+    }
+    let t = _mm512_mask_loadu_ps(_mm512_setzero_ps(), tail_mask, p.add(body));
+    _mm512_mask_storeu_ps(p.add(body), tail_mask, _mm512_mul_ps(t, inv));
 }
 
 /// [`softmax_blocks`] with each block's `exp` computed eight lanes at a time (same bits).

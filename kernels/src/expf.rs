@@ -117,4 +117,57 @@ pub(crate) mod x86 {
         }
         _mm256_loadu_ps(lanes.as_ptr())
     }
+
+    /// [`expf`] on sixteen lanes: ggml's `ggml_v_expf` itself, `vscalefps` included, so no
+    /// lane needs the scalar path.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub unsafe fn expf16(x: __m512) -> __m512 {
+        let r = _mm512_set1_ps(SHIFT);
+        let z = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(
+            n,
+            _mm512_set1_ps(LN2_LO),
+            _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x),
+        );
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(_mm512_set1_ps(C4), b, _mm512_set1_ps(C3)),
+                u,
+                _mm512_fmadd_ps(_mm512_set1_ps(C2), b, _mm512_set1_ps(C1)),
+            ),
+            u,
+            _mm512_fmadd_ps(_mm512_set1_ps(C0), b, _mm512_set1_ps(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        let far = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+        if far == 0 {
+            return res;
+        }
+        let below = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
+        let alt = _mm512_mask_blend_ps(below, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
+        _mm512_mask_blend_ps(far, res, alt)
+    }
+
+    /// [`reduce16`] of a register (the same order of additions).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub unsafe fn reduce16_zmm(a: __m512) -> f32 {
+        let t3 = _mm256_add_ps(
+            _mm512_castps512_ps256(a),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
+        );
+        let t6 = _mm_add_ps(_mm256_castps256_ps128(t3), _mm256_extractf128_ps::<1>(t3));
+        // (t6[0] + t6[2]) + (t6[1] + t6[3])
+        let t7 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+        _mm_cvtss_f32(_mm_add_ss(t7, _mm_movehdup_ps(t7)))
+    }
 }

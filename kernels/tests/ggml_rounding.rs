@@ -4,8 +4,10 @@
 mod common;
 
 use common::Rng;
-use pagewarden_kernels::activation::{silu, swiglu};
+use pagewarden_kernels::activation::{silu, softmax_with, swiglu, swiglu_with};
 use pagewarden_kernels::expf::{expf, reduce16};
+use pagewarden_kernels::isa::Isa;
+use pagewarden_kernels::norm::rms_norm_with;
 use pagewarden_kernels::rope::Rope;
 
 fn f(bits: u32) -> f32 {
@@ -69,6 +71,53 @@ fn swiglu_blocks_use_ggml_exp_and_the_tail_uses_libm() {
         };
         assert_eq!(out[i].to_bits(), want.to_bits(), "element {i} ({})", g[i]);
     }
+}
+
+/// The elementwise kernels give the portable path's bits on every instruction set this CPU
+/// has, over lengths with and without a tail and inputs that reach `exp`'s far ranges.
+#[test]
+fn swiglu_softmax_and_norm_give_the_same_bits_on_every_isa() {
+    let isas = Isa::available();
+    eprintln!("instruction sets: {isas:?}");
+    let mut rng = Rng::new(11);
+    for n in [0usize, 1, 15, 16, 17, 40, 64, 576, 1000, 1536] {
+        let mut g = rng.vec(n, 12.0);
+        let u = rng.vec(n, 2.0);
+        let mut logits = rng.vec(n, 30.0);
+        for (i, v) in [-100.0f32, 95.0, -200.0, f32::NEG_INFINITY]
+            .into_iter()
+            .enumerate()
+        {
+            if let Some(x) = g.get_mut(i * 5 + 2) {
+                *x = v.max(-150.0);
+            }
+            if let Some(x) = logits.get_mut(i * 7 + 1) {
+                *x = v;
+            }
+        }
+        let w = rng.vec(n, 1.5);
+        let mut want_g = g.clone();
+        swiglu_with(Isa::Portable, &mut want_g, &u);
+        let mut want_s = logits.clone();
+        softmax_with(Isa::Portable, &mut want_s);
+        let mut want_n = vec![0f32; n];
+        rms_norm_with(Isa::Portable, &g, &w, 1e-5, &mut want_n);
+        for &isa in &isas {
+            let mut got = g.clone();
+            swiglu_with(isa, &mut got, &u);
+            assert_eq!(bits(&got), bits(&want_g), "swiglu, {isa}, n = {n}");
+            let mut got = logits.clone();
+            softmax_with(isa, &mut got);
+            assert_eq!(bits(&got), bits(&want_s), "softmax, {isa}, n = {n}");
+            let mut got = vec![0f32; n];
+            rms_norm_with(isa, &g, &w, 1e-5, &mut got);
+            assert_eq!(bits(&got), bits(&want_n), "rms_norm, {isa}, n = {n}");
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 #[test]
