@@ -11,21 +11,26 @@ use crate::sampling::{EndTokens, Sampler, SamplingParams};
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer_stream::StreamDecoder;
 
-/// Why generation ended.
+/// Why generation ended: the one definition, for the engine, the decode worker's streams, the
+/// wire (`pagewarden_worker::wire`) and the router's answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
     /// An end-of-generation token or a stop sequence.
     Stop,
     /// `max_tokens` were generated.
     Length,
+    /// A worker ended the generation early (cancelled, or it failed); the engine itself never
+    /// ends with it.
+    Abort,
 }
 
 impl FinishReason {
-    /// The OpenAI-style name (`"stop"` or `"length"`).
+    /// The OpenAI-style name (`"stop"`, `"length"` or `"abort"`).
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
         }
     }
 }

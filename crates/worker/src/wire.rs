@@ -1,9 +1,16 @@
-//! The parts of a request that prefill and decode parse alike, and the logprobs both send.
+//! Every proto ↔ domain conversion of the internal plane, once: the request reference, the
+//! sampling parameters, the write grant (decode sends it, prefill parses it), the commit
+//! manifest (prefill sends it, decode parses it), the finish reason and the logprobs.
 //! Malformed input becomes `INVALID_ARGUMENT` here, so nothing past the gRPC layer sees an
 //! unparsed message.
 
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
 use pagewarden_common::{AttemptId, RequestId};
-use pagewarden_model::{Grammar, Logprob, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
+use pagewarden_kvcache::{CommitManifest, Generation, GrantKey, PageId, WriteGrant};
+use pagewarden_model::{
+    FinishReason, Grammar, Logprob, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS,
+};
 use pagewarden_proto::v1 as pb;
 use tonic::Status;
 
@@ -112,6 +119,152 @@ pub fn prompt_ids(ids: Vec<u32>, prompt_tokens: usize) -> Result<Vec<u32>, Statu
     Ok(ids)
 }
 
+/// Parses a grant key (16 bytes).
+pub fn grant_key(b: &[u8]) -> Result<GrantKey, Status> {
+    b.try_into()
+        .map(GrantKey)
+        .map_err(|_| Status::invalid_argument("grant key must be 16 bytes"))
+}
+
+/// A commit manifest for the wire.
+pub fn manifest_to_wire(m: CommitManifest) -> pb::CommitManifest {
+    pb::CommitManifest {
+        grant_key: m.key.0.to_vec(),
+        tokens_written: m.tokens_written as u32,
+        page_checksums: m.page_checksums,
+        digest: m.digest,
+    }
+}
+
+/// Parses a commit manifest (required).
+pub fn manifest(m: Option<&pb::CommitManifest>) -> Result<CommitManifest, Status> {
+    let m = m.ok_or_else(|| Status::invalid_argument("manifest is required"))?;
+    Ok(CommitManifest {
+        key: grant_key(&m.grant_key)?,
+        tokens_written: m.tokens_written as usize,
+        page_checksums: m.page_checksums.clone(),
+        digest: m.digest,
+    })
+}
+
+/// A decode worker's write grant for the wire; `transfer_addr` is where prefill sends the
+/// pages.
+pub fn grant(g: &WriteGrant, transfer_addr: &str) -> pb::WriteGrant {
+    pb::WriteGrant {
+        key: g.key.0.to_vec(),
+        tenant: g.owner.tenant.as_str().to_string(),
+        pages: g
+            .pages
+            .iter()
+            .map(|(p, gen)| pb::GrantPage {
+                page: p.0,
+                generation: gen.0,
+            })
+            .collect(),
+        tokens: g.tokens as u32,
+        page_size: g.page_size as u32,
+        expires_unix_ms: unix_ms(g.expires_at),
+        transfer_addr: transfer_addr.to_string(),
+    }
+}
+
+/// A decode worker's write grant as prefill holds it.
+#[derive(Debug, Clone)]
+pub struct ReceivedGrant {
+    /// The grant's key (it names the grant on the transfer connection and in the manifest).
+    pub key: GrantKey,
+    /// The tenant the pages were reserved for.
+    pub tenant: String,
+    /// The granted pages, each under the generation decode reserved it at.
+    pub pages: Vec<(PageId, Generation)>,
+    /// Tokens the grant covers.
+    pub tokens: usize,
+    /// Tokens per page.
+    pub page_size: usize,
+    /// Decode's transfer listener.
+    pub transfer_addr: String,
+}
+
+impl ReceivedGrant {
+    /// Tokens page `index` must hold: full pages, the last one the remainder.
+    pub fn tokens_in_page(&self, index: usize) -> usize {
+        self.tokens
+            .saturating_sub(index * self.page_size)
+            .min(self.page_size)
+    }
+}
+
+/// Parses a write grant (required). Whether it fits the request is the receiver's check.
+pub fn received_grant(g: Option<pb::WriteGrant>) -> Result<ReceivedGrant, Status> {
+    let g = g.ok_or_else(|| Status::invalid_argument("grant is required"))?;
+    let key = g
+        .key
+        .as_slice()
+        .try_into()
+        .map(GrantKey)
+        .map_err(|_| Status::invalid_argument("grant.key must be 16 bytes"))?;
+    if g.transfer_addr.is_empty() {
+        return Err(Status::invalid_argument("grant.transfer_addr is required"));
+    }
+    Ok(ReceivedGrant {
+        key,
+        tenant: g.tenant,
+        pages: g
+            .pages
+            .iter()
+            .map(|p| (PageId(p.page), Generation(p.generation)))
+            .collect(),
+        tokens: g.tokens as usize,
+        page_size: g.page_size as usize,
+        transfer_addr: g.transfer_addr,
+    })
+}
+
+/// `at` as Unix milliseconds (a grant's expiry on the wire).
+fn unix_ms(at: Instant) -> u64 {
+    let now_sys = SystemTime::now();
+    let now = Instant::now();
+    let sys = if at >= now {
+        now_sys + (at - now)
+    } else {
+        now_sys - (now - at)
+    };
+    sys.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A token event's finish reason for the wire (`None`: the stream goes on).
+pub fn finish_reason(f: Option<FinishReason>) -> pb::FinishReason {
+    match f {
+        None => pb::FinishReason::Unspecified,
+        Some(FinishReason::Stop) => pb::FinishReason::Stop,
+        Some(FinishReason::Length) => pb::FinishReason::Length,
+        Some(FinishReason::Abort) => pb::FinishReason::Abort,
+    }
+}
+
+/// Parses a token event's finish reason (`None`: the stream goes on).
+pub fn parse_finish_reason(v: i32) -> Result<Option<FinishReason>, Status> {
+    match pb::FinishReason::try_from(v) {
+        Ok(pb::FinishReason::Unspecified) => Ok(None),
+        Ok(pb::FinishReason::Stop) => Ok(Some(FinishReason::Stop)),
+        Ok(pb::FinishReason::Length) => Ok(Some(FinishReason::Length)),
+        Ok(pb::FinishReason::Abort) => Ok(Some(FinishReason::Abort)),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "finish: unknown finish reason {v}"
+        ))),
+    }
+}
+
+/// A request attempt's reference for the wire.
+pub fn request_ref_of(req: RequestId, attempt: AttemptId) -> pb::RequestRef {
+    pb::RequestRef {
+        request_id: req.as_bytes().to_vec(),
+        attempt: attempt.0,
+    }
+}
+
 /// A token's logprobs for the wire.
 pub fn logprobs(l: &TokenLogprobs) -> pb::Logprobs {
     let one = |l: &Logprob| pb::TokenLogprob {
@@ -151,48 +304,4 @@ pub fn parse_logprobs(l: Option<&pb::Logprobs>) -> Result<Option<TokenLogprobs>,
         chosen: one(chosen)?,
         top: l.top.iter().map(one).collect::<Result<_, _>>()?,
     }))
-}
-
-/// Why a request that fits the context was refused after all: the wait for pages or compute is
-/// bounded in length and in time. On the wire: `RESOURCE_EXHAUSTED` with `pagewarden-reason`
-/// `queue_full` or `queue_timeout` (the router answers 503 with `Retry-After`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueRefusal {
-    /// `limit` requests already wait.
-    Full {
-        /// The configured bound (`--max-queue`).
-        limit: usize,
-    },
-    /// The request waited its whole `--queue-timeout-ms`.
-    Timeout {
-        /// The configured bound.
-        waited: std::time::Duration,
-    },
-}
-
-impl QueueRefusal {
-    /// Label for metrics and the `pagewarden-reason` metadata.
-    pub fn reason(self) -> &'static str {
-        match self {
-            QueueRefusal::Full { .. } => "queue_full",
-            QueueRefusal::Timeout { .. } => "queue_timeout",
-        }
-    }
-
-    /// The wire status; `role` names the worker in the message.
-    pub fn status(self, role: &str) -> Status {
-        let message = match self {
-            QueueRefusal::Full { limit } => {
-                format!("{role} queue full: {limit} requests already wait for KV pages")
-            }
-            QueueRefusal::Timeout { waited } => {
-                format!("{role} queue deadline passed: waited {waited:?} for KV pages")
-            }
-        };
-        let mut s = Status::resource_exhausted(message);
-        if let Ok(v) = self.reason().parse() {
-            s.metadata_mut().insert("pagewarden-reason", v);
-        }
-        s
-    }
 }

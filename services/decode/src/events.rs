@@ -1,18 +1,11 @@
 //! Building the `TokenEvent`s of a `Generate` stream.
 
 use pagewarden_common::{AttemptId, RequestId};
-use pagewarden_model::TokenLogprobs;
-use pagewarden_proto::v1::{FinishReason, RequestRef, TokenEvent};
+use pagewarden_model::{FinishReason, TokenLogprobs};
+use pagewarden_proto::v1::TokenEvent;
+use pagewarden_worker::wire::{finish_reason, logprobs as wire_logprobs, request_ref_of};
 
-use crate::output::{Emitted, Finish};
-
-/// The wire reference of a request attempt.
-pub fn request_ref(req: RequestId, attempt: AttemptId) -> RequestRef {
-    RequestRef {
-        request_id: req.as_bytes().to_vec(),
-        attempt: attempt.0,
-    }
-}
+use crate::output::Emitted;
 
 /// One emitted token (or the end marker, which carries no logprobs: it is not part of the
 /// completion).
@@ -25,18 +18,13 @@ pub fn token(
     let logprobs = if e.end_of_generation {
         None
     } else {
-        logprobs.as_ref().map(pagewarden_worker::wire::logprobs)
-    };
-    let finish = match e.finish {
-        None => FinishReason::Unspecified,
-        Some(Finish::Stop) => FinishReason::Stop,
-        Some(Finish::Length) => FinishReason::Length,
+        logprobs.as_ref().map(wire_logprobs)
     };
     TokenEvent {
-        req: Some(request_ref(req, attempt)),
+        req: Some(request_ref_of(req, attempt)),
         token: e.token,
         text: e.text,
-        finish: finish as i32,
+        finish: finish_reason(e.finish) as i32,
         marker_only: e.end_of_generation,
         logprobs,
     }
@@ -45,10 +33,10 @@ pub fn token(
 /// The last event of an aborted stream.
 pub fn abort(req: RequestId, attempt: AttemptId) -> TokenEvent {
     TokenEvent {
-        req: Some(request_ref(req, attempt)),
+        req: Some(request_ref_of(req, attempt)),
         token: 0,
         text: String::new(),
-        finish: FinishReason::Abort as i32,
+        finish: finish_reason(Some(FinishReason::Abort)) as i32,
         marker_only: true,
         logprobs: None,
     }

@@ -1,22 +1,18 @@
 //! `pagewarden-decode`: the decode worker, as a library: [`run`] serves with the flags in
 //! [`Cli`]; the binary (`main.rs`) only parses them.
 //!
-//! - `compute.rs`: `Compute`, decode steps on the CPU or a GPU (`--device`).
 //! - `state.rs`: the per-request state enum and its transitions.
 //! - `scheduler/`: the single-owner scheduler task (queue, reserve, commit, continuous batching,
 //!   pages as you go with recompute preemption).
 //! - `rotation.rs`: the fair (FCFS, round-robin) order in which sequences are stepped.
 //! - `output.rs`: tokens → stream events (EOG, max_tokens, stop sequences, UTF-8).
 //! - `events.rs`: `TokenEvent` construction.
-//! - `convert.rs`: proto ↔ domain conversions.
 //! - `service.rs`: the `Decode` gRPC service.
 //! - `pool_metrics.rs`: pool figures mirrored into `/metrics`.
 //! - `sink.rs`: the transfer sink (the pool) remembering drains of live grants.
 //!
 //! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
 
-mod compute;
-mod convert;
 mod events;
 mod output;
 mod pool_metrics;
@@ -39,7 +35,9 @@ use pagewarden_kernels::Device;
 use pagewarden_model::Tokenizer;
 use pagewarden_proto::v1::decode_server::DecodeServer;
 use pagewarden_transfer::{PageSink, ReceiverCounters, TcpReceiver};
-use pagewarden_worker::{auditor_client, Listeners, MetricsEndpoint, PoolOptions, Role};
+use pagewarden_worker::{
+    auditor_client, Compute, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, Role,
+};
 
 /// This worker, for messages, telemetry and the auditor.
 const ROLE: Role = Role {
@@ -87,8 +85,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let loaded = pagewarden_worker::load(&cfg, pool)?;
             let tokenizer = Tokenizer::from_gguf(loaded.model.gguf()).context("tokenizer")?;
-            let compute =
-                compute::Compute::open(device, loaded.model.clone(), &loaded.pool, STAGING_PAGES)?;
+            let gpu = GpuOptions {
+                prefill_chunk: 512,
+                staging_pages: STAGING_PAGES,
+                // Decode never prefills a prompt: committed pages arrive whole from the host
+                // pool (a recompute writes only rows it computes).
+                zero_new_pages: false,
+            };
+            let compute = Compute::open(device, &ROLE, loaded.model.clone(), &loaded.pool, &gpu)?;
             anyhow::Ok((loaded, Arc::new(tokenizer), compute))
         })
         .await?

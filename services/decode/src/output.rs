@@ -6,16 +6,9 @@
 
 use std::sync::Arc;
 
-use pagewarden_model::{EndTokens, SamplingParams, StopMatcher, StopOutcome, Tokenizer};
-
-/// Why a sequence ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// End-of-generation token or stop sequence.
-    Stop,
-    /// `max_tokens` reached.
-    Length,
-}
+use pagewarden_model::{
+    EndTokens, FinishReason, SamplingParams, StopMatcher, StopOutcome, Tokenizer,
+};
 
 /// What one accepted token produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +18,7 @@ pub struct Emitted {
     /// Text released by this token.
     pub text: String,
     /// Set when the sequence ends with this token.
-    pub finish: Option<Finish>,
+    pub finish: Option<FinishReason>,
     /// The token is an end token (see `EndTokens`) and not part of the completion.
     pub end_of_generation: bool,
 }
@@ -99,7 +92,7 @@ impl Output {
             return Emitted {
                 token,
                 text,
-                finish: Some(Finish::Stop),
+                finish: Some(FinishReason::Stop),
                 end_of_generation: true,
             };
         }
@@ -112,7 +105,7 @@ impl Output {
             return Emitted {
                 token,
                 text,
-                finish: Some(Finish::Stop),
+                finish: Some(FinishReason::Stop),
                 end_of_generation: false,
             };
         }
@@ -128,7 +121,7 @@ impl Output {
             return Emitted {
                 token,
                 text,
-                finish: Some(Finish::Length),
+                finish: Some(FinishReason::Length),
                 end_of_generation: false,
             };
         }
@@ -185,7 +178,7 @@ mod tests {
         let mut out = Output::new(tok.clone(), &SamplingParams::greedy(100));
         let e = out.push(eog);
         assert!(e.end_of_generation);
-        assert_eq!(e.finish, Some(Finish::Stop));
+        assert_eq!(e.finish, Some(FinishReason::Stop));
 
         // ignore_eos: the end-of-generation token is ordinary; a stop token id ends instead.
         let p = SamplingParams {
@@ -197,6 +190,6 @@ mod tests {
         assert_eq!(out.push(eog).finish, None);
         let e = out.push(ids[0]);
         assert!(e.end_of_generation);
-        assert_eq!(e.finish, Some(Finish::Stop));
+        assert_eq!(e.finish, Some(FinishReason::Stop));
     }
 }

@@ -4,30 +4,22 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use pagewarden_common::admission::{Admission, Rejection};
+use pagewarden_common::admission::Admission;
 use pagewarden_common::telemetry::accept_trace_context;
 use pagewarden_common::TenantId;
 use pagewarden_kvcache::KvPool;
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::decode_server::Decode;
+use pagewarden_worker::wire as convert;
+use pagewarden_worker::WorkerError;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::convert;
 use crate::scheduler::{Command, Load};
 use crate::state::GenerateArgs;
-
-/// Maps an admission rejection to the wire: `INVALID_ARGUMENT` with the reason in metadata.
-pub fn rejection_status(r: &Rejection) -> Status {
-    let mut s = Status::invalid_argument(r.to_string());
-    if let Ok(v) = r.reason().parse() {
-        s.metadata_mut().insert("pagewarden-reason", v);
-    }
-    s
-}
 
 /// What `Info` reports besides live figures.
 pub struct Static {
@@ -48,12 +40,8 @@ pub struct DecodeService {
 impl DecodeService {
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(make(reply))
-            .await
-            .map_err(|_| Status::unavailable("decode scheduler stopped"))?;
-        rx.await
-            .map_err(|_| Status::unavailable("decode scheduler stopped"))
+        self.tx.send(make(reply)).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())
     }
 }
 
@@ -205,4 +193,9 @@ impl Drop for Withdraw {
             });
         }
     }
+}
+
+/// The scheduler task is gone (the worker is stopping).
+fn stopped() -> Status {
+    WorkerError::Unavailable("decode scheduler stopped".into()).into()
 }

@@ -41,6 +41,7 @@ use std::sync::Arc;
 
 use pagewarden_model::{Sampler, SamplingParams, TokenLogprobs, Tokenizer};
 use pagewarden_proto::v1::TokenEvent;
+use pagewarden_worker::WorkerError;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
@@ -50,7 +51,7 @@ use crate::output::Output;
 pub type EventTx = mpsc::UnboundedSender<Result<TokenEvent, Status>>;
 
 /// Where a `Reserve` call waits for its grant.
-pub type GrantReply = oneshot::Sender<Result<WriteGrant, Status>>;
+pub type GrantReply = oneshot::Sender<Result<WriteGrant, WorkerError>>;
 
 /// An admitted `Reserve` waiting for pages; it holds none.
 pub struct Queued {

@@ -24,12 +24,10 @@ use std::time::{Duration, Instant};
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::TenantId;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages};
-use pagewarden_worker::wire::QueueRefusal;
-use pagewarden_worker::FairQueue;
+use pagewarden_worker::{FairQueue, QueueRefusal, WorkerError};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
-use tonic::Status;
 
 /// Bounds of the gate.
 #[derive(Debug, Clone, Copy)]
@@ -264,13 +262,12 @@ impl Drop for Leave<'_> {
     }
 }
 
-impl Refused {
-    /// The wire status.
-    pub fn status(self) -> Status {
-        match self {
-            Refused::Cancelled => Status::cancelled("prefill aborted"),
-            Refused::Queue(q) => q.status("prefill"),
-            Refused::Invalid(m) => Status::invalid_argument(m),
+impl From<Refused> for WorkerError {
+    fn from(r: Refused) -> WorkerError {
+        match r {
+            Refused::Cancelled => WorkerError::Cancelled("prefill aborted".into()),
+            Refused::Queue(q) => q.error("prefill"),
+            Refused::Invalid(m) => WorkerError::Invalid(m),
         }
     }
 }

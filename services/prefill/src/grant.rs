@@ -2,30 +2,10 @@
 //! sampling parameters. Nothing past this module sees an unparsed message.
 
 use pagewarden_common::{AttemptId, RequestId, TenantId};
-use pagewarden_kvcache::{Generation, GrantKey, PageId};
 use pagewarden_model::SamplingParams;
 use pagewarden_proto::v1 as pb;
-pub use pagewarden_worker::wire::{request_ref, sampling};
+pub use pagewarden_worker::wire::{received_grant, request_ref, sampling, ReceivedGrant};
 use tonic::Status;
-
-/// A decode worker's grant as prefill uses it.
-#[derive(Debug, Clone)]
-pub struct Grant {
-    pub key: GrantKey,
-    pub pages: Vec<(PageId, Generation)>,
-    pub tokens: usize,
-    pub page_size: usize,
-    pub transfer_addr: String,
-}
-
-impl Grant {
-    /// Tokens page `index` must hold: full pages, the last one the remainder.
-    pub fn tokens_in_page(&self, index: usize) -> usize {
-        self.tokens
-            .saturating_sub(index * self.page_size)
-            .min(self.page_size)
-    }
-}
 
 /// A parsed `PrefillRequest`.
 #[derive(Debug, Clone)]
@@ -36,7 +16,7 @@ pub struct ValidPrefill {
     /// The tenant's weight in this worker's queues (at least 1).
     pub weight: u32,
     pub prompt: Vec<u32>,
-    pub grant: Grant,
+    pub grant: ReceivedGrant,
     pub sampling: SamplingParams,
 }
 
@@ -53,27 +33,8 @@ pub fn parse(
     }
     let sampling = sampling(m.sampling.as_ref())?;
     admit(m.prompt_tokens.len(), sampling.max_tokens)?;
-    let g = m
-        .grant
-        .ok_or_else(|| Status::invalid_argument("grant is required"))?;
-    let key = g
-        .key
-        .as_slice()
-        .try_into()
-        .map(GrantKey)
-        .map_err(|_| Status::invalid_argument("grant.key must be 16 bytes"))?;
-    let grant = Grant {
-        key,
-        pages: g
-            .pages
-            .iter()
-            .map(|p| (PageId(p.page), Generation(p.generation)))
-            .collect(),
-        tokens: g.tokens as usize,
-        page_size: g.page_size as usize,
-        transfer_addr: g.transfer_addr,
-    };
-    if g.tenant != m.tenant {
+    let grant = received_grant(m.grant)?;
+    if grant.tenant != m.tenant {
         return Err(Status::invalid_argument(
             "grant.tenant differs from the request's tenant",
         ));
@@ -93,9 +54,6 @@ pub fn parse(
             grant.pages.len(),
             m.prompt_tokens.len()
         )));
-    }
-    if grant.transfer_addr.is_empty() {
-        return Err(Status::invalid_argument("grant.transfer_addr is required"));
     }
     Ok(ValidPrefill {
         req,

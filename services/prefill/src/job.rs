@@ -16,10 +16,9 @@ use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages};
 use pagewarden_model::{Model, Sampled, Sampler};
 use pagewarden_proto::v1 as pb;
+use pagewarden_worker::{wire, Compute, WorkerError};
 use tokio_util::sync::CancellationToken;
-use tonic::Status;
 
-use crate::compute::Compute;
 use crate::gate::{Admitted, Gate};
 use crate::grant::ValidPrefill;
 use crate::outbound::{abandon_grant, Outbound};
@@ -47,7 +46,7 @@ pub async fn run(
     deps: Arc<JobDeps>,
     job: ValidPrefill,
     cancel: CancellationToken,
-) -> Result<pb::PrefillReply, Status> {
+) -> Result<pb::PrefillReply, WorkerError> {
     let owner = Owner {
         request: job.req,
         tenant: job.tenant.clone(),
@@ -60,7 +59,7 @@ pub async fn run(
         Ok(a) => a,
         Err(refused) => {
             abandon_grant(&deps, &job).await;
-            return Err(refused.status());
+            return Err(refused.into());
         }
     };
     let result = compute_and_send(&deps, &job, pages, &cancel).await;
@@ -76,7 +75,7 @@ async fn compute_and_send(
     job: &ValidPrefill,
     pages: ReadablePages,
     cancel: &CancellationToken,
-) -> Result<pb::PrefillReply, Status> {
+) -> Result<pb::PrefillReply, WorkerError> {
     let started = Instant::now();
     let mut out = match Outbound::open(deps, job).await {
         Ok(out) => out,
@@ -102,35 +101,24 @@ async fn compute_and_send(
     let secs = t0.elapsed();
     deps.metrics.observe_transfer(bytes, secs.as_secs_f64());
     Ok(pb::PrefillReply {
-        req: Some(pb::RequestRef {
-            request_id: job.req.as_bytes().to_vec(),
-            attempt: job.attempt.0,
-        }),
-        manifest: Some(pb::CommitManifest {
-            grant_key: manifest.key.0.to_vec(),
-            tokens_written: manifest.tokens_written as u32,
-            page_checksums: manifest.page_checksums,
-            digest: manifest.digest,
-        }),
+        req: Some(wire::request_ref_of(job.req, job.attempt)),
+        manifest: Some(wire::manifest_to_wire(manifest)),
         first_token: first.token,
         transfer_bytes: bytes,
         transfer_micros: secs.as_micros() as u64,
-        first_logprobs: first
-            .logprobs
-            .as_ref()
-            .map(pagewarden_worker::wire::logprobs),
+        first_logprobs: first.logprobs.as_ref().map(wire::logprobs),
     })
 }
 
-pub(crate) fn cancelled() -> Status {
-    Status::cancelled("prefill aborted")
+pub(crate) fn cancelled() -> WorkerError {
+    WorkerError::Cancelled("prefill aborted".into())
 }
 
 /// How a forward pass ended early: the grant still needs ending (`Compute`: aborted or the
 /// pass failed), or the transfer already ended it.
 enum Failure {
-    Compute(Status),
-    Transfer(Status),
+    Compute(WorkerError),
+    Transfer(WorkerError),
 }
 
 /// The forward pass, one chunk at a time, each chunk in its turn on the engine ([`Turns`]: a
@@ -185,13 +173,14 @@ async fn compute(
             (pages, ran, result)
         })
         .await
-        .map_err(|e| Failure::Compute(Status::internal(format!("prefill task failed: {e}"))))?;
+        .map_err(|e| {
+            Failure::Compute(WorkerError::Internal(format!("prefill task failed: {e}")))
+        })?;
         drop(turn);
         pages = back;
         logits = result.map_err(|e| {
-            Failure::Compute(Status::internal(format!(
-                "prefill forward pass failed: {}",
-                e.0
+            Failure::Compute(WorkerError::Internal(format!(
+                "prefill forward pass failed: {e}"
             )))
         })?;
         deps.metrics.prefill_chunk();

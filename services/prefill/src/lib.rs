@@ -1,7 +1,6 @@
 //! `pagewarden-prefill`: the prefill worker, as a library: [`run`] serves with the flags in
 //! [`Cli`]; the binary (`main.rs`) only parses them.
 //!
-//! - `compute.rs`: `Compute`, the forward pass and page reads on the CPU or a GPU (`--device`).
 //! - `grant.rs`: parsing the request and decode's write grant.
 //! - `gate.rs`: the bounded fair queue for a compute slot and the prompt's pages (I9).
 //! - `job.rs`: one job: chunked forward pass taking turns with other jobs, first token.
@@ -12,7 +11,6 @@
 //!
 //! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
 
-mod compute;
 mod gate;
 mod grant;
 mod job;
@@ -33,7 +31,7 @@ use pagewarden_kernels::Device;
 use pagewarden_proto::v1::prefill_server::PrefillServer;
 use pagewarden_transfer::{EngineConfig, ListenOptions, TcpBackend};
 use pagewarden_worker::{
-    auditor_client, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, Role,
+    auditor_client, Compute, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, Role,
 };
 
 /// This worker, for messages, telemetry and the auditor.
@@ -88,7 +86,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 staging_pages: batch_pages,
                 zero_new_pages: cfg.zero_on_release,
             };
-            let compute = compute::Compute::open(device, loaded.model.clone(), &loaded.pool, &gpu)?;
+            let compute = Compute::open(device, &ROLE, loaded.model.clone(), &loaded.pool, &gpu)?;
             anyhow::Ok((loaded, compute))
         })
         .await?

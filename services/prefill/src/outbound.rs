@@ -16,8 +16,8 @@ use pagewarden_kvcache::{CommitManifest, GrantKey, ReadablePages};
 use pagewarden_transfer::{
     BatchHandle, BatchStatus, ManifestBuilder, PageWriteReq, SegmentId, TransferBackend,
 };
+use pagewarden_worker::WorkerError;
 use tokio_util::sync::CancellationToken;
-use tonic::Status;
 
 use crate::grant::ValidPrefill;
 use crate::job::{cancelled, JobDeps};
@@ -46,7 +46,7 @@ pub struct Outbound<'a> {
 
 impl<'a> Outbound<'a> {
     /// Connects to the grant's decode transfer listener (an open connection is reused).
-    pub async fn open(deps: &'a JobDeps, job: &'a ValidPrefill) -> Result<Self, Status> {
+    pub async fn open(deps: &'a JobDeps, job: &'a ValidPrefill) -> Result<Self, WorkerError> {
         let seg = deps.segments.open(&job.grant.transfer_addr).await?;
         Ok(Self {
             deps,
@@ -66,7 +66,7 @@ impl<'a> Outbound<'a> {
         pages: &ReadablePages,
         upto: usize,
         cancel: &CancellationToken,
-    ) -> Result<(), Status> {
+    ) -> Result<(), WorkerError> {
         let upto = upto.min(self.job.grant.pages.len());
         while self.submitted < upto {
             let end = (self.submitted + self.deps.batch_pages.max(1)).min(upto);
@@ -84,7 +84,7 @@ impl<'a> Outbound<'a> {
         mut self,
         pages: &ReadablePages,
         cancel: &CancellationToken,
-    ) -> Result<(CommitManifest, u64), Status> {
+    ) -> Result<(CommitManifest, u64), WorkerError> {
         self.send_upto(pages, self.job.grant.pages.len(), cancel)
             .await?;
         self.settle(0, cancel).await?;
@@ -101,13 +101,13 @@ impl<'a> Outbound<'a> {
             Ok(Ok(())) => Ok((self.manifest.build(), self.bytes)),
             Ok(Err(e)) => {
                 self.deps.segments.forget(addr, self.seg);
-                Err(Status::unavailable(format!(
+                Err(WorkerError::Unavailable(format!(
                     "KV transfer drain failed: {e}"
                 )))
             }
             Err(_) => {
                 self.deps.segments.forget(addr, self.seg);
-                Err(Status::unavailable(format!(
+                Err(WorkerError::Unavailable(format!(
                     "KV transfer drain not acknowledged within {ACK_TIMEOUT:?}"
                 )))
             }
@@ -128,13 +128,13 @@ impl<'a> Outbound<'a> {
 
     /// Submits the pages `batch` (generation-checked bytes: host memory on the CPU, device to
     /// pinned host on a GPU).
-    fn submit(&mut self, pages: &ReadablePages, batch: &[usize]) -> Result<(), Status> {
+    fn submit(&mut self, pages: &ReadablePages, batch: &[usize]) -> Result<(), WorkerError> {
         let g = &self.job.grant;
         let frames = self
             .deps
             .compute
             .frames(pages, batch)
-            .map_err(|e| Status::internal(e.0))?;
+            .map_err(|e| WorkerError::Internal(e.to_string()))?;
         let reqs: Vec<PageWriteReq> = batch
             .iter()
             .zip(frames)
@@ -161,7 +161,7 @@ impl<'a> Outbound<'a> {
             }
             Err(e) => {
                 self.deps.segments.forget(&g.transfer_addr, self.seg);
-                Err(Status::unavailable(format!("KV transfer failed: {e}")))
+                Err(WorkerError::Unavailable(format!("KV transfer failed: {e}")))
             }
         }
     }
@@ -169,7 +169,7 @@ impl<'a> Outbound<'a> {
     /// Waits for the oldest batches until at most `keep` are in flight; each confirmed batch
     /// joins the manifest (with the checksums computed when it was sent). On a failure or an
     /// abort the grant is cancelled before the error returns.
-    async fn settle(&mut self, keep: usize, cancel: &CancellationToken) -> Result<(), Status> {
+    async fn settle(&mut self, keep: usize, cancel: &CancellationToken) -> Result<(), WorkerError> {
         while self.in_flight.len() > keep {
             let Some(mut handle) = self.in_flight.pop_front() else {
                 break;
@@ -184,7 +184,9 @@ impl<'a> Outbound<'a> {
                     continue;
                 }
                 BatchStatus::Pending | BatchStatus::Cancelled { .. } => cancelled(),
-                BatchStatus::Failed(f) => Status::unavailable(format!("KV transfer failed: {f:?}")),
+                BatchStatus::Failed(f) => {
+                    WorkerError::Unavailable(format!("KV transfer failed: {f:?}"))
+                }
             };
             let g = &self.job.grant;
             cancel_grant(self.deps, &g.transfer_addr, self.seg, g.key).await;
@@ -221,7 +223,7 @@ pub async fn abandon_grant(deps: &JobDeps, job: &ValidPrefill) {
     match tokio::time::timeout(ACK_TIMEOUT, deps.segments.open(&g.transfer_addr)).await {
         Ok(Ok(seg)) => cancel_grant(deps, &g.transfer_addr, seg, g.key).await,
         Ok(Err(e)) => {
-            tracing::warn!(request = %job.req, error = %e.message(), "could not end the unused KV grant")
+            tracing::warn!(request = %job.req, error = %e, "could not end the unused KV grant")
         }
         Err(_) => {
             tracing::warn!(request = %job.req, "connecting to end the unused KV grant timed out")

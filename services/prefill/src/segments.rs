@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use pagewarden_transfer::{SegmentDesc, SegmentId, TcpBackend, TransferBackend};
-use tonic::Status;
+use pagewarden_worker::WorkerError;
 
 /// The TCP transfer backend and its open segments.
 #[derive(Clone)]
@@ -28,7 +28,7 @@ impl Segments {
     /// The open segment for `addr`, connecting if needed. The connect (bounded by the
     /// transfer's connect timeout) runs outside the lock, so one unreachable decode never
     /// stalls jobs bound for the others; when two jobs race, the first segment in wins.
-    pub async fn open(&self, addr: &str) -> Result<SegmentId, Status> {
+    pub async fn open(&self, addr: &str) -> Result<SegmentId, WorkerError> {
         if let Some(seg) = self.open.lock().await.get(addr) {
             return Ok(*seg);
         }
@@ -39,7 +39,9 @@ impl Segments {
             })
             .await
             .map_err(|e| {
-                Status::unavailable(format!("cannot reach decode transfer listener {addr}: {e}"))
+                WorkerError::Unavailable(format!(
+                    "cannot reach decode transfer listener {addr}: {e}"
+                ))
             })?;
         let mut open = self.open.lock().await;
         if let Some(&first) = open.get(addr) {

@@ -10,6 +10,7 @@ use pagewarden_common::telemetry::accept_trace_context;
 use pagewarden_common::{AttemptId, RequestId};
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::prefill_server::Prefill;
+use pagewarden_worker::WorkerError;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -31,14 +32,6 @@ pub struct PrefillService {
     pub deps: Arc<JobDeps>,
     pub info: Arc<Static>,
     pub active: Arc<Mutex<HashMap<RequestId, (AttemptId, CancellationToken)>>>,
-}
-
-fn rejection_status(r: &pagewarden_common::admission::Rejection) -> Status {
-    let mut s = Status::invalid_argument(r.to_string());
-    if let Ok(v) = r.reason().parse() {
-        s.metadata_mut().insert("pagewarden-reason", v);
-    }
-    s
 }
 
 /// Removes the job from the active table when the call ends, however it ends.
@@ -81,7 +74,7 @@ impl Prefill for PrefillService {
                     .map_err(|r| {
                         metrics.rejection(r.reason());
                         metrics.request("rejected");
-                        rejection_status(&r)
+                        Status::from(WorkerError::Rejected(r))
                     })
             },
         )?;
@@ -91,10 +84,11 @@ impl Prefill for PrefillService {
             if let Some((att, _)) = active.get(&job.req) {
                 if *att >= job.attempt {
                     metrics.stale_message();
-                    return Err(Status::aborted(format!(
-                        "stale message: prefill of attempt {} after {}",
+                    return Err(WorkerError::Stale(format!(
+                        "prefill of attempt {} after {}",
                         job.attempt.0, att.0
-                    )));
+                    ))
+                    .into());
                 }
             }
             active.insert(job.req, (job.attempt, cancel.clone()));
@@ -118,9 +112,9 @@ impl Prefill for PrefillService {
                 let result = job::run(deps, job, cancel).await;
                 match &result {
                     Ok(_) => metrics.request("ok"),
-                    Err(s) if s.code() == tonic::Code::Cancelled => metrics.request("aborted"),
-                    Err(s) => {
-                        tracing::warn!(request = %req, error = %s.message(), "prefill failed");
+                    Err(WorkerError::Cancelled(_)) => metrics.request("aborted"),
+                    Err(e) => {
+                        tracing::warn!(request = %req, error = %e, "prefill failed");
                         metrics.request("error")
                     }
                 }
@@ -130,8 +124,8 @@ impl Prefill for PrefillService {
         );
         let result = handle
             .await
-            .map_err(|e| Status::internal(format!("prefill job failed: {e}")))?;
-        result.map(Response::new)
+            .map_err(|e| WorkerError::Internal(format!("prefill job failed: {e}")))?;
+        Ok(Response::new(result?))
     }
 
     async fn abort(

@@ -13,12 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pagewarden_common::{AttemptId, RequestId, TenantId};
-use pagewarden_model::Grammar;
+use pagewarden_model::{FinishReason, Grammar};
 use pagewarden_proto::v1::sampling_params::Grammar as WireGrammar;
 use pagewarden_proto::v1::{
-    FinishReason, GenerateRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef,
-    ReserveRequest, SamplingParams, TokenEvent, WriteGrant,
+    GenerateRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef, ReserveRequest,
+    SamplingParams, TokenEvent, WriteGrant,
 };
+use pagewarden_worker::wire::parse_finish_reason;
 use tonic::Streaming;
 use tracing::Instrument;
 
@@ -31,28 +32,6 @@ use crate::token_rate::TokenMeter;
 use crate::validation::ValidSampling;
 use crate::workers::{Lease, WorkerPool};
 
-/// How a generation ended, as OpenAI spells it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Finish {
-    /// EOS or a stop sequence.
-    Stop,
-    /// `max_tokens` reached.
-    Length,
-    /// A worker aborted the generation.
-    Abort,
-}
-
-impl Finish {
-    /// `stop`, `length` or `abort`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-            Finish::Abort => "abort",
-        }
-    }
-}
-
 /// One generated token relayed to the client; the last one carries `finish`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Token {
@@ -61,7 +40,7 @@ pub struct Token {
     /// Text it completes (may be empty mid-UTF-8 or inside a held-back stop prefix).
     pub text: String,
     /// Set on the last token only.
-    pub finish: Option<Finish>,
+    pub finish: Option<FinishReason>,
     /// Its logprobs, when requested (never on an end marker, which is no completion token).
     pub logprobs: Option<Logprobs>,
 }
@@ -99,7 +78,7 @@ enum RequestState {
     Reserved { grant: WriteGrant },
     Prefilled { reply: PrefillReply },
     Streaming { tokens: Streaming<TokenEvent> },
-    Finished(Finish),
+    Finished(FinishReason),
     Failed,
 }
 
@@ -172,7 +151,7 @@ impl Flight {
     }
 
     /// How the generation ended, once it has.
-    pub fn finish(&self) -> Option<Finish> {
+    pub fn finish(&self) -> Option<FinishReason> {
         match self.state {
             RequestState::Finished(f) => Some(f),
             RequestState::Admitted
@@ -412,11 +391,8 @@ impl Flight {
             tracing::warn!(parent: &self.span, "dropped a token event naming another request");
             return Ok(None);
         }
-        let finish = match FinishReason::try_from(event.finish) {
-            Ok(FinishReason::Unspecified) => None,
-            Ok(FinishReason::Stop) => Some(Finish::Stop),
-            Ok(FinishReason::Length) => Some(Finish::Length),
-            Ok(FinishReason::Abort) => Some(Finish::Abort),
+        let finish = match parse_finish_reason(event.finish) {
+            Ok(f) => f,
             Err(_) => {
                 self.guard.set_reason(AbortReason::DecodeFailed);
                 return Err(missing(Half::Decode, "a known finish reason"));

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::dispatch::Finish;
+use pagewarden_model::FinishReason;
 
 /// Which endpoint a response belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,7 +88,7 @@ impl ResponseMeta {
     }
 
     /// The complete (non-streaming) body; `logprobs` is null unless requested.
-    pub fn full(&self, text: &str, finish: Finish, usage: Usage, logprobs: Value) -> Value {
+    pub fn full(&self, text: &str, finish: FinishReason, usage: Usage, logprobs: Value) -> Value {
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
                 "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.as_str(),
@@ -115,8 +115,14 @@ impl ResponseMeta {
 
     /// One streaming chunk carrying `text` and the `logprobs` of its tokens (null unless
     /// requested); `first` adds the assistant role to a chat delta.
-    pub fn chunk(&self, text: &str, finish: Option<Finish>, first: bool, logprobs: Value) -> Value {
-        let finish = finish.map(Finish::as_str);
+    pub fn chunk(
+        &self,
+        text: &str,
+        finish: Option<FinishReason>,
+        first: bool,
+        logprobs: Value,
+    ) -> Value {
+        let finish = finish.map(FinishReason::as_str);
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
                 "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,

@@ -11,7 +11,9 @@ use pagewarden_proto::v1::Logprobs;
 use serde_json::Value;
 
 use crate::admission::admit;
-use crate::dispatch::{Finish, Flight, Job, Token};
+use pagewarden_model::FinishReason;
+
+use crate::dispatch::{Flight, Job, Token};
 use crate::error::RouterError;
 use crate::logprobs::LogprobsRenderer;
 use crate::metrics::Outcome;
@@ -179,7 +181,7 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
 }
 
 /// The whole completion: its text, how it ended, and its tokens' logprobs (when requested).
-async fn collect(s: &mut Streaming) -> Result<(String, Finish, Vec<Logprobs>), RouterError> {
+async fn collect(s: &mut Streaming) -> Result<(String, FinishReason, Vec<Logprobs>), RouterError> {
     let mut text = String::new();
     let mut logprobs = Vec::new();
     let mut next = s.first.take();
@@ -201,16 +203,16 @@ async fn collect(s: &mut Streaming) -> Result<(String, Finish, Vec<Logprobs>), R
 }
 
 /// `completed` for stop/length, `aborted` when a worker aborted.
-pub fn outcome_of_finish(finish: Finish) -> Outcome {
+pub fn outcome_of_finish(finish: FinishReason) -> Outcome {
     match finish {
-        Finish::Stop | Finish::Length => Outcome::Completed,
-        Finish::Abort => Outcome::Aborted,
+        FinishReason::Stop | FinishReason::Length => Outcome::Completed,
+        FinishReason::Abort => Outcome::Aborted,
     }
 }
 
 /// A response that finished (stop, length, or abort by a worker): counted under vLLM's metrics
 /// and offered to the sample sink.
-pub fn finished(state: &AppState, s: &Streaming, text: &str, finish: Finish) {
+pub fn finished(state: &AppState, s: &Streaming, text: &str, finish: FinishReason) {
     state.metrics.vllm.finished(FinishedRequest {
         prompt_tokens: u64::from(s.flight.prompt_tokens()),
         generation_tokens: u64::from(s.flight.completion_tokens()),

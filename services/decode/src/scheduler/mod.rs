@@ -38,13 +38,10 @@ use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{CommitError, KvPool, Owner};
 use pagewarden_model::{Sampled, SamplingParams, Tokenizer};
-use pagewarden_worker::wire::QueueRefusal;
-use pagewarden_worker::FairQueue;
+use pagewarden_worker::{Compute, ComputeError, FairQueue, QueueRefusal, WorkerError};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tonic::Status;
 
-use crate::compute::{Compute, StepError};
 use crate::events;
 use crate::rotation::Rotation;
 use crate::sink::{DecodeSink, StreamEnd};
@@ -71,7 +68,7 @@ pub enum Command {
         req: RequestId,
         attempt: AttemptId,
         args: GenerateArgs,
-        reply: oneshot::Sender<Result<(), Status>>,
+        reply: oneshot::Sender<Result<(), WorkerError>>,
     },
     Abort {
         req: RequestId,
@@ -117,9 +114,9 @@ pub struct SchedulerDeps {
 /// What came back from the model thread.
 enum Done {
     /// One batched decode step: each sequence's sampled token or why it failed.
-    Step(Vec<(RequestId, Box<Running>, Result<Sampled, StepError>)>),
+    Step(Vec<(RequestId, Box<Running>, Result<Sampled, ComputeError>)>),
     /// One chunk of a preempted sequence's recompute.
-    Recompute(RequestId, Box<Running>, Result<(), StepError>),
+    Recompute(RequestId, Box<Running>, Result<(), ComputeError>),
 }
 
 struct Scheduler {
@@ -182,20 +179,13 @@ pub async fn run(deps: SchedulerDeps, mut rx: mpsc::Receiver<Command>, shutdown:
     for (_, entry) in s.table.drain() {
         match entry.state {
             RequestState::Running(r) | RequestState::Recomputing(r) => {
-                let _ = r
-                    .seq
-                    .tx
-                    .send(Err(Status::unavailable("decode worker shutting down")));
+                let _ = r.seq.tx.send(Err(shutting_down().into()));
             }
             RequestState::Preempted(seq) => {
-                let _ = seq
-                    .tx
-                    .send(Err(Status::unavailable("decode worker shutting down")));
+                let _ = seq.tx.send(Err(shutting_down().into()));
             }
             RequestState::Queued(q) => {
-                let _ = q
-                    .reply
-                    .send(Err(Status::unavailable("decode worker shutting down")));
+                let _ = q.reply.send(Err(shutting_down()));
             }
             RequestState::Reserved(_)
             | RequestState::Stepping { .. }
@@ -275,7 +265,7 @@ impl Scheduler {
         self.table.values().filter(|e| e.state.is_active()).count()
     }
 
-    fn stale(&self, req: RequestId, what: &str) -> Status {
+    fn stale(&self, req: RequestId, what: &str) -> WorkerError {
         self.deps.metrics.stale_message();
         self.deps.integrity.report(IntegrityEvent {
             node_id: self.deps.node_id.clone(),
@@ -285,7 +275,7 @@ impl Scheduler {
             tenant: None,
             detail: what.to_string(),
         });
-        Status::aborted(format!("stale message: {what}"))
+        WorkerError::Stale(what.to_string())
     }
 
     fn generate(
@@ -293,9 +283,9 @@ impl Scheduler {
         req: RequestId,
         attempt: AttemptId,
         args: GenerateArgs,
-    ) -> Result<(), Status> {
+    ) -> Result<(), WorkerError> {
         let Some(entry) = self.table.get_mut(&req) else {
-            return Err(Status::not_found(format!(
+            return Err(WorkerError::NotFound(format!(
                 "no reservation for request {req}"
             )));
         };
@@ -354,7 +344,7 @@ impl Scheduler {
                     tenant: Some(tenant),
                     detail: e.to_string(),
                 });
-                Err(Status::failed_precondition(format!("commit refused: {e}")))
+                Err(WorkerError::CommitRefused(e.to_string()))
             }
         }
     }
@@ -388,7 +378,7 @@ impl Scheduler {
         let found = match state {
             RequestState::Queued(q) => {
                 self.queue.remove_first(|&(r, a)| r == req && a == attempt);
-                let _ = q.reply.send(Err(Status::cancelled(format!(
+                let _ = q.reply.send(Err(WorkerError::Cancelled(format!(
                     "aborted while queued: {reason}"
                 ))));
                 true
@@ -487,4 +477,9 @@ fn commit_kind(e: &CommitError) -> IntegrityKind {
         CommitError::ChecksumMismatch(_) => IntegrityKind::ChecksumMismatch,
         CommitError::GuardWordCorrupt(_) => IntegrityKind::GuardWordCorrupt,
     }
+}
+
+/// What every request still in the table is told when the worker stops.
+fn shutting_down() -> WorkerError {
+    WorkerError::Unavailable("decode worker shutting down".into())
 }

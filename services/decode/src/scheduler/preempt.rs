@@ -13,9 +13,9 @@
 
 use pagewarden_common::RequestId;
 use pagewarden_kvcache::ReserveError;
+use pagewarden_worker::ComputeError;
 
 use super::{Done, Scheduler};
-use crate::compute::StepError;
 use crate::state::{RequestState, Running};
 
 impl Scheduler {
@@ -95,7 +95,7 @@ impl Scheduler {
                 Err(e @ (ReserveError::TooLarge { .. } | ReserveError::ZeroTokens)) => {
                     // Admission keeps prompt + max_tokens within the pool: not reached.
                     let (req, r) = seqs.remove(i);
-                    self.fail(req, r, StepError::Failed(e.to_string()));
+                    self.fail(req, r, ComputeError::Failed(e.to_string()));
                 }
             }
         }
@@ -245,7 +245,7 @@ impl Scheduler {
             let compute = self.deps.compute.clone();
             self.step = Some(tokio::task::spawn_blocking(move || {
                 let mut r = r;
-                let result = compute.recompute(&mut r.pages, &tokens);
+                let result = compute.prefill(&mut r.pages, &tokens).map(drop);
                 Done::Recompute(req, r, result)
             }));
             return true;
@@ -259,7 +259,7 @@ impl Scheduler {
         &mut self,
         req: RequestId,
         r: Box<Running>,
-        result: Result<(), StepError>,
+        result: Result<(), ComputeError>,
     ) {
         if let Some(entry) = self.back_from_model(req, &r) {
             match result {

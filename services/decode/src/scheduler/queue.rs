@@ -7,8 +7,7 @@ use std::time::Instant;
 
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::ReserveError;
-use pagewarden_worker::wire::QueueRefusal;
-use tonic::Status;
+use pagewarden_worker::{QueueRefusal, WorkerError};
 
 use super::Scheduler;
 use crate::state::{Entry, Queued, RequestState, Reservation};
@@ -22,7 +21,7 @@ impl Scheduler {
         req: RequestId,
         attempt: AttemptId,
         q: Queued,
-    ) -> Result<(), (Status, Queued)> {
+    ) -> Result<(), (WorkerError, Queued)> {
         if let Err(r) = self
             .deps
             .admission
@@ -30,7 +29,7 @@ impl Scheduler {
         {
             self.deps.metrics.rejection(r.reason());
             self.deps.metrics.request("rejected");
-            return Err((crate::service::rejection_status(&r), q));
+            return Err((WorkerError::Rejected(r), q));
         }
         if let Some(old) = self.table.get(&req) {
             if old.attempt >= attempt {
@@ -166,17 +165,17 @@ impl Scheduler {
         let pages = match self.deps.pool.reserve(owner.clone(), prompt.len()) {
             Ok(p) => p,
             Err(e) => {
-                let status = match e {
+                let error = match e {
                     ReserveError::Exhausted { .. } => {
-                        Status::internal(format!("KV pool changed under the scheduler: {e}"))
+                        WorkerError::Internal(format!("KV pool changed under the scheduler: {e}"))
                     }
                     ReserveError::TooLarge { .. } | ReserveError::ZeroTokens => {
-                        Status::invalid_argument(e.to_string())
+                        WorkerError::Invalid(e.to_string())
                     }
                 };
                 entry.ended_at = Some(Instant::now());
                 self.deps.metrics.request("error");
-                let _ = reply.send(Err(status));
+                let _ = reply.send(Err(error));
                 return;
             }
         };
@@ -214,7 +213,7 @@ impl Scheduler {
         self.deps.metrics.rejection(refusal.reason());
         self.deps.metrics.request(refusal.reason());
         tracing::info!(request = %req, reason = refusal.reason(), "refused from the queue");
-        let _ = q.reply.send(Err(refusal.status("decode")));
+        let _ = q.reply.send(Err(refusal.error("decode")));
     }
 }
 

@@ -6,12 +6,10 @@ use std::time::Instant;
 use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind};
 use pagewarden_common::RequestId;
 use pagewarden_model::Sampled;
-use tonic::Status;
+use pagewarden_worker::{ComputeError, WorkerError};
 
 use super::{Done, Scheduler};
-use crate::compute::StepError;
 use crate::events;
-use crate::output::Finish;
 use crate::rotation::Turn;
 use crate::state::{Entry, RequestState, Running};
 
@@ -58,10 +56,7 @@ impl Scheduler {
             (Some(f), _) => {
                 entry.state = RequestState::Finished;
                 entry.ended_at = Some(now);
-                self.deps.metrics.request(match f {
-                    Finish::Stop => "stop",
-                    Finish::Length => "length",
-                });
+                self.deps.metrics.request(f.as_str());
             }
             (None, false) => {
                 // The client dropped the stream: abort (pages freed with `r`).
@@ -176,7 +171,7 @@ impl Scheduler {
 
     pub(super) fn finish_step(
         &mut self,
-        results: Vec<(RequestId, Box<Running>, Result<Sampled, StepError>)>,
+        results: Vec<(RequestId, Box<Running>, Result<Sampled, ComputeError>)>,
     ) {
         for (req, running, result) in results {
             let Some(entry) = self.back_from_model(req, &running) else {
@@ -195,9 +190,9 @@ impl Scheduler {
 
     /// Ends a sequence whose step (or recompute) failed. I1/I8: fail only this request,
     /// count it, report it; never data. Its pages are freed with `running`.
-    pub(super) fn fail(&mut self, req: RequestId, running: Box<Running>, e: StepError) {
+    pub(super) fn fail(&mut self, req: RequestId, running: Box<Running>, e: ComputeError) {
         let kind = match e {
-            StepError::KvRefused(_) => {
+            ComputeError::KvRefused(_) => {
                 self.deps.integrity.report(IntegrityEvent {
                     node_id: self.deps.node_id.clone(),
                     role: "decode",
@@ -208,13 +203,13 @@ impl Scheduler {
                 });
                 "kv_read_refused"
             }
-            StepError::Failed(_) => "error",
+            ComputeError::Failed(_) => "error",
         };
         tracing::warn!(request = %req, error = %e, "sequence failed");
-        let _ = running
-            .seq
-            .tx
-            .send(Err(Status::internal(format!("generation failed: {e}"))));
+        let _ = running.seq.tx.send(Err(WorkerError::Internal(format!(
+            "generation failed: {e}"
+        ))
+        .into()));
         if let Some(entry) = self.table.get_mut(&req) {
             entry.state = RequestState::Aborted;
             entry.ended_at = Some(Instant::now());

@@ -10,11 +10,10 @@ use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{KvPool, PoolConfig, WriteGrant};
 use pagewarden_model::{GgufFile, LoadOptions, Model, SamplingParams, Tokenizer};
+use pagewarden_worker::{Compute, WorkerError};
 use tokio::sync::{mpsc, oneshot};
-use tonic::Status;
 
 use super::{run, Command, SchedulerDeps};
-use crate::compute::Compute;
 use crate::sink::DecodeSink;
 
 const PAGE: usize = 16;
@@ -44,7 +43,7 @@ fn scheduler(pages: usize) -> mpsc::Sender<Command> {
     tx
 }
 
-type Reply = oneshot::Receiver<Result<WriteGrant, Status>>;
+type Reply = oneshot::Receiver<Result<WriteGrant, WorkerError>>;
 
 async fn reserve(tx: &mpsc::Sender<Command>, tenant: &str, prompt_tokens: usize) -> Reply {
     let (reply, rx) = oneshot::channel();
