@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use pagewarden_proto::v1 as pb;
 use pagewarden_system_tests::driver::{fresh_ref, greedy, reason, Driver};
 use pagewarden_system_tests::{reference, start_decode, start_prefill, ModelArg, Service};
+use pagewarden_worker::wire;
 
 const CLEANUP_BOUND: Duration = Duration::from_secs(5);
 const TINY: ModelArg = ModelArg::Tiny(7);
@@ -71,11 +72,7 @@ async fn reference_prompts_match_the_single_process_engine() {
             .expect("completion");
         assert_eq!(got.tokens, want.tokens, "prompt {:?}", case["prompt"]);
         assert_eq!(got.text, want.text, "prompt {:?}", case["prompt"]);
-        let finish = match want.finish_reason {
-            pagewarden_model::FinishReason::Stop => pb::FinishReason::Stop,
-            pagewarden_model::FinishReason::Length => pb::FinishReason::Length,
-        };
-        assert_eq!(got.finish, finish);
+        assert_eq!(got.finish, wire::finish_reason(Some(want.finish_reason)));
     }
     let info = d.decode_info().await;
     assert_eq!(
