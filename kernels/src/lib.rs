@@ -16,6 +16,7 @@
 //! - `expf`: ggml's vectorized `exp` and 16-lane horizontal sum, bit-identical to llama.cpp.
 //! - `activation`: SiLU, SwiGLU, softmax (ggml's rounding).
 //! - `attention`: causal grouped-query attention over paged f16 K/V blocks.
+//! - `attention_flash`: attention with llama.cpp's flash-attention arithmetic (f16 accumulation).
 //! - `attention_decode`: decode (one query token) attention split over keys, then columns.
 //! - `attention_sums`: attention's dot products and weighted sums in ggml's order.
 //! - `attention_tiled`: prefill attention on x86, tiled over query rows and keys.
@@ -28,6 +29,7 @@ pub mod act_k;
 pub mod activation;
 pub mod attention;
 mod attention_decode;
+pub mod attention_flash;
 mod attention_sums;
 #[cfg(target_arch = "x86_64")]
 mod attention_tiled;

@@ -6,6 +6,7 @@ mod common;
 use common::{max_rel_err, Rng};
 use half::f16;
 use pagewarden_kernels::attention::paged_attention_with;
+use pagewarden_kernels::attention_flash::flash_attention;
 use pagewarden_kernels::{AttnGeometry, Isa, KvBlock, Parallel};
 
 /// Dense reference: k, v are [tokens][kv_heads*hd] f32 (already f16-rounded).
@@ -148,6 +149,99 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// llama.cpp's flash-attention arithmetic (f16 value accumulation) against the dense
+/// reference: the same attention within f16 accumulation error, the window and the causal
+/// mask kept (keys outside them changed, the output is not), the same bits on 1 and 2 threads.
+#[test]
+fn flash_attention_matches_dense_within_f16_accumulation() {
+    let mut rng = Rng::new(23);
+    // Gemma 3's head (256: the half-precision vector path) and a narrow one (64: the
+    // single-precision leftovers), with and without a window.
+    for geo in [
+        AttnGeometry {
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            page_size: 16,
+            window: Some(30),
+        },
+        AttnGeometry {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 64,
+            page_size: 8,
+            window: None,
+        },
+    ] {
+        let tw = geo.token_width();
+        for (first, n) in [(0usize, 9usize), (40, 1), (17, 5)] {
+            let total = first + n;
+            let pages = total.div_ceil(geo.page_size) + 1;
+            let mut kh: Vec<f16> = rng
+                .vec(pages * geo.page_size * tw, 1.0)
+                .iter()
+                .map(|x| f16::from_f32(*x))
+                .collect();
+            let vh: Vec<f16> = rng
+                .vec(pages * geo.page_size * tw, 1.0)
+                .iter()
+                .map(|x| f16::from_f32(*x))
+                .collect();
+            // Keys past the last query's position are never seen: garbage there changes nothing.
+            for x in &mut kh[total * tw..] {
+                *x = f16::from_f32(1e4);
+            }
+            let kr: Vec<f32> = kh.iter().map(|x| x.to_f32()).collect();
+            let vr: Vec<f32> = vh.iter().map(|x| x.to_f32()).collect();
+            let pe = geo.page_size * tw;
+            let blocks: Vec<KvBlock<'_>> = (0..pages)
+                .map(|p| KvBlock {
+                    k: &kh[p * pe..(p + 1) * pe],
+                    v: &vh[p * pe..(p + 1) * pe],
+                })
+                .collect();
+            // q pre-rounded to f16, as the kernel rounds it, so the reference sees the same q.
+            let q: Vec<f32> = rng
+                .vec(n * geo.heads * geo.head_dim, 2.0)
+                .iter()
+                .map(|x| f16::from_f32(*x).to_f32())
+                .collect();
+            let want = naive(&geo, &q, n, first, &kr, &vr);
+            let scale = 1.0 / (geo.head_dim as f32).sqrt();
+            let mut one = vec![0f32; q.len()];
+            flash_attention(
+                &geo,
+                &q,
+                n,
+                first,
+                &blocks,
+                &mut one,
+                scale,
+                &Parallel::single(),
+            );
+            let e = max_rel_err(&one, &want);
+            assert!(e < 5e-3, "{geo:?} first={first} n={n}: err {e}");
+            let mut two = vec![0f32; q.len()];
+            flash_attention(
+                &geo,
+                &q,
+                n,
+                first,
+                &blocks,
+                &mut two,
+                scale,
+                &Parallel::new(2),
+            );
+            assert!(
+                one.iter()
+                    .zip(&two)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{geo:?} first={first} n={n}: threads change the bits"
+            );
         }
     }
 }

@@ -21,6 +21,7 @@ fn tiny_layout() -> KvLayout {
     let opts = LoadOptions {
         threads: 1,
         prefill_chunk: 256,
+        ..LoadOptions::default()
     };
     Model::from_gguf(f, &opts)
         .expect("tiny model")

@@ -17,6 +17,7 @@ fn engine(pages: usize) -> Engine {
             &LoadOptions {
                 threads: 1,
                 prefill_chunk: 8,
+                ..LoadOptions::default()
             },
         )
         .unwrap(),

@@ -17,6 +17,7 @@ fn model(threads: usize, chunk: usize, tied: bool) -> Model {
     let opts = LoadOptions {
         threads,
         prefill_chunk: chunk,
+        ..LoadOptions::default()
     };
     Model::from_gguf(GgufFile::from_bytes(bytes).unwrap(), &opts).unwrap()
 }

@@ -152,6 +152,7 @@ pub fn run(a: BenchEngineArgs) -> anyhow::Result<()> {
         let opts = LoadOptions {
             prefill_chunk: a.chunk,
             threads,
+            ..LoadOptions::default()
         };
         let model = Model::load(&a.model, &opts)
             .with_context(|| format!("loading model {}", a.model.display()))?;

@@ -47,6 +47,10 @@ pub struct GenerateArgs {
     /// Kernel threads (0 = all CPUs).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Attention with llama.cpp's flash-attention arithmetic (as `llama-server -fa on`, its
+    /// default on CPU) instead of its `-fa off` arithmetic: for bit-parity with such a run.
+    #[arg(long)]
+    pub flash_attention: bool,
     /// Print one JSON object {prompt_tokens, tokens, text, finish_reason} instead of text.
     #[arg(long)]
     pub json: bool,
@@ -56,6 +60,7 @@ pub struct GenerateArgs {
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let opts = LoadOptions {
         threads: a.threads,
+        flash_attention: a.flash_attention,
         ..LoadOptions::default()
     };
     let model = Arc::new(

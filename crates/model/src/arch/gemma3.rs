@@ -113,14 +113,19 @@ impl Model {
         rms_norm(&p.k, &norms.k_norm, eps, &mut kn);
         p.k = kn;
         p.rope(cfg, lw.attn.rope_base, true);
-        // The attention kernel scales scores by 1/sqrt(head_dim); llama.cpp scales Q instead
-        // (by a power of two for every size but 27B, so the same bits there).
+        // llama.cpp scales Q. The default attention kernel scales scores by 1/sqrt(head_dim)
+        // (a power of two for every size but 27B, so the same bits there); flash attention
+        // rounds Q to f16, so it gets Q already scaled, as llama.cpp does, and no score scale.
         let want = if cfg.layers == LAYERS_27B {
             1.0 / ((cfg.dim / cfg.heads) as f32).sqrt()
         } else {
             1.0 / (cfg.head_dim as f32).sqrt()
         };
-        let fix = want * (cfg.head_dim as f32).sqrt();
+        let fix = if self.flash_attention() {
+            want
+        } else {
+            want * (cfg.head_dim as f32).sqrt()
+        };
         if fix != 1.0 {
             p.q.iter_mut().for_each(|v| *v *= fix);
         }

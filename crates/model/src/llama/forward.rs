@@ -7,6 +7,7 @@
 //! failed: its rows stop contributing, its error is returned, and its `len` is unchanged.
 
 use half::f16;
+use pagewarden_kernels::attention_flash::flash_attention;
 use pagewarden_kernels::norm::rms_norm;
 use pagewarden_kernels::quant::dequantize_row;
 use pagewarden_kernels::rope::Rope;
@@ -302,15 +303,20 @@ impl Model {
             .map(|pg| s.pages.layer_block(l, pg).map(|(k, v)| KvBlock { k, v }))
             .collect::<Result<Vec<_>, _>>()?;
         let r0 = s.row0;
-        paged_attention(
-            geo,
+        let (q, out) = (
             &p.q[r0 * qw..(r0 + n) * qw],
-            n,
-            s.start,
-            &blocks,
             &mut p.att[r0 * qw..(r0 + n) * qw],
-            &self.par,
         );
+        if self.flash_attention() {
+            // llama.cpp's `kq_scale`: Gemma 3 scales its queries before (`gemma3_block`).
+            let scale = match cfg.arch {
+                Arch::Llama => 1.0 / (cfg.head_dim as f32).sqrt(),
+                Arch::Gemma3(_) => 1.0,
+            };
+            flash_attention(geo, q, n, s.start, &blocks, out, scale, &self.par);
+        } else {
+            paged_attention(geo, q, n, s.start, &blocks, out, &self.par);
+        }
         Ok(())
     }
 }

@@ -28,6 +28,10 @@ pub struct LoadOptions {
     pub threads: usize,
     /// Largest number of prompt tokens run through one forward pass during prefill.
     pub prefill_chunk: usize,
+    /// Attention with llama.cpp's flash-attention arithmetic (`-fa on`: f16 value
+    /// accumulation, online softmax; `attention_flash`) instead of its default CPU attention.
+    /// A reference path for parity with runs that used it; slower.
+    pub flash_attention: bool,
 }
 
 impl Default for LoadOptions {
@@ -35,6 +39,7 @@ impl Default for LoadOptions {
         LoadOptions {
             threads: 0,
             prefill_chunk: 256,
+            flash_attention: false,
         }
     }
 }
@@ -95,6 +100,11 @@ impl Model {
             par: Parallel::new(opts.threads),
             opts,
         })
+    }
+
+    /// Whether attention runs llama.cpp's flash-attention arithmetic ([`LoadOptions`]).
+    pub(crate) fn flash_attention(&self) -> bool {
+        self.opts.flash_attention
     }
 
     /// Bytes of weights repacked for this CPU's kernels (0 where none are).
