@@ -69,6 +69,7 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
     let load_opts = LoadOptions {
         threads: cfg.threads,
         prefill_chunk: cfg.chunk_tokens,
+        ..LoadOptions::default()
     };
     let (model, model_name) = match &cfg.model {
         ModelSource::File(path) => {
