@@ -12,7 +12,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 pub fn rms_norm_with(isa: Isa, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     assert_eq!(x.len(), out.len(), "rms_norm: shape");
     assert!(
-        x.is_empty() || (!w.is_empty() && x.len() % w.len() == 0),
+        x.is_empty() || (!w.is_empty() && x.len().is_multiple_of(w.len())),
         "rms_norm: width"
     );
     match isa {
