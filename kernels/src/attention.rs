@@ -61,6 +61,35 @@ impl AttnGeometry {
         scores[..lo].fill(f32::NEG_INFINITY);
     }
 
+    /// Panics unless `n` query tokens from `first_pos` fit `q`, `out` and `blocks`.
+    pub(crate) fn check_call(
+        &self,
+        q: &[f32],
+        n: usize,
+        first_pos: usize,
+        blocks: &[KvBlock<'_>],
+        out: &[f32],
+    ) {
+        let qw = self.heads * self.head_dim;
+        assert!(
+            self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads),
+            "attention: head counts"
+        );
+        assert_eq!(q.len(), n * qw, "attention: q shape");
+        assert_eq!(out.len(), n * qw, "attention: out shape");
+        let block_elems = self.page_size * self.token_width();
+        for b in blocks {
+            assert_eq!(b.k.len(), block_elems, "attention: K block size");
+            assert_eq!(b.v.len(), block_elems, "attention: V block size");
+        }
+        assert!(
+            first_pos + n <= blocks.len() * self.page_size,
+            "attention: {} tokens need more than {} pages",
+            first_pos + n,
+            blocks.len()
+        );
+    }
+
     /// f16 elements of K (or V) per token: `kv_heads * head_dim`.
     pub fn token_width(&self) -> usize {
         self.kv_heads * self.head_dim
@@ -101,24 +130,8 @@ pub fn paged_attention_with(
     out: &mut [f32],
     par: &Parallel,
 ) {
+    geo.check_call(q, n, first_pos, blocks, out);
     let qw = geo.heads * geo.head_dim;
-    assert!(
-        geo.kv_heads > 0 && geo.heads.is_multiple_of(geo.kv_heads),
-        "attention: head counts"
-    );
-    assert_eq!(q.len(), n * qw, "attention: q shape");
-    assert_eq!(out.len(), n * qw, "attention: out shape");
-    let block_elems = geo.page_size * geo.token_width();
-    for b in blocks {
-        assert_eq!(b.k.len(), block_elems, "attention: K block size");
-        assert_eq!(b.v.len(), block_elems, "attention: V block size");
-    }
-    assert!(
-        first_pos + n <= blocks.len() * geo.page_size,
-        "attention: {} tokens need more than {} pages",
-        first_pos + n,
-        blocks.len()
-    );
     if n == 0 {
         return;
     }

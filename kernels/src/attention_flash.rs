@@ -43,20 +43,9 @@ pub fn flash_attention(
     scale: f32,
     par: &Parallel,
 ) {
+    geo.check_call(q, n, first_pos, blocks, out);
     let (hd, heads) = (geo.head_dim, geo.heads);
     let qw = heads * hd;
-    assert!(
-        geo.kv_heads > 0 && heads.is_multiple_of(geo.kv_heads),
-        "attention: head counts"
-    );
-    assert_eq!(q.len(), n * qw, "attention: q shape");
-    assert_eq!(out.len(), n * qw, "attention: out shape");
-    assert!(
-        first_pos + n <= blocks.len() * geo.page_size,
-        "attention: {} tokens need more than {} pages",
-        first_pos + n,
-        blocks.len()
-    );
     let tw = geo.token_width();
     let group = heads / geo.kv_heads;
     let row = |key: usize, kvh: usize| {
