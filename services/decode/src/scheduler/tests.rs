@@ -10,7 +10,7 @@ use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{KvPool, PoolConfig, WriteGrant};
 use pagewarden_model::{GgufFile, LoadOptions, Model, SamplingParams, Tokenizer};
-use pagewarden_worker::{Compute, WorkerError};
+use pagewarden_worker::{Compute, QueueRefusal, WorkerError};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{run, Command, SchedulerDeps};
@@ -20,6 +20,15 @@ const PAGE: usize = 16;
 
 /// A scheduler over a pool of `pages` pages; its command channel.
 fn scheduler(pages: usize) -> mpsc::Sender<Command> {
+    scheduler_with(pages, 16, Duration::from_secs(600)).0
+}
+
+/// [`scheduler`] with its queue's bounds; the pool too.
+fn scheduler_with(
+    pages: usize,
+    max_queue: usize,
+    queue_timeout: Duration,
+) -> (mpsc::Sender<Command>, KvPool) {
     let file = GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(7)).unwrap();
     let model = Arc::new(Model::from_gguf(file, &LoadOptions::default()).unwrap());
     let tokenizer = Arc::new(Tokenizer::from_gguf(model.gguf()).unwrap());
@@ -34,13 +43,14 @@ fn scheduler(pages: usize) -> mpsc::Sender<Command> {
         integrity: Arc::new(NoopIntegritySink),
         node_id: "decode-test".into(),
         max_batch: 8,
-        max_queue: 16,
-        queue_timeout: Duration::from_secs(600),
+        max_queue,
+        queue_timeout,
         recompute_chunk: 64,
     };
+    let pool = deps.pool.clone();
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(run(deps, rx, Shutdown::new()));
-    tx
+    (tx, pool)
 }
 
 type Reply = oneshot::Receiver<Result<WriteGrant, WorkerError>>;
@@ -100,5 +110,59 @@ async fn a_tenant_with_nothing_active_passes_another_tenants_blocked_head() {
     assert!(
         !granted(&mut quiet2),
         "a tenant with a request active passed the head"
+    );
+}
+
+/// Admission (I3) answers with the typed rejection, before any page is reserved.
+#[tokio::test]
+async fn a_request_past_the_context_is_rejected_before_any_page() {
+    let (tx, pool) = scheduler_with(4, 16, Duration::from_secs(600));
+    let free = pool.stats().free;
+    let mut over = reserve(&tx, "t", 4 * PAGE).await;
+    handled(&tx).await;
+    match over.try_recv() {
+        Ok(Err(WorkerError::Rejected(r))) => {
+            assert_eq!(r.reason(), "context_length_exceeded")
+        }
+        other => panic!("want a rejection, got {other:?}"),
+    }
+    assert_eq!(pool.stats().free, free, "a rejected request took pages");
+}
+
+/// A request that fits waits; past the queue's bound or its deadline it is refused with the
+/// queue's reason, and the waiting ones hold no pages.
+#[tokio::test]
+async fn the_queue_refuses_past_its_bound_and_its_deadline() {
+    let (tx, pool) = scheduler_with(4, 1, Duration::from_millis(200));
+    let mut holder = reserve(&tx, "a", 3 * PAGE - 1).await;
+    let mut waiting = reserve(&tx, "b", 2 * PAGE - 1).await;
+    let mut over_bound = reserve(&tx, "c", 2 * PAGE - 1).await;
+    handled(&tx).await;
+    assert!(granted(&mut holder));
+    match over_bound.try_recv() {
+        Ok(Err(WorkerError::Queue {
+            refusal: QueueRefusal::Full { limit: 1 },
+            ..
+        })) => {}
+        other => panic!("want queue_full, got {other:?}"),
+    }
+    assert!(matches!(
+        waiting.try_recv(),
+        Err(oneshot::error::TryRecvError::Empty)
+    ));
+    // The scheduler checks deadlines on its 50 ms tick.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    handled(&tx).await;
+    match waiting.try_recv() {
+        Ok(Err(WorkerError::Queue {
+            refusal: QueueRefusal::Timeout { .. },
+            ..
+        })) => {}
+        other => panic!("want queue_timeout, got {other:?}"),
+    }
+    assert_eq!(
+        pool.stats().reserved,
+        3,
+        "only the holder's prompt is reserved"
     );
 }
