@@ -197,12 +197,8 @@ impl ReceivedGrant {
 /// Parses a write grant (required). Whether it fits the request is the receiver's check.
 pub fn received_grant(g: Option<pb::WriteGrant>) -> Result<ReceivedGrant, Status> {
     let g = g.ok_or_else(|| Status::invalid_argument("grant is required"))?;
-    let key = g
-        .key
-        .as_slice()
-        .try_into()
-        .map(GrantKey)
-        .map_err(|_| Status::invalid_argument("grant.key must be 16 bytes"))?;
+    let key =
+        grant_key(&g.key).map_err(|_| Status::invalid_argument("grant.key must be 16 bytes"))?;
     if g.transfer_addr.is_empty() {
         return Err(Status::invalid_argument("grant.transfer_addr is required"));
     }

@@ -2,7 +2,9 @@
 //! [`AuditorClient`] (bounded buffer, never blocks; drops and counts when full).
 
 use pagewarden_common::auditor_client::AuditorClient;
+use pagewarden_common::AttemptId;
 use pagewarden_proto::v1 as pb;
+use pagewarden_worker::wire::request_ref_of;
 
 use crate::sample::{ResponseSample, SampleSink};
 
@@ -36,10 +38,7 @@ fn status(finish_reason: &str) -> pb::SampleStatus {
 pub fn sample_report(s: ResponseSample) -> pb::SampleReport {
     pb::SampleReport {
         tenant: s.tenant.as_str().to_string(),
-        req: Some(pb::RequestRef {
-            request_id: s.request.as_bytes().to_vec(),
-            attempt: 1,
-        }),
+        req: Some(request_ref_of(s.request, AttemptId(1))),
         prompt_tokens: s.prompt_tokens,
         completion_tokens: s.completion_tokens,
         response_text: s.text,

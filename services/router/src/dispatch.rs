@@ -19,7 +19,7 @@ use pagewarden_proto::v1::{
     GenerateRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef, ReserveRequest,
     SamplingParams, TokenEvent, WriteGrant,
 };
-use pagewarden_worker::wire::parse_finish_reason;
+use pagewarden_worker::wire::{parse_finish_reason, request_ref_of};
 use tonic::Streaming;
 use tracing::Instrument;
 
@@ -110,10 +110,7 @@ impl Flight {
     ) -> Result<Self, RouterError> {
         let decode = pool.pick(Half::Decode)?;
         let prefill = pool.pick(Half::Prefill)?;
-        let req = RequestRef {
-            request_id: job.id.as_bytes().to_vec(),
-            attempt: AttemptId(1).0,
-        };
+        let req = request_ref_of(job.id, AttemptId(1));
         let guard = AbortGuard::new(
             req.clone(),
             decode.worker().clone(),
