@@ -219,3 +219,75 @@ fn a_worker_refuses_plaintext_off_loopback_and_says_why() {
     a.push("--insecure-internal".into());
     Service::try_start("pagewarden-decode", &a).expect("--insecure-internal serves in clear");
 }
+
+/// Decode's `--transfer-seal aead` under mutual TLS: the transfer stream runs without TLS and
+/// every frame carries its grant's seal; a whole request is served (the grant's secret went
+/// router → prefill inside the grant), while a frame sent with a guessed tag, and one sent
+/// unsealed, each close their connection and reach the auditor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_transfer_serves_and_refuses_forged_frames() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let suite = write_dev_suite(&dir.path().join("tls")).expect("dev suite");
+    let auditor = start_auditor_tls(&dir.path().join("auditor"), &suite);
+    let grpc = auditor.grpc_url();
+    let with = |role, more: &[&str]| {
+        let mut v = vec!["--auditor".to_string(), grpc.clone()];
+        v.extend(args(&suite, role));
+        v.extend(more.iter().map(|s| s.to_string()));
+        v
+    };
+    let decode = start_decode(
+        &TINY,
+        &strs(&with(SuiteRole::Decode, &["--transfer-seal", "aead"])),
+    );
+    let prefill = start_prefill(&TINY, &strs(&with(SuiteRole::Prefill, &[])));
+    let router = start_router_with(
+        &TINY,
+        &[&decode],
+        &[&prefill],
+        &strs(&with(SuiteRole::Router, &[])),
+    )
+    .await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", router.http_url()))
+        .bearer_auth(api_key(0))
+        .json(&json!({"prompt": "hello there, sealed frames", "max_tokens": 4}))
+        .send()
+        .await
+        .expect("router request");
+    assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+
+    // A WRITE-shaped frame flagged as sealed with a guessed tag, and the same unsealed.
+    let t = &decode.addrs["transfer"];
+    let mut body = vec![0u8; 48 + 16];
+    body[44..48].copy_from_slice(&0u32.to_le_bytes());
+    let frame = |flags: u16, payload: &[u8]| {
+        let mut f = b"PWKV\x01\x01".to_vec();
+        f.extend_from_slice(&flags.to_le_bytes());
+        f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    for bytes in [frame(2, &body), frame(0, &body[..48])] {
+        let mut s = tokio::net::TcpStream::connect(t)
+            .await
+            .expect("transfer port");
+        let _ = s.write_all(&bytes).await;
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+    }
+    let refusals = |v: &serde_json::Value| v.to_string().matches("frame refused").count();
+    let start = Instant::now();
+    let incidents = loop {
+        let v = get_json(&auditor, "/api/incidents?status=open").await;
+        if refusals(&v) >= 2 || start.elapsed() > Duration::from_secs(10) {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        refusals(&incidents),
+        2,
+        "the refused frames are not both on record: {incidents}"
+    );
+}

@@ -58,6 +58,7 @@ async fn prefill_into(
         page_size: PAGE as u32,
         expires_unix_ms: expires.as_millis() as u64,
         transfer_addr: transfer_addr.into(),
+        ..Default::default()
     };
     client
         .prefill(pb::PrefillRequest {

@@ -121,6 +121,7 @@ async fn over_length_requests_are_rejected_before_any_allocation() {
             page_size: page,
             expires_unix_ms: 0,
             transfer_addr: decode.addrs["transfer"].clone(),
+            ..Default::default()
         };
         let err = d
             .prefill(&req, "tenant-a", &prompt, bogus, greedy(max_tokens))

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use crate::seal_mode::SealMode;
 use crate::tls::{InternalTls, TlsError, TlsFlags, TlsKeys};
 
 /// A configuration file that could not be read or parsed.
@@ -138,6 +139,12 @@ pub struct WorkerFlags {
     /// How long a request may wait in that queue before it is refused with `queue_timeout` (ms).
     #[arg(long)]
     pub queue_timeout_ms: Option<u64>,
+    /// Decode: seal every KV transfer frame under a per-grant secret that travels inside the
+    /// grant (over gRPC, under mutual TLS), instead of TLS on the transfer stream: `mac`
+    /// authenticates frames and page bytes, `aead` also encrypts the page bytes. Unset: TLS on
+    /// the stream when TLS files are given, as gRPC.
+    #[arg(long, value_enum)]
+    pub transfer_seal: Option<SealMode>,
     /// Internal mutual TLS (gRPC and KV transfer).
     #[command(flatten)]
     pub tls: TlsFlags,
@@ -193,6 +200,8 @@ pub struct WorkerFile {
     pub max_queue: Option<usize>,
     /// See [`WorkerFlags::queue_timeout_ms`].
     pub queue_timeout_ms: Option<u64>,
+    /// See [`WorkerFlags::transfer_seal`].
+    pub transfer_seal: Option<SealMode>,
     /// See [`TlsFlags::tls_ca`].
     pub tls_ca: Option<PathBuf>,
     /// See [`TlsFlags::tls_cert`].
@@ -301,6 +310,8 @@ pub struct WorkerConfig {
     pub max_queue: usize,
     /// Bound on one request's wait in that queue.
     pub queue_timeout: Duration,
+    /// Decode's transfer listener seals frames this way instead of speaking TLS.
+    pub transfer_seal: Option<SealMode>,
     /// Internal mutual TLS, or plaintext.
     pub tls: InternalTls,
     /// Plaintext allowed on non-loopback listeners.
@@ -405,6 +416,7 @@ impl WorkerConfig {
                     .or(file.queue_timeout_ms)
                     .unwrap_or(120_000),
             ),
+            transfer_seal: flags.transfer_seal.or(file.transfer_seal),
             tls,
             insecure_internal: flags.insecure_internal || file.insecure_internal.unwrap_or(false),
         })

@@ -24,6 +24,7 @@ pub mod integrity;
 pub mod metrics;
 pub mod namespace;
 pub mod preflight;
+pub mod seal_mode;
 pub mod secret;
 pub mod shutdown;
 pub mod telemetry;

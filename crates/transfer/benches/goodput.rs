@@ -5,7 +5,8 @@
 //!
 //! After criterion's groups it runs interleaved rounds (raw copy, checked transfer into the
 //! default pool, the same into a pool with `commit_rehash` off, and the default again over
-//! mutual TLS (rustls, ring; the production setting under `--tls-*`); 41 rounds by default, env
+//! mutual TLS (rustls, ring; the production setting under `--tls-*`), and with sealed frames
+//! (`seal.rs`: a per-grant MAC, then AES-GCM over the page bytes); 41 rounds by default, env
 //! `PAGEWARDEN_BENCH_ROUNDS`) and prints, per arm, the median of per-round ratios to the raw
 //! copy, the median times, the median commit time, process CPU per transfer (user+sys of both
 //! ends), and the per-byte components (xxh3 hot/cold, copy). `PAGEWARDEN_BENCH_QUICK=1` skips
@@ -31,7 +32,7 @@ use pagewarden_common::tls::{
 use pagewarden_kvcache::{KvLayout, KvPool, Owner, PoolConfig, RequestId, TenantId};
 use pagewarden_transfer::{
     BatchStatus, ClientTls, EngineConfig, ListenOptions, ManifestBuilder, PageSink, PageWriteReq,
-    SegmentId, ServerTls, TcpBackend, TransferBackend,
+    SealMaster, SealMode, SealPolicy, SegmentId, ServerTls, TcpBackend, TransferBackend,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;
@@ -47,7 +48,16 @@ const BATCH: usize = 64;
 /// Interleaved rounds (env `PAGEWARDEN_BENCH_ROUNDS` overrides).
 const ROUNDS: usize = 41;
 
+/// How an arm's transfer connection is secured.
+#[derive(Clone, Copy, PartialEq)]
+enum Security {
+    Plain,
+    Tls,
+    Sealed(SealMode),
+}
+
 struct Setup {
+    seal: Option<(SealMaster, SealMode)>,
     pool: KvPool,
     _decode: TcpBackend,
     prefill: TcpBackend,
@@ -92,7 +102,7 @@ fn tls_pair() -> (ListenOptions, ClientTls) {
     (listen, client)
 }
 
-async fn setup(commit_rehash: bool, tls: bool) -> Setup {
+async fn setup(commit_rehash: bool, security: Security) -> Setup {
     let mut pc = PoolConfig::with_pages(LAYOUT, TOKENS / LAYOUT.page_size);
     pc.commit_rehash = commit_rehash;
     let pool = KvPool::new(pc);
@@ -100,12 +110,24 @@ async fn setup(commit_rehash: bool, tls: bool) -> Setup {
         max_inflight_bytes: 128 << 20,
         max_batch_pages: BATCH,
     };
-    let (listen, client) = match tls {
-        true => {
+    let master = SealMaster::random();
+    let (listen, client, seal) = match security {
+        Security::Tls => {
             let (l, c) = tls_pair();
-            (l, Some(c))
+            (l, Some(c), None)
         }
-        false => (ListenOptions::default(), None),
+        Security::Plain => (ListenOptions::default(), None, None),
+        Security::Sealed(mode) => {
+            let policy = SealPolicy {
+                mode,
+                master: master.clone(),
+            };
+            let listen = ListenOptions {
+                seal: Some(policy),
+                ..ListenOptions::default()
+            };
+            (listen, None, Some((master, mode)))
+        }
     };
     let bind = "127.0.0.1:0".parse().unwrap();
     let decode = TcpBackend::with_security(cfg, bind, listen, None);
@@ -142,6 +164,7 @@ async fn setup(commit_rehash: bool, tls: bool) -> Setup {
         }
     });
     Setup {
+        seal,
         pool,
         _decode: decode,
         prefill,
@@ -159,6 +182,11 @@ async fn one_transfer(s: &Setup) -> Duration {
     };
     let res = s.pool.reserve(owner, TOKENS).unwrap();
     let g = res.grant().clone();
+    if let Some((master, mode)) = &s.seal {
+        // As prefill does with the seal that came inside the grant.
+        let seal = master.grant(*mode, g.key);
+        s.prefill.seal_grant(s.seg, g.key, seal).unwrap();
+    }
     let reqs: Vec<PageWriteReq> = g
         .pages
         .iter()
@@ -198,11 +226,14 @@ async fn raw_copy(stream: &mut tokio::net::TcpStream, pages: &[Bytes]) {
 
 fn goodput(c: &mut Criterion) {
     let rt = Runtime::new().unwrap();
-    let s = rt.block_on(setup(true, false));
+    let s = rt.block_on(setup(true, Security::Plain));
     // The same transfer into a pool whose commit trusts the fence (no re-hash).
-    let trusting = rt.block_on(setup(false, false));
-    // The default over mutual TLS.
-    let tls = rt.block_on(setup(true, true));
+    let trusting = rt.block_on(setup(false, Security::Plain));
+    // The default over mutual TLS, and with sealed frames.
+    let tls = rt.block_on(setup(true, Security::Tls));
+    let mac = rt.block_on(setup(true, Security::Sealed(SealMode::Mac)));
+    let aead = rt.block_on(setup(true, Security::Sealed(SealMode::Aead)));
+    let setups = [&s, &trusting, &tls, &mac, &aead];
     let mut raw = rt.block_on(async {
         let t = tokio::net::TcpStream::connect(s.raw_addr).await.unwrap();
         t.set_nodelay(true).unwrap();
@@ -227,6 +258,12 @@ fn goodput(c: &mut Criterion) {
         g.bench_function("pagewarden_tcp_checked_mutual_tls", |b| {
             b.iter(|| rt.block_on(one_transfer(&tls)))
         });
+        g.bench_function("pagewarden_tcp_sealed_mac", |b| {
+            b.iter(|| rt.block_on(one_transfer(&mac)))
+        });
+        g.bench_function("pagewarden_tcp_sealed_aead", |b| {
+            b.iter(|| rt.block_on(one_transfer(&aead)))
+        });
         g.finish();
     }
 
@@ -238,18 +275,18 @@ fn goodput(c: &mut Criterion) {
         .unwrap_or(ROUNDS);
     for _ in 0..2 {
         rt.block_on(raw_copy(&mut raw, &s.pages));
-        rt.block_on(one_transfer(&s));
-        rt.block_on(one_transfer(&trusting));
-        rt.block_on(one_transfer(&tls));
+        for setup in setups {
+            rt.block_on(one_transfer(setup));
+        }
     }
     let mut raw_arm = Arm::default();
-    let mut arms = [Arm::default(), Arm::default(), Arm::default()];
+    let mut arms: [Arm; 5] = Default::default();
     for _ in 0..rounds {
         let (t, c) = (Instant::now(), cpu_ticks());
         rt.block_on(raw_copy(&mut raw, &s.pages));
         let raw_wall = t.elapsed();
         raw_arm.push(raw_wall, Duration::ZERO, cpu_ticks() - c);
-        for (arm, setup) in arms.iter_mut().zip([&s, &trusting, &tls]) {
+        for (arm, setup) in arms.iter_mut().zip(setups) {
             let (t, c) = (Instant::now(), cpu_ticks());
             let commit = rt.block_on(one_transfer(setup));
             let wall = t.elapsed();
@@ -270,6 +307,8 @@ fn goodput(c: &mut Criterion) {
         "pagewarden tcp, checked (default: commit re-hash on)",
         "pagewarden tcp, checked, commit_rehash off",
         "pagewarden tcp, checked, mutual TLS (default commit re-hash)",
+        "pagewarden tcp, checked, sealed mac (default commit re-hash)",
+        "pagewarden tcp, checked, sealed aead (default commit re-hash)",
     ]) {
         let mp = median(&mut arm.times);
         println!(

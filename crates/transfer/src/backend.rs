@@ -55,6 +55,9 @@ pub(crate) struct Opening<'a> {
     pub(crate) addr: &'a str,
     pub(crate) max_inflight_bytes: usize,
     pub(crate) failures: broadcast::Sender<FailureEvent>,
+    /// Whether the transport's stream security (TLS) applies; off for a sealed segment,
+    /// whose frames carry their own (`seal.rs`).
+    pub(crate) stream_security: bool,
 }
 
 /// A backend over transport `T`. Field order is drop order: the transport (which may hold a
@@ -90,7 +93,7 @@ impl<T: Transport> Backend<T> {
         &self.counters
     }
 
-    fn conn(&self, seg: SegmentId) -> Result<Arc<T::Conn>, TransferError> {
+    pub(crate) fn conn(&self, seg: SegmentId) -> Result<Arc<T::Conn>, TransferError> {
         self.conns
             .lock()
             .get(&seg)
@@ -116,12 +119,22 @@ impl<T: Transport> Backend<T> {
         &self,
         desc: &SegmentDesc,
     ) -> Result<SegmentId, TransferError> {
+        self.open_segment_with(desc, true).await
+    }
+
+    /// Opens a segment, with or without the transport's stream security.
+    pub(crate) async fn open_segment_with(
+        &self,
+        desc: &SegmentDesc,
+        stream_security: bool,
+    ) -> Result<SegmentId, TransferError> {
         let seg = SegmentId(self.next_seg.fetch_add(1, Ordering::Relaxed));
         let o = Opening {
             seg,
             addr: &desc.addr,
             max_inflight_bytes: self.cfg.max_inflight_bytes,
             failures: self.failures.clone(),
+            stream_security,
         };
         let conn = self.transport.connect(o).await?;
         self.conns.lock().insert(seg, Arc::new(conn));

@@ -8,11 +8,17 @@
 //! DRAIN      key[16]
 //! BATCH_ACK  batch u64 written u32 rejected u32 first_reject u8
 //! DRAIN_ACK  key[16]
+//! HELLO      challenge[16]
 //! ```
-//! Sender → receiver: WRITE, BATCH_END, DRAIN. Receiver → sender: BATCH_ACK, DRAIN_ACK.
+//! Sender → receiver: WRITE, BATCH_END, DRAIN. Receiver → sender: BATCH_ACK, DRAIN_ACK, and
+//! HELLO, first on a connection whose listener seals (`seal.rs`).
+//!
+//! A sealed frame (flags [`SealMode::flag`]) carries a 16-byte tag after its payload, and
+//! `payload_len` counts it; [`Header::payload_len`] is the payload without it.
 
 use thiserror::Error;
 
+use crate::seal::{SealMode, TAG_LEN};
 use crate::types::{Generation, GrantKey, PageId, WriteError};
 
 /// First four bytes of every frame.
@@ -26,6 +32,8 @@ pub const WRITE_FIXED_LEN: usize = 16 + 8 + 4 + 8 + 4 + 8 + 4;
 const BATCH_END_LEN: usize = 16 + 8 + 4;
 const DRAIN_LEN: usize = 16;
 const BATCH_ACK_LEN: usize = 8 + 4 + 4 + 1;
+/// Bytes of a HELLO payload: the receiver's challenge.
+pub const CHALLENGE_LEN: usize = 16;
 
 /// Frame type byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,16 +49,19 @@ pub enum FrameType {
     BatchAck = 4,
     /// Receiver processed everything before the DRAIN and told the pool.
     DrainAck = 5,
+    /// A sealing receiver's per-connection challenge (`seal.rs`), its first frame.
+    Hello = 6,
 }
 
 impl FrameType {
-    fn from_u8(b: u8) -> Option<Self> {
+    pub(crate) fn from_u8(b: u8) -> Option<Self> {
         match b {
             1 => Some(Self::Write),
             2 => Some(Self::BatchEnd),
             3 => Some(Self::Drain),
             4 => Some(Self::BatchAck),
             5 => Some(Self::DrainAck),
+            6 => Some(Self::Hello),
             _ => None,
         }
     }
@@ -65,8 +76,17 @@ pub struct BatchId(pub u64);
 pub struct Header {
     /// What follows.
     pub frame_type: FrameType,
-    /// Payload bytes after the header.
+    /// Payload bytes after the header, not counting a seal's tag.
     pub payload_len: u32,
+    /// How the frame is sealed, if it is.
+    pub seal: Option<SealMode>,
+}
+
+impl Header {
+    /// Bytes that follow the header on the wire: the payload and a seal's tag.
+    pub fn wire_len(&self) -> usize {
+        self.payload_len as usize + if self.seal.is_some() { TAG_LEN } else { 0 }
+    }
 }
 
 /// Why the bytes on a connection are not a frame of this protocol. Any of these closes the
@@ -118,6 +138,20 @@ pub enum FrameError {
     /// More batches open at once than a connection may hold.
     #[error("more than {0} batches open on one connection")]
     TooManyOpenBatches(usize),
+    /// This listener seals its connections and the frame is not sealed its way.
+    #[error("frame sealed as {got:?}; this listener requires {want}")]
+    NotSealed {
+        /// The frame's seal.
+        got: Option<SealMode>,
+        /// The listener's.
+        want: SealMode,
+    },
+    /// A sealed frame on a connection that does not seal.
+    #[error("sealed frame on a connection that does not seal")]
+    UnexpectedSeal,
+    /// The frame's tag does not verify: forged, altered, replayed or out of order.
+    #[error("{0:?} frame failed its seal check (forged, altered or replayed)")]
+    BadSeal(FrameType),
 }
 
 /// A decoded frame borrowing its page data from the receive buffer.
@@ -216,10 +250,17 @@ pub fn decode_header(b: &[u8; HEADER_LEN], max_payload: usize) -> Result<Header,
     }
     let frame_type = FrameType::from_u8(b[5]).ok_or(FrameError::UnknownType(b[5]))?;
     let flags = u16::from_le_bytes([b[6], b[7]]);
-    if flags != 0 {
-        return Err(FrameError::BadFlags(flags));
-    }
-    let payload_len = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    let seal = match flags {
+        0 => None,
+        f => Some(SealMode::from_flag(f).ok_or(FrameError::BadFlags(f))?),
+    };
+    let wire_len = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    let payload_len = match seal {
+        None => wire_len,
+        Some(_) => wire_len
+            .checked_sub(TAG_LEN as u32)
+            .ok_or(FrameError::Truncated)?,
+    };
     if payload_len as usize > max_payload {
         return Err(FrameError::Oversize {
             len: payload_len as usize,
@@ -231,6 +272,7 @@ pub fn decode_header(b: &[u8; HEADER_LEN], max_payload: usize) -> Result<Header,
         FrameType::BatchEnd => Some(BATCH_END_LEN),
         FrameType::Drain | FrameType::DrainAck => Some(DRAIN_LEN),
         FrameType::BatchAck => Some(BATCH_ACK_LEN),
+        FrameType::Hello => Some(CHALLENGE_LEN),
     };
     if let Some(expected) = fixed {
         if payload_len as usize != expected {
@@ -244,7 +286,31 @@ pub fn decode_header(b: &[u8; HEADER_LEN], max_payload: usize) -> Result<Header,
     Ok(Header {
         frame_type,
         payload_len,
+        seal,
     })
+}
+
+/// The challenge of a HELLO whose header was accepted by [`decode_header`].
+pub fn decode_hello(p: &[u8]) -> Result<[u8; CHALLENGE_LEN], FrameError> {
+    p.try_into().map_err(|_| FrameError::BadLength {
+        frame: FrameType::Hello,
+        len: p.len(),
+        expected: CHALLENGE_LEN,
+    })
+}
+
+/// Appends a HELLO carrying `challenge`.
+pub fn encode_hello(out: &mut Vec<u8>, challenge: &[u8; CHALLENGE_LEN]) {
+    header(out, FrameType::Hello, CHALLENGE_LEN);
+    out.extend_from_slice(challenge);
+}
+
+/// Marks the frame encoded at the start of `out` (header and payload, no tag yet) as sealed
+/// with `mode`: its flags, and a payload length that counts the tag the caller sends after it.
+pub fn mark_sealed(out: &mut [u8], mode: SealMode) {
+    out[6..8].copy_from_slice(&mode.flag().to_le_bytes());
+    let len = u32::from_le_bytes([out[8], out[9], out[10], out[11]]) + TAG_LEN as u32;
+    out[8..12].copy_from_slice(&len.to_le_bytes());
 }
 
 /// Little-endian field reader over a payload whose length was already checked.
@@ -269,6 +335,10 @@ impl<'a> Rd<'a> {
 
 /// Decodes a payload whose header was accepted by [`decode_header`].
 pub fn decode_payload(h: Header, p: &[u8]) -> Result<Frame<'_>, FrameError> {
+    if h.seal.is_some() {
+        // The tag is checked and stripped by the connection's seal before this.
+        return Err(FrameError::UnexpectedSeal);
+    }
     let len = p.len();
     if len != h.payload_len as usize {
         return Err(FrameError::Truncated);
@@ -320,6 +390,8 @@ pub fn decode_payload(h: Header, p: &[u8]) -> Result<Frame<'_>, FrameError> {
             rejected: r.u32(),
             first_reject: reject_from_code(r.take(1)[0])?,
         }),
+        // Read by the sender's connection set-up, never as a frame of the stream.
+        FrameType::Hello => return Err(FrameError::WrongDirection(FrameType::Hello)),
     })
 }
 
@@ -387,7 +459,7 @@ pub fn decode_from(
         return Ok(None);
     };
     let h = decode_header(hb, max_payload)?;
-    let end = HEADER_LEN + h.payload_len as usize;
+    let end = HEADER_LEN + h.wire_len();
     if buf.len() < end {
         return Ok(None);
     }
@@ -465,10 +537,18 @@ mod tests {
             FrameError::UnknownType(42)
         );
         let mut bad = buf.clone();
-        bad[6] = 1;
+        bad[6] = 4;
         assert_eq!(
             decode_from(&bad, 1 << 20).unwrap_err(),
-            FrameError::BadFlags(1)
+            FrameError::BadFlags(4)
+        );
+        // A seal flag on a frame read without its connection's seal.
+        let mut bad = buf.clone();
+        mark_sealed(&mut bad, SealMode::Aead);
+        bad.extend_from_slice(&[0; TAG_LEN]);
+        assert_eq!(
+            decode_from(&bad, 1 << 20).unwrap_err(),
+            FrameError::UnexpectedSeal
         );
         assert!(matches!(
             decode_from(&buf, 32),

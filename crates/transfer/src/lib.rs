@@ -18,7 +18,9 @@
 //!   one connection over a transport's `Wire` (TCP and RDMA).
 //! - `backend.rs`: backend skeleton over a `Transport` (segment table, TransferBackend impl).
 //! - `memory.rs`: in-memory backend for unit tests (with a tamper hook).
-//! - `tcp/`: the default TCP backend (listener and sender), optionally under mutual TLS.
+//! - `seal.rs`: sealed frames (per-grant secret, AES-GCM tag per frame, page bytes optionally
+//!   encrypted), the alternative to TLS on the transfer stream.
+//! - `tcp/`: the default TCP backend (listener and sender), under mutual TLS or sealed frames.
 //! - `rdma/`: RDMA backend over ibverbs (feature `rdma`; without a device it reports
 //!   `Unsupported`; never run on a NIC: see its docs).
 
@@ -34,6 +36,7 @@ mod pool_sink;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod receiver;
+pub mod seal;
 pub mod sink;
 pub mod tcp;
 pub mod types;
@@ -46,6 +49,7 @@ pub use engine::{
 pub use manifest::ManifestBuilder;
 pub use memory::MemoryBackend;
 pub use receiver::{CountersSnapshot, ReceiverCounters, ReceiverSession};
+pub use seal::{GrantSeal, SealMaster, SealMode, SealPolicy};
 pub use sink::{MemorySink, PageSink};
 pub use tcp::{
     Authorize, ClientTls, ListenOptions, OnRefused, Refused, RefusedReason, ServerTls, TcpBackend,

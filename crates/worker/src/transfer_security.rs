@@ -1,7 +1,9 @@
 //! The KV transfer connection's security from a worker's configuration (I11): under mutual TLS
 //! decode's listener takes writes only from prefill certificates and reports every refused
-//! connection to the auditor (I8); prefill speaks TLS to it with its own certificate. Without
-//! TLS the listener must be on loopback unless `--insecure-internal`.
+//! connection to the auditor (I8); prefill speaks TLS to it with its own certificate. With
+//! `--transfer-seal` the listener instead requires every frame sealed under its grant's secret
+//! (which travels only inside the grant, over gRPC), so the stream itself needs no TLS.
+//! Without either, the listener must be on loopback unless `--insecure-internal`.
 
 use std::sync::Arc;
 
@@ -11,7 +13,7 @@ use pagewarden_common::tls::{
     peer_roles, refuse_plaintext, rustls_client_config, rustls_server_config, InternalTls,
     PlaintextRefused, RustlsError, SuiteRole,
 };
-use pagewarden_transfer::{ClientTls, ListenOptions, Refused, ServerTls};
+use pagewarden_transfer::{ClientTls, ListenOptions, Refused, SealMaster, SealPolicy, ServerTls};
 use rustls_pki_types::ServerName;
 
 /// The transfer connection could not be secured as configured.
@@ -32,13 +34,20 @@ pub fn receiver_options(
     integrity: Arc<dyn IntegritySink>,
     role: &'static str,
 ) -> Result<ListenOptions, TransferSecurityError> {
-    refuse_plaintext(
-        "KV transfer",
-        cfg.transfer_addr,
-        &cfg.tls,
-        cfg.insecure_internal,
-    )?;
+    let seal = cfg.transfer_seal.map(|mode| SealPolicy {
+        mode,
+        master: SealMaster::random(),
+    });
+    if seal.is_none() {
+        refuse_plaintext(
+            "KV transfer",
+            cfg.transfer_addr,
+            &cfg.tls,
+            cfg.insecure_internal,
+        )?;
+    }
     let tls = match &cfg.tls {
+        _ if seal.is_some() => None,
         InternalTls::Plaintext => None,
         InternalTls::Mutual(m) => Some(ServerTls {
             config: rustls_server_config(m)?,
@@ -68,6 +77,7 @@ pub fn receiver_options(
     });
     Ok(ListenOptions {
         tls,
+        seal,
         on_refused: Some(on_refused),
         ..ListenOptions::default()
     })

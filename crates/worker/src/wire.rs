@@ -12,6 +12,7 @@ use pagewarden_model::{
     FinishReason, Grammar, Logprob, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS,
 };
 use pagewarden_proto::v1 as pb;
+use pagewarden_transfer::{GrantSeal, SealMode};
 use tonic::Status;
 
 /// Parses a request reference.
@@ -148,9 +149,21 @@ pub fn manifest(m: Option<&pb::CommitManifest>) -> Result<CommitManifest, Status
 }
 
 /// A decode worker's write grant for the wire; `transfer_addr` is where prefill sends the
-/// pages.
-pub fn grant(g: &WriteGrant, transfer_addr: &str) -> pb::WriteGrant {
+/// pages, `seal` how it must seal them when the listener seals.
+pub fn grant(g: &WriteGrant, transfer_addr: &str, seal: Option<&GrantSeal>) -> pb::WriteGrant {
+    let (seal_mode, seal_secret) = match seal {
+        None => (pb::TransferSeal::None, Vec::new()),
+        Some(s) => {
+            let mode = match s.mode {
+                SealMode::Mac => pb::TransferSeal::Mac,
+                SealMode::Aead => pb::TransferSeal::Aead,
+            };
+            (mode, s.secret().to_vec())
+        }
+    };
     pb::WriteGrant {
+        seal: seal_mode as i32,
+        seal_secret,
         key: g.key.0.to_vec(),
         tenant: g.owner.tenant.as_str().to_string(),
         pages: g
@@ -183,6 +196,8 @@ pub struct ReceivedGrant {
     pub page_size: usize,
     /// Decode's transfer listener.
     pub transfer_addr: String,
+    /// The seal its frames must carry, when that listener seals.
+    pub seal: Option<GrantSeal>,
 }
 
 impl ReceivedGrant {
@@ -202,7 +217,23 @@ pub fn received_grant(g: Option<pb::WriteGrant>) -> Result<ReceivedGrant, Status
     if g.transfer_addr.is_empty() {
         return Err(Status::invalid_argument("grant.transfer_addr is required"));
     }
+    let mode = match pb::TransferSeal::try_from(g.seal) {
+        Ok(pb::TransferSeal::None) => None,
+        Ok(pb::TransferSeal::Mac) => Some(SealMode::Mac),
+        Ok(pb::TransferSeal::Aead) => Some(SealMode::Aead),
+        Err(_) => return Err(Status::invalid_argument("grant.seal is not a known seal")),
+    };
+    let seal = match mode {
+        None => None,
+        Some(mode) => {
+            let secret = g.seal_secret.as_slice().try_into().map_err(|_| {
+                Status::invalid_argument("grant.seal_secret must be 32 bytes when sealed")
+            })?;
+            Some(GrantSeal::new(mode, secret))
+        }
+    };
     Ok(ReceivedGrant {
+        seal,
         key,
         tenant: g.tenant,
         pages: g

@@ -111,6 +111,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let counters = Arc::new(ReceiverCounters::default());
     // Under mutual TLS only prefill certificates may write; refusals reach the auditor (I11).
     let security = pagewarden_worker::receiver_options(&cfg, integrity.clone(), ROLE.name)?;
+    let seal = security.seal.clone();
     let receiver = TcpReceiver::bind_with(cfg.transfer_addr, sink, counters.clone(), security)
         .await
         .with_context(|| format!("binding transfer listener {}", cfg.transfer_addr))?;
@@ -146,6 +147,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             page_size: cfg.page_size,
             transfer_addr: transfer_addr.to_string(),
         }),
+        seal,
     };
     let metrics = MetricsEndpoint {
         metrics,

@@ -8,6 +8,7 @@ use pagewarden_common::admission::Admission;
 use pagewarden_common::telemetry::accept_trace_context;
 use pagewarden_common::TenantId;
 use pagewarden_kvcache::KvPool;
+use pagewarden_transfer::SealPolicy;
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::decode_server::Decode;
 use pagewarden_worker::wire as convert;
@@ -35,6 +36,8 @@ pub struct DecodeService {
     pub tx: mpsc::Sender<Command>,
     pub pool: KvPool,
     pub info: Arc<Static>,
+    /// The transfer listener's seal: each grant carries its secret when set.
+    pub seal: Option<SealPolicy>,
 }
 
 impl DecodeService {
@@ -88,7 +91,14 @@ impl Decode for DecodeService {
             let grant = grant?;
             Ok(Response::new(pb::ReserveReply {
                 req: m.req,
-                grant: Some(convert::grant(&grant, &self.info.transfer_addr)),
+                grant: Some(convert::grant(
+                    &grant,
+                    &self.info.transfer_addr,
+                    self.seal
+                        .as_ref()
+                        .map(|p| p.master.grant(p.mode, grant.key))
+                        .as_ref(),
+                )),
             }))
         }
         .instrument(span)

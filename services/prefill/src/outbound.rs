@@ -19,7 +19,7 @@ use pagewarden_transfer::{
 use pagewarden_worker::WorkerError;
 use tokio_util::sync::CancellationToken;
 
-use crate::grant::ValidPrefill;
+use crate::grant::{ReceivedGrant, ValidPrefill};
 use crate::job::{cancelled, JobDeps};
 
 /// How long a drain or cancel waits for decode's acknowledgement (and an unused grant's
@@ -47,7 +47,7 @@ pub struct Outbound<'a> {
 impl<'a> Outbound<'a> {
     /// Connects to the grant's decode transfer listener (an open connection is reused).
     pub async fn open(deps: &'a JobDeps, job: &'a ValidPrefill) -> Result<Self, WorkerError> {
-        let seg = deps.segments.open(&job.grant.transfer_addr).await?;
+        let seg = open_grant(deps, &job.grant).await?;
         Ok(Self {
             deps,
             job,
@@ -213,6 +213,21 @@ async fn cancel_grant(deps: &JobDeps, addr: &str, seg: SegmentId, key: GrantKey)
     }
 }
 
+/// The segment of `g`'s decode, with `g`'s seal registered on it when its listener seals.
+async fn open_grant(deps: &JobDeps, g: &ReceivedGrant) -> Result<SegmentId, WorkerError> {
+    let seg = deps
+        .segments
+        .open(&g.transfer_addr, g.seal.is_some())
+        .await?;
+    if let Some(seal) = &g.seal {
+        deps.segments
+            .backend()
+            .seal_grant(seg, g.key, seal.clone())
+            .map_err(|e| WorkerError::Unavailable(format!("KV transfer failed: {e}")))?;
+    }
+    Ok(seg)
+}
+
 /// Ends a grant under which no page was sent and no connection is open (the job was refused
 /// or failed before its transfer began): a cancel, which drains, tells decode that nothing of
 /// it can still land, so decode frees the reserved pages now instead of quarantining them when
@@ -220,7 +235,7 @@ async fn cancel_grant(deps: &JobDeps, addr: &str, seg: SegmentId, key: GrantKey)
 /// it declares this peer gone.
 pub async fn abandon_grant(deps: &JobDeps, job: &ValidPrefill) {
     let g = &job.grant;
-    match tokio::time::timeout(ACK_TIMEOUT, deps.segments.open(&g.transfer_addr)).await {
+    match tokio::time::timeout(ACK_TIMEOUT, open_grant(deps, g)).await {
         Ok(Ok(seg)) => cancel_grant(deps, &g.transfer_addr, seg, g.key).await,
         Ok(Err(e)) => {
             tracing::warn!(request = %job.req, error = %e, "could not end the unused KV grant")

@@ -1,4 +1,6 @@
 //! Open transfer segments, one per decode worker's transfer address, reopened after a failure.
+//! A decode whose listener seals frames is reached in plain TCP (its grants carry the seal),
+//! any other under this worker's TLS when it has one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,20 +27,22 @@ impl Segments {
         &self.backend
     }
 
-    /// The open segment for `addr`, connecting if needed. The connect (bounded by the
-    /// transfer's connect timeout) runs outside the lock, so one unreachable decode never
-    /// stalls jobs bound for the others; when two jobs race, the first segment in wins.
-    pub async fn open(&self, addr: &str) -> Result<SegmentId, WorkerError> {
+    /// The open segment for `addr`, connecting if needed (`sealed`: the grant says its
+    /// listener seals frames). The connect (bounded by the transfer's connect timeout) runs
+    /// outside the lock, so one unreachable decode never stalls jobs bound for the others;
+    /// when two jobs race, the first segment in wins.
+    pub async fn open(&self, addr: &str, sealed: bool) -> Result<SegmentId, WorkerError> {
         if let Some(seg) = self.open.lock().await.get(addr) {
             return Ok(*seg);
         }
-        let seg = self
-            .backend
-            .open_segment(&SegmentDesc {
-                addr: addr.to_string(),
-            })
-            .await
-            .map_err(|e| {
+        let desc = SegmentDesc {
+            addr: addr.to_string(),
+        };
+        let opened = match sealed {
+            true => self.backend.open_sealed_segment(&desc).await,
+            false => self.backend.open_segment(&desc).await,
+        };
+        let seg = opened.map_err(|e| {
                 WorkerError::Unavailable(format!(
                     "cannot reach decode transfer listener {addr}: {e}"
                 ))

@@ -11,8 +11,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::frame::{decode_header, decode_payload, encode, FrameError, Header, HEADER_LEN};
+use crate::frame::{
+    decode_header, decode_payload, encode, encode_hello, FrameError, Header, HEADER_LEN,
+};
 use crate::receiver::{CloseReason, ReceiverCounters, ReceiverSession};
+use crate::seal::{ConnectionSeal, SealPolicy};
 use crate::sink::PageSink;
 
 use super::secure::{self, ListenOptions, Refused, RefusedReason};
@@ -101,8 +104,22 @@ async fn accept_loop(
                             Ok(halves) => halves,
                             Err(reason) => return refuse(&counters, &opts, peer, reason),
                         };
-                        let reason = serve_stream(rd, wr, session, shut).await;
+                        let seal = opts.seal.clone();
+                        let reason = serve_sealed(rd, wr, session, seal, shut).await;
                         tracing::debug!(%peer, ?reason, "transfer connection closed");
+                        if let CloseReason::Malformed(
+                            e @ (FrameError::BadSeal(_)
+                            | FrameError::NotSealed { .. }
+                            | FrameError::UnexpectedSeal),
+                        ) = &reason
+                        {
+                            // Counted as a malformed close already; the hook hears of it.
+                            let reason = RefusedReason::Seal(e.to_string());
+                            tracing::warn!(%peer, %reason, "transfer connection refused");
+                            if let Some(hook) = &opts.on_refused {
+                                hook(&Refused { peer, reason });
+                            }
+                        }
                         drop(slot);
                     });
                 }
@@ -139,9 +156,25 @@ enum Item {
 /// (peer-gone for undrained grants) by the processing task after its last frame, so no
 /// frame of the stream can still be processed when that happens.
 pub async fn serve_stream<R, W>(
+    rd: R,
+    wr: W,
+    session: ReceiverSession<dyn PageSink>,
+    shutdown: watch::Receiver<bool>,
+) -> CloseReason
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    serve_sealed(rd, wr, session, None, shutdown).await
+}
+
+/// [`serve_stream`], requiring every frame sealed under `seal` when given (a HELLO with the
+/// connection's challenge goes out first).
+pub async fn serve_sealed<R, W>(
     mut rd: R,
     wr: W,
     session: ReceiverSession<dyn PageSink>,
+    seal: Option<SealPolicy>,
     mut shutdown: watch::Receiver<bool>,
 ) -> CloseReason
 where
@@ -151,7 +184,8 @@ where
     let max_payload = session.max_payload();
     let (tx, rx) = mpsc::channel::<Item>(PIPELINE);
     let (recycle_tx, mut recycle_rx) = mpsc::channel::<Vec<u8>>(PIPELINE + 2);
-    let processor = tokio::spawn(process(rx, recycle_tx, wr, session));
+    let seal = seal.map(ConnectionSeal::new);
+    let processor = tokio::spawn(process(rx, recycle_tx, wr, session, seal));
     let end = loop {
         let mut hdr = [0u8; HEADER_LEN];
         let first = tokio::select! {
@@ -175,7 +209,7 @@ where
         // Safe to size the buffer now: payload_len <= max_payload was checked above. No read
         // buffer in between: page payloads go straight from the kernel into `buf`.
         let mut buf = recycle_rx.try_recv().unwrap_or_default();
-        buf.resize(h.payload_len as usize, 0);
+        buf.resize(h.wire_len(), 0);
         if let Err(e) = rd.read_exact(&mut buf).await {
             break Some(io_reason(e));
         }
@@ -198,15 +232,32 @@ async fn process<W: AsyncWrite + Unpin>(
     recycle: mpsc::Sender<Vec<u8>>,
     mut wr: W,
     mut session: ReceiverSession<dyn PageSink>,
+    mut seal: Option<ConnectionSeal>,
 ) -> CloseReason {
     let mut out: Vec<u8> = Vec::with_capacity(64);
+    if let Some(s) = &seal {
+        encode_hello(&mut out, s.challenge());
+        if let Err(e) = wr.write_all(&out).await {
+            session.close(&CloseReason::Transport(e.to_string()));
+            return CloseReason::Transport(e.to_string());
+        }
+    }
     let reason = loop {
-        let (h, buf) = match rx.recv().await {
+        let (mut h, mut buf) = match rx.recv().await {
             Some(Item::Frame(h, buf)) => (h, buf),
             Some(Item::End(r)) => break r,
             None => break CloseReason::Shutdown,
         };
-        let reply = match decode_payload(h, &buf).and_then(|f| session.on_frame(f)) {
+        // The seal is checked (and the page decrypted) before the frame is even decoded.
+        let opened = match (&mut seal, h.seal) {
+            (Some(s), _) => s.open(&h, &mut buf).map(|()| h.seal = None),
+            (None, Some(_)) => Err(FrameError::UnexpectedSeal),
+            (None, None) => Ok(()),
+        };
+        let reply = match opened
+            .and_then(|()| decode_payload(h, &buf))
+            .and_then(|f| session.on_frame(f))
+        {
             Ok(r) => r,
             Err(e) => break CloseReason::Malformed(e),
         };

@@ -15,14 +15,16 @@ mod sender;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use listener::{serve_stream, TcpReceiver};
+pub use listener::{serve_sealed, serve_stream, TcpReceiver};
 pub use secure::{
     Authorize, ClientTls, ListenOptions, OnRefused, Refused, RefusedReason, ServerTls,
 };
 pub use sender::SenderConn;
 
 use crate::backend::{transfer_backend_via, Backend, Opening, Registering, Transport};
-use crate::engine::{EngineConfig, SegmentDesc, TransferError};
+use crate::engine::{EngineConfig, SegmentDesc, SegmentId, TransferError};
+use crate::seal::GrantSeal;
+use crate::types::GrantKey;
 use crate::receiver::ReceiverCounters;
 
 /// The TCP backend.
@@ -48,6 +50,24 @@ impl TcpBackend {
     /// Counters of every segment this backend registered.
     pub fn receiver_counters(&self) -> &Arc<ReceiverCounters> {
         self.0.receiver_counters()
+    }
+
+    /// Opens a segment whose listener seals its frames: plain TCP, whatever TLS this backend
+    /// would speak, since every frame carries its grant's seal.
+    pub async fn open_sealed_segment(&self, desc: &SegmentDesc) -> Result<SegmentId, TransferError> {
+        self.0.open_segment_with(desc, false).await
+    }
+
+    /// Seals every frame of grant `key` on segment `seg` with the grant's seal (the receiver
+    /// requires it when its listener seals); call before the grant's first batch.
+    pub fn seal_grant(
+        &self,
+        seg: SegmentId,
+        key: GrantKey,
+        seal: GrantSeal,
+    ) -> Result<(), TransferError> {
+        self.0.conn(seg)?.seal(key, seal);
+        Ok(())
     }
 }
 
@@ -76,7 +96,7 @@ impl Transport for Tcp {
             o.addr,
             o.max_inflight_bytes,
             o.failures,
-            self.connect.as_ref(),
+            self.connect.as_ref().filter(|_| o.stream_security),
         )
         .await
     }

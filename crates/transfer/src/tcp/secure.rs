@@ -17,6 +17,8 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use crate::seal::SealPolicy;
+
 /// A boxed read half of a transfer connection (TCP or TLS).
 pub type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
 /// A boxed write half of a transfer connection (TCP or TLS).
@@ -51,6 +53,8 @@ pub struct ClientTls {
 pub struct ListenOptions {
     /// Mutual TLS, or plaintext (loopback, tests, or the operator's explicit choice).
     pub tls: Option<ServerTls>,
+    /// Sealed frames required on every connection (`seal.rs`): the alternative to `tls`.
+    pub seal: Option<SealPolicy>,
     /// Longest a TLS handshake may take.
     pub handshake_timeout: Duration,
     /// Most connections served at once; more are closed on accept.
@@ -63,6 +67,7 @@ impl Default for ListenOptions {
     fn default() -> Self {
         ListenOptions {
             tls: None,
+            seal: None,
             handshake_timeout: Duration::from_secs(10),
             max_connections: 256,
             on_refused: None,
@@ -90,6 +95,9 @@ pub enum RefusedReason {
     Handshake(String),
     /// The certificate is valid but its role may not write.
     Role(String),
+    /// A frame failed its seal (forged, altered, replayed, or not sealed): the connection was
+    /// closed before that frame reached the pool.
+    Seal(String),
 }
 
 impl std::fmt::Display for RefusedReason {
@@ -99,6 +107,7 @@ impl std::fmt::Display for RefusedReason {
             RefusedReason::HandshakeTimeout => f.write_str("TLS handshake timed out"),
             RefusedReason::Handshake(e) => write!(f, "TLS handshake failed: {e}"),
             RefusedReason::Role(e) => write!(f, "peer may not write: {e}"),
+            RefusedReason::Seal(e) => write!(f, "frame refused: {e}"),
         }
     }
 }

@@ -2,24 +2,27 @@
 //! writes; queueing, in-flight budget and DRAIN order are `outbound.rs`'s), the ack reader
 //! (framing; routing is `pending.rs`'s), and the hash-ahead helper fed at submit.
 
+use std::collections::HashMap;
 use std::io::IoSlice;
 use std::sync::Arc;
-
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use super::hash_ahead::{self, HashAhead, Progress};
 use super::secure::{self, BoxRead, BoxWrite, ClientTls};
-use crate::batch::BatchHandle;
+use crate::batch::{BatchFailure, BatchHandle, BatchStatus};
 use crate::engine::{FailureEvent, OutPage, SegmentId, TransferError};
 use crate::frame::{
-    decode_header, decode_payload, encode, encode_write_prefix, Frame, WriteFrame, HEADER_LEN,
+    decode_header, decode_hello, decode_payload, encode, encode_write_prefix, mark_sealed, Frame,
+    FrameType, WriteFrame, CHALLENGE_LEN, HEADER_LEN,
 };
 use crate::outbound::{OpenConn, OutBatch, SenderFront, Wire};
 use crate::pending::Shared;
+use crate::seal::{FrameSealer, GrantSeal, SealMode};
 use crate::types::GrantKey;
 
 /// Bound on reaching a receiver: the TCP connect, and again the TLS handshake.
@@ -28,10 +31,14 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pages at least this long bypass the write buffer.
 const DIRECT_WRITE: usize = 32 << 10;
 
+/// The seals of grants registered on a connection, until their DRAIN is sent.
+type Seals = Arc<Mutex<HashMap<GrantKey, GrantSeal>>>;
+
 /// One open TCP segment (sender side).
 pub struct SenderConn {
     front: SenderFront,
     hasher: Option<HashAhead>,
+    seals: Seals,
 }
 
 impl SenderConn {
@@ -70,15 +77,34 @@ impl SenderConn {
         } else {
             None
         };
+        let seals = Seals::default();
+        let (hello_tx, hello) = watch::channel(None);
         let wire = TcpWire {
             wr: BufWriter::with_capacity(256 << 10, wr),
             hdr: Vec::with_capacity(128),
             shared: shared.clone(),
             progress: hasher.as_ref().map(HashAhead::progress),
+            seal: WireSeal {
+                seals: seals.clone(),
+                hello,
+                keys: HashMap::new(),
+                counter: 0,
+                scratch: Vec::new(),
+            },
         };
-        let read = read_loop(rd, shared.clone());
+        let read = read_loop(rd, shared.clone(), hello_tx);
         let front = SenderFront::spawn(shared, wire, max_inflight_bytes, read);
-        Ok(Self { front, hasher })
+        Ok(Self {
+            front,
+            hasher,
+            seals,
+        })
+    }
+
+    /// Seals every frame of `key` on this connection from now on (the grant's seal, which the
+    /// receiver requires). Until its DRAIN is sent.
+    pub fn seal(&self, key: GrantKey, seal: GrantSeal) {
+        self.seals.lock().insert(key, seal);
     }
 
     /// Queues a prepared batch.
@@ -118,6 +144,86 @@ struct TcpWire {
     hdr: Vec<u8>,
     shared: Arc<Shared>,
     progress: Option<Arc<Progress>>,
+    seal: WireSeal,
+}
+
+/// The sending side's seals on one connection: the registered grants' seals, the receiver's
+/// challenge (from its HELLO), the frame keys derived from both, and the frame counter.
+struct WireSeal {
+    seals: Seals,
+    hello: watch::Receiver<Option<[u8; CHALLENGE_LEN]>>,
+    keys: HashMap<GrantKey, FrameSealer>,
+    counter: u64,
+    scratch: Vec<u8>,
+}
+
+/// A sealed frame: its tag and, under AEAD, the encrypted page bytes in `scratch`.
+struct Sealed<'a> {
+    tag: [u8; crate::seal::TAG_LEN],
+    body: &'a [u8],
+}
+
+impl WireSeal {
+    /// The frame key of `key` on this connection, if its grant is sealed. Waits (bounded) for
+    /// the receiver's HELLO the first time.
+    async fn key(&mut self, key: GrantKey) -> std::io::Result<Option<SealMode>> {
+        if let Some(k) = self.keys.get(&key) {
+            return Ok(Some(k.mode()));
+        }
+        let Some(seal) = self.seals.lock().get(&key).cloned() else {
+            return Ok(None);
+        };
+        let challenge = match tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            self.hello.wait_for(Option::is_some),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c.expect("waited for Some"),
+            Ok(Err(_)) => return Err(std::io::ErrorKind::ConnectionAborted.into()),
+            Err(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the grant is sealed but the receiver sent no seal challenge",
+                ))
+            }
+        };
+        self.keys.insert(key, seal.on_connection(&challenge));
+        Ok(Some(seal.mode))
+    }
+
+    /// Seals the frame whose header and clear fields are `frame` (marked sealed here), with
+    /// `body` (page bytes) after them.
+    fn seal<'a>(&'a mut self, key: GrantKey, frame: &mut [u8], body: &'a [u8]) -> Sealed<'a> {
+        let sealer = &self.keys[&key];
+        mark_sealed(frame, sealer.mode());
+        let t = FrameType::from_u8(frame[5]).expect("a frame this side encoded");
+        let (fields, counter) = (&frame[HEADER_LEN..], self.counter);
+        self.counter += 1;
+        self.scratch.clear();
+        match sealer.mode() {
+            SealMode::Aead => {
+                self.scratch.extend_from_slice(body);
+                let tag = sealer.seal(t, counter, fields, &mut self.scratch);
+                Sealed {
+                    tag,
+                    body: &self.scratch,
+                }
+            }
+            SealMode::Mac => {
+                self.scratch.extend_from_slice(fields);
+                self.scratch.extend_from_slice(body);
+                let tag = sealer.seal(t, counter, &self.scratch, &mut []);
+                Sealed { tag, body }
+            }
+        }
+    }
+
+    /// `key`'s DRAIN is sent: nothing more of it is sealed here.
+    fn forget(&mut self, key: GrantKey) {
+        self.keys.remove(&key);
+        self.seals.lock().remove(&key);
+    }
 }
 
 impl Wire for TcpWire {
@@ -126,11 +232,21 @@ impl Wire for TcpWire {
 
     async fn send_batch(&mut self, b: OutBatch) -> std::io::Result<()> {
         let (key, id, pages) = (b.key, b.id, &b.pages);
+        let sealed = match self.seal.key(key).await {
+            Ok(seal) => seal.is_some(),
+            Err(e) => {
+                // Say why, rather than "dropped": this is a configuration mismatch.
+                let why = BatchFailure::ConnectionLost(e.to_string());
+                b.done.finish(BatchStatus::Failed(why));
+                return Err(e);
+            }
+        };
         let Self {
             wr,
             hdr,
             shared,
             progress,
+            seal,
         } = self;
         let mut sent = 0u32;
         for p in pages {
@@ -148,7 +264,12 @@ impl Wire for TcpWire {
                 data: &p.src,
             };
             encode_write_prefix(hdr, &w);
-            if p.src.len() >= DIRECT_WRITE {
+            if sealed {
+                let s = seal.seal(key, hdr, &p.src);
+                wr.write_all(hdr).await?;
+                wr.write_all(s.body).await?;
+                wr.write_all(&s.tag).await?;
+            } else if p.src.len() >= DIRECT_WRITE {
                 // Big page: header and page in one syscall, straight from the caller's bytes.
                 wr.flush().await?;
                 write_two(wr.get_mut(), hdr, &p.src).await?;
@@ -177,13 +298,23 @@ impl Wire for TcpWire {
                 pages: sent,
             },
         );
+        if sealed {
+            let tag = seal.seal(key, hdr, &[]).tag;
+            hdr.extend_from_slice(&tag);
+        }
         wr.write_all(hdr).await?;
         wr.flush().await
     }
 
     async fn send_drain(&mut self, key: GrantKey) -> std::io::Result<()> {
+        let sealed = self.seal.key(key).await?.is_some();
         self.hdr.clear();
         encode(&mut self.hdr, &Frame::Drain(key));
+        if sealed {
+            let tag = self.seal.seal(key, &mut self.hdr, &[]).tag;
+            self.hdr.extend_from_slice(&tag);
+            self.seal.forget(key);
+        }
         self.wr.write_all(&self.hdr).await?;
         self.wr.flush().await
     }
@@ -212,8 +343,12 @@ async fn write_two(w: &mut BoxWrite, mut a: &[u8], mut b: &[u8]) -> std::io::Res
     Ok(())
 }
 
-/// Reads acks until the connection ends; returns why it did.
-async fn read_loop(mut rd: BoxRead, shared: Arc<Shared>) -> String {
+/// Reads acks (and a sealing receiver's HELLO) until the connection ends; returns why it did.
+async fn read_loop(
+    mut rd: BoxRead,
+    shared: Arc<Shared>,
+    hello: watch::Sender<Option<[u8; CHALLENGE_LEN]>>,
+) -> String {
     let mut hdr = [0u8; HEADER_LEN];
     let mut buf = [0u8; 64];
     loop {
@@ -228,6 +363,16 @@ async fn read_loop(mut rd: BoxRead, shared: Arc<Shared>) -> String {
         let p = &mut buf[..h.payload_len as usize];
         if let Err(e) = rd.read_exact(p).await {
             return format!("receiver closed the connection ({e})");
+        }
+        if h.frame_type == FrameType::Hello && h.seal.is_none() {
+            match decode_hello(p) {
+                Ok(c) if hello.borrow().is_none() => {
+                    hello.send_replace(Some(c));
+                    continue;
+                }
+                Ok(_) => return "second HELLO from receiver".into(),
+                Err(e) => return format!("malformed HELLO: {e}"),
+            }
         }
         match decode_payload(h, p).map(|f| shared.route_ack(f)) {
             Ok(Ok(())) => {}

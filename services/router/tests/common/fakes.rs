@@ -169,6 +169,7 @@ impl Decode for Inner {
                 page_size: 16,
                 expires_unix_ms: 0,
                 transfer_addr: "127.0.0.1:1".into(),
+                ..Default::default()
             }),
         }))
     }
