@@ -155,12 +155,7 @@ impl FrameSealer {
 
     /// Checks and strips the tag of the `counter`-th frame, `payload` being its payload and
     /// tag; decrypts what [`Self::seal`] encrypted. Returns the payload's length.
-    fn open(
-        &self,
-        t: FrameType,
-        counter: u64,
-        payload: &mut [u8],
-    ) -> Result<usize, FrameError> {
+    fn open(&self, t: FrameType, counter: u64, payload: &mut [u8]) -> Result<usize, FrameError> {
         let len = payload
             .len()
             .checked_sub(TAG_LEN)
@@ -308,7 +303,11 @@ mod tests {
             let on_wire = &f0[HEADER_LEN + WRITE_FIXED_LEN..][..data.len()];
             assert_eq!(on_wire == &data[..], mode == SealMode::Mac, "{mode}");
             let p = open(&mut conn, &f0).unwrap();
-            assert_eq!(&p[WRITE_FIXED_LEN..], &data[..], "{mode}: opened to the page");
+            assert_eq!(
+                &p[WRITE_FIXED_LEN..],
+                &data[..],
+                "{mode}: opened to the page"
+            );
             // The same frame again (a replay) is checked against the next counter.
             assert_eq!(
                 open(&mut conn, &f0).unwrap_err(),
@@ -322,7 +321,10 @@ mod tests {
             // A flipped page byte, a flipped field (the token count), a wrong grant secret.
             let mut conn = ConnectionSeal::new(policy.clone());
             let f0 = sealed_write(&seal, conn.challenge(), 0, &data);
-            for at in [HEADER_LEN + WRITE_FIXED_LEN + 100, HEADER_LEN + 16 + 8 + 4 + 8] {
+            for at in [
+                HEADER_LEN + WRITE_FIXED_LEN + 100,
+                HEADER_LEN + 16 + 8 + 4 + 8,
+            ] {
                 let mut bad = f0.clone();
                 bad[at] ^= 1;
                 assert_eq!(
@@ -337,7 +339,10 @@ mod tests {
                 0,
                 &data,
             );
-            assert!(open(&mut clone_conn(&conn), &forged).is_err(), "{mode}: forged");
+            assert!(
+                open(&mut clone_conn(&conn), &forged).is_err(),
+                "{mode}: forged"
+            );
             assert!(open(&mut conn, &f0).is_ok());
             // Other frames: sealed BATCH_END verifies at its counter; an unsealed one is
             // refused, as is one sealed the other way.
@@ -391,7 +396,10 @@ mod tests {
         let m = SealMaster::from_bytes(&[1; 32]);
         let a = m.grant(SealMode::Aead, GrantKey([1; 16]));
         assert_eq!(a, m.grant(SealMode::Aead, GrantKey([1; 16])));
-        assert_ne!(a.secret(), m.grant(SealMode::Aead, GrantKey([2; 16])).secret());
+        assert_ne!(
+            a.secret(),
+            m.grant(SealMode::Aead, GrantKey([2; 16])).secret()
+        );
         let other = SealMaster::from_bytes(&[2; 32]).grant(SealMode::Aead, GrantKey([1; 16]));
         assert_ne!(a.secret(), other.secret());
         assert_eq!(format!("{a:?}"), "GrantSeal(aead, ..)");

@@ -105,13 +105,21 @@ async fn only_the_grants_seal_writes_and_a_replayed_stream_is_refused() {
             .unwrap();
         let reqs = reqs_for(&g, 1, LAYOUT.page_bytes());
         let h = prefill.submit_batch(seg, g.key, reqs.clone()).unwrap();
-        assert_eq!(h.wait().await, BatchStatus::Completed { pages: 3 }, "{mode}");
+        assert_eq!(
+            h.wait().await,
+            BatchStatus::Completed { pages: 3 },
+            "{mode}"
+        );
         let landed = decode.receiver_counters().snapshot();
         assert_eq!(landed.frames_ok, 3);
         // Under AEAD the page bytes crossed the wire encrypted, under MAC in clear.
         let page0 = page_data(1, 0, LAYOUT.page_bytes());
         let in_clear = tape.lock().windows(page0.len()).any(|w| w == page0);
-        assert_eq!(in_clear, mode == SealMode::Mac, "{mode}: page bytes in clear");
+        assert_eq!(
+            in_clear,
+            mode == SealMode::Mac,
+            "{mode}: page bytes in clear"
+        );
 
         // The recorded bytes replayed on a new connection: its challenge differs, so the first
         // frame fails its seal and the connection closes. Without the check, the replayed
@@ -147,7 +155,11 @@ async fn only_the_grants_seal_writes_and_a_replayed_stream_is_refused() {
         let c = decode.receiver_counters().snapshot();
         assert_eq!(c.malformed_closes, 3, "{mode}: {c:?}");
         assert_eq!(c.frames_ok, 3, "{mode}: only the genuine pages landed");
-        assert_eq!(c.dropped_total(), 0, "{mode}: nothing refused reached the pool");
+        assert_eq!(
+            c.dropped_total(),
+            0,
+            "{mode}: nothing refused reached the pool"
+        );
 
         // The genuine grant still drains and commits with its bytes.
         prefill.drain(seg, g.key).await.unwrap();
@@ -177,10 +189,7 @@ async fn a_sealed_grant_towards_a_listener_that_does_not_seal_fails_clearly() {
         .submit_batch(seg, g.key, reqs_for(&g, 1, LAYOUT.page_bytes()))
         .unwrap();
     match h.wait().await {
-        BatchStatus::Failed(f) => assert!(
-            format!("{f:?}").contains("no seal challenge"),
-            "{f:?}"
-        ),
+        BatchStatus::Failed(f) => assert!(format!("{f:?}").contains("no seal challenge"), "{f:?}"),
         other => panic!("{other:?}"),
     }
 }

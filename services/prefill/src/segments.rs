@@ -43,10 +43,8 @@ impl Segments {
             false => self.backend.open_segment(&desc).await,
         };
         let seg = opened.map_err(|e| {
-                WorkerError::Unavailable(format!(
-                    "cannot reach decode transfer listener {addr}: {e}"
-                ))
-            })?;
+            WorkerError::Unavailable(format!("cannot reach decode transfer listener {addr}: {e}"))
+        })?;
         let mut open = self.open.lock().await;
         if let Some(&first) = open.get(addr) {
             self.backend.close_segment(seg);

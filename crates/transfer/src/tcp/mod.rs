@@ -23,9 +23,9 @@ pub use sender::SenderConn;
 
 use crate::backend::{transfer_backend_via, Backend, Opening, Registering, Transport};
 use crate::engine::{EngineConfig, SegmentDesc, SegmentId, TransferError};
+use crate::receiver::ReceiverCounters;
 use crate::seal::GrantSeal;
 use crate::types::GrantKey;
-use crate::receiver::ReceiverCounters;
 
 /// The TCP backend.
 pub struct TcpBackend(Backend<Tcp>);
@@ -54,7 +54,10 @@ impl TcpBackend {
 
     /// Opens a segment whose listener seals its frames: plain TCP, whatever TLS this backend
     /// would speak, since every frame carries its grant's seal.
-    pub async fn open_sealed_segment(&self, desc: &SegmentDesc) -> Result<SegmentId, TransferError> {
+    pub async fn open_sealed_segment(
+        &self,
+        desc: &SegmentDesc,
+    ) -> Result<SegmentId, TransferError> {
         self.0.open_segment_with(desc, false).await
     }
 

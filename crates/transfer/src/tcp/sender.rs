@@ -173,21 +173,18 @@ impl WireSeal {
         let Some(seal) = self.seals.lock().get(&key).cloned() else {
             return Ok(None);
         };
-        let challenge = match tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            self.hello.wait_for(Option::is_some),
-        )
-        .await
-        {
-            Ok(Ok(c)) => c.expect("waited for Some"),
-            Ok(Err(_)) => return Err(std::io::ErrorKind::ConnectionAborted.into()),
-            Err(_) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the grant is sealed but the receiver sent no seal challenge",
-                ))
-            }
-        };
+        let challenge =
+            match tokio::time::timeout(CONNECT_TIMEOUT, self.hello.wait_for(Option::is_some)).await
+            {
+                Ok(Ok(c)) => c.expect("waited for Some"),
+                Ok(Err(_)) => return Err(std::io::ErrorKind::ConnectionAborted.into()),
+                Err(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the grant is sealed but the receiver sent no seal challenge",
+                    ))
+                }
+            };
         self.keys.insert(key, seal.on_connection(&challenge));
         Ok(Some(seal.mode))
     }
