@@ -256,7 +256,7 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
     let list = expect_total(&auditor, total, "wrong token count").await;
     assert_eq!(newest(&list, "count_mismatch")["tenant"], "tenant-2");
 
-    let (req, _grant, mut reply) = reserve_and_prefill(&mut d, "tenant-3").await;
+    let (req, grant, mut reply) = reserve_and_prefill(&mut d, "tenant-3").await;
     {
         let m = reply.manifest.as_mut().expect("manifest");
         m.page_checksums[1] ^= 1;
@@ -266,7 +266,13 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
     refused_commit(&mut d, &req, reply).await;
     total += 1;
     let list = expect_total(&auditor, total, "tampered checksum").await;
-    assert_eq!(newest(&list, "checksum_mismatch")["tenant"], "tenant-3");
+    let i = newest(&list, "checksum_mismatch");
+    assert_eq!(i["tenant"], "tenant-3");
+    // Filed under the page the refusal names, at the generation it was granted at (issue 19:
+    // incidents that share a page link to each other).
+    let tampered = &grant.pages[1];
+    assert_eq!(i["page"], tampered.page, "{i}");
+    assert_eq!(i["generation"], tampered.generation, "{i}");
 
     // A replayed Reserve (same request, same attempt) is a stale message, dropped; the original
     // reservation is unharmed and completes. The auditor counts it as routine: no incident.

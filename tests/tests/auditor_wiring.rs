@@ -78,6 +78,7 @@ async fn samples_and_integrity_events_reach_the_auditor() {
         kind: IntegrityKind::GenerationMismatch,
         request: Some(RequestId([9; 16])),
         tenant: Some(TenantId::new("tenant-0")),
+        page: None,
         detail: "injected by auditor_wiring".into(),
     });
     let incidents = poll(

@@ -274,8 +274,8 @@ impl IntegritySink for AuditorIntegritySink {
                 attempt: 0,
             }),
             tenant: e.tenant.map(|t| t.as_str().to_string()).unwrap_or_default(),
-            page: None,
-            generation: None,
+            page: e.page.map(|t| t.page),
+            generation: e.page.map(|t| t.generation),
             details: format!("[{}] {}", e.role, e.detail),
         });
     }
@@ -322,12 +322,17 @@ mod tests {
             kind: CommonKind::TokenCountMismatch,
             request: Some(crate::RequestId([3; 16])),
             tenant: Some(crate::TenantId::new("t")),
+            page: Some(crate::integrity::PageTag {
+                page: 7,
+                generation: 3,
+            }),
             detail: "wrote 15 of 16".into(),
         });
         let Some(Report::Integrity(r)) = rx.recv().await else {
             panic!("expected an integrity report");
         };
         assert_eq!(r.kind, pb::IntegrityKind::CountMismatch as i32);
+        assert_eq!((r.page, r.generation), (Some(7), Some(3)));
         assert_eq!(r.tenant, "t");
         assert_eq!(r.req.unwrap().request_id, vec![3; 16]);
     }

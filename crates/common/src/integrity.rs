@@ -41,6 +41,16 @@ impl IntegrityKind {
     }
 }
 
+/// The KV page an event concerns, as the auditor files it: incidents that share a page link
+/// to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageTag {
+    /// The page's index in the reporting worker's pool.
+    pub page: u32,
+    /// The page generation the event is about.
+    pub generation: u64,
+}
+
 /// One detected event.
 #[derive(Debug, Clone)]
 pub struct IntegrityEvent {
@@ -54,6 +64,8 @@ pub struct IntegrityEvent {
     pub request: Option<RequestId>,
     /// Its tenant, if known.
     pub tenant: Option<TenantId>,
+    /// The page it concerns, if one.
+    pub page: Option<PageTag>,
     /// Human-readable detail (the typed error's message).
     pub detail: String,
 }
@@ -84,6 +96,8 @@ impl IntegritySink for LogIntegritySink {
             kind = e.kind.as_str(),
             request = ?e.request,
             tenant = ?e.tenant,
+            page = e.page.map(|t| t.page),
+            generation = e.page.map(|t| t.generation),
             detail = %e.detail,
             "integrity event"
         );

@@ -88,6 +88,21 @@ pub enum CommitError {
     Expired,
 }
 
+impl CommitError {
+    /// The page the refusal names, if it names one.
+    pub fn page(&self) -> Option<PageId> {
+        match self {
+            CommitError::PageNotWritten(p)
+            | CommitError::ChecksumMismatch(p)
+            | CommitError::GuardWordCorrupt(p) => Some(*p),
+            CommitError::KeyMismatch
+            | CommitError::TokenCountMismatch { .. }
+            | CommitError::DigestMismatch
+            | CommitError::Expired => None,
+        }
+    }
+}
+
 /// Why a read was refused. The request fails; it never sees data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
 pub enum ReadError {

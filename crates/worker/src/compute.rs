@@ -11,8 +11,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use pagewarden_common::integrity::PageTag;
 use pagewarden_kernels::Device;
-use pagewarden_kvcache::{KvPool, ReadablePages};
+use pagewarden_kvcache::{KvPool, ReadError, ReadablePages};
 use pagewarden_model::{Model, ModelError};
 
 use crate::device::{open_device, GpuOptions, OpenError, Opened};
@@ -31,9 +32,10 @@ pub enum Compute {
 /// Why a pass or a page read failed, worded for the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ComputeError {
-    /// A KV read was refused by the generation check (I1), on the host or on the device.
+    /// A KV read was refused by the generation check (I1), on the host or on the device;
+    /// with the page and the generation presented, when known.
     #[error("{0}")]
-    KvRefused(String),
+    KvRefused(String, Option<PageTag>),
     /// Anything else (pool exhausted, context exceeded, device failure, ...).
     #[error("{0}")]
     Failed(String),
@@ -42,7 +44,16 @@ pub enum ComputeError {
 impl From<ModelError> for ComputeError {
     fn from(e: ModelError) -> Self {
         match e {
-            ModelError::KvRead(_) => ComputeError::KvRefused(e.to_string()),
+            ModelError::KvRead(r) => {
+                let page = match r {
+                    ReadError::GenerationMismatch { page, expected, .. } => Some(PageTag {
+                        page: page.0,
+                        generation: expected.0,
+                    }),
+                    ReadError::OutOfRange => None,
+                };
+                ComputeError::KvRefused(e.to_string(), page)
+            }
             other => ComputeError::Failed(other.to_string()),
         }
     }
@@ -54,7 +65,7 @@ impl From<pagewarden_model::cuda::GpuError> for ComputeError {
         use pagewarden_model::cuda::GpuError;
         match e {
             GpuError::PageFault(_) | GpuError::HostRead(_) => {
-                ComputeError::KvRefused(e.to_string())
+                ComputeError::KvRefused(e.to_string(), None)
             }
             other => ComputeError::Failed(other.to_string()),
         }
@@ -144,7 +155,16 @@ impl Compute {
                         .page_bytes(i)
                         .map(|b| written_rows_only(pages, i, b.to_vec()))
                         .map_err(|e| {
-                            ComputeError::KvRefused(format!("reading local KV page {i}: {e}"))
+                            let page = match e {
+                                ReadError::GenerationMismatch { page, expected, .. } => {
+                                    Some(PageTag {
+                                        page: page.0,
+                                        generation: expected.0,
+                                    })
+                                }
+                                ReadError::OutOfRange => None,
+                            };
+                            ComputeError::KvRefused(format!("reading local KV page {i}: {e}"), page)
                         })
                 })
                 .collect(),

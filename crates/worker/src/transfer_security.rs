@@ -69,6 +69,7 @@ pub fn receiver_options(
             kind: IntegrityKind::StaleMessage,
             request: None,
             tenant: None,
+            page: None,
             detail: format!(
                 "KV transfer connection from {} refused: {}",
                 r.peer, r.reason

@@ -151,6 +151,7 @@ impl Cluster {
             kind,
             request: o.map(|o| o.request),
             tenant: o.map(|o| o.tenant.clone()),
+            page: None,
             detail: d,
         });
     }

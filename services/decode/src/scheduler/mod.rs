@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pagewarden_common::admission::Admission;
-use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind, IntegritySink};
+use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind, IntegritySink, PageTag};
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
@@ -273,6 +273,7 @@ impl Scheduler {
             kind: IntegrityKind::StaleMessage,
             request: Some(req),
             tenant: None,
+            page: None,
             detail: what.to_string(),
         });
         WorkerError::Stale(what.to_string())
@@ -317,6 +318,8 @@ impl Scheduler {
             token: args.first_token,
             logprobs: args.first_logprobs.clone(),
         };
+        // The pages' generations, to tag a refusal that names one of them.
+        let granted = reservation.pages.grant().pages.clone();
         let committed = reservation.commit(args, self.deps.tokenizer.clone());
         let ended = self.deps.sink.take(key);
         match committed {
@@ -342,6 +345,13 @@ impl Scheduler {
                     kind: commit_kind(&e),
                     request: Some(req),
                     tenant: Some(tenant),
+                    page: e
+                        .page()
+                        .and_then(|p| granted.iter().find(|(q, _)| *q == p))
+                        .map(|(p, g)| PageTag {
+                            page: p.0,
+                            generation: g.0,
+                        }),
                     detail: e.to_string(),
                 });
                 Err(WorkerError::CommitRefused(e.to_string()))
@@ -455,6 +465,7 @@ impl Scheduler {
                 kind: IntegrityKind::Quarantine,
                 request: None,
                 tenant: None,
+                page: None,
                 detail: format!("{moved} pages quarantined"),
             });
         }

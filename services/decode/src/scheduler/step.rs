@@ -192,13 +192,14 @@ impl Scheduler {
     /// count it, report it; never data. Its pages are freed with `running`.
     pub(super) fn fail(&mut self, req: RequestId, running: Box<Running>, e: ComputeError) {
         let kind = match e {
-            ComputeError::KvRefused(_) => {
+            ComputeError::KvRefused(_, page) => {
                 self.deps.integrity.report(IntegrityEvent {
                     node_id: self.deps.node_id.clone(),
                     role: "decode",
                     kind: IntegrityKind::GenerationMismatch,
                     request: Some(req),
                     tenant: Some(running.seq.owner.tenant.clone()),
+                    page,
                     detail: e.to_string(),
                 });
                 "kv_read_refused"
