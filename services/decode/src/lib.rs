@@ -73,7 +73,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
     // Every internal client of this process (the auditor's) presents this identity.
     pagewarden_common::tls::install_client_tls(cfg.tls.clone());
+    // SIGTERM starts a drain (the scheduler finishes what it holds, takes nothing new); the
+    // servers stop once it has (`stop`).
     let shutdown = shutdown::on_signal();
+    let stop = shutdown::Shutdown::new();
     let (loaded, tokenizer, compute) = {
         let (job_cfg, device) = (cfg.clone(), cli.device);
         pagewarden_worker::start_up(&ROLE, auditor_url, &cfg.node_id, move || {
@@ -136,6 +139,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         },
         rx,
         shutdown.clone(),
+        stop.clone(),
     ));
     let service = service::DecodeService {
         tx,
@@ -153,15 +157,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         metrics,
         refresh: pool_metrics::hook(loaded.pool.clone(), counters),
     };
-    pagewarden_worker::serve(
-        &ROLE,
-        listeners,
-        metrics,
-        DecodeServer::new(service),
-        shutdown,
-    )
-    .await
-    .context("gRPC server")?;
+    pagewarden_worker::serve(&ROLE, listeners, metrics, DecodeServer::new(service), stop)
+        .await
+        .context("gRPC server")?;
     let _ = sched.await;
     drop(receiver);
     tracing::info!("decode worker stopped");

@@ -161,7 +161,15 @@ impl Decode for DecodeService {
         &self,
         _request: Request<pb::InfoRequest>,
     ) -> Result<Response<pb::WorkerInfo>, Status> {
-        let Load { active, queued } = self.ask(|reply| Command::Load { reply }).await?;
+        let Load {
+            active,
+            queued,
+            draining,
+        } = self.ask(|reply| Command::Load { reply }).await?;
+        if draining {
+            // The router marks this decode down and sends it nothing new.
+            return Err(Status::unavailable("decode is draining"));
+        }
         let stats = self.pool.stats();
         Ok(Response::new(pb::WorkerInfo {
             node_id: self.info.node_id.clone(),

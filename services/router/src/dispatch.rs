@@ -82,9 +82,19 @@ enum RequestState {
     Failed,
 }
 
+/// Other decode workers a request tries when the one it picked answers `UNAVAILABLE` to its
+/// `Reserve` (draining for a restart, or gone), at most.
+const DECODE_RETRIES: u32 = 2;
+
 /// A dispatched request: its state, its workers and its abort guard.
 pub struct Flight {
     state: RequestState,
+    /// Where another decode is picked from when this one is unavailable.
+    pool: Arc<WorkerPool>,
+    cfg: DispatchConfig,
+    /// The last call's half, when it failed as `UNAVAILABLE`.
+    unavailable: Option<Half>,
+    decode_retries: u32,
     req: RequestRef,
     job: Job,
     decode: Lease,
@@ -103,7 +113,7 @@ impl Flight {
     /// Picks the least-loaded live decode and prefill workers and arms the abort guard. Sends
     /// nothing yet; the first [`Flight::next`] does.
     pub fn start(
-        pool: &WorkerPool,
+        pool: &Arc<WorkerPool>,
         cfg: DispatchConfig,
         metrics: Arc<Metrics>,
         job: Job,
@@ -127,6 +137,10 @@ impl Flight {
         );
         Ok(Self {
             state: RequestState::Admitted,
+            pool: pool.clone(),
+            cfg,
+            unavailable: None,
+            decode_retries: 0,
             req,
             deadline: tokio::time::Instant::from_std(job.arrived + cfg.request_timeout),
             timeout: cfg.request_timeout,
@@ -189,10 +203,16 @@ impl Flight {
         loop {
             let state = std::mem::replace(&mut self.state, RequestState::Failed);
             let next = match state {
-                RequestState::Admitted => self
-                    .reserve()
-                    .await
-                    .map(|grant| RequestState::Reserved { grant }),
+                RequestState::Admitted => match self.reserve().await {
+                    Ok(grant) => Ok(RequestState::Reserved { grant }),
+                    // Nothing was reserved: a draining or vanished decode sends the request to
+                    // another one (a rolling restart fails no request).
+                    Err(_) if self.unavailable == Some(Half::Decode) && self.other_decode() => {
+                        self.state = RequestState::Admitted;
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                },
                 RequestState::Reserved { grant } => self
                     .prefill(grant)
                     .await
@@ -242,6 +262,7 @@ impl Flight {
                 self.guard.set_reason(failed(half));
                 if status.code() == tonic::Code::Unavailable {
                     self.lease(half).worker().mark_down(status.to_string());
+                    self.unavailable = Some(half);
                 }
                 Err(from_status(half, &status))
             }
@@ -250,6 +271,35 @@ impl Flight {
                 Err(RouterError::Timeout(self.timeout))
             }
         }
+    }
+
+    /// Moves a request whose `Reserve` found its decode unavailable to another live decode,
+    /// as a new attempt (the old one reserved nothing, so its guard is disarmed). False when
+    /// there is none or the retries are spent.
+    fn other_decode(&mut self) -> bool {
+        if self.decode_retries >= DECODE_RETRIES {
+            return false;
+        }
+        let Ok(lease) = self.pool.pick(Half::Decode) else {
+            return false;
+        };
+        if Arc::ptr_eq(lease.worker(), self.decode.worker()) {
+            return false;
+        }
+        self.decode_retries += 1;
+        self.unavailable = None;
+        tracing::info!(parent: &self.span, decode = lease.worker().url(), "decode unavailable: trying another");
+        self.req = request_ref_of(self.job.id, AttemptId(1 + self.decode_retries));
+        self.guard.disarm();
+        self.guard = AbortGuard::new(
+            self.req.clone(),
+            lease.worker().clone(),
+            self.prefill.worker().clone(),
+            self.metrics.clone(),
+            self.cfg.abort_timeout,
+        );
+        self.decode = lease;
+        true
     }
 
     fn lease(&self, half: Half) -> &Lease {

@@ -90,6 +90,8 @@ pub struct Load {
     pub active: usize,
     /// Requests in the queue.
     pub queued: usize,
+    /// Draining: finishing what it holds, taking nothing new.
+    pub draining: bool,
 }
 
 /// What the scheduler needs.
@@ -120,6 +122,8 @@ enum Done {
 }
 
 struct Scheduler {
+    /// Since when it drains (SIGTERM), if it does.
+    draining: Option<Instant>,
     deps: SchedulerDeps,
     table: HashMap<RequestId, Entry>,
     step: Option<JoinHandle<Done>>,
@@ -138,9 +142,27 @@ struct Scheduler {
     recompute_turn: bool,
 }
 
-/// Runs the scheduler until `shutdown` (or every sender is gone).
-pub async fn run(deps: SchedulerDeps, mut rx: mpsc::Receiver<Command>, shutdown: Shutdown) {
+/// How long a draining decode waits for its sequences before it stops anyway (the router's
+/// default request deadline).
+const DRAIN_GRACE: Duration = Duration::from_secs(300);
+
+/// How long a drained decode keeps answering before it stops (a few of the router's polls).
+const DRAIN_LINGER: Duration = Duration::from_millis(1500);
+
+/// Why a draining decode refuses a reservation: `UNAVAILABLE`, so the router tries another.
+const DRAINING: &str = "decode is draining: it finishes its sequences and takes no new ones";
+
+/// Runs the scheduler until `stop` (or every sender is gone). When `drain` fires (SIGTERM) it
+/// refuses new and queued reservations as unavailable, finishes every sequence it holds
+/// (reserved ones included), and then returns; after [`DRAIN_GRACE`] it returns anyway.
+pub async fn run(
+    deps: SchedulerDeps,
+    mut rx: mpsc::Receiver<Command>,
+    drain: Shutdown,
+    stop: Shutdown,
+) {
     let mut s = Scheduler {
+        draining: None,
         deps,
         table: HashMap::new(),
         step: None,
@@ -152,6 +174,7 @@ pub async fn run(deps: SchedulerDeps, mut rx: mpsc::Receiver<Command>, shutdown:
         recompute_turn: false,
     };
     let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let mut drained: Option<Instant> = None;
     loop {
         if s.step.is_none() {
             s.start_work();
@@ -172,9 +195,27 @@ pub async fn run(deps: SchedulerDeps, mut rx: mpsc::Receiver<Command>, shutdown:
                 }
             }
             _ = tick.tick() => s.housekeeping(),
-            () = shutdown.cancelled() => break,
+            () = drain.cancelled(), if s.draining.is_none() => s.start_drain(),
+            () = stop.cancelled() => break,
+        }
+        if let Some(since) = s.draining {
+            if s.step.is_none() && !s.table.values().any(|e| e.state.is_active()) {
+                // Linger a moment, still answering: the last streams flush, and calls already
+                // on their way get their "unavailable" instead of a closed connection.
+                let linger = drained.get_or_insert_with(Instant::now);
+                if linger.elapsed() >= DRAIN_LINGER {
+                    tracing::info!("drained: every sequence finished");
+                    break;
+                }
+            }
+            if since.elapsed() > DRAIN_GRACE {
+                tracing::warn!(grace = ?DRAIN_GRACE, "drain grace over: stopping with sequences left");
+                break;
+            }
         }
     }
+    // The servers stop with the scheduler (after a drain, or with it).
+    stop.cancel();
     // Dropping the table aborts reservations (revoke) and frees readable pages.
     for (_, entry) in s.table.drain() {
         match entry.state {
@@ -196,8 +237,36 @@ pub async fn run(deps: SchedulerDeps, mut rx: mpsc::Receiver<Command>, shutdown:
 }
 
 impl Scheduler {
+    /// SIGTERM: no new work; queued reservations go elsewhere (the router retries an
+    /// unavailable decode on another one); what holds pages runs to its end.
+    fn start_drain(&mut self) {
+        self.draining = Some(Instant::now());
+        let queued: Vec<(RequestId, AttemptId)> = self
+            .table
+            .iter()
+            .filter(|(_, e)| matches!(e.state, RequestState::Queued(_)))
+            .map(|(r, e)| (*r, e.attempt))
+            .collect();
+        let active = self.active();
+        tracing::info!(active, queued = queued.len(), "draining");
+        for (req, attempt) in queued {
+            let Some(entry) = self.table.get_mut(&req) else {
+                continue;
+            };
+            let Some(q) = entry.take_queued() else {
+                continue;
+            };
+            self.queue.remove_first(|&(r, a)| r == req && a == attempt);
+            entry.ended_at = Some(Instant::now());
+            let _ = q.reply.send(Err(WorkerError::Unavailable(DRAINING.into())));
+        }
+    }
+
     fn handle(&mut self, cmd: Command) {
         match cmd {
+            Command::Reserve { reply, .. } if self.draining.is_some() => {
+                let _ = reply.send(Err(WorkerError::Unavailable(DRAINING.into())));
+            }
             Command::Reserve {
                 req,
                 attempt,
@@ -254,6 +323,7 @@ impl Scheduler {
                 let _ = reply.send(Load {
                     active: self.active(),
                     queued: self.queue.len(),
+                    draining: self.draining.is_some(),
                 });
             }
         }

@@ -29,6 +29,15 @@ fn scheduler_with(
     max_queue: usize,
     queue_timeout: Duration,
 ) -> (mpsc::Sender<Command>, KvPool) {
+    let deps = deps(pages, max_queue, queue_timeout);
+    let pool = deps.pool.clone();
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(run(deps, rx, Shutdown::new(), Shutdown::new()));
+    (tx, pool)
+}
+
+/// A scheduler's parts over a tiny model and a pool of `pages` pages.
+fn deps(pages: usize, max_queue: usize, queue_timeout: Duration) -> SchedulerDeps {
     let file = GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(7)).unwrap();
     let model = Arc::new(Model::from_gguf(file, &LoadOptions::default()).unwrap());
     let tokenizer = Arc::new(Tokenizer::from_gguf(model.gguf()).unwrap());
@@ -47,10 +56,7 @@ fn scheduler_with(
         queue_timeout,
         recompute_chunk: 64,
     };
-    let pool = deps.pool.clone();
-    let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(run(deps, rx, Shutdown::new()));
-    (tx, pool)
+    deps
 }
 
 type Reply = oneshot::Receiver<Result<WriteGrant, WorkerError>>;
@@ -165,4 +171,67 @@ async fn the_queue_refuses_past_its_bound_and_its_deadline() {
         3,
         "only the holder's prompt is reserved"
     );
+}
+
+/// SIGTERM drains: a queued reservation and a new one are refused as unavailable (the router
+/// takes them elsewhere), while the reservation holding pages keeps them; the scheduler stops
+/// only once that one has ended.
+#[tokio::test]
+async fn a_draining_decode_finishes_what_it_holds_and_takes_nothing_new() {
+    let (tx, rx) = mpsc::channel(64);
+    let (drain, stop) = (Shutdown::new(), Shutdown::new());
+    let task = tokio::spawn(run(
+        deps(4, 16, Duration::from_secs(600)),
+        rx,
+        drain.clone(),
+        stop,
+    ));
+    let (req, reply) = oneshot::channel();
+    let held = RequestId::random();
+    tx.send(Command::Reserve {
+        req: held,
+        attempt: AttemptId(1),
+        tenant: TenantId::new("a"),
+        weight: 1,
+        prompt: vec![20; 3 * PAGE - 1],
+        sampling: SamplingParams {
+            max_tokens: 4,
+            ..SamplingParams::default()
+        },
+        reply: req,
+    })
+    .await
+    .unwrap();
+    let mut holder = reply;
+    let mut queued = reserve(&tx, "b", 2 * PAGE - 1).await;
+    handled(&tx).await;
+    assert!(granted(&mut holder));
+    drain.cancel();
+    handled(&tx).await;
+    let unavailable = |r: Result<Result<WriteGrant, WorkerError>, _>| matches!(r, Ok(Err(WorkerError::Unavailable(m))) if m.contains("draining"));
+    assert!(
+        unavailable(queued.try_recv()),
+        "the queued one went elsewhere"
+    );
+    let mut late = reserve(&tx, "c", 1).await;
+    handled(&tx).await;
+    assert!(unavailable(late.try_recv()), "a new one went elsewhere");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !task.is_finished(),
+        "stopped while a reservation held pages"
+    );
+    let (done, _) = oneshot::channel();
+    tx.send(Command::Abort {
+        req: held,
+        attempt: AttemptId(1),
+        reason: "test".into(),
+        reply: done,
+    })
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the drained scheduler stops")
+        .unwrap();
 }
