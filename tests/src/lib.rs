@@ -276,9 +276,15 @@ impl WaitOrKill for Child {
 
 /// Flags for a worker on loopback with every port 0.
 pub fn worker_args(model: &ModelArg, extra: &[&str]) -> Vec<String> {
+    worker_args_on("127.0.0.1:0", model, extra)
+}
+
+/// Flags for a worker whose gRPC listens on `grpc` (a restart on its old address), its other
+/// listeners on port 0.
+pub fn worker_args_on(grpc: &str, model: &ModelArg, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [
         "--grpc-addr",
-        "127.0.0.1:0",
+        grpc,
         "--metrics-addr",
         "127.0.0.1:0",
         "--transfer-addr",

@@ -58,6 +58,24 @@ async fn tls_channel(
         .await
 }
 
+/// How many times `needle` appears in the auditor's open incidents, waiting up to 10 s for
+/// `want`; and the incidents.
+async fn open_incidents_naming(
+    auditor: &Service,
+    needle: &str,
+    want: usize,
+) -> (usize, serde_json::Value) {
+    let start = Instant::now();
+    loop {
+        let v = get_json(auditor, "/api/incidents?status=open").await;
+        let found = v.to_string().matches(needle).count();
+        if found >= want || start.elapsed() > Duration::from_secs(10) {
+            return (found, v);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn reserve() -> pb::ReserveRequest {
     pb::ReserveRequest {
         req: Some(pb::RequestRef {
@@ -187,18 +205,9 @@ async fn internal_links_need_the_suite_ca_and_the_right_role() {
         let mut rest = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
     }
-    let refusals = |v: &serde_json::Value| v.to_string().matches("KV transfer connection").count();
-    let start = Instant::now();
-    let incidents = loop {
-        let v = get_json(&auditor, "/api/incidents?status=open").await;
-        if refusals(&v) >= 2 || start.elapsed() > Duration::from_secs(10) {
-            break v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (found, incidents) = open_incidents_naming(&auditor, "KV transfer connection", 2).await;
     assert_eq!(
-        refusals(&incidents),
-        2,
+        found, 2,
         "the refused transfer connections are not both on record: {incidents}"
     );
 }
@@ -276,18 +285,9 @@ async fn sealed_transfer_serves_and_refuses_forged_frames() {
         let mut rest = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
     }
-    let refusals = |v: &serde_json::Value| v.to_string().matches("frame refused").count();
-    let start = Instant::now();
-    let incidents = loop {
-        let v = get_json(&auditor, "/api/incidents?status=open").await;
-        if refusals(&v) >= 2 || start.elapsed() > Duration::from_secs(10) {
-            break v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (found, incidents) = open_incidents_naming(&auditor, "frame refused", 2).await;
     assert_eq!(
-        refusals(&incidents),
-        2,
+        found, 2,
         "the refused frames are not both on record: {incidents}"
     );
 }

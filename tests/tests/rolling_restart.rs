@@ -9,26 +9,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pagewarden_system_tests::{api_key, start_prefill, start_router_with, ModelArg, Service};
+use pagewarden_system_tests::{
+    api_key, start_prefill, start_router_with, worker_args_on, ModelArg, Service,
+};
 use serde_json::json;
 
 const TINY: ModelArg = ModelArg::Tiny(5);
 
 /// A decode worker on `grpc` (its other listeners on free ports).
 fn decode_on(grpc: &str) -> Service {
-    let args: Vec<String> = [
-        "--grpc-addr",
-        grpc,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--transfer-addr",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain(TINY.flags())
-    .collect();
-    Service::start("pagewarden-decode", &args)
+    Service::start("pagewarden-decode", &worker_args_on(grpc, &TINY, &[]))
 }
 
 /// What the load saw.

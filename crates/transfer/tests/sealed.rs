@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{manifest_for, owner, page_data, pool, reqs_for, LAYOUT};
+use common::{eventually, manifest_for, owner, page_data, pool, reqs_for, LAYOUT};
 use pagewarden_kvcache::KvPool;
 use pagewarden_transfer::{
     BatchStatus, EngineConfig, GrantSeal, ListenOptions, PageSink, SealMaster, SealMode,
@@ -71,16 +71,6 @@ async fn recording_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<u8>
         }
     });
     (addr, tape)
-}
-
-async fn eventually(what: &str, f: impl Fn() -> bool) {
-    for _ in 0..500 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never happened: {what}");
 }
 
 #[tokio::test]

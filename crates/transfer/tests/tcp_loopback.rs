@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{manifest_for, owner, page_data, pool, reqs_for, LAYOUT};
+use common::{eventually, manifest_for, owner, page_data, pool, reqs_for, LAYOUT};
 use pagewarden_kvcache::{KvPool, WriteError};
 use pagewarden_transfer::{
     BatchFailure, BatchStatus, EngineConfig, PageSink, TcpBackend, TransferBackend, TransferError,
@@ -14,16 +14,6 @@ use pagewarden_transfer::{
 
 fn backend() -> TcpBackend {
     TcpBackend::new(EngineConfig::default(), "127.0.0.1:0".parse().unwrap())
-}
-
-async fn eventually(what: &str, f: impl Fn() -> bool) {
-    for _ in 0..500 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never happened: {what}");
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{manifest_for, owner, page_data, pool, reqs_for, LAYOUT};
+use common::{eventually, manifest_for, owner, page_data, pool, reqs_for, LAYOUT};
 use pagewarden_common::tls::{
     peer_roles, rustls_client_config, rustls_server_config, write_dev_suite, DevSuite, InternalTls,
     SuiteRole, TlsFlags,
@@ -77,16 +77,6 @@ async fn decode_with(
         .await
         .unwrap();
     (b, desc)
-}
-
-async fn eventually(what: &str, f: impl Fn() -> bool) {
-    for _ in 0..500 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never happened: {what}");
 }
 
 #[tokio::test]

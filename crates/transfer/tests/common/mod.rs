@@ -2,6 +2,8 @@
 //! manifests for a grant.
 #![allow(dead_code)]
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use pagewarden_kvcache::{
     CommitManifest, KvLayout, KvPool, Owner, PoolConfig, RequestId, TenantId, WriteGrant,
@@ -53,4 +55,15 @@ pub fn reqs_for(g: &WriteGrant, tag: u8, page_bytes: usize) -> Vec<PageWriteReq>
 /// The manifest a correct sender builds for `reqs`.
 pub fn manifest_for(g: &WriteGrant, reqs: &[PageWriteReq]) -> CommitManifest {
     ManifestBuilder::new(g.key).add_batch(reqs).build()
+}
+
+/// Waits up to 5 s for `f` to hold; panics naming `what` otherwise.
+pub async fn eventually(what: &str, f: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never happened: {what}");
 }

@@ -250,15 +250,9 @@ impl Scheduler {
         let active = self.active();
         tracing::info!(active, queued = queued.len(), "draining");
         for (req, attempt) in queued {
-            let Some(entry) = self.table.get_mut(&req) else {
-                continue;
-            };
-            let Some(q) = entry.take_queued() else {
-                continue;
-            };
-            self.queue.remove_first(|&(r, a)| r == req && a == attempt);
-            entry.ended_at = Some(Instant::now());
-            let _ = q.reply.send(Err(WorkerError::Unavailable(DRAINING.into())));
+            if let Some(q) = self.leave_queue(req, attempt) {
+                let _ = q.reply.send(Err(WorkerError::Unavailable(DRAINING.into())));
+            }
         }
     }
 

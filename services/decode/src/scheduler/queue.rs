@@ -202,18 +202,27 @@ impl Scheduler {
         attempt: AttemptId,
         refusal: QueueRefusal,
     ) {
-        let Some(entry) = self.table.get_mut(&req) else {
+        let Some(q) = self.leave_queue(req, attempt) else {
             return;
         };
-        let Some(q) = entry.take_queued() else {
-            return;
-        };
-        self.queue.remove_first(|&(r, a)| r == req && a == attempt);
-        entry.ended_at = Some(Instant::now());
         self.deps.metrics.rejection(refusal.reason());
         self.deps.metrics.request(refusal.reason());
         tracing::info!(request = %req, reason = refusal.reason(), "refused from the queue");
         let _ = q.reply.send(Err(refusal.error("decode")));
+    }
+
+    /// Takes `req`'s queued `attempt` out of the queue, ended (it holds no pages); `None` when
+    /// it is not queued.
+    pub(super) fn leave_queue(
+        &mut self,
+        req: RequestId,
+        attempt: AttemptId,
+    ) -> Option<Box<Queued>> {
+        let entry = self.table.get_mut(&req)?;
+        let q = entry.take_queued()?;
+        self.queue.remove_first(|&(r, a)| r == req && a == attempt);
+        entry.ended_at = Some(Instant::now());
+        Some(q)
     }
 }
 
