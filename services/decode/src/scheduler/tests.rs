@@ -42,7 +42,7 @@ fn deps(pages: usize, max_queue: usize, queue_timeout: Duration) -> SchedulerDep
     let model = Arc::new(Model::from_gguf(file, &LoadOptions::default()).unwrap());
     let tokenizer = Arc::new(Tokenizer::from_gguf(model.gguf()).unwrap());
     let pool = KvPool::new(PoolConfig::with_pages(model.kv_layout(PAGE), pages));
-    let deps = SchedulerDeps {
+    SchedulerDeps {
         compute: Compute::Cpu(model),
         tokenizer,
         sink: DecodeSink::new(pool.clone()),
@@ -55,8 +55,7 @@ fn deps(pages: usize, max_queue: usize, queue_timeout: Duration) -> SchedulerDep
         max_queue,
         queue_timeout,
         recompute_chunk: 64,
-    };
-    deps
+    }
 }
 
 type Reply = oneshot::Receiver<Result<WriteGrant, WorkerError>>;
