@@ -16,6 +16,21 @@ use serde_json::json;
 
 const TINY: ModelArg = ModelArg::Tiny(5);
 
+/// A free loopback port below the ephemeral range (32768 and up on Linux), so that no
+/// outbound connection takes its number while its decode is down for the restart.
+fn port_for_restarts() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let seed = std::process::id() as u64 ^ now.map_or(0, |d| d.as_nanos() as u64);
+    (0..1000u64)
+        .map(|i| 20_000 + (seed.wrapping_mul(2_654_435_761).wrapping_add(i * 7_919) % 12_000))
+        .find_map(|p| {
+            std::net::TcpListener::bind(("127.0.0.1", p as u16))
+                .ok()
+                .map(|_| format!("127.0.0.1:{p}"))
+        })
+        .expect("a free port below the ephemeral range")
+}
+
 /// A decode worker on `grpc` (its other listeners on free ports).
 fn decode_on(grpc: &str) -> Service {
     Service::start("pagewarden-decode", &worker_args_on(grpc, &TINY, &[]))
@@ -67,7 +82,10 @@ async fn client(url: String, n: usize, stop: Arc<AtomicBool>, tally: Arc<Tally>)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_of_both_decodes_fails_no_request() {
-    let mut decodes = [decode_on("127.0.0.1:0"), decode_on("127.0.0.1:0")];
+    let mut decodes = [
+        decode_on(&port_for_restarts()),
+        decode_on(&port_for_restarts()),
+    ];
     let addrs: Vec<String> = decodes.iter().map(|d| d.addrs["grpc"].clone()).collect();
     let prefill = start_prefill(&TINY, &[]);
     let router = start_router_with(&TINY, &[&decodes[0], &decodes[1]], &[&prefill], &[]).await;
