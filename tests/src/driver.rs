@@ -135,6 +135,7 @@ impl Driver {
                 grant: Some(grant),
                 sampling: Some(sampling),
                 tenant_weight: 1,
+                namespace: Vec::new(),
             })
             .await?
             .into_inner())

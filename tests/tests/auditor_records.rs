@@ -158,8 +158,8 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
             &grpc,
             "--node-id",
             DECODE_NODE,
-            "--drain-timeout-ms",
-            "500",
+            "--drain-timeout",
+            "500ms",
         ],
     );
     let prefill = start_prefill(&TINY, &["--auditor", &grpc]);

@@ -320,7 +320,7 @@ async fn abort_storm_with_killed_workers_leaks_nothing_and_never_hangs() {
         &GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(SEED)).expect("tiny gguf"),
     )
     .expect("tiny tokenizer");
-    let decode_args = ["--drain-timeout-ms", "500", "--grant-ttl-ms", "2000"];
+    let decode_args = ["--drain-timeout", "500ms", "--grant-ttl", "2s"];
     let decode0 = start_decode(&TINY, &decode_args);
     let mut decode1 = start_decode(&TINY, &decode_args);
     let mut prefill0 = start_prefill(&TINY, &[]);

@@ -107,7 +107,7 @@ async fn a_reserve_that_does_not_fit_now_waits_holding_nothing_and_is_served_lat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_and_a_passed_queue_deadline_answer_typed_statuses() {
-    let decode = start_decode(&TINY, &["--max-queue", "1", "--queue-timeout-ms", "3000"]);
+    let decode = start_decode(&TINY, &["--max-queue", "1", "--queue-timeout", "3s"]);
     let prefill = start_prefill(&TINY, &[]);
     let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let total = d.decode_info().await.total_pages;
@@ -207,7 +207,7 @@ async fn prefill_queues_prompts_its_pool_cannot_hold_at_once() {
 /// and leave its pages quarantined for good). The reservation's budget rules the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_tokens_is_said_once_at_reserve_and_nothing_is_left_behind() {
-    let decode = start_decode(&TINY, &["--drain-timeout-ms", "300"]);
+    let decode = start_decode(&TINY, &["--drain-timeout", "300ms"]);
     let prefill = start_prefill(&TINY, &[]);
     let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let total = d.decode_info().await.total_pages;
@@ -338,11 +338,11 @@ async fn real_suite(router: &[&str]) -> RealSuite {
         "--pool-tokens",
         pool.as_str(),
         // Prefill may queue behind another prompt: the grant must outlive that wait.
-        "--grant-ttl-ms",
-        "900000",
+        "--grant-ttl",
+        "15m",
         // A slow CI machine: requests may wait longer than the default.
-        "--queue-timeout-ms",
-        "900000",
+        "--queue-timeout",
+        "15m",
     ];
     let [decode, prefill, router] = real_services(&worker, router).await;
     let d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;

@@ -68,6 +68,7 @@ async fn prefill_into(
             grant: Some(grant),
             sampling: Some(greedy(1)),
             tenant_weight: 1,
+            namespace: Vec::new(),
         })
         .await
         .expect("prefill");

@@ -192,7 +192,7 @@ async fn a_pool_smaller_than_the_context_refuses_to_start_or_lowers_the_context(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_mid_transfer_and_client_disconnect_free_every_page() {
-    let decode = start_decode(&TINY, &["--drain-timeout-ms", "500"]);
+    let decode = start_decode(&TINY, &["--drain-timeout", "500ms"]);
     let prefill = start_prefill(&TINY, &["--batch-pages", "1"]);
     let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let total = d.decode_info().await.total_pages as f64;
@@ -272,7 +272,7 @@ struct QueuedBehindStuckJob {
 }
 
 async fn queue_behind_stuck_job() -> QueuedBehindStuckJob {
-    let decode = start_decode(&TINY, &["--drain-timeout-ms", "500"]);
+    let decode = start_decode(&TINY, &["--drain-timeout", "500ms"]);
     let prefill = start_prefill(&TINY, &["--max-concurrency", "1"]);
     let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let total = d.decode_info().await.total_pages as f64;
@@ -365,10 +365,7 @@ async fn a_prefill_killed_before_it_connects_leaves_no_quarantine_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_killed_mid_transfer_leaves_decode_clean() {
-    let decode = start_decode(
-        &TINY,
-        &["--drain-timeout-ms", "500", "--grant-ttl-ms", "2000"],
-    );
+    let decode = start_decode(&TINY, &["--drain-timeout", "500ms", "--grant-ttl", "2s"]);
     let mut prefill = start_prefill(&TINY, &["--batch-pages", "1"]);
     let mut d = Driver::connect(&decode.grpc_url(), &prefill.grpc_url()).await;
     let total = d.decode_info().await.total_pages as f64;

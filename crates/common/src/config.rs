@@ -1,20 +1,25 @@
-//! Worker configuration: a TOML file and command-line flags, flags winning, with defaults that
-//! run every service on one machine.
+//! The one configuration layer of every service: command-line flags over environment variables
+//! over a TOML file over defaults.
 //!
-//! Both worker binaries (`pagewarden-prefill`, `pagewarden-decode`) flatten [`WorkerFlags`] into
-//! their clap parser, then call [`WorkerConfig::resolve`] with their role's [`WorkerDefaults`].
+//! Each service declares its settings once, as a clap struct whose fields are all optional and
+//! which is also the shape of its TOML file (serde, unknown keys refused). [`layered`] reads the
+//! file, then `PAGEWARDEN_<SERVICE>_<KEY>` variables for the struct's own keys, then the flags
+//! actually given, and extracts the same struct again; the service then fills what is still unset
+//! with its defaults. Durations are written one way everywhere, humantime's: `500ms`, `30s`,
+//! `5m`, `1h 30m`.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::Value;
+use figment::Figment;
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::Serialize;
 
-use crate::seal_mode::SealMode;
-use crate::tls::{InternalTls, TlsError, TlsFlags, TlsKeys};
+use crate::tenants::TenantsError;
+use crate::tls::TlsError;
 
-/// A configuration file that could not be read or parsed.
+/// Settings that could not be read, or that do not make a usable configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
@@ -25,465 +30,244 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
-    /// The file is not valid TOML for this service.
-    #[error("invalid config file {path}: {source}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: toml::de::Error,
+    /// A key of the file, the environment or the flags is unknown or of the wrong type.
+    #[error("invalid configuration (read from {from}): {problem}")]
+    Layers {
+        /// The layers read, as a user would look for them.
+        from: String,
+        /// What was wrong, and where figment could tell.
+        problem: Box<figment::Error>,
     },
-    /// Flags and file together name no model.
+    /// Flags, environment and file together name no model.
     #[error("no model: pass --model PATH (or env PAGEWARDEN_MODEL) or --tiny-test-model SEED")]
     NoModel,
-    /// Both pool sizes were given.
-    #[error("give at most one of --pool-tokens and --pool-bytes")]
-    PoolSizeTwice,
-    /// The internal TLS files are incomplete or unreadable.
-    #[error(transparent)]
-    Tls(#[from] TlsError),
     /// A size that must be positive was zero.
     #[error("{field} must be greater than zero")]
     Zero {
         /// The flag or key.
         field: &'static str,
     },
+    /// The internal TLS files are incomplete or unreadable.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// A tenants or keys file named by the configuration could not be used.
+    #[error(transparent)]
+    Tenants(#[from] TenantsError),
+    /// Any other value that is wrong, or missing.
+    #[error("{0}")]
+    Invalid(String),
 }
 
-/// Reads a TOML file into `T`; `None` gives `T::default()`.
-pub fn load_toml<T: DeserializeOwned + Default>(path: Option<&Path>) -> Result<T, ConfigError> {
-    let Some(path) = path else {
-        return Ok(T::default());
-    };
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-/// Flags shared by the prefill and decode workers. Every value is optional so that the file
-/// (and then the role's defaults) can fill what the command line leaves out.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct WorkerFlags {
-    /// TOML file with the same keys as the flags (snake_case).
-    #[arg(long, env = "PAGEWARDEN_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// gRPC listen address (port 0 picks a free port).
-    #[arg(long)]
-    pub grpc_addr: Option<SocketAddr>,
-    /// Prometheus `/metrics` listen address.
-    #[arg(long)]
-    pub metrics_addr: Option<SocketAddr>,
-    /// KV transfer listener address (decode only).
-    #[arg(long)]
-    pub transfer_addr: Option<SocketAddr>,
-    /// GGUF model file.
-    #[arg(long, env = "PAGEWARDEN_MODEL")]
-    pub model: Option<PathBuf>,
-    /// Use the seeded tiny test model instead of a model file (tests only).
-    #[arg(long, value_name = "SEED")]
-    pub tiny_test_model: Option<u64>,
-    /// KV pool size in tokens.
-    #[arg(long)]
-    pub pool_tokens: Option<usize>,
-    /// KV pool size in bytes (rounded down to whole pages).
-    #[arg(long)]
-    pub pool_bytes: Option<usize>,
-    /// Tokens per KV page.
-    #[arg(long)]
-    pub page_size: Option<usize>,
-    /// Advertised context length (defaults to the model's).
-    #[arg(long)]
-    pub context_length: Option<usize>,
-    /// When the pool cannot hold the context, advertise the pool's size instead of refusing to start.
-    #[arg(long)]
-    pub lower_context_to_fit: bool,
-    /// Node id reported in `Info` and in integrity events.
-    #[arg(long)]
-    pub node_id: Option<String>,
-    /// Log as JSON lines.
-    #[arg(long)]
-    pub log_json: bool,
-    /// Threads for the model's matmuls (0 = all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Most requests in flight at once (prefill: concurrent forward passes; decode: batch size).
-    #[arg(long)]
-    pub max_concurrency: Option<usize>,
-    /// Prompt tokens per prefill chunk.
-    #[arg(long)]
-    pub chunk_tokens: Option<usize>,
-    /// How long a write grant stays valid before an uncommitted reservation is aborted (ms).
-    #[arg(long)]
-    pub grant_ttl_ms: Option<u64>,
-    /// How long a revoked grant may wait for its drain before its pages are quarantined (ms).
-    #[arg(long)]
-    pub drain_timeout_ms: Option<u64>,
-    /// Zero pages when they return to the free list.
-    #[arg(long)]
-    pub zero_on_release: bool,
-    /// Decode: on commit, also re-read every landed page and compare it with the checksum
-    /// taken as it landed, catching a write that got past the fence after landing (default
-    /// true; `false` trusts the fence and saves that pass before the first token). The
-    /// sender's checksums are compared with the landed ones either way.
-    #[arg(long, value_name = "BOOL")]
-    pub commit_rehash: Option<bool>,
-    /// Most requests waiting for pages or compute (prefill: passes; decode: reservations);
-    /// one more is refused with RESOURCE_EXHAUSTED `queue_full` (the router's 503).
-    #[arg(long)]
-    pub max_queue: Option<usize>,
-    /// How long a request may wait in that queue before it is refused with `queue_timeout` (ms).
-    #[arg(long)]
-    pub queue_timeout_ms: Option<u64>,
-    /// Decode: seal every KV transfer frame under a per-grant secret that travels inside the
-    /// grant (over gRPC, under mutual TLS), instead of TLS on the transfer stream: `mac`
-    /// authenticates frames and page bytes, `aead` also encrypts the page bytes. Unset: TLS on
-    /// the stream when TLS files are given, as gRPC.
-    #[arg(long, value_enum)]
-    pub transfer_seal: Option<SealMode>,
-    /// Internal mutual TLS (gRPC and KV transfer).
-    #[command(flatten)]
-    pub tls: TlsFlags,
-    /// Serve gRPC and KV transfer in clear on a non-loopback address, unauthenticated. Without
-    /// TLS files only loopback addresses are served otherwise.
-    #[arg(long)]
-    pub insecure_internal: bool,
-}
-
-/// The same keys as [`WorkerFlags`], read from the TOML file.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkerFile {
-    /// See [`WorkerFlags::grpc_addr`].
-    pub grpc_addr: Option<SocketAddr>,
-    /// See [`WorkerFlags::metrics_addr`].
-    pub metrics_addr: Option<SocketAddr>,
-    /// See [`WorkerFlags::transfer_addr`].
-    pub transfer_addr: Option<SocketAddr>,
-    /// See [`WorkerFlags::model`].
-    pub model: Option<PathBuf>,
-    /// See [`WorkerFlags::tiny_test_model`].
-    pub tiny_test_model: Option<u64>,
-    /// See [`WorkerFlags::pool_tokens`].
-    pub pool_tokens: Option<usize>,
-    /// See [`WorkerFlags::pool_bytes`].
-    pub pool_bytes: Option<usize>,
-    /// See [`WorkerFlags::page_size`].
-    pub page_size: Option<usize>,
-    /// See [`WorkerFlags::context_length`].
-    pub context_length: Option<usize>,
-    /// See [`WorkerFlags::lower_context_to_fit`].
-    pub lower_context_to_fit: Option<bool>,
-    /// See [`WorkerFlags::node_id`].
-    pub node_id: Option<String>,
-    /// See [`WorkerFlags::log_json`].
-    pub log_json: Option<bool>,
-    /// See [`WorkerFlags::threads`].
-    pub threads: Option<usize>,
-    /// See [`WorkerFlags::max_concurrency`].
-    pub max_concurrency: Option<usize>,
-    /// See [`WorkerFlags::chunk_tokens`].
-    pub chunk_tokens: Option<usize>,
-    /// See [`WorkerFlags::grant_ttl_ms`].
-    pub grant_ttl_ms: Option<u64>,
-    /// See [`WorkerFlags::drain_timeout_ms`].
-    pub drain_timeout_ms: Option<u64>,
-    /// See [`WorkerFlags::zero_on_release`].
-    pub zero_on_release: Option<bool>,
-    /// See [`WorkerFlags::commit_rehash`].
-    pub commit_rehash: Option<bool>,
-    /// See [`WorkerFlags::max_queue`].
-    pub max_queue: Option<usize>,
-    /// See [`WorkerFlags::queue_timeout_ms`].
-    pub queue_timeout_ms: Option<u64>,
-    /// See [`WorkerFlags::transfer_seal`].
-    pub transfer_seal: Option<SealMode>,
-    /// See [`TlsFlags::tls_ca`].
-    pub tls_ca: Option<PathBuf>,
-    /// See [`TlsFlags::tls_cert`].
-    pub tls_cert: Option<PathBuf>,
-    /// See [`TlsFlags::tls_key`].
-    pub tls_key: Option<PathBuf>,
-    /// See [`WorkerFlags::insecure_internal`].
-    pub insecure_internal: Option<bool>,
-}
-
-/// Per-role defaults (listen ports differ so that every service fits on one machine).
-#[derive(Debug, Clone, Copy)]
-pub struct WorkerDefaults {
-    /// "prefill" or "decode".
-    pub role: &'static str,
-    /// Default gRPC address.
-    pub grpc_addr: SocketAddr,
-    /// Default metrics address.
-    pub metrics_addr: SocketAddr,
-    /// Default transfer address.
-    pub transfer_addr: SocketAddr,
-}
-
-impl WorkerDefaults {
-    /// Prefill: gRPC 127.0.0.1:7101, metrics :7102.
-    pub fn prefill() -> Self {
-        Self {
-            role: "prefill",
-            grpc_addr: ([127, 0, 0, 1], 7101).into(),
-            metrics_addr: ([127, 0, 0, 1], 7102).into(),
-            transfer_addr: ([127, 0, 0, 1], 0).into(),
-        }
-    }
-
-    /// Decode: gRPC 127.0.0.1:7201, metrics :7202, transfer :7203.
-    pub fn decode() -> Self {
-        Self {
-            role: "decode",
-            grpc_addr: ([127, 0, 0, 1], 7201).into(),
-            metrics_addr: ([127, 0, 0, 1], 7202).into(),
-            transfer_addr: ([127, 0, 0, 1], 7203).into(),
-        }
-    }
-}
-
-/// Where the model comes from.
+/// Where a service's model (weights, or only tokenizer and chat template) comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelSource {
     /// A GGUF file.
     File(PathBuf),
-    /// The seeded tiny random Llama used by tests.
+    /// The seeded tiny random Llama that tests write themselves.
     TinyTest(u64),
 }
 
-/// How big the KV pool is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PoolSize {
-    /// Enough pages for this many tokens (rounded up to whole pages).
-    Tokens(usize),
-    /// As many whole pages as fit in this many bytes.
-    Bytes(usize),
-    /// Two full contexts' worth of tokens.
-    TwoContexts,
+impl ModelSource {
+    /// The test model when a seed is given, else the file; neither is [`ConfigError::NoModel`].
+    pub fn pick(tiny_test_model: Option<u64>, model: Option<PathBuf>) -> Result<Self, ConfigError> {
+        match (tiny_test_model, model) {
+            (Some(seed), _) => Ok(ModelSource::TinyTest(seed)),
+            (None, Some(path)) => Ok(ModelSource::File(path)),
+            (None, None) => Err(ConfigError::NoModel),
+        }
+    }
 }
 
-/// The resolved configuration of one worker.
-#[derive(Debug, Clone)]
-pub struct WorkerConfig {
-    /// "prefill" or "decode".
-    pub role: &'static str,
-    /// gRPC listen address.
-    pub grpc_addr: SocketAddr,
-    /// Metrics listen address.
-    pub metrics_addr: SocketAddr,
-    /// Transfer listen address (decode).
-    pub transfer_addr: SocketAddr,
-    /// The model.
-    pub model: ModelSource,
-    /// The KV pool's size.
-    pub pool: PoolSize,
-    /// Tokens per page.
-    pub page_size: usize,
-    /// Advertised context override.
-    pub context_length: Option<usize>,
-    /// Lower the advertised context to fit the pool instead of refusing to start (I7).
-    pub lower_context_to_fit: bool,
-    /// Node id.
-    pub node_id: String,
-    /// JSON logs.
-    pub log_json: bool,
-    /// Model threads (0 = all cores).
-    pub threads: usize,
-    /// Concurrency bound.
-    pub max_concurrency: usize,
-    /// Prefill chunk size in tokens.
-    pub chunk_tokens: usize,
-    /// Grant lifetime.
-    pub grant_ttl: Duration,
-    /// Drain timeout before quarantine.
-    pub drain_timeout: Duration,
-    /// Zero pages on release.
-    pub zero_on_release: bool,
-    /// Re-hash landed pages on commit (decode).
-    pub commit_rehash: bool,
-    /// Bound on the waiting queue.
-    pub max_queue: usize,
-    /// Bound on one request's wait in that queue.
-    pub queue_timeout: Duration,
-    /// Decode's transfer listener seals frames this way instead of speaking TLS.
-    pub transfer_seal: Option<SealMode>,
-    /// Internal mutual TLS, or plaintext.
-    pub tls: InternalTls,
-    /// Plaintext allowed on non-loopback listeners.
-    pub insecure_internal: bool,
+/// `v`, or [`ConfigError::Zero`] naming `field` when it is 0.
+pub fn nonzero(field: &'static str, v: usize) -> Result<usize, ConfigError> {
+    if v == 0 {
+        return Err(ConfigError::Zero { field });
+    }
+    Ok(v)
 }
 
-impl WorkerConfig {
-    /// Merges flags over the file (if any) over the role's defaults.
-    pub fn resolve(flags: WorkerFlags, defaults: WorkerDefaults) -> Result<Self, ConfigError> {
-        let file: WorkerFile = load_toml(flags.config.as_deref())?;
-        let tls = InternalTls::load(&flags.tls.clone().over(TlsKeys {
-            tls_ca: file.tls_ca.clone(),
-            tls_cert: file.tls_cert.clone(),
-            tls_key: file.tls_key.clone(),
-        }))?;
-        let model = match (
-            flags.tiny_test_model.or(file.tiny_test_model),
-            flags.model.or(file.model),
-        ) {
-            (Some(seed), _) => ModelSource::TinyTest(seed),
-            (None, Some(path)) => ModelSource::File(path),
-            (None, None) => return Err(ConfigError::NoModel),
-        };
-        let pool = match (
-            flags.pool_tokens.or(file.pool_tokens),
-            flags.pool_bytes.or(file.pool_bytes),
-        ) {
-            (Some(_), Some(_)) => return Err(ConfigError::PoolSizeTwice),
-            (Some(0), None) => {
-                return Err(ConfigError::Zero {
-                    field: "pool_tokens",
+/// For `#[serde(skip_serializing_if = "is_false")]` on a plain clap switch: a switch left off
+/// is not a value, so it does not hide the file's or the environment's `true`.
+pub fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// `#[serde(with = "pagewarden_common::config::text")]` for an optional setting whose type is
+/// written as text (`Display` and `FromStr`, as clap parses it), in the file and the environment.
+pub mod text {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes the value as its `Display` text.
+    pub fn serialize<T: Display, S: Serializer>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.collect_str(v),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Reads the value from text with `FromStr`.
+    pub fn deserialize<'de, T, D>(d: D) -> Result<Option<T>, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        Option::<String>::deserialize(d)?
+            .map(|s| s.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+/// Merges `file` (if any), then the environment variables `{env_prefix}{KEY}` for `T`'s keys,
+/// then the values `flags` holds, each over the one before, into a `T`.
+///
+/// `flags` is the parsed command line: fields that are `None`, empty lists or switches left off
+/// were not given and leave the layers below as they are. The field `config` (the file's own
+/// path) is never a key. Unknown file keys are an error; environment variables that name no key
+/// are not looked at (the environment is shared with everything else on the machine).
+pub fn layered<T>(flags: &T, file: Option<&Path>, env_prefix: &str) -> Result<T, ConfigError>
+where
+    T: clap::Args + Serialize + DeserializeOwned,
+{
+    let mut from = vec!["flags".to_string(), format!("env {env_prefix}*")];
+    let mut figment = Figment::new();
+    if let Some(path) = file {
+        from.push(path.display().to_string());
+        std::fs::File::open(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    let keys = keys_of::<T>();
+    figment = figment
+        .merge(Env::prefixed(env_prefix).filter(move |k| keys.iter().any(|key| k == key.as_str())));
+    let layers = |problem: figment::Error| ConfigError::Layers {
+        from: from.join(", "),
+        problem: Box::new(problem),
+    };
+    let given = given(Value::serialize(flags).map_err(layers)?);
+    figment
+        .merge(Serialized::defaults(given))
+        .extract()
+        .map_err(layers)
+}
+
+/// The keys of `T`: its clap arguments' ids, which are its field names.
+fn keys_of<T: clap::Args>() -> Vec<String> {
+    T::augment_args(clap::Command::new("keys"))
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .filter(|id| id != "config")
+        .collect()
+}
+
+/// The flags a command line gave: unset options and empty lists removed.
+fn given(value: Value) -> Value {
+    match value {
+        Value::Dict(tag, dict) => Value::Dict(
+            tag,
+            dict.into_iter()
+                .filter(|(_, v)| match v {
+                    Value::Empty(..) => false,
+                    Value::Array(_, items) => !items.is_empty(),
+                    _ => true,
                 })
-            }
-            (None, Some(0)) => {
-                return Err(ConfigError::Zero {
-                    field: "pool_bytes",
-                })
-            }
-            (Some(t), None) => PoolSize::Tokens(t),
-            (None, Some(b)) => PoolSize::Bytes(b),
-            (None, None) => PoolSize::TwoContexts,
-        };
-        let page_size = flags.page_size.or(file.page_size).unwrap_or(16);
-        if page_size == 0 {
-            return Err(ConfigError::Zero { field: "page_size" });
-        }
-        let max_concurrency = flags.max_concurrency.or(file.max_concurrency).unwrap_or(8);
-        if max_concurrency == 0 {
-            return Err(ConfigError::Zero {
-                field: "max_concurrency",
-            });
-        }
-        let chunk_tokens = flags.chunk_tokens.or(file.chunk_tokens).unwrap_or(256);
-        if chunk_tokens == 0 {
-            return Err(ConfigError::Zero {
-                field: "chunk_tokens",
-            });
-        }
-        Ok(Self {
-            role: defaults.role,
-            grpc_addr: flags
-                .grpc_addr
-                .or(file.grpc_addr)
-                .unwrap_or(defaults.grpc_addr),
-            metrics_addr: flags
-                .metrics_addr
-                .or(file.metrics_addr)
-                .unwrap_or(defaults.metrics_addr),
-            transfer_addr: flags
-                .transfer_addr
-                .or(file.transfer_addr)
-                .unwrap_or(defaults.transfer_addr),
-            model,
-            pool,
-            page_size,
-            context_length: flags.context_length.or(file.context_length),
-            lower_context_to_fit: flags.lower_context_to_fit
-                || file.lower_context_to_fit.unwrap_or(false),
-            node_id: flags
-                .node_id
-                .or(file.node_id)
-                .unwrap_or_else(|| format!("{}-{}", defaults.role, std::process::id())),
-            log_json: flags.log_json || file.log_json.unwrap_or(false),
-            threads: flags.threads.or(file.threads).unwrap_or(0),
-            max_concurrency,
-            chunk_tokens,
-            grant_ttl: Duration::from_millis(
-                flags.grant_ttl_ms.or(file.grant_ttl_ms).unwrap_or(300_000),
-            ),
-            drain_timeout: Duration::from_millis(
-                flags
-                    .drain_timeout_ms
-                    .or(file.drain_timeout_ms)
-                    .unwrap_or(5_000),
-            ),
-            zero_on_release: flags.zero_on_release || file.zero_on_release.unwrap_or(false),
-            commit_rehash: flags.commit_rehash.or(file.commit_rehash).unwrap_or(true),
-            max_queue: flags.max_queue.or(file.max_queue).unwrap_or(256),
-            queue_timeout: Duration::from_millis(
-                flags
-                    .queue_timeout_ms
-                    .or(file.queue_timeout_ms)
-                    .unwrap_or(120_000),
-            ),
-            transfer_seal: flags.transfer_seal.or(file.transfer_seal),
-            tls,
-            insecure_internal: flags.insecure_internal || file.insecure_internal.unwrap_or(false),
-        })
+                .map(|(k, v)| (k, given(v)))
+                .collect(),
+        ),
+        other => other,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use serde::Deserialize;
+
     use super::*;
 
+    #[derive(clap::Parser, Serialize, Deserialize, Debug, Default)]
+    #[serde(default, deny_unknown_fields)]
+    struct Probe {
+        #[arg(long)]
+        #[serde(skip)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        size: Option<usize>,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        #[serde(with = "humantime_serde")]
+        wait: Option<Duration>,
+        #[arg(long)]
+        #[serde(skip_serializing_if = "is_false")]
+        loud: bool,
+        #[arg(long)]
+        peer: Vec<String>,
+    }
+
+    fn parse(args: &[&str]) -> Probe {
+        clap::Parser::parse_from(std::iter::once("probe").chain(args.iter().copied()))
+    }
+
     #[test]
-    fn flags_win_over_file_and_defaults_fill_the_rest() {
+    fn flags_win_over_env_over_file() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.toml");
+        let path = dir.path().join("p.toml");
         std::fs::write(
             &path,
-            "pool_tokens = 100\npage_size = 8\nnode_id = \"file\"\ncommit_rehash = false\n",
+            "name = \"file\"\nsize = 1\nwait = \"2m\"\nloud = true\npeer = [\"a\"]\n",
         )
         .unwrap();
-        let flags = WorkerFlags {
-            config: Some(path),
-            tiny_test_model: Some(7),
-            node_id: Some("flag".into()),
-            ..Default::default()
-        };
-        let cfg = WorkerConfig::resolve(flags, WorkerDefaults::decode()).unwrap();
-        assert_eq!(cfg.pool, PoolSize::Tokens(100));
-        assert_eq!(cfg.page_size, 8);
-        assert_eq!(cfg.node_id, "flag");
-        assert_eq!(cfg.model, ModelSource::TinyTest(7));
-        assert_eq!(cfg.grpc_addr, WorkerDefaults::decode().grpc_addr);
-        assert!(
-            !cfg.commit_rehash,
-            "the file's commit_rehash = false is lost"
+        // A prefix no other test or process uses; the variables are only read here.
+        std::env::set_var("PWCFGTEST_ONE_SIZE", "2");
+        std::env::set_var("PWCFGTEST_ONE_WAIT", "1h 30m");
+        std::env::set_var("PWCFGTEST_ONE_UNRELATED", "not a key, not read");
+        let got: Probe =
+            layered(&parse(&["--wait", "250ms"]), Some(&path), "PWCFGTEST_ONE_").unwrap();
+        assert_eq!(got.name.as_deref(), Some("file"));
+        assert_eq!(
+            got.size,
+            Some(2),
+            "the environment's size loses to the file's"
         );
-        assert!(!cfg.zero_on_release);
+        assert_eq!(got.wait, Some(Duration::from_millis(250)));
+        assert!(got.loud, "a switch left off hides the file's true");
+        assert_eq!(
+            got.peer,
+            vec!["a".to_string()],
+            "an empty list hides the file's"
+        );
+        let got: Probe = layered(&parse(&["--peer", "b"]), Some(&path), "PWCFGTEST_ONE_").unwrap();
+        assert_eq!(got.wait, Some(Duration::from_secs(5400)));
+        assert_eq!(got.peer, vec!["b".to_string()]);
+        let got: Probe = layered(&parse(&[]), None, "PWCFGTEST_NONE_").unwrap();
+        assert_eq!((got.name, got.size, got.wait), (None, None, None));
     }
 
     #[test]
-    fn unknown_keys_and_missing_model_are_errors() {
+    fn unknown_keys_bad_durations_and_missing_files_are_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.toml");
-        std::fs::write(&path, "pool_tokenz = 1\n").unwrap();
-        let flags = WorkerFlags {
-            config: Some(path),
-            ..Default::default()
-        };
-        assert!(matches!(
-            WorkerConfig::resolve(flags, WorkerDefaults::prefill()),
-            Err(ConfigError::Parse { .. })
-        ));
-        let err = WorkerConfig::resolve(WorkerFlags::default(), WorkerDefaults::prefill());
-        // PAGEWARDEN_MODEL is read by clap, not here, so an empty flag set has no model.
-        assert!(matches!(err, Err(ConfigError::NoModel)));
-    }
-
-    #[test]
-    fn both_pool_sizes_is_an_error() {
-        let flags = WorkerFlags {
-            tiny_test_model: Some(1),
-            pool_tokens: Some(10),
-            pool_bytes: Some(10),
-            ..Default::default()
-        };
-        assert!(matches!(
-            WorkerConfig::resolve(flags, WorkerDefaults::prefill()),
-            Err(ConfigError::PoolSizeTwice)
-        ));
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, "sise = 1\n").unwrap();
+        let e = layered(&parse(&[]), Some(&path), "PWCFGTEST_TWO_").unwrap_err();
+        assert!(e.to_string().contains("sise"), "{e}");
+        std::fs::write(&path, "wait = \"soon\"\n").unwrap();
+        let e = layered(&parse(&[]), Some(&path), "PWCFGTEST_TWO_").unwrap_err();
+        assert!(e.to_string().contains("wait"), "{e}");
+        std::fs::write(&path, "config = \"other.toml\"\n").unwrap();
+        assert!(layered(&parse(&[]), Some(&path), "PWCFGTEST_TWO_").is_err());
+        let e = layered(
+            &parse(&[]),
+            Some(&dir.path().join("gone.toml")),
+            "PWCFGTEST_TWO_",
+        )
+        .unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }), "{e}");
     }
 }

@@ -1,7 +1,8 @@
 //! Shared by every Pagewarden crate and service.
 //!
 //! - `ids`: newtypes for request, tenant, attempt and grant identifiers.
-//! - `config`: worker configuration from a TOML file and clap flags, with one-machine defaults.
+//! - `config`: the one configuration layer (flags > environment > TOML file > defaults) and
+//!   its error; `worker_config`: the workers' settings on it, with one-machine defaults.
 //! - `telemetry`: tracing subscriber, OTLP export, trace context in gRPC metadata.
 //! - `metrics`: the workers' Prometheus metrics (`pagewarden_*`) and the `/metrics` server.
 //! - `preflight`: start-up check of pool capacity against advertised context (I7).
@@ -31,5 +32,6 @@ pub mod telemetry;
 pub mod tenants;
 pub mod tls;
 pub mod vllm_metrics;
+pub mod worker_config;
 
 pub use ids::{AttemptId, RequestId, TenantId};

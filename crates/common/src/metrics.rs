@@ -18,6 +18,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::vllm_metrics::VllmMetrics;
+use crate::TenantId;
 
 /// The OpenMetrics text of `registries`, one after another, ended by one `# EOF`.
 pub fn encode(registries: &[&Registry]) -> String {
@@ -52,6 +53,12 @@ pub struct StateLabel {
 }
 
 /// A label set with one `kind` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    /// The tenant's name (never its namespace or key).
+    pub tenant: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     /// e.g. `generation_mismatch`, `checksum_mismatch`.
@@ -91,6 +98,10 @@ pub struct WorkerMetrics {
     generated_tokens: Counter,
     preemptions: Counter,
     share_preemptions: Counter,
+    prefix_queried: Family<TenantLabel, Counter>,
+    prefix_hits: Family<TenantLabel, Counter>,
+    prefix_pages: Family<TenantLabel, Gauge>,
+    prefix_evictions: Counter,
     vllm: VllmMetrics,
 }
 
@@ -124,6 +135,10 @@ impl WorkerMetrics {
             generated_tokens: Counter::default(),
             preemptions: Counter::default(),
             share_preemptions: Counter::default(),
+            prefix_queried: Family::default(),
+            prefix_hits: Family::default(),
+            prefix_pages: Family::default(),
+            prefix_evictions: Counter::default(),
             vllm: VllmMetrics::new(model_name, role),
             registry: Registry::default(),
         };
@@ -188,6 +203,26 @@ impl WorkerMetrics {
             "prefill_chunks",
             "Prefill chunks computed (a cancel stops a prompt within one)",
             m.prefill_chunks.clone(),
+        );
+        registry.register(
+            "prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache, by tenant",
+            m.prefix_queried.clone(),
+        );
+        registry.register(
+            "prefix_cache_hit_tokens",
+            "Prompt tokens whose KV came from the prefix cache, by tenant",
+            m.prefix_hits.clone(),
+        );
+        registry.register(
+            "prefix_cache_pages",
+            "Pages cached in the tenant's prefix-cache namespace, after its last request",
+            m.prefix_pages.clone(),
+        );
+        registry.register(
+            "prefix_cache_evictions",
+            "Cached prefix pages evicted to keep a namespace within its quota",
+            m.prefix_evictions.clone(),
         );
         registry.register(
             "generated_tokens",
@@ -290,6 +325,31 @@ impl WorkerMetrics {
         if total > seen {
             self.transfer_bytes.inc_by(total - seen);
         }
+    }
+
+    /// A prefix-cache lookup of a prompt of `prompt_tokens` that found `hit_tokens` cached.
+    pub fn prefix_lookup(&self, tenant: &TenantId, prompt_tokens: usize, hit_tokens: usize) {
+        let label = TenantLabel {
+            tenant: tenant.as_str().to_string(),
+        };
+        self.prefix_queried
+            .get_or_create(&label)
+            .inc_by(prompt_tokens as u64);
+        self.prefix_hits
+            .get_or_create(&label)
+            .inc_by(hit_tokens as u64);
+        self.vllm.prefix_lookup(prompt_tokens, hit_tokens);
+    }
+
+    /// A request's pages joined the prefix cache: `evicted` pages of its namespace made room,
+    /// and the namespace now holds `cached_pages`.
+    pub fn prefix_published(&self, tenant: &TenantId, evicted: usize, cached_pages: usize) {
+        self.prefix_evictions.inc_by(evicted as u64);
+        self.prefix_pages
+            .get_or_create(&TenantLabel {
+                tenant: tenant.as_str().to_string(),
+            })
+            .set(cached_pages as i64);
     }
 
     /// Records one prompt's forward pass.

@@ -73,6 +73,12 @@ impl Namespace {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+
+    /// A namespace as it travels on the internal wire, from the router that derived it; `None`
+    /// unless exactly 32 bytes.
+    pub fn from_wire(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(Self)
+    }
 }
 
 impl fmt::Display for Namespace {

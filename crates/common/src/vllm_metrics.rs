@@ -81,6 +81,8 @@ pub struct VllmMetrics {
     running: Family<ModelLabels, Gauge>,
     waiting: Family<ModelLabels, Gauge>,
     kv_usage: Family<ModelLabels, Gauge<f64, AtomicU64>>,
+    prefix_queries: Family<ModelLabels, Counter>,
+    prefix_hits: Family<ModelLabels, Counter>,
 }
 
 impl VllmMetrics {
@@ -104,6 +106,8 @@ impl VllmMetrics {
             running: Family::default(),
             waiting: Family::default(),
             kv_usage: Family::default(),
+            prefix_queries: Family::default(),
+            prefix_hits: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -167,7 +171,27 @@ impl VllmMetrics {
             "KV-cache usage. 1 means 100 percent usage.",
             m.kv_usage.clone(),
         );
+        registry.register(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            m.prefix_queries.clone(),
+        );
+        registry.register(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            m.prefix_hits.clone(),
+        );
         Self { registry, ..m }
+    }
+
+    /// A prefix-cache lookup of `queried` prompt tokens that found `hits` of them cached.
+    pub fn prefix_lookup(&self, queried: usize, hits: usize) {
+        self.prefix_queries
+            .get_or_create(&self.labels)
+            .inc_by(queried as u64);
+        self.prefix_hits
+            .get_or_create(&self.labels)
+            .inc_by(hits as u64);
     }
 
     /// The registry, for [`crate::metrics::encode`].

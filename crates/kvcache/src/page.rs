@@ -80,6 +80,8 @@ pub(crate) struct Gauges {
     reserved: AtomicUsize,
     readable: AtomicUsize,
     shared: AtomicUsize,
+    /// Of the shared pages, those with readers (not evictable).
+    pinned: AtomicUsize,
     draining: AtomicUsize,
     quarantined: AtomicUsize,
 }
@@ -104,7 +106,25 @@ impl Gauges {
         if let Some(c) = self.counter(to) {
             c.fetch_add(1, Ordering::Relaxed);
         }
+        let pinned = |s: PageState| matches!(s, PageState::Shared { readers } if readers > 0);
+        match (pinned(meta.state), pinned(to)) {
+            (true, false) => {
+                self.pinned.fetch_sub(1, Ordering::Relaxed);
+            }
+            (false, true) => {
+                self.pinned.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, true) | (false, false) => {}
+        }
         meta.state = to;
+    }
+
+    /// Shared pages without readers: the prefix cache gives them up when an allocation needs
+    /// them.
+    pub(crate) fn evictable(&self) -> usize {
+        self.shared
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.pinned.load(Ordering::Relaxed))
     }
 
     /// (reserved, readable, shared, draining, quarantined).

@@ -79,6 +79,12 @@ impl KvPool {
         self.inner.cfg.pages * self.inner.cfg.layout.page_size
     }
 
+    /// Pages an allocation can have now: the free ones, and cached prefix pages no request
+    /// reads (an allocation evicts those rather than wait, I9).
+    pub fn available_pages(&self) -> usize {
+        self.inner.free.len() + self.inner.gauges.evictable()
+    }
+
     /// Page counts per lifecycle state.
     pub fn stats(&self) -> PoolStats {
         let [reserved, readable, shared, draining, quarantined] = self.inner.gauges.read();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use pagewarden_common::integrity::PageTag;
 use pagewarden_kernels::Device;
-use pagewarden_kvcache::{KvPool, ReadError, ReadablePages};
+use pagewarden_kvcache::{KvPool, ReadError, ReadablePages, SharedPages};
 use pagewarden_model::{Model, ModelError};
 
 use crate::device::{open_device, GpuOptions, OpenError, Opened};
@@ -43,18 +43,10 @@ pub enum ComputeError {
 
 impl From<ModelError> for ComputeError {
     fn from(e: ModelError) -> Self {
+        let what = e.to_string();
         match e {
-            ModelError::KvRead(r) => {
-                let page = match r {
-                    ReadError::GenerationMismatch { page, expected, .. } => Some(PageTag {
-                        page: page.0,
-                        generation: expected.0,
-                    }),
-                    ReadError::OutOfRange => None,
-                };
-                ComputeError::KvRefused(e.to_string(), page)
-            }
-            other => ComputeError::Failed(other.to_string()),
+            ModelError::KvRead(r) => ComputeError::KvRefused(what, page_tag(&r)),
+            _ => ComputeError::Failed(what),
         }
     }
 }
@@ -111,11 +103,51 @@ impl Compute {
         pages: &mut ReadablePages,
         tokens: &[u32],
     ) -> Result<Vec<f32>, ComputeError> {
+        self.prefill_after(None, pages, tokens)
+    }
+
+    /// As [`Compute::prefill`] after a cached prefix's pinned pages (prefix caching runs on the
+    /// CPU only: [`Compute::caches_prefixes`]).
+    pub fn prefill_after(
+        &self,
+        prefix: Option<&SharedPages>,
+        pages: &mut ReadablePages,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ComputeError> {
         match self {
-            Compute::Cpu(m) => Ok(m.prefill(pages, tokens)?),
+            Compute::Cpu(m) => Ok(m.prefill_after(prefix, pages, tokens)?),
             #[cfg(feature = "cuda")]
-            Compute::Cuda(g) => Ok(g.lock().prefill(pages, tokens)?),
+            Compute::Cuda(g) => match prefix {
+                Some(p) if !p.is_empty() => Err(ComputeError::Failed(
+                    "a cached prefix cannot be attended over on the GPU".into(),
+                )),
+                _ => Ok(g.lock().prefill(pages, tokens)?),
+            },
         }
+    }
+
+    /// Whether this engine attends over cached prefix pages (the CPU's; on a GPU the pool's
+    /// pages hold no data on the host).
+    pub fn caches_prefixes(&self) -> bool {
+        matches!(self, Compute::Cpu(_))
+    }
+
+    /// The bytes of pinned prefix pages `indices` (full pages, generation-checked), one frame
+    /// each, for the transfer to decode.
+    pub fn prefix_frames(
+        &self,
+        prefix: &SharedPages,
+        indices: &[usize],
+    ) -> Result<Vec<Bytes>, ComputeError> {
+        indices
+            .iter()
+            .map(|&i| {
+                prefix
+                    .page_bytes(i)
+                    .map(Bytes::copy_from_slice)
+                    .map_err(|e| refused(format!("reading cached KV page {i}: {e}"), e))
+            })
+            .collect()
     }
 
     /// One batched decode step: per sequence, the logits of its next token or why it failed
@@ -154,18 +186,7 @@ impl Compute {
                     pages
                         .page_bytes(i)
                         .map(|b| written_rows_only(pages, i, b.to_vec()))
-                        .map_err(|e| {
-                            let page = match e {
-                                ReadError::GenerationMismatch { page, expected, .. } => {
-                                    Some(PageTag {
-                                        page: page.0,
-                                        generation: expected.0,
-                                    })
-                                }
-                                ReadError::OutOfRange => None,
-                            };
-                            ComputeError::KvRefused(format!("reading local KV page {i}: {e}"), page)
-                        })
+                        .map_err(|e| refused(format!("reading local KV page {i}: {e}"), e))
                 })
                 .collect(),
             #[cfg(feature = "cuda")]
@@ -180,6 +201,22 @@ impl Compute {
                     .map_err(|e| ComputeError::Failed(format!("reading device KV pages: {e}")))
             }
         }
+    }
+}
+
+/// A refused KV read, tagged with the page and the generation it presented.
+fn refused(what: String, e: ReadError) -> ComputeError {
+    ComputeError::KvRefused(what, page_tag(&e))
+}
+
+/// The page and the generation a refused read presented, when it named one.
+fn page_tag(e: &ReadError) -> Option<PageTag> {
+    match *e {
+        ReadError::GenerationMismatch { page, expected, .. } => Some(PageTag {
+            page: page.0,
+            generation: expected.0,
+        }),
+        ReadError::OutOfRange => None,
     }
 }
 

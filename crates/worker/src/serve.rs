@@ -8,12 +8,12 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use pagewarden_common::config::WorkerConfig;
 use pagewarden_common::metrics::{serve_metrics, PoolGauges, RefreshHook, WorkerMetrics};
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::tls::{
     refuse_plaintext, InternalTls, PlaintextRefused, RequireRole, SuiteRole,
 };
+use pagewarden_common::worker_config::WorkerConfig;
 use pagewarden_kvcache::KvPool;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;

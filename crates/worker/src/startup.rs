@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use pagewarden_common::admission::Admission;
-use pagewarden_common::config::{ModelSource, PoolSize, WorkerConfig};
+use pagewarden_common::config::ModelSource;
 use pagewarden_common::preflight::{preflight, PreflightError, PreflightInput, PreflightReport};
+use pagewarden_common::worker_config::{PoolSize, WorkerConfig};
 use pagewarden_kernels::Device;
 use pagewarden_kvcache::{KvPool, PoolConfig};
 use pagewarden_model::{GgufFile, LoadOptions, Model, ModelError};
@@ -42,6 +43,9 @@ pub struct PoolOptions {
     pub zero_on_release: bool,
     /// Whether commit re-hashes every landed page (`PoolConfig::commit_rehash`).
     pub commit_rehash: bool,
+    /// Whether finished prompts' pages stay in a prefix cache (prefill on the CPU), within
+    /// `--prefix-cache-tokens` per namespace.
+    pub prefix_cache: bool,
 }
 
 /// Why a worker could not load its model or size its pool.
@@ -116,12 +120,18 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
     pc.drain_timeout = cfg.drain_timeout;
     pc.grant_ttl = cfg.grant_ttl;
     pc.commit_rehash = opts.commit_rehash;
+    if opts.prefix_cache {
+        let tokens = cfg.prefix_cache_tokens.unwrap_or(report.advertised_context);
+        pc.prefix_pages_per_namespace = tokens.div_ceil(cfg.page_size);
+    }
+    let prefix_cache_pages = pc.prefix_pages_per_namespace;
     let pool = KvPool::new(pc);
     tracing::info!(
         model = %model_name,
         pages,
         device = %opts.device,
         commit_rehash = opts.commit_rehash,
+        prefix_cache_pages,
         page_bytes = layout.page_bytes(),
         pool_tokens = report.pool_tokens,
         context = report.advertised_context,

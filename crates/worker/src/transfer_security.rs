@@ -7,12 +7,12 @@
 
 use std::sync::Arc;
 
-use pagewarden_common::config::WorkerConfig;
 use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind, IntegritySink};
 use pagewarden_common::tls::{
     peer_roles, refuse_plaintext, rustls_client_config, rustls_server_config, InternalTls,
     PlaintextRefused, RustlsError, SuiteRole,
 };
+use pagewarden_common::worker_config::WorkerConfig;
 use pagewarden_transfer::{ClientTls, ListenOptions, Refused, SealMaster, SealPolicy, ServerTls};
 use rustls_pki_types::ServerName;
 

@@ -77,7 +77,7 @@ pub enum QueueRefusal {
         /// The configured bound (`--max-queue`).
         limit: usize,
     },
-    /// The request waited its whole `--queue-timeout-ms`.
+    /// The request waited its whole `--queue-timeout`.
     Timeout {
         /// The configured bound.
         waited: std::time::Duration,

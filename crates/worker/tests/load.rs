@@ -3,7 +3,7 @@
 
 use std::error::Error;
 
-use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
+use pagewarden_common::worker_config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_kernels::Device;
 use pagewarden_worker::{load, PoolOptions, StartupError};
 
@@ -11,6 +11,7 @@ const OPTS: PoolOptions = PoolOptions {
     device: Device::Cpu,
     zero_on_release: true,
     commit_rehash: false,
+    prefix_cache: false,
 };
 
 fn tiny(pool_tokens: Option<usize>) -> WorkerConfig {

@@ -6,7 +6,7 @@
 //! database_url = "postgres://auditor@127.0.0.1/pagewarden"   # default: SQLite in data_dir
 //! data_dir = "data"
 //! router_url = "http://127.0.0.1:8080"
-//! probe_interval = "5m"                                        # "0" turns probing off
+//! probe_interval = "5m"                                        # "0s" turns probing off
 //! probe_sweep = "full"           # what each scheduled run sends: "light" or "full"
 //! probe_tenants = [{ tenant = "probe-a", api_key = "pw-probe-a" }]
 //! probe_keys_file = ".pw/keys.toml"   # every tenant of a client keys file probes too
@@ -22,34 +22,21 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
+pub use pagewarden_common::config::ConfigError;
+use pagewarden_common::config::{is_false, layered};
 use pagewarden_common::tenants::ClientKeys;
-use pagewarden_common::tls::{InternalTls, TlsFlags, TlsKeys};
+use pagewarden_common::tls::{InternalTls, TlsFlags};
 
 use crate::accounts::{Accounts, ApiToken, OperatorAccount};
 use crate::domain::SweepKind;
 use crate::probe::ProbeTenant;
 
-/// The configuration could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("reading {0}: {1}")]
-    Read(PathBuf, std::io::Error),
-    /// The file is not valid TOML for this config.
-    #[error("parsing {0}: {1}")]
-    Parse(PathBuf, toml::de::Error),
-    /// The probe keys file could not be read or parsed.
-    #[error("probe keys file: {0}")]
-    ProbeKeys(#[from] pagewarden_common::tenants::TenantsError),
-    /// A value is malformed.
-    #[error("{0}")]
-    Invalid(String),
-}
-
-/// Command-line flags; each overrides the file's value.
-#[derive(Debug, Default, Parser)]
+/// The auditor's settings: command-line flags, and the keys of the TOML file and of the
+/// `PAGEWARDEN_AUDITOR_*` variables. A flag wins over the variable, the variable over the file.
+#[derive(Debug, Default, Parser, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[command(
     name = "pagewarden-auditor",
     about = "Pagewarden auditor: probes, integrity events, incident log, web UI"
@@ -57,6 +44,7 @@ pub enum ConfigError {
 pub struct Args {
     /// TOML config file.
     #[arg(long, env = "PAGEWARDEN_AUDITOR_CONFIG")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// HTTP listener (web UI, JSON API, /metrics); port 0 picks a free port.
     #[arg(long)]
@@ -76,59 +64,67 @@ pub struct Args {
     /// A probe tenant as `tenant=api_key` (repeatable).
     #[arg(long = "probe-key")]
     pub probe_keys: Vec<String>,
+    /// File only: probe tenants as `{ tenant = "..", api_key = ".." }` tables.
+    #[arg(skip)]
+    #[serde(skip_serializing)]
+    pub probe_tenants: Vec<ProbeTenant>,
     /// A client keys file (`[[keys]] tenant = "..", key = ".."`, as `pagewarden up` keeps its
     /// dev tenants' keys): every tenant in it is a probe tenant too.
     #[arg(long)]
     pub probe_keys_file: Option<PathBuf>,
-    /// Time between probe runs (`90`, `30s`, `5m`, `1h`; `0` turns probing off).
-    #[arg(long)]
-    pub probe_interval: Option<String>,
+    /// Time between probe runs (`90s`, `5m`, `1h`; `0s` turns probing off).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub probe_interval: Option<Duration>,
     /// What each scheduled probe run sends: `light` (per tenant one short prompt and one just
     /// past the context) or `full` (lengths doubling up to the context, then past it).
     /// Default `full`; either can also be started on demand from the Probes page.
     #[arg(long)]
     pub probe_sweep: Option<String>,
+    /// `max_tokens` of probe requests (default 4).
+    #[arg(long)]
+    pub probe_max_tokens: Option<u32>,
+    /// First probe length in words, one KV page (default 16).
+    #[arg(long)]
+    pub probe_page_size: Option<u32>,
+    /// Longest plausible time to first token of a probe (default `60s`).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub probe_max_ttft: Option<Duration>,
+    /// Least plausible prefill time per prompt token, in µs (default 0: no lower bound).
+    #[arg(long)]
+    pub probe_min_prefill_us_per_token: Option<u64>,
+    /// Bound on each probe request (default `2m`).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub probe_request_timeout: Option<Duration>,
     /// GGUF model whose tokenizer gives exact prompt token counts for probes.
     #[arg(long, env = "PAGEWARDEN_MODEL")]
     pub model_path: Option<PathBuf>,
     /// Internal mutual TLS of the gRPC listener.
     #[command(flatten)]
+    #[serde(flatten)]
     pub tls: TlsFlags,
     /// Serve gRPC in clear on a non-loopback address, unauthenticated.
     #[arg(long)]
+    #[serde(skip_serializing_if = "is_false")]
     pub insecure_internal: bool,
+    /// Mark the web UI's session cookies `Secure` (it is served under TLS, e.g. by a proxy).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "is_false")]
+    pub secure_cookies: bool,
     /// Log JSON lines instead of text.
     #[arg(long)]
+    #[serde(skip_serializing_if = "is_false")]
     pub log_json: bool,
-}
-
-/// The TOML file's shape; every field optional.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FileConfig {
-    http_addr: Option<SocketAddr>,
-    grpc_addr: Option<SocketAddr>,
-    database_url: Option<String>,
-    data_dir: Option<PathBuf>,
-    router_url: Option<String>,
-    probe_interval: Option<String>,
-    probe_sweep: Option<String>,
-    probe_tenants: Vec<ProbeTenant>,
-    probe_keys_file: Option<PathBuf>,
-    probe_max_tokens: Option<u32>,
-    probe_page_size: Option<u32>,
-    probe_max_ttft_ms: Option<u64>,
-    probe_min_prefill_us_per_token: Option<u64>,
-    probe_request_timeout_s: Option<u64>,
-    model_path: Option<PathBuf>,
-    tls_ca: Option<PathBuf>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    insecure_internal: Option<bool>,
-    operators: Vec<OperatorAccount>,
-    api_tokens: Vec<ApiToken>,
-    secure_cookies: Option<bool>,
-    log_json: Option<bool>,
+    /// File only: web UI accounts (see `accounts`).
+    #[arg(skip)]
+    #[serde(skip_serializing)]
+    pub operators: Vec<OperatorAccount>,
+    /// File only: JSON API tokens (see `accounts`).
+    #[arg(skip)]
+    #[serde(skip_serializing)]
+    pub api_tokens: Vec<ApiToken>,
 }
 
 /// The resolved configuration.
@@ -153,7 +149,7 @@ pub struct Config {
     /// First probe length in words (one KV page).
     pub probe_page_size: u32,
     /// Upper TTFT bound.
-    pub probe_max_ttft_ms: u64,
+    pub probe_max_ttft: Duration,
     /// Lower prefill bound per prompt token (µs; 0 = none).
     pub probe_min_prefill_us_per_token: u64,
     /// Per-request timeout.
@@ -172,21 +168,6 @@ pub struct Config {
     pub log_json: bool,
 }
 
-/// Parses `90`, `30s`, `5m`, `1h` into a duration; `0` is `None` (off).
-pub fn parse_interval(s: &str) -> Result<Option<Duration>, ConfigError> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 's')) => (&s[..i], 1),
-        Some((i, 'm')) => (&s[..i], 60),
-        Some((i, 'h')) => (&s[..i], 3600),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| ConfigError::Invalid(format!("bad interval {s:?} (try 30s, 5m, 1h)")))?;
-    Ok((n > 0).then(|| Duration::from_secs(n * mult)))
-}
-
 fn parse_probe_key(s: &str) -> Result<ProbeTenant, ConfigError> {
     match s.split_once('=') {
         Some((t, k)) if !t.is_empty() && !k.is_empty() => Ok(ProbeTenant {
@@ -200,32 +181,26 @@ fn parse_probe_key(s: &str) -> Result<ProbeTenant, ConfigError> {
 }
 
 impl Config {
-    /// Reads the file named by `args.config` (if any) and applies the flags over it.
+    /// Merges the flags over the `PAGEWARDEN_AUDITOR_*` variables over the file named by
+    /// `args.config` (if any) over the defaults.
     pub fn load(args: Args) -> Result<Self, ConfigError> {
-        let file = match &args.config {
-            Some(p) => {
-                let text =
-                    std::fs::read_to_string(p).map_err(|e| ConfigError::Read(p.clone(), e))?;
-                toml::from_str(&text).map_err(|e| ConfigError::Parse(p.clone(), e))?
-            }
-            None => FileConfig::default(),
-        };
-        Self::merge(file, args)
+        Self::resolve(layered(
+            &args,
+            args.config.as_deref(),
+            "PAGEWARDEN_AUDITOR_",
+        )?)
     }
 
-    fn merge(f: FileConfig, a: Args) -> Result<Self, ConfigError> {
-        let data_dir = a
-            .data_dir
-            .or(f.data_dir)
-            .unwrap_or_else(|| PathBuf::from("data"));
-        let database_url = match a.database_url.or(f.database_url) {
+    fn resolve(s: Args) -> Result<Self, ConfigError> {
+        let data_dir = s.data_dir.unwrap_or_else(|| PathBuf::from("data"));
+        let database_url = match s.database_url {
             Some(u) => u,
             None => format!("sqlite://{}/auditor.sqlite?mode=rwc", data_dir.display()),
         };
         // File entries, then the keys file, then flags; a tenant named twice probes once,
         // with the last key given.
-        let mut probe_tenants = f.probe_tenants;
-        if let Some(path) = a.probe_keys_file.or(f.probe_keys_file) {
+        let mut probe_tenants = s.probe_tenants;
+        if let Some(path) = s.probe_keys_file {
             for k in ClientKeys::load(&path)?.keys {
                 probe_tenants.push(ProbeTenant {
                     tenant: k.tenant,
@@ -233,64 +208,50 @@ impl Config {
                 });
             }
         }
-        for k in &a.probe_keys {
+        for k in &s.probe_keys {
             probe_tenants.push(parse_probe_key(k)?);
         }
         let mut seen = std::collections::HashSet::new();
         probe_tenants.reverse();
         probe_tenants.retain(|t| seen.insert(t.tenant.clone()));
         probe_tenants.reverse();
-        let probe_interval = match a.probe_interval.or(f.probe_interval) {
-            Some(s) => parse_interval(&s)?,
-            None => Some(Duration::from_secs(300)),
-        };
-        let probe_sweep = match a.probe_sweep.or(f.probe_sweep) {
-            Some(s) => s.trim().parse::<SweepKind>().map_err(|_| {
-                ConfigError::Invalid(format!("bad probe sweep {s:?} (light or full)"))
+        let probe_interval = s.probe_interval.unwrap_or(Duration::from_secs(300));
+        let probe_sweep = match s.probe_sweep {
+            Some(k) => k.trim().parse::<SweepKind>().map_err(|_| {
+                ConfigError::Invalid(format!("bad probe sweep {k:?} (light or full)"))
             })?,
             None => SweepKind::Full,
         };
-        let tls = InternalTls::load(&a.tls.over(TlsKeys {
-            tls_ca: f.tls_ca,
-            tls_cert: f.tls_cert,
-            tls_key: f.tls_key,
-        }))
-        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(Config {
-            http_addr: a
+            http_addr: s
                 .http_addr
-                .or(f.http_addr)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7401))),
-            grpc_addr: a
+            grpc_addr: s
                 .grpc_addr
-                .or(f.grpc_addr)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7400))),
             database_url,
-            router_url: a
-                .router_url
-                .or(f.router_url)
-                .map(|u| u.trim_end_matches('/').to_string()),
+            router_url: s.router_url.map(|u| u.trim_end_matches('/').to_string()),
             probe_tenants,
-            probe_interval,
+            probe_interval: (!probe_interval.is_zero()).then_some(probe_interval),
             probe_sweep,
-            probe_max_tokens: f.probe_max_tokens.unwrap_or(4),
-            probe_page_size: f.probe_page_size.unwrap_or(16),
-            probe_max_ttft_ms: f.probe_max_ttft_ms.unwrap_or(60_000),
-            probe_min_prefill_us_per_token: f.probe_min_prefill_us_per_token.unwrap_or(0),
-            probe_request_timeout: Duration::from_secs(f.probe_request_timeout_s.unwrap_or(120)),
-            model_path: a.model_path.or(f.model_path),
-            tls,
-            insecure_internal: a.insecure_internal || f.insecure_internal.unwrap_or(false),
-            accounts: Accounts::new(&f.operators, &f.api_tokens)
+            probe_max_tokens: s.probe_max_tokens.unwrap_or(4),
+            probe_page_size: s.probe_page_size.unwrap_or(16),
+            probe_max_ttft: s.probe_max_ttft.unwrap_or(Duration::from_secs(60)),
+            probe_min_prefill_us_per_token: s.probe_min_prefill_us_per_token.unwrap_or(0),
+            probe_request_timeout: s.probe_request_timeout.unwrap_or(Duration::from_secs(120)),
+            model_path: s.model_path,
+            tls: InternalTls::load(&s.tls)?,
+            insecure_internal: s.insecure_internal,
+            accounts: Accounts::new(&s.operators, &s.api_tokens)
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?,
-            secure_cookies: f.secure_cookies.unwrap_or(false),
-            log_json: a.log_json || f.log_json.unwrap_or(false),
+            secure_cookies: s.secure_cookies,
+            log_json: s.log_json,
         })
     }
 
     /// A config for tests: loopback port 0 everywhere, the given database, probing off.
     pub fn for_tests(database_url: &str) -> Self {
-        let mut c = Self::merge(FileConfig::default(), Args::default())
+        let mut c = Self::resolve(Args::default())
             .unwrap_or_else(|_| unreachable!("defaults always parse"));
         c.http_addr = SocketAddr::from(([127, 0, 0, 1], 0));
         c.grpc_addr = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -316,17 +277,22 @@ mod tests {
 
     #[test]
     fn flags_override_file() {
-        let f: FileConfig = toml::from_str(
-            "grpc_addr = \"127.0.0.1:1\"\nprobe_interval = \"5m\"\n\
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("auditor.toml");
+        std::fs::write(
+            &path,
+            "grpc_addr = \"127.0.0.1:1\"\nprobe_interval = \"5m\"\nprobe_max_ttft = \"2s\"\n\
              probe_tenants = [{ tenant = \"a\", api_key = \"k\" }]",
         )
         .unwrap();
         let a = Args {
+            config: Some(path.clone()),
             grpc_addr: Some("127.0.0.1:2".parse().unwrap()),
             probe_keys: vec!["b=k2".into()],
             ..Args::default()
         };
-        let c = Config::merge(f, a).unwrap();
+        let c = Config::load(a).unwrap();
+        assert_eq!(c.probe_max_ttft, Duration::from_secs(2));
         assert_eq!(c.grpc_addr.port(), 2);
         assert_eq!(c.probe_interval, Some(Duration::from_secs(300)));
         assert_eq!(c.probe_sweep, SweepKind::Full);
@@ -350,7 +316,7 @@ mod tests {
             probe_keys: vec!["auditor-probe=kp".into()],
             ..Args::default()
         };
-        let c = Config::merge(FileConfig::default(), a).unwrap();
+        let c = Config::resolve(a).unwrap();
         let got: Vec<(&str, &str)> = c
             .probe_tenants
             .iter()
@@ -361,40 +327,37 @@ mod tests {
             probe_keys_file: Some(dir.path().join("missing.toml")),
             ..Args::default()
         };
-        let e = Config::merge(FileConfig::default(), a).unwrap_err();
+        let e = Config::resolve(a).unwrap_err();
         assert!(e.to_string().contains("missing.toml"), "{e}");
     }
 
     #[test]
     fn the_scheduled_sweep_is_named_by_flag_or_file() {
-        let f: FileConfig = toml::from_str("probe_sweep = \"light\"").unwrap();
-        assert_eq!(
-            Config::merge(f, Args::default()).unwrap().probe_sweep,
-            SweepKind::Light
-        );
-        let f: FileConfig = toml::from_str("probe_sweep = \"light\"").unwrap();
+        let f: Args = toml::from_str("probe_sweep = \"light\"").unwrap();
+        assert_eq!(Config::resolve(f).unwrap().probe_sweep, SweepKind::Light);
         let a = Args {
             probe_sweep: Some("full".into()),
             ..Args::default()
         };
-        assert_eq!(Config::merge(f, a).unwrap().probe_sweep, SweepKind::Full);
+        assert_eq!(Config::resolve(a).unwrap().probe_sweep, SweepKind::Full);
         let a = Args {
             probe_sweep: Some("medium".into()),
             ..Args::default()
         };
-        let e = Config::merge(FileConfig::default(), a).unwrap_err();
+        let e = Config::resolve(a).unwrap_err();
         assert!(e.to_string().contains("light or full"), "{e}");
     }
 
     #[test]
     fn intervals_and_keys() {
-        assert_eq!(parse_interval("0").unwrap(), None);
-        assert_eq!(parse_interval("90").unwrap(), Some(Duration::from_secs(90)));
-        assert_eq!(
-            parse_interval("1h").unwrap(),
-            Some(Duration::from_secs(3600))
-        );
-        assert!(parse_interval("soon").is_err());
+        let interval = |s: &str| {
+            let a = Args::try_parse_from(["auditor", "--probe-interval", s]).map_err(|_| ())?;
+            Config::resolve(a).map(|c| c.probe_interval).map_err(|_| ())
+        };
+        assert_eq!(interval("0s"), Ok(None));
+        assert_eq!(interval("90s"), Ok(Some(Duration::from_secs(90))));
+        assert_eq!(interval("1h"), Ok(Some(Duration::from_secs(3600))));
+        assert!(interval("soon").is_err());
         assert!(parse_probe_key("nokey").is_err());
     }
 }

@@ -140,7 +140,11 @@ pub async fn start(
                 max_tokens: cfg.probe_max_tokens,
                 page_size: cfg.probe_page_size,
                 latency: LatencyBounds {
-                    max_ttft_ms: cfg.probe_max_ttft_ms,
+                    max_ttft_ms: cfg
+                        .probe_max_ttft
+                        .as_millis()
+                        .try_into()
+                        .unwrap_or(u64::MAX),
                     min_prefill_us_per_token: cfg.probe_min_prefill_us_per_token,
                 },
                 request_timeout: cfg.probe_request_timeout,

@@ -27,10 +27,11 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use pagewarden_common::auditor_client::AuditorIntegritySink;
-use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
+use pagewarden_common::config::layered;
 use pagewarden_common::integrity::{IntegritySink, LogIntegritySink};
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown;
+use pagewarden_common::worker_config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_kernels::Device;
 use pagewarden_model::Tokenizer;
 use pagewarden_proto::v1::decode_server::DecodeServer;
@@ -38,6 +39,7 @@ use pagewarden_transfer::{PageSink, ReceiverCounters, TcpReceiver};
 use pagewarden_worker::{
     auditor_client, Compute, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, Role,
 };
+use serde::{Deserialize, Serialize};
 
 /// This worker, for messages, telemetry and the auditor.
 const ROLE: Role = Role {
@@ -47,10 +49,17 @@ const ROLE: Role = Role {
 };
 
 /// The decode worker: verifies commits and generates tokens with continuous batching.
-#[derive(Parser, Debug)]
+///
+/// Its settings are these flags, the keys of the `--config` file and the `PAGEWARDEN_DECODE_*` variables,
+/// merged by the suite's one configuration layer.
+#[derive(Parser, Debug, Default, Serialize, Deserialize)]
 #[command(name = "pagewarden-decode", version)]
+// Unknown keys are refused by `WorkerFlags`, which sees every key this struct does not take (a
+// second check here would misread the keys `WorkerFlags` takes as unknown).
+#[serde(default)]
 pub struct Cli {
     #[command(flatten)]
+    #[serde(flatten)]
     pub flags: WorkerFlags,
     /// The auditor's gRPC URL: integrity events and the preflight report go there.
     #[arg(long, env = "PAGEWARDEN_AUDITOR")]
@@ -58,8 +67,10 @@ pub struct Cli {
     /// Where decode steps run and committed KV pages' data lives: `cpu` or `cuda:N` (GPU N;
     /// needs a build with `--features pagewarden-decode/cuda` and the NVIDIA driver). Pages are
     /// received and verified in host memory either way.
-    #[arg(long, env = "PAGEWARDEN_DEVICE", default_value = "cpu")]
-    pub device: Device,
+    /// Default `cpu`.
+    #[arg(long, env = "PAGEWARDEN_DEVICE")]
+    #[serde(with = "pagewarden_common::config::text")]
+    pub device: Option<Device>,
 }
 
 /// Pages copied to the GPU per pinned staging round.
@@ -67,9 +78,12 @@ const STAGING_PAGES: usize = 16;
 
 /// Runs the worker until SIGTERM or Ctrl-C, then drains and returns.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let defaults = WorkerDefaults::decode();
+    let cli: Cli = layered(&cli, cli.flags.config.as_deref(), defaults.env_prefix)?;
     let auditor_url = cli.auditor.as_deref();
-    pagewarden_worker::check_device(cli.device, &ROLE)?;
-    let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::decode())?;
+    let device = cli.device.unwrap_or_default();
+    pagewarden_worker::check_device(device, &ROLE)?;
+    let cfg = WorkerConfig::from_settings(cli.flags.clone(), defaults)?;
     let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
     // Every internal client of this process (the auditor's) presents this identity.
     pagewarden_common::tls::install_client_tls(cfg.tls.clone());
@@ -78,13 +92,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let shutdown = shutdown::on_signal();
     let stop = shutdown::Shutdown::new();
     let (loaded, tokenizer, compute) = {
-        let (job_cfg, device) = (cfg.clone(), cli.device);
+        let job_cfg = cfg.clone();
         pagewarden_worker::start_up(&ROLE, auditor_url, &cfg.node_id, move || {
             let cfg = job_cfg;
             let pool = PoolOptions {
                 device,
                 zero_on_release: cfg.zero_on_release,
                 commit_rehash: cfg.commit_rehash,
+                // Decode holds only the pages prefill sends it.
+                prefix_cache: false,
             };
             let loaded = pagewarden_worker::load(&cfg, pool)?;
             let tokenizer = Tokenizer::from_gguf(loaded.model.gguf()).context("tokenizer")?;

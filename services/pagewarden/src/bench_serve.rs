@@ -32,7 +32,8 @@ const SERVICES: [&str; 3] = [
     "pagewarden-router",
 ];
 
-const TEXT: &str = "Disaggregated serving splits the prefill and decode phases of inference so \
+pub(crate) const TEXT: &str =
+    "Disaggregated serving splits the prefill and decode phases of inference so \
 that each runs on hardware sized for it. The key-value cache computed during prefill moves to \
 the decode worker page by page, and every page carries a generation tag that attention checks. ";
 
@@ -72,6 +73,8 @@ pub(crate) struct Sample {
     pub(crate) ttft: Option<Duration>,
     pub(crate) gaps: Vec<Duration>,
     pub(crate) tokens: usize,
+    /// `usage.prompt_tokens_details.cached_tokens`: prompt tokens served from the prefix cache.
+    pub(crate) cached_tokens: u64,
 }
 
 /// Summary of one stream count on one side.
@@ -290,8 +293,8 @@ pub(crate) fn bench_plan(bin_dir: &Path, dir: &Path, model: &Path) -> anyhow::Re
         auditor_config: dir.join("auditor.toml"),
         router_addr: "127.0.0.1:0".parse()?,
         auditor_addr: "127.0.0.1:0".parse()?,
-        probe_interval: String::new(),
-        grant_ttl_ms: 300_000,
+        probe_interval: Duration::ZERO,
+        grant_ttl: Duration::from_secs(300),
         pool_tokens: None,
         context_length: None,
         auditor_grpc: None,
@@ -413,6 +416,9 @@ pub(crate) async fn stream_with(
             }
             if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
                 s.tokens = n as usize;
+            }
+            if let Some(n) = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() {
+                s.cached_tokens = n;
             }
             let text = v["choices"][0]["text"].as_str().unwrap_or_default();
             if !text.is_empty() {

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use pagewarden_common::tls::{write_dev_suite, DevSuite, SuiteRole};
@@ -42,10 +43,10 @@ pub struct Plan {
     pub router_addr: SocketAddr,
     /// Auditor HTTP address.
     pub auditor_addr: SocketAddr,
-    /// Auditor probe interval.
-    pub probe_interval: String,
+    /// Auditor probe interval (zero: on demand only).
+    pub probe_interval: Duration,
     /// Decode's write grant lifetime.
-    pub grant_ttl_ms: u64,
+    pub grant_ttl: Duration,
     /// Workers' pool size override.
     pub pool_tokens: Option<usize>,
     /// Workers' context override.
@@ -106,7 +107,7 @@ impl Plan {
             "--probe-key",
             &format!("{PROBE_TENANT}={}", self.probe_key),
             "--probe-interval",
-            &self.probe_interval,
+            &humantime::format_duration(self.probe_interval).to_string(),
             // A light sweep (short prompts and the just-over-context step) as every dev tenant
             // of `keys.toml`, the two people's and the probe tenant (issue 19).
             "--probe-sweep",
@@ -133,7 +134,10 @@ impl Plan {
         ]);
         if role == "decode" {
             a.extend(strings(["--transfer-addr", "127.0.0.1:0"]));
-            a.extend(strings(["--grant-ttl-ms", &self.grant_ttl_ms.to_string()]));
+            a.extend(strings([
+                "--grant-ttl",
+                &humantime::format_duration(self.grant_ttl).to_string(),
+            ]));
         }
         if let Some(t) = self.pool_tokens {
             a.extend(strings(["--pool-tokens", &t.to_string()]));
@@ -196,8 +200,8 @@ mod tests {
             auditor_config: PathBuf::from("a.toml"),
             router_addr: "127.0.0.1:1".parse().unwrap(),
             auditor_addr: "127.0.0.1:2".parse().unwrap(),
-            probe_interval: "0".into(),
-            grant_ttl_ms: 1,
+            probe_interval: Duration::ZERO,
+            grant_ttl: Duration::from_millis(1),
             pool_tokens: None,
             context_length: None,
             auditor_grpc: None,

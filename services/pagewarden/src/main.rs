@@ -10,10 +10,14 @@
 //! - `bench_engine.rs`: prefill/decode throughput of the CPU engine.
 //! - `bench_serve.rs`: TTFT, inter-token latency and tok/s of the suite beside the engine.
 //! - `bench_fair.rs`: one tenant's TTFT beside another's flood; no stream waits for another.
+//! - `bench_prefix.rs`: the prefix cache's speed-up, and its invisibility across tenants.
+//! - `bench_chat.rs`: multi-turn chat TTFT per turn beside llama-server's prompt cache.
 //! - `chaos.rs`: a bounded abort storm with a cross-tenant marker check (staging only).
 
+mod bench_chat;
 mod bench_engine;
 mod bench_fair;
+mod bench_prefix;
 mod bench_serve;
 mod chaos;
 mod children;
@@ -90,6 +94,12 @@ enum BenchCommand {
     /// Tenant B's p90 TTFT alone and beside tenant A's flood of long requests, and every
     /// stream's largest inter-token gap with more streams than decode's batch.
     Fairness(bench_fair::BenchFairArgs),
+    /// The prefix cache: a tenant's speed-up on its repeated prefix, and whether another tenant
+    /// sending that prefix can tell (TTFT distributions, Kolmogorov-Smirnov).
+    Prefix(bench_prefix::BenchPrefixArgs),
+    /// Multi-turn chat (growing history), time to first token per turn, beside llama-server
+    /// with its prompt cache.
+    Chat(bench_chat::BenchChatArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -115,6 +125,8 @@ fn main() -> anyhow::Result<()> {
             BenchCommand::Engine(a) => bench_engine::run(a),
             BenchCommand::Serve(a) => bench_serve::run(a),
             BenchCommand::Fairness(a) => bench_fair::run(a),
+            BenchCommand::Prefix(a) => bench_prefix::run(a),
+            BenchCommand::Chat(a) => bench_chat::run(a),
         },
     }
 }

@@ -50,14 +50,13 @@ pub struct UpArgs {
     /// Advertised context length (default: the model's).
     #[arg(long)]
     pub context_length: Option<usize>,
-    /// Write grant lifetime in ms. CPU prefill of a long prompt on a small machine can take
-    /// minutes; the workers' 30 s default would expire its grant mid-transfer.
-    #[arg(long, default_value_t = 300_000)]
-    pub grant_ttl_ms: u64,
-    /// How often the auditor runs its light canary sweep, as every dev tenant (`0`: only on
+    /// Write grant lifetime. CPU prefill of a long prompt on a small machine can take minutes.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub grant_ttl: Duration,
+    /// How often the auditor runs its light canary sweep, as every dev tenant (`0s`: only on
     /// demand, from its Probes page or with `pagewarden probe`).
-    #[arg(long, default_value = "3m")]
-    pub probe_interval: String,
+    #[arg(long, value_name = "DURATION", default_value = "3m", value_parser = humantime::parse_duration)]
+    pub probe_interval: Duration,
     /// Seconds each service may take to start (model load included).
     #[arg(long, default_value_t = 300)]
     pub start_timeout_s: u64,
@@ -255,8 +254,8 @@ fn print_commands(
         auditor_config: devsecrets::auditor_config(dir),
         router_addr: args.router_addr,
         auditor_addr: args.auditor_addr,
-        probe_interval: args.probe_interval.clone(),
-        grant_ttl_ms: args.grant_ttl_ms,
+        probe_interval: args.probe_interval,
+        grant_ttl: args.grant_ttl,
         pool_tokens: args.pool_tokens,
         context_length: args.context_length,
         auditor_grpc: Some("http://127.0.0.1:0".into()),
@@ -325,8 +324,8 @@ async fn start_all(
         auditor_config: devsecrets::auditor_config(dir),
         router_addr,
         auditor_addr,
-        probe_interval: up.probe_interval.clone(),
-        grant_ttl_ms: up.grant_ttl_ms,
+        probe_interval: up.probe_interval,
+        grant_ttl: up.grant_ttl,
         pool_tokens: up.pool_tokens,
         context_length: up.context_length,
         auditor_grpc: None,

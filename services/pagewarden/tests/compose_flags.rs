@@ -563,7 +563,7 @@ fn install_credentials(root: &Path) {
 
 #[test]
 fn example_config_files_load_with_the_services_own_loaders() {
-    use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
+    use pagewarden_common::worker_config::{WorkerConfig, WorkerDefaults, WorkerFlags};
     let clis = clis();
     let dir = repo().join("compose/systemd");
     let root = tempfile::tempdir().unwrap();

@@ -36,7 +36,7 @@ pub struct GateConfig {
     pub max_running: usize,
     /// Jobs waiting at most (`--max-queue`).
     pub max_queue: usize,
-    /// Longest wait (`--queue-timeout-ms`).
+    /// Longest wait (`--queue-timeout`).
     pub queue_timeout: Duration,
 }
 
@@ -198,7 +198,7 @@ impl Gate {
                     continue;
                 }
                 let page_size = self.pool.layout().page_size;
-                let free = self.pool.stats().free;
+                let free = self.pool.available_pages();
                 let slot_free = inner.running < self.cfg.max_running;
                 let Inner {
                     queue, by_tenant, ..

@@ -1,6 +1,7 @@
 //! Parsing the wire request: the request reference, the decode worker's write grant and the
 //! sampling parameters. Nothing past this module sees an unparsed message.
 
+use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_model::SamplingParams;
 use pagewarden_proto::v1 as pb;
@@ -18,6 +19,8 @@ pub struct ValidPrefill {
     pub prompt: Vec<u32>,
     pub grant: ReceivedGrant,
     pub sampling: SamplingParams,
+    /// The prefix-cache namespace the router derived; `None`: no caching for this request.
+    pub namespace: Option<Namespace>,
 }
 
 /// Parses the whole request. `admit` runs (I3) as soon as the lengths are known, before the
@@ -55,6 +58,15 @@ pub fn parse(
             m.prompt_tokens.len()
         )));
     }
+    let namespace = match m.namespace.len() {
+        0 => None,
+        _ => Some(Namespace::from_wire(&m.namespace).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "namespace has {} bytes; a namespace has 32",
+                m.namespace.len()
+            ))
+        })?),
+    };
     Ok(ValidPrefill {
         req,
         attempt,
@@ -63,5 +75,6 @@ pub fn parse(
         prompt: m.prompt_tokens,
         grant,
         sampling,
+        namespace,
     })
 }

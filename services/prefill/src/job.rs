@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pagewarden_common::metrics::WorkerMetrics;
-use pagewarden_kvcache::{KvPool, Owner, ReadablePages};
+use pagewarden_kvcache::{KvPool, Owner, ReadablePages, SharedPages};
 use pagewarden_model::{Model, Sampled, Sampler};
 use pagewarden_proto::v1 as pb;
 use pagewarden_worker::{wire, Compute, WorkerError};
@@ -51,9 +51,13 @@ pub async fn run(
         request: job.req,
         tenant: job.tenant.clone(),
     };
+    // The cached prefix is pinned before the wait for pages, so the wait is for the rest only
+    // and the prefix cannot be evicted meanwhile.
+    let prefix = pin_prefix(&deps, &job);
+    let cached = prefix.as_ref().map_or(0, |p| p.len());
     let admitted = deps
         .gate
-        .admit(owner, job.weight, job.prompt.len(), &cancel)
+        .admit(owner, job.weight, job.prompt.len() - cached, &cancel)
         .await;
     let Admitted { pages, slot } = match admitted {
         Ok(a) => a,
@@ -62,29 +66,48 @@ pub async fn run(
             return Err(refused.into());
         }
     };
-    let result = compute_and_send(&deps, &job, pages, &cancel).await;
+    let result = compute_and_send(&deps, &job, prefix, pages, &cancel).await;
     // The pages were dropped inside: the next waiter finds them free.
     drop(slot);
     result
 }
 
+/// The longest cached prefix of the prompt in the request's namespace, pinned; `None` when
+/// the request has no namespace or this engine does not attend over cached pages. The last
+/// prompt token is always computed: its logits give the first token.
+fn pin_prefix(deps: &JobDeps, job: &ValidPrefill) -> Option<Arc<SharedPages>> {
+    let ns = job.namespace.as_ref()?;
+    if !deps.compute.caches_prefixes() || job.prompt.is_empty() {
+        return None;
+    }
+    let prefix = deps
+        .pool
+        .pin_prefix(ns, &job.prompt[..job.prompt.len() - 1]);
+    deps.metrics
+        .prefix_lookup(&job.tenant, job.prompt.len(), prefix.len());
+    Some(Arc::new(prefix))
+}
+
 /// The forward pass over the admitted pages, chunk by chunk, with the pages each chunk
-/// completes streamed to decode meanwhile; the pages are released when this returns.
+/// completes streamed to decode meanwhile. The full prompt pages then join the prefix cache
+/// (when the request has a namespace); the rest are released when this returns.
 async fn compute_and_send(
     deps: &Arc<JobDeps>,
     job: &ValidPrefill,
+    prefix: Option<Arc<SharedPages>>,
     pages: ReadablePages,
     cancel: &CancellationToken,
 ) -> Result<pb::PrefillReply, WorkerError> {
     let started = Instant::now();
-    let mut out = match Outbound::open(deps, job).await {
+    let cached = prefix.as_ref().map_or(0, |p| p.len());
+    let mut out = match Outbound::open(deps, job, prefix.clone()).await {
         Ok(out) => out,
         Err(s) => {
             abandon_grant(deps, job).await;
             return Err(s);
         }
     };
-    let (pages, first) = match compute(deps, job, pages, &mut out, cancel).await {
+    let (pages, first) = match compute(deps, job, prefix.clone(), pages, &mut out, cancel).await {
         Ok(done) => done,
         Err(Failure::Compute(s)) => {
             out.abort().await;
@@ -96,7 +119,16 @@ async fn compute_and_send(
         .observe_prefill(started.elapsed().as_secs_f64());
     let t0 = Instant::now();
     let (manifest, bytes) = out.finish(&pages, cancel).await?;
-    drop(pages);
+    if let Some(prefix) = prefix {
+        let published = pages.publish_prefix(&prefix, &job.prompt);
+        deps.metrics.prefix_published(
+            &job.tenant,
+            published.evicted,
+            deps.pool.cached_pages(prefix.namespace()),
+        );
+    } else {
+        drop(pages);
+    }
     // What the transfer added after the forward pass: the pipeline hides the rest.
     let secs = t0.elapsed();
     deps.metrics.observe_transfer(bytes, secs.as_secs_f64());
@@ -107,6 +139,7 @@ async fn compute_and_send(
         transfer_bytes: bytes,
         transfer_micros: secs.as_micros() as u64,
         first_logprobs: first.logprobs.as_ref().map(wire::logprobs),
+        cached_tokens: cached as u32,
     })
 }
 
@@ -133,6 +166,7 @@ enum Failure {
 async fn compute(
     deps: &Arc<JobDeps>,
     job: &ValidPrefill,
+    prefix: Option<Arc<SharedPages>>,
     mut pages: ReadablePages,
     out: &mut Outbound<'_>,
     cancel: &CancellationToken,
@@ -140,13 +174,15 @@ async fn compute(
     let page_size = deps.pool.layout().page_size;
     let pass = deps.compute.yield_tokens(deps.chunk_tokens);
     let mut logits = Vec::new();
-    let mut done = 0;
+    // The cached prefix's positions are done: its pages go to decode with the first batch.
+    let mut done = prefix.as_ref().map_or(0, |p| p.len());
     while done < job.prompt.len() {
         let turn = tokio::select! {
             t = deps.turns.take(&job.tenant, job.weight) => t,
             () = cancel.cancelled() => return Err(Failure::Compute(cancelled())),
         };
         let d = deps.clone();
+        let prefix = prefix.clone();
         let tenant = job.tenant.clone();
         let chunk = job.prompt[done..(done + deps.chunk_tokens).min(job.prompt.len())].to_vec();
         let (back, ran, result) = tokio::task::spawn_blocking(move || {
@@ -164,7 +200,7 @@ async fn compute(
                     pass.max((done + ran) / 8)
                 };
                 let part = &chunk[ran..(ran + n).min(chunk.len())];
-                result = d.compute.prefill(&mut pages, part);
+                result = d.compute.prefill_after(prefix.as_deref(), &mut pages, part);
                 ran += part.len();
                 if result.is_err() || d.turns.contended(&tenant) {
                     break;

@@ -24,15 +24,17 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use pagewarden_common::config::{WorkerConfig, WorkerDefaults, WorkerFlags};
+use pagewarden_common::config::layered;
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown;
+use pagewarden_common::worker_config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_kernels::Device;
 use pagewarden_proto::v1::prefill_server::PrefillServer;
 use pagewarden_transfer::{EngineConfig, ListenOptions, TcpBackend};
 use pagewarden_worker::{
     auditor_client, Compute, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, Role,
 };
+use serde::{Deserialize, Serialize};
 
 /// This worker, for messages, telemetry and the auditor.
 const ROLE: Role = Role {
@@ -42,34 +44,47 @@ const ROLE: Role = Role {
 };
 
 /// The prefill worker: runs prompts and writes their KV into decode's granted pages.
-#[derive(Parser, Debug)]
+///
+/// Its settings are these flags, the keys of the `--config` file and the `PAGEWARDEN_PREFILL_*` variables,
+/// merged by the suite's one configuration layer.
+#[derive(Parser, Debug, Default, Serialize, Deserialize)]
 #[command(name = "pagewarden-prefill", version)]
+// Unknown keys are refused by `WorkerFlags`, which sees every key this struct does not take (a
+// second check here would misread the keys `WorkerFlags` takes as unknown).
+#[serde(default)]
 pub struct Cli {
     #[command(flatten)]
+    #[serde(flatten)]
     pub flags: WorkerFlags,
     /// The auditor's gRPC URL: integrity events and the preflight report go there.
     #[arg(long, env = "PAGEWARDEN_AUDITOR")]
     pub auditor: Option<String>,
-    /// Pages per transfer batch.
-    #[arg(long, default_value_t = 16)]
-    pub batch_pages: usize,
+    /// Pages per transfer batch (default 16).
+    #[arg(long)]
+    pub batch_pages: Option<usize>,
     /// Where the model runs and the KV pages' data lives: `cpu` or `cuda:N` (GPU N; needs a
     /// build with `--features pagewarden-prefill/cuda` and the NVIDIA driver).
-    #[arg(long, env = "PAGEWARDEN_DEVICE", default_value = "cpu")]
-    pub device: Device,
+    /// Default `cpu`.
+    #[arg(long, env = "PAGEWARDEN_DEVICE")]
+    #[serde(with = "pagewarden_common::config::text")]
+    pub device: Option<Device>,
 }
 
 /// Runs the worker until SIGTERM or Ctrl-C, then drains and returns.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let defaults = WorkerDefaults::prefill();
+    let cli: Cli = layered(&cli, cli.flags.config.as_deref(), defaults.env_prefix)?;
     let auditor_url = cli.auditor.as_deref();
-    pagewarden_worker::check_device(cli.device, &ROLE)?;
-    let cfg = WorkerConfig::resolve(cli.flags, WorkerDefaults::prefill())?;
+    let device = cli.device.unwrap_or_default();
+    let batch_pages = cli.batch_pages.unwrap_or(16);
+    pagewarden_worker::check_device(device, &ROLE)?;
+    let cfg = WorkerConfig::from_settings(cli.flags.clone(), defaults)?;
     let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
     // Every internal client of this process (the auditor's) presents this identity.
     pagewarden_common::tls::install_client_tls(cfg.tls.clone());
     let shutdown = shutdown::on_signal();
     let (loaded, compute) = {
-        let (job_cfg, device, batch_pages) = (cfg.clone(), cli.device, cli.batch_pages);
+        let job_cfg = cfg.clone();
         pagewarden_worker::start_up(&ROLE, auditor_url, &cfg.node_id, move || {
             let cfg = job_cfg;
             // On a GPU the host pool only owns the pages (their data lives on the device), so
@@ -79,6 +94,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 zero_on_release: cfg.zero_on_release && device == Device::Cpu,
                 // Prefill allocates its pages locally: nothing is ever committed into them.
                 commit_rehash: false,
+                // Cached pages are attended over from host memory.
+                prefix_cache: device == Device::Cpu,
             };
             let loaded = pagewarden_worker::load(&cfg, pool)?;
             let gpu = GpuOptions {
@@ -122,7 +139,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         ),
         metrics: metrics.clone(),
         chunk_tokens: cfg.chunk_tokens,
-        batch_pages: cli.batch_pages,
+        batch_pages,
         turns: turns::Turns::default(),
         model: loaded.model.clone(),
     });

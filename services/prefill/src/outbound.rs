@@ -10,9 +10,10 @@
 //! ```
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
-use pagewarden_kvcache::{CommitManifest, GrantKey, ReadablePages};
+use pagewarden_kvcache::{CommitManifest, GrantKey, ReadablePages, SharedPages};
 use pagewarden_transfer::{
     BatchHandle, BatchStatus, ManifestBuilder, PageWriteReq, SegmentId, TransferBackend,
 };
@@ -31,10 +32,12 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// (bounds the page copies held for the wire).
 const MAX_IN_FLIGHT: usize = 4;
 
-/// The pages of one job's grant, sent as they become final.
+/// The pages of one job's grant, sent as they become final: a cached prefix's pinned pages
+/// first (grant pages `0..prefix.len() / page_size`), then the job's own.
 pub struct Outbound<'a> {
     deps: &'a JobDeps,
     job: &'a ValidPrefill,
+    prefix: Option<Arc<SharedPages>>,
     seg: SegmentId,
     manifest: ManifestBuilder,
     bytes: u64,
@@ -46,11 +49,16 @@ pub struct Outbound<'a> {
 
 impl<'a> Outbound<'a> {
     /// Connects to the grant's decode transfer listener (an open connection is reused).
-    pub async fn open(deps: &'a JobDeps, job: &'a ValidPrefill) -> Result<Self, WorkerError> {
+    pub async fn open(
+        deps: &'a JobDeps,
+        job: &'a ValidPrefill,
+        prefix: Option<Arc<SharedPages>>,
+    ) -> Result<Self, WorkerError> {
         let seg = open_grant(deps, &job.grant).await?;
         Ok(Self {
             deps,
             job,
+            prefix,
             seg,
             manifest: ManifestBuilder::new(job.grant.key),
             bytes: 0,
@@ -59,7 +67,7 @@ impl<'a> Outbound<'a> {
         })
     }
 
-    /// Sends pages up to (not including) `upto` that are not sent yet, in batches, waiting for
+    /// Sends grant pages up to (not including) `upto` that are not sent yet, in batches, waiting for
     /// the oldest batches when too many are in flight. On an error the grant is already ended.
     pub async fn send_upto(
         &mut self,
@@ -126,15 +134,26 @@ impl<'a> Outbound<'a> {
         .await;
     }
 
-    /// Submits the pages `batch` (generation-checked bytes: host memory on the CPU, device to
-    /// pinned host on a GPU).
+    /// Submits the grant pages `batch` (generation-checked bytes: host memory on the CPU,
+    /// device to pinned host on a GPU), each from the prefix's pages or the job's own.
     fn submit(&mut self, pages: &ReadablePages, batch: &[usize]) -> Result<(), WorkerError> {
         let g = &self.job.grant;
-        let frames = self
-            .deps
-            .compute
-            .frames(pages, batch)
-            .map_err(|e| WorkerError::Internal(e.to_string()))?;
+        let compute = &self.deps.compute;
+        let shared = self.prefix.as_ref().map_or(0, |p| p.table().len());
+        let (cached, own): (Vec<usize>, Vec<usize>) = batch.iter().partition(|&&i| i < shared);
+        let own: Vec<usize> = own.into_iter().map(|i| i - shared).collect();
+        let mut frames = match &self.prefix {
+            Some(p) if !cached.is_empty() => compute.prefix_frames(p, &cached),
+            _ => Ok(Vec::new()),
+        }
+        .map_err(|e| WorkerError::Internal(e.to_string()))?;
+        if !own.is_empty() {
+            frames.extend(
+                compute
+                    .frames(pages, &own)
+                    .map_err(|e| WorkerError::Internal(e.to_string()))?,
+            );
+        }
         let reqs: Vec<PageWriteReq> = batch
             .iter()
             .zip(frames)

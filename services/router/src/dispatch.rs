@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_model::{FinishReason, Grammar};
 use pagewarden_proto::v1::sampling_params::Grammar as WireGrammar;
@@ -27,6 +28,7 @@ use crate::admission::Admitted;
 use crate::error::{from_status, Half, RouterError};
 use crate::guard::{AbortGuard, AbortReason};
 use crate::metrics::Metrics;
+use crate::openai::Usage;
 use crate::telemetry::traced;
 use crate::token_rate::TokenMeter;
 use crate::validation::ValidSampling;
@@ -68,6 +70,8 @@ pub struct Job {
     pub arrived: Instant,
     /// The tenant's weight in the workers' queues (the tenants file's `weight`).
     pub weight: u32,
+    /// The tenant's prefix-cache namespace (prefill reuses cached KV only within it).
+    pub namespace: Namespace,
     /// Charges the tenant's relayed completion tokens to its tokens-per-minute budget.
     pub meter: TokenMeter,
 }
@@ -105,6 +109,8 @@ pub struct Flight {
     metrics: Arc<Metrics>,
     span: tracing::Span,
     completion_tokens: u32,
+    /// Prompt tokens whose KV prefill took from its prefix cache.
+    cached_tokens: u32,
     last_token_at: Option<Instant>,
     ttft: Option<Duration>,
 }
@@ -151,6 +157,7 @@ impl Flight {
             metrics,
             span,
             completion_tokens: 0,
+            cached_tokens: 0,
             last_token_at: None,
             ttft: None,
         })
@@ -176,6 +183,16 @@ impl Flight {
     /// Prompt tokens.
     pub fn prompt_tokens(&self) -> u32 {
         self.job.admitted.prompt.len() as u32
+    }
+
+    /// The response's `usage` so far: prompt tokens (and how many of them came from the
+    /// prefix cache) and completion tokens.
+    pub fn usage(&self) -> Usage {
+        Usage::new(
+            self.prompt_tokens(),
+            self.completion_tokens,
+            self.cached_tokens,
+        )
     }
 
     /// When the HTTP request arrived.
@@ -376,6 +393,7 @@ impl Flight {
             grant: Some(grant),
             sampling: Some(self.sampling()),
             tenant_weight: self.job.weight,
+            namespace: self.job.namespace.as_bytes().to_vec(),
         };
         let mut client = self.prefill.worker().prefill();
         let reply = self
@@ -389,6 +407,7 @@ impl Flight {
             self.guard.set_reason(AbortReason::PrefillFailed);
             return Err(missing(Half::Prefill, "manifest"));
         }
+        self.cached_tokens = reply.cached_tokens.min(self.prompt_tokens());
         Ok(reply)
     }
 

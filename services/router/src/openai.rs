@@ -42,15 +42,26 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// The sum.
     pub total_tokens: u32,
+    /// Of the prompt tokens, those served from the prefix cache.
+    #[serde(default)]
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`, as OpenAI's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV came from the tenant's prefix cache instead of being computed.
+    pub cached_tokens: u32,
 }
 
 impl Usage {
     /// Builds the sum.
-    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+    pub fn new(prompt_tokens: u32, completion_tokens: u32, cached_tokens: u32) -> Self {
         Self {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens },
         }
     }
 }

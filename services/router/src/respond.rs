@@ -17,7 +17,7 @@ use crate::dispatch::{Flight, Job, Token};
 use crate::error::RouterError;
 use crate::logprobs::LogprobsRenderer;
 use crate::metrics::Outcome;
-use crate::openai::{Endpoint, ResponseMeta, Usage};
+use crate::openai::{Endpoint, ResponseMeta};
 use crate::record::{Record, Slot};
 use crate::sample::ResponseSample;
 use crate::server::AppState;
@@ -48,7 +48,7 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
         Ok(Started::Stream(s)) => sse::response(s, record),
         Ok(Started::Full(mut s)) => match collect(&mut s).await {
             Ok((text, finish, logprobs)) => {
-                let usage = Usage::new(s.flight.prompt_tokens(), s.flight.completion_tokens());
+                let usage = s.flight.usage();
                 record.set(outcome_of_finish(finish));
                 finished(state, &s, &text, finish);
                 let logprobs = s.render_logprobs(&logprobs);
@@ -126,6 +126,7 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
         p.tenant.clone(),
         limits.tokens_per_minute,
     );
+    let namespace = state.tenants.namespace(&p.tenant);
     let job = Job {
         id: RequestId::random(),
         tenant: p.tenant,
@@ -133,6 +134,7 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
         sampling: p.common.sampling,
         arrived: p.arrived,
         weight: limits.weight,
+        namespace,
         meter,
     };
     let mut flight = Flight::start(

@@ -106,7 +106,7 @@ impl AppState {
         let tenants = Tenants::load(cfg.tenants.clone())?;
         let frontend = match &cfg.model {
             ModelSource::File(path) => Frontend::load(path, cfg.served_model_name.clone())?,
-            ModelSource::Tiny(seed) => Frontend::tiny(
+            ModelSource::TinyTest(seed) => Frontend::tiny(
                 *seed,
                 cfg.served_model_name
                     .clone()

@@ -16,7 +16,7 @@ use futures::stream::{self, Stream, StreamExt};
 use pagewarden_proto::v1::Logprobs;
 
 use crate::dispatch::Token;
-use crate::openai::Usage;
+
 use crate::record::Record;
 use crate::respond::{finished, outcome_of_finish, Streaming};
 
@@ -53,10 +53,7 @@ impl State {
         self.queue.push_back(json_event(&chunk));
         if let Some(finish) = token.finish {
             if self.s.include_usage {
-                let usage = Usage::new(
-                    self.s.flight.prompt_tokens(),
-                    self.s.flight.completion_tokens(),
-                );
+                let usage = self.s.flight.usage();
                 self.queue
                     .push_back(json_event(&self.s.meta.usage_chunk(usage)));
             }

@@ -12,6 +12,7 @@ use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use pagewarden_common::namespace::{Namespace, NamespaceSecret};
 use pagewarden_common::tenants::{KeyTable, TenantEntry, TenantLimits, TenantsFile};
 use pagewarden_common::TenantId;
 
@@ -42,11 +43,15 @@ impl TenantSource {
     }
 }
 
-/// The live key table.
+/// The live key table, and the secret prefix-cache namespaces are derived under.
 #[derive(Debug)]
 pub struct Tenants {
     table: RwLock<Arc<KeyTable>>,
     source: TenantSource,
+    /// Drawn at start: the namespaces this router derives are its own (a restarted router
+    /// starts cold, and two routers never share cached prefixes), and nobody else can compute
+    /// one (I10).
+    secret: NamespaceSecret,
 }
 
 impl Tenants {
@@ -55,6 +60,7 @@ impl Tenants {
         Ok(Self {
             table: RwLock::new(Arc::new(source.load()?)),
             source,
+            secret: NamespaceSecret::random(&mut rand::rng()),
         })
     }
 
@@ -84,6 +90,12 @@ impl Tenants {
     /// The tenant's weight and limits (defaults for a tenant without an entry).
     pub fn limits(&self, tenant: &TenantId) -> TenantLimits {
         self.current().limits(tenant)
+    }
+
+    /// The tenant's prefix-cache namespace: the shared one the tenants file places it in,
+    /// else its own. Derived here, never taken from a request (I10).
+    pub fn namespace(&self, tenant: &TenantId) -> Namespace {
+        self.current().namespace(tenant, &self.secret)
     }
 
     /// Number of keys.

@@ -7,7 +7,7 @@
 //! (for operators' tooling). A certificate is only believed once its chain reached the suite
 //! CA during the handshake.
 //!
-//! - `settings.rs`: `TlsFlags`/`TlsKeys` (flags and TOML keys), `InternalTls` (loaded PEMs),
+//! - `settings.rs`: `TlsFlags` (flags and TOML keys), `InternalTls` (loaded PEMs),
 //!   the plaintext-listener refusal.
 //! - `peer.rs`: `peer_roles` (roles of a verified peer certificate) and `RequireRole`, the
 //!   per-RPC tower layer every gRPC server wears.
@@ -27,7 +27,7 @@ pub use endpoint::{client_tls, endpoint, install_client_tls, EndpointError};
 pub use peer::{peer_roles, peer_roles_of_request, RequireRole, RequireRoleService, RolePolicy};
 pub use rustls_config::{rustls_client_config, rustls_server_config, RustlsError};
 pub use settings::{
-    refuse_plaintext, InternalTls, PlaintextRefused, TlsError, TlsFlags, TlsKeys, TlsMaterial,
+    refuse_plaintext, InternalTls, PlaintextRefused, TlsError, TlsFlags, TlsMaterial,
 };
 
 /// The DNS suffix under which every role's name lives.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 use super::{peer_roles, SuiteRole};
@@ -16,8 +16,9 @@ use super::{peer_roles, SuiteRole};
 /// How long a TLS handshake on an internal listener may take before the socket is closed.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Internal TLS flags, shared by every service (flatten into the service's clap parser).
-#[derive(clap::Args, Debug, Clone, Default)]
+/// Internal TLS flags, shared by every service (flatten into the service's clap parser and,
+/// as the keys `tls_ca`, `tls_cert`, `tls_key`, into its settings).
+#[derive(clap::Args, Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TlsFlags {
     /// PEM file of the suite CA: every internal peer must present a certificate it signed.
     #[arg(long, value_name = "FILE")]
@@ -28,29 +29,6 @@ pub struct TlsFlags {
     /// PEM private key of `--tls-cert`.
     #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
-}
-
-/// The same settings as TOML keys (`tls_ca`, `tls_cert`, `tls_key`).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsKeys {
-    /// See [`TlsFlags::tls_ca`].
-    pub tls_ca: Option<PathBuf>,
-    /// See [`TlsFlags::tls_cert`].
-    pub tls_cert: Option<PathBuf>,
-    /// See [`TlsFlags::tls_key`].
-    pub tls_key: Option<PathBuf>,
-}
-
-impl TlsFlags {
-    /// Flags over the file's keys: a flag given wins, the file fills the rest.
-    pub fn over(self, file: TlsKeys) -> TlsFlags {
-        TlsFlags {
-            tls_ca: self.tls_ca.or(file.tls_ca),
-            tls_cert: self.tls_cert.or(file.tls_cert),
-            tls_key: self.tls_key.or(file.tls_key),
-        }
-    }
 }
 
 /// The TLS settings could not be used.

@@ -12,18 +12,20 @@ use pagewarden_kernels::norm::rms_norm;
 use pagewarden_kernels::quant::dequantize_row;
 use pagewarden_kernels::rope::Rope;
 use pagewarden_kernels::{matmul, matmul_many, paged_attention, AttnGeometry, KvBlock, QMatrix};
-use pagewarden_kvcache::ReadablePages;
+use pagewarden_kvcache::{ReadablePages, SharedPages};
 
 use super::{Model, ModelError};
 use crate::arch::{Arch, LayerExtra};
 use crate::config::LlamaConfig;
 use crate::weights::LayerWeights;
 
-/// One sequence's share of a forward pass.
+/// One sequence's share of a forward pass. Its KV is a cached prefix's read-only pages (none
+/// outside prefill's prefix cache), then its own pages, which this pass writes.
 pub(crate) struct SeqWork<'p> {
+    prefix: Option<&'p SharedPages>,
     pages: &'p mut ReadablePages,
     tokens: &'p [u32],
-    /// Position of `tokens[0]` (the sequence's length before this pass).
+    /// Position of `tokens[0]` (the sequence's length before this pass, prefix included).
     start: usize,
     /// First row of this sequence in the batch.
     row0: usize,
@@ -32,8 +34,18 @@ pub(crate) struct SeqWork<'p> {
 
 impl<'p> SeqWork<'p> {
     pub(crate) fn new(pages: &'p mut ReadablePages, tokens: &'p [u32]) -> SeqWork<'p> {
-        let start = pages.len();
+        Self::after(None, pages, tokens)
+    }
+
+    /// A sequence whose first `prefix.len()` positions are the pinned pages of `prefix`.
+    pub(crate) fn after(
+        prefix: Option<&'p SharedPages>,
+        pages: &'p mut ReadablePages,
+        tokens: &'p [u32],
+    ) -> SeqWork<'p> {
+        let start = prefix.map_or(0, SharedPages::len) + pages.len();
         SeqWork {
+            prefix,
             pages,
             tokens,
             start,
@@ -44,6 +56,22 @@ impl<'p> SeqWork<'p> {
 
     fn ok(&self) -> bool {
         self.error.is_none()
+    }
+
+    /// Positions held by the prefix's pages (whole pages).
+    fn prefix_tokens(&self) -> usize {
+        self.prefix.map_or(0, SharedPages::len)
+    }
+
+    /// The K and V blocks of `layer` in the sequence's page `pg`, prefix pages first; every
+    /// read is generation-checked (I1).
+    fn layer_block(&self, layer: usize, pg: usize) -> Result<KvBlock<'_>, ModelError> {
+        let shared = self.prefix.map_or(0, |p| p.table().len());
+        let (k, v) = match self.prefix {
+            Some(p) if pg < shared => p.layer_block(layer, pg)?,
+            _ => self.pages.layer_block(layer, pg - shared)?,
+        };
+        Ok(KvBlock { k, v })
     }
 }
 
@@ -190,7 +218,8 @@ impl Model {
             .map(|s| match s.error.take() {
                 Some(e) => Err(e),
                 None => {
-                    s.pages.set_len(s.start + s.tokens.len());
+                    s.pages
+                        .set_len(s.start + s.tokens.len() - s.prefix_tokens());
                     Ok(live_logits
                         .next()
                         .expect("one row per live sequence")
@@ -268,7 +297,10 @@ impl Model {
                 context: cfg.context_length,
             });
         }
-        s.pages.grow(end).err().map(ModelError::from)
+        s.pages
+            .grow(end - s.prefix_tokens())
+            .err()
+            .map(ModelError::from)
     }
 
     /// Writes this sequence's K/V rows for layer `l` into its pages, then attends over every
@@ -283,24 +315,23 @@ impl Model {
         let cfg = &self.config;
         let (qw, kvw) = (cfg.q_width(), cfg.kv_width());
         let n = s.tokens.len();
-        // admit() grew the pages, so the table is non-empty.
         let geo = &AttnGeometry {
             heads: cfg.heads,
             kv_heads: cfg.kv_heads,
             head_dim: cfg.head_dim,
-            page_size: s.pages.capacity() / s.pages.table().len(),
+            page_size: s.pages.layout().page_size,
             window,
         };
         for i in 0..n {
             let r = s.row0 + i;
-            let (kr, vr) = s.pages.kv_row_mut(l, s.start + i)?;
+            let (kr, vr) = s.pages.kv_row_mut(l, s.start + i - s.prefix_tokens())?;
             to_f16(&p.k[r * kvw..(r + 1) * kvw], kr);
             to_f16(&p.v[r * kvw..(r + 1) * kvw], vr);
         }
         let end = s.start + n;
         let pages = end.div_ceil(geo.page_size);
         let blocks = (0..pages)
-            .map(|pg| s.pages.layer_block(l, pg).map(|(k, v)| KvBlock { k, v }))
+            .map(|pg| s.layer_block(l, pg))
             .collect::<Result<Vec<_>, _>>()?;
         let r0 = s.row0;
         let (q, out) = (

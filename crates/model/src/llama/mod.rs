@@ -10,7 +10,7 @@ pub(crate) mod forward;
 use std::path::Path;
 
 use pagewarden_kernels::{Isa, PackedRows, Parallel};
-use pagewarden_kvcache::{KvLayout, ReadablePages};
+use pagewarden_kvcache::{KvLayout, ReadablePages, SharedPages};
 
 pub use error::ModelError;
 
@@ -161,11 +161,24 @@ impl Model {
     /// their K/V into `seq`'s pages (growing them) and reading earlier KV only through `seq`
     /// (generation-checked). Returns the logits of the last position.
     pub fn prefill(&self, seq: &mut ReadablePages, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.prefill_after(None, seq, tokens)
+    }
+
+    /// As [`Model::prefill`], for a sequence whose first `prefix.len()` positions are a cached
+    /// prefix's read-only pages: `tokens` run at positions `[prefix.len() + seq.len(), ...)`,
+    /// attending over the prefix's pages and then `seq`'s, and only `seq` is written.
+    pub fn prefill_after(
+        &self,
+        prefix: Option<&SharedPages>,
+        seq: &mut ReadablePages,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::EmptyInput);
         }
         // Refuse the whole prompt before any chunk runs (no partial prefill).
-        let end = seq.len() + tokens.len();
+        let before = prefix.map_or(0, SharedPages::len);
+        let end = before + seq.len() + tokens.len();
         if end > self.config.context_length {
             return Err(ModelError::ContextExceeded {
                 tokens: end,
@@ -178,10 +191,10 @@ impl Model {
                 vocab: self.config.vocab,
             });
         }
-        seq.grow(end)?;
+        seq.grow(end - before)?;
         let mut logits = Vec::new();
         for chunk in tokens.chunks(self.opts.prefill_chunk) {
-            let mut work = [SeqWork::new(&mut *seq, chunk)];
+            let mut work = [SeqWork::after(prefix, &mut *seq, chunk)];
             logits = self.forward(&mut work).pop().expect("one sequence")?;
         }
         Ok(logits)

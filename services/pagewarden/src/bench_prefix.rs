@@ -1,0 +1,242 @@
+//! `pagewarden bench prefix`: what the prefix cache gives a tenant, and whether another tenant
+//! can tell it is there (issue 15), through the real suite on 127.0.0.1.
+//!
+//! Each round uses prefixes nobody sent before, so every request below is its tenant's first
+//! sight of its prefix unless the text says otherwise:
+//! 1. tenant A sends prefix P (cold; this fills A's cache),
+//! 2. tenant A sends P again with another suffix: **warm**, served from A's cache,
+//! 3. tenant B sends P: **B on A's prefix**, the probe of an attacker who guessed A's prompt,
+//! 4. tenant B sends a fresh prefix Q of the same length: **cold**.
+//!
+//! Reported: the time to first token of each kind, the same-tenant speed-up (cold / warm, by
+//! median), and a two-sample Kolmogorov–Smirnov test of "B on A's prefix" against "cold": a
+//! p-value well above 0.01 means B's timings do not tell whether A sent the prompt.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use pagewarden_model::{LoadOptions, Model};
+
+use crate::bench_serve::{
+    bench_plan, pct, service_binaries, start_suite, stream_with, tenant_keys, TEXT,
+};
+use crate::children::Group;
+
+/// Arguments of `pagewarden bench prefix`.
+#[derive(Debug, Args)]
+pub struct BenchPrefixArgs {
+    /// GGUF model file.
+    #[arg(
+        long,
+        env = "PAGEWARDEN_MODEL",
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
+    pub model: PathBuf,
+    /// Tokens of each shared prefix.
+    #[arg(long, default_value_t = 2000)]
+    pub prefix_tokens: usize,
+    /// Rounds (each gives one sample of every kind).
+    #[arg(long, default_value_t = 30)]
+    pub samples: usize,
+    /// Completion tokens of each request (the time to the first one is what is measured).
+    #[arg(long, default_value_t = 2)]
+    pub max_tokens: usize,
+    /// Seconds to wait for each service's start line and for the router's /health.
+    #[arg(long, default_value_t = 120)]
+    pub start_timeout_s: u64,
+}
+
+/// Runs `pagewarden bench prefix`.
+pub fn run(a: BenchPrefixArgs) -> anyhow::Result<()> {
+    if a.samples < 2 || a.prefix_tokens < 32 {
+        anyhow::bail!("--samples must be at least 2 and --prefix-tokens at least 32");
+    }
+    let bin_dir = service_binaries()?;
+    let model = Model::load(&a.model, &LoadOptions::default())
+        .with_context(|| format!("loading model {}", a.model.display()))?;
+    let tok = model.tokenizer();
+    let prefix = |label: &str| {
+        let mut p = tok.encode(&format!("{label}. "), false);
+        let text = tok.encode(TEXT, false);
+        while p.len() < a.prefix_tokens {
+            p.extend_from_slice(&text);
+        }
+        p.truncate(a.prefix_tokens);
+        p
+    };
+    let rounds: Vec<Round> = (0..a.samples)
+        .map(|i| Round {
+            shared: prefix(&format!("Document {i} of tenant A")),
+            fresh: prefix(&format!("Document {i} of tenant B")),
+            question: tok.encode(" Summarize it in one line.", false),
+            other_question: tok.encode(" Name its topic.", false),
+        })
+        .collect();
+    drop(model);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let dir = tempfile::tempdir().context("creating a temp dir")?;
+        let keys = tenant_keys(dir.path(), ["tenant-a", "tenant-b"])?;
+        let plan = bench_plan(&bin_dir, dir.path(), &a.model)?;
+        let mut group = Group::default();
+        let res = async {
+            let api =
+                start_suite(&plan, &mut group, Duration::from_secs(a.start_timeout_s)).await?;
+            measure(&a, &api, &keys, &rounds).await
+        }
+        .await;
+        for (name, status) in group.stop_all(Duration::from_secs(10)).await {
+            if let Some(s) = status.filter(|s| !s.success() && s.code().is_some()) {
+                eprintln!("{name} stopped with {s}");
+            }
+        }
+        res
+    })
+}
+
+/// One round's prompts.
+struct Round {
+    /// A's prefix, which B also sends.
+    shared: Vec<u32>,
+    /// B's own fresh prefix.
+    fresh: Vec<u32>,
+    question: Vec<u32>,
+    other_question: Vec<u32>,
+}
+
+/// Time to first token in ms and the prompt tokens served from the cache.
+type Timed = (f64, u64);
+
+async fn measure(
+    a: &BenchPrefixArgs,
+    api: &str,
+    [key_a, key_b]: &[String; 2],
+    rounds: &[Round],
+) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let send = |key: &str, prefix: &[u32], suffix: &[u32]| {
+        let prompt: Vec<u32> = prefix.iter().chain(suffix).copied().collect();
+        let (http, key) = (http.clone(), key.to_string());
+        async move {
+            let s = stream_with(&http, api, &key, &prompt, a.max_tokens, false).await?;
+            let ttft = s.ttft.context("no token streamed")?;
+            anyhow::Ok((ttft.as_secs_f64() * 1e3, s.cached_tokens))
+        }
+    };
+    let (mut warm, mut probe, mut cold) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, r) in rounds.iter().enumerate() {
+        send(key_a, &r.shared, &r.question).await?;
+        let w: Timed = send(key_a, &r.shared, &r.other_question).await?;
+        let p: Timed = send(key_b, &r.shared, &r.question).await?;
+        let c: Timed = send(key_b, &r.fresh, &r.question).await?;
+        eprintln!(
+            "round {i:2}: warm {:7.1} ms ({} cached)  B on A's {:7.1} ms ({} cached)  cold {:7.1} ms ({} cached)",
+            w.0, w.1, p.0, p.1, c.0, c.1
+        );
+        warm.push(w);
+        probe.push(p);
+        cold.push(c);
+    }
+    let ms = |v: &[Timed]| {
+        let mut t: Vec<f64> = v.iter().map(|x| x.0).collect();
+        t.sort_by(f64::total_cmp);
+        t
+    };
+    let (warm_ms, probe_ms, cold_ms) = (ms(&warm), ms(&probe), ms(&cold));
+    let hits = |v: &[Timed]| v.iter().filter(|x| x.1 > 0).count();
+    let (d, p) = ks_two_sample(&probe_ms, &cold_ms);
+    println!(
+        "prefix cache, {} rounds of a {}-token prefix (TTFT in ms):",
+        a.samples, a.prefix_tokens
+    );
+    println!("  kind              p10      p50      p90   requests with a cache hit");
+    for (name, v, n) in [
+        ("A warm (repeat)", &warm_ms, hits(&warm)),
+        ("B on A's prefix", &probe_ms, hits(&probe)),
+        ("cold", &cold_ms, hits(&cold)),
+    ] {
+        println!(
+            "  {name:16} {:8.1} {:8.1} {:8.1}   {n}/{}",
+            pct(v, 0.1),
+            pct(v, 0.5),
+            pct(v, 0.9),
+            v.len()
+        );
+    }
+    println!(
+        "  same-tenant speed-up (cold p50 / warm p50): {:.2}x",
+        pct(&cold_ms, 0.5) / pct(&warm_ms, 0.5)
+    );
+    println!("  B on A's prefix vs cold: two-sample Kolmogorov-Smirnov D = {d:.3}, p = {p:.3}");
+    Ok(())
+}
+
+/// The two-sample Kolmogorov–Smirnov statistic of sorted samples `x` and `y`, and its
+/// asymptotic p-value (the Kolmogorov distribution with Stephens' small-sample correction).
+pub(crate) fn ks_two_sample(x: &[f64], y: &[f64]) -> (f64, f64) {
+    let (n, m) = (x.len(), y.len());
+    if n == 0 || m == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let (mut i, mut j, mut d) = (0, 0, 0f64);
+    while i < n && j < m {
+        let v = x[i].min(y[j]);
+        while i < n && x[i] <= v {
+            i += 1;
+        }
+        while j < m && y[j] <= v {
+            j += 1;
+        }
+        d = d.max((i as f64 / n as f64 - j as f64 / m as f64).abs());
+    }
+    let en = ((n * m) as f64 / (n + m) as f64).sqrt();
+    let lambda = (en + 0.12 + 0.11 / en) * d;
+    (d, kolmogorov_q(lambda))
+}
+
+/// `Q_KS(λ) = 2 Σ_{k≥1} (-1)^{k-1} e^{-2k²λ²}`, the probability that the scaled statistic
+/// exceeds `λ` under the null hypothesis.
+fn kolmogorov_q(lambda: f64) -> f64 {
+    if lambda < 1e-3 {
+        return 1.0;
+    }
+    let mut sum = 0.0;
+    for k in 1..=100 {
+        let k = k as f64;
+        let term = (-2.0 * k * k * lambda * lambda).exp();
+        sum += if k as u64 % 2 == 1 { term } else { -term };
+        if term < 1e-12 {
+            break;
+        }
+    }
+    (2.0 * sum).clamp(0.0, 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ks_matches_the_tables() {
+        // Identical samples: D = 0, p = 1.
+        let a: Vec<f64> = (0..30).map(f64::from).collect();
+        let (d, p) = ks_two_sample(&a, &a);
+        assert_eq!(d, 0.0);
+        assert!((p - 1.0).abs() < 1e-9);
+        // Disjoint samples: D = 1, p tiny.
+        let b: Vec<f64> = (100..130).map(f64::from).collect();
+        let (d, p) = ks_two_sample(&a, &b);
+        assert_eq!(d, 1.0);
+        assert!(p < 1e-6, "{p}");
+        // Q_KS(1.36) ≈ 0.049 and Q_KS(1.63) ≈ 0.010: the 5% and 1% critical values.
+        assert!((kolmogorov_q(1.36) - 0.049).abs() < 0.002);
+        assert!((kolmogorov_q(1.63) - 0.010).abs() < 0.001);
+        // Shifted by a third of the range: D = 1/3 for 30 and 30.
+        let c: Vec<f64> = (10..40).map(f64::from).collect();
+        assert!((ks_two_sample(&a, &c).0 - 1.0 / 3.0).abs() < 1e-9);
+    }
+}

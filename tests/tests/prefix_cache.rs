@@ -1,0 +1,133 @@
+//! The prefix cache through the real suite (real binaries, the real model): a tenant repeating
+//! a 2,000-token prompt prefix hits its cache (the response's
+//! `usage.prompt_tokens_details.cached_tokens` and prefill's metrics say so, and only the suffix
+//! is computed) and gets the same greedy tokens as its uncached run; another tenant sending the
+//! very same prompt hits nothing. The two halves are one test: "no hit for the other tenant"
+//! alone would also pass with the cache switched off.
+
+use pagewarden_system_tests::{api_key, start_decode, start_prefill, start_router, ModelArg};
+use serde_json::{json, Value};
+
+/// A long, deterministic shared prefix (a system prompt or a document), then a question.
+fn prompt(question: &str) -> String {
+    let (colors, animals, places) = (
+        ["red", "green", "blue", "amber", "violet"],
+        ["fox", "heron", "otter", "lynx", "badger", "crane", "hare"],
+        ["river", "market", "harbour", "orchard", "quarry", "library"],
+    );
+    let mut p = String::from("Read the log below, then answer the question.\n\n");
+    for i in 0..170 {
+        p.push_str(&format!(
+            "Entry {i}: the {} {} walked to the {} at {} o'clock.\n",
+            colors[i % colors.len()],
+            animals[i % animals.len()],
+            places[i % places.len()],
+            i % 12 + 1,
+        ));
+    }
+    p.push_str(&format!("\nQuestion: {question}\nAnswer:"));
+    p
+}
+
+struct Answer {
+    text: String,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    cached_tokens: u64,
+}
+
+async fn complete(http: &reqwest::Client, router: &str, tenant: usize, prompt: &str) -> Answer {
+    let r = http
+        .post(format!("{router}/v1/completions"))
+        .bearer_auth(api_key(tenant))
+        .json(&json!({"model": "m", "prompt": prompt, "max_tokens": 24, "temperature": 0}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.expect("json body");
+    let usage = &v["usage"];
+    Answer {
+        text: v["choices"][0]["text"].as_str().expect("text").to_string(),
+        prompt_tokens: usage["prompt_tokens"].as_u64().expect("prompt_tokens"),
+        completion_tokens: usage["completion_tokens"]
+            .as_u64()
+            .expect("completion_tokens"),
+        cached_tokens: usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("usage.prompt_tokens_details.cached_tokens"),
+    }
+}
+
+/// The value of prefill's counter `name` for `tenant` (0 when the series is absent).
+fn tenant_counter(metrics: &str, name: &str, tenant: &str) -> f64 {
+    let label = format!("tenant=\"{tenant}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_reuses_its_cached_prefix_and_another_tenant_never_does() {
+    let decode = start_decode(&ModelArg::Real, &[]);
+    let prefill = start_prefill(&ModelArg::Real, &[]);
+    let router = start_router(&ModelArg::Real, &[&decode], &[&prefill]).await;
+    let (http, url) = (reqwest::Client::new(), router.http_url());
+    let p = prompt("Which animal walked to the orchard at 4 o'clock?");
+
+    let cold = complete(&http, &url, 0, &p).await;
+    assert!(
+        cold.prompt_tokens >= 2000,
+        "{} prompt tokens",
+        cold.prompt_tokens
+    );
+    assert_eq!(
+        cold.cached_tokens, 0,
+        "nothing was cached before the first request"
+    );
+
+    let warm = complete(&http, &url, 0, &p).await;
+    // Every full page but the one holding the last token (its logits give the first token).
+    let page = 16;
+    assert!(
+        warm.cached_tokens >= cold.prompt_tokens - 2 * page,
+        "the same tenant's repeat reused only {} of {} prompt tokens",
+        warm.cached_tokens,
+        cold.prompt_tokens
+    );
+    assert_eq!(
+        (warm.text.as_str(), warm.completion_tokens),
+        (cold.text.as_str(), cold.completion_tokens),
+        "greedy output over the cached prefix differs from the uncached run"
+    );
+
+    let other = complete(&http, &url, 1, &p).await;
+    assert_eq!(
+        other.cached_tokens, 0,
+        "tenant-1 hit the prefix only tenant-0 sent"
+    );
+    assert_eq!(
+        other.text, cold.text,
+        "the same prompt, computed cold again"
+    );
+
+    // Prefill's own account: tenant-0's hits are the warm request's; tenant-1 has none.
+    let m = prefill.metrics().await;
+    let hits = "pagewarden_prefix_cache_hit_tokens_total";
+    assert_eq!(
+        tenant_counter(&m, hits, "tenant-0"),
+        warm.cached_tokens as f64
+    );
+    assert_eq!(tenant_counter(&m, hits, "tenant-1"), 0.0);
+    let queried = "pagewarden_prefix_cache_queried_tokens_total";
+    assert_eq!(
+        tenant_counter(&m, queried, "tenant-1"),
+        other.prompt_tokens as f64
+    );
+    assert!(
+        tenant_counter(&m, "pagewarden_prefix_cache_pages", "tenant-1") > 0.0,
+        "tenant-1's own pages were cached under its own namespace"
+    );
+}
