@@ -5,7 +5,8 @@
 //! turn 2, ...) as users of one server would be. Every turn resends the whole history (a long
 //! system prompt, the earlier questions and the server's own earlier answers) plus a new
 //! question, streamed, greedy. Each chat is its own tenant on Pagewarden; llama-server gets
-//! one slot per chat (`--parallel`) and keeps `cache_prompt` on. Each round runs Pagewarden,
+//! one slot per chat (`--parallel`) and keeps its prompt cache on (`cache_prompt`, its
+//! default). Each round runs Pagewarden,
 //! then llama-server, with chats neither has seen. Reported: the median time to first token
 //! per turn on each side, and their ratio.
 
@@ -15,11 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use futures::StreamExt;
 use serde_json::{json, Value};
 
-use crate::bench_serve::{bench_plan, pct, service_binaries, start_suite, tenant_keys, TEXT};
-use crate::children::Group;
+use crate::bench_serve::{for_each_event, on_suite, pct, SuiteRun, TEXT};
 
 /// Arguments of `pagewarden bench chat`.
 #[derive(Debug, Args)]
@@ -61,37 +60,25 @@ pub fn run(a: BenchChatArgs) -> anyhow::Result<()> {
     if a.conversations == 0 || a.conversations > TENANTS.len() || a.turns == 0 || a.rounds == 0 {
         bail!("--conversations must be 1 to 8, --turns and --rounds at least 1");
     }
-    let bin_dir = service_binaries()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let dir = tempfile::tempdir().context("creating a temp dir")?;
-        let keys = tenant_keys(dir.path(), TENANTS)?;
-        let plan = bench_plan(&bin_dir, dir.path(), &a.model)?;
-        let mut group = Group::default();
-        let timeout = Duration::from_secs(a.start_timeout_s);
-        let res = async {
-            let api = start_suite(&plan, &mut group, timeout).await?;
-            let mut llama = LlamaServer::start(&a, dir.path(), timeout).await?;
-            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-            for round in 0..a.rounds {
-                eprintln!("round {round}: Pagewarden");
-                ours.push(run_chats(&a, &api, Some(&keys), round).await?);
-                eprintln!("round {round}: llama-server");
-                theirs.push(run_chats(&a, &llama.url, None, round).await?);
-            }
-            llama.stop().await;
-            report(&a, &ours, &theirs);
-            anyhow::Ok(())
+    let timeout = Duration::from_secs(a.start_timeout_s);
+    let suite = SuiteRun {
+        model: &a.model,
+        tenants: TENANTS,
+        start_timeout: timeout,
+    };
+    let a = &a;
+    on_suite(suite, |api, keys, dir| async move {
+        let mut llama = LlamaServer::start(a, &dir, timeout).await?;
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for round in 0..a.rounds {
+            eprintln!("round {round}: Pagewarden");
+            ours.push(run_chats(a, &api, Some(&keys), round).await?);
+            eprintln!("round {round}: llama-server");
+            theirs.push(run_chats(a, &llama.url, None, round).await?);
         }
-        .await;
-        for (name, status) in group.stop_all(Duration::from_secs(10)).await {
-            if let Some(s) = status.filter(|s| !s.success() && s.code().is_some()) {
-                eprintln!("{name} stopped with {s}");
-            }
-        }
-        res
+        llama.stop().await;
+        report(a, &ours, &theirs);
+        Ok(())
     })
 }
 
@@ -106,6 +93,15 @@ async fn run_chats(
     round: usize,
 ) -> anyhow::Result<TurnTimes> {
     let http = reqwest::Client::new();
+    let mut models = http.get(format!("{api}/v1/models"));
+    if let Some(k) = keys {
+        models = models.bearer_auth(&k[0]);
+    }
+    let models: Value = models.send().await?.json().await?;
+    let model = models["data"][0]["id"]
+        .as_str()
+        .context("GET /v1/models named no model")?
+        .to_string();
     let mut chats: Vec<Vec<Value>> = (0..a.conversations)
         .map(|c| {
             vec![json!({
@@ -132,7 +128,7 @@ async fn run_chats(
                 ),
             }));
             let key = keys.map(|k| k[c].as_str());
-            let (ttft, answer) = chat_turn(&http, api, key, history, a.max_tokens).await?;
+            let (ttft, answer) = chat_turn(&http, api, key, &model, history, a.max_tokens).await?;
             history.push(json!({"role": "assistant", "content": answer}));
             row.push(ttft);
         }
@@ -146,16 +142,16 @@ async fn chat_turn(
     http: &reqwest::Client,
     api: &str,
     key: Option<&str>,
+    model: &str,
     messages: &[Value],
     max_tokens: usize,
 ) -> anyhow::Result<(f64, String)> {
     let body = json!({
-        "model": "m",
+        "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": true,
-        "cache_prompt": true,
     });
     let start = Instant::now();
     let mut req = http.post(format!("{api}/v1/chat/completions")).json(&body);
@@ -168,36 +164,17 @@ async fn chat_turn(
         bail!("/v1/chat/completions: {status} {}", resp.text().await?);
     }
     let (mut ttft, mut text) = (None, String::new());
-    let mut buf = Vec::<u8>::new();
-    let mut stream = resp.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        buf.extend_from_slice(&chunk.context("reading the SSE stream")?);
-        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=end).collect();
-            let line = String::from_utf8_lossy(&line);
-            let Some(data) = line.trim().strip_prefix("data:") else {
-                continue;
-            };
-            let data = data.trim();
-            if data == "[DONE]" {
-                let ttft = ttft.context("no token streamed")?;
-                return Ok((ttft, text));
-            }
-            let v: Value =
-                serde_json::from_str(data).with_context(|| format!("SSE event {data}"))?;
-            if let Some(e) = v.get("error") {
-                bail!("mid-stream error: {e}");
-            }
-            let delta = v["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or_default();
-            if !delta.is_empty() {
-                ttft.get_or_insert_with(|| start.elapsed().as_secs_f64() * 1e3);
-                text.push_str(delta);
-            }
+    for_each_event(resp, |v| {
+        let delta = v["choices"][0]["delta"]["content"]
+            .as_str()
+            .unwrap_or_default();
+        if !delta.is_empty() {
+            ttft.get_or_insert_with(|| start.elapsed().as_secs_f64() * 1e3);
+            text.push_str(delta);
         }
-    }
-    bail!("the SSE stream ended without [DONE]")
+    })
+    .await?;
+    Ok((ttft.context("no token streamed")?, text))
 }
 
 fn report(a: &BenchChatArgs, ours: &[TurnTimes], theirs: &[TurnTimes]) {

@@ -17,10 +17,7 @@ use anyhow::Context;
 use clap::Args;
 use pagewarden_model::{LoadOptions, Model};
 
-use crate::bench_serve::{
-    bench_plan, make_prompts, pct, service_binaries, start_suite, stream_with, tenant_keys, Sample,
-};
-use crate::children::Group;
+use crate::bench_serve::{make_prompts, on_suite, pct, stream_with, Sample, SuiteRun};
 
 /// Arguments of `pagewarden bench fairness`.
 #[derive(Debug, Args)]
@@ -66,7 +63,6 @@ pub fn run(a: BenchFairArgs) -> anyhow::Result<()> {
     if a.flood == 0 || a.short_requests == 0 || a.streams == 0 {
         anyhow::bail!("--flood, --short-requests and --streams must be at least 1");
     }
-    let bin_dir = service_binaries()?;
     let model = Model::load(&a.model, &LoadOptions::default())
         .with_context(|| format!("loading model {}", a.model.display()))?;
     let prompts = Prompts {
@@ -75,27 +71,14 @@ pub fn run(a: BenchFairArgs) -> anyhow::Result<()> {
         streams: make_prompts(&model, a.short_prompt_tokens, a.streams),
     };
     drop(model);
-    // One thread: children are spawned from it, which PR_SET_PDEATHSIG ties their life to.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let dir = tempfile::tempdir().context("creating a temp dir")?;
-        let keys = tenant_keys(dir.path(), ["tenant-a", "tenant-b"])?;
-        let plan = bench_plan(&bin_dir, dir.path(), &a.model)?;
-        let mut group = Group::default();
-        let res = async {
-            let api =
-                start_suite(&plan, &mut group, Duration::from_secs(a.start_timeout_s)).await?;
-            measure(&a, &api, &keys, &prompts).await
-        }
-        .await;
-        for (name, status) in group.stop_all(Duration::from_secs(10)).await {
-            if let Some(s) = status.filter(|s| !s.success() && s.code().is_some()) {
-                eprintln!("{name} stopped with {s}");
-            }
-        }
-        res
+    let suite = SuiteRun {
+        model: &a.model,
+        tenants: ["tenant-a", "tenant-b"],
+        start_timeout: Duration::from_secs(a.start_timeout_s),
+    };
+    let (a, prompts) = (&a, &prompts);
+    on_suite(suite, |api, keys, _| async move {
+        measure(a, &api, &keys, prompts).await
     })
 }
 

@@ -19,10 +19,7 @@ use anyhow::Context;
 use clap::Args;
 use pagewarden_model::{LoadOptions, Model};
 
-use crate::bench_serve::{
-    bench_plan, pct, service_binaries, start_suite, stream_with, tenant_keys, TEXT,
-};
-use crate::children::Group;
+use crate::bench_serve::{on_suite, pct, stream_with, SuiteRun, TEXT};
 
 /// Arguments of `pagewarden bench prefix`.
 #[derive(Debug, Args)]
@@ -53,7 +50,6 @@ pub fn run(a: BenchPrefixArgs) -> anyhow::Result<()> {
     if a.samples < 2 || a.prefix_tokens < 32 {
         anyhow::bail!("--samples must be at least 2 and --prefix-tokens at least 32");
     }
-    let bin_dir = service_binaries()?;
     let model = Model::load(&a.model, &LoadOptions::default())
         .with_context(|| format!("loading model {}", a.model.display()))?;
     let tok = model.tokenizer();
@@ -75,26 +71,14 @@ pub fn run(a: BenchPrefixArgs) -> anyhow::Result<()> {
         })
         .collect();
     drop(model);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let dir = tempfile::tempdir().context("creating a temp dir")?;
-        let keys = tenant_keys(dir.path(), ["tenant-a", "tenant-b"])?;
-        let plan = bench_plan(&bin_dir, dir.path(), &a.model)?;
-        let mut group = Group::default();
-        let res = async {
-            let api =
-                start_suite(&plan, &mut group, Duration::from_secs(a.start_timeout_s)).await?;
-            measure(&a, &api, &keys, &rounds).await
-        }
-        .await;
-        for (name, status) in group.stop_all(Duration::from_secs(10)).await {
-            if let Some(s) = status.filter(|s| !s.success() && s.code().is_some()) {
-                eprintln!("{name} stopped with {s}");
-            }
-        }
-        res
+    let suite = SuiteRun {
+        model: &a.model,
+        tenants: ["tenant-a", "tenant-b"],
+        start_timeout: Duration::from_secs(a.start_timeout_s),
+    };
+    let (a, rounds) = (&a, &rounds);
+    on_suite(suite, |api, keys, _| async move {
+        measure(a, &api, &keys, rounds).await
     })
 }
 

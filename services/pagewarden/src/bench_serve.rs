@@ -130,7 +130,6 @@ pub fn run(a: BenchServeArgs) -> anyhow::Result<()> {
     if a.streams.contains(&0) {
         bail!("--streams: every stream count must be at least 1");
     }
-    let bin_dir = service_binaries()?;
     let model = Arc::new(
         Model::load(
             &a.model,
@@ -151,11 +150,17 @@ pub fn run(a: BenchServeArgs) -> anyhow::Result<()> {
         a.max_tokens
     );
 
-    // One thread: children are spawned from it, which PR_SET_PDEATHSIG ties their life to.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let disagg = rt.block_on(run_suite(&a, &bin_dir, &prompts))?;
+    let suite = SuiteRun {
+        model: &a.model,
+        tenants: ["bench"],
+        start_timeout: Duration::from_secs(a.start_timeout_s),
+    };
+    let disagg = {
+        let (a, prompts) = (&a, &prompts);
+        on_suite(suite, |api, [key], _| async move {
+            suite_levels(a, &api, &key, prompts).await
+        })?
+    };
 
     let mut single = Vec::new();
     for &n in &a.streams {
@@ -205,42 +210,22 @@ pub(crate) fn make_prompts(model: &Model, len: usize, count: usize) -> Vec<Vec<u
         .collect()
 }
 
-async fn run_suite(
-    a: &BenchServeArgs,
-    bin_dir: &Path,
-    prompts: &[Vec<u32>],
-) -> anyhow::Result<Vec<Level>> {
-    let dir = tempfile::tempdir().context("creating a temp dir")?;
-    let [key] = tenant_keys(dir.path(), ["bench"])?;
-    let plan = bench_plan(bin_dir, dir.path(), &a.model)?;
-    let mut group = Group::default();
-    let res = suite_levels(a, &plan, &key, prompts, &mut group).await;
-    for (name, status) in group.stop_all(Duration::from_secs(10)).await {
-        if let Some(s) = status.filter(|s| !s.success() && s.code().is_some()) {
-            eprintln!("{name} stopped with {s}");
-        }
-    }
-    res
-}
-
 async fn suite_levels(
     a: &BenchServeArgs,
-    plan: &Plan,
+    api: &str,
     key: &str,
     prompts: &[Vec<u32>],
-    group: &mut Group,
 ) -> anyhow::Result<Vec<Level>> {
-    let api = start_suite(plan, group, Duration::from_secs(a.start_timeout_s)).await?;
     let http = reqwest::Client::builder().build()?;
     // Warm-up: one short request so first-touch costs are not in the first level.
-    stream_one(&http, &api, key, &prompts[0], 4).await?;
+    stream_one(&http, api, key, &prompts[0], 4).await?;
     let mut out = Vec::new();
     for &n in &a.streams {
         let requests = a.requests.unwrap_or(2 * n).max(1);
         eprintln!("suite: {n} streams, {requests} requests");
         let next = AtomicUsize::new(0);
         let samples = Mutex::new(Vec::new());
-        let (next, samples_ref, http, api) = (&next, &samples, &http, &api);
+        let (next, samples_ref, http) = (&next, &samples, &http);
         let t = Instant::now();
         let clients = (0..n).map(move |_| async move {
             loop {
@@ -298,6 +283,52 @@ pub(crate) fn bench_plan(bin_dir: &Path, dir: &Path, model: &Path) -> anyhow::Re
         pool_tokens: None,
         context_length: None,
         auditor_grpc: None,
+    })
+}
+
+/// A bench's suite: the service binaries next to this executable, one tenant per name in
+/// `tenants` (its clear key), and the runtime they run under. [`on_suite`] starts it.
+pub(crate) struct SuiteRun<'a, const N: usize> {
+    /// The model every service loads.
+    pub model: &'a Path,
+    /// The tenants' names.
+    pub tenants: [&'a str; N],
+    /// How long each service may take to start.
+    pub start_timeout: Duration,
+}
+
+/// Starts decode, prefill and the router on a current-thread runtime (children are spawned
+/// from its one thread, which PR_SET_PDEATHSIG ties their life to), runs `body` with the
+/// router's base URL, the tenants' keys and a scratch directory, and stops the suite whatever
+/// `body` returned.
+pub(crate) fn on_suite<const N: usize, F, Fut, T>(
+    run: SuiteRun<'_, N>,
+    body: F,
+) -> anyhow::Result<T>
+where
+    F: FnOnce(String, [String; N], PathBuf) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let bin_dir = service_binaries()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let dir = tempfile::tempdir().context("creating a temp dir")?;
+        let keys = tenant_keys(dir.path(), run.tenants)?;
+        let plan = bench_plan(&bin_dir, dir.path(), run.model)?;
+        let mut group = Group::default();
+        let res = async {
+            let api = start_suite(&plan, &mut group, run.start_timeout).await?;
+            body(api, keys, dir.path().to_path_buf()).await
+        }
+        .await;
+        for (name, status) in group.stop_all(Duration::from_secs(10)).await {
+            if let Some(s) = status.filter(|s| !s.success() && s.code().is_some()) {
+                eprintln!("{name} stopped with {s}");
+            }
+        }
+        res
     })
 }
 
@@ -395,6 +426,33 @@ pub(crate) async fn stream_with(
     }
     let mut s = Sample::default();
     let mut last: Option<Instant> = None;
+    for_each_event(resp, |v| {
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            s.tokens = n as usize;
+        }
+        if let Some(n) = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() {
+            s.cached_tokens = n;
+        }
+        let text = v["choices"][0]["text"].as_str().unwrap_or_default();
+        if !text.is_empty() {
+            let now = Instant::now();
+            match last {
+                None => s.ttft = Some(now - start),
+                Some(prev) => s.gaps.push(now - prev),
+            }
+            last = Some(now);
+        }
+    })
+    .await?;
+    Ok(s)
+}
+
+/// Calls `on_event` with each JSON event of an OpenAI server-sent-event stream, up to its
+/// `[DONE]`; an error event, or a stream that ends without `[DONE]`, is an error.
+pub(crate) async fn for_each_event(
+    resp: reqwest::Response,
+    mut on_event: impl FnMut(&serde_json::Value),
+) -> anyhow::Result<()> {
     let mut buf = Vec::<u8>::new();
     let mut body = resp.bytes_stream();
     while let Some(chunk) = body.next().await {
@@ -407,28 +465,14 @@ pub(crate) async fn stream_with(
             };
             let data = data.trim();
             if data == "[DONE]" {
-                return Ok(s);
+                return Ok(());
             }
             let v: serde_json::Value =
                 serde_json::from_str(data).with_context(|| format!("SSE event {data}"))?;
             if let Some(e) = v.get("error") {
                 bail!("mid-stream error: {e}");
             }
-            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
-                s.tokens = n as usize;
-            }
-            if let Some(n) = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() {
-                s.cached_tokens = n;
-            }
-            let text = v["choices"][0]["text"].as_str().unwrap_or_default();
-            if !text.is_empty() {
-                let now = Instant::now();
-                match last {
-                    None => s.ttft = Some(now - start),
-                    Some(prev) => s.gaps.push(now - prev),
-                }
-                last = Some(now);
-            }
+            on_event(&v);
         }
     }
     bail!("the SSE stream ended without [DONE]")
@@ -544,6 +588,7 @@ mod tests {
             ttft: Some(Duration::from_millis(10)),
             gaps: vec![Duration::from_millis(2), Duration::from_millis(4)],
             tokens: 3,
+            cached_tokens: 0,
         };
         let l = summarize(&[s], Duration::from_secs(1));
         assert!((l.ttft_mean - 10.0).abs() < 1e-9);

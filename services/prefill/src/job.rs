@@ -174,7 +174,7 @@ async fn compute(
     let page_size = deps.pool.layout().page_size;
     let pass = deps.compute.yield_tokens(deps.chunk_tokens);
     let mut logits = Vec::new();
-    // The cached prefix's positions are done: its pages go to decode with the first batch.
+    // The cached prefix's positions are done: its pages go to decode during the first pass.
     let mut done = prefix.as_ref().map_or(0, |p| p.len());
     while done < job.prompt.len() {
         let turn = tokio::select! {
@@ -185,7 +185,7 @@ async fn compute(
         let prefix = prefix.clone();
         let tenant = job.tenant.clone();
         let chunk = job.prompt[done..(done + deps.chunk_tokens).min(job.prompt.len())].to_vec();
-        let (back, ran, result) = tokio::task::spawn_blocking(move || {
+        let pass_task = tokio::task::spawn_blocking(move || {
             let mut ran = 0;
             let mut result = Ok(Vec::new());
             while ran < chunk.len() {
@@ -207,11 +207,14 @@ async fn compute(
                 }
             }
             (pages, ran, result)
-        })
-        .await
-        .map_err(|e| {
+        });
+        // The cached prefix's pages go to decode while the first pass computes (later passes
+        // find them sent).
+        let sent = out.send_prefix(cancel).await;
+        let (back, ran, result) = pass_task.await.map_err(|e| {
             Failure::Compute(WorkerError::Internal(format!("prefill task failed: {e}")))
         })?;
+        sent.map_err(Failure::Transfer)?;
         drop(turn);
         pages = back;
         logits = result.map_err(|e| {

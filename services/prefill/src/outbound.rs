@@ -75,6 +75,23 @@ impl<'a> Outbound<'a> {
         upto: usize,
         cancel: &CancellationToken,
     ) -> Result<(), WorkerError> {
+        self.send(Some(pages), upto, cancel).await
+    }
+
+    /// Sends the cached prefix's pages (final before the job computes anything), so that the
+    /// transfer runs while the rest of the prompt computes.
+    pub async fn send_prefix(&mut self, cancel: &CancellationToken) -> Result<(), WorkerError> {
+        let shared = self.prefix.as_ref().map_or(0, |p| p.table().len());
+        self.send(None, shared, cancel).await
+    }
+
+    /// [`Outbound::send_upto`], the job's own pages given when `upto` reaches past the prefix.
+    async fn send(
+        &mut self,
+        pages: Option<&ReadablePages>,
+        upto: usize,
+        cancel: &CancellationToken,
+    ) -> Result<(), WorkerError> {
         let upto = upto.min(self.job.grant.pages.len());
         while self.submitted < upto {
             let end = (self.submitted + self.deps.batch_pages.max(1)).min(upto);
@@ -136,7 +153,11 @@ impl<'a> Outbound<'a> {
 
     /// Submits the grant pages `batch` (generation-checked bytes: host memory on the CPU,
     /// device to pinned host on a GPU), each from the prefix's pages or the job's own.
-    fn submit(&mut self, pages: &ReadablePages, batch: &[usize]) -> Result<(), WorkerError> {
+    fn submit(
+        &mut self,
+        pages: Option<&ReadablePages>,
+        batch: &[usize],
+    ) -> Result<(), WorkerError> {
         let g = &self.job.grant;
         let compute = &self.deps.compute;
         let shared = self.prefix.as_ref().map_or(0, |p| p.table().len());
@@ -148,6 +169,9 @@ impl<'a> Outbound<'a> {
         }
         .map_err(|e| WorkerError::Internal(e.to_string()))?;
         if !own.is_empty() {
+            let pages = pages.ok_or_else(|| {
+                WorkerError::Internal("the job's own pages were not given to send".into())
+            })?;
             frames.extend(
                 compute
                     .frames(pages, &own)

@@ -125,7 +125,7 @@ impl Flight {
         job: Job,
     ) -> Result<Self, RouterError> {
         let decode = pool.pick(Half::Decode)?;
-        let prefill = pool.pick(Half::Prefill)?;
+        let prefill = pool.pick_prefill_for(&job.namespace)?;
         let req = request_ref_of(job.id, AttemptId(1));
         let guard = AbortGuard::new(
             req.clone(),

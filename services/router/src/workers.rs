@@ -8,11 +8,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pagewarden_common::namespace::Namespace;
 use pagewarden_common::tls::{self, SuiteRole};
 use pagewarden_proto::v1::decode_client::DecodeClient;
 use pagewarden_proto::v1::prefill_client::PrefillClient;
 use pagewarden_proto::v1::{InfoRequest, WorkerInfo};
 use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 
 use crate::error::{Half, RouterError};
@@ -287,7 +289,42 @@ impl WorkerPool {
             .map(|(w, _)| Lease::new(w.clone()))
             .ok_or(RouterError::NoLiveWorkers(half.as_str()))
     }
+
+    /// The prefill worker for a request of `namespace`: the namespace's own worker, chosen by
+    /// rendezvous hashing over the live ones (so a tenant's cached prefixes are where its next
+    /// request goes, and a worker leaving moves only its own namespaces), unless that worker
+    /// is busier than the least-loaded one by more than [`AFFINITY_SLACK`] requests: then the
+    /// least-loaded, as [`WorkerPool::pick`].
+    pub fn pick_prefill_for(&self, namespace: &Namespace) -> Result<Lease, RouterError> {
+        let live: Vec<(&Arc<Worker>, usize)> = self
+            .workers(Half::Prefill)
+            .iter()
+            .filter_map(|w| {
+                let load =
+                    w.live_info()?.queue_depth as usize + w.in_flight.load(Ordering::Relaxed);
+                Some((w, load))
+            })
+            .collect();
+        let least = live.iter().map(|&(_, load)| load).min();
+        let home = live.iter().max_by_key(|(w, _)| {
+            let mut h = Sha256::new();
+            h.update(namespace.as_bytes());
+            h.update(w.url().as_bytes());
+            <[u8; 32]>::from(h.finalize())
+        });
+        match (home, least) {
+            (Some(&(w, load)), Some(least)) if load <= least + AFFINITY_SLACK => {
+                Ok(Lease::new(w.clone()))
+            }
+            _ => self.pick(Half::Prefill),
+        }
+    }
 }
+
+/// How many more requests (queued there, or in flight from this router) a namespace's own
+/// prefill worker may have than the least-loaded one before a request goes elsewhere: a cache
+/// hit saves a whole prefix, a wait behind a few prompts costs less.
+pub const AFFINITY_SLACK: usize = 2;
 
 /// Accepts `host:port` as well as `http://host:port`.
 fn normalize(url: &str) -> String {

@@ -593,12 +593,14 @@ async fn least_loaded_workers_are_picked_and_dead_ones_skipped() {
         let body = json!({"prompt": "x", "max_tokens": 5, "stream": true});
         streams.push(first_token_stream(&h, KEY, &body).await);
     }
-    // First request: decode 1 (fewer active at its last poll) and prefill 0. Second: decode 1
-    // now has one request in flight from this router, so decode 0 gets it, and prefill 1.
+    // First request: decode 1 (fewer active at its last poll). Second: decode 1 now has one
+    // request in flight from this router, so decode 0 gets it. Both go to the tenant's own
+    // prefill worker (where its cached prefixes are), one request more than the other's.
     assert_eq!(h.decode[1].reserves(), 1);
     assert_eq!(h.decode[0].reserves(), 1);
-    assert_eq!(h.prefill[0].prefills(), 1);
-    assert_eq!(h.prefill[1].prefills(), 1);
+    let mut prefills = [h.prefill[0].prefills(), h.prefill[1].prefills()];
+    prefills.sort_unstable();
+    assert_eq!(prefills, [0, 2]);
     let m = h.metrics().await;
     assert!(
         m.contains("pagewarden_router_live_workers{role=\"decode\"} 2"),
@@ -703,6 +705,37 @@ async fn binary_prints_its_start_line() {
         .unwrap();
     assert_eq!(r.status(), 200);
     child.kill().await.unwrap();
+}
+
+/// A tenant's requests go to its own prefill worker (its prefix-cache namespace's, by
+/// rendezvous hashing) until that worker has more than `AFFINITY_SLACK` more requests than the
+/// least-loaded one; then to the least-loaded.
+#[tokio::test]
+async fn a_tenants_prompts_stay_on_its_prefill_worker_until_it_is_much_busier() {
+    let idle = FakeOpts {
+        hang_after: Some(1),
+        ..FakeOpts::default()
+    };
+    let h = Harness::start(Opts {
+        decode: vec![idle.clone(), idle.clone(), idle.clone(), idle.clone()],
+        prefill: vec![idle.clone(), idle],
+        ..Opts::default()
+    })
+    .await;
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        let body = json!({"prompt": "x", "max_tokens": 5, "stream": true});
+        streams.push(first_token_stream(&h, KEY, &body).await);
+    }
+    let mut prefills = [h.prefill[0].prefills(), h.prefill[1].prefills()];
+    prefills.sort_unstable();
+    assert_eq!(
+        prefills,
+        [1, 3],
+        "three on the tenant's own worker (0, 1 and 2 in flight there: within the slack), the \
+         fourth elsewhere"
+    );
+    drop(streams);
 }
 
 /// A worker whose last `Info` shows requests waiting in its queue is not picked while another

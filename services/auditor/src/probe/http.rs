@@ -94,10 +94,12 @@ pub async fn complete(
                 .to_string(),
             prompt_tokens: prompt_tokens_of(&body),
             ttft_ms: started.elapsed().as_millis() as u64,
+            cached_tokens: cached_tokens_of(&body),
         });
     }
     let mut text = String::new();
     let mut prompt_tokens = None;
+    let mut cached_tokens = None;
     let mut ttft_ms = None;
     let mut buf = String::new();
     let mut stream = resp.bytes_stream();
@@ -124,13 +126,23 @@ pub async fn complete(
             if let Some(pt) = prompt_tokens_of(&ev) {
                 prompt_tokens = Some(pt);
             }
+            if let Some(c) = cached_tokens_of(&ev) {
+                cached_tokens = Some(c);
+            }
         }
     }
     Ok(Answer::Completed {
         text,
         prompt_tokens,
         ttft_ms: ttft_ms.unwrap_or_else(|| started.elapsed().as_millis() as u64),
+        cached_tokens,
     })
+}
+
+fn cached_tokens_of(v: &Value) -> Option<u32> {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
 }
 
 fn prompt_tokens_of(v: &Value) -> Option<u32> {

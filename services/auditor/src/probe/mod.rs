@@ -228,6 +228,15 @@ impl Prober {
                 }
             }
         }
+        if let [owner, other, ..] = s.tenants.as_slice() {
+            let r = self
+                .prefix_isolation(run, owner, other, steps, &model)
+                .await?;
+            steps += 1;
+            if r.outcome.incident_kind().is_some() {
+                failures += 1;
+            }
+        }
         let status = if failures == 0 {
             ProbeRunStatus::Passed
         } else {
@@ -264,6 +273,97 @@ impl Prober {
         self.engine.metrics().probe_run(failures.max(0) as u64);
         tracing::info!(run = run.0, status = %status, summary = message, "probe run finished");
         Ok(run)
+    }
+
+    /// The prefix cache stays within a namespace: `owner` sends a marked prompt of a few pages
+    /// twice (the second is served from its cache, when the cache is on), then `other` sends
+    /// the very same prompt, which must not be served from `owner`'s cache. Probe tenants are
+    /// expected in namespaces of their own (the tenants file places none of them in a shared
+    /// one), so any cached token in `other`'s answer is a leak.
+    async fn prefix_isolation(
+        &self,
+        run: ProbeRunId,
+        owner: &ProbeTenant,
+        other: &ProbeTenant,
+        step: i64,
+        model: &str,
+    ) -> Result<ProbeResult, StoreError> {
+        let s = &self.settings;
+        let tid = TenantId::new(owner.tenant.clone());
+        let start = self.engine.issue_marker(&tid).await?;
+        let end = self.engine.issue_marker(&tid).await?;
+        let words = 8 * s.page_size;
+        let prompt = plan::prompt(&start.marker, &end.marker, words);
+        let cached = |a: &Result<Answer, http::ProbeHttpError>| match a {
+            Ok(Answer::Completed { cached_tokens, .. }) => Some(cached_tokens.unwrap_or(0)),
+            _ => None,
+        };
+        let (client, url) = (&self.http, &s.router_url);
+        let first = http::complete(client, url, &owner.api_key, model, &prompt, 1).await;
+        let again = http::complete(client, url, &owner.api_key, model, &prompt, 1).await;
+        let crossed = http::complete(client, url, &other.api_key, model, &prompt, 1).await;
+        let (outcome, detail) = match (cached(&first), cached(&again), cached(&crossed)) {
+            (_, _, Some(n)) if n > 0 => (
+                ProbeOutcome::Leak,
+                format!(
+                    "{} was served {n} prompt tokens from the prefix cache for a prompt only {} \
+                     had sent",
+                    other.tenant, owner.tenant
+                ),
+            ),
+            (Some(_), Some(hit), Some(0)) => (
+                ProbeOutcome::Accepted,
+                if hit > 0 {
+                    format!(
+                        "{} reused {hit} cached prompt tokens; {} reused none",
+                        owner.tenant, other.tenant
+                    )
+                } else {
+                    format!(
+                        "no cache hit for {} either (prefix cache off or evicted); {} reused none",
+                        owner.tenant, other.tenant
+                    )
+                },
+            ),
+            _ => (
+                ProbeOutcome::TransportError,
+                "a prefix-isolation request did not complete".to_string(),
+            ),
+        };
+        let (prompt_tokens, ttft_ms) = match &crossed {
+            Ok(Answer::Completed {
+                prompt_tokens,
+                ttft_ms,
+                ..
+            }) => (prompt_tokens.map(i64::from), Some(*ttft_ms as i64)),
+            _ => (None, None),
+        };
+        let result = ProbeResult {
+            tenant: other.tenant.clone(),
+            step,
+            prompt_words: i64::from(words),
+            expected_tokens: s
+                .tokens
+                .as_ref()
+                .and_then(|t| t.count(&prompt).ok())
+                .map(i64::from),
+            outcome,
+            http_status: crossed.as_ref().ok().map(|_| 200),
+            prompt_tokens,
+            ttft_ms,
+            detail: format!("prefix isolation: {detail}"),
+            at: UnixMs::now(),
+        };
+        let details = json!({
+            "source": "probe",
+            "check": "prefix_isolation",
+            "run_id": run.0,
+            "step": step,
+            "detail": result.detail,
+            "markers": [start.marker, end.marker],
+        });
+        self.record(run, result, Some(owner.tenant.clone()), details)
+            .await
     }
 
     async fn step(
@@ -312,6 +412,7 @@ impl Prober {
                         text,
                         prompt_tokens,
                         ttft_ms,
+                        ..
                     } => {
                         leaked = self.engine.foreign_markers(&tid, text);
                         (
@@ -342,34 +443,47 @@ impl Prober {
             detail: detail.clone(),
             at: UnixMs::now(),
         };
+        let details = json!({
+            "source": "probe",
+            "run_id": run.0,
+            "step": step,
+            "prompt_words": words,
+            "expected_tokens": expected,
+            "http_status": http_status,
+            "prompt_tokens": prompt_tokens,
+            "ttft_ms": ttft,
+            "detail": detail,
+            "markers": [start.marker, end.marker],
+        });
+        let other = leaked.first().map(|f| f.owner.as_str().to_string());
+        self.record(run, result, other, details).await
+    }
+
+    /// Stores one step's result under `run` and, when its outcome is a finding, opens the
+    /// incident (`other_tenant`: the tenant whose marker or cache it reached).
+    async fn record(
+        &self,
+        run: ProbeRunId,
+        result: ProbeResult,
+        other_tenant: Option<String>,
+        details: serde_json::Value,
+    ) -> Result<ProbeResult, StoreError> {
         self.engine
             .store()
             .insert_probe_result(run, &result)
             .await?;
-        if let Some(kind) = outcome.incident_kind() {
+        if let Some(kind) = result.outcome.incident_kind() {
             self.engine
                 .open_incident(NewIncident {
                     kind,
                     severity: kind.severity(),
                     node: None,
                     request_id: None,
-                    tenant: Some(tenant.tenant.clone()),
-                    other_tenant: leaked.first().map(|f| f.owner.as_str().to_string()),
+                    tenant: Some(result.tenant.clone()),
+                    other_tenant,
                     page: None,
                     generation: None,
-                    details: json!({
-                        "source": "probe",
-                        "run_id": run.0,
-                        "step": step,
-                        "prompt_words": words,
-                        "expected_tokens": expected,
-                        "http_status": http_status,
-                        "prompt_tokens": prompt_tokens,
-                        "ttft_ms": ttft,
-                        "detail": detail,
-                        "markers": [start.marker, end.marker],
-                    })
-                    .to_string(),
+                    details: details.to_string(),
                     at: result.at,
                 })
                 .await?;

@@ -109,6 +109,9 @@ pub enum Answer {
         prompt_tokens: Option<u32>,
         /// Milliseconds to the first generated text (whole response when not streamed).
         ttft_ms: u64,
+        /// `usage.prompt_tokens_details.cached_tokens`: prompt tokens served from the tenant's
+        /// prefix cache, if reported.
+        cached_tokens: Option<u32>,
     },
     /// A non-200 status.
     Refused {
@@ -259,6 +262,7 @@ mod tests {
             text: String::new(),
             prompt_tokens: Some(pt),
             ttft_ms: 5,
+            cached_tokens: None,
         };
         let refused = |code: &str| Answer::Refused {
             status: 400,
@@ -290,6 +294,7 @@ mod tests {
         let slow = Answer::Completed {
             text: String::new(),
             prompt_tokens: Some(40),
+            cached_tokens: None,
             ttft_ms: 5000,
         };
         assert_eq!(judge(&fits, &slow, LAT).0, ProbeOutcome::LatencyImplausible);

@@ -140,7 +140,10 @@ async fn pages_filters_refresh_and_charts(s: &Session, r: &Running, base: &str) 
     let dots = s
         .run_async("done(document.querySelectorAll('#probe-chart circle.step').length);")
         .await;
-    assert_eq!(dots, 14, "7 steps for each of 2 probe tenants");
+    assert_eq!(
+        dots, 15,
+        "7 steps for each of 2 probe tenants, and the prefix-isolation check"
+    );
     shoot(s, "probes.png").await;
     let traffic = s
         .run_async(

@@ -26,6 +26,8 @@ pub struct Faults {
     pub miscount: bool,
     /// Answer `/ready` with 503 (as a router without live workers does).
     pub not_ready: bool,
+    /// One prefix cache for every tenant, instead of one per tenant.
+    pub shared_prefix_cache: bool,
 }
 
 #[derive(Clone)]
@@ -33,6 +35,9 @@ pub struct Fake {
     pub faults: Arc<Mutex<Faults>>,
     keys: Arc<HashMap<String, String>>,
     pub seen: Arc<Mutex<Vec<(String, usize)>>>,
+    /// Prompts answered, by the tenant whose cache holds them: a repeat reports every prompt
+    /// token but the last as cached (`usage.prompt_tokens_details.cached_tokens`).
+    cached: Arc<Mutex<std::collections::HashSet<(String, String)>>>,
 }
 
 async fn models() -> Json<Value> {
@@ -73,8 +78,18 @@ async fn completions(
     let prompt = body["prompt"].as_str().unwrap_or_default();
     let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as u32;
     let mut prompt_tokens = prompt.split_whitespace().count() as u32 + 1;
-    f.seen.lock().push((tenant, prompt_tokens as usize));
+    f.seen.lock().push((tenant.clone(), prompt_tokens as usize));
     let faults = f.faults.lock();
+    let space = if faults.shared_prefix_cache {
+        String::new()
+    } else {
+        tenant
+    };
+    let cached_tokens = if f.cached.lock().insert((space, prompt.to_string())) {
+        0
+    } else {
+        prompt_tokens - 1
+    };
     if prompt_tokens + max_tokens > LIMIT && !faults.accept_overlength {
         return error(StatusCode::BAD_REQUEST, "context_length_exceeded");
     }
@@ -92,7 +107,8 @@ async fn completions(
         sse.push_str(&format!("data: {chunk}\n\n"));
     }
     let usage = json!({"object": "text_completion", "choices": [],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2, "total_tokens": prompt_tokens + 2}});
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2, "total_tokens": prompt_tokens + 2,
+                  "prompt_tokens_details": {"cached_tokens": cached_tokens}}});
     sse.push_str(&format!("data: {usage}\n\ndata: [DONE]\n\n"));
     ([("content-type", "text/event-stream")], sse).into_response()
 }
@@ -107,6 +123,7 @@ pub async fn start(keys: &[(&str, &str)]) -> (SocketAddr, Fake) {
                 .collect(),
         ),
         seen: Arc::default(),
+        cached: Arc::default(),
     };
     let app = Router::new()
         .route("/ready", get(ready))

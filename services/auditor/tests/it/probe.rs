@@ -72,7 +72,11 @@ async fn a_clean_probe_run_passes_and_crosses_the_limit() {
     );
     assert_eq!(runs[0].context_limit, Some(i64::from(fake_router::LIMIT)));
     let results = store.probe_results(run).await.unwrap();
-    assert_eq!(results.len(), 14, "7 steps for each of 2 tenants");
+    assert_eq!(
+        results.len(),
+        15,
+        "7 steps for each of 2 tenants, and the prefix-isolation check"
+    );
     let accepted = results
         .iter()
         .filter(|s| s.outcome == ProbeOutcome::Accepted)
@@ -81,7 +85,7 @@ async fn a_clean_probe_run_passes_and_crosses_the_limit() {
         .iter()
         .filter(|s| s.outcome == ProbeOutcome::RejectedClean)
         .count();
-    assert_eq!((accepted, rejected), (10, 4));
+    assert_eq!((accepted, rejected), (11, 4));
     for s in results
         .iter()
         .filter(|s| s.outcome == ProbeOutcome::Accepted)
@@ -105,7 +109,7 @@ async fn a_clean_probe_run_passes_and_crosses_the_limit() {
     let html = get_page(format!("http://{}/probes", r.http_addr)).await;
     assert!(html.contains("passed") && html.contains("rejected_clean"));
     let api = get_json(format!("http://{}/api/probes", r.http_addr)).await;
-    assert_eq!(api[0]["results"].as_array().unwrap().len(), 14);
+    assert_eq!(api[0]["results"].as_array().unwrap().len(), 15);
     r.shutdown().await;
 }
 
@@ -160,6 +164,47 @@ async fn a_probe_marker_leaking_between_probe_tenants_is_caught() {
     assert!(leaks
         .iter()
         .all(|i| i["tenant"] == "probe-b" && i["other_tenant"] == "probe-a"));
+    r.shutdown().await;
+}
+
+/// The prefix cache must stay within a tenant: probe-a's prompt, sent twice, is a hit the
+/// second time; the same prompt from probe-b must not be. A router whose cache crosses tenants
+/// is a leak incident naming both.
+#[tokio::test]
+async fn a_prefix_cache_hit_across_probe_tenants_is_a_leak() {
+    let (r, prober, fake) = setup().await;
+    let run = prober.run(SweepKind::Light).await.unwrap();
+    let isolation = |results: &[pagewarden_auditor::store::ProbeResult]| {
+        results
+            .iter()
+            .find(|s| s.detail.starts_with("prefix isolation"))
+            .cloned()
+            .expect("an isolation step")
+    };
+    let clean = isolation(&r.engine.store().probe_results(run).await.unwrap());
+    assert_eq!(clean.outcome, ProbeOutcome::Accepted, "{}", clean.detail);
+    assert!(
+        clean.detail.contains("probe-b reused none"),
+        "{}",
+        clean.detail
+    );
+    assert!(incident_kinds(&r).await.is_empty());
+
+    fake.faults.lock().shared_prefix_cache = true;
+    let run = prober.run(SweepKind::Light).await.unwrap();
+    let crossed = isolation(&r.engine.store().probe_results(run).await.unwrap());
+    assert_eq!(crossed.outcome, ProbeOutcome::Leak, "{}", crossed.detail);
+    let leaks = get_json(format!(
+        "http://{}/api/incidents?kind=cross_tenant_marker",
+        r.http_addr
+    ))
+    .await;
+    let leaks = leaks.as_array().unwrap();
+    assert_eq!(leaks.len(), 1, "{leaks:?}");
+    assert_eq!(
+        (&leaks[0]["tenant"], &leaks[0]["other_tenant"]),
+        (&serde_json::json!("probe-b"), &serde_json::json!("probe-a"))
+    );
     r.shutdown().await;
 }
 
@@ -228,10 +273,16 @@ async fn a_light_sweep_is_one_short_and_one_overlength_step_per_tenant() {
             ("probe-a", 16, ProbeOutcome::Accepted),
             ("probe-a", over, ProbeOutcome::RejectedClean),
             ("probe-b", 16, ProbeOutcome::Accepted),
+            // The prefix-isolation check, recorded under the tenant that must not hit.
+            ("probe-b", 128, ProbeOutcome::Accepted),
             ("probe-b", over, ProbeOutcome::RejectedClean),
         ]
     );
-    assert_eq!(fake.seen.lock().len(), 4, "nothing else was sent");
+    assert_eq!(
+        fake.seen.lock().len(),
+        7,
+        "nothing else was sent (the isolation check: probe-a twice, then probe-b)"
+    );
     assert!(incident_kinds(&r).await.is_empty());
     r.shutdown().await;
 }
@@ -305,10 +356,10 @@ async fn operators_start_a_sweep_on_demand() {
     wait_finished_run(&r, SweepKind::Full).await;
     let api = get_json(format!("http://{}/api/probes", r.http_addr)).await;
     assert_eq!(api[0]["sweep"], "full");
-    assert_eq!(api[0]["results"].as_array().unwrap().len(), 14);
+    assert_eq!(api[0]["results"].as_array().unwrap().len(), 15);
     let html = get_page(format!("http://{}/probes", r.http_addr)).await;
     assert!(html.contains("id=\"probe-chart\"") && html.contains("id=\"run-light\""));
-    assert_eq!(html.matches("class=\"step outcome-").count(), 14);
+    assert_eq!(html.matches("class=\"step outcome-").count(), 15);
 
     // The Probes page's buttons: a form post with the session's CSRF token, operators only.
     let base = format!("http://{}", r.http_addr);

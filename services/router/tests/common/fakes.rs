@@ -293,6 +293,7 @@ impl Prefill for Inner {
             transfer_bytes: 0,
             transfer_micros: 0,
             first_logprobs: None,
+            cached_tokens: 0,
         }))
     }
 
