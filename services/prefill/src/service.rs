@@ -163,7 +163,8 @@ impl Prefill for PrefillService {
             context_length: self.info.admission.advertised_context() as u32,
             pool_tokens: pool.capacity_tokens() as u64,
             page_size: self.info.page_size as u32,
-            free_pages: pool.stats().free as u64,
+            // Cached prefix pages no request reads are free for any allocation.
+            free_pages: pool.available_pages() as u64,
             total_pages: pool.capacity_pages() as u64,
             active_requests: self.active.lock().len() as u32,
             transfer_addr: String::new(),
