@@ -111,6 +111,7 @@ impl Driver {
                 sampling: Some(sampling),
                 prompt_token_ids: prompt.to_vec(),
                 tenant_weight: 1,
+                namespace: Vec::new(),
             })
             .await?
             .into_inner();

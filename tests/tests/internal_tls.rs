@@ -91,6 +91,7 @@ fn reserve() -> pb::ReserveRequest {
         }),
         prompt_token_ids: vec![30, 31, 32, 33],
         tenant_weight: 1,
+        namespace: Vec::new(),
     }
 }
 

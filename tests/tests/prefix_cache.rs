@@ -1,9 +1,10 @@
 //! The prefix cache through the real suite (real binaries, the real model): a tenant repeating
 //! a 2,000-token prompt prefix hits its cache (the response's
 //! `usage.prompt_tokens_details.cached_tokens` and prefill's metrics say so, and only the suffix
-//! is computed) and gets the same greedy tokens as its uncached run; another tenant sending the
-//! very same prompt hits nothing. The two halves are one test: "no hit for the other tenant"
-//! alone would also pass with the cache switched off.
+//! is computed), decode already holds the prefix (its metrics say so, and prefill sends it only
+//! the suffix's pages), and the greedy tokens equal the uncached run's; another tenant sending
+//! the very same prompt hits nothing on either worker and is sent every page. The two halves
+//! are one test: "no hit for the other tenant" alone would also pass with the cache off.
 
 use pagewarden_system_tests::{api_key, start_decode, start_prefill, start_router, ModelArg};
 use serde_json::{json, Value};
@@ -59,7 +60,19 @@ async fn complete(http: &reqwest::Client, router: &str, tenant: usize, prompt: &
     }
 }
 
-/// The value of prefill's counter `name` for `tenant` (0 when the series is absent).
+/// The value of the counter `name`, summed over its series (0 when absent).
+fn counter(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The value of a worker's counter `name` for `tenant` (0 when the series is absent).
 fn tenant_counter(metrics: &str, name: &str, tenant: &str) -> f64 {
     let label = format!("tenant=\"{tenant}\"");
     metrics
@@ -77,7 +90,9 @@ async fn a_tenant_reuses_its_cached_prefix_and_another_tenant_never_does() {
     let (http, url) = (reqwest::Client::new(), router.http_url());
     let p = prompt("Which animal walked to the orchard at 4 o'clock?");
 
+    let sent = "pagewarden_transfer_bytes_total";
     let cold = complete(&http, &url, 0, &p).await;
+    let cold_bytes = counter(&prefill.metrics().await, sent);
     assert!(
         cold.prompt_tokens >= 2000,
         "{} prompt tokens",
@@ -89,6 +104,7 @@ async fn a_tenant_reuses_its_cached_prefix_and_another_tenant_never_does() {
     );
 
     let warm = complete(&http, &url, 0, &p).await;
+    let warm_bytes = counter(&prefill.metrics().await, sent) - cold_bytes;
     // Every full page but the one holding the last token (its logits give the first token).
     let page = 16;
     assert!(
@@ -104,6 +120,7 @@ async fn a_tenant_reuses_its_cached_prefix_and_another_tenant_never_does() {
     );
 
     let other = complete(&http, &url, 1, &p).await;
+    let other_bytes = counter(&prefill.metrics().await, sent) - cold_bytes - warm_bytes;
     assert_eq!(
         other.cached_tokens, 0,
         "tenant-1 hit the prefix only tenant-0 sent"
@@ -129,5 +146,27 @@ async fn a_tenant_reuses_its_cached_prefix_and_another_tenant_never_does() {
     assert!(
         tenant_counter(&m, "pagewarden_prefix_cache_pages", "tenant-1") > 0.0,
         "tenant-1's own pages were cached under its own namespace"
+    );
+
+    // Decode's account: it held tenant-0's prefix (the same whole pages prefill reused), so
+    // prefill sent it only the last page; tenant-1 got no hit there either, and every page.
+    let d = decode.metrics().await;
+    assert_eq!(
+        tenant_counter(&d, hits, "tenant-0"),
+        warm.cached_tokens as f64,
+        "decode did not hold tenant-0's prefix"
+    );
+    assert_eq!(
+        tenant_counter(&d, hits, "tenant-1"),
+        0.0,
+        "decode granted tenant-1 after a prefix only tenant-0 sent"
+    );
+    assert!(
+        cold_bytes > 0.0 && warm_bytes * 10.0 < cold_bytes,
+        "the warm request still sent {warm_bytes} bytes of KV (cold: {cold_bytes})"
+    );
+    assert_eq!(
+        other_bytes, cold_bytes,
+        "tenant-1's request must be sent every page, as the cold one was"
     );
 }

@@ -241,6 +241,7 @@ async fn max_tokens_is_said_once_at_reserve_and_nothing_is_left_behind() {
             sampling: None,
             prompt_token_ids: vec![30, 31, 32, 33],
             tenant_weight: 1,
+            namespace: Vec::new(),
         })
         .await
         .expect_err("sampling is required");
@@ -255,6 +256,7 @@ async fn max_tokens_is_said_once_at_reserve_and_nothing_is_left_behind() {
             sampling: Some(greedy(3)),
             prompt_token_ids: vec![30, 31, 32],
             tenant_weight: 1,
+            namespace: Vec::new(),
         })
         .await
         .expect_err("prompt ids are required");

@@ -98,9 +98,10 @@ pub struct WorkerFlags {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
     pub queue_timeout: Option<Duration>,
-    /// Prefill: prompt tokens of KV each prefix-cache namespace may keep cached after its
-    /// requests end (whole pages; least recently used first beyond it; cached pages no request
-    /// reads are given up whenever an allocation needs them). Default: one advertised context;
+    /// Prompt tokens of KV each prefix-cache namespace may keep cached after its requests end
+    /// (whole pages; least recently used first beyond it; cached pages no request reads are
+    /// given up whenever an allocation needs them). Prefill then computes, and decode is sent,
+    /// only what follows a cached prefix. CPU workers only. Default: one advertised context;
     /// 0 turns the prefix cache off.
     #[arg(long, value_name = "TOKENS")]
     pub prefix_cache_tokens: Option<usize>,

@@ -172,6 +172,36 @@ impl Compute {
         }
     }
 
+    /// As [`Compute::decode_step`] for sequences after a cached prefix's pinned pages (the
+    /// CPU's only: [`Compute::caches_prefixes`]; elsewhere a non-empty prefix fails its
+    /// sequence).
+    pub fn decode_step_after(
+        &self,
+        batch: &mut [(Option<&SharedPages>, &mut ReadablePages, u32)],
+    ) -> Vec<Result<Vec<f32>, ComputeError>> {
+        match self {
+            Compute::Cpu(m) => m
+                .decode_step_after(batch)
+                .into_iter()
+                .map(|r| r.map_err(ComputeError::from))
+                .collect(),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(_) => {
+                if batch.iter().any(|(p, _, _)| p.is_some_and(|p| !p.is_empty())) {
+                    let refused = || {
+                        Err(ComputeError::Failed(
+                            "a cached prefix cannot be attended over on the GPU".into(),
+                        ))
+                    };
+                    return batch.iter().map(|_| refused()).collect();
+                }
+                let mut plain: Vec<(&mut ReadablePages, u32)> =
+                    batch.iter_mut().map(|(_, pages, t)| (&mut **pages, *t)).collect();
+                self.decode_step(&mut plain)
+            }
+        }
+    }
+
     /// The bytes of pages `indices` of `pages` (generation-checked), one frame each, holding
     /// only rows written for this request: a partial last page's unused rows are zeroed (I12).
     pub fn frames(

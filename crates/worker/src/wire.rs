@@ -6,6 +6,7 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{AttemptId, RequestId};
 use pagewarden_kvcache::{CommitManifest, Generation, GrantKey, PageId, WriteGrant};
 use pagewarden_model::{
@@ -150,7 +151,13 @@ pub fn manifest(m: Option<&pb::CommitManifest>) -> Result<CommitManifest, Status
 
 /// A decode worker's write grant for the wire; `transfer_addr` is where prefill sends the
 /// pages, `seal` how it must seal them when the listener seals.
-pub fn grant(g: &WriteGrant, transfer_addr: &str, seal: Option<&GrantSeal>) -> pb::WriteGrant {
+/// `g` on the wire, after the `prefix_tokens` leading prompt tokens decode already holds.
+pub fn grant(
+    g: &WriteGrant,
+    prefix_tokens: usize,
+    transfer_addr: &str,
+    seal: Option<&GrantSeal>,
+) -> pb::WriteGrant {
     let (seal_mode, seal_secret) = match seal {
         None => (pb::TransferSeal::None, Vec::new()),
         Some(s) => {
@@ -178,6 +185,7 @@ pub fn grant(g: &WriteGrant, transfer_addr: &str, seal: Option<&GrantSeal>) -> p
         page_size: g.page_size as u32,
         expires_unix_ms: unix_ms(g.expires_at),
         transfer_addr: transfer_addr.to_string(),
+        prefix_tokens: prefix_tokens as u32,
     }
 }
 
@@ -190,8 +198,11 @@ pub struct ReceivedGrant {
     pub tenant: String,
     /// The granted pages, each under the generation decode reserved it at.
     pub pages: Vec<(PageId, Generation)>,
-    /// Tokens the grant covers.
+    /// Tokens the grant covers: the prompt after `prefix_tokens`.
     pub tokens: usize,
+    /// Leading prompt tokens decode already holds (whole pages of its prefix cache): none of
+    /// them is sent, and grant page `i` is the sequence's page `prefix_tokens / page_size + i`.
+    pub prefix_tokens: usize,
     /// Tokens per page.
     pub page_size: usize,
     /// Decode's transfer listener.
@@ -242,8 +253,23 @@ pub fn received_grant(g: Option<pb::WriteGrant>) -> Result<ReceivedGrant, Status
             .map(|p| (PageId(p.page), Generation(p.generation)))
             .collect(),
         tokens: g.tokens as usize,
+        prefix_tokens: g.prefix_tokens as usize,
         page_size: g.page_size as usize,
         transfer_addr: g.transfer_addr,
+    })
+}
+
+/// A request's prefix-cache namespace as the router sent it: `None` when empty (no caching
+/// for this request), an error unless 32 bytes.
+pub fn namespace(bytes: &[u8]) -> Result<Option<Namespace>, Status> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    Namespace::from_wire(bytes).map(Some).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "namespace has {} bytes; a namespace has 32",
+            bytes.len()
+        ))
     })
 }
 

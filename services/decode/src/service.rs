@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::scheduler::{Command, Load};
-use crate::state::GenerateArgs;
+use crate::state::{GenerateArgs, Granted};
 
 /// What `Info` reports besides live figures.
 pub struct Static {
@@ -68,6 +68,7 @@ impl Decode for DecodeService {
             }
             let sampling = convert::sampling(m.sampling.as_ref())?;
             let prompt = convert::prompt_ids(m.prompt_token_ids, m.prompt_tokens as usize)?;
+            let namespace = convert::namespace(&m.namespace)?;
             // The call may wait in the scheduler's queue; if it is dropped meanwhile (the router
             // gave up), the request leaves the queue at once.
             let withdraw = Withdraw {
@@ -84,15 +85,20 @@ impl Decode for DecodeService {
                     weight: m.tenant_weight.max(1),
                     prompt,
                     sampling,
+                    namespace,
                     reply,
                 })
                 .await?;
             withdraw.disarm();
-            let grant = grant?;
+            let Granted {
+                grant,
+                prefix_tokens,
+            } = grant?;
             Ok(Response::new(pb::ReserveReply {
                 req: m.req,
                 grant: Some(convert::grant(
                     &grant,
+                    prefix_tokens,
                     &self.info.transfer_addr,
                     self.seal
                         .as_ref()
@@ -170,7 +176,6 @@ impl Decode for DecodeService {
             // The router marks this decode down and sends it nothing new.
             return Err(Status::unavailable("decode is draining"));
         }
-        let stats = self.pool.stats();
         Ok(Response::new(pb::WorkerInfo {
             node_id: self.info.node_id.clone(),
             role: "decode".into(),
@@ -178,7 +183,8 @@ impl Decode for DecodeService {
             context_length: self.info.admission.advertised_context() as u32,
             pool_tokens: self.pool.capacity_tokens() as u64,
             page_size: self.info.page_size as u32,
-            free_pages: stats.free as u64,
+            // Cached prefix pages nobody reads are free to any allocation.
+            free_pages: self.pool.available_pages() as u64,
             total_pages: self.pool.capacity_pages() as u64,
             active_requests: active as u32,
             transfer_addr: self.info.transfer_addr.clone(),

@@ -34,8 +34,10 @@
 use std::time::Instant;
 
 use pagewarden_common::{AttemptId, TenantId};
+use pagewarden_common::namespace::Namespace;
 use pagewarden_kvcache::{
-    CommitError, CommitManifest, Owner, ReadablePages, ReservedPages, WriteGrant,
+    CommitError, CommitManifest, Owner, Published, ReadablePages, ReservedPages, SharedPages,
+    WriteGrant,
 };
 use std::sync::Arc;
 
@@ -51,7 +53,16 @@ use crate::output::Output;
 pub type EventTx = mpsc::UnboundedSender<Result<TokenEvent, Status>>;
 
 /// Where a `Reserve` call waits for its grant.
-pub type GrantReply = oneshot::Sender<Result<WriteGrant, WorkerError>>;
+pub type GrantReply = oneshot::Sender<Result<Granted, WorkerError>>;
+
+/// A `Reserve`'s answer: the write grant for the prompt after the cached prefix decode holds.
+#[derive(Debug, Clone)]
+pub struct Granted {
+    pub grant: WriteGrant,
+    /// Leading prompt tokens whose KV decode already holds (pinned cached pages): prefill
+    /// sends none of them.
+    pub prefix_tokens: usize,
+}
 
 /// An admitted `Reserve` waiting for pages; it holds none.
 pub struct Queued {
@@ -64,6 +75,8 @@ pub struct Queued {
     pub prompt: Vec<u32>,
     /// The whole generation's parameters (`max_tokens` among them), given once at `Reserve`.
     pub sampling: SamplingParams,
+    /// The prefix-cache namespace the router derived; `None`: no caching for this request.
+    pub namespace: Option<Namespace>,
     pub reply: GrantReply,
     /// When it joined the queue.
     pub queued_at: Instant,
@@ -75,10 +88,13 @@ pub struct Queued {
 pub struct Reservation {
     pub owner: Owner,
     pub arrival: u64,
-    /// The grant covers exactly these tokens.
+    /// The cached prefix pinned for this prompt (the grant starts after it).
+    pub prefix: Option<SharedPages>,
+    /// The grant covers exactly the prompt's tokens after `prefix`.
     pub pages: ReservedPages,
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
+    pub namespace: Option<Namespace>,
 }
 
 /// What `Generate` brings to a reservation: only what prefill produced. The sampling
@@ -109,10 +125,13 @@ impl Reservation {
         // grammar. The scheduler emits it next, which appends it to `tokens` (the next input).
         sampler.accept(args.first_token);
         Ok(Running {
+            prefix: self.prefix,
             pages,
             seq: Sequence {
                 owner: self.owner,
                 arrival: self.arrival,
+                prompt_len: self.prompt.len(),
+                namespace: self.namespace,
                 tokens: self.prompt,
                 sampler,
                 output: Output::new(tokenizer, &self.sampling),
@@ -137,6 +156,11 @@ pub struct Sequence {
     /// The prompt's ids, then every sampled token. The KV of all but the last is in the
     /// sequence's pages (once recomputed, after a preemption); the last is the next input.
     pub tokens: Vec<u32>,
+    /// How many of `tokens` are the prompt's (its full pages join the prefix cache at the end).
+    pub prompt_len: usize,
+    /// The prefix-cache namespace: where its prefix is looked up again after a preemption,
+    /// and where its prompt pages are published when it finishes.
+    pub namespace: Option<Namespace>,
     pub sampler: Sampler,
     pub output: Output,
     pub tx: EventTx,
@@ -159,11 +183,28 @@ impl Sequence {
     }
 }
 
-/// A sequence with its pages. `Running`: `pages.len() == seq.kv_len()`; `Recomputing`: the
-/// pages hold a prefix of that, the rest is computed a chunk at a time.
+/// A sequence with its pages: a pinned cached prefix (read-only, shared), then its own.
+/// `Running`: `kv_held() == seq.kv_len()`; `Recomputing`: the pages hold a prefix of that,
+/// the rest is computed a chunk at a time.
 pub struct Running {
+    pub prefix: Option<SharedPages>,
     pub pages: ReadablePages,
     pub seq: Sequence,
+}
+
+impl Running {
+    /// Tokens whose KV the sequence holds: its cached prefix's, then its own pages'.
+    pub fn kv_held(&self) -> usize {
+        self.prefix.as_ref().map_or(0, SharedPages::len) + self.pages.len()
+    }
+
+    /// Ends a finished sequence: its full prompt pages join the prefix cache under its
+    /// namespace (when it pinned a prefix there, even an empty one), the rest are freed.
+    pub fn finish(self) -> Option<Published> {
+        let Running { prefix, pages, seq } = self;
+        let prefix = prefix?;
+        Some(pages.publish_prefix(&prefix, &seq.tokens[..seq.prompt_len]))
+    }
 }
 
 /// The state of one request.

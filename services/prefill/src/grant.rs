@@ -48,25 +48,28 @@ pub fn parse(
             grant.page_size
         )));
     }
-    if grant.tokens != m.prompt_tokens.len()
-        || grant.pages.len() != grant.tokens.div_ceil(page_size)
-    {
+    // Decode may hold whole pages of the prompt already (never its last token, whose logits
+    // give the first token); the grant covers exactly the rest.
+    if grant.prefix_tokens % page_size != 0 || grant.prefix_tokens >= m.prompt_tokens.len() {
         return Err(Status::invalid_argument(format!(
-            "grant covers {} tokens in {} pages; the prompt has {} tokens",
-            grant.tokens,
-            grant.pages.len(),
+            "grant.prefix_tokens {} is not a whole number of pages of the {}-token prompt, \
+             short of its last token",
+            grant.prefix_tokens,
             m.prompt_tokens.len()
         )));
     }
-    let namespace = match m.namespace.len() {
-        0 => None,
-        _ => Some(Namespace::from_wire(&m.namespace).ok_or_else(|| {
-            Status::invalid_argument(format!(
-                "namespace has {} bytes; a namespace has 32",
-                m.namespace.len()
-            ))
-        })?),
-    };
+    if grant.prefix_tokens + grant.tokens != m.prompt_tokens.len()
+        || grant.pages.len() != grant.tokens.div_ceil(page_size)
+    {
+        return Err(Status::invalid_argument(format!(
+            "grant covers {} tokens in {} pages after {} held; the prompt has {} tokens",
+            grant.tokens,
+            grant.pages.len(),
+            grant.prefix_tokens,
+            m.prompt_tokens.len()
+        )));
+    }
+    let namespace = pagewarden_worker::wire::namespace(&m.namespace)?;
     Ok(ValidPrefill {
         req,
         attempt,

@@ -33,7 +33,10 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_IN_FLIGHT: usize = 4;
 
 /// The pages of one job's grant, sent as they become final: a cached prefix's pinned pages
-/// first (grant pages `0..prefix.len() / page_size`), then the job's own.
+/// first, then the job's own. Pages are counted in the job's sequence (its prefix's pages,
+/// then its own); the grant starts after the pages decode already holds
+/// (`grant.prefix_tokens`), so sequence page `j` is grant page `j - held`, and pages before
+/// `held` are never sent.
 pub struct Outbound<'a> {
     deps: &'a JobDeps,
     job: &'a ValidPrefill,
@@ -41,8 +44,10 @@ pub struct Outbound<'a> {
     seg: SegmentId,
     manifest: ManifestBuilder,
     bytes: u64,
-    /// Pages submitted so far (a prefix of the grant's pages).
+    /// Grant pages submitted so far (a prefix of the grant's pages).
     submitted: usize,
+    /// Sequence pages decode already holds: the grant's page 0 is this sequence page.
+    held: usize,
     /// Submitted batches, oldest first; confirmed ones join the manifest in this order.
     in_flight: VecDeque<BatchHandle>,
 }
@@ -63,12 +68,14 @@ impl<'a> Outbound<'a> {
             manifest: ManifestBuilder::new(job.grant.key),
             bytes: 0,
             submitted: 0,
+            held: job.grant.prefix_tokens / job.grant.page_size,
             in_flight: VecDeque::new(),
         })
     }
 
-    /// Sends grant pages up to (not including) `upto` that are not sent yet, in batches, waiting for
-    /// the oldest batches when too many are in flight. On an error the grant is already ended.
+    /// Sends the sequence's pages up to (not including) page `upto` that are not sent yet (nor
+    /// held by decode), in batches, waiting for the oldest batches when too many are in
+    /// flight. On an error the grant is already ended.
     pub async fn send_upto(
         &mut self,
         pages: &ReadablePages,
@@ -92,7 +99,9 @@ impl<'a> Outbound<'a> {
         upto: usize,
         cancel: &CancellationToken,
     ) -> Result<(), WorkerError> {
-        let upto = upto.min(self.job.grant.pages.len());
+        let upto = upto
+            .saturating_sub(self.held)
+            .min(self.job.grant.pages.len());
         while self.submitted < upto {
             let end = (self.submitted + self.deps.batch_pages.max(1)).min(upto);
             let batch: Vec<usize> = (self.submitted..end).collect();
@@ -110,7 +119,7 @@ impl<'a> Outbound<'a> {
         pages: &ReadablePages,
         cancel: &CancellationToken,
     ) -> Result<(CommitManifest, u64), WorkerError> {
-        self.send_upto(pages, self.job.grant.pages.len(), cancel)
+        self.send_upto(pages, self.held + self.job.grant.pages.len(), cancel)
             .await?;
         self.settle(0, cancel).await?;
         let addr = &self.job.grant.transfer_addr;
@@ -161,7 +170,10 @@ impl<'a> Outbound<'a> {
         let g = &self.job.grant;
         let compute = &self.deps.compute;
         let shared = self.prefix.as_ref().map_or(0, |p| p.table().len());
-        let (cached, own): (Vec<usize>, Vec<usize>) = batch.iter().partition(|&&i| i < shared);
+        let (cached, own): (Vec<usize>, Vec<usize>) = batch
+            .iter()
+            .map(|&i| i + self.held)
+            .partition(|&j| j < shared);
         let own: Vec<usize> = own.into_iter().map(|i| i - shared).collect();
         let mut frames = match &self.prefix {
             Some(p) if !cached.is_empty() => compute.prefix_frames(p, &cached),

@@ -116,7 +116,8 @@ pub struct Flight {
 }
 
 impl Flight {
-    /// Picks the least-loaded live decode and prefill workers and arms the abort guard. Sends
+    /// Picks the request's namespace's decode and prefill workers (or the least-loaded ones
+    /// when those are busy) and arms the abort guard. Sends
     /// nothing yet; the first [`Flight::next`] does.
     pub fn start(
         pool: &Arc<WorkerPool>,
@@ -124,8 +125,8 @@ impl Flight {
         metrics: Arc<Metrics>,
         job: Job,
     ) -> Result<Self, RouterError> {
-        let decode = pool.pick(Half::Decode)?;
-        let prefill = pool.pick_prefill_for(&job.namespace)?;
+        let decode = pool.pick_for(Half::Decode, &job.namespace)?;
+        let prefill = pool.pick_for(Half::Prefill, &job.namespace)?;
         let req = request_ref_of(job.id, AttemptId(1));
         let guard = AbortGuard::new(
             req.clone(),
@@ -373,6 +374,7 @@ impl Flight {
             // Decode recomputes a preempted sequence from them; a repetition penalty counts them.
             prompt_token_ids: self.job.admitted.prompt.clone(),
             tenant_weight: self.job.weight,
+            namespace: self.job.namespace.as_bytes().to_vec(),
         };
         let mut client = self.decode.worker().decode();
         let reply = self

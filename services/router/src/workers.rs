@@ -290,14 +290,14 @@ impl WorkerPool {
             .ok_or(RouterError::NoLiveWorkers(half.as_str()))
     }
 
-    /// The prefill worker for a request of `namespace`: the namespace's own worker, chosen by
-    /// rendezvous hashing over the live ones (so a tenant's cached prefixes are where its next
-    /// request goes, and a worker leaving moves only its own namespaces), unless that worker
-    /// is busier than the least-loaded one by more than [`AFFINITY_SLACK`] requests: then the
-    /// least-loaded, as [`WorkerPool::pick`].
-    pub fn pick_prefill_for(&self, namespace: &Namespace) -> Result<Lease, RouterError> {
+    /// The worker of one half for a request of `namespace`: the namespace's own worker, chosen
+    /// by rendezvous hashing over the live ones (so a tenant's cached prefixes, on prefill and
+    /// on decode, are where its next request goes, and a worker leaving moves only its own
+    /// namespaces), unless that worker is busier than the least-loaded one by more than
+    /// [`AFFINITY_SLACK`] requests: then the least-loaded, as [`WorkerPool::pick`].
+    pub fn pick_for(&self, half: Half, namespace: &Namespace) -> Result<Lease, RouterError> {
         let live: Vec<(&Arc<Worker>, usize)> = self
-            .workers(Half::Prefill)
+            .workers(half)
             .iter()
             .filter_map(|w| {
                 let load =
@@ -316,13 +316,13 @@ impl WorkerPool {
             (Some(&(w, load)), Some(least)) if load <= least + AFFINITY_SLACK => {
                 Ok(Lease::new(w.clone()))
             }
-            _ => self.pick(Half::Prefill),
+            _ => self.pick(half),
         }
     }
 }
 
 /// How many more requests (queued there, or in flight from this router) a namespace's own
-/// prefill worker may have than the least-loaded one before a request goes elsewhere: a cache
+/// worker may have than the least-loaded one before a request goes elsewhere: a cache
 /// hit saves a whole prefix, a wait behind a few prompts costs less.
 pub const AFFINITY_SLACK: usize = 2;
 

@@ -212,6 +212,20 @@ impl Model {
             .collect();
         self.forward(&mut work)
     }
+
+    /// As [`Model::decode_step`], for sequences whose first positions are a cached prefix's
+    /// read-only pages (attended over, never written): the new token goes at position
+    /// `prefix.len() + pages.len()`.
+    pub fn decode_step_after(
+        &self,
+        batch: &mut [(Option<&SharedPages>, &mut ReadablePages, u32)],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        let mut work: Vec<SeqWork<'_>> = batch
+            .iter_mut()
+            .map(|(prefix, pages, tok)| SeqWork::after(*prefix, pages, std::slice::from_ref(tok)))
+            .collect();
+        self.forward(&mut work)
+    }
 }
 
 /// On a CPU with the AVX2 or 512-bit kernels, repacks every matrix they can take

@@ -3,7 +3,8 @@
 //!
 //! `queue.rs` holds the queue half, `step.rs` the batching half, `preempt.rs` the pages-as-you-go
 //! half (growth, preemption, recompute), `share.rs` the tenants' shares of the pool while
-//! another tenant waits.
+//! another tenant waits, `prefix.rs` the prefix cache (a prompt is granted after the pages of
+//! it this worker holds).
 //!
 //! - Queue, don't refuse (I9): a `Reserve` that passed admission (I3) waits in a bounded
 //!   [`FairQueue`] (FIFO per tenant, tenants in turn), holding no pages, until its prompt's
@@ -21,6 +22,7 @@
 //!   the step runs.
 
 mod preempt;
+mod prefix;
 mod queue;
 mod share;
 mod step;
@@ -35,6 +37,7 @@ use pagewarden_common::admission::Admission;
 use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind, IntegritySink, PageTag};
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown::Shutdown;
+use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{CommitError, KvPool, Owner};
 use pagewarden_model::{Sampled, SamplingParams, Tokenizer};
@@ -59,9 +62,11 @@ pub enum Command {
         tenant: TenantId,
         /// The tenant's weight in the queue (at least 1).
         weight: u32,
-        /// The prompt's ids (the grant covers this many tokens).
+        /// The prompt's ids (the grant covers them after the cached prefix decode holds).
         prompt: Vec<u32>,
         sampling: SamplingParams,
+        /// The request's prefix-cache namespace (the router's); `None`: no caching.
+        namespace: Option<Namespace>,
         reply: GrantReply,
     },
     Generate {
@@ -268,6 +273,7 @@ impl Scheduler {
                 weight,
                 prompt,
                 sampling,
+                namespace,
                 reply,
             } => {
                 let now = Instant::now();
@@ -281,6 +287,7 @@ impl Scheduler {
                     weight,
                     prompt,
                     sampling,
+                    namespace,
                     reply,
                     queued_at: now,
                     deadline: now + self.deps.queue_timeout,

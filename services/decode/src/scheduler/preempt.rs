@@ -12,9 +12,10 @@
 //! steps, so the recomputed sequence continues with the text an undisturbed run produces.
 
 use pagewarden_common::RequestId;
-use pagewarden_kvcache::ReserveError;
+use pagewarden_kvcache::{ReserveError, SharedPages};
 use pagewarden_worker::ComputeError;
 
+use super::prefix::pin_prefix;
 use super::{Done, Scheduler};
 use crate::state::{RequestState, Running};
 
@@ -54,10 +55,10 @@ impl Scheduler {
                 | RequestState::Aborted => false,
             })
             .count();
+        // Cached prefix pages nobody reads count as free: an allocation evicts them (I9).
         self.deps
             .pool
-            .stats()
-            .free
+            .available_pages()
             .saturating_sub(self.owed_pages() + generating)
     }
 
@@ -130,7 +131,12 @@ impl Scheduler {
     /// Frees the sequence's pages and keeps the rest of it (token ids, sampler, output) to be
     /// recomputed when pages free up.
     fn preempt(&mut self, req: RequestId, r: Box<Running>) {
-        let Running { pages, seq } = *r;
+        // The cached prefix is unpinned too (evictable again); it is looked up anew on resume.
+        let Running {
+            prefix: _,
+            pages,
+            seq,
+        } = *r;
         let freed = pages.table().len();
         drop(pages);
         tracing::info!(
@@ -184,7 +190,10 @@ impl Scheduler {
             let Some(RequestState::Preempted(seq)) = self.table.get(&req).map(|e| &e.state) else {
                 continue;
             };
-            let tokens = seq.kv_len() + 1;
+            // What the cache still holds of it needs no recompute (nor pages).
+            let prefix = pin_prefix(&self.deps, seq.namespace.as_ref(), &seq.tokens[..seq.kv_len()]);
+            let held = prefix.as_ref().map_or(0, SharedPages::len);
+            let tokens = seq.kv_len() + 1 - held;
             let owner = seq.owner.clone();
             let need = self.deps.pool.layout().pages_for(tokens);
             if self.resume_deferred(&tenant, need) {
@@ -204,8 +213,17 @@ impl Scheduler {
                     else {
                         unreachable!("checked above, nothing ran between");
                     };
-                    entry.state = RequestState::Recomputing(Box::new(Running { pages, seq: *seq }));
-                    self.recomputing.push_back(req);
+                    let r = Box::new(Running {
+                        prefix,
+                        pages,
+                        seq: *seq,
+                    });
+                    if r.kv_held() == r.seq.kv_len() {
+                        entry.state = RequestState::Running(r);
+                    } else {
+                        entry.state = RequestState::Recomputing(r);
+                        self.recomputing.push_back(req);
+                    }
                 }
                 Err(e) => {
                     // Counted as spare just above: only a racing release path gets here.
@@ -239,13 +257,16 @@ impl Scheduler {
                     continue;
                 }
             };
-            let from = r.pages.len();
+            let from = r.kv_held();
             let to = (from + self.deps.recompute_chunk).min(r.seq.kv_len());
             let tokens = r.seq.tokens[from..to].to_vec();
             let compute = self.deps.compute.clone();
             self.step = Some(tokio::task::spawn_blocking(move || {
                 let mut r = r;
-                let result = compute.prefill(&mut r.pages, &tokens).map(drop);
+                let Running { prefix, pages, .. } = &mut *r;
+                let result = compute
+                    .prefill_after(prefix.as_ref(), pages, &tokens)
+                    .map(drop);
                 Done::Recompute(req, r, result)
             }));
             return true;
@@ -263,8 +284,8 @@ impl Scheduler {
     ) {
         if let Some(entry) = self.back_from_model(req, &r) {
             match result {
-                Ok(()) if r.pages.len() == r.seq.kv_len() => {
-                    tracing::info!(request = %req, tokens = r.pages.len(), "recomputed");
+                Ok(()) if r.kv_held() == r.seq.kv_len() => {
+                    tracing::info!(request = %req, tokens = r.kv_held(), "recomputed");
                     entry.state = RequestState::Running(r);
                 }
                 Ok(()) => {

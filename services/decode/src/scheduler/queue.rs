@@ -6,11 +6,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use pagewarden_common::{AttemptId, RequestId, TenantId};
-use pagewarden_kvcache::ReserveError;
+use pagewarden_kvcache::{ReserveError, SharedPages};
 use pagewarden_worker::{QueueRefusal, WorkerError};
 
+use super::prefix::pin_prompt_prefix;
 use super::Scheduler;
-use crate::state::{Entry, Queued, RequestState, Reservation};
+use crate::state::{Entry, Granted, Queued, RequestState, Reservation};
 
 impl Scheduler {
     /// Admission (I3, before anything else), the stale check (I5), then a place in the queue.
@@ -155,6 +156,7 @@ impl Scheduler {
             weight: _,
             prompt,
             sampling,
+            namespace,
             reply,
             queued_at,
             deadline: _,
@@ -162,7 +164,11 @@ impl Scheduler {
         self.deps
             .metrics
             .observe_queue_time(queued_at.elapsed().as_secs_f64());
-        let pages = match self.deps.pool.reserve(owner.clone(), prompt.len()) {
+        // The prefix this worker holds is pinned first, so the grant covers only the rest and
+        // nothing evicts the prefix meanwhile.
+        let prefix = pin_prompt_prefix(&self.deps, &owner.tenant, namespace.as_ref(), &prompt);
+        let held = prefix.as_ref().map_or(0, SharedPages::len);
+        let pages = match self.deps.pool.reserve(owner.clone(), prompt.len() - held) {
             Ok(p) => p,
             Err(e) => {
                 let error = match e {
@@ -184,11 +190,17 @@ impl Scheduler {
         entry.state = RequestState::Reserved(Box::new(Reservation {
             owner,
             arrival,
+            prefix,
             pages,
             prompt,
             sampling,
+            namespace,
         }));
-        if reply.send(Ok(grant)).is_err() {
+        let granted = Granted {
+            grant,
+            prefix_tokens: held,
+        };
+        if reply.send(Ok(granted)).is_err() {
             // The caller left between its last check and now: nothing was written.
             self.abort(req, attempt, "Reserve call gone before its grant");
         }

@@ -8,6 +8,7 @@ use pagewarden_common::RequestId;
 use pagewarden_model::Sampled;
 use pagewarden_worker::{ComputeError, WorkerError};
 
+use super::prefix::finish_sequence;
 use super::{Done, Scheduler};
 use crate::events;
 use crate::rotation::Turn;
@@ -57,6 +58,8 @@ impl Scheduler {
                 entry.state = RequestState::Finished;
                 entry.ended_at = Some(now);
                 self.deps.metrics.request(f.as_str());
+                // Its prompt pages may serve the namespace's next prompt.
+                finish_sequence(&self.deps, *r);
             }
             (None, false) => {
                 // The client dropped the stream: abort (pages freed with `r`).
@@ -122,10 +125,10 @@ impl Scheduler {
                     .iter_mut()
                     .map(|(_, r)| {
                         let next = r.seq.next_input();
-                        (&mut r.pages, next)
+                        (r.prefix.as_ref(), &mut r.pages, next)
                     })
                     .collect();
-                compute.decode_step(&mut batch)
+                compute.decode_step_after(&mut batch)
             };
             Done::Step(
                 seqs.into_iter()

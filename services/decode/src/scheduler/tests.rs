@@ -8,13 +8,14 @@ use pagewarden_common::integrity::NoopIntegritySink;
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
-use pagewarden_kvcache::{KvPool, PoolConfig, WriteGrant};
+use pagewarden_kvcache::{KvPool, PoolConfig};
 use pagewarden_model::{GgufFile, LoadOptions, Model, SamplingParams, Tokenizer};
 use pagewarden_worker::{Compute, QueueRefusal, WorkerError};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{run, Command, SchedulerDeps};
 use crate::sink::DecodeSink;
+use crate::state::Granted;
 
 const PAGE: usize = 16;
 
@@ -58,7 +59,7 @@ fn deps(pages: usize, max_queue: usize, queue_timeout: Duration) -> SchedulerDep
     }
 }
 
-type Reply = oneshot::Receiver<Result<WriteGrant, WorkerError>>;
+type Reply = oneshot::Receiver<Result<Granted, WorkerError>>;
 
 async fn reserve(tx: &mpsc::Sender<Command>, tenant: &str, prompt_tokens: usize) -> Reply {
     let (reply, rx) = oneshot::channel();
@@ -73,6 +74,7 @@ async fn reserve(tx: &mpsc::Sender<Command>, tenant: &str, prompt_tokens: usize)
         weight: 1,
         prompt: vec![20; prompt_tokens],
         sampling,
+        namespace: None,
         reply,
     })
     .await
@@ -197,6 +199,7 @@ async fn a_draining_decode_finishes_what_it_holds_and_takes_nothing_new() {
             max_tokens: 4,
             ..SamplingParams::default()
         },
+        namespace: None,
         reply: req,
     })
     .await
@@ -207,7 +210,7 @@ async fn a_draining_decode_finishes_what_it_holds_and_takes_nothing_new() {
     assert!(granted(&mut holder));
     drain.cancel();
     handled(&tx).await;
-    let unavailable = |r: Result<Result<WriteGrant, WorkerError>, _>| matches!(r, Ok(Err(WorkerError::Unavailable(m))) if m.contains("draining"));
+    let unavailable = |r: Result<Result<Granted, WorkerError>, _>| matches!(r, Ok(Err(WorkerError::Unavailable(m))) if m.contains("draining"));
     assert!(
         unavailable(queued.try_recv()),
         "the queued one went elsewhere"
