@@ -2,9 +2,10 @@
 # The whole test suite, from a fresh clone: installs what the tests need when missing
 # (PostgreSQL server binaries, ibverbs headers and clang for the rdma feature, Chromium and
 # ChromeDriver for the auditor UI test, debootstrap for the compose test's base image, NVRTC
-# for the CUDA compile test, Python's Prometheus text parser for the metrics scrape test, the
-# default model), then checks formatting, lints every feature, and runs every test of the
-# workspace. The compose test also needs Docker Engine with Compose, which it does not install.
+# for the CUDA compile test, Python's Prometheus text parser for the metrics scrape test,
+# kubernetes-validate for the Kubernetes manifests' schema test, the default model), then checks
+# formatting, lints every feature, and runs every test of the workspace. The compose test also
+# needs Docker Engine with Compose, which it does not install.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -43,6 +44,22 @@ fi
 if ! python3 -c 'import prometheus_client' >/dev/null 2>&1; then
   echo "== installing prometheus-client (Python), the metrics test's parser"
   python3 -m pip install -q --no-deps 'prometheus-client==0.26.0'
+fi
+
+# The Kubernetes manifests' schema test runs kubernetes-validate, which carries the API's schemas
+# and needs no network; each of its imports is installed (pinned) only when missing.
+kv_need=()
+python3 -c 'import kubernetes_validate.version as v; assert v.__version__ == "1.37.0"' \
+  >/dev/null 2>&1 || kv_need+=('kubernetes-validate==1.37.0')
+for dep in packaging:packaging==26.3 importlib_resources:importlib-resources==7.1.0 \
+  yaml:PyYAML==6.0.3 jsonschema:jsonschema==4.26.0 referencing:referencing==0.37.0 \
+  jsonschema_specifications:jsonschema-specifications==2025.9.1 rpds:rpds-py==0.30.0 \
+  attrs:attrs==26.1.0 typing_extensions:typing-extensions==4.15.0; do
+  python3 -c "import ${dep%%:*}" >/dev/null 2>&1 || kv_need+=("${dep#*:}")
+done
+if [ ${#kv_need[@]} -gt 0 ]; then
+  echo "== installing ${kv_need[*]} (Python), the Kubernetes manifests' schema check"
+  python3 -m pip install -q --no-deps "${kv_need[@]}"
 fi
 
 PAGEWARDEN_MODEL=$(scripts/fetch-model.sh)
