@@ -9,7 +9,8 @@
 //! - `act_k`: per-256-block Q8_K quantization of activations, with 16-element sums.
 //! - `matmul`: quantized matrix x vector / matrix x matrix products (`matmul/portable.rs`
 //!   and `matmul/kquant_portable.rs` are the reference, `matmul/avx2.rs` and
-//!   `matmul/kquant_avx2.rs` the x86 fast paths).
+//!   `matmul/kquant_avx2.rs` the x86 fast paths; `matmul/q4k_repacked.rs` is llama.cpp's
+//!   order for Q4_K matrices it repacks, whole blocks of 8 rows).
 //! - `vec`: f32 dot product with SIMD dispatch.
 //! - `norm`: RMSNorm.
 //! - `rope`: rotary position embedding, llama "normal" (adjacent pairs) style.

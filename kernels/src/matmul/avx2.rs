@@ -5,6 +5,7 @@
 //! for signed weights); both give the same 32-bit lane sums, so both paths have the same bits.
 
 use super::packed::GROUP as PACKED_GROUP;
+use super::q4k_repacked::Route;
 use super::{portable, Acts, QMatrix};
 use crate::act::QuantizedActs;
 use crate::quant::{WeightType, QK};
@@ -51,9 +52,13 @@ pub(super) fn rows(
             };
             return;
         }
+        // Repacked Q4_K: a whole tile goes through one of llama.cpp's kernels (tiles start at
+        // multiples of four, so only the last, short one is gemv).
+        let repacked = super::q4k_repacked::applies(w);
         let mut t0 = 0;
         while t0 < tokens {
             let nt = (tokens - t0).min(TILE);
+            let route = repacked.then(|| Route::of(t0, tokens));
             for i in 0..n {
                 let row = w.row(r0 + i);
                 let o = &mut out[i * tokens + t0..i * tokens + t0 + nt];
@@ -62,9 +67,9 @@ pub(super) fn rows(
                 // checked above and by `QMatrix::new`.
                 unsafe {
                     if vnni {
-                        x86::tile_vnni(w.ty, row, acts, w.cols, t0, o)
+                        x86::tile_vnni(w.ty, route, row, acts, w.cols, t0, o)
                     } else {
-                        x86::tile(w.ty, row, acts, w.cols, t0, o)
+                        x86::tile(w.ty, route, row, acts, w.cols, t0, o)
                     }
                 };
             }
@@ -89,26 +94,28 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn tile(
         ty: WeightType,
+        route: Option<Route>,
         row: &[u8],
         acts: &Acts<'_>,
         cols: usize,
         t0: usize,
         out: &mut [f32],
     ) {
-        tile_body::<false>(ty, row, acts, cols, t0, out)
+        tile_body::<false>(ty, route, row, acts, cols, t0, out)
     }
 
     /// [`tile`] with AVX-512 VNNI's `vpdpbusd` for the integer products (same bits).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn tile_vnni(
         ty: WeightType,
+        route: Option<Route>,
         row: &[u8],
         acts: &Acts<'_>,
         cols: usize,
         t0: usize,
         out: &mut [f32],
     ) {
-        tile_body::<true>(ty, row, acts, cols, t0, out)
+        tile_body::<true>(ty, route, row, acts, cols, t0, out)
     }
 
     /// Rows `r0..r0 + n` of a Q4_0/Q4_1/Q5_0/Q8_0 matrix for all tokens (AVX2).
@@ -184,6 +191,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn tile_body<const VNNI: bool>(
         ty: WeightType,
+        route: Option<Route>,
         row: &[u8],
         acts: &Acts<'_>,
         cols: usize,
@@ -200,6 +208,15 @@ mod x86 {
                 2 => out.copy_from_slice(&quant::<2, VNNI>(ty, row, a, t0)),
                 _ => out.copy_from_slice(&quant::<1, VNNI>(ty, row, a, t0)),
             },
+            (WeightType::Q4_K, Acts::QuantK(a)) if route.is_some() => {
+                let route = route.expect("checked");
+                match out.len() {
+                    4 => out.copy_from_slice(&kquant::tile_repacked::<4, VNNI>(route, row, a, t0)),
+                    3 => out.copy_from_slice(&kquant::tile_repacked::<3, VNNI>(route, row, a, t0)),
+                    2 => out.copy_from_slice(&kquant::tile_repacked::<2, VNNI>(route, row, a, t0)),
+                    _ => out.copy_from_slice(&kquant::tile_repacked::<1, VNNI>(route, row, a, t0)),
+                }
+            }
             (WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K, Acts::QuantK(a)) => {
                 match out.len() {
                     4 => out.copy_from_slice(&kquant::tile::<4, VNNI>(ty, row, a, t0)),

@@ -9,6 +9,7 @@ use std::arch::x86_64::*;
 
 use crate::act_k::QuantizedActsK;
 use crate::matmul::kquant_portable::{mins_lanes, KAcc};
+use crate::matmul::q4k_repacked::{mins_part, RepackAcc, Route};
 use crate::quant::{f16_at, WeightType};
 use crate::quant_k::{q6_k_scales, scales_mins, Q6_K_D, QK_K};
 
@@ -160,6 +161,66 @@ pub(crate) unsafe fn tile<const NT: usize, const VNNI: bool>(
                 }
             }
             other => unreachable!("{other:?} is not a K-quant"),
+        }
+    }
+    acc.map(|a| a.finish())
+}
+
+/// The four exact pair sums of one Q4_K super-block: element `s` is
+/// `sum_{j in {2s, 2s+1}} sc_j * sum(q * y)` over sub-block `j`.
+#[inline(always)]
+unsafe fn pair_sums<const VNNI: bool>(u: &Unpacked, y: *const i8) -> [i32; 4] {
+    let pair = |s: usize| {
+        let y0 = _mm256_loadu_si256(y.add(64 * s) as *const __m256i);
+        let y1 = _mm256_loadu_si256(y.add(64 * s + 32) as *const __m256i);
+        _mm256_add_epi32(
+            scaled_dot::<VNNI>(u.q[2 * s], y0, u.sc[2 * s]),
+            scaled_dot::<VNNI>(u.q[2 * s + 1], y1, u.sc[2 * s + 1]),
+        )
+    };
+    let h01 = _mm256_hadd_epi32(pair(0), pair(1));
+    let h23 = _mm256_hadd_epi32(pair(2), pair(3));
+    let h = _mm256_hadd_epi32(h01, h23);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let mut out = [0i32; 4];
+    _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, s);
+    out
+}
+
+/// One Q4_K row against `NT` consecutive tokens starting at `t0`, all through `route`'s
+/// kernel, in `q4k_repacked`'s float order (the integer sums are exact, so only the order of
+/// the fused multiply-adds matters).
+#[inline(always)]
+pub(crate) unsafe fn tile_repacked<const NT: usize, const VNNI: bool>(
+    route: Route,
+    row: &[u8],
+    a: &QuantizedActsK,
+    t0: usize,
+) -> [f32; NT] {
+    let nb = a.blocks();
+    let bytes = WeightType::Q4_K.block_bytes();
+    debug_assert_eq!(row.len(), nb * bytes);
+    let parts = route.parts();
+    let mut acc = [RepackAcc::default(); NT];
+    for b in 0..nb {
+        let blk = &row[b * bytes..(b + 1) * bytes];
+        let (sc, m) = scales_mins(blk);
+        let u = unpack_q45::<VNNI>(false, blk, &sc);
+        let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let k = (t0 + j) * nb + b;
+            let sums = pair_sums::<VNNI>(&u, a.qs.as_ptr().add((t0 + j) * a.cols + b * QK_K));
+            let da = *a.d.get_unchecked(k);
+            let bsums = &a.bsums[k * 16..(k + 1) * 16];
+            let (scale, min_scale) = (d * da, dmin * da);
+            if parts == 1 {
+                let sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
+                acc.add(sum, scale, mins_part(&m, bsums, 0, 1), min_scale);
+            } else {
+                for (p, &sum) in sums.iter().enumerate() {
+                    acc.add(sum, scale, mins_part(&m, bsums, p, 4), min_scale);
+                }
+            }
         }
     }
     acc.map(|a| a.finish())

@@ -12,6 +12,7 @@ mod kquant_avx2;
 pub mod kquant_portable;
 pub mod packed;
 pub mod portable;
+pub mod q4k_repacked;
 
 use crate::act::{quantize_acts_with, QuantizedActs};
 use crate::act_k::{quantize_acts_k, QuantizedActsK};

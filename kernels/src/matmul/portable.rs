@@ -1,6 +1,7 @@
 //! Reference dot products: plain Rust, one (row, token) pair at a time.
 
 use super::kquant_portable::{dot_q45_k, dot_q6_k};
+use super::q4k_repacked::{self, Route};
 use super::{Acts, QMatrix};
 use crate::act::QuantizedActs;
 use crate::quant::{f16_at, q5_0_values, WeightType, QK};
@@ -95,10 +96,14 @@ pub(super) fn rows(
     tokens: usize,
     out: &mut [f32],
 ) {
+    let repacked = q4k_repacked::applies(w);
     for i in 0..n {
         let row = w.row(r0 + i);
         for t in 0..tokens {
             out[i * tokens + t] = match (w.ty, acts) {
+                (WeightType::Q4_K, Acts::QuantK(a)) if repacked => {
+                    q4k_repacked::dot_q4_k(Route::of(t, tokens), row, a, t)
+                }
                 (WeightType::Q4_0, Acts::Quant(a)) => dot_q4_0(row, a, t),
                 (WeightType::Q4_1, Acts::Quant(a)) => dot_q4_1(row, a, t),
                 (WeightType::Q5_0, Acts::Quant(a)) => dot_q5_0(row, a, t),
