@@ -9,14 +9,18 @@ use crate::ModelArg;
 
 /// Loads the model a worker started with `arg` runs.
 pub fn load(arg: &ModelArg) -> Arc<Model> {
-    let opts = LoadOptions::default();
+    load_with(arg, &LoadOptions::default())
+}
+
+/// [`load`] with `opts` (as a worker given the matching flags, e.g. `--flash-attention`).
+pub fn load_with(arg: &ModelArg, opts: &LoadOptions) -> Arc<Model> {
     Arc::new(match arg {
-        ModelArg::Real => Model::load(&crate::model_path(), &opts).expect("load model"),
-        ModelArg::Gemma => Model::load(&crate::gemma_model_path(), &opts).expect("load gemma"),
+        ModelArg::Real => Model::load(&crate::model_path(), opts).expect("load model"),
+        ModelArg::Gemma => Model::load(&crate::gemma_model_path(), opts).expect("load gemma"),
         ModelArg::Tiny(seed) => {
             let f =
                 GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(*seed)).expect("tiny gguf");
-            Model::from_gguf(f, &opts).expect("tiny model")
+            Model::from_gguf(f, opts).expect("tiny model")
         }
     })
 }

@@ -34,29 +34,51 @@ async fn post_stream(router: &Service, body: Value) -> (String, String, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_prompts_through_the_router_match_the_engine() {
-    reference_prompts_match(ModelArg::Real, pagewarden_system_tests::reference_path()).await;
+    // llama-cpp-python's default attention; every prompt's first 8 greedy tokens are
+    // llama.cpp's.
+    let reference = pagewarden_system_tests::reference_path();
+    reference_prompts_match(ModelArg::Real, reference, false, 10).await;
 }
 
 /// Gemma 3 through the whole suite: the router adds BOS as the GGUF asks, the workers run
 /// K-quants and sliding-window layers, and the pools hold less than Gemma's 32K context (the
-/// workers lower the context they advertise to fit).
+/// workers lower the context they advertise to fit). The workers take `--flash-attention`, as
+/// llama-server (which made the reference) runs a CPU model by default; then the first 8
+/// greedy tokens are llama.cpp's on 9 of the 10 prompts (crates/model/tests/parity_gemma.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemma3_reference_prompts_through_the_router_match_the_engine() {
     let reference = pagewarden_system_tests::workspace_root()
         .join("tests/data/reference/gemma3-270m-q4_k_m.json");
-    reference_prompts_match(ModelArg::Gemma, reference).await;
+    reference_prompts_match(ModelArg::Gemma, reference, true, 9).await;
 }
 
+/// Greedy tokens compared with llama.cpp's reference.
+const REFERENCE_TOKENS: usize = 8;
+
 /// Every reference prompt through router, prefill and decode gives the engine's greedy text,
-/// finish reason and token counts (streamed too, for the first three).
-async fn reference_prompts_match(model: ModelArg, reference: std::path::PathBuf) {
-    let flags = ["--pool-tokens", "16384", "--lower-context-to-fit"];
+/// finish reason and token counts (streamed too, for the first three), and that output's
+/// first [`REFERENCE_TOKENS`] tokens are llama.cpp's on at least `min_matching` prompts.
+async fn reference_prompts_match(
+    model: ModelArg,
+    reference: std::path::PathBuf,
+    flash_attention: bool,
+    min_matching: usize,
+) {
+    let mut flags = vec!["--pool-tokens", "16384", "--lower-context-to-fit"];
+    if flash_attention {
+        flags.push("--flash-attention");
+    }
     let decode = start_decode(&model, &flags);
     let prefill = start_prefill(&model, &flags);
     let router = start_router(&model, &[&decode], &[&prefill]).await;
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
-    let engine = reference::engine(reference::load(&model));
+    let opts = pagewarden_model::LoadOptions {
+        flash_attention,
+        ..pagewarden_model::LoadOptions::default()
+    };
+    let engine = reference::engine(reference::load_with(&model, &opts));
+    let mut matching = 0;
     for (i, case) in reference["cases"]
         .as_array()
         .expect("cases")
@@ -70,6 +92,15 @@ async fn reference_prompts_match(model: ModelArg, reference: std::path::PathBuf)
             .map(|t| t.as_u64().unwrap() as u32)
             .collect();
         let want = reference::greedy(&engine, &prompt, 24);
+        let llama_cpp: Vec<u32> = case["greedy_tokens"]
+            .as_array()
+            .expect("greedy_tokens")
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        matching += usize::from(
+            want.tokens.get(..REFERENCE_TOKENS) == llama_cpp.get(..REFERENCE_TOKENS),
+        );
         let body =
             json!({"model": "m", "prompt": case["prompt"], "max_tokens": 24, "temperature": 0});
         let (status, v) = post(&router, "/v1/completions", body.clone()).await;
@@ -106,6 +137,11 @@ async fn reference_prompts_match(model: ModelArg, reference: std::path::PathBuf)
             );
         }
     }
+    assert!(
+        matching >= min_matching,
+        "the suite's first {REFERENCE_TOKENS} greedy tokens are llama.cpp's on {matching} \
+         prompts, fewer than {min_matching}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,6 +65,13 @@ pub struct WorkerFlags {
     /// Threads for the model's matmuls (0 = all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Attention in llama.cpp's flash-attention arithmetic (`llama-server -fa on`, its default
+    /// on a CPU: values accumulated in f16, online softmax) instead of its plain CPU attention,
+    /// for the same greedy text as such a server; slower. CPU only. Prefill and decode of one
+    /// suite must agree.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "is_false")]
+    pub flash_attention: bool,
     /// Most requests in flight at once (prefill: concurrent forward passes; decode: batch size).
     #[arg(long)]
     pub max_concurrency: Option<usize>,
@@ -199,6 +206,8 @@ pub struct WorkerConfig {
     pub log_json: bool,
     /// Model threads (0 = all cores).
     pub threads: usize,
+    /// llama.cpp's flash-attention arithmetic.
+    pub flash_attention: bool,
     /// Concurrency bound.
     pub max_concurrency: usize,
     /// Prefill chunk size in tokens.
@@ -266,6 +275,7 @@ impl WorkerConfig {
                 .unwrap_or_else(|| format!("{}-{}", defaults.role, std::process::id())),
             log_json: s.log_json,
             threads: s.threads.unwrap_or(0),
+            flash_attention: s.flash_attention,
             max_concurrency,
             chunk_tokens,
             grant_ttl: s.grant_ttl.unwrap_or(Duration::from_secs(300)),

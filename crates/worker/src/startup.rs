@@ -66,14 +66,20 @@ pub enum StartupError {
     /// The pool cannot serve the context (I7).
     #[error("preflight")]
     Preflight(#[source] PreflightError),
+    /// `--flash-attention` asks for the CPU engine's emulation of llama.cpp's arithmetic.
+    #[error("--flash-attention is the CPU engine's; this worker runs on {0}")]
+    FlashAttentionOffCpu(Device),
 }
 
 /// Loads the model and builds a preflighted pool.
 pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupError> {
+    if cfg.flash_attention && opts.device != Device::Cpu {
+        return Err(StartupError::FlashAttentionOffCpu(opts.device));
+    }
     let load_opts = LoadOptions {
         threads: cfg.threads,
         prefill_chunk: cfg.chunk_tokens,
-        ..LoadOptions::default()
+        flash_attention: cfg.flash_attention,
     };
     let (model, model_name) = match &cfg.model {
         ModelSource::File(path) => {

@@ -282,6 +282,7 @@ pub(crate) fn bench_plan(bin_dir: &Path, dir: &Path, model: &Path) -> anyhow::Re
         grant_ttl: Duration::from_secs(300),
         pool_tokens: None,
         context_length: None,
+        flash_attention: false,
         auditor_grpc: None,
     })
 }

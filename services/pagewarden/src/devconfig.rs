@@ -51,6 +51,8 @@ pub struct Plan {
     pub pool_tokens: Option<usize>,
     /// Workers' context override.
     pub context_length: Option<usize>,
+    /// Workers attend in llama.cpp's flash-attention arithmetic.
+    pub flash_attention: bool,
     /// The auditor's gRPC URL, once it is known: router and workers report to it.
     pub auditor_grpc: Option<String>,
 }
@@ -145,6 +147,9 @@ impl Plan {
         if let Some(c) = self.context_length {
             a.extend(strings(["--context-length", &c.to_string()]));
         }
+        if self.flash_attention {
+            a.push("--flash-attention".into());
+        }
         self.spec(role, a)
     }
 
@@ -204,6 +209,7 @@ mod tests {
             grant_ttl: Duration::from_millis(1),
             pool_tokens: None,
             context_length: None,
+            flash_attention: false,
             auditor_grpc: None,
         };
         assert!(!plan.worker("decode").args.contains(&"--tls-ca".to_string()));

@@ -50,6 +50,10 @@ pub struct UpArgs {
     /// Advertised context length (default: the model's).
     #[arg(long)]
     pub context_length: Option<usize>,
+    /// Workers attend in llama.cpp's flash-attention arithmetic (`llama-server`'s default on a
+    /// CPU), for its greedy text (Gemma 3); slower.
+    #[arg(long)]
+    pub flash_attention: bool,
     /// Write grant lifetime. CPU prefill of a long prompt on a small machine can take minutes.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
     pub grant_ttl: Duration,
@@ -258,6 +262,7 @@ fn print_commands(
         grant_ttl: args.grant_ttl,
         pool_tokens: args.pool_tokens,
         context_length: args.context_length,
+        flash_attention: args.flash_attention,
         auditor_grpc: Some("http://127.0.0.1:0".into()),
     };
     for s in [
@@ -328,6 +333,7 @@ async fn start_all(
         grant_ttl: up.grant_ttl,
         pool_tokens: up.pool_tokens,
         context_length: up.context_length,
+        flash_attention: up.flash_attention,
         auditor_grpc: None,
     };
     std::fs::create_dir_all(dir.join("auditor"))?;
