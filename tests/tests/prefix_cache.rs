@@ -3,10 +3,15 @@
 //! `usage.prompt_tokens_details.cached_tokens` and prefill's metrics say so, and only the suffix
 //! is computed), decode already holds the prefix (its metrics say so, and prefill sends it only
 //! the suffix's pages), and the greedy tokens equal the uncached run's; another tenant sending
-//! the very same prompt hits nothing on either worker and is sent every page. The two halves
-//! are one test: "no hit for the other tenant" alone would also pass with the cache off.
+//! the very same prompt hits nothing on either worker and is sent every page. The auditor
+//! holds each worker's hits and misses per tenant. The two halves are one test: "no hit for
+//! the other tenant" alone would also pass with the cache off.
 
-use pagewarden_system_tests::{api_key, start_decode, start_prefill, start_router, ModelArg};
+use std::time::{Duration, Instant};
+
+use pagewarden_system_tests::{
+    api_key, get_json, start_auditor, start_decode, start_prefill, start_router, ModelArg, Service,
+};
 use serde_json::{json, Value};
 
 /// A long, deterministic shared prefix (a system prompt or a document), then a question.
@@ -82,10 +87,38 @@ fn tenant_counter(metrics: &str, name: &str, tenant: &str) -> f64 {
         .sum()
 }
 
+/// The auditor's `(hits, misses, cached tokens)` for `tenant` on workers of `role`, once it
+/// has `events` of them (reports are buffered and sent in the background).
+async fn audited(auditor: &Service, role: &str, tenant: &str, events: u64) -> (u64, u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let totals = get_json(auditor, "/api/cache").await;
+        let row = totals
+            .as_array()
+            .expect("a list")
+            .iter()
+            .find(|t| t["role"] == role && t["tenant"] == tenant)
+            .map(|t| {
+                let n = |k: &str| t[k].as_u64().expect("a count");
+                (n("hits"), n("misses"), n("cached_tokens"))
+            });
+        match row {
+            Some(r) if r.0 + r.1 >= events => return r,
+            _ if Instant::now() > deadline => {
+                panic!("the auditor has no {events} {role} events for {tenant}: {totals}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_reuses_its_cached_prefix_and_another_tenant_never_does() {
-    let decode = start_decode(&ModelArg::Real, &[]);
-    let prefill = start_prefill(&ModelArg::Real, &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let auditor = start_auditor(dir.path());
+    let grpc = auditor.grpc_url();
+    let decode = start_decode(&ModelArg::Real, &["--auditor", &grpc]);
+    let prefill = start_prefill(&ModelArg::Real, &["--auditor", &grpc]);
     let router = start_router(&ModelArg::Real, &[&decode], &[&prefill]).await;
     let (http, url) = (reqwest::Client::new(), router.http_url());
     let p = prompt("Which animal walked to the orchard at 4 o'clock?");
@@ -169,4 +202,19 @@ async fn a_tenant_reuses_its_cached_prefix_and_another_tenant_never_does() {
         other_bytes, cold_bytes,
         "tenant-1's request must be sent every page, as the cold one was"
     );
+
+    // The auditor's account, per worker and tenant: tenant-0 missed once and hit once (as
+    // much as it was served from the cache), tenant-1 only missed.
+    for role in ["prefill", "decode"] {
+        assert_eq!(
+            audited(&auditor, role, "tenant-0", 2).await,
+            (1, 1, warm.cached_tokens),
+            "{role}'s events for tenant-0"
+        );
+        assert_eq!(
+            audited(&auditor, role, "tenant-1", 1).await,
+            (0, 1, 0),
+            "{role}'s events for tenant-1"
+        );
+    }
 }

@@ -98,9 +98,8 @@ async fn reference_prompts_match(
             .iter()
             .map(|t| t.as_u64().unwrap() as u32)
             .collect();
-        matching += usize::from(
-            want.tokens.get(..REFERENCE_TOKENS) == llama_cpp.get(..REFERENCE_TOKENS),
-        );
+        matching +=
+            usize::from(want.tokens.get(..REFERENCE_TOKENS) == llama_cpp.get(..REFERENCE_TOKENS));
         let body =
             json!({"model": "m", "prompt": case["prompt"], "max_tokens": 24, "temperature": 0});
         let (status, v) = post(&router, "/v1/completions", body.clone()).await;

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cache_event::CacheEvent;
 use crate::integrity::{IntegrityEvent, IntegrityKind as CommonKind, IntegritySink};
 use crate::tls::{self, SuiteRole};
 use pagewarden_proto::v1 as pb;
@@ -35,6 +36,8 @@ pub enum Report {
     Integrity(pb::IntegrityReport),
     /// A preflight result (prefill, decode).
     Preflight(pb::PreflightReport),
+    /// A prefix-cache event (prefill, decode).
+    Cache(pb::CacheReport),
 }
 
 /// The client could not be built.
@@ -133,6 +136,11 @@ impl AuditorClient {
         self.report(Report::Preflight(p))
     }
 
+    /// Queues a prefix-cache event; false when it was dropped.
+    pub fn report_cache(&self, c: pb::CacheReport) -> bool {
+        self.report(Report::Cache(c))
+    }
+
     /// What happened to reports so far.
     pub fn stats(&self) -> ClientStats {
         ClientStats {
@@ -154,6 +162,7 @@ async fn send_loop(
             Report::Sample(s) => grpc.report_sample(s).await,
             Report::Integrity(e) => grpc.report_integrity(e).await,
             Report::Preflight(p) => grpc.report_preflight(p).await,
+            Report::Cache(c) => grpc.report_cache(c).await,
         };
         match res {
             Ok(_) => counters.sent.fetch_add(1, Ordering::Relaxed),
@@ -278,6 +287,10 @@ impl IntegritySink for AuditorIntegritySink {
             generation: e.page.map(|t| t.generation),
             details: format!("[{}] {}", e.role, e.detail),
         });
+    }
+
+    fn cache(&self, e: CacheEvent) {
+        self.client.report_cache(e.to_wire());
     }
 }
 

@@ -2,6 +2,7 @@
 //! `Arc<dyn IntegritySink>`; the launcher wires the auditor's client in later. Until then,
 //! [`LogIntegritySink`] writes each event as a structured warning.
 
+use crate::cache_event::CacheEvent;
 use crate::{RequestId, TenantId};
 
 /// What kind of violation or release outcome was detected.
@@ -74,6 +75,12 @@ pub struct IntegrityEvent {
 pub trait IntegritySink: Send + Sync {
     /// Reports one event.
     fn report(&self, event: IntegrityEvent);
+
+    /// Reports a prefix-cache event (I10): what the auditor keeps per namespace. Not an
+    /// integrity violation; the default keeps nothing (the worker's metrics count them).
+    fn cache(&self, event: CacheEvent) {
+        let _ = event;
+    }
 }
 
 /// Discards events.

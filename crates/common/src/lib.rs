@@ -19,6 +19,7 @@
 
 pub mod admission;
 pub mod auditor_client;
+pub mod cache_event;
 pub mod config;
 pub mod ids;
 pub mod integrity;

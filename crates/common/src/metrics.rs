@@ -341,15 +341,18 @@ impl WorkerMetrics {
         self.vllm.prefix_lookup(prompt_tokens, hit_tokens);
     }
 
-    /// A request's pages joined the prefix cache: `evicted` pages of its namespace made room,
-    /// and the namespace now holds `cached_pages`.
-    pub fn prefix_published(&self, tenant: &TenantId, evicted: usize, cached_pages: usize) {
-        self.prefix_evictions.inc_by(evicted as u64);
+    /// `tenant`'s namespace now holds `cached_pages` cached pages.
+    pub fn prefix_cached(&self, tenant: &TenantId, cached_pages: usize) {
         self.prefix_pages
             .get_or_create(&TenantLabel {
                 tenant: tenant.as_str().to_string(),
             })
             .set(cached_pages as i64);
+    }
+
+    /// `pages` cached pages were given up (a namespace's quota, or an allocation).
+    pub fn prefix_evicted(&self, pages: usize) {
+        self.prefix_evictions.inc_by(pages as u64);
     }
 
     /// Records one prompt's forward pass.

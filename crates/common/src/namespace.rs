@@ -81,11 +81,17 @@ impl Namespace {
     }
 }
 
+impl Namespace {
+    /// Eight hex digits that tell namespaces apart in logs and audit records without
+    /// revealing the rest; metrics label by tenant name instead.
+    pub fn tag(&self) -> String {
+        self.0[..4].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
 impl fmt::Display for Namespace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Eight hex digits tell namespaces apart in logs; metrics label by tenant name instead.
-        self.0[..4].iter().try_for_each(|b| write!(f, "{b:02x}"))?;
-        f.write_str("…")
+        write!(f, "{}…", self.tag())
     }
 }
 

@@ -19,6 +19,7 @@ use crate::readable::ReadablePages;
 use crate::reserved::ReservedPages;
 use crate::store::PageStore;
 use crate::Owner;
+use pagewarden_common::namespace::Namespace;
 use pagewarden_common::RequestId;
 
 /// Cheap-to-clone, `Send + Sync` handle to one pool.
@@ -38,6 +39,9 @@ pub(crate) struct PoolInner {
     /// The prefix cache's index. Lock order: this lock, then page metadata locks, then the
     /// grant registry; never the reverse.
     pub(crate) prefix: Mutex<PrefixIndex>,
+    /// Cached pages each namespace lost to allocations since the last
+    /// [`KvPool::take_reclaimed`] (taken under `prefix`).
+    pub(crate) reclaimed: Mutex<HashMap<Namespace, usize>>,
 }
 
 impl KvPool {
@@ -60,6 +64,7 @@ impl KvPool {
                 gauges: Gauges::default(),
                 metrics: PoolMetrics::default(),
                 prefix: Mutex::new(PrefixIndex::default()),
+                reclaimed: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -111,6 +116,12 @@ impl KvPool {
             }
         }
         held
+    }
+
+    /// Cached pages each namespace lost to allocations that needed them (I9) since the last
+    /// call, so a worker can say whose cache an allocation emptied.
+    pub fn take_reclaimed(&self) -> Vec<(Namespace, usize)> {
+        self.inner.reclaimed.lock().drain().collect()
     }
 
     /// Event counters; `.snapshot()` copies them.

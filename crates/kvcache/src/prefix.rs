@@ -483,6 +483,7 @@ impl PoolInner {
                 if self.evict_page(e.page, e.generation) {
                     freed.push(e.page);
                     space.remove(&h);
+                    *self.reclaimed.lock().entry(ns).or_insert(0) += 1;
                 }
             }
             idx.spaces.retain(|_, s| !s.entries.is_empty());

@@ -281,6 +281,28 @@ fn an_evicted_page_comes_back_zeroed() {
 }
 
 #[test]
+fn an_allocation_says_whose_cached_pages_it_took() {
+    let pool = cache_pool(4, 2);
+    let (a, b) = (ns("a"), ns("b"));
+    publish(&pool, 1, &a, &prompt(0, 2 * PS));
+    publish(&pool, 2, &b, &prompt(100, PS));
+    assert!(
+        pool.take_reclaimed().is_empty(),
+        "nothing was reclaimed yet"
+    );
+    // 1 page is free; the next 3 come from the cache, oldest first (a's publish).
+    let held = pool.allocate(owner(3), 4 * PS).unwrap();
+    let mut took = pool.take_reclaimed();
+    took.sort_by_key(|&(_, n)| n);
+    assert_eq!(took, vec![(b, 1), (a, 2)]);
+    assert!(
+        pool.take_reclaimed().is_empty(),
+        "each reclaim is told once"
+    );
+    drop(held);
+}
+
+#[test]
 fn eviction_within_a_namespace_is_least_recently_used() {
     let pool = cache_pool(8, 3);
     let a = ns("a");

@@ -187,7 +187,10 @@ impl Compute {
                 .collect(),
             #[cfg(feature = "cuda")]
             Compute::Cuda(_) => {
-                if batch.iter().any(|(p, _, _)| p.is_some_and(|p| !p.is_empty())) {
+                if batch
+                    .iter()
+                    .any(|(p, _, _)| p.is_some_and(|p| !p.is_empty()))
+                {
                     let refused = || {
                         Err(ComputeError::Failed(
                             "a cached prefix cannot be attended over on the GPU".into(),
@@ -195,8 +198,10 @@ impl Compute {
                     };
                     return batch.iter().map(|_| refused()).collect();
                 }
-                let mut plain: Vec<(&mut ReadablePages, u32)> =
-                    batch.iter_mut().map(|(_, pages, t)| (&mut **pages, *t)).collect();
+                let mut plain: Vec<(&mut ReadablePages, u32)> = batch
+                    .iter_mut()
+                    .map(|(_, pages, t)| (&mut **pages, *t))
+                    .collect();
                 self.decode_step(&mut plain)
             }
         }

@@ -15,6 +15,8 @@
 //! - `worker_error.rs`: `WorkerError`, why a worker refused or ended a request, and its one
 //!   mapping to a gRPC status; `QueueRefusal`.
 //! - `fair_queue.rs`: `FairQueue`, both workers' waiting line (FIFO per tenant, tenants in turn).
+//! - `prefix_log.rs`: `PrefixCacheLog`, what both say of their prefix cache (metrics, and hits,
+//!   misses and evictions to the auditor).
 
 mod boot;
 mod compute;
@@ -22,6 +24,7 @@ mod device;
 mod fair_queue;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod prefix_log;
 mod role;
 mod serve;
 mod startup;
@@ -35,6 +38,7 @@ pub use device::{check_device, open_device, DeviceError, Gpu, GpuOptions, OpenEr
 pub use fair_queue::FairQueue;
 #[cfg(feature = "cuda")]
 pub use gpu::GpuOpenError;
+pub use prefix_log::PrefixCacheLog;
 pub use role::Role;
 pub use serve::{pool_gauges, serve, BindError, Listeners, MetricsEndpoint};
 pub use startup::{load, Loaded, PoolOptions, StartupError};

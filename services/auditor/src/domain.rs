@@ -266,6 +266,18 @@ sql_enum!(
 );
 
 sql_enum!(
+    /// A prefix-cache event a worker reported (I10).
+    CacheEventKind, "cache event kind" {
+        /// A prompt found part of itself cached in its namespace.
+        Hit => "hit",
+        /// A prompt found nothing cached.
+        Miss => "miss",
+        /// Cached pages of a namespace were given up.
+        Eviction => "eviction",
+    }
+);
+
+sql_enum!(
     /// A worker's role in the PD split.
     NodeRole, "node role" {
         /// Runs prompt forward passes and writes KV pages.

@@ -8,11 +8,12 @@ use pagewarden_common::TenantId;
 use serde_json::json;
 
 use crate::domain::{IncidentId, IncidentKind, UnixMs};
-use crate::ingest::{SampleBody, ValidIntegrity, ValidPreflight, ValidSample};
+use crate::ingest::{SampleBody, ValidCacheEvent, ValidIntegrity, ValidPreflight, ValidSample};
 use crate::markers::{new_marker, ForeignMarker, MarkerRegistry};
 use crate::metrics::Metrics;
 use crate::store::{
-    MarkerRecord, NewIncident, NewIntegrityEvent, NewPreflight, NewSample, Store, StoreError,
+    MarkerRecord, NewCacheEvent, NewIncident, NewIntegrityEvent, NewPreflight, NewSample, Store,
+    StoreError,
 };
 
 /// Shared state of a running auditor: the store, the marker index, the counters.
@@ -138,6 +139,32 @@ impl Engine {
             );
         }
         Ok(opened)
+    }
+
+    /// Stores a prefix-cache event and counts it per role, kind and tenant. Isolation itself
+    /// is checked by the probes' prefix step; these say how each tenant's cache is used.
+    pub async fn ingest_cache(&self, e: ValidCacheEvent) -> Result<(), StoreError> {
+        let tenant = e.tenant.as_ref().map(|t| t.as_str().to_string());
+        self.metrics.cache_event(
+            e.role,
+            e.kind,
+            tenant.as_deref().unwrap_or(""),
+            u64::from(e.cached_tokens),
+        );
+        let rec = NewCacheEvent {
+            kind: e.kind,
+            node: e.node,
+            role: e.role,
+            tenant,
+            namespace: e.namespace,
+            request_id: e.request.map(|r| r.to_string()),
+            prompt_tokens: i64::from(e.prompt_tokens),
+            cached_tokens: i64::from(e.cached_tokens),
+            pages: i64::from(e.pages),
+            at: UnixMs::now(),
+        };
+        self.store.insert_cache_event(&rec).await?;
+        Ok(())
     }
 
     /// Stores an integrity event; one that is not routine opens an incident, a routine one is

@@ -5,7 +5,7 @@
 use pagewarden_common::{RequestId, TenantId};
 use pagewarden_proto::v1 as pb;
 
-use crate::domain::{IntegrityKind, NodeRole, SampleStatus};
+use crate::domain::{CacheEventKind, IntegrityKind, NodeRole, SampleStatus};
 
 /// A report that cannot be accepted, with a message for its sender.
 #[derive(Debug, thiserror::Error)]
@@ -216,6 +216,73 @@ impl TryFrom<pb::PreflightReport> for ValidPreflight {
             context_length: m.context_length,
             ok: m.ok,
             message: m.message,
+        })
+    }
+}
+
+/// A prefix-cache event from a worker.
+#[derive(Clone, Debug)]
+pub struct ValidCacheEvent {
+    pub kind: CacheEventKind,
+    pub node: String,
+    pub role: NodeRole,
+    pub tenant: Option<TenantId>,
+    /// The namespace's tag: 8 lowercase hex digits.
+    pub namespace: String,
+    pub request: Option<RequestId>,
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    pub pages: u32,
+}
+
+impl TryFrom<pb::CacheReport> for ValidCacheEvent {
+    type Error = InvalidReport;
+    fn try_from(m: pb::CacheReport) -> Result<Self, InvalidReport> {
+        if m.node.is_empty() {
+            return Err(bad("node is required"));
+        }
+        let role = m
+            .role
+            .parse::<NodeRole>()
+            .map_err(|_| bad("role must be \"prefill\" or \"decode\""))?;
+        let tag = m.namespace.len() == 8
+            && m.namespace
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !tag {
+            return Err(bad(
+                "namespace must be a namespace tag: 8 lowercase hex digits",
+            ));
+        }
+        let kind = match pb::CacheEventKind::try_from(m.kind) {
+            Ok(pb::CacheEventKind::Hit) => CacheEventKind::Hit,
+            Ok(pb::CacheEventKind::Miss) => CacheEventKind::Miss,
+            Ok(pb::CacheEventKind::Eviction) => CacheEventKind::Eviction,
+            Ok(pb::CacheEventKind::Unspecified) | Err(_) => {
+                return Err(bad("kind must be set to a known CacheEventKind"))
+            }
+        };
+        let consistent = match kind {
+            CacheEventKind::Hit => 0 < m.cached_tokens && m.cached_tokens < m.prompt_tokens,
+            CacheEventKind::Miss => m.cached_tokens == 0 && m.prompt_tokens > 0,
+            CacheEventKind::Eviction => m.pages > 0,
+        };
+        if !consistent {
+            return Err(bad(format!(
+                "a {kind} with {} of {} prompt tokens cached and {} pages is inconsistent",
+                m.cached_tokens, m.prompt_tokens, m.pages
+            )));
+        }
+        Ok(ValidCacheEvent {
+            kind,
+            node: m.node,
+            role,
+            tenant: non_empty(m.tenant).map(TenantId::new),
+            namespace: m.namespace,
+            request: request_id(m.req.as_ref())?,
+            prompt_tokens: m.prompt_tokens,
+            cached_tokens: m.cached_tokens,
+            pages: m.pages,
         })
     }
 }

@@ -1,9 +1,14 @@
 //! The auditor's own counters, rendered as Prometheus text under the `pagewarden_` prefix.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
-use crate::domain::{IncidentKind, IntegrityKind};
+use crate::domain::{CacheEventKind, IncidentKind, IntegrityKind, NodeRole};
+
+/// A prefix-cache counter's labels: role, kind, tenant.
+type CacheKey = (NodeRole, CacheEventKind, String);
 
 /// Monotonic counters; gauges that live in the database are rendered by the caller.
 pub struct Metrics {
@@ -16,6 +21,8 @@ pub struct Metrics {
     integrity: Vec<AtomicU64>,
     routine: Vec<AtomicU64>,
     incidents: Vec<AtomicU64>,
+    /// Prefix-cache events and the tokens their hits reused, per (role, kind, tenant).
+    cache: Mutex<BTreeMap<CacheKey, (u64, u64)>>,
 }
 
 impl Default for Metrics {
@@ -39,8 +46,16 @@ impl Default for Metrics {
                 .iter()
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            cache: Mutex::new(BTreeMap::new()),
         }
     }
+}
+
+/// `s` as a Prometheus label value.
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn bump(c: &AtomicU64) {
@@ -73,6 +88,20 @@ impl Metrics {
     /// An incident was opened.
     pub fn incident(&self, kind: IncidentKind) {
         bump(&self.incidents[index_of(IncidentKind::ALL, &kind)]);
+    }
+
+    /// A prefix-cache event was ingested (`cached_tokens` reused, for a hit).
+    pub fn cache_event(
+        &self,
+        role: NodeRole,
+        kind: CacheEventKind,
+        tenant: &str,
+        cached_tokens: u64,
+    ) {
+        let mut m = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m.entry((role, kind, tenant.to_string())).or_default();
+        e.0 += 1;
+        e.1 += cached_tokens;
     }
 
     /// A preflight report was ingested.
@@ -158,6 +187,34 @@ impl Metrics {
         let _ = writeln!(out, "# HELP {name} Incidents opened\n# TYPE {name} counter");
         for (k, c) in IncidentKind::ALL.iter().zip(&self.incidents) {
             let _ = writeln!(out, "{name}{{kind=\"{k}\"}} {}", c.load(Ordering::Relaxed));
+        }
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let (events, tokens) = (
+            "pagewarden_auditor_prefix_cache_events_total",
+            "pagewarden_auditor_prefix_cache_hit_tokens_total",
+        );
+        let _ = writeln!(
+            out,
+            "# HELP {events} Prefix-cache hits, misses and evictions the workers reported\n\
+             # TYPE {events} counter"
+        );
+        for ((role, kind, tenant), (n, _)) in cache.iter() {
+            let t = label(tenant);
+            let _ = writeln!(
+                out,
+                "{events}{{role=\"{role}\",kind=\"{kind}\",tenant=\"{t}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP {tokens} Prompt tokens the workers' prefix-cache hits reused\n\
+             # TYPE {tokens} counter"
+        );
+        for ((role, kind, tenant), (_, reused)) in cache.iter() {
+            if *kind == CacheEventKind::Hit {
+                let t = label(tenant);
+                let _ = writeln!(out, "{tokens}{{role=\"{role}\",tenant=\"{t}\"}} {reused}");
+            }
         }
     }
 }

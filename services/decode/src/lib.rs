@@ -37,7 +37,8 @@ use pagewarden_model::Tokenizer;
 use pagewarden_proto::v1::decode_server::DecodeServer;
 use pagewarden_transfer::{PageSink, ReceiverCounters, TcpReceiver};
 use pagewarden_worker::{
-    auditor_client, Compute, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, Role,
+    auditor_client, Compute, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, PrefixCacheLog,
+    Role,
 };
 use serde::{Deserialize, Serialize};
 
@@ -147,6 +148,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             sink: decode_sink,
             admission,
             metrics: metrics.clone(),
+            prefix_log: PrefixCacheLog::new(
+                &cfg.node_id,
+                ROLE.name,
+                loaded.pool.clone(),
+                metrics.clone(),
+                integrity.clone(),
+            ),
             integrity,
             node_id: cfg.node_id.clone(),
             max_batch: cfg.max_concurrency,

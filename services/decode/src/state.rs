@@ -33,8 +33,8 @@
 
 use std::time::Instant;
 
-use pagewarden_common::{AttemptId, TenantId};
 use pagewarden_common::namespace::Namespace;
+use pagewarden_common::{AttemptId, TenantId};
 use pagewarden_kvcache::{
     CommitError, CommitManifest, Owner, Published, ReadablePages, ReservedPages, SharedPages,
     WriteGrant,

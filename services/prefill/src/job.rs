@@ -16,7 +16,7 @@ use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages, SharedPages};
 use pagewarden_model::{Model, Sampled, Sampler};
 use pagewarden_proto::v1 as pb;
-use pagewarden_worker::{wire, Compute, WorkerError};
+use pagewarden_worker::{wire, Compute, PrefixCacheLog, WorkerError};
 use tokio_util::sync::CancellationToken;
 
 use crate::gate::{Admitted, Gate};
@@ -32,6 +32,8 @@ pub struct JobDeps {
     pub segments: Segments,
     pub gate: Arc<Gate>,
     pub metrics: Arc<WorkerMetrics>,
+    /// Prefix-cache hits, misses and evictions: metrics, and the auditor.
+    pub prefix_log: PrefixCacheLog,
     pub chunk_tokens: usize,
     pub batch_pages: usize,
     /// One chunk computes at a time; waiting jobs take turns, tenants in rotation.
@@ -83,8 +85,8 @@ fn pin_prefix(deps: &JobDeps, job: &ValidPrefill) -> Option<Arc<SharedPages>> {
     let prefix = deps
         .pool
         .pin_prefix(ns, &job.prompt[..job.prompt.len() - 1]);
-    deps.metrics
-        .prefix_lookup(&job.tenant, job.prompt.len(), prefix.len());
+    deps.prefix_log
+        .lookup(&job.tenant, ns, job.req, job.prompt.len(), prefix.len());
     Some(Arc::new(prefix))
 }
 
@@ -121,11 +123,8 @@ async fn compute_and_send(
     let (manifest, bytes) = out.finish(&pages, cancel).await?;
     if let Some(prefix) = prefix {
         let published = pages.publish_prefix(&prefix, &job.prompt);
-        deps.metrics.prefix_published(
-            &job.tenant,
-            published.evicted,
-            deps.pool.cached_pages(prefix.namespace()),
-        );
+        deps.prefix_log
+            .published(&job.tenant, prefix.namespace(), &published);
     } else {
         drop(pages);
     }

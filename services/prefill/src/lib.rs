@@ -24,7 +24,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use pagewarden_common::auditor_client::AuditorIntegritySink;
 use pagewarden_common::config::layered;
+use pagewarden_common::integrity::{IntegritySink, LogIntegritySink};
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown;
 use pagewarden_common::worker_config::{WorkerConfig, WorkerDefaults, WorkerFlags};
@@ -32,7 +34,8 @@ use pagewarden_kernels::Device;
 use pagewarden_proto::v1::prefill_server::PrefillServer;
 use pagewarden_transfer::{EngineConfig, ListenOptions, TcpBackend};
 use pagewarden_worker::{
-    auditor_client, Compute, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, Role,
+    auditor_client, Compute, GpuOptions, Listeners, MetricsEndpoint, PoolOptions, PrefixCacheLog,
+    Role,
 };
 use serde::{Deserialize, Serialize};
 
@@ -110,9 +113,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let admission = loaded.admission();
     let metrics = Arc::new(WorkerMetrics::new(ROLE.name, &loaded.model_name));
-    // Prefill has no integrity hook yet; the client only carries its preflight report.
-    let _auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
+    // The auditor hears prefill's preflight and its prefix-cache events.
+    let auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
         .context("auditor client")?;
+    let auditor: Arc<dyn IntegritySink> = match auditor {
+        Some(client) => Arc::new(AuditorIntegritySink::new(client)),
+        None => Arc::new(LogIntegritySink),
+    };
     // Prefill has no transfer listener (it only sends); `transfer=` in its listening line names
     // the sending bind address.
     let listeners = Listeners::bind(&cfg, cfg.transfer_addr).await?;
@@ -138,6 +145,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             metrics.clone(),
         ),
         metrics: metrics.clone(),
+        prefix_log: PrefixCacheLog::new(
+            &cfg.node_id,
+            ROLE.name,
+            loaded.pool.clone(),
+            metrics.clone(),
+            auditor,
+        ),
         chunk_tokens: cfg.chunk_tokens,
         batch_pages,
         turns: turns::Turns::default(),

@@ -4,8 +4,8 @@
 use sqlx::Row;
 
 use super::{
-    get_enum, get_flag, MarkerRecord, NewIntegrityEvent, NewPreflight, NewSample, NodeStatus,
-    RoutineCount, SamplePoint, SampleTotals, SeriesPoint, Store, StoreError,
+    get_enum, get_flag, CacheTotals, MarkerRecord, NewCacheEvent, NewIntegrityEvent, NewPreflight,
+    NewSample, NodeStatus, RoutineCount, SamplePoint, SampleTotals, SeriesPoint, Store, StoreError,
 };
 use crate::domain::UnixMs;
 
@@ -71,6 +71,61 @@ impl Store {
                     ttft_ms: r.try_get("ttft_ms")?,
                     status: get_enum(r, "status")?,
                     at: UnixMs(r.try_get("at")?),
+                })
+            })
+            .collect()
+    }
+
+    /// Records a prefix-cache event.
+    pub async fn insert_cache_event(&self, e: &NewCacheEvent) -> Result<i64, StoreError> {
+        let row = sqlx::query(
+            "INSERT INTO cache_events (kind, node, role, tenant, namespace, request_id, \
+             prompt_tokens, cached_tokens, pages, at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+        )
+        .bind(e.kind.as_str())
+        .bind(e.node.clone())
+        .bind(e.role.as_str())
+        .bind(e.tenant.clone())
+        .bind(e.namespace.clone())
+        .bind(e.request_id.clone())
+        .bind(e.prompt_tokens)
+        .bind(e.cached_tokens)
+        .bind(e.pages)
+        .bind(e.at.0)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(row.try_get("id")?)
+    }
+
+    /// Prefix-cache events per role and tenant, since the log began.
+    pub async fn cache_totals(&self) -> Result<Vec<CacheTotals>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT role, COALESCE(tenant, '') AS tenant, \
+             COUNT(CASE WHEN kind = 'hit' THEN 1 END) AS hits, \
+             COUNT(CASE WHEN kind = 'miss' THEN 1 END) AS misses, \
+             COUNT(CASE WHEN kind = 'eviction' THEN 1 END) AS evictions, \
+             CAST(COALESCE(SUM(prompt_tokens), 0) AS BIGINT) AS prompt_tokens, \
+             CAST(COALESCE(SUM(cached_tokens), 0) AS BIGINT) AS cached_tokens, \
+             CAST(COALESCE(SUM(pages), 0) AS BIGINT) AS evicted_pages, \
+             COUNT(DISTINCT namespace) AS namespaces \
+             FROM cache_events GROUP BY role, COALESCE(tenant, '') \
+             ORDER BY role, tenant",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(CacheTotals {
+                    role: get_enum(r, "role")?,
+                    tenant: r.try_get("tenant")?,
+                    hits: r.try_get("hits")?,
+                    misses: r.try_get("misses")?,
+                    evictions: r.try_get("evictions")?,
+                    prompt_tokens: r.try_get("prompt_tokens")?,
+                    cached_tokens: r.try_get("cached_tokens")?,
+                    evicted_pages: r.try_get("evicted_pages")?,
+                    namespaces: r.try_get("namespaces")?,
                 })
             })
             .collect()

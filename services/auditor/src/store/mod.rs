@@ -35,6 +35,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "routine_pages_sweeps",
         include_str!("../../../../migrations/sqlite/0002_routine_pages_sweeps.sql"),
     ),
+    (
+        3,
+        "cache_events",
+        include_str!("../../../../migrations/sqlite/0003_cache_events.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -46,6 +51,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "routine_pages_sweeps",
         include_str!("../../../../migrations/postgres/0002_routine_pages_sweeps.sql"),
+    ),
+    (
+        3,
+        "cache_events",
+        include_str!("../../../../migrations/postgres/0003_cache_events.sql"),
     ),
 ];
 

@@ -3,8 +3,8 @@
 use serde::Serialize;
 
 use crate::domain::{
-    IncidentId, IncidentKind, IncidentStatus, IntegrityKind, NodeRole, ProbeOutcome, ProbeRunId,
-    ProbeRunStatus, SampleStatus, Severity, SweepKind, UnixMs,
+    CacheEventKind, IncidentId, IncidentKind, IncidentStatus, IntegrityKind, NodeRole,
+    ProbeOutcome, ProbeRunId, ProbeRunStatus, SampleStatus, Severity, SweepKind, UnixMs,
 };
 
 /// An incident to open.
@@ -170,6 +170,42 @@ pub struct RoutineCount {
     pub count: i64,
     /// When the latest arrived.
     pub last_at: UnixMs,
+}
+
+/// A prefix-cache event to record.
+#[derive(Clone, Debug)]
+pub struct NewCacheEvent {
+    pub kind: CacheEventKind,
+    pub node: String,
+    pub role: NodeRole,
+    pub tenant: Option<String>,
+    /// The namespace's tag.
+    pub namespace: String,
+    /// The request, hex.
+    pub request_id: Option<String>,
+    pub prompt_tokens: i64,
+    pub cached_tokens: i64,
+    pub pages: i64,
+    /// When it was received.
+    pub at: UnixMs,
+}
+
+/// A tenant's prefix-cache events on one role, for the cache summary.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CacheTotals {
+    pub role: NodeRole,
+    /// Empty for evictions whose last user was unknown.
+    pub tenant: String,
+    pub hits: i64,
+    pub misses: i64,
+    pub evictions: i64,
+    /// Prompt tokens looked up, and those found cached.
+    pub prompt_tokens: i64,
+    pub cached_tokens: i64,
+    /// Pages evicted.
+    pub evicted_pages: i64,
+    /// Namespace tags it was seen in.
+    pub namespaces: i64,
 }
 
 /// A preflight report to record.

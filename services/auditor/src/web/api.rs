@@ -12,8 +12,8 @@ use super::{AppState, SignoffAction, WebError};
 use crate::accounts::Principal;
 use crate::domain::{IncidentId, SweepKind, UnixMs};
 use crate::store::{
-    Incident, IncidentPoint, NodeStatus, ProbeResult, ProbeRun, RoutineCount, SamplePoint,
-    SampleTotals, SeriesPoint,
+    CacheTotals, Incident, IncidentPoint, NodeStatus, ProbeResult, ProbeRun, RoutineCount,
+    SamplePoint, SampleTotals, SeriesPoint,
 };
 
 /// How far back the prompt-length charts (probe steps, sampled traffic) look.
@@ -75,6 +75,11 @@ pub async fn sign_off(
 /// `GET /api/nodes`
 pub async fn nodes(State(st): State<AppState>) -> Result<Json<Vec<NodeStatus>>, WebError> {
     Ok(Json(st.engine.store().nodes().await?))
+}
+
+/// Prefix-cache events per role and tenant (the workers' hits, misses and evictions).
+pub async fn cache(State(st): State<AppState>) -> Result<Json<Vec<CacheTotals>>, WebError> {
+    Ok(Json(st.engine.store().cache_totals().await?))
 }
 
 /// A run with its steps.

@@ -443,6 +443,90 @@ async fn preflight_failures_open_incidents_and_fill_the_node_table() {
     r.shutdown().await;
 }
 
+/// Workers' prefix-cache events are kept per role and tenant (namespace tags only), counted in
+/// the metrics by tenant name, and opened no incident; inconsistent ones are refused.
+#[tokio::test]
+async fn prefix_cache_events_are_kept_per_tenant() {
+    let r = start().await;
+    let mut g = grpc(&r).await;
+    let event = |kind: pb::CacheEventKind, role: &str, tenant: &str, cached: u32, pages: u32| {
+        pb::CacheReport {
+            kind: kind as i32,
+            node: format!("{role}-0"),
+            role: role.into(),
+            tenant: tenant.into(),
+            namespace: if tenant == "bob" {
+                "0badcafe"
+            } else {
+                "a1b2c3d4"
+            }
+            .into(),
+            req: req_ref(3),
+            prompt_tokens: if pages > 0 { 0 } else { 100 },
+            cached_tokens: cached,
+            pages,
+        }
+    };
+    use pb::CacheEventKind::{Eviction, Hit, Miss};
+    for e in [
+        event(Miss, "prefill", "alice", 0, 0),
+        event(Hit, "prefill", "alice", 96, 0),
+        event(Hit, "decode", "alice", 96, 0),
+        event(Miss, "prefill", "bob", 0, 0),
+        event(Eviction, "prefill", "alice", 0, 6),
+        event(Eviction, "decode", "", 0, 2),
+    ] {
+        let ack = g.report_cache(e).await.unwrap().into_inner();
+        assert_eq!(ack.incidents_opened, 0);
+    }
+    let totals = get_json(format!("http://{}/api/cache", r.http_addr)).await;
+    let row = |role: &str, tenant: &str| {
+        totals
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["role"] == role && t["tenant"] == tenant)
+            .unwrap_or_else(|| panic!("no {role}/{tenant} row in {totals}"))
+            .clone()
+    };
+    let alice = row("prefill", "alice");
+    assert_eq!(
+        (&alice["hits"], &alice["misses"], &alice["evictions"]),
+        (&json!(1), &json!(1), &json!(1))
+    );
+    assert_eq!(
+        (&alice["cached_tokens"], &alice["evicted_pages"]),
+        (&json!(96), &json!(6))
+    );
+    assert_eq!(row("prefill", "bob")["hits"], json!(0));
+    assert_eq!(row("decode", "")["evicted_pages"], json!(2));
+    let m = get_text(format!("http://{}/metrics", r.http_addr)).await;
+    for line in [
+        "pagewarden_auditor_prefix_cache_events_total{role=\"prefill\",kind=\"hit\",tenant=\"alice\"} 1",
+        "pagewarden_auditor_prefix_cache_events_total{role=\"prefill\",kind=\"miss\",tenant=\"bob\"} 1",
+        "pagewarden_auditor_prefix_cache_hit_tokens_total{role=\"decode\",tenant=\"alice\"} 96",
+    ] {
+        assert!(m.contains(line), "{line} missing from\n{m}");
+    }
+
+    // A hit that reused nothing, a namespace key instead of its tag, an unknown kind.
+    for bad in [
+        event(Hit, "prefill", "alice", 0, 0),
+        pb::CacheReport {
+            namespace: "a1b2c3d4".repeat(8),
+            ..event(Miss, "prefill", "alice", 0, 0)
+        },
+        pb::CacheReport {
+            kind: 42,
+            ..event(Miss, "prefill", "alice", 0, 0)
+        },
+    ] {
+        let err = g.report_cache(bad).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    }
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn integrity_chart_and_series() {
     let r = start().await;

@@ -1,12 +1,13 @@
 //! One store suite, run against SQLite and against a real PostgreSQL the test starts itself.
 
 use pagewarden_auditor::domain::{
-    IncidentKind, IncidentStatus, IntegrityKind, NodeRole, ProbeOutcome, ProbeRunStatus,
-    SampleStatus, Severity, SweepKind, UnixMs,
+    CacheEventKind, IncidentKind, IncidentStatus, IntegrityKind, NodeRole, ProbeOutcome,
+    ProbeRunStatus, SampleStatus, Severity, SweepKind, UnixMs,
 };
 use pagewarden_auditor::store::{
-    Backend, IncidentFilter, MarkerRecord, NewIncident, NewIntegrityEvent, NewPreflight, NewSample,
-    ProbeResult, ProbeRunEnd, Store, StoreError, Window,
+    Backend, CacheTotals, IncidentFilter, MarkerRecord, NewCacheEvent, NewIncident,
+    NewIntegrityEvent, NewPreflight, NewSample, ProbeResult, ProbeRunEnd, Store, StoreError,
+    Window,
 };
 
 use crate::pg::TempPostgres;
@@ -349,7 +350,61 @@ async fn suite(store: Store) {
     assert_eq!(results[1].prompt_tokens, None);
 
     issue_19(&store).await;
+    cache_events(&store).await;
     store.close().await;
+}
+
+/// Prefix-cache events: every kind the CHECK accepts, totals per role and tenant (sums as
+/// integers on both backends), ordered by role, then tenant.
+async fn cache_events(store: &Store) {
+    let event = |kind, role, tenant: Option<&str>, cached, pages| NewCacheEvent {
+        kind,
+        node: "w-0".into(),
+        role,
+        tenant: tenant.map(str::to_string),
+        namespace: "a1b2c3d4".into(),
+        request_id: None,
+        prompt_tokens: 100,
+        cached_tokens: cached,
+        pages,
+        at: UnixMs(9_000),
+    };
+    for e in [
+        event(CacheEventKind::Miss, NodeRole::Prefill, Some("t"), 0, 0),
+        event(CacheEventKind::Hit, NodeRole::Prefill, Some("t"), 96, 0),
+        event(CacheEventKind::Hit, NodeRole::Prefill, Some("t"), 80, 0),
+        event(CacheEventKind::Eviction, NodeRole::Decode, None, 0, 3),
+    ] {
+        store.insert_cache_event(&e).await.unwrap();
+    }
+    let totals = store.cache_totals().await.unwrap();
+    assert_eq!(
+        totals,
+        vec![
+            CacheTotals {
+                role: NodeRole::Decode,
+                tenant: String::new(),
+                hits: 0,
+                misses: 0,
+                evictions: 1,
+                prompt_tokens: 100,
+                cached_tokens: 0,
+                evicted_pages: 3,
+                namespaces: 1,
+            },
+            CacheTotals {
+                role: NodeRole::Prefill,
+                tenant: "t".into(),
+                hits: 2,
+                misses: 1,
+                evictions: 0,
+                prompt_tokens: 300,
+                cached_tokens: 176,
+                evicted_pages: 0,
+                namespaces: 1,
+            },
+        ]
+    );
 }
 
 /// Routine counts, page-tag filters, paging and the incidents series (issue 19).

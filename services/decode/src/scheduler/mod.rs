@@ -36,12 +36,14 @@ use std::time::{Duration, Instant};
 use pagewarden_common::admission::Admission;
 use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind, IntegritySink, PageTag};
 use pagewarden_common::metrics::WorkerMetrics;
-use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::namespace::Namespace;
+use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{CommitError, KvPool, Owner};
 use pagewarden_model::{Sampled, SamplingParams, Tokenizer};
-use pagewarden_worker::{Compute, ComputeError, FairQueue, QueueRefusal, WorkerError};
+use pagewarden_worker::{
+    Compute, ComputeError, FairQueue, PrefixCacheLog, QueueRefusal, WorkerError,
+};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -108,6 +110,8 @@ pub struct SchedulerDeps {
     pub admission: Admission,
     pub metrics: Arc<WorkerMetrics>,
     pub integrity: Arc<dyn IntegritySink>,
+    /// Prefix-cache hits, misses and evictions: metrics, and the auditor.
+    pub prefix_log: PrefixCacheLog,
     pub node_id: String,
     pub max_batch: usize,
     /// Most requests in the queue.

@@ -191,7 +191,11 @@ impl Scheduler {
                 continue;
             };
             // What the cache still holds of it needs no recompute (nor pages).
-            let prefix = pin_prefix(&self.deps, seq.namespace.as_ref(), &seq.tokens[..seq.kv_len()]);
+            let prefix = pin_prefix(
+                &self.deps,
+                seq.namespace.as_ref(),
+                &seq.tokens[..seq.kv_len()],
+            );
             let held = prefix.as_ref().map_or(0, SharedPages::len);
             let tokens = seq.kv_len() + 1 - held;
             let owner = seq.owner.clone();

@@ -11,8 +11,7 @@
 //! cached at before the grant is sent, so it cannot change or leave until this sequence ends.
 
 use pagewarden_common::namespace::Namespace;
-use pagewarden_common::TenantId;
-use pagewarden_kvcache::SharedPages;
+use pagewarden_kvcache::{Owner, SharedPages};
 
 use super::SchedulerDeps;
 use crate::state::Running;
@@ -32,16 +31,21 @@ pub(super) fn pin_prefix(
 }
 
 /// Pins the prefix a new prompt is granted after: every whole cached page but the one holding
-/// its last token, whose logits prefill computes. Counted per tenant.
+/// its last token, whose logits prefill computes. Logged per tenant (metrics, auditor).
 pub(super) fn pin_prompt_prefix(
     deps: &SchedulerDeps,
-    tenant: &TenantId,
+    owner: &Owner,
     namespace: Option<&Namespace>,
     prompt: &[u32],
 ) -> Option<SharedPages> {
     let prefix = pin_prefix(deps, namespace, &prompt[..prompt.len().saturating_sub(1)])?;
-    deps.metrics
-        .prefix_lookup(tenant, prompt.len(), prefix.len());
+    deps.prefix_log.lookup(
+        &owner.tenant,
+        prefix.namespace(),
+        owner.request,
+        prompt.len(),
+        prefix.len(),
+    );
     Some(prefix)
 }
 
@@ -51,7 +55,6 @@ pub(super) fn finish_sequence(deps: &SchedulerDeps, r: Running) {
     let tenant = r.seq.owner.tenant.clone();
     let namespace = r.seq.namespace;
     if let (Some(published), Some(ns)) = (r.finish(), namespace) {
-        deps.metrics
-            .prefix_published(&tenant, published.evicted, deps.pool.cached_pages(&ns));
+        deps.prefix_log.published(&tenant, &ns, &published);
     }
 }

@@ -166,7 +166,7 @@ impl Scheduler {
             .observe_queue_time(queued_at.elapsed().as_secs_f64());
         // The prefix this worker holds is pinned first, so the grant covers only the rest and
         // nothing evicts the prefix meanwhile.
-        let prefix = pin_prompt_prefix(&self.deps, &owner.tenant, namespace.as_ref(), &prompt);
+        let prefix = pin_prompt_prefix(&self.deps, &owner, namespace.as_ref(), &prompt);
         let held = prefix.as_ref().map_or(0, SharedPages::len);
         let pages = match self.deps.pool.reserve(owner.clone(), prompt.len() - held) {
             Ok(p) => p,

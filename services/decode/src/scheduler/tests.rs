@@ -4,13 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pagewarden_common::admission::Admission;
-use pagewarden_common::integrity::NoopIntegritySink;
+use pagewarden_common::integrity::{IntegritySink, NoopIntegritySink};
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{KvPool, PoolConfig};
 use pagewarden_model::{GgufFile, LoadOptions, Model, SamplingParams, Tokenizer};
-use pagewarden_worker::{Compute, QueueRefusal, WorkerError};
+use pagewarden_worker::{Compute, PrefixCacheLog, QueueRefusal, WorkerError};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{run, Command, SchedulerDeps};
@@ -43,14 +43,23 @@ fn deps(pages: usize, max_queue: usize, queue_timeout: Duration) -> SchedulerDep
     let model = Arc::new(Model::from_gguf(file, &LoadOptions::default()).unwrap());
     let tokenizer = Arc::new(Tokenizer::from_gguf(model.gguf()).unwrap());
     let pool = KvPool::new(PoolConfig::with_pages(model.kv_layout(PAGE), pages));
+    let metrics = Arc::new(WorkerMetrics::new("decode", "tiny"));
+    let integrity: Arc<dyn IntegritySink> = Arc::new(NoopIntegritySink);
     SchedulerDeps {
+        prefix_log: PrefixCacheLog::new(
+            "decode-test",
+            "decode",
+            pool.clone(),
+            metrics.clone(),
+            integrity.clone(),
+        ),
         compute: Compute::Cpu(model),
         tokenizer,
         sink: DecodeSink::new(pool.clone()),
         admission: Admission::new(pages * PAGE, pages * PAGE),
         pool,
-        metrics: Arc::new(WorkerMetrics::new("decode", "tiny")),
-        integrity: Arc::new(NoopIntegritySink),
+        metrics,
+        integrity,
         node_id: "decode-test".into(),
         max_batch: 8,
         max_queue,

@@ -1,0 +1,115 @@
+//! Prefix-cache events (I10), as a worker reports them to the auditor: a prompt's lookup in
+//! its namespace (a hit, with how much was reused, or a miss) and cached pages given up. The
+//! namespace travels as its tag only, never its key; the tenant names whose request it was.
+
+use pagewarden_proto::v1 as pb;
+
+use crate::namespace::Namespace;
+use crate::{RequestId, TenantId};
+
+/// What happened in the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheEventKind {
+    /// A prompt found `cached_tokens` of itself cached.
+    Hit,
+    /// A prompt found nothing cached.
+    Miss,
+    /// `pages` cached pages of the namespace were given up (its quota, or an allocation that
+    /// needed them).
+    Eviction,
+}
+
+/// One prefix-cache event on one worker.
+#[derive(Clone, Debug)]
+pub struct CacheEvent {
+    pub kind: CacheEventKind,
+    pub node_id: String,
+    /// `prefill` or `decode`.
+    pub role: &'static str,
+    /// Hit, miss: whose prompt it was. Eviction: whose request last used the namespace here.
+    pub tenant: Option<TenantId>,
+    pub namespace: Namespace,
+    /// Hit, miss: the request.
+    pub request: Option<RequestId>,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub pages: usize,
+}
+
+impl CacheEvent {
+    /// The lookup of `request`'s `prompt_tokens`-token prompt, `cached_tokens` of them found.
+    pub fn lookup(
+        node_id: &str,
+        role: &'static str,
+        tenant: &TenantId,
+        namespace: Namespace,
+        request: RequestId,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    ) -> Self {
+        CacheEvent {
+            kind: if cached_tokens > 0 {
+                CacheEventKind::Hit
+            } else {
+                CacheEventKind::Miss
+            },
+            node_id: node_id.to_string(),
+            role,
+            tenant: Some(tenant.clone()),
+            namespace,
+            request: Some(request),
+            prompt_tokens,
+            cached_tokens,
+            pages: 0,
+        }
+    }
+
+    /// `pages` of `namespace`'s cached pages given up; `tenant` last used it here.
+    pub fn eviction(
+        node_id: &str,
+        role: &'static str,
+        tenant: Option<TenantId>,
+        namespace: Namespace,
+        pages: usize,
+    ) -> Self {
+        CacheEvent {
+            kind: CacheEventKind::Eviction,
+            node_id: node_id.to_string(),
+            role,
+            tenant,
+            namespace,
+            request: None,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            pages,
+        }
+    }
+
+    /// The event as the auditor's `ReportCache` takes it.
+    pub fn to_wire(&self) -> pb::CacheReport {
+        let kind = match self.kind {
+            CacheEventKind::Hit => pb::CacheEventKind::Hit,
+            CacheEventKind::Miss => pb::CacheEventKind::Miss,
+            CacheEventKind::Eviction => pb::CacheEventKind::Eviction,
+        };
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        pb::CacheReport {
+            kind: kind as i32,
+            node: self.node_id.clone(),
+            role: self.role.to_string(),
+            tenant: self
+                .tenant
+                .as_ref()
+                .map(|t| t.as_str().to_string())
+                .unwrap_or_default(),
+            namespace: self.namespace.tag(),
+            req: self.request.map(|r| pb::RequestRef {
+                request_id: r.as_bytes().to_vec(),
+                attempt: 0,
+            }),
+            prompt_tokens: count(self.prompt_tokens),
+            cached_tokens: count(self.cached_tokens),
+            pages: count(self.pages),
+        }
+    }
+}
