@@ -346,7 +346,12 @@ fn activation_quantization_is_the_same_on_every_isa_and_thread_count() {
 fn packed_rows_give_the_bits_of_plain_rows_on_every_isa() {
     use pagewarden_kernels::{matmul_many_with, PackedRows};
     let mut rng = Rng::new(33);
-    for ty in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
+    for ty in [
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q8_0,
+    ] {
         for &(rows, cols, tokens) in &[(16, 576, 1), (48, 1536, 1), (64, 576, 5), (160, 64, 3)] {
             let data = make(&mut rng, ty, rows, cols);
             let w = QMatrix::new(ty, rows, cols, &data).unwrap();

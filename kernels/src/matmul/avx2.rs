@@ -4,7 +4,7 @@
 //! `maddubs` + `madd` on AVX2 and as one `vpdpbusd` with AVX-512 VNNI (u8 x i8, the sign trick
 //! for signed weights); both give the same 32-bit lane sums, so both paths have the same bits.
 
-use super::packed::GROUP as PACKED_GROUP;
+use super::packed::{GROUP as PACKED_GROUP, Q5_0_HIGH_LINE as PACKED_Q5_0_HIGH_LINE};
 use super::q4k_repacked::Route;
 use super::{portable, Acts, QMatrix};
 use crate::act::QuantizedActs;
@@ -256,6 +256,7 @@ mod x86 {
                 WeightType::Q4_0 => packed_half::<Q4_0>(pk, g, h, a, t),
                 WeightType::Q4_1 => packed_half::<Q4_1>(pk, g, h, a, t),
                 WeightType::Q8_0 => packed_half::<Q8_0>(pk, g, h, a, t),
+                WeightType::Q5_0 => packed_half::<Q5_0>(pk, g, h, a, t),
                 other => unreachable!("{other:?} is never packed"),
             };
             out[8 * h..8 * h + 8].copy_from_slice(&r);
@@ -292,12 +293,18 @@ mod x86 {
                 let s = *a.s.get_unchecked(k);
                 msum = _mm256_add_ps(msum, _mm256_mul_ps(mw, _mm256_set1_ps(s)));
             }
-            // Q4_0's lanes start from `-8 * sum(y)` over their four activations.
+            // Q4_0's lanes start from `-8 * sum(y)` over their four activations, Q5_0's from
+            // `-16 * sum(y)`.
             let mut init = [0i32; 8];
-            if TY == Q4_0 {
+            if TY == Q4_0 || TY == Q5_0 {
                 let y = _mm256_loadu_si256(yb as *const __m256i);
                 let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16);
-                let c = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(sums));
+                let sums = if TY == Q4_0 {
+                    _mm256_slli_epi32::<3>(sums)
+                } else {
+                    _mm256_slli_epi32::<4>(sums)
+                };
+                let c = _mm256_sub_epi32(_mm256_setzero_si256(), sums);
                 _mm256_storeu_si256(init.as_mut_ptr() as *mut __m256i, c);
             }
             let y4 = |k: usize| _mm256_set1_epi32((yb.add(4 * k) as *const i32).read_unaligned());
@@ -314,10 +321,20 @@ mod x86 {
                     *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, *a);
                 }
             } else {
+                let qh = if TY == Q5_0 {
+                    _mm256_load_si256(q.add(64 * (PACKED_Q5_0_HIGH_LINE - 1)) as *const __m256i)
+                } else {
+                    _mm256_setzero_si256()
+                };
                 for j in 0..4 {
                     let v = _mm256_load_si256(q.add(64 * j) as *const __m256i);
-                    let lo = _mm256_and_si256(v, low);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                    let mut lo = _mm256_and_si256(v, low);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                    if TY == Q5_0 {
+                        // Values `w + 16` (0..=31): `maddubs` pairs stay far from saturating.
+                        lo = _mm256_or_si256(lo, high_bit(qh, 2 * j));
+                        hi = _mm256_or_si256(hi, high_bit(qh, 2 * j + 1));
+                    }
                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y4(j)), ones16);
                     let p = _mm256_add_epi32(p, _mm256_set1_epi32(init[j]));
                     acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
@@ -339,6 +356,24 @@ mod x86 {
         let mut out = [0f32; 8];
         _mm256_storeu_ps(out.as_mut_ptr(), r);
         out
+    }
+
+    /// Bit `s` of every byte of a Q5_0 high-bit line (`packed::q5_0_high_bits`) moved to bit
+    /// 4, the rest cleared (as the 512-bit kernel's `high_bit`).
+    #[inline(always)]
+    unsafe fn high_bit(qh: __m256i, s: usize) -> __m256i {
+        // 16-bit shifts by at most 4: bit 4 of each byte comes from the same byte.
+        let v = match s {
+            0 => _mm256_slli_epi16::<4>(qh),
+            1 => _mm256_slli_epi16::<3>(qh),
+            2 => _mm256_slli_epi16::<2>(qh),
+            3 => _mm256_slli_epi16::<1>(qh),
+            4 => qh,
+            5 => _mm256_srli_epi16::<1>(qh),
+            6 => _mm256_srli_epi16::<2>(qh),
+            _ => _mm256_srli_epi16::<3>(qh),
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(0x10))
     }
 
     /// The sum of the eight lanes in ggml's order (halves, then pairs, then the last two).

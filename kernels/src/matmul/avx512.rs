@@ -1,7 +1,7 @@
 //! 512-bit kernels for `Isa::Avx512`: matrices packed at load (`packed.rs`) take the
 //! interleaved kernel, sixteen rows per register and eight registers of ggml's lanes per
 //! group, for every token count, with the bits of the AVX2 kernels. Everything else (unpacked
-//! rows, Q5_0, K-quants, float weights, leftover rows) runs the AVX2 kernels with VNNI.
+//! rows, K-quants, float weights, leftover rows) runs the AVX2 kernels with VNNI.
 
 use super::{avx2, packed, Acts, QMatrix};
 
@@ -36,13 +36,16 @@ pub(super) fn rows(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use crate::act::QuantizedActs;
-    use crate::matmul::packed::{PackedRows, GROUP as PACKED_GROUP};
+    use crate::matmul::packed::{
+        PackedRows, GROUP as PACKED_GROUP, Q5_0_HIGH_LINE as PACKED_Q5_0_HIGH_LINE,
+    };
     use crate::quant::{WeightType, QK};
     use std::arch::x86_64::*;
 
     const Q4_0: u8 = 0;
     const Q4_1: u8 = 1;
     const Q8_0: u8 = 2;
+    const Q5_0: u8 = 3;
 
     /// Group `g` of `pk` (sixteen rows) against token `t`'s activations.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -56,8 +59,27 @@ mod x86 {
             WeightType::Q4_0 => packed_ty::<Q4_0>(pk, g, a, t),
             WeightType::Q4_1 => packed_ty::<Q4_1>(pk, g, a, t),
             WeightType::Q8_0 => packed_ty::<Q8_0>(pk, g, a, t),
+            WeightType::Q5_0 => packed_ty::<Q5_0>(pk, g, a, t),
             other => unreachable!("{other:?} is never packed"),
         }
+    }
+
+    /// Bit `s` of every byte of a Q5_0 high-bit line (`packed::q5_0_high_bits`) moved to bit
+    /// 4, the rest cleared: the high bits of one quant line's low or high nibbles.
+    #[inline(always)]
+    unsafe fn high_bit(qh: __m512i, s: usize) -> __m512i {
+        // 16-bit shifts by at most 4: bit 4 of each byte comes from the same byte.
+        let v = match s {
+            0 => _mm512_slli_epi16::<4>(qh),
+            1 => _mm512_slli_epi16::<3>(qh),
+            2 => _mm512_slli_epi16::<2>(qh),
+            3 => _mm512_slli_epi16::<1>(qh),
+            4 => qh,
+            5 => _mm512_srli_epi16::<1>(qh),
+            6 => _mm512_srli_epi16::<2>(qh),
+            _ => _mm512_srli_epi16::<3>(qh),
+        };
+        _mm512_and_si512(v, _mm512_set1_epi8(0x10))
     }
 
     /// [`packed_group`] for the weight type `TY`. `acc[k]` holds, in lane `r`, row `r`'s
@@ -94,7 +116,11 @@ mod x86 {
             if TY != Q4_1 {
                 let y = _mm256_loadu_si256(yb as *const __m256i);
                 let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, y);
-                let shift = if TY == Q4_0 { 3 } else { 7 };
+                let shift = match TY {
+                    Q4_0 => 3,
+                    Q5_0 => 4,
+                    _ => 7,
+                };
                 let c = _mm256_sub_epi32(
                     _mm256_setzero_si256(),
                     _mm256_sllv_epi32(sums, _mm256_set1_epi32(shift)),
@@ -113,10 +139,19 @@ mod x86 {
                     acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[k]);
                 }
             } else {
+                let qh = if TY == Q5_0 {
+                    _mm512_load_si512(q.add(PACKED_Q5_0_HIGH_LINE - 1))
+                } else {
+                    _mm512_setzero_si512()
+                };
                 for j in 0..4 {
                     let v = _mm512_load_si512(q.add(j));
-                    let lo = _mm512_and_si512(v, low);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                    let mut lo = _mm512_and_si512(v, low);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                    if TY == Q5_0 {
+                        lo = _mm512_or_si512(lo, high_bit(qh, 2 * j));
+                        hi = _mm512_or_si512(hi, high_bit(qh, 2 * j + 1));
+                    }
                     let p = _mm512_dpbusd_epi32(_mm512_set1_epi32(init[j]), lo, y4(j));
                     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[j]);
                     let p = _mm512_dpbusd_epi32(_mm512_set1_epi32(init[j + 4]), hi, y4(j + 4));

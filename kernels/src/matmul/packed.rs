@@ -10,8 +10,9 @@
 //! ggml's AVX2 kernel forms for that row. Keeping those eight lanes apart per row, in eight
 //! registers, keeps ggml's float order and so its bits (`avx512.rs`).
 //!
-//! Signed quants (Q4_0, Q8_0) are stored offset to unsigned (`w + 8` is Q4_0's nibble as
-//! stored; Q8_0 stores `w ^ 0x80`, i.e. `w + 128`), and the kernel starts each lane from
+//! Signed quants (Q4_0, Q5_0, Q8_0) are stored offset to unsigned (`w + 8` is Q4_0's nibble
+//! as stored, `w + 16` Q5_0's nibble with its high bit, kept in a line of their own; Q8_0
+//! stores `w ^ 0x80`, i.e. `w + 128`), and the kernel starts each lane from
 //! `-offset * sum(y)` over the same four activations, so the integer lane is `sum(w * y)`,
 //! exact: no sign trick per row. (AVX2's `maddubs` would saturate on Q8_0's offset bytes, so
 //! that kernel flips them back and takes ggml's sign trick.)
@@ -47,8 +48,8 @@ impl std::fmt::Debug for PackedRows {
 }
 
 impl PackedRows {
-    /// Repacks `w`, or `None` when its type has no interleaved kernel (only Q4_0, Q4_1 and
-    /// Q8_0 do) or its rows are not whole groups.
+    /// Repacks `w`, or `None` when its type has no interleaved kernel (only Q4_0, Q4_1, Q5_0
+    /// and Q8_0 do) or its rows are not whole groups.
     pub fn pack(w: &QMatrix<'_>) -> Option<PackedRows> {
         let lines_per = record_lines(w.ty)?;
         if w.rows == 0 || !w.rows.is_multiple_of(GROUP) || !w.cols.is_multiple_of(QK) {
@@ -68,6 +69,12 @@ impl PackedRows {
                         WeightType::Q4_1 => {
                             bytes[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&blk[2..4]);
                             &blk[4..]
+                        }
+                        WeightType::Q5_0 => {
+                            let qh = u32::from_le_bytes(blk[2..6].try_into().expect("4 bytes"));
+                            let at = Q5_0_HIGH_LINE * 64 + 4 * r;
+                            bytes[at..at + 4].copy_from_slice(&q5_0_high_bits(qh).to_le_bytes());
+                            &blk[6..]
                         }
                         _ => &blk[2..],
                     };
@@ -135,13 +142,34 @@ impl PackedRows {
 const MAX_LINES: usize = 9;
 
 /// Lines per (group, block) record: one of scales (and Q4_1's minimums), then 64 bytes per
-/// four quant bytes of a row (Q4_x: 16 bytes a row, Q8_0: 32).
+/// four quant bytes of a row (Q4_x and Q5_0: 16 bytes a row, Q8_0: 32), then Q5_0's high bits
+/// (four bytes a row).
 pub(crate) fn record_lines(ty: WeightType) -> Option<usize> {
     match ty {
         WeightType::Q4_0 | WeightType::Q4_1 => Some(1 + 4),
+        WeightType::Q5_0 => Some(1 + 4 + 1),
         WeightType::Q8_0 => Some(1 + 8),
         _ => None,
     }
+}
+
+/// The line of a Q5_0 record that holds the sixteen rows' high bits ([`q5_0_high_bits`]).
+pub(crate) const Q5_0_HIGH_LINE: usize = 5;
+
+/// Q5_0's high bits `qh` (bit `e` belongs to element `e`) rearranged so that bit `2j + h` of
+/// byte `i` is element `16h + 4j + i`'s: the bits that quant line `j`'s low (`h = 0`) or high
+/// (`h = 1`) nibbles need sit at one position in every byte, one shift and mask from bit 4.
+pub(crate) fn q5_0_high_bits(qh: u32) -> u32 {
+    let mut p = 0u32;
+    for i in 0..4 {
+        for j in 0..4 {
+            for h in 0..2 {
+                let bit = (qh >> (16 * h + 4 * j + i)) & 1;
+                p |= bit << (8 * i + 2 * j + h);
+            }
+        }
+    }
+    p
 }
 
 /// One instruction set's kernel for a group of [`GROUP`] packed rows and one token.
