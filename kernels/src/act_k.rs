@@ -60,7 +60,7 @@ pub fn quantize_acts_k(x: &[f32], rows: usize, cols: usize) -> QuantizedActsK {
         }
         let iscale = -127.0 / max;
         for (o, v) in qs.iter_mut().zip(xs) {
-            *o = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            *o = (round_even_small(iscale * v) as i32).min(127) as i8;
         }
         for (s, g) in q.bsums[b * 16..(b + 1) * 16]
             .iter_mut()
@@ -71,4 +71,31 @@ pub fn quantize_acts_k(x: &[f32], rows: usize, cols: usize) -> QuantizedActsK {
         q.d[b] = 1.0 / iscale;
     }
     q
+}
+
+/// `x.round_ties_even()` for `|x| < 2^22` (here `|x| <= 127`): adding and taking back
+/// `1.5 * 2^23` leaves no fraction bits, so the sum rounds to nearest even. Plain float
+/// arithmetic that vectorizes, where `round_ties_even` is a `rintf` call per element on
+/// the baseline x86-64 target (5% of a Gemma 3 prefill).
+#[inline(always)]
+fn round_even_small(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_even_small;
+
+    #[test]
+    fn small_rounding_is_round_ties_even() {
+        // Every quarter step (ties included) and values near them, both signs.
+        for i in -600..=600 {
+            let x = i as f32 * 0.25;
+            for v in [x, x.next_up(), x.next_down(), -x] {
+                let (got, want) = (round_even_small(v), v.round_ties_even());
+                assert_eq!(got as i32, want as i32, "{v}");
+            }
+        }
+    }
 }
