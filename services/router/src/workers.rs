@@ -294,26 +294,31 @@ impl WorkerPool {
     /// by rendezvous hashing over the live ones (so a tenant's cached prefixes, on prefill and
     /// on decode, are where its next request goes, and a worker leaving moves only its own
     /// namespaces), unless that worker is busier than the least-loaded one by more than
-    /// [`AFFINITY_SLACK`] requests: then the least-loaded, as [`WorkerPool::pick`].
+    /// [`AFFINITY_SLACK`] requests, or has a queue while another has none: then the
+    /// least-loaded, as [`WorkerPool::pick`].
     pub fn pick_for(&self, half: Half, namespace: &Namespace) -> Result<Lease, RouterError> {
-        let live: Vec<(&Arc<Worker>, usize)> = self
+        let live: Vec<(&Arc<Worker>, usize, bool)> = self
             .workers(half)
             .iter()
             .filter_map(|w| {
-                let load =
-                    w.live_info()?.queue_depth as usize + w.in_flight.load(Ordering::Relaxed);
-                Some((w, load))
+                let queued = w.live_info()?.queue_depth as usize;
+                let load = queued + w.in_flight.load(Ordering::Relaxed);
+                Some((w, load, queued > 0))
             })
             .collect();
-        let least = live.iter().map(|&(_, load)| load).min();
-        let home = live.iter().max_by_key(|(w, _)| {
+        let least = live.iter().map(|&(_, load, _)| load).min();
+        // A request sent to a worker with a queue waits there: never while another has none.
+        let some_unqueued = live.iter().any(|&(_, _, queued)| !queued);
+        let home = live.iter().max_by_key(|(w, _, _)| {
             let mut h = Sha256::new();
             h.update(namespace.as_bytes());
             h.update(w.url().as_bytes());
             <[u8; 32]>::from(h.finalize())
         });
         match (home, least) {
-            (Some(&(w, load)), Some(least)) if load <= least + AFFINITY_SLACK => {
+            (Some(&(w, load, queued)), Some(least))
+                if load <= least + AFFINITY_SLACK && !(queued && some_unqueued) =>
+            {
                 Ok(Lease::new(w.clone()))
             }
             _ => self.pick(half),
