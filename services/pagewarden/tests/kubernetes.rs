@@ -280,6 +280,18 @@ fn service_problems(
             }
         }
         for (host, port) in urls(v) {
+            // A `dns://` worker source must name a headless Service: a ClusterIP would hide
+            // the pods behind one virtual address, one "worker" to the router.
+            if v.starts_with("dns://") {
+                let headless = cx.docs.iter().any(|(_, d)| {
+                    kind(d) == "Service"
+                        && name(d) == host
+                        && d["spec"]["clusterIP"].as_str() == Some("None")
+                });
+                if !headless {
+                    p.push(format!("{}: {v} names no headless Service", w.name));
+                }
+            }
             match resolve(&host, port, cx.docs, cx.workloads) {
                 Ok((to, ordinal)) => {
                     if let Some((sts, i)) = ordinal {
@@ -423,12 +435,14 @@ fn the_wiring_check_catches_drift() {
         &[
             (
                 "router.yaml",
-                "prefill-1.prefill:7101",
-                "prefill-2.prefill:7101",
+                "dns://prefill:7101",
+                "http://prefill-0.prefill:7101\n            - --prefill\n            - \
+                 http://prefill-2.prefill:7101",
             ),
             ("router.yaml", "http://auditor:7400", "http://auditor:7499"),
             ("router.yaml", "router/tenants.toml", "router/tenant.toml"),
             ("decode.yaml", "$(POD_IP):7203", "$(POD_ADDR):7203"),
+            ("decode.yaml", "clusterIP: None", "clusterIP: 10.0.0.9"),
             ("decode.yaml", "PeriodSeconds: 310", "PeriodSeconds: 30"),
             ("decode.yaml", "containerPort: 7203", "containerPort: 7204"),
             ("network-policies.yaml", "port: 7203", "port: 7204"),
@@ -449,6 +463,7 @@ fn the_wiring_check_catches_drift() {
     let problems = wiring_problems(&bad, &facts()).join("\n");
     for expected in [
         "no pod prefill-2 among 2 replicas of prefill",
+        "router: dns://decode:7201 names no headless Service",
         "prefill has 2 replicas, but only pods {0} are listed by name",
         "Service auditor has no port 7499",
         "writes no router/tenant.toml",

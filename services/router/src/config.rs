@@ -62,10 +62,11 @@ pub struct Args {
     #[arg(skip)]
     #[serde(skip_serializing)]
     pub tenants: Vec<TenantEntry>,
-    /// A decode worker's gRPC URL (repeatable).
+    /// A decode worker's gRPC URL, or `dns://NAME:PORT` for every address NAME resolves to,
+    /// re-resolved at each poll (repeatable).
     #[arg(long)]
     pub decode: Vec<String>,
-    /// A prefill worker's gRPC URL (repeatable).
+    /// A prefill worker's gRPC URL, or `dns://NAME:PORT` as for `--decode` (repeatable).
     #[arg(long)]
     pub prefill: Vec<String>,
     /// Largest accepted request body in bytes.

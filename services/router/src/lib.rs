@@ -32,6 +32,7 @@ pub mod access;
 pub mod admission;
 pub mod auditor_sink;
 pub mod config;
+pub mod discovery;
 pub mod dispatch;
 pub mod edge;
 pub mod error;

@@ -1,6 +1,9 @@
 //! The workers behind the router: their gRPC channels, liveness learned by polling `Info`, the
 //! effective context (I3), and least-loaded picking with an RAII in-flight lease.
 //!
+//! The workers are the fixed URLs and what the `dns://` sources resolve to at each poll
+//! ([`crate::discovery`]).
+//!
 //! Liveness of one worker: `Unknown ──poll ok──▶ Live ──poll fails / RPC unavailable──▶ Down`,
 //! and `Down ──poll ok──▶ Live`. Only `Live` workers count for the context and for picking.
 
@@ -13,10 +16,11 @@ use pagewarden_common::tls::{self, SuiteRole};
 use pagewarden_proto::v1::decode_client::DecodeClient;
 use pagewarden_proto::v1::prefill_client::PrefillClient;
 use pagewarden_proto::v1::{InfoRequest, WorkerInfo};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 
+use crate::discovery::{lookup, Resolve, Source, SystemResolver};
 use crate::error::{Half, RouterError};
 use crate::telemetry::traced;
 
@@ -79,6 +83,8 @@ pub enum Liveness {
 /// One configured worker.
 pub struct Worker {
     half: Half,
+    /// Index of the `--decode` / `--prefill` entry it came from.
+    source: usize,
     url: String,
     channel: Channel,
     liveness: Mutex<Liveness>,
@@ -86,6 +92,35 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// A worker at `url` (lazy channel: nothing connects until the first poll).
+    fn new(
+        half: Half,
+        source: usize,
+        url: &str,
+        connect_timeout: Duration,
+    ) -> Result<Arc<Self>, PoolError> {
+        let url = normalize(url);
+        let role = match half {
+            Half::Decode => SuiteRole::Decode,
+            Half::Prefill => SuiteRole::Prefill,
+        };
+        let endpoint = tls::endpoint(&url, role, &tls::client_tls())
+            .map_err(|e| PoolError {
+                url: url.clone(),
+                message: e.to_string(),
+            })?
+            .connect_timeout(connect_timeout)
+            .tcp_nodelay(true);
+        Ok(Arc::new(Self {
+            half,
+            source,
+            url,
+            channel: endpoint.connect_lazy(),
+            liveness: Mutex::new(Liveness::Unknown),
+            in_flight: AtomicUsize::new(0),
+        }))
+    }
+
     /// Which half this worker is.
     pub fn half(&self) -> Half {
         self.half
@@ -183,69 +218,127 @@ pub struct PoolError {
     message: String,
 }
 
-/// Every configured worker, by half.
+/// One half's workers and where they come from.
+struct HalfPool {
+    half: Half,
+    sources: Vec<Source>,
+    /// The workers now: one per fixed URL, one per address a DNS source resolved to.
+    workers: RwLock<Vec<Arc<Worker>>>,
+}
+
+/// Every worker, by half: the configured URLs, and what the DNS sources resolve to.
 pub struct WorkerPool {
-    decode: Vec<Arc<Worker>>,
-    prefill: Vec<Arc<Worker>>,
+    decode: HalfPool,
+    prefill: HalfPool,
+    connect_timeout: Duration,
     info_timeout: Duration,
+    resolver: Arc<dyn Resolve>,
 }
 
 impl WorkerPool {
-    /// Creates lazy channels (nothing connects until the first poll).
+    /// Creates lazy channels for the fixed URLs (nothing connects until the first poll); the
+    /// DNS sources are resolved at each [`WorkerPool::refresh`].
     pub fn new(
         decode: &[String],
         prefill: &[String],
         connect_timeout: Duration,
         info_timeout: Duration,
     ) -> Result<Self, PoolError> {
-        let make = |half: Half, urls: &[String]| -> Result<Vec<Arc<Worker>>, PoolError> {
-            urls.iter()
-                .map(|url| {
-                    let url = normalize(url);
-                    let role = match half {
-                        Half::Decode => SuiteRole::Decode,
-                        Half::Prefill => SuiteRole::Prefill,
-                    };
-                    let endpoint = tls::endpoint(&url, role, &tls::client_tls())
-                        .map_err(|e| PoolError {
-                            url: url.clone(),
-                            message: e.to_string(),
-                        })?
-                        .connect_timeout(connect_timeout)
-                        .tcp_nodelay(true);
-                    Ok(Arc::new(Worker {
-                        half,
-                        url,
-                        channel: endpoint.connect_lazy(),
-                        liveness: Mutex::new(Liveness::Unknown),
-                        in_flight: AtomicUsize::new(0),
-                    }))
+        let half = |half: Half, entries: &[String]| -> Result<HalfPool, PoolError> {
+            let sources = entries
+                .iter()
+                .map(|e| {
+                    Source::parse(e).map_err(|err| PoolError {
+                        url: e.clone(),
+                        message: err.to_string(),
+                    })
                 })
-                .collect()
+                .collect::<Result<Vec<_>, _>>()?;
+            let workers = sources
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| match s {
+                    Source::Url(url) => Some(Worker::new(half, i, url, connect_timeout)),
+                    Source::Dns { .. } => None,
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(HalfPool {
+                half,
+                sources,
+                workers: RwLock::new(workers),
+            })
         };
         Ok(Self {
-            decode: make(Half::Decode, decode)?,
-            prefill: make(Half::Prefill, prefill)?,
+            decode: half(Half::Decode, decode)?,
+            prefill: half(Half::Prefill, prefill)?,
+            connect_timeout,
             info_timeout,
+            resolver: Arc::new(SystemResolver),
         })
     }
 
-    /// Workers of one half.
-    pub fn workers(&self, half: Half) -> &[Arc<Worker>] {
+    /// The same pool, resolving DNS sources with `resolver`.
+    pub fn with_resolver(mut self, resolver: Arc<dyn Resolve>) -> Self {
+        self.resolver = resolver;
+        self
+    }
+
+    fn half(&self, half: Half) -> &HalfPool {
         match half {
             Half::Decode => &self.decode,
             Half::Prefill => &self.prefill,
         }
     }
 
-    /// Polls every worker's `Info` concurrently.
+    /// Workers of one half, as they are now.
+    pub fn workers(&self, half: Half) -> Vec<Arc<Worker>> {
+        self.half(half).workers.read().clone()
+    }
+
+    /// Re-resolves every DNS source: a new address becomes a worker (`Unknown` until polled),
+    /// an address no longer there leaves the pool (requests holding its lease finish on it).
+    pub async fn discover(&self) {
+        for pool in [&self.decode, &self.prefill] {
+            for (i, source) in pool.sources.iter().enumerate() {
+                let Source::Dns { name, port } = source else {
+                    continue;
+                };
+                let Some(urls) = lookup(self.resolver.as_ref(), name, *port).await else {
+                    continue;
+                };
+                let mut workers = pool.workers.write();
+                workers.retain(|w| {
+                    let keep = w.source != i || urls.contains(&w.url);
+                    if !keep {
+                        tracing::info!(half = pool.half.as_str(), url = %w.url, %name, "worker left the name");
+                    }
+                    keep
+                });
+                for url in &urls {
+                    if workers.iter().any(|w| w.source == i && &w.url == url) {
+                        continue;
+                    }
+                    match Worker::new(pool.half, i, url, self.connect_timeout) {
+                        Ok(w) => {
+                            tracing::info!(half = pool.half.as_str(), %url, %name, "worker found by name");
+                            workers.push(w);
+                        }
+                        Err(e) => tracing::warn!(%url, %name, error = %e, "found worker unusable"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Re-resolves the DNS sources, then polls every worker's `Info` concurrently.
     pub async fn refresh(&self) {
-        let polls = self
-            .decode
-            .iter()
-            .chain(&self.prefill)
-            .map(|w| w.poll(self.info_timeout));
-        futures::future::join_all(polls).await;
+        self.discover().await;
+        let all: Vec<Arc<Worker>> = self
+            .workers(Half::Decode)
+            .into_iter()
+            .chain(self.workers(Half::Prefill))
+            .collect();
+        futures::future::join_all(all.iter().map(|w| w.poll(self.info_timeout))).await;
     }
 
     /// Number of live workers of one half.
@@ -297,8 +390,8 @@ impl WorkerPool {
     /// [`AFFINITY_SLACK`] requests, or has a queue while another has none: then the
     /// least-loaded, as [`WorkerPool::pick`].
     pub fn pick_for(&self, half: Half, namespace: &Namespace) -> Result<Lease, RouterError> {
-        let live: Vec<(&Arc<Worker>, usize, bool)> = self
-            .workers(half)
+        let workers = self.workers(half);
+        let live: Vec<(&Arc<Worker>, usize, bool)> = workers
             .iter()
             .filter_map(|w| {
                 let queued = w.live_info()?.queue_depth as usize;

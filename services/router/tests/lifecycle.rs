@@ -5,10 +5,12 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::fakes::{fake_text, FakeOpts};
 use common::{expect_error, sse_data, Harness, Opts, KEY, OTHER_KEY};
+use pagewarden_router::discovery::Resolve;
 use serde_json::{json, Value};
 
 fn text_of(v: &Value) -> String {
@@ -607,6 +609,94 @@ async fn a_tenants_workers_are_picked_and_dead_ones_skipped() {
         "{m}"
     );
     drop(streams);
+}
+
+/// A name's answer in the tests: what `dns://decode.test:7201` resolves to right now.
+struct Names(parking_lot::Mutex<std::io::Result<Vec<std::net::SocketAddr>>>);
+
+impl Names {
+    fn answer(&self, addrs: std::io::Result<Vec<std::net::SocketAddr>>) {
+        *self.0.lock() = addrs;
+    }
+}
+
+impl Resolve for Names {
+    fn resolve(
+        &self,
+        _name: &str,
+        _port: u16,
+    ) -> futures::future::BoxFuture<'static, std::io::Result<Vec<std::net::SocketAddr>>> {
+        let answer = match &*self.0.lock() {
+            Ok(a) => Ok(a.clone()),
+            Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+        };
+        Box::pin(async move { answer })
+    }
+}
+
+/// Decode workers found by a DNS name (a compose service, a headless Kubernetes service): the
+/// one the name answers is used; one that joins the name is picked up at the next poll; one that
+/// leaves it gets nothing more; a failed lookup keeps the last answer.
+#[tokio::test]
+async fn decode_workers_are_found_by_name_and_leave_with_it() {
+    let names = Arc::new(Names(parking_lot::Mutex::new(Ok(vec![]))));
+    let h = Harness::start(Opts {
+        decode: vec![FakeOpts::default(), FakeOpts::default()],
+        decode_resolver: Some(names.clone()),
+        ..Opts::default()
+    })
+    .await;
+    let addr = |i: usize| -> std::net::SocketAddr {
+        h.decode[i]
+            .url()
+            .trim_start_matches("http://")
+            .parse()
+            .unwrap()
+    };
+    let body = json!({"prompt": "x", "max_tokens": 2});
+    let live = |m: &str, n: usize| {
+        m.contains(&format!(
+            "pagewarden_router_live_workers{{role=\"decode\"}} {n}"
+        ))
+    };
+    let settle = || tokio::time::sleep(Duration::from_millis(400));
+    // The name answers nothing yet: no decode, the router is not ready.
+    assert_eq!(
+        h.client.get(h.url("/ready")).send().await.unwrap().status(),
+        503
+    );
+
+    names.answer(Ok(vec![addr(0)]));
+    settle().await;
+    for _ in 0..3 {
+        assert_eq!(h.post("/v1/completions", &body).await.status(), 200);
+    }
+    assert_eq!((h.decode[0].reserves(), h.decode[1].reserves()), (3, 0));
+
+    names.answer(Ok(vec![addr(0), addr(1)]));
+    settle().await;
+    assert!(live(&h.metrics().await, 2), "{}", h.metrics().await);
+
+    names.answer(Ok(vec![addr(1)]));
+    settle().await;
+    assert!(live(&h.metrics().await, 1), "{}", h.metrics().await);
+    for _ in 0..3 {
+        assert_eq!(h.post("/v1/completions", &body).await.status(), 200);
+    }
+    assert_eq!(
+        (h.decode[0].reserves(), h.decode[1].reserves()),
+        (3, 3),
+        "a worker that left the name got requests"
+    );
+
+    names.answer(Err(std::io::Error::other("no DNS server")));
+    settle().await;
+    assert!(
+        live(&h.metrics().await, 1),
+        "a failed lookup dropped the workers"
+    );
+    assert_eq!(h.post("/v1/completions", &body).await.status(), 200);
+    assert_eq!(h.decode[1].reserves(), 4);
 }
 
 /// I5: a token event naming another request is dropped and counted, never relayed.

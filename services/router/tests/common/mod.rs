@@ -11,6 +11,7 @@ use fakes::{start_decode, start_prefill, Fake, FakeOpts};
 use pagewarden_common::secret::SecretHash;
 use pagewarden_common::tenants::TenantEntry;
 use pagewarden_router::config::DEFAULT_MAX_BODY_BYTES;
+use pagewarden_router::discovery::Resolve;
 use pagewarden_router::dispatch::DispatchConfig;
 use pagewarden_router::frontend::Frontend;
 use pagewarden_router::tenants::Tenants;
@@ -27,6 +28,9 @@ pub struct Opts {
     pub prefill: Vec<FakeOpts>,
     /// Extra decode URLs that point nowhere.
     pub dead_decode: Vec<String>,
+    /// When set, decode is configured as `dns://decode.test:7201` only, resolved by this
+    /// (the fakes in `decode` are started, but found only if it answers their addresses).
+    pub decode_resolver: Option<Arc<dyn Resolve>>,
     pub max_body_bytes: usize,
     pub max_concurrency: usize,
     /// The router's default per-tenant limit (`--tenant-max-concurrency`).
@@ -44,6 +48,7 @@ impl Default for Opts {
             decode: vec![FakeOpts::default()],
             prefill: vec![FakeOpts::default()],
             dead_decode: vec![],
+            decode_resolver: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_concurrency: 64,
             tenant_max_concurrency: None,
@@ -105,13 +110,19 @@ impl Harness {
         let mut decode_urls: Vec<String> = decode.iter().map(Fake::url).collect();
         decode_urls.extend(opts.dead_decode);
         let prefill_urls: Vec<String> = prefill.iter().map(Fake::url).collect();
-        let pool = WorkerPool::new(
+        if opts.decode_resolver.is_some() {
+            decode_urls = vec!["dns://decode.test:7201".into()];
+        }
+        let mut pool = WorkerPool::new(
             &decode_urls,
             &prefill_urls,
             Duration::from_millis(300),
             Duration::from_millis(300),
         )
         .unwrap();
+        if let Some(resolver) = opts.decode_resolver {
+            pool = pool.with_resolver(resolver);
+        }
         let settings = Settings {
             max_body_bytes: opts.max_body_bytes,
             max_concurrency: opts.max_concurrency,
