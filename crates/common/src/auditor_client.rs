@@ -1,8 +1,11 @@
 //! `AuditorClient`: how router and workers report to the auditor without ever waiting on it.
 //!
-//! Reports go into a bounded channel; one background task sends them over gRPC. When the
-//! channel is full the report is dropped and counted; when a send fails it is counted and not
-//! retried. The serving path only ever pays for a `try_send`.
+//! Reports go into a bounded channel; one background task ([`delivery`]) sends them over gRPC,
+//! in order. A report the auditor cannot take for now (it is down or restarting, or its database
+//! is: `UNAVAILABLE`) is kept and retried with capped exponential backoff while later reports
+//! wait in the channel; one it refuses as malformed or unauthorised is counted as failed and
+//! dropped. When the channel is full a new report is dropped and counted. The serving path only
+//! ever pays for a `try_send`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), pagewarden_common::auditor_client::ClientError> {
@@ -22,10 +25,9 @@ use crate::tls::{self, SuiteRole};
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient as GrpcClient;
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
-/// How long one report may take to send before it counts as failed.
-const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+mod delivery;
 
 /// One report on its way to the auditor.
 #[derive(Clone, Debug)]
@@ -60,8 +62,18 @@ pub struct ClientStats {
     pub dropped: u64,
     /// Delivered and acknowledged.
     pub sent: u64,
-    /// Sent but not acknowledged (auditor down, timeout, rejected).
+    /// Refused by the auditor as the report's own fault (invalid, unauthorised) and dropped.
     pub failed: u64,
+    /// Attempts that failed for a reason of the auditor's (down, its database down, no answer
+    /// in time) and were followed by another attempt at the same report.
+    pub retried: u64,
+}
+
+impl ClientStats {
+    /// Reports accepted but not yet sent or refused: in the buffer, or being retried.
+    pub fn waiting(&self) -> u64 {
+        self.queued.saturating_sub(self.sent + self.failed)
+    }
 }
 
 #[derive(Default)]
@@ -70,6 +82,7 @@ struct Counters {
     dropped: AtomicU64,
     sent: AtomicU64,
     failed: AtomicU64,
+    retried: AtomicU64,
 }
 
 /// A cheap-to-clone handle that buffers reports for one background sender task.
@@ -86,10 +99,10 @@ impl AuditorClient {
     pub fn spawn(endpoint: &str, capacity: usize) -> Result<Self, ClientError> {
         let ep = endpoint_of(endpoint)?
             .connect_timeout(Duration::from_secs(1))
-            .timeout(SEND_TIMEOUT);
+            .timeout(delivery::SEND_TIMEOUT);
         let grpc = GrpcClient::new(ep.connect_lazy());
         let (client, rx) = Self::with_sink(capacity);
-        tokio::spawn(send_loop(grpc, rx, client.counters.clone()));
+        tokio::spawn(delivery::send_loop(grpc, rx, client.counters.clone()));
         Ok(client)
     }
 
@@ -148,29 +161,8 @@ impl AuditorClient {
             dropped: self.counters.dropped.load(Ordering::Relaxed),
             sent: self.counters.sent.load(Ordering::Relaxed),
             failed: self.counters.failed.load(Ordering::Relaxed),
+            retried: self.counters.retried.load(Ordering::Relaxed),
         }
-    }
-}
-
-async fn send_loop(
-    mut grpc: GrpcClient<Channel>,
-    mut rx: mpsc::Receiver<Report>,
-    counters: Arc<Counters>,
-) {
-    while let Some(r) = rx.recv().await {
-        let res = match r {
-            Report::Sample(s) => grpc.report_sample(s).await,
-            Report::Integrity(e) => grpc.report_integrity(e).await,
-            Report::Preflight(p) => grpc.report_preflight(p).await,
-            Report::Cache(c) => grpc.report_cache(c).await,
-        };
-        match res {
-            Ok(_) => counters.sent.fetch_add(1, Ordering::Relaxed),
-            Err(status) => {
-                tracing::debug!(%status, "auditor report failed");
-                counters.failed.fetch_add(1, Ordering::Relaxed)
-            }
-        };
     }
 }
 
@@ -308,21 +300,6 @@ mod tests {
         let s = client.stats();
         assert_eq!((s.queued, s.dropped), (2, 3));
         assert!(matches!(rx.recv().await, Some(Report::Preflight(_))));
-    }
-
-    #[tokio::test]
-    async fn unreachable_auditor_counts_failures_without_blocking() {
-        // Port 9 on loopback: nothing listens, every send fails fast.
-        let client = AuditorClient::spawn("http://127.0.0.1:9", 8).unwrap();
-        assert!(client.report_sample(pb::SampleReport::default()));
-        for _ in 0..100 {
-            if client.stats().failed == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(client.stats().failed, 1);
-        assert_eq!(client.stats().sent, 0);
     }
 
     #[tokio::test]

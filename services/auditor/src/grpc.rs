@@ -1,5 +1,7 @@
 //! The `Auditor` gRPC service: parses each report into its `Valid*` type and hands it to the
-//! engine. A store failure is `UNAVAILABLE` (the sender counts it; it never retries inline).
+//! engine. A store failure is `UNAVAILABLE`: the sender keeps the report and sends it again
+//! later (`pagewarden_common::auditor_client`), so reports outlive a database outage; an invalid
+//! report is `INVALID_ARGUMENT`, which the sender drops.
 //! Under mutual TLS, [`caller_policy`] says which suite roles may call each RPC (I11).
 
 use std::sync::Arc;
