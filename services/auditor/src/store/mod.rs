@@ -59,6 +59,12 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
 ];
 
+/// How long a query waits for a connection before it fails. While the database is down sqlx
+/// keeps trying to connect until then, so this bounds how long a report waits for its
+/// `UNAVAILABLE` (the sender retries it) and how long `/ready` waits for its 503; sqlx's default
+/// is 30 s.
+const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What went wrong talking to the database.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -167,7 +173,11 @@ impl Store {
             } else {
                 Some(std::time::Duration::from_secs(300))
             })
-            .max_lifetime(None);
+            .max_lifetime(None)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            // A connection the database dropped (it restarted) is found dead and replaced on
+            // its next use, never handed to a query.
+            .test_before_acquire(true);
         let pool = opts.connect(url).await?;
         backend.migrator(through).run(&pool).await?;
         Ok(Store { pool, backend })

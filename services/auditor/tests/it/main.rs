@@ -2,6 +2,7 @@
 
 mod auth;
 mod browser;
+mod db_outage;
 mod fake_router;
 mod ingest;
 mod listing;

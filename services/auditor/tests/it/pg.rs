@@ -1,6 +1,7 @@
-//! A throwaway PostgreSQL server for the store suite: initdb in a temp dir, started on a free
-//! loopback port with its unix socket in the temp dir, stopped on drop. Fails (never skips)
-//! when the server binaries are missing.
+//! A throwaway PostgreSQL server for the store suite and the outage test: initdb in a temp dir,
+//! started on a free loopback port with its unix socket in the temp dir, stopped on drop (and
+//! on demand, then started again on the same data and port). Fails (never skips) when the
+//! server binaries are missing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -8,6 +9,7 @@ use std::process::Command;
 pub struct TempPostgres {
     bin: PathBuf,
     data: PathBuf,
+    port: u16,
     as_postgres: bool,
     pub url: String,
     _dir: tempfile::TempDir,
@@ -107,6 +109,7 @@ impl TempPostgres {
         let pg = TempPostgres {
             bin,
             data: data.clone(),
+            port,
             as_postgres,
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             _dir: dir,
@@ -126,23 +129,37 @@ impl TempPostgres {
                 "--no-sync",
             ],
         );
-        let sock = pg._dir.path().to_string_lossy().to_string();
+        pg.start_again();
+        pg
+    }
+
+    /// Starts the server (again) on its data directory and port.
+    pub fn start_again(&self) {
+        let data = self.data.to_string_lossy().to_string();
+        let sock = self._dir.path().to_string_lossy().to_string();
         let opts = format!(
-            "-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
+            "-p {} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off",
+            self.port
         );
-        let log = pg
+        let log = self
             ._dir
             .path()
             .join("postgres.log")
             .to_string_lossy()
             .to_string();
-        pg.run(
+        self.run(
             "pg_ctl",
             &[
-                "-D", &data_s, "-o", &opts, "-l", &log, "-w", "-t", "30", "start",
+                "-D", &data, "-o", &opts, "-l", &log, "-w", "-t", "30", "start",
             ],
         );
-        pg
+    }
+
+    /// Stops the server the way an operator's restart does: every connection is cut, and it
+    /// answers none until [`TempPostgres::start_again`].
+    pub fn stop(&self) {
+        let data = self.data.to_string_lossy().to_string();
+        self.run("pg_ctl", &["-D", &data, "-m", "fast", "-w", "stop"]);
     }
 }
 
