@@ -10,7 +10,17 @@
 //! - `pagewarden probe` (this build's binary, from the host) sweeps the router clean;
 //! - the auditor's own first probe run, which waits for the router, passes;
 //! - PostgreSQL, read directly, holds no incident, a preflight report from each of the four
-//!   workers and the router's samples of the completions (all over mutual TLS).
+//!   workers and the router's samples of the completions (all over mutual TLS);
+//! - faults across the containers (each its own host on the compose networks) under a steady
+//!   load of 4 clients: decode-0 killed with -9 and started again, prefill-0 frozen (a hang)
+//!   and thawed, decode-1 cut off the KV network mid-transfer and joined again. No response
+//!   holds the other tenant's marker, no request outlives the router's deadline, failures are
+//!   clean 5xx, the router (which finds the workers by DNS name) sends to every worker again,
+//!   and no page of any pool stays held, draining or quarantined;
+//! - PostgreSQL stopped while completions are served: once it is back, the auditor holds every
+//!   one of their samples, once (the router's client kept them);
+//! - `pagewarden probe` passes again, and the auditor's incidents are only those a fault may
+//!   cause (none in practice).
 //!
 //! The stack, its volumes, network and the image built for this run are removed at the end,
 //! failure included (the base image stays, cached by its tag). Needs Docker with Compose
@@ -19,6 +29,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pagewarden_common::tenants::ClientKeys;
@@ -75,6 +87,8 @@ fn compose_program() -> Vec<String> {
 struct Stack {
     program: Vec<String>,
     project: String,
+    /// The first three octets of the KV network (`PAGEWARDEN_KV_SUBNET`).
+    kv_subnet: String,
     env: Vec<(String, String)>,
     image: String,
 }
@@ -321,6 +335,368 @@ fn auditor_probe_run(stack: &Stack) -> (String, String, i64) {
     }
 }
 
+/// The router's deadline on every request under `compose/local/small.yml`.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
+/// How long each fault lasts before it heals.
+const FAULT_FOR: Duration = Duration::from_secs(8);
+
+/// What one request of the steady load got.
+#[derive(Debug)]
+struct Outcome {
+    tenant: &'static str,
+    /// The fault in force when it was sent.
+    during: &'static str,
+    status: u16,
+    elapsed: Duration,
+    text: String,
+    error: Value,
+}
+
+/// Each tenant's marker, in every prompt it sends: no other tenant's response may hold it.
+const MARKERS: [(&str, &str); 2] = [("dev-alice", "ALICEQX"), ("dev-bob", "BOBZV")];
+
+/// A prompt of about 150 tokens that no cached prefix covers (its number comes first).
+fn load_prompt(tenant: &str, n: usize) -> String {
+    let marker = MARKERS.iter().find(|(t, _)| *t == tenant).unwrap().1;
+    format!(
+        "Request {n}. {}The capital of France is",
+        format!("Note {marker}: keep this note private. ").repeat(12)
+    )
+}
+
+/// One client sending completions back to back, tagging each with the fault in force, until
+/// `stop`.
+async fn client(
+    router: String,
+    tenant: &'static str,
+    key: String,
+    during: Arc<Mutex<&'static str>>,
+    stop: Arc<AtomicBool>,
+) -> Vec<Outcome> {
+    let http = reqwest::Client::builder()
+        .timeout(REQUEST_DEADLINE + Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let fault = *during.lock().unwrap();
+        let t = Instant::now();
+        let body = json!({"prompt": load_prompt(tenant, n), "max_tokens": 8, "temperature": 0.0});
+        let r = http
+            .post(format!("{router}/v1/completions"))
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+            .await;
+        let (status, v) = match r {
+            Ok(r) => (r.status().as_u16(), r.json().await.unwrap_or(Value::Null)),
+            Err(e) => (0, json!({ "client_error": e.to_string() })),
+        };
+        out.push(Outcome {
+            tenant,
+            during: fault,
+            status,
+            elapsed: t.elapsed(),
+            text: v["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            error: v["error"].clone(),
+        });
+    }
+    out
+}
+
+/// The router's `/health` body.
+async fn health(http: &reqwest::Client, router: &str) -> Value {
+    match http.get(format!("{router}/health")).send().await {
+        Ok(r) => r.json().await.unwrap_or(Value::Null),
+        Err(_) => Value::Null,
+    }
+}
+
+/// Waits until the router sees both workers of each half live again.
+async fn wait_all_live(router: &str, what: &str) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let h = health(&http, router).await;
+        if h["live_decode"] == 2 && h["live_prefill"] == 2 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {what}, the router did not see every worker again within 120 s: {h}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// One series of a worker's `/metrics`, read inside its container (0 when absent).
+fn worker_metric(stack: &Stack, service: &str, series: &str) -> f64 {
+    let port = if service.starts_with("decode") {
+        7202
+    } else {
+        7102
+    };
+    let text = stack.ok(&[
+        "exec",
+        "-T",
+        service,
+        "curl",
+        "-fsS",
+        &format!("http://127.0.0.1:{port}/metrics"),
+    ]);
+    text.lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The container behind a compose service.
+fn container(stack: &Stack, service: &str) -> String {
+    stack.ok(&["ps", "-q", service])
+}
+
+/// Steady load by 4 clients (2 per tenant) while, one after another: a decode is killed with -9
+/// and started again; a prefill hangs (its container frozen) and thaws; a decode is cut off the
+/// KV network (partitioned from both prefills, mid-transfer under this load) and joins again.
+/// After each, the router must see every worker again. Then: no request outlived the router's
+/// deadline by more than the time to answer, every failure was a clean error, no response held
+/// the other tenant's marker, every worker served again, and no page of any pool is left
+/// quarantined, draining or held.
+async fn faults_under_load(stack: &Stack, router: &str, keys: [(&'static str, String); 2]) {
+    let during = Arc::new(Mutex::new("steady"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = [0, 1, 0, 1]
+        .into_iter()
+        .map(|i| {
+            let (tenant, key) = keys[i].clone();
+            tokio::spawn(client(
+                router.to_string(),
+                tenant,
+                key,
+                during.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let set = |what: &'static str| *during.lock().unwrap() = what;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    set("decode-0 killed");
+    let decode0 = container(stack, "decode-0");
+    ok(Command::new("docker").args(["kill", "-s", "KILL", &decode0]));
+    tokio::time::sleep(FAULT_FOR).await;
+    // Docker may already have restarted it (restart: unless-stopped); start is a no-op then.
+    stack.ok(&["start", "decode-0"]);
+    set("decode-0 restarting");
+    wait_all_live(router, "decode-0's restart").await;
+
+    set("prefill-0 hung");
+    let prefill0 = container(stack, "prefill-0");
+    ok(Command::new("docker").args(["pause", &prefill0]));
+    tokio::time::sleep(FAULT_FOR).await;
+    ok(Command::new("docker").args(["unpause", &prefill0]));
+    set("prefill-0 thawed");
+    wait_all_live(router, "prefill-0's thaw").await;
+
+    set("decode-1 partitioned");
+    let decode1 = container(stack, "decode-1");
+    let kv = format!("{}_kv", stack.project);
+    let kv_ip = format!("{}.22", stack.kv_subnet);
+    ok(Command::new("docker").args(["network", "disconnect", &kv, &decode1]));
+    tokio::time::sleep(FAULT_FOR).await;
+    ok(Command::new("docker").args(["network", "connect", "--ip", &kv_ip, &kv, &decode1]));
+    set("decode-1 rejoined");
+    wait_all_live(router, "decode-1's partition").await;
+
+    // Healed: a while of steady load, which must all succeed.
+    set("healed");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut outcomes = Vec::new();
+    for c in clients {
+        outcomes.extend(c.await.expect("a load client panicked"));
+    }
+
+    let mut phases: Vec<&str> = Vec::new();
+    for o in &outcomes {
+        if !phases.contains(&o.during) {
+            phases.push(o.during);
+        }
+    }
+    eprintln!("   load during faults (4 clients, ~150-token prompts, 8 tokens each):");
+    for p in &phases {
+        let of: Vec<&Outcome> = outcomes.iter().filter(|o| o.during == *p).collect();
+        let failed: Vec<&&Outcome> = of.iter().filter(|o| o.status != 200).collect();
+        let slowest = of.iter().map(|o| o.elapsed).max().unwrap_or_default();
+        eprintln!(
+            "     {p:<22} {:>4} requests, {:>3} failed, slowest {:.1}s",
+            of.len(),
+            failed.len(),
+            slowest.as_secs_f64()
+        );
+        for f in failed.iter().take(3) {
+            eprintln!(
+                "       {} {} after {:.1}s: {}",
+                f.tenant,
+                f.status,
+                f.elapsed.as_secs_f64(),
+                f.error
+            );
+        }
+    }
+    for o in &outcomes {
+        assert!(
+            o.elapsed <= REQUEST_DEADLINE + Duration::from_secs(10),
+            "a request hung past the router's deadline: {o:?}"
+        );
+        if o.status != 200 {
+            assert!(
+                o.status >= 500 && o.error["message"].is_string(),
+                "a failure during a fault was not a clean server error: {o:?}"
+            );
+        }
+        for (tenant, marker) in MARKERS {
+            assert!(
+                o.tenant == tenant || !o.text.contains(marker),
+                "{}'s response holds {tenant}'s marker: {o:?}",
+                o.tenant
+            );
+        }
+    }
+    let healed: Vec<&Outcome> = outcomes.iter().filter(|o| o.during == "healed").collect();
+    assert!(
+        !healed.is_empty() && healed.iter().all(|o| o.status == 200),
+        "after every fault healed, requests still failed: {:?}",
+        healed
+            .iter()
+            .filter(|o| o.status != 200)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        outcomes.iter().filter(|o| o.status == 200).count() > outcomes.len() / 2,
+        "most of the load failed"
+    );
+    // The restarted decode serves again (its counters began at its restart).
+    assert!(
+        worker_metric(
+            stack,
+            "decode-0",
+            "pagewarden_requests_total{role=\"decode\",outcome=\"committed\"}"
+        ) > 0.0,
+        "the router never sent the restarted decode-0 a request"
+    );
+    // Every reservation ended and every page came back: nothing quarantined or draining.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for w in WORKERS {
+        loop {
+            let held: Vec<(&str, f64)> = ["used", "draining", "quarantined"]
+                .into_iter()
+                .map(|state| {
+                    let series = format!(
+                        "pagewarden_pool_pages{{role=\"{}\",state=\"{state}\"}}",
+                        &w[..w.len() - 2]
+                    );
+                    (state, worker_metric(stack, w, &series))
+                })
+                .collect();
+            if held.iter().all(|(_, v)| *v == 0.0) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{w}: pages still held after the faults healed: {held:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// The auditor's database down for a while: completions keep being served, their samples wait
+/// in the router's buffer, and once PostgreSQL is back every one of them is stored, once.
+async fn database_outage(stack: &Stack, router: &str, key: &str) {
+    let count = || -> i64 {
+        stack.sql("SELECT count(*) FROM samples")[0]
+            .parse()
+            .expect("a count")
+    };
+    // The load's last samples are still on their way: wait for the count to settle.
+    let mut before = count();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = count();
+        if now == before {
+            break;
+        }
+        before = now;
+    }
+    stack.ok(&["stop", "-t", "5", "postgres"]);
+    let http = reqwest::Client::builder()
+        .timeout(REQUEST_DEADLINE + Duration::from_secs(30))
+        .build()
+        .unwrap();
+    const SENT: i64 = 6;
+    for n in 0..SENT {
+        let (status, body) = post(
+            &http,
+            format!("{router}/v1/completions"),
+            key,
+            json!({"prompt": format!("While the database is down, {n}"), "max_tokens": 4}),
+        )
+        .await;
+        assert_eq!(
+            status, 200,
+            "serving must not need the auditor's database: {body}"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stack.ok(&["start", "postgres"]);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let now = stack
+            .sql("SELECT count(*) FROM samples")
+            .first()
+            .and_then(|c| c.parse::<i64>().ok());
+        if now == Some(before + SENT) {
+            break;
+        }
+        assert!(
+            now.is_none_or(|n| n < before + SENT),
+            "more samples than were sent: {now:?} > {before} + {SENT}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the samples sent while the database was down were lost: {now:?} of {before} + {SENT}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// `pagewarden probe` (this build's binary, from the host) as both dev tenants: it must pass.
+fn probe(router: &str, alice: &str, bob: &str, model: &Path) {
+    let out = Command::new(bin("pagewarden"))
+        .env("RUST_BACKTRACE", "0")
+        .args(["probe", "--router", router, "--timeout-s", "120"])
+        .args(["--key", &format!("dev-alice={alice}")])
+        .args(["--key", &format!("dev-bob={bob}")])
+        .arg("--model")
+        .arg(model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pagewarden probe failed:\n{}",
+        output_text(&out)
+    );
+}
+
 #[test]
 fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
     let model = model_path();
@@ -350,10 +726,12 @@ fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
     let id = format!("{}-{}", std::process::id(), unix_ms() % 1_000_000);
     let image = format!("pagewarden-local:test-{id}");
     let project = format!("pwcompose{}", id.replace('-', ""));
+    let kv_subnet = format!("172.29.{}", 40 + std::process::id() % 200);
     // Created before the build so that the image goes even if a later step fails.
     let stack = Stack {
         program,
         project,
+        kv_subnet: kv_subnet.clone(),
         image: image.clone(),
         env: vec![
             ("PAGEWARDEN_LOCAL_IMAGE".into(), image.clone()),
@@ -364,6 +742,7 @@ fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
                 "PAGEWARDEN_SUBNET".into(),
                 format!("172.28.{}", 40 + std::process::id() % 200),
             ),
+            ("PAGEWARDEN_KV_SUBNET".into(), kv_subnet),
             ("PAGEWARDEN_ROUTER_PORT".into(), "0".into()),
             ("PAGEWARDEN_AUDITOR_PORT".into(), "0".into()),
             ("RUST_LOG".into(), "info".into()),
@@ -393,22 +772,7 @@ fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
     phase("completions through the router", || {
         rt.block_on(completions(&router, &alice, &bob))
     });
-    phase("pagewarden probe", || {
-        let out = Command::new(bin("pagewarden"))
-            .env("RUST_BACKTRACE", "0")
-            .args(["probe", "--router", &router, "--timeout-s", "120"])
-            .args(["--key", &format!("dev-alice={alice}")])
-            .args(["--key", &format!("dev-bob={bob}")])
-            .arg("--model")
-            .arg(&model)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "pagewarden probe failed:\n{}",
-            output_text(&out)
-        );
-    });
+    phase("pagewarden probe", || probe(&router, &alice, &bob, &model));
     let (status, message, started) = phase("the auditor's own first probe run", || {
         auditor_probe_run(&stack)
     });
@@ -457,5 +821,33 @@ fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
             std::thread::sleep(Duration::from_millis(500));
         }
     });
+    phase(
+        "faults under load: decode kill -9, prefill hang, KV partition",
+        || {
+            rt.block_on(faults_under_load(
+                &stack,
+                &router,
+                [("dev-alice", alice.clone()), ("dev-bob", bob.clone())],
+            ))
+        },
+    );
+    phase("the auditor's database down, then back", || {
+        rt.block_on(database_outage(&stack, &router, &bob))
+    });
+    phase("pagewarden probe, after the faults", || {
+        probe(&router, &alice, &bob, &model)
+    });
+    // What the faults may show the auditor: writes refused under a grant that a timeout
+    // revoked, pages set aside until their stream ended. Never a marker across tenants, a
+    // corrupt page or a probe that failed.
+    let incidents = stack.sql("SELECT kind, count(*) FROM incidents GROUP BY kind ORDER BY kind");
+    eprintln!("   the auditor's incidents after the faults: {incidents:?}");
+    for row in &incidents {
+        let kind = row.split('|').next().unwrap_or_default();
+        assert!(
+            ["write_rejected", "quarantine", "deferred_release_timed_out"].contains(&kind),
+            "the faults led to a {kind} incident: {incidents:?}"
+        );
+    }
     phase("compose down (volumes, network, image)", || drop(stack));
 }

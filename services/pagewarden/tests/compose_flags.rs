@@ -172,6 +172,7 @@ fn compose_problems(yaml: &str, prometheus: &str, clis: &BTreeMap<String, Cli>) 
         .clone();
     let mut problems = Vec::new();
     let mut listen: BTreeMap<String, BTreeSet<u16>> = BTreeMap::new();
+    let mut aliases: BTreeMap<String, BTreeSet<u16>> = BTreeMap::new();
     let mut binaries = BTreeSet::new();
     listen.insert("postgres".into(), BTreeSet::from([5432]));
     listen.insert("otel-collector".into(), BTreeSet::from([4317, 4318]));
@@ -194,6 +195,20 @@ fn compose_problems(yaml: &str, prometheus: &str, clis: &BTreeMap<String, Cli>) 
                 problems.push(format!("{name}: {bin} has no flag {f}"));
             }
         }
+        // A network alias (what a `dns://` worker source names) reaches every service that
+        // carries it: only the ports all of them listen on.
+        for net in svc["networks"]
+            .as_mapping()
+            .into_iter()
+            .flat_map(|m| m.values())
+        {
+            for alias in strs(&net["aliases"]) {
+                aliases
+                    .entry(alias)
+                    .and_modify(|p: &mut BTreeSet<u16>| p.retain(|x| ports.contains(x)))
+                    .or_insert_with(|| ports.clone());
+            }
+        }
         listen.insert(name.clone(), ports);
         if let Some(env) = svc["environment"].as_mapping() {
             for (k, _) in env {
@@ -202,6 +217,13 @@ fn compose_problems(yaml: &str, prometheus: &str, clis: &BTreeMap<String, Cli>) 
                     problems.push(format!("{name}: {bin} reads no environment variable {k}"));
                 }
             }
+        }
+    }
+    for (alias, ports) in aliases {
+        if listen.contains_key(&alias) {
+            problems.push(format!("network alias {alias} is also a service's name"));
+        } else {
+            listen.insert(alias, ports);
         }
     }
     for (_, bin) in SERVICES {
@@ -310,7 +332,8 @@ fn the_compose_check_catches_drift() {
             "--grpc-address\n      - 0.0.0.0:7201",
         )
         .replace("PAGEWARDEN_AUDITOR_DATABASE_URL", "PAGEWARDEN_DB_URL")
-        .replace("http://prefill-0:7101", "http://prefill-0:7999")
+        .replace("dns://prefill:7101", "dns://prefill:7999")
+        .replace("dns://decode:7201", "dns://decoder:7201")
         .replace(
             "127.0.0.1:${PAGEWARDEN_ROUTER_PORT:-8080}:8080",
             "127.0.0.1:${PAGEWARDEN_ROUTER_PORT:-8080}:8081",
@@ -321,7 +344,8 @@ fn the_compose_check_catches_drift() {
         "prometheus scrape: decode-0:7299",
         "has no flag --grpc-address",
         "no environment variable PAGEWARDEN_DB_URL",
-        "prefill-0:7999",
+        "router: prefill:7999, but prefill listens on",
+        "router: decoder is not a compose service",
         "publishes 127.0.0.1:8080:8081",
     ] {
         assert!(
