@@ -4,9 +4,13 @@
 //! config loaders. The binaries must be built first (`scripts/test.sh` builds them); a missing
 //! one fails the test with the command to run.
 
+mod deploy;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use deploy::{clis, flags_and_ports, parse_help, urls, Cli, COMMON_ENV};
 
 /// The four service binaries and their systemd/compose short names.
 const SERVICES: [(&str, &str); 4] = [
@@ -16,72 +20,8 @@ const SERVICES: [(&str, &str); 4] = [
     ("auditor", "pagewarden-auditor"),
 ];
 
-/// Environment names every service honours without a clap flag (logging, tracing).
-const COMMON_ENV: [&str; 2] = ["RUST_LOG", "OTEL_EXPORTER_OTLP_ENDPOINT"];
-
-/// What one binary's `--help` says.
-#[derive(Debug, Default)]
-struct Cli {
-    flags: BTreeSet<String>,
-    envs: BTreeSet<String>,
-}
-
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// `<target>/<profile>`: this test runs from `<target>/<profile>/deps/`.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
-}
-
-fn help(bin: &str) -> Cli {
-    let path = bin_dir().join(bin);
-    assert!(
-        path.is_file(),
-        "{} is missing: build the service binaries first (`cargo build --workspace --bins`, \
-         as scripts/test.sh does) so their real flags can be read",
-        path.display()
-    );
-    let out = Command::new(&path)
-        .arg("--help")
-        .env_remove("PAGEWARDEN_MODEL")
-        .output()
-        .unwrap_or_else(|e| panic!("running {} --help: {e}", path.display()));
-    assert!(out.status.success(), "{bin} --help failed: {out:?}");
-    parse_help(&String::from_utf8_lossy(&out.stdout))
-}
-
-fn parse_help(text: &str) -> Cli {
-    let mut cli = Cli::default();
-    for word in text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']') {
-        if let Some(f) = word.strip_prefix("--") {
-            let f: String = f
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-                .collect();
-            if !f.is_empty() {
-                cli.flags.insert(format!("--{f}"));
-            }
-        }
-    }
-    for part in text.split("[env: ").skip(1) {
-        if let Some(name) = part.split(['=', ']']).next() {
-            cli.envs.insert(name.to_string());
-        }
-    }
-    cli
-}
-
-fn clis() -> BTreeMap<String, Cli> {
-    SERVICES
-        .iter()
-        .map(|(_, bin)| (bin.to_string(), help(bin)))
-        .collect()
 }
 
 /// Replaces `${VAR:-default}` with its default and `${VAR}` with nothing.
@@ -107,19 +47,6 @@ fn port_of(addr: &str) -> Option<u16> {
     addr.rsplit(':').next()?.trim_end_matches('/').parse().ok()
 }
 
-/// `(host, port)` of every `scheme://host:port` in `s`.
-fn urls(s: &str) -> Vec<(String, u16)> {
-    s.split("://")
-        .skip(1)
-        .filter_map(|rest| {
-            let hostport = rest.split(['/', '?']).next()?;
-            let hostport = hostport.rsplit('@').next()?;
-            let (host, port) = hostport.rsplit_once(':')?;
-            Some((host.to_string(), port.parse().ok()?))
-        })
-        .collect()
-}
-
 fn strs(v: &serde_yaml::Value) -> Vec<String> {
     match v {
         serde_yaml::Value::Sequence(s) => s
@@ -135,35 +62,14 @@ fn strs(v: &serde_yaml::Value) -> Vec<String> {
     }
 }
 
-/// Flags given to a binary and the ports its `--*-addr` flags listen on.
-fn flags_and_ports(args: &[String]) -> (Vec<String>, BTreeSet<u16>) {
-    let mut flags = Vec::new();
-    let mut ports = BTreeSet::new();
-    for (i, a) in args.iter().enumerate() {
-        let Some(flag) = a
-            .strip_prefix("--")
-            .map(|_| a.split('=').next().unwrap_or(a))
-        else {
-            continue;
-        };
-        flags.push(flag.to_string());
-        let value = a
-            .split_once('=')
-            .map(|(_, v)| v.to_string())
-            .or_else(|| args.get(i + 1).cloned());
-        if flag.ends_with("-addr") {
-            if let Some(p) = value.as_deref().and_then(port_of) {
-                ports.insert(p);
-            }
-        }
-    }
-    (flags, ports)
-}
-
 /// Every drift between a compose file and the binaries.
 /// Problems of the compose file `yaml` and the Prometheus config it mounts (`prometheus`, whose
 /// scrape targets must be ports the services listen on).
-fn compose_problems(yaml: &str, prometheus: &str, clis: &BTreeMap<String, Cli>) -> Vec<String> {
+fn compose_problems(
+    yaml: &str,
+    prometheus: &str,
+    clis: &BTreeMap<&'static str, Cli>,
+) -> Vec<String> {
     let mut doc: serde_yaml::Value = serde_yaml::from_str(yaml).expect("compose file is YAML");
     doc.apply_merge().expect("merge keys");
     let services = doc["services"]
@@ -184,7 +90,7 @@ fn compose_problems(yaml: &str, prometheus: &str, clis: &BTreeMap<String, Cli>) 
         let Some(bin) = cmd.first().filter(|b| b.starts_with("pagewarden-")) else {
             continue;
         };
-        let Some(cli) = clis.get(bin) else {
+        let Some(cli) = clis.get(bin.as_str()) else {
             problems.push(format!("{name}: unknown binary {bin}"));
             continue;
         };
@@ -365,7 +271,7 @@ fn ini(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn systemd_problems(dir: &Path, clis: &BTreeMap<String, Cli>) -> Vec<String> {
+fn systemd_problems(dir: &Path, clis: &BTreeMap<&'static str, Cli>) -> Vec<String> {
     let mut problems = Vec::new();
     for (short, bin) in SERVICES {
         let cli = &clis[bin];
@@ -608,7 +514,7 @@ fn example_config_files_load_with_the_services_own_loaders() {
         }
         problems.extend(toml_key_problems(
             &path,
-            &clis[&format!("pagewarden-{role}")],
+            &clis[format!("pagewarden-{role}").as_str()],
             &[],
         ));
     }
@@ -660,7 +566,7 @@ fn pagewarden_up_passes_only_real_flags() {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let cli = &clis[&bin];
+        let cli = &clis[bin.as_str()];
         for f in flags_and_ports(&words[1..]).0 {
             if !cli.flags.contains(&f) {
                 problems.push(format!("up starts {bin} with {f}, which it does not have"));

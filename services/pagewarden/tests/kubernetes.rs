@@ -5,14 +5,16 @@
 //! `scripts/fetch-model.sh`. No service binary is needed. Flags and environment names are
 //! `kubernetes_flags.rs`'s, the schemas `kubernetes_schemas.rs`'s.
 
+mod deploy;
 mod kube;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use deploy::{flags_and_ports, urls};
 use kube::facts::{facts, Facts};
 use kube::network::allowed_links;
-use kube::{addr_port, command, container_ports, env, flags_and_ports, kind, labels, mutate};
-use kube::{name, references, selects, urls, Workload};
+use kube::{addr_port, command, container_ports, env, kind, labels, mutate};
+use kube::{name, references, selects, Workload};
 use serde_yaml::Value;
 
 /// The design's links (ARCHITECTURE.md), as the NetworkPolicies must allow them, no more: from

@@ -4,76 +4,13 @@
 //! with the command to run. The rest of the wiring is `kubernetes.rs`'s, the schemas
 //! `kubernetes_schemas.rs`'s.
 
+mod deploy;
 mod kube;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use kube::{command, env, flags_and_ports, mutate, references};
-
-/// The four service binaries.
-const BINARIES: [&str; 4] = [
-    "pagewarden-router",
-    "pagewarden-prefill",
-    "pagewarden-decode",
-    "pagewarden-auditor",
-];
-
-/// Environment names every service honours without a clap flag (logging, tracing).
-const COMMON_ENV: [&str; 2] = ["RUST_LOG", "OTEL_EXPORTER_OTLP_ENDPOINT"];
-
-/// What one binary's `--help` says: its flags and the environment names clap reads.
-#[derive(Debug, Default)]
-struct Cli {
-    flags: BTreeSet<String>,
-    envs: BTreeSet<String>,
-}
-
-/// `<target>/<profile>`: this test runs from `<target>/<profile>/deps/`.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
-}
-
-/// Reads `bin --help` (the same reading as `compose_flags.rs`).
-fn help(bin: &str) -> Cli {
-    let path = bin_dir().join(bin);
-    assert!(
-        path.is_file(),
-        "{} is missing: build the service binaries first (`cargo build --workspace --bins`, \
-         as scripts/test.sh does) so their real flags can be read",
-        path.display()
-    );
-    let out = Command::new(&path)
-        .arg("--help")
-        .env_remove("PAGEWARDEN_MODEL")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{bin} --help failed: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut cli = Cli::default();
-    for word in text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']') {
-        if let Some(f) = word.strip_prefix("--") {
-            let f: String = f
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-                .collect();
-            if !f.is_empty() {
-                cli.flags.insert(format!("--{f}"));
-            }
-        }
-    }
-    for part in text.split("[env: ").skip(1) {
-        if let Some(name) = part.split(['=', ']']).next() {
-            cli.envs.insert(name.to_string());
-        }
-    }
-    cli
-}
+use deploy::{clis, flags_and_ports, Cli, BINARIES, COMMON_ENV};
+use kube::{command, env, mutate, references};
 
 /// Flags and environment names the binaries do not have; an environment name is also fine
 /// when it is a key of the binary's configuration layer (`PAGEWARDEN_<SERVICE>_<KEY>`, KEY a
@@ -130,10 +67,6 @@ fn flag_problems(texts: &BTreeMap<String, String>, clis: &BTreeMap<&str, Cli>) -
         }
     }
     p
-}
-
-fn clis() -> BTreeMap<&'static str, Cli> {
-    BINARIES.iter().map(|b| (*b, help(b))).collect()
 }
 
 #[test]

@@ -167,29 +167,6 @@ pub fn env(c: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The flags given in `args` and the ports their `--*-addr` values name.
-pub fn flags_and_ports(args: &[String]) -> (Vec<String>, BTreeSet<u16>) {
-    let mut flags = Vec::new();
-    let mut ports = BTreeSet::new();
-    for (i, a) in args.iter().enumerate() {
-        if !a.starts_with("--") {
-            continue;
-        }
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) => (f, Some(v.to_string())),
-            None => (a.as_str(), None),
-        };
-        flags.push(flag.to_string());
-        let value = inline.or_else(|| args.get(i + 1).cloned());
-        if flag.ends_with("-addr") {
-            if let Some(p) = value.and_then(|v| v.rsplit(':').next()?.parse().ok()) {
-                ports.insert(p);
-            }
-        }
-    }
-    (flags, ports)
-}
-
 /// The port of `flag`'s address in `args` (`--flag ADDR` or `--flag=ADDR`).
 pub fn addr_port(args: &[String], flag: &str) -> Option<u16> {
     let at = args
@@ -200,19 +177,6 @@ pub fn addr_port(args: &[String], flag: &str) -> Option<u16> {
         None => args.get(at + 1)?,
     };
     value.rsplit(':').next()?.parse().ok()
-}
-
-/// `(host, port)` of every `scheme://host:port` in `s`.
-pub fn urls(s: &str) -> Vec<(String, u16)> {
-    s.split("://")
-        .skip(1)
-        .filter_map(|rest| {
-            let hostport = rest.split(['/', '?']).next()?;
-            let hostport = hostport.rsplit('@').next()?;
-            let (host, port) = hostport.rsplit_once(':')?;
-            Some((host.to_string(), port.parse().ok()?))
-        })
-        .collect()
 }
 
 /// The names `$(NAME)` refers to in `s` (Kubernetes' dependent environment variables).
