@@ -126,10 +126,14 @@ fn compose_problems(
         }
     }
     for (alias, ports) in aliases {
-        if listen.contains_key(&alias) {
-            problems.push(format!("network alias {alias} is also a service's name"));
-        } else {
-            listen.insert(alias, ports);
+        match listen.entry(alias) {
+            std::collections::btree_map::Entry::Occupied(o) => problems.push(format!(
+                "network alias {} is also a service's name",
+                o.key()
+            )),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(ports);
+            }
         }
     }
     for (_, bin) in SERVICES {
