@@ -15,6 +15,8 @@
 //! - `secret`: bearer secrets (API keys, tokens) and their SHA-256, the only form servers keep.
 //! - `tenants`: the tenants file (hashed API keys → tenants) and clients' clear keys files.
 //! - `tls`: the suite CA, per-role certificates, mutual TLS and per-RPC role checks (I11).
+//! - `test_switches` (feature `unsafe-test-switches`, TEST-ONLY): `TestSwitches`, which
+//!   defenses a test build of the binaries runs without.
 //! - `vllm_metrics`: the `vllm:*` metrics (vLLM's names and labels) beside Pagewarden's own.
 
 pub mod admission;
@@ -31,6 +33,8 @@ pub mod secret;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tenants;
+#[cfg(feature = "unsafe-test-switches")]
+pub mod test_switches;
 pub mod tls;
 pub mod vllm_metrics;
 pub mod worker_config;

@@ -18,6 +18,13 @@
 //! - `prefix_log.rs`: `PrefixCacheLog`, what both say of their prefix cache (metrics, and hits,
 //!   misses and evictions to the auditor).
 
+// The defense switches are for the system tests' debug build only, never a release build.
+#[cfg(all(feature = "unsafe-test-switches", not(debug_assertions)))]
+compile_error!(
+    "the `unsafe-test-switches` feature turns defenses off: debug test builds only, never a \
+     release build"
+);
+
 mod boot;
 mod compute;
 mod device;

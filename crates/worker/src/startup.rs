@@ -107,13 +107,17 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
         PoolSize::Bytes(b) => b / layout.page_bytes().max(1),
         PoolSize::TwoContexts => 2 * model.context_length().div_ceil(cfg.page_size),
     };
-    let report = preflight(PreflightInput {
+    let input = PreflightInput {
         model_context: model.context_length(),
         context_override: cfg.context_length,
         pool_tokens: pages * cfg.page_size,
         lower_to_fit: cfg.lower_context_to_fit,
-    })
-    .map_err(StartupError::Preflight)?;
+    };
+    #[cfg(feature = "unsafe-test-switches")]
+    let input = switched::preflight_input(input);
+    let report = preflight(input).map_err(StartupError::Preflight)?;
+    #[cfg(feature = "unsafe-test-switches")]
+    let report = switched::report(report, pages * cfg.page_size);
     if let Some(from) = report.lowered_from {
         tracing::warn!(
             from,
@@ -129,6 +133,10 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
     if opts.prefix_cache {
         let tokens = cfg.prefix_cache_tokens.unwrap_or(report.advertised_context);
         pc.prefix_pages_per_namespace = tokens.div_ceil(cfg.page_size);
+    }
+    #[cfg(feature = "unsafe-test-switches")]
+    {
+        pc.defenses = switched::pool_defenses();
     }
     let prefix_cache_pages = pc.prefix_pages_per_namespace;
     let pool = KvPool::new(pc);
@@ -149,4 +157,48 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
         pool,
         preflight: report,
     })
+}
+
+/// TEST-ONLY (feature `unsafe-test-switches`): what the switches change at start-up.
+#[cfg(feature = "unsafe-test-switches")]
+mod switched {
+    use pagewarden_common::preflight::{PreflightInput, PreflightReport};
+    use pagewarden_common::test_switches::{Switch, TestSwitches};
+    use pagewarden_kvcache::Defenses;
+
+    /// With the preflight off, the preflight is asked about a pool as large as the context, so
+    /// the worker starts (and advertises the context) with its smaller pool, as in the incident.
+    pub(super) fn preflight_input(mut input: PreflightInput) -> PreflightInput {
+        if TestSwitches::current().is_off(Switch::PoolPreflight) {
+            let context = input.context_override.unwrap_or(input.model_context);
+            input.pool_tokens = input.pool_tokens.max(context);
+        }
+        input
+    }
+
+    /// The report with the pool's real capacity (what admission and `Info` use).
+    pub(super) fn report(mut report: PreflightReport, pool_tokens: usize) -> PreflightReport {
+        if TestSwitches::current().is_off(Switch::PoolPreflight) {
+            if pool_tokens < report.advertised_context {
+                tracing::error!(
+                    pool_tokens,
+                    context = report.advertised_context,
+                    "UNSAFE TEST SWITCH: started with a pool smaller than the advertised context"
+                );
+            }
+            report.pool_tokens = pool_tokens;
+        }
+        report
+    }
+
+    /// The kvcache pool's checks, each on unless switched off.
+    pub(super) fn pool_defenses() -> Defenses {
+        let s = TestSwitches::current();
+        Defenses {
+            read_generation_check: s.is_on(Switch::ReadGeneration),
+            commit_token_count: s.is_on(Switch::CommitTokenCount),
+            checksum_check: s.is_on(Switch::Checksums),
+            grant_fencing: s.is_on(Switch::GrantFencing),
+        }
+    }
 }

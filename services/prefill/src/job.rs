@@ -49,6 +49,8 @@ pub async fn run(
     job: ValidPrefill,
     cancel: CancellationToken,
 ) -> Result<pb::PrefillReply, WorkerError> {
+    #[cfg(feature = "unsafe-test-switches")]
+    let job = beyond_the_pool(job, &deps.pool);
     let owner = Owner {
         request: job.req,
         tenant: job.tenant.clone(),
@@ -72,6 +74,25 @@ pub async fn run(
     // The pages were dropped inside: the next waiter finds them free.
     drop(slot);
     result
+}
+
+/// TEST-ONLY: with worker admission switched off, a prompt longer than this worker's pool is
+/// cut to what the pool holds, as the incident's prefill did: only those tokens are computed
+/// and sent, and the manifest claims only them, fewer than decode reserved.
+#[cfg(feature = "unsafe-test-switches")]
+fn beyond_the_pool(mut job: ValidPrefill, pool: &KvPool) -> ValidPrefill {
+    use pagewarden_common::test_switches::{Switch, TestSwitches};
+    let holds = pool.capacity_tokens();
+    if TestSwitches::current().is_off(Switch::WorkerAdmission) && job.prompt.len() > holds {
+        tracing::error!(
+            request = %job.req,
+            prompt = job.prompt.len(),
+            pool = holds,
+            "UNSAFE TEST SWITCH: prompt longer than the pool; computing and sending only its start"
+        );
+        job.prompt.truncate(holds);
+    }
+    job
 }
 
 /// The longest cached prefix of the prompt in the request's namespace, pinned; `None` when

@@ -83,6 +83,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     pagewarden_worker::check_device(device, &ROLE)?;
     let cfg = WorkerConfig::from_settings(cli.flags.clone(), defaults)?;
     let _telemetry = pagewarden_common::telemetry::init_telemetry(ROLE.binary, cfg.log_json)?;
+    #[cfg(feature = "unsafe-test-switches")]
+    pagewarden_common::test_switches::TestSwitches::init(ROLE.binary)?;
     // Every internal client of this process (the auditor's) presents this identity.
     pagewarden_common::tls::install_client_tls(cfg.tls.clone());
     let shutdown = shutdown::on_signal();

@@ -24,6 +24,14 @@ pub fn admit(
     context: u32,
     prompt_param: &'static str,
 ) -> Result<Admitted, RouterError> {
+    #[cfg(feature = "unsafe-test-switches")]
+    if let Some(unchecked) = switched_off(&prompt, requested, context) {
+        return Ok(Admitted {
+            prompt,
+            max_tokens: unchecked,
+            context,
+        });
+    }
     let p = prompt.len() as u64;
     let ctx = u64::from(context);
     if p >= ctx {
@@ -56,6 +64,19 @@ pub fn admit(
         max_tokens,
         context,
     })
+}
+
+/// TEST-ONLY: with router rejection switched off (as the incident's router, which never read
+/// the pool's size), every request passes with the `max_tokens` it asked for (the rest of the
+/// context, at least 1, when it asked for none). `None`: the check runs.
+#[cfg(feature = "unsafe-test-switches")]
+fn switched_off(prompt: &[u32], requested: Option<u32>, context: u32) -> Option<u32> {
+    use pagewarden_common::test_switches::{Switch, TestSwitches};
+    if TestSwitches::current().is_on(Switch::RouterRejection) {
+        return None;
+    }
+    let room = (u64::from(context).saturating_sub(prompt.len() as u64)).max(1) as u32;
+    Some(requested.unwrap_or(room))
 }
 
 #[cfg(test)]

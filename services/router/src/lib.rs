@@ -28,6 +28,13 @@
 //! - `sample.rs`: `SampleSink`, the auditor's sampling hook (no-op default)
 //! - `auditor_sink.rs`: `AuditorSampleSink`, the `SampleSink` that reports to the auditor
 
+// The defense switches are for the system tests' debug build only, never a release build.
+#[cfg(all(feature = "unsafe-test-switches", not(debug_assertions)))]
+compile_error!(
+    "the `unsafe-test-switches` feature turns defenses off: debug test builds only, never a \
+     release build"
+);
+
 pub mod access;
 pub mod admission;
 pub mod auditor_sink;

@@ -27,6 +27,8 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry =
         pagewarden_common::telemetry::init_telemetry("pagewarden-router", config.log_json)
             .context("telemetry")?;
+    #[cfg(feature = "unsafe-test-switches")]
+    pagewarden_common::test_switches::TestSwitches::init("pagewarden-router")?;
     // Every internal client (workers, auditor) presents this identity.
     pagewarden_common::tls::install_client_tls(config.tls.clone());
     let sink: Arc<dyn SampleSink> = match &config.auditor {
