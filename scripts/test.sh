@@ -75,10 +75,15 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all --check
 # Every shipping feature (CUDA through NVRTC, RDMA through ibverbs) is built, linted and tested;
-# the test-only defense switches are enabled by dev-dependencies alone, never here.
+# the test-only defense switches are enabled by dev-dependencies and by the separate build of
+# scripts/build-switched.sh alone, never here.
 features=pagewarden-kernels/cuda,pagewarden-model/cuda,pagewarden-prefill/cuda,pagewarden-decode/cuda,pagewarden-transfer/rdma
 echo "== cargo clippy (all targets, features $features)"
 cargo clippy --workspace --all-targets --features "$features" -- -D warnings
+# The incident replay (tests/tests/incident_real_services.rs) runs router, prefill and decode
+# built with the test-only defense switches; they are built first, into
+# target/debug/unsafe-test-switches/, so the normal build below links the normal binaries last.
+scripts/build-switched.sh "$features"
 echo "== cargo build (every binary: the system tests start them)"
 cargo build --workspace --bins --features "$features"
 echo "== cargo test"

@@ -39,6 +39,26 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// Where `scripts/build-switched.sh` puts the binaries built with the TEST-ONLY defense
+/// switches (feature `unsafe-test-switches`), beside the normal ones: `target/<profile>/` +
+/// this.
+pub const SWITCHED_DIR: &str = "unsafe-test-switches";
+
+/// Path of a workspace binary built with the defense switches; panics with the build command
+/// when it is missing.
+pub fn switched_bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(SWITCHED_DIR).join(name);
+    assert!(
+        p.exists(),
+        "switched binary {} not found: run `scripts/build-switched.sh` first (it builds \
+         pagewarden-router, -prefill and -decode with --features \
+         pagewarden-router/unsafe-test-switches,pagewarden-prefill/unsafe-test-switches,\
+         pagewarden-decode/unsafe-test-switches and copies them there)",
+        p.display()
+    );
+    p
+}
+
 /// The real model (env `PAGEWARDEN_MODEL`); panics with a clear message when missing.
 pub fn model_path() -> PathBuf {
     let p = std::env::var_os("PAGEWARDEN_MODEL")
@@ -108,8 +128,26 @@ impl Service {
 
     /// Like [`Service::start`], returning the failure (exit status and stderr tail) instead.
     pub fn try_start(binary: &str, args: &[String]) -> Result<Service, String> {
-        let mut child = Command::new(bin(binary))
+        Self::try_start_program(&bin(binary), binary, args, &[])
+    }
+
+    /// Starts the switched build of `binary` ([`switched_bin`]) with `env` added to its
+    /// environment, and waits for its listening line.
+    pub fn start_switched(binary: &str, args: &[String], env: &[(&str, &str)]) -> Service {
+        Self::try_start_program(&switched_bin(binary), binary, args, env)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts `program`, which prints `"<binary> listening ..."`, with `env` added.
+    fn try_start_program(
+        program: &Path,
+        binary: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Service, String> {
+        let mut child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
@@ -473,6 +511,27 @@ pub async fn start_router_with(
     prefills: &[&Service],
     extra: &[&str],
 ) -> Service {
+    start_router_program(model, decodes, prefills, extra, None).await
+}
+
+/// Like [`start_router_with`], the switched build ([`switched_bin`]) with `env` added.
+pub async fn start_switched_router(
+    model: &ModelArg,
+    decodes: &[&Service],
+    prefills: &[&Service],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Service {
+    start_router_program(model, decodes, prefills, extra, Some(env)).await
+}
+
+async fn start_router_program(
+    model: &ModelArg,
+    decodes: &[&Service],
+    prefills: &[&Service],
+    extra: &[&str],
+    switched: Option<&[(&str, &str)]>,
+) -> Service {
     let dir = tempfile::tempdir().expect("tempdir");
     let tenants = dir.path().join("tenants.toml");
     write_tenants(&tenants, 4);
@@ -496,7 +555,10 @@ pub async fn start_router_with(
         args.extend(["--prefill".into(), p.grpc_url()]);
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    let mut router = Service::start("pagewarden-router", &args);
+    let mut router = match switched {
+        None => Service::start("pagewarden-router", &args),
+        Some(env) => Service::start_switched("pagewarden-router", &args, env),
+    };
     router.files = Some(dir);
     let url = format!("{}/health", router.http_url());
     let start = std::time::Instant::now();

@@ -312,7 +312,7 @@ async fn defenses_cost_on_vs_off() {
         for i in 0..REQUESTS {
             let prompt = 16 + (i * 37) % 240;
             let s = Instant::now();
-            let r = c.serve(&A, prompt, 16, None).await.expect("served");
+            let r = c.serve(&A, prompt, 16).await.expect("served");
             first += s.elapsed();
             assert!(contains_marker(&r.bytes, A.marker));
         }

@@ -31,7 +31,7 @@ pub const LAYOUT: KvLayout = KvLayout {
 pub const ADVERTISED_CONTEXT: usize = 512;
 /// Decode pool pages (1,024 tokens: holds the advertised context).
 pub const DECODE_PAGES: usize = 64;
-/// Prefill pool pages (128 tokens: smaller than the advertised context, as in the incident).
+/// Prefill pool pages (128 tokens: smaller than the advertised context).
 pub const PREFILL_PAGES: usize = 8;
 
 /// Why a request failed. Never carries KV bytes.
@@ -59,23 +59,6 @@ pub enum Failure {
 pub struct Response {
     /// Concatenated bytes of every page read.
     pub bytes: Vec<u8>,
-}
-
-/// A write the transport held instead of sending: it is executed late, reading its source
-/// page at execution time (as a one-sided write does) through the prefill sequence that
-/// holds the page, presenting the generation it was queued with.
-#[derive(Clone, Debug)]
-pub struct HeldWrite {
-    /// Grant it was queued under.
-    pub key: GrantKey,
-    /// Destination page and generation.
-    pub dst: (PageId, Generation),
-    /// Valid tokens.
-    pub tokens: u32,
-    /// Checksum computed when queued.
-    pub checksum: u64,
-    /// Source prefill page and the generation it had when queued.
-    pub src: (PageId, Generation),
 }
 
 /// The in-process cluster.
@@ -216,80 +199,13 @@ impl Cluster {
             .map_err(|reason| Failure::Rejected { by, reason })
     }
 
-    /// A request aborted mid-transfer: decode reserves, prefill computes and queues its pages,
-    /// the transport holds every write, the client goes away, decode revokes the grant, and a
-    /// faulty transport confirms the drain at once. Returns the held writes.
-    pub async fn start_then_abort(&self, t: &Tenant, prompt: usize) -> Vec<HeldWrite> {
-        let o = owner(t);
-        let reserved = self.decode.reserve(o, prompt).expect("reserve");
-        let grant = reserved.grant().clone();
-        let seq = self.prefill_compute(t, prompt).expect("prefill");
-        let held = (0..grant.pages.len())
-            .map(|i| HeldWrite {
-                key: grant.key,
-                dst: grant.pages[i],
-                tokens: grant.tokens_in_page(i) as u32,
-                checksum: page_checksum(seq.page_bytes(i).expect("own page")),
-                src: seq.table()[i],
-            })
-            .collect();
-        drop(seq);
-        reserved.abort();
-        self.decode.mark_drained(grant.key);
-        held
-    }
-
-    /// Executes held writes now. Each reads its source through the live prefill sequence
-    /// holding that page (presenting the queued generation), then writes into decode.
-    pub fn release_held(&self, held: &[HeldWrite], live: &mut [&mut ReadablePages]) {
-        for h in held {
-            let Some((seq, i)) = live.iter_mut().find_map(|s| {
-                let i = s.table().iter().position(|(p, _)| *p == h.src.0)?;
-                Some((s, i))
-            }) else {
-                continue;
-            };
-            let current = seq.table()[i].1;
-            seq.test_set_table_generation(i, h.src.1);
-            let read = seq.page_bytes(i).map(<[u8]>::to_vec);
-            seq.test_set_table_generation(i, current);
-            let data = match read {
-                Ok(d) => d,
-                Err(e) => {
-                    let o = seq.owner().clone();
-                    self.report(
-                        "prefill",
-                        IntegrityKind::GenerationMismatch,
-                        Some(&o),
-                        e.to_string(),
-                    );
-                    continue;
-                }
-            };
-            let w = PageWrite {
-                key: h.key,
-                page: h.dst.0,
-                generation: h.dst.1,
-                tokens: h.tokens,
-                data: &data,
-                checksum: h.checksum,
-            };
-            if let Err(e) = self.decode.write_page(w) {
-                self.report("decode", IntegrityKind::StaleMessage, None, e.to_string());
-            }
-        }
-    }
-
-    /// One request end to end. `late` (fault injection) releases held writes after prefill's
-    /// transfer and before decode's commit. An over-length prompt that reaches prefill is
-    /// handled as the incident's prefill did: it computes what its pool holds, pads the rest
-    /// of the grant with empty pages and reports the tokens it computed.
+    /// One request end to end. (The incident, an over-length prompt through every defense, is
+    /// replayed on the real services: `tests/tests/incident_real_services.rs`.)
     pub async fn serve(
         &self,
         t: &Tenant,
         prompt: usize,
         max_tokens: usize,
-        late: Option<(&[HeldWrite], &mut [&mut ReadablePages])>,
     ) -> Result<Response, Failure> {
         self.router_admit(prompt, max_tokens)?;
         self.worker_admit("decode", &self.decode, prompt, max_tokens)?;
@@ -304,20 +220,12 @@ impl Cluster {
             let _ = self.backend.cancel(self.seg, grant.key).await;
             return Err(e);
         }
-        let free = self.prefill.stats().free * LAYOUT.page_size;
-        let computed = prompt.min(free);
-        let seq = self.prefill_compute(t, computed)?;
+        let seq = self.prefill_compute(t, prompt)?;
         let mut reqs = Vec::with_capacity(grant.pages.len());
         let mut sums = Vec::with_capacity(grant.pages.len());
         for (i, &(page, generation)) in grant.pages.iter().enumerate() {
-            let (src, tokens) = if i < seq.table().len() {
-                let tokens = computed
-                    .saturating_sub(i * LAYOUT.page_size)
-                    .min(LAYOUT.page_size);
-                (seq.page_bytes(i).map_err(Failure::Read)?.to_vec(), tokens)
-            } else {
-                (vec![0u8; LAYOUT.page_bytes()], 0)
-            };
+            let tokens = grant.tokens_in_page(i);
+            let src = seq.page_bytes(i).map_err(Failure::Read)?.to_vec();
             sums.push(page_checksum(&src));
             reqs.push(PageWriteReq {
                 dst_page: page,
@@ -332,9 +240,6 @@ impl Cluster {
             .submit_batch(self.seg, grant.key, reqs)
             .map_err(|e| Failure::Transfer(e.to_string()))?;
         let status = batch.wait().await;
-        if let Some((held, live)) = late {
-            self.release_held(held, live);
-        }
         if !matches!(status, BatchStatus::Completed { .. }) {
             reserved.abort();
             let _ = self.backend.cancel(self.seg, grant.key).await;
@@ -344,7 +249,7 @@ impl Cluster {
             .drain(self.seg, grant.key)
             .await
             .map_err(|e| Failure::Transfer(e.to_string()))?;
-        let manifest = CommitManifest::new(grant.key, computed, sums);
+        let manifest = CommitManifest::new(grant.key, prompt, sums);
         let readable = match reserved.commit(&manifest) {
             Ok(r) => r,
             Err(e) => {

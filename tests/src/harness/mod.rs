@@ -8,10 +8,7 @@
 //! - `layers.rs`: the six defense layers as switches (`Layer`, `Layers`).
 //! - `cluster.rs`: router admission → decode reserve + grant → prefill (synthetic marker KV)
 //!   → transfer (memory backend, real frames) → decode commit → decode read, in one process.
-//! - `incident.rs`: the incident script (tenant A's traffic, an abort with held late writes,
-//!   tenant B's over-length prompt) and its outcome.
 
 pub mod cluster;
-pub mod incident;
 pub mod layers;
 pub mod markers;
