@@ -9,9 +9,8 @@ use bytes::Bytes;
 use pagewarden_common::admission::{Admission, Rejection};
 use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind};
 use pagewarden_kvcache::{
-    f16, page_checksum, CommitError, CommitManifest, Generation, GrantKey, KvLayout, KvPool, Owner,
-    PageId, PageWrite, PoolConfig, PoolStats, ReadError, ReadablePages, RequestId, ReserveError,
-    TenantId,
+    f16, page_checksum, CommitError, CommitManifest, KvLayout, KvPool, Owner, PoolConfig,
+    PoolStats, ReadError, ReadablePages, RequestId, ReserveError, TenantId,
 };
 use pagewarden_transfer::{
     BatchStatus, EngineConfig, MemoryBackend, PageSink, PageWriteReq, SegmentId, TransferBackend,
