@@ -163,9 +163,11 @@ mod tests {
 pub struct Defenses {
     /// Every read compares the presented generation with the page's current one (I1).
     pub read_generation_check: bool,
-    /// Commit verifies tokens written == tokens reserved, in total and per page (I2).
+    /// Commit verifies tokens written == tokens reserved, in total and per page, and that
+    /// every granted page was written (I2).
     pub commit_token_count: bool,
-    /// Writes verify their checksum and commit verifies manifest/landed checksums.
+    /// Writes verify their checksum and commit verifies manifest/landed checksums, one per
+    /// granted page.
     pub checksum_check: bool,
     /// Writes must carry a live grant for a page reserved to it at the presented generation.
     /// Off: a write lands on the page whatever its state (an unfenced one-sided write). Data
