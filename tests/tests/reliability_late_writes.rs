@@ -13,8 +13,9 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use harness::cluster::{Cluster, LAYOUT};
-use harness::layers::{Layer, Layers};
+use harness::layers::Layers;
 use harness::markers::{contains_marker, contains_marker_fragment, Tenant};
+use pagewarden_common::test_switches::Switch;
 use pagewarden_kvcache::{
     page_checksum, CommitManifest, GrantKey, Owner, PageWrite, ReadablePages, RequestId, TenantId,
 };
@@ -261,7 +262,7 @@ async fn zero_foreign_reads_over_1200_aborted_requests() {
 
 #[tokio::test]
 async fn positive_control_without_fencing_late_writes_are_read_by_other_tenants() {
-    let t = storm(Layers::without(Layer::GrantFencing), 7, 300, 1.0).await;
+    let t = storm(Layers::without(Switch::GrantFencing), 7, 300, 1.0).await;
     eprintln!("fencing off: {t:?}");
     assert!(
         t.foreign_reads > 0,

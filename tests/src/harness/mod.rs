@@ -5,7 +5,7 @@
 //! `cargo build --workspace` never unifies the switches into a service binary.
 //!
 //! - `markers.rs`: tenant markers and marker-derived KV page bytes; leak detection.
-//! - `layers.rs`: the six defense layers as switches (`Layer`, `Layers`).
+//! - `layers.rs`: the six defense layers on or off (`Layers`, by the binaries' `Switch`).
 //! - `cluster.rs`: router admission → decode reserve + grant → prefill (synthetic marker KV)
 //!   → transfer (memory backend, real frames) → decode commit → decode read, in one process.
 
