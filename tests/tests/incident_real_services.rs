@@ -60,7 +60,7 @@ struct Case {
 impl Case {
     fn all_off() -> Self {
         let mut s = TestSwitches::default().with_off(Switch::PoolPreflight);
-        for d in Switch::DEFENSES {
+        for d in Switch::defenses() {
             s = s.with_off(d);
         }
         Case {
@@ -78,7 +78,7 @@ impl Case {
 
     fn only(d: Switch) -> Self {
         let mut s = TestSwitches::default().with_off(Switch::PoolPreflight);
-        for other in Switch::DEFENSES.into_iter().filter(|o| *o != d) {
+        for other in Switch::defenses().filter(|o| *o != d) {
             s = s.with_off(other);
         }
         Case {
@@ -305,7 +305,7 @@ async fn the_incident_on_the_real_services_leaks_only_with_every_defense_off() {
     assert_no_leak("all on", &on);
     assert_rejected_400("all on", &on);
 
-    for d in Switch::DEFENSES {
+    for d in Switch::defenses() {
         let o = replay(Case::only(d), &auditor, &mut b_text, true).await;
         match d {
             Switch::RouterRejection => {

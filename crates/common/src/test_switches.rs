@@ -48,15 +48,12 @@ impl Switch {
         Switch::Checksums,
     ];
 
-    /// The six defenses of the incident (every switch but the set-up's `PoolPreflight`).
-    pub const DEFENSES: [Switch; 6] = [
-        Switch::RouterRejection,
-        Switch::WorkerAdmission,
-        Switch::CommitTokenCount,
-        Switch::ReadGeneration,
-        Switch::GrantFencing,
-        Switch::Checksums,
-    ];
+    /// The six defenses of the incident: every switch but the set-up's `PoolPreflight`.
+    pub fn defenses() -> impl Iterator<Item = Switch> {
+        Switch::ALL
+            .into_iter()
+            .filter(|s| *s != Switch::PoolPreflight)
+    }
 
     /// The name used in [`ENV`].
     pub fn name(self) -> &'static str {

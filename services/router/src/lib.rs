@@ -12,6 +12,7 @@
 //! - `frontend.rs`: tokenizer and chat template → prompt tokens
 //! - `admission.rs`: prompt + max_tokens against the effective context; default `max_tokens`
 //! - `workers.rs`: worker channels, liveness from `Info`, effective context, least-loaded pick
+//! - `discovery.rs`: where workers come from: fixed URLs, or `dns://` names re-resolved at each poll
 //! - `dispatch.rs`: the request state enum: Reserve → Prefill → Generate → tokens
 //! - `guard.rs`: `AbortGuard`, whose drop aborts both halves
 //! - `respond.rs`: the shared path from tokens to a response (full JSON or stream)
