@@ -391,7 +391,19 @@ async fn client(
             .send()
             .await;
         let (status, v) = match r {
-            Ok(r) => (r.status().as_u16(), r.json().await.unwrap_or(Value::Null)),
+            Ok(r) => {
+                // As a client should: a 503 says when to come back (`Retry-After`).
+                let status = r.status().as_u16();
+                let wait = r
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                let v = r.json().await.unwrap_or(Value::Null);
+                if let (503, Some(secs)) = (status, wait) {
+                    tokio::time::sleep(Duration::from_secs(secs.min(5))).await;
+                }
+                (status, v)
+            }
             Err(e) => (0, json!({ "client_error": e.to_string() })),
         };
         out.push(Outcome {
