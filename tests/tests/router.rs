@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use pagewarden_system_tests::{
-    api_key, post_json, post_sse, reference, start_decode, start_prefill, start_router, ModelArg,
-    Service,
+    api_key, post_json, post_sse, reference, start_decode, start_prefill, start_router,
+    start_router_with, ModelArg, Service,
 };
 use serde_json::{json, Value};
 
@@ -255,4 +255,50 @@ async fn two_by_two_workers_serve_concurrent_clients_and_survive_a_disconnect() 
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_decode_ends_its_streams_with_an_error_within_the_keepalive_instead_of_hanging() {
+    // No whole-request deadline is set (the default): only the channel's keep-alive can notice
+    // that a decode froze mid-stream (SIGSTOP: its kernel still holds the connection open).
+    let decode = start_decode(&ModelArg::Real, &[]);
+    let prefill = start_prefill(&ModelArg::Real, &[]);
+    let router = start_router_with(
+        &ModelArg::Real,
+        &[&decode],
+        &[&prefill],
+        &["--worker-keepalive", "1s"],
+    )
+    .await;
+    let mut r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", router.http_url()))
+        .bearer_auth(api_key(1))
+        .json(
+            &json!({"model": "m", "prompt": "Once upon a time", "max_tokens": 400,
+            "ignore_eos": true, "temperature": 0, "stream": true}),
+        )
+        .send()
+        .await
+        .expect("stream request");
+    assert_eq!(r.status(), 200);
+    let _first = r.chunk().await.expect("first chunk");
+    decode.signal("STOP");
+    let frozen = Instant::now();
+    let mut body = String::new();
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(chunk)) = r.chunk().await {
+            body.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    decode.signal("CONT");
+    assert!(
+        ended.is_ok(),
+        "the stream was still open 20 s after its decode froze: {body}"
+    );
+    assert!(
+        body.contains("\"error\"") && body.trim_end().ends_with("data: [DONE]"),
+        "the stream ends with an error event and [DONE]: {body}"
+    );
+    eprintln!("stream ended {:?} after the freeze", frozen.elapsed());
 }

@@ -415,14 +415,7 @@ async fn real_model_eight_at_once_wait_their_turn_and_leave_the_pools_free() {
         tok,
         client,
         url,
-    } = real_suite(&[
-        // The last of eight long requests waits for seven before it: on a shared 2-core CI
-        // machine that can pass the default 300 s deadline, which this test does not claim
-        // (the interleaving test above runs under the default one).
-        "--request-timeout",
-        "900s",
-    ])
-    .await;
+    } = real_suite(&[]).await;
     // Eight requests at once. Each reserves its prompt's pages, half a context (its completion
     // may take the other half; a stop sequence ends it after the code), so decode's pool (two
     // contexts) holds three prompts at a time: the rest wait their turn, none is refused.

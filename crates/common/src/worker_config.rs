@@ -78,7 +78,8 @@ pub struct WorkerFlags {
     /// Prompt tokens per prefill chunk.
     #[arg(long)]
     pub chunk_tokens: Option<usize>,
-    /// How long a write grant stays valid before an uncommitted reservation is aborted (`5m`).
+    /// How long a write grant may go without a landed write (since it was issued or its last
+    /// write) before the uncommitted reservation is aborted (`5m`).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
     pub grant_ttl: Option<Duration>,

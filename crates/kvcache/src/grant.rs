@@ -1,7 +1,7 @@
 //! Write grants, commit manifests, page writes and their checksums; the pool's grant registry.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
@@ -37,8 +37,11 @@ pub struct WriteGrant {
     pub tokens: usize,
     /// Tokens per page.
     pub page_size: usize,
-    /// After this instant commit fails with `CommitError::Expired`.
-    pub expires_at: Instant,
+    /// How long the grant lives without progress: it expires (commit fails with
+    /// `CommitError::Expired`, decode aborts the reservation) once this long has passed since
+    /// it was issued or since its last landed write, whichever is later. A long prompt that
+    /// is being computed and sent is never cut off; a writer that went silent is.
+    pub idle_ttl: Duration,
 }
 
 impl WriteGrant {
@@ -108,6 +111,8 @@ pub(crate) enum GrantStatus {
 pub(crate) struct GrantRecord {
     pub(crate) pages: Vec<(PageId, Generation)>,
     pub(crate) status: GrantStatus,
+    /// When the grant was issued or its last write landed: its idle lifetime counts from here.
+    pub(crate) progress_at: Instant,
 }
 
 /// Grants not yet committed or drained. Lock order: a page's metadata lock may be held while

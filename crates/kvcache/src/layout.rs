@@ -85,7 +85,8 @@ pub struct PoolConfig {
     /// How long a revoked grant may wait for its drain confirmation before its pages move to
     /// quarantine (on the next `sweep_expired`).
     pub drain_timeout: Duration,
-    /// Lifetime of a write grant; commit after `expires_at` fails with `CommitError::Expired`.
+    /// Idle lifetime of a write grant (`WriteGrant::idle_ttl`): after this long with no write
+    /// landing, commit fails with `CommitError::Expired`.
     pub grant_ttl: Duration,
     /// Commit re-reads every landed page and compares it with the checksum taken as it
     /// landed (on by default). Each page is hashed under its lock as it lands, and commit

@@ -165,6 +165,7 @@ impl KvPool {
             GrantRecord {
                 pages: table.clone(),
                 status: GrantStatus::Live,
+                progress_at: Instant::now(),
             },
         );
         let grant = WriteGrant {
@@ -173,7 +174,7 @@ impl KvPool {
             pages: table,
             tokens,
             page_size: self.inner.cfg.layout.page_size,
-            expires_at: Instant::now() + self.inner.cfg.grant_ttl,
+            idle_ttl: self.inner.cfg.grant_ttl,
         };
         Ok(ReservedPages::new(self.inner.clone(), grant))
     }

@@ -1,6 +1,7 @@
 //! The receiver side of a transfer: `KvPool::write_page`, the grant fence.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use crate::error::WriteError;
 use crate::grant::{page_checksum, GrantStatus, PageWrite};
@@ -62,6 +63,8 @@ impl PoolInner {
                 meta.written = true;
                 meta.tokens = w.tokens;
                 meta.landed_checksum = sum;
+                drop(meta);
+                self.progressed(w.key);
                 Ok(())
             }
             PageState::Free
@@ -97,6 +100,21 @@ impl PoolInner {
                 Some(_) => WriteError::DuplicateWrite,
             },
         }
+    }
+
+    /// A write landed under `key`: its idle lifetime starts again.
+    fn progressed(&self, key: GrantKey) {
+        if let Some(rec) = self.grants.lock().get_mut(&key) {
+            rec.progress_at = Instant::now();
+        }
+    }
+
+    /// Whether the live grant `key` has gone `ttl` without progress (issue or a landed write)
+    /// at `now`. A revoked, quarantined or retired grant has ended otherwise: false.
+    pub(crate) fn grant_expired(&self, key: GrantKey, ttl: Duration, now: Instant) -> bool {
+        self.grants.lock().get(&key).is_some_and(|r| {
+            r.status == GrantStatus::Live && now.saturating_duration_since(r.progress_at) >= ttl
+        })
     }
 
     /// Whether `key` is a live grant (for callers that fence before sending).

@@ -40,6 +40,13 @@ impl ReservedPages {
         &self.grant
     }
 
+    /// Whether the grant went its whole idle lifetime without a landed write at `now`: the
+    /// writer is gone or stalled, and the reservation should be aborted.
+    pub fn expired(&self, now: Instant) -> bool {
+        self.pool
+            .grant_expired(self.grant.key, self.grant.idle_ttl, now)
+    }
+
     /// Verifies the manifest against what landed (I2): the key matches, the grant has not
     /// expired, tokens written == tokens reserved (claimed and landed, page by page), every
     /// page was written exactly once under this grant, the manifest's checksums match the
@@ -136,7 +143,7 @@ impl PoolInner {
         if m.key != grant.key {
             return Err(CommitError::KeyMismatch);
         }
-        if Instant::now() > grant.expires_at {
+        if self.grant_expired(grant.key, grant.idle_ttl, Instant::now()) {
             return Err(CommitError::Expired);
         }
         if self.check_commit_tokens() && m.tokens_written != grant.tokens {

@@ -458,6 +458,53 @@ fn expired_grant_cannot_commit() {
 }
 
 #[test]
+fn a_grant_whose_writes_keep_landing_outlives_its_idle_ttl_and_an_idle_one_does_not() {
+    // Real time: the grant's lifetime is measured by the pool's clock. Gaps of 400 ms under a
+    // 1 s idle lifetime leave 600 ms for a slow machine's oversleep; the three gaps add up to
+    // more than the lifetime, so a lifetime counted from the issue would expire.
+    let ttl = Duration::from_secs(1);
+    let mut cfg = PoolConfig::with_pages(LAYOUT, 4);
+    cfg.grant_ttl = ttl;
+    let pool = KvPool::new(cfg);
+    let busy = pool.reserve(owner(1), 12).unwrap();
+    let idle = pool.reserve(owner(2), 4).unwrap();
+    let g = busy.grant().clone();
+    let issued = Instant::now();
+    let mut sums = Vec::new();
+    for (i, &(page, generation)) in g.pages.iter().enumerate() {
+        std::thread::sleep(Duration::from_millis(400));
+        let data = fill(pool.layout(), 1, page, generation);
+        sums.push(page_checksum(&data));
+        pool.write_page(PageWrite {
+            key: g.key,
+            page,
+            generation,
+            tokens: g.tokens_in_page(i) as u32,
+            data: &data,
+            checksum: page_checksum(&data),
+        })
+        .expect("valid write lands");
+    }
+    assert!(
+        issued.elapsed() > ttl,
+        "the writes took longer than the lifetime"
+    );
+    assert!(
+        !busy.expired(Instant::now()),
+        "each landed write renews the grant"
+    );
+    assert!(
+        idle.expired(Instant::now()),
+        "no write landed on this one for its lifetime"
+    );
+    let m = CommitManifest::new(g.key, g.tokens, sums);
+    assert_eq!(busy.commit(&m).unwrap().len(), 12);
+    let m = write_all(&pool, &idle, 2);
+    std::thread::sleep(ttl);
+    assert_eq!(idle.commit(&m).unwrap_err(), CommitError::Expired);
+}
+
+#[test]
 fn zero_on_release_clears_pages() {
     let mut cfg = PoolConfig::with_pages(LAYOUT, 1);
     cfg.zero_on_release = true;

@@ -183,7 +183,7 @@ pub fn grant(
             .collect(),
         tokens: g.tokens as u32,
         page_size: g.page_size as u32,
-        expires_unix_ms: unix_ms(g.expires_at),
+        expires_unix_ms: unix_ms(Instant::now() + g.idle_ttl),
         transfer_addr: transfer_addr.to_string(),
         prefix_tokens: prefix_tokens as u32,
     }

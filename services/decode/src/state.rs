@@ -233,8 +233,6 @@ pub struct Entry {
     /// another tenant waits (`scheduler/share.rs`).
     pub weight: u32,
     pub state: RequestState,
-    /// When a reservation must be committed by; irrelevant after commit.
-    pub expires_at: Instant,
     /// When the entry became terminal (tombstones are pruned after a while).
     pub ended_at: Option<Instant>,
 }

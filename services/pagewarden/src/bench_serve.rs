@@ -413,11 +413,22 @@ pub(crate) async fn stream_with(
         "stream": true,
         "stream_options": {"include_usage": true},
     });
+    stream_body(http, api, key, &body).await
+}
+
+/// One streamed `/v1/completions` request of `body` (which must ask for `stream`); returns
+/// its arrivals and usage.completion_tokens.
+pub(crate) async fn stream_body(
+    http: &reqwest::Client,
+    api: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<Sample> {
     let start = Instant::now();
     let resp = http
         .post(format!("{api}/v1/completions"))
         .bearer_auth(key)
-        .json(&body)
+        .json(body)
         .send()
         .await
         .context("POST /v1/completions")?;

@@ -12,11 +12,13 @@
 //! - `bench_fair.rs`: one tenant's TTFT beside another's flood; no stream waits for another.
 //! - `bench_prefix.rs`: the prefix cache's speed-up, and its invisibility across tenants.
 //! - `bench_chat.rs`: multi-turn chat TTFT per turn beside llama-server's prompt cache.
+//! - `bench_goodput.rs`: requests per second meeting TTFT and inter-token SLOs, beside a peer.
 //! - `chaos.rs`: a bounded abort storm with a cross-tenant marker check (staging only).
 
 mod bench_chat;
 mod bench_engine;
 mod bench_fair;
+mod bench_goodput;
 mod bench_prefix;
 mod bench_serve;
 mod chaos;
@@ -100,6 +102,9 @@ enum BenchCommand {
     /// Multi-turn chat (growing history), time to first token per turn, beside llama-server
     /// with its prompt cache.
     Chat(bench_chat::BenchChatArgs),
+    /// Goodput under SLOs: requests per second meeting both a TTFT and an inter-token SLO on a
+    /// mixed Poisson load of chats and long documents, beside a peer server at each rate.
+    Goodput(bench_goodput::BenchGoodputArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -127,6 +132,7 @@ fn main() -> anyhow::Result<()> {
             BenchCommand::Fairness(a) => bench_fair::run(a),
             BenchCommand::Prefix(a) => bench_prefix::run(a),
             BenchCommand::Chat(a) => bench_chat::run(a),
+            BenchCommand::Goodput(a) => bench_goodput::run(a),
         },
     }
 }

@@ -54,7 +54,8 @@ pub struct UpArgs {
     /// CPU), for its greedy text (Gemma 3); slower.
     #[arg(long)]
     pub flash_attention: bool,
-    /// Write grant lifetime. CPU prefill of a long prompt on a small machine can take minutes.
+    /// Write grant idle lifetime: a grant expires this long after it was issued or its last
+    /// write landed (a prompt being computed and sent keeps its grant however long it takes).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
     pub grant_ttl: Duration,
     /// How often the auditor runs its light canary sweep, as every dev tenant (`0s`: only on

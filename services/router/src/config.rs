@@ -24,6 +24,9 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 2 << 20;
 /// Default concurrency limit.
 pub const DEFAULT_MAX_CONCURRENCY: usize = 256;
+/// Default HTTP/2 keep-alive towards the workers: a frozen worker fails its requests within
+/// 20 s, while a freeze of a few seconds (a paused container, a GC-like stall) is ridden out.
+pub const DEFAULT_WORKER_KEEPALIVE: Duration = Duration::from_secs(10);
 
 /// The router's settings: command-line flags, and the keys of the `--config` file and of the
 /// `PAGEWARDEN_ROUTER_*` variables (snake_case). A flag wins over the variable, the variable over
@@ -79,10 +82,17 @@ pub struct Args {
     /// no `max_concurrent` (default: no per-tenant limit).
     #[arg(long)]
     pub tenant_max_concurrency: Option<usize>,
-    /// Whole-request deadline (`30s`, `500ms`, `2m`, or seconds).
+    /// Whole-request deadline (`30s`, `500ms`, `2m`, or seconds); none by default: waiting is
+    /// bounded by the workers' queue deadlines, a dead or frozen worker by
+    /// `--worker-keepalive`, and the rest by the client's own timeout.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
     pub request_timeout: Option<Duration>,
+    /// HTTP/2 keep-alive towards the workers: a ping this often, and a connection that leaves
+    /// one unanswered this long is closed, failing the requests on it (default `10s`).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub worker_keepalive: Option<Duration>,
     /// How often to poll every worker's Info.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
@@ -138,8 +148,10 @@ pub struct RouterConfig {
     pub max_concurrency: usize,
     /// Default per-tenant concurrency limit.
     pub tenant_max_concurrency: Option<usize>,
-    /// Request deadline.
-    pub request_timeout: Duration,
+    /// Whole-request deadline, when the operator set one.
+    pub request_timeout: Option<Duration>,
+    /// HTTP/2 keep-alive interval and timeout towards the workers.
+    pub worker_keepalive: Duration,
     /// Info poll interval.
     pub info_interval: Duration,
     /// Info RPC timeout.
@@ -219,7 +231,8 @@ impl RouterConfig {
             max_body_bytes: s.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
             max_concurrency,
             tenant_max_concurrency: s.tenant_max_concurrency,
-            request_timeout: s.request_timeout.unwrap_or(Duration::from_secs(300)),
+            request_timeout: s.request_timeout,
+            worker_keepalive: s.worker_keepalive.unwrap_or(DEFAULT_WORKER_KEEPALIVE),
             info_interval,
             info_timeout: info_interval.clamp(Duration::from_millis(200), Duration::from_secs(2)),
             connect_timeout: Duration::from_secs(1),
@@ -288,14 +301,14 @@ key_sha256 = ["3ebb1c99b12b77463e97c3a0f206e4fd46176cd1b8e183816a67338c04b25e5b"
         assert_eq!(c.max_concurrency, 7, "the flag wins over the environment");
         assert_eq!(
             c.request_timeout,
-            Duration::from_secs(20),
+            Some(Duration::from_secs(20)),
             "the environment wins over the file"
         );
         let c = RouterConfig::resolve(args).unwrap();
         assert_eq!(c.max_concurrency, 7);
         assert_eq!(c.decode.len(), 2);
         assert_eq!(c.prefill, vec!["127.0.0.1:2".to_string()]);
-        assert_eq!(c.request_timeout, Duration::from_secs(10));
+        assert_eq!(c.request_timeout, Some(Duration::from_secs(10)));
         assert_eq!(c.tenants.inline.len(), 1);
         assert!(RouterConfig::resolve(Args::parse_from(["r"])).is_err());
         std::fs::write(&cfg, "request_timeout = 10\n").unwrap();

@@ -50,8 +50,8 @@ pub struct Token {
 /// Timeouts for dispatch.
 #[derive(Clone, Copy, Debug)]
 pub struct DispatchConfig {
-    /// Whole-request deadline (`--request-timeout`).
-    pub request_timeout: Duration,
+    /// Whole-request deadline (`--request-timeout`), when the operator set one.
+    pub request_timeout: Option<Duration>,
     /// Bound on each best-effort `Abort` RPC.
     pub abort_timeout: Duration,
 }
@@ -104,8 +104,7 @@ pub struct Flight {
     decode: Lease,
     prefill: Lease,
     guard: AbortGuard,
-    deadline: tokio::time::Instant,
-    timeout: Duration,
+    deadline: Option<Deadline>,
     metrics: Arc<Metrics>,
     span: tracing::Span,
     completion_tokens: u32,
@@ -149,8 +148,10 @@ impl Flight {
             unavailable: None,
             decode_retries: 0,
             req,
-            deadline: tokio::time::Instant::from_std(job.arrived + cfg.request_timeout),
-            timeout: cfg.request_timeout,
+            deadline: cfg.request_timeout.map(|within| Deadline {
+                at: tokio::time::Instant::from_std(job.arrived + within),
+                within,
+            }),
             job,
             decode,
             prefill,
@@ -274,7 +275,7 @@ impl Flight {
         half: Half,
         fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, RouterError> {
-        match tokio::time::timeout_at(self.deadline, fut.instrument(self.span.clone())).await {
+        match within(self.deadline, fut.instrument(self.span.clone())).await {
             Ok(Ok(reply)) => Ok(reply.into_inner()),
             Ok(Err(status)) => {
                 self.guard.set_reason(failed(half));
@@ -284,9 +285,9 @@ impl Flight {
                 }
                 Err(from_status(half, &status))
             }
-            Err(_) => {
+            Err(Elapsed(within)) => {
                 self.guard.set_reason(AbortReason::Deadline);
-                Err(RouterError::Timeout(self.timeout))
+                Err(RouterError::Timeout(within))
             }
         }
     }
@@ -436,7 +437,7 @@ impl Flight {
         &mut self,
         tokens: &mut Streaming<TokenEvent>,
     ) -> Result<Option<Token>, RouterError> {
-        let event = match tokio::time::timeout_at(self.deadline, tokens.message()).await {
+        let event = match within(self.deadline, tokens.message()).await {
             Ok(Ok(Some(event))) => event,
             Ok(Ok(None)) => {
                 self.guard.set_reason(AbortReason::DecodeFailed);
@@ -449,9 +450,9 @@ impl Flight {
                 self.guard.set_reason(AbortReason::DecodeFailed);
                 return Err(from_status(Half::Decode, &status));
             }
-            Err(_) => {
+            Err(Elapsed(within)) => {
                 self.guard.set_reason(AbortReason::Deadline);
-                return Err(RouterError::Timeout(self.timeout));
+                return Err(RouterError::Timeout(within));
             }
         };
         if event.req.as_ref() != Some(&self.req) {
@@ -504,6 +505,31 @@ impl Flight {
             finish,
             logprobs,
         }))
+    }
+}
+
+/// The operator's whole-request deadline: when it passes, and the duration it was set to.
+#[derive(Clone, Copy, Debug)]
+struct Deadline {
+    at: tokio::time::Instant,
+    within: Duration,
+}
+
+/// The deadline passed; it was set to this long.
+struct Elapsed(Duration);
+
+/// `fut` under the deadline, when there is one. Without one nothing here times a request out:
+/// the workers' queue deadlines bound waiting, the channels' keep-alive a dead worker, and the
+/// client's own timeout the rest, so a long prompt that is being computed is never cut off.
+async fn within<T>(
+    deadline: Option<Deadline>,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, Elapsed> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d.at, fut)
+            .await
+            .map_err(|_| Elapsed(d.within)),
+        None => Ok(fut.await),
     }
 }
 

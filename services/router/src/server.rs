@@ -24,7 +24,7 @@ use crate::sample::SampleSink;
 use crate::tenants::{require_tenant, Tenants, TenantsError};
 use crate::token_rate::TokenRates;
 use crate::tokenize;
-use crate::workers::{PoolError, WorkerPool};
+use crate::workers::{Links, PoolError, WorkerPool};
 
 /// Runtime settings the handlers read.
 #[derive(Clone, Copy, Debug)]
@@ -116,7 +116,10 @@ impl AppState {
         let pool = WorkerPool::new(
             &cfg.decode,
             &cfg.prefill,
-            cfg.connect_timeout,
+            Links {
+                connect_timeout: cfg.connect_timeout,
+                keepalive: cfg.worker_keepalive,
+            },
             cfg.info_timeout,
         )?;
         Ok(Self::new(cfg.settings(), tenants, frontend, pool, sink))

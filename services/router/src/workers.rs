@@ -24,6 +24,18 @@ use crate::discovery::{lookup, Resolve, Source, SystemResolver};
 use crate::error::{Half, RouterError};
 use crate::telemetry::traced;
 
+/// How the router's channels to its workers behave.
+#[derive(Clone, Copy, Debug)]
+pub struct Links {
+    /// Bound on opening a connection.
+    pub connect_timeout: Duration,
+    /// HTTP/2 keep-alive: a ping this often, even while idle, and a connection that leaves one
+    /// unanswered this long is closed. A worker that died or froze (SIGSTOP, a hung host) then
+    /// fails the calls on it within twice this, whatever phase they are in; a worker that is
+    /// busy computing still answers, its runtime being free.
+    pub keepalive: Duration,
+}
+
 /// What a live worker last advertised.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InfoSnapshot {
@@ -93,12 +105,7 @@ pub struct Worker {
 
 impl Worker {
     /// A worker at `url` (lazy channel: nothing connects until the first poll).
-    fn new(
-        half: Half,
-        source: usize,
-        url: &str,
-        connect_timeout: Duration,
-    ) -> Result<Arc<Self>, PoolError> {
+    fn new(half: Half, source: usize, url: &str, links: Links) -> Result<Arc<Self>, PoolError> {
         let url = normalize(url);
         let role = match half {
             Half::Decode => SuiteRole::Decode,
@@ -109,7 +116,10 @@ impl Worker {
                 url: url.clone(),
                 message: e.to_string(),
             })?
-            .connect_timeout(connect_timeout)
+            .connect_timeout(links.connect_timeout)
+            .http2_keep_alive_interval(links.keepalive)
+            .keep_alive_timeout(links.keepalive)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         Ok(Arc::new(Self {
             half,
@@ -230,7 +240,7 @@ struct HalfPool {
 pub struct WorkerPool {
     decode: HalfPool,
     prefill: HalfPool,
-    connect_timeout: Duration,
+    links: Links,
     info_timeout: Duration,
     resolver: Arc<dyn Resolve>,
 }
@@ -241,7 +251,7 @@ impl WorkerPool {
     pub fn new(
         decode: &[String],
         prefill: &[String],
-        connect_timeout: Duration,
+        links: Links,
         info_timeout: Duration,
     ) -> Result<Self, PoolError> {
         let half = |half: Half, entries: &[String]| -> Result<HalfPool, PoolError> {
@@ -258,7 +268,7 @@ impl WorkerPool {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, s)| match s {
-                    Source::Url(url) => Some(Worker::new(half, i, url, connect_timeout)),
+                    Source::Url(url) => Some(Worker::new(half, i, url, links)),
                     Source::Dns { .. } => None,
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -271,7 +281,7 @@ impl WorkerPool {
         Ok(Self {
             decode: half(Half::Decode, decode)?,
             prefill: half(Half::Prefill, prefill)?,
-            connect_timeout,
+            links,
             info_timeout,
             resolver: Arc::new(SystemResolver),
         })
@@ -318,7 +328,7 @@ impl WorkerPool {
                     if workers.iter().any(|w| w.source == i && &w.url == url) {
                         continue;
                     }
-                    match Worker::new(pool.half, i, url, self.connect_timeout) {
+                    match Worker::new(pool.half, i, url, self.links) {
                         Ok(w) => {
                             tracing::info!(half = pool.half.as_str(), %url, %name, "worker found by name");
                             workers.push(w);

@@ -344,7 +344,7 @@ async fn deadline_aborts_both_halves_and_answers_504() {
             hang_prefill: true,
             ..FakeOpts::default()
         }],
-        request_timeout: Duration::from_millis(300),
+        request_timeout: Some(Duration::from_millis(300)),
         ..Opts::default()
     })
     .await;

@@ -151,8 +151,8 @@ struct Scheduler {
     recompute_turn: bool,
 }
 
-/// How long a draining decode waits for its sequences before it stops anyway (the router's
-/// default request deadline).
+/// How long a draining decode waits for its sequences before it stops anyway: long enough
+/// for a whole context to be generated on a slow CPU, as the deploy files' stop timeouts allow.
 const DRAIN_GRACE: Duration = Duration::from_secs(300);
 
 /// How long a drained decode keeps answering before it stops (a few of the router's polls).
@@ -511,7 +511,7 @@ impl Scheduler {
         let expired: Vec<(RequestId, AttemptId)> = self
             .table
             .iter()
-            .filter(|(_, e)| matches!(e.state, RequestState::Reserved(_)) && e.expires_at <= now)
+            .filter(|(_, e)| matches!(&e.state, RequestState::Reserved(r) if r.pages.expired(now)))
             .map(|(r, e)| (*r, e.attempt))
             .collect();
         for (req, attempt) in expired {
@@ -521,7 +521,7 @@ impl Scheduler {
         let overdue: Vec<(RequestId, AttemptId)> = self
             .table
             .iter()
-            .filter(|(_, e)| matches!(e.state, RequestState::Queued(_)) && e.expires_at <= now)
+            .filter(|(_, e)| matches!(&e.state, RequestState::Queued(q) if q.deadline <= now))
             .map(|(r, e)| (*r, e.attempt))
             .collect();
         for (req, attempt) in overdue {

@@ -58,7 +58,6 @@ impl Scheduler {
                 attempt,
                 tenant: q.owner.tenant.clone(),
                 weight: q.weight.max(1),
-                expires_at: q.deadline,
                 ended_at: None,
                 state: RequestState::Queued(Box::new(q)),
             },
@@ -195,7 +194,6 @@ impl Scheduler {
             }
         };
         let grant = pages.grant().clone();
-        entry.expires_at = grant.expires_at;
         entry.state = RequestState::Reserved(Box::new(Reservation {
             owner,
             arrival,

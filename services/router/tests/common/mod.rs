@@ -15,7 +15,7 @@ use pagewarden_router::discovery::Resolve;
 use pagewarden_router::dispatch::DispatchConfig;
 use pagewarden_router::frontend::Frontend;
 use pagewarden_router::tenants::Tenants;
-use pagewarden_router::workers::WorkerPool;
+use pagewarden_router::workers::{Links, WorkerPool};
 use pagewarden_router::{serve, AppState, NoSampling, Settings};
 use serde_json::Value;
 
@@ -39,7 +39,8 @@ pub struct Opts {
     pub alpha_max_concurrent: Option<u32>,
     /// Tenant alpha's `tokens_per_minute`.
     pub alpha_tokens_per_minute: Option<u64>,
-    pub request_timeout: Duration,
+    /// The router's `--request-timeout` (a safety net here: a broken test fails, not hangs).
+    pub request_timeout: Option<Duration>,
 }
 
 impl Default for Opts {
@@ -54,7 +55,7 @@ impl Default for Opts {
             tenant_max_concurrency: None,
             alpha_max_concurrent: None,
             alpha_tokens_per_minute: None,
-            request_timeout: Duration::from_secs(20),
+            request_timeout: Some(Duration::from_secs(20)),
         }
     }
 }
@@ -116,7 +117,10 @@ impl Harness {
         let mut pool = WorkerPool::new(
             &decode_urls,
             &prefill_urls,
-            Duration::from_millis(300),
+            Links {
+                connect_timeout: Duration::from_millis(300),
+                keepalive: Duration::from_secs(10),
+            },
             Duration::from_millis(300),
         )
         .unwrap();
