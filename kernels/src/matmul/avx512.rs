@@ -1,7 +1,8 @@
 //! 512-bit kernels for `Isa::Avx512`: matrices packed at load (`packed.rs`) take the
 //! interleaved kernel, sixteen rows per register and eight registers of ggml's lanes per
-//! group, for every token count, with the bits of the AVX2 kernels. Everything else (unpacked
-//! rows, K-quants, float weights, leftover rows) runs the AVX2 kernels with VNNI.
+//! group, for every token count, with the bits of the AVX2 kernels; packed Q4_K and Q6_K take
+//! `kquant_avx512.rs`. Everything else (unpacked rows, float weights, leftover rows) runs the
+//! AVX2 kernels with VNNI.
 
 use super::{avx2, packed, Acts, QMatrix};
 
@@ -19,6 +20,11 @@ pub(super) fn rows(
         // SAFETY: `Isa::Avx512` is only detected when avx2, fma, f16c and
         // avx512f/bw/vl/vnni are.
         done = unsafe { packed::run_groups(x86::packed_group, w, r0, n, a, tokens, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Acts::QuantK(a) = acts {
+        // SAFETY: as above.
+        done = unsafe { super::kquant_avx512::run_groups(w, r0, n, a, tokens, out) };
     }
     if done < n {
         avx2::rows(

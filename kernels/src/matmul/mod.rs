@@ -9,8 +9,11 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
+#[cfg(target_arch = "x86_64")]
+mod kquant_avx512;
 pub mod kquant_portable;
 pub mod packed;
+mod packed_k;
 pub mod portable;
 pub mod q4k_repacked;
 
