@@ -338,6 +338,31 @@ fn activation_quantization_is_the_same_on_every_isa_and_thread_count() {
     }
 }
 
+/// Q8_K activations split over threads by rows (ragged last task) are each row's own values.
+#[test]
+fn k_activation_quantization_is_the_same_on_every_thread_count() {
+    use pagewarden_kernels::act_k::{quantize_acts_k, quantize_acts_k_with, QuantizedActsK};
+    let mut rng = Rng::new(24);
+    let (rows, cols) = (37, 512);
+    let mut x = rng.vec(rows * cols, 3.0);
+    x[256..512].fill(0.0);
+    // Row by row: one row is one task.
+    let mut want = QuantizedActsK::default();
+    for row in x.chunks_exact(cols) {
+        let q = quantize_acts_k(row, 1, cols);
+        want.qs.extend(q.qs);
+        want.d.extend(q.d);
+        want.bsums.extend(q.bsums);
+    }
+    for threads in [1, 2, 3] {
+        let got = quantize_acts_k_with(&x, rows, cols, &Parallel::new(threads));
+        assert_eq!(got.qs, want.qs, "x{threads}: values");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got.d), bits(&want.d), "x{threads}: scales");
+        assert_eq!(got.bsums, want.bsums, "x{threads}: sums");
+    }
+}
+
 /// The interleaved packing changes only where the bytes sit: on every instruction set, a
 /// matrix with its packing gives the same bits as the plain rows on AVX2 (ggml's kernel), for
 /// one token and for tiles of several, alone and beside unpacked weights in one pass. Where the

@@ -18,7 +18,7 @@ pub mod portable;
 pub mod q4k_repacked;
 
 use crate::act::{quantize_acts_with, QuantizedActs};
-use crate::act_k::{quantize_acts_k, QuantizedActsK};
+use crate::act_k::{quantize_acts_k_with, QuantizedActsK};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
 use crate::quant::{ActKind, WeightType};
@@ -147,7 +147,7 @@ pub fn matmul_many_with(
     // Each activation format the weights need, prepared once for all of them.
     let needs = |k: ActKind| ws.iter().any(|w| w.ty.act_kind() == k);
     let quant = needs(ActKind::Q8).then(|| quantize_acts_with(isa, x, tokens, cols, par));
-    let quant_k = needs(ActKind::Q8K).then(|| quantize_acts_k(x, tokens, cols));
+    let quant_k = needs(ActKind::Q8K).then(|| quantize_acts_k_with(x, tokens, cols, par));
     let total: usize = ws.iter().map(|w| w.rows).sum();
     // About eight jobs per thread, so the last ones even out the threads (an uneven split of
     // wo or ffn_down into nine jobs left one thread idle a tenth of the time), in whole
