@@ -186,16 +186,25 @@ pub fn matmul_many_with(
             return;
         }
         // The kernel fills `n x tokens` (by weight row); scatter it into token-major rows.
-        let mut buf = vec![0f32; n * tokens];
-        rows_kernel(isa, w, r0, n, &acts, tokens, &mut buf);
-        for t in 0..tokens {
-            for (r, v) in buf.iter().skip(t).step_by(tokens).enumerate() {
-                // SAFETY: element (t, r0 + r) is inside the checked output and only this task
-                // writes rows r0..r0+n.
-                unsafe { *out.add(t * w.rows + r0 + r) = *v };
+        // The buffer is the thread's own, kept from job to job (no allocation per job).
+        SCRATCH.with_borrow_mut(|buf| {
+            buf.clear();
+            buf.resize(n * tokens, 0.0);
+            rows_kernel(isa, w, r0, n, &acts, tokens, buf);
+            for t in 0..tokens {
+                for (r, v) in buf.iter().skip(t).step_by(tokens).enumerate() {
+                    // SAFETY: element (t, r0 + r) is inside the checked output and only this
+                    // task writes rows r0..r0+n.
+                    unsafe { *out.add(t * w.rows + r0 + r) = *v };
+                }
             }
-        }
+        });
     });
+}
+
+thread_local! {
+    /// A job's `rows x tokens` results before they are scattered (see `matmul_many_with`).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Computes rows `r0..r0+n` for all tokens into `out[(r - r0) * tokens + t]`.
