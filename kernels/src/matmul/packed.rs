@@ -195,14 +195,20 @@ pub(crate) fn q5_0_high_bits(qh: u32) -> u32 {
 /// One instruction set's kernel for a group of [`GROUP`] packed rows and one token.
 pub(crate) type GroupKernel = unsafe fn(&PackedRows, usize, &QuantizedActs, usize) -> [f32; GROUP];
 
+/// The same for two consecutive tokens (the same bits as two calls of the one-token kernel).
+pub(crate) type GroupKernel2 =
+    unsafe fn(&PackedRows, usize, &QuantizedActs, usize) -> [[f32; GROUP]; 2];
+
 /// Rows `r0..r0 + n` of `w` through its packing, whole groups only, for every token, into
 /// `out[(r - r0) * tokens + t]`; returns how many rows it did (none unless `w` is packed and
-/// `r0` starts a group).
+/// `r0` starts a group). Tokens go through `pair` two at a time where there is one.
 ///
 /// # Safety
-/// The CPU must support what `kernel` needs.
+/// The CPU must support what `kernel` and `pair` need.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn run_groups(
     kernel: GroupKernel,
+    pair: Option<GroupKernel2>,
     w: &QMatrix<'_>,
     r0: usize,
     n: usize,
@@ -210,7 +216,11 @@ pub(crate) unsafe fn run_groups(
     tokens: usize,
     out: &mut [f32],
 ) -> usize {
-    let Some(pk) = w.packed.filter(|_| r0.is_multiple_of(GROUP)) else {
+    let Some(pk) = w
+        .packed
+        .filter(|p| r0.is_multiple_of(GROUP) && record_lines(p.ty()).is_some())
+        .filter(|p| !matches!(p.ty(), WeightType::Q4_K | WeightType::Q6_K))
+    else {
         return 0;
     };
     assert!(pk.packs(w), "packing of another matrix");
@@ -219,9 +229,21 @@ pub(crate) unsafe fn run_groups(
     let mut done = 0;
     while done + GROUP <= n {
         let g = (r0 + done) / GROUP;
-        for t in 0..tokens {
-            // SAFETY: the caller vouches for the CPU; `pk` packs `w` (checked), so group `g`
-            // exists, and the activations hold `tokens` rows (checked).
+        let mut t = 0;
+        // SAFETY (both kernels): the caller vouches for the CPU; `pk` packs `w` (checked), so
+        // group `g` exists, and the activations hold `tokens` rows (checked).
+        if let Some(pair) = pair {
+            while t + 2 <= tokens {
+                let two = unsafe { pair(pk, g, a, t) };
+                for (j, group) in two.iter().enumerate() {
+                    for (r, v) in group.iter().enumerate() {
+                        out[(done + r) * tokens + t + j] = *v;
+                    }
+                }
+                t += 2;
+            }
+        }
+        for t in t..tokens {
             let group = unsafe { kernel(pk, g, a, t) };
             for (r, v) in group.iter().enumerate() {
                 out[(done + r) * tokens + t] = *v;
