@@ -2,6 +2,7 @@
 //! 256-element block, `d = max / -127` where `max` is the value of largest magnitude (kept
 //! in f32), `q = min(127, round_even(x * -127 / max))`, and the sums of each 16 values.
 
+use crate::parallel::Parallel;
 use crate::quant_k::QK_K;
 
 /// A batch of activation rows quantized per 256-element block.
@@ -28,6 +29,12 @@ impl QuantizedActsK {
 
 /// Quantizes `rows` rows of `cols` elements (`cols % 256 == 0`).
 pub fn quantize_acts_k(x: &[f32], rows: usize, cols: usize) -> QuantizedActsK {
+    quantize_acts_k_with(x, rows, cols, &Parallel::single())
+}
+
+/// [`quantize_acts_k`] split over `par`'s threads by rows (each block depends on its own
+/// 256 values only, so the split changes no bit).
+pub fn quantize_acts_k_with(x: &[f32], rows: usize, cols: usize, par: &Parallel) -> QuantizedActsK {
     assert_eq!(
         cols % QK_K,
         0,
@@ -42,9 +49,41 @@ pub fn quantize_acts_k(x: &[f32], rows: usize, cols: usize) -> QuantizedActsK {
         d: vec![0.0; nb],
         bsums: vec![0; rows * cols / 16],
     };
-    for (b, (xs, qs)) in x
+    let bpr = cols / QK_K;
+    let ptrs = Ptrs(q.qs.as_mut_ptr(), q.d.as_mut_ptr(), q.bsums.as_mut_ptr());
+    par.for_each_index(rows.div_ceil(ROWS_PER_TASK), |c| {
+        let ptrs = &ptrs;
+        let (r0, r1) = (c * ROWS_PER_TASK, ((c + 1) * ROWS_PER_TASK).min(rows));
+        let (e0, e1, b0, b1) = (r0 * cols, r1 * cols, r0 * bpr, r1 * bpr);
+        // SAFETY: task `c` alone writes rows r0..r1 of the three buffers, which outlive the
+        // region.
+        let (qs, d, bsums) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(ptrs.0.add(e0), e1 - e0),
+                std::slice::from_raw_parts_mut(ptrs.1.add(b0), b1 - b0),
+                std::slice::from_raw_parts_mut(ptrs.2.add(16 * b0), 16 * (b1 - b0)),
+            )
+        };
+        quantize_blocks(&x[e0..e1], qs, d, bsums);
+    });
+    q
+}
+
+/// Activation rows per quantization task.
+const ROWS_PER_TASK: usize = 16;
+
+/// The three output buffers, written at disjoint rows by the tasks of one region.
+struct Ptrs(*mut i8, *mut f32, *mut i16);
+// SAFETY: see `quantize_acts_k_with`.
+unsafe impl Send for Ptrs {}
+unsafe impl Sync for Ptrs {}
+
+/// Quantizes whole blocks: `xs` into `qs`, a scale per 256 values into `d`, the sums of
+/// each 16 values into `bsums`.
+fn quantize_blocks(xs: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    for (b, (xs, qs)) in xs
         .chunks_exact(QK_K)
-        .zip(q.qs.chunks_exact_mut(QK_K))
+        .zip(qs.chunks_exact_mut(QK_K))
         .enumerate()
     {
         let (mut max, mut amax) = (0f32, 0f32);
@@ -62,15 +101,14 @@ pub fn quantize_acts_k(x: &[f32], rows: usize, cols: usize) -> QuantizedActsK {
         for (o, v) in qs.iter_mut().zip(xs) {
             *o = (round_even_small(iscale * v) as i32).min(127) as i8;
         }
-        for (s, g) in q.bsums[b * 16..(b + 1) * 16]
+        for (s, g) in bsums[b * 16..(b + 1) * 16]
             .iter_mut()
             .zip(qs.chunks_exact(16))
         {
             *s = g.iter().map(|&v| v as i16).sum();
         }
-        q.d[b] = 1.0 / iscale;
+        d[b] = 1.0 / iscale;
     }
-    q
 }
 
 /// `x.round_ties_even()` for `|x| < 2^22` (here `|x| <= 127`): adding and taking back

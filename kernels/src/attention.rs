@@ -57,8 +57,25 @@ impl AttnGeometry {
 
     /// Masks the scores of the keys before [`AttnGeometry::first_key`].
     pub(crate) fn mask_window(&self, scores: &mut [f32]) {
-        let lo = self.first_key(scores.len());
-        scores[..lo].fill(f32::NEG_INFINITY);
+        self.mask_window_from(0, scores);
+    }
+
+    /// [`AttnGeometry::mask_window`] for the scores of keys `first..first + scores.len()`
+    /// of a query that sees keys `..first + scores.len()`.
+    pub(crate) fn mask_window_from(&self, first: usize, scores: &mut [f32]) {
+        let n = scores.len();
+        let lo = self.first_key(first + n).saturating_sub(first);
+        scores[..lo.min(n)].fill(f32::NEG_INFINITY);
+    }
+
+    /// The first key the fast paths visit for a query that sees keys `..keys`: the window's
+    /// first key rounded down to a multiple of `align`. The keys before it are masked, weigh
+    /// exactly zero, and come in whole blocks of the softmax's and the weighted sums' lanes
+    /// (`align` a multiple of both), so skipping them changes no sum: a block of zeros adds
+    /// +0 to each lane. This is what keeps a sliding-window layer's cost per token flat in
+    /// the context; llama.cpp gets there by keeping only the window in its SWA cache.
+    pub(crate) fn first_visited(&self, keys: usize, align: usize) -> usize {
+        self.first_key(keys) / align * align
     }
 
     /// Panics unless `n` query tokens from `first_pos` fit `q`, `out` and `blocks`.
@@ -141,9 +158,17 @@ pub fn paged_attention_with(
         crate::attention_decode::decode(isa, geo, q, ctx, blocks, out, par);
         return;
     }
-    // Each kv head's K and V rows as f32 ([ctx][hd]), converted once for all its tasks.
-    let kv = par.map(geo.kv_heads, |g| gather(isa, geo, blocks, g, ctx));
     let tiled = isa != Isa::Portable && tiled_supports(geo);
+    // The tiled kernel skips the keys no query of the call sees (a sliding window's), in
+    // whole 16-key lanes; the reference task scans and masks every key.
+    let kbase = if tiled {
+        geo.first_visited(first_pos + 1, LANES)
+    } else {
+        0
+    };
+    // Each kv head's K and V rows `kbase..ctx` as f32 ([key][hd]), converted once for all
+    // its tasks.
+    let kv = par.map(geo.kv_heads, |g| gather(isa, geo, blocks, g, kbase, ctx));
     // The tiled kernel keeps a task's scores (rows x keys) in L2: fewer tokens per task.
     let q_block = if tiled { TILED_Q_BLOCK } else { Q_BLOCK };
     let qblocks = n.div_ceil(q_block);
@@ -157,6 +182,7 @@ pub fn paged_attention_with(
                 geo,
                 q,
                 first_pos,
+                kbase,
                 k: &kv[g].0,
                 v: &kv[g].1,
                 g,
@@ -208,22 +234,26 @@ fn tiled_supports(_: &AttnGeometry) -> bool {
     false
 }
 
-/// K and V of kv head `g` for keys `0..ctx`, as f32 rows of `head_dim`, followed by zero rows
-/// up to a multiple of 16 keys (the tiled kernel reads whole tiles).
+/// K and V of kv head `g` for keys `kbase..ctx` (`kbase` a multiple of 16), as f32 rows of
+/// `head_dim`, followed by zero rows up to a multiple of 16 keys (the tiled kernel reads
+/// whole tiles).
 fn gather(
     isa: Isa,
     geo: &AttnGeometry,
     blocks: &[KvBlock<'_>],
     g: usize,
+    kbase: usize,
     ctx: usize,
 ) -> (Vec<f32>, Vec<f32>) {
     let (hd, tw, ps) = (geo.head_dim, geo.token_width(), geo.page_size);
-    let mut k = vec![0f32; ctx.next_multiple_of(16) * hd];
-    let mut v = vec![0f32; ctx.next_multiple_of(16) * hd];
-    for j in 0..ctx {
+    let rows = ctx.next_multiple_of(16) - kbase;
+    let mut k = vec![0f32; rows * hd];
+    let mut v = vec![0f32; rows * hd];
+    for j in kbase..ctx {
         let blk = &blocks[j / ps];
         let at = (j % ps) * tw + g * hd;
-        let (kd, vd) = (&mut k[j * hd..(j + 1) * hd], &mut v[j * hd..(j + 1) * hd]);
+        let r = j - kbase;
+        let (kd, vd) = (&mut k[r * hd..(r + 1) * hd], &mut v[r * hd..(r + 1) * hd]);
         match isa {
             Isa::Portable => {
                 blk.k[at..at + hd].convert_to_f32_slice(kd);

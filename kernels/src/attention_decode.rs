@@ -55,16 +55,27 @@ pub(crate) fn decode(
     let mut tmp = vec![f16::ZERO; qh.len()];
     round_f16(&mut qh, &mut tmp);
 
-    let mut scores = vec![0f32; heads * keys];
+    // The fast paths visit a sliding window's keys only, from a multiple of `VEC_STEP` (the
+    // weighted sums' lanes; `AttnGeometry::first_visited`); the reference scans every key.
+    let base = match isa {
+        Isa::Portable => 0,
+        Isa::Avx2 | Isa::Avx512 => geo.first_visited(keys, VEC_STEP),
+    };
+    let span = keys - base;
+    let mut scores = vec![0f32; heads * span];
     let sp = Shared(scores.as_mut_ptr());
-    let runs = keys.div_ceil(SCORE_KEYS);
+    let runs = span.div_ceil(SCORE_KEYS);
     par.for_each_index(geo.kv_heads * runs, |t| {
         let (g, r) = (t / runs, t % runs);
-        let (j0, j1) = (r * SCORE_KEYS, ((r + 1) * SCORE_KEYS).min(keys));
+        let (j0, j1) = (
+            base + r * SCORE_KEYS,
+            (base + (r + 1) * SCORE_KEYS).min(keys),
+        );
         let job = ScoreTask {
             geo,
             qh: &qh,
-            keys,
+            base,
+            span,
             blocks,
             g,
             j0,
@@ -82,13 +93,13 @@ pub(crate) fn decode(
             // one parallel region fewer per layer for contexts up to `SCORE_KEYS`.
             // SAFETY: the rows of heads g*group..(g+1)*group belong to this task alone.
             let rows =
-                unsafe { std::slice::from_raw_parts_mut(sp.0.add(g * group * keys), group * keys) };
-            rows.chunks_exact_mut(keys)
-                .for_each(|s| softmax_row(isa, geo, s));
+                unsafe { std::slice::from_raw_parts_mut(sp.0.add(g * group * span), group * span) };
+            rows.chunks_exact_mut(span)
+                .for_each(|s| softmax_row(isa, geo, base, s));
         }
     });
     if runs > 1 {
-        par.for_each_chunk(&mut scores, keys, |_, s| softmax_row(isa, geo, s));
+        par.for_each_chunk(&mut scores, span, |_, s| softmax_row(isa, geo, base, s));
     }
 
     let cols = if hd.is_multiple_of(COLS) { COLS } else { hd };
@@ -98,6 +109,7 @@ pub(crate) fn decode(
     par.for_each_index(geo.kv_heads * cblocks, |t| {
         let job = SumTask {
             geo,
+            base,
             keys,
             blocks,
             g: t / cblocks,
@@ -116,19 +128,22 @@ pub(crate) fn decode(
     });
 }
 
-/// One query head's scores into probabilities, rounded to f16 as llama.cpp's are.
-fn softmax_row(isa: Isa, geo: &AttnGeometry, s: &mut [f32]) {
+/// One query head's scores of keys `base..` into probabilities, rounded to f16 as
+/// llama.cpp's are.
+fn softmax_row(isa: Isa, geo: &AttnGeometry, base: usize, s: &mut [f32]) {
     let mut tmp = vec![f16::ZERO; s.len()];
-    geo.mask_window(s);
+    geo.mask_window_from(base, s);
     softmax_padded(isa, s);
     round_f16(s, &mut tmp);
 }
 
-/// Scores of keys `j0..j1` for every query head of kv head `g`.
+/// Scores of keys `j0..j1` for every query head of kv head `g`, into rows of `span` scores
+/// from key `base`.
 struct ScoreTask<'a, 'b> {
     geo: &'a AttnGeometry,
     qh: &'a [f32],
-    keys: usize,
+    base: usize,
+    span: usize,
     blocks: &'a [KvBlock<'b>],
     g: usize,
     j0: usize,
@@ -179,10 +194,11 @@ impl ScoreTask<'_, '_> {
                 let head = self.g * group + h;
                 let qv = &self.qh[head * hd..(head + 1) * hd];
                 for (jj, k) in kb.chunks_exact(hd).enumerate() {
-                    // SAFETY: (head, c0 + jj) is inside `heads * keys` and belongs to this
-                    // task alone (its kv head's query heads, its run of keys).
+                    // SAFETY: (head, c0 + jj - base) is inside `heads * span` and belongs to
+                    // this task alone (its kv head's query heads, its run of keys).
                     unsafe {
-                        *self.scores.0.add(head * self.keys + c0 + jj) = self.dot(k, qv) * scale
+                        *self.scores.0.add(head * self.span + c0 + jj - self.base) =
+                            self.dot(k, qv) * scale
                     };
                 }
             }
@@ -190,9 +206,11 @@ impl ScoreTask<'_, '_> {
     }
 }
 
-/// Output columns `c0..c0 + cols` of every query head of kv head `g`.
+/// Output columns `c0..c0 + cols` of every query head of kv head `g`, over keys
+/// `base..keys` (`scores` has `keys - base` per head).
 struct SumTask<'a, 'b> {
     geo: &'a AttnGeometry,
+    base: usize,
     keys: usize,
     blocks: &'a [KvBlock<'b>],
     g: usize,
@@ -224,14 +242,15 @@ impl SumTask<'_, '_> {
 
     #[inline(always)]
     fn run_cols(&self, cols: usize) {
-        let (group, keys) = (self.group, self.keys);
+        let (group, keys, base) = (self.group, self.keys, self.base);
+        let span = keys - base;
         let hd = self.geo.head_dim;
         let mut acc = vec![0f32; group * VEC_STEP * cols];
         for a in acc.chunks_exact_mut(VEC_STEP * cols) {
             weighted_start(Order::Vec, cols, a);
         }
         let mut buf = vec![0f32; SUM_KEYS * cols];
-        for j0 in (0..keys).step_by(SUM_KEYS) {
+        for j0 in (base..keys).step_by(SUM_KEYS) {
             let nc = SUM_KEYS.min(keys - j0);
             let vb = &mut buf[..nc * cols];
             widen(
@@ -247,7 +266,8 @@ impl SumTask<'_, '_> {
             );
             for (h, a) in acc.chunks_exact_mut(VEC_STEP * cols).enumerate() {
                 let head = self.g * group + h;
-                let p = &self.scores[head * keys + j0..head * keys + j0 + nc];
+                let at = head * span + j0 - base;
+                let p = &self.scores[at..at + nc];
                 match self.isa {
                     // SAFETY: Avx2 and Avx512 are only detected when the CPU has avx2 and
                     // fma (this runs inside `run_sums_avx2` for them).

@@ -43,8 +43,11 @@ pub(crate) struct TiledTask<'a> {
     /// All queries of the call, `n * heads * head_dim`.
     pub q: &'a [f32],
     pub first_pos: usize,
-    /// This kv head's keys and values as f32 rows of `head_dim`, at least
-    /// `(first_pos + i1).next_multiple_of(16)` rows (zero padded).
+    /// The first key of `k` and `v` (a multiple of 16; no query of the call sees an earlier
+    /// one).
+    pub kbase: usize,
+    /// This kv head's keys and values from `kbase` as f32 rows of `head_dim`, at least
+    /// `(first_pos + i1).next_multiple_of(16) - kbase` rows (zero padded).
     pub k: &'a [f32],
     pub v: &'a [f32],
     pub g: usize,
@@ -64,6 +67,12 @@ impl TiledTask<'_> {
     fn limit(&self, r: usize) -> usize {
         let group = self.geo.heads / self.geo.kv_heads;
         self.first_pos + self.i0 + r / group + 1
+    }
+
+    /// The first key row `r` visits: rows see a sliding window's keys only, and a row's
+    /// earlier keys are skipped in whole 16-key lanes (`AttnGeometry::first_visited`).
+    fn first(&self, r: usize) -> usize {
+        self.geo.first_visited(self.limit(r), 16)
     }
 
     /// Returns `(i1 - i0) * group * head_dim` outputs, laid out as the reference task's, with
@@ -99,9 +108,19 @@ impl TiledTask<'_> {
         let qw = geo.heads * hd;
         let rows = (self.i1 - self.i0) * group;
         let rows_pad = rows.next_multiple_of(RB);
-        let kmax = self.limit(rows - 1);
+        // Keys are counted from `base` below (scores, K and V rows, lanes): a multiple of 16,
+        // so each key keeps its lane.
+        let base = self.first(0);
+        assert!(base >= self.kbase && base.is_multiple_of(16) && self.kbase.is_multiple_of(16));
+        let (kr, vr) = (
+            &self.k[(base - self.kbase) * hd..],
+            &self.v[(base - self.kbase) * hd..],
+        );
+        let lim = |r: usize| self.limit(r) - base;
+        let first = |r: usize| self.first(r) - base;
+        let kmax = lim(rows - 1);
         let stride = kmax.next_multiple_of(16);
-        assert!(self.k.len() >= stride * hd && self.v.len() >= stride * hd);
+        assert!(kr.len() >= stride * hd && vr.len() >= stride * hd);
 
         // Query rows, rounded to f16 as llama.cpp's f16 cache has them; padding rows are zero.
         let mut qh = vec![0f32; rows_pad * hd];
@@ -116,11 +135,11 @@ impl TiledTask<'_> {
         let mut s = vec![0f32; rows_pad * stride];
         for kt in (0..kmax).step_by(KEY_TILE) {
             for rb in (0..rows_pad).step_by(RB) {
-                let lim = self.limit((rb + RB - 1).min(rows - 1));
+                let lim = lim((rb + RB - 1).min(rows - 1));
                 let end = (kt + KEY_TILE).min(lim.next_multiple_of(2));
-                for j in (kt..end).step_by(2) {
+                for j in (kt.max(first(rb))..end).step_by(2) {
                     let at = rb * stride + j;
-                    let (q2, k2) = (&qh[rb * hd..(rb + RB) * hd], &self.k[j * hd..]);
+                    let (q2, k2) = (&qh[rb * hd..(rb + RB) * hd], &kr[j * hd..]);
                     let sc = if W512 {
                         scores_2x2_512(q2, k2, hd)
                     } else {
@@ -134,30 +153,36 @@ impl TiledTask<'_> {
             }
         }
         for r in 0..rows {
-            let lim = self.limit(r);
+            let (f, lim) = (first(r), lim(r));
             let row = &mut s[r * stride..(r + 1) * stride];
             let (p, rest) = row.split_at_mut(lim);
-            geo.mask_window(p);
+            let (before, p) = p.split_at_mut(f);
+            geo.mask_window_from(base + f, p);
             softmax_padded(self.isa, p);
             round_f16(p, &mut half);
+            // Keys this row does not visit weigh zero in the tiles it shares with other rows.
+            before.fill(0.0);
             rest.fill(0.0);
         }
 
         let mut acc = vec![0f32; rows_pad * 16 * hd];
         for vt in (0..kmax).step_by(V_TILE) {
             for rb in (0..rows_pad).step_by(RB) {
-                let lim = self.limit((rb + RB - 1).min(rows - 1));
-                if vt >= lim {
+                let lim = lim((rb + RB - 1).min(rows - 1));
+                let end = (vt + V_TILE).min(lim.next_multiple_of(16));
+                // A multiple of 16 at or after `vt`: every key keeps its accumulator lane.
+                let start = vt.max(first(rb));
+                if start >= end {
                     continue;
                 }
                 let pv = PvTile {
                     s: &s,
                     stride,
-                    v: self.v,
+                    v: vr,
                     hd,
                     rb,
-                    vt,
-                    end: (vt + V_TILE).min(lim.next_multiple_of(16)),
+                    vt: start,
+                    end,
                 };
                 if W512 {
                     // Up to 64 columns per pass: 8 accumulators and 4 V registers.

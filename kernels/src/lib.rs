@@ -10,7 +10,9 @@
 //! - `matmul`: quantized matrix x vector / matrix x matrix products (`matmul/portable.rs`
 //!   and `matmul/kquant_portable.rs` are the reference, `matmul/avx2.rs` and
 //!   `matmul/kquant_avx2.rs` the x86 fast paths; `matmul/q4k_repacked.rs` is llama.cpp's
-//!   order for Q4_K matrices it repacks, whole blocks of 8 rows).
+//!   order for Q4_K matrices it repacks, whole blocks of 8 rows; `matmul/packed.rs` and
+//!   `matmul/packed_k.rs` interleave rows sixteen at a time at load for `matmul/avx512.rs`
+//!   and `matmul/kquant_avx512.rs`).
 //! - `vec`: f32 dot product with SIMD dispatch.
 //! - `norm`: RMSNorm.
 //! - `rope`: rotary position embedding, llama "normal" (adjacent pairs) style.

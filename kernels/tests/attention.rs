@@ -89,7 +89,10 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
         // 300 and 611: decode runs over several score tasks (256 keys each) and ragged chunks;
         // (70, 20): prefill over more than one 64-key run; (250, 37) and (0, 70): more than
         // one 256-key V tile, query blocks that straddle 16-key lanes, ragged row blocks.
+        // (900, 33) and (1000, 1): the windowed layers skip most keys, in whole lanes.
         for (first, n) in [
+            (900, 33),
+            (1000, 1),
             (250, 37),
             (0, 70),
             (0usize, 1usize),

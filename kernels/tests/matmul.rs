@@ -338,6 +338,31 @@ fn activation_quantization_is_the_same_on_every_isa_and_thread_count() {
     }
 }
 
+/// Q8_K activations split over threads by rows (ragged last task) are each row's own values.
+#[test]
+fn k_activation_quantization_is_the_same_on_every_thread_count() {
+    use pagewarden_kernels::act_k::{quantize_acts_k, quantize_acts_k_with, QuantizedActsK};
+    let mut rng = Rng::new(24);
+    let (rows, cols) = (37, 512);
+    let mut x = rng.vec(rows * cols, 3.0);
+    x[256..512].fill(0.0);
+    // Row by row: one row is one task.
+    let mut want = QuantizedActsK::default();
+    for row in x.chunks_exact(cols) {
+        let q = quantize_acts_k(row, 1, cols);
+        want.qs.extend(q.qs);
+        want.d.extend(q.d);
+        want.bsums.extend(q.bsums);
+    }
+    for threads in [1, 2, 3] {
+        let got = quantize_acts_k_with(&x, rows, cols, &Parallel::new(threads));
+        assert_eq!(got.qs, want.qs, "x{threads}: values");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got.d), bits(&want.d), "x{threads}: scales");
+        assert_eq!(got.bsums, want.bsums, "x{threads}: sums");
+    }
+}
+
 /// The interleaved packing changes only where the bytes sit: on every instruction set, a
 /// matrix with its packing gives the same bits as the plain rows on AVX2 (ggml's kernel), for
 /// one token and for tiles of several, alone and beside unpacked weights in one pass. Where the
@@ -391,14 +416,71 @@ fn packed_rows_give_the_bits_of_plain_rows_on_every_isa() {
     }
 }
 
+/// Q4_K and Q6_K packed at load (`packed_k.rs`) give the portable reference's bits on every
+/// instruction set (the 16-row kernels where the CPU has AVX-512; the packing is ignored
+/// elsewhere): Q4_K in llama.cpp's repacked order for token counts that mix its gemm and gemv
+/// rows, Q6_K in ggml's eight-lane order; beside a matrix whose rows are not whole groups.
+#[test]
+fn packed_k_quants_give_the_portable_bits_on_every_isa() {
+    use pagewarden_kernels::{matmul_many_with, PackedRows};
+    let mut rng = Rng::new(35);
+    for ty in [WeightType::Q4_K, WeightType::Q6_K] {
+        for &(rows, cols) in &[(16, 256), (48, 1024), (64, 2048)] {
+            let data = random_k_blocks(&mut rng, ty, rows, cols);
+            let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+            let pk = PackedRows::pack_for(Isa::Avx512, &w).expect("whole groups");
+            let packed = w.with_packed(&pk);
+            let odd = random_k_blocks(&mut rng, ty, 24, cols);
+            let odd = QMatrix::new(ty, 24, cols, &odd).unwrap();
+            assert!(PackedRows::pack_for(Isa::Avx512, &odd).is_none());
+            for tokens in [1, 2, 3, 4, 5, 7, 9] {
+                for scale in [1.0, 50.0] {
+                    let x = rng.vec(tokens * cols, scale);
+                    let one = Parallel::single();
+                    let mut want = vec![0f32; tokens * rows];
+                    matmul_with(Isa::Portable, &w, &x, tokens, &mut want, &one);
+                    let mut want_odd = vec![0f32; tokens * 24];
+                    matmul_with(Isa::Portable, &odd, &x, tokens, &mut want_odd, &one);
+                    for isa in Isa::available() {
+                        for threads in [1, 2] {
+                            let mut got = vec![f32::NAN; tokens * rows];
+                            let mut got_odd = vec![f32::NAN; tokens * 24];
+                            matmul_many_with(
+                                isa,
+                                &[packed, odd],
+                                &x,
+                                tokens,
+                                &mut [&mut got, &mut got_odd],
+                                &Parallel::new(threads),
+                            );
+                            let same = |a: &[f32], b: &[f32]| {
+                                a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+                            };
+                            let at = format!("{ty:?} {rows}x{cols}x{tokens} {isa:?} t{threads}");
+                            assert!(same(&got, &want), "{at}");
+                            assert!(same(&got_odd, &want_odd), "{at}: the unpacked neighbour");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn only_whole_groups_of_packable_types_are_packed() {
     use pagewarden_kernels::PackedRows;
     let mut rng = Rng::new(34);
     let q = make(&mut rng, WeightType::Q4_1, 24, 64);
     assert!(PackedRows::pack(&QMatrix::new(WeightType::Q4_1, 24, 64, &q).unwrap()).is_none());
+    // K-quants are packed only for the 512-bit kernels, and Q5_K not at all.
     let k = random_k_blocks(&mut rng, WeightType::Q4_K, 16, 256);
-    assert!(PackedRows::pack(&QMatrix::new(WeightType::Q4_K, 16, 256, &k).unwrap()).is_none());
+    let k = QMatrix::new(WeightType::Q4_K, 16, 256, &k).unwrap();
+    assert!(PackedRows::pack_for(Isa::Avx2, &k).is_none());
+    assert!(PackedRows::pack_for(Isa::Avx512, &k).is_some());
+    let k5 = random_k_blocks(&mut rng, WeightType::Q5_K, 16, 256);
+    let k5 = QMatrix::new(WeightType::Q5_K, 16, 256, &k5).unwrap();
+    assert!(PackedRows::pack_for(Isa::Avx512, &k5).is_none());
     let f = make(&mut rng, WeightType::F16, 16, 64);
     assert!(PackedRows::pack(&QMatrix::new(WeightType::F16, 16, 64, &f).unwrap()).is_none());
 }

@@ -39,8 +39,9 @@ pub(super) fn rows(
         if let Acts::Quant(a) = acts {
             // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only selected when avx2, fma and f16c
             // were detected.
-            let done =
-                unsafe { super::packed::run_groups(x86::packed_group, w, r0, n, a, tokens, out) };
+            let done = unsafe {
+                super::packed::run_groups(x86::packed_group, None, w, r0, n, a, tokens, out)
+            };
             let (r0, n, out) = (r0 + done, n - done, &mut out[done * tokens..]);
             // SAFETY: as for the tiles below; shapes were checked above.
             unsafe {

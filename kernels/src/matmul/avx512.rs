@@ -1,7 +1,8 @@
 //! 512-bit kernels for `Isa::Avx512`: matrices packed at load (`packed.rs`) take the
 //! interleaved kernel, sixteen rows per register and eight registers of ggml's lanes per
-//! group, for every token count, with the bits of the AVX2 kernels. Everything else (unpacked
-//! rows, K-quants, float weights, leftover rows) runs the AVX2 kernels with VNNI.
+//! group, for every token count, with the bits of the AVX2 kernels; packed Q4_K and Q6_K take
+//! `kquant_avx512.rs`. Everything else (unpacked rows, float weights, leftover rows) runs the
+//! AVX2 kernels with VNNI.
 
 use super::{avx2, packed, Acts, QMatrix};
 
@@ -18,7 +19,23 @@ pub(super) fn rows(
     if let Acts::Quant(a) = acts {
         // SAFETY: `Isa::Avx512` is only detected when avx2, fma, f16c and
         // avx512f/bw/vl/vnni are.
-        done = unsafe { packed::run_groups(x86::packed_group, w, r0, n, a, tokens, out) };
+        done = unsafe {
+            packed::run_groups(
+                x86::packed_group,
+                Some(x86::packed_group2),
+                w,
+                r0,
+                n,
+                a,
+                tokens,
+                out,
+            )
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Acts::QuantK(a) = acts {
+        // SAFETY: as above.
+        done = unsafe { super::kquant_avx512::run_groups(w, r0, n, a, tokens, out) };
     }
     if done < n {
         avx2::rows(
@@ -55,11 +72,30 @@ mod x86 {
         a: &QuantizedActs,
         t: usize,
     ) -> [f32; PACKED_GROUP] {
+        let [r] = match pk.ty() {
+            WeightType::Q4_0 => packed_ty::<Q4_0, 1>(pk, g, a, t),
+            WeightType::Q4_1 => packed_ty::<Q4_1, 1>(pk, g, a, t),
+            WeightType::Q8_0 => packed_ty::<Q8_0, 1>(pk, g, a, t),
+            WeightType::Q5_0 => packed_ty::<Q5_0, 1>(pk, g, a, t),
+            other => unreachable!("{other:?} is never packed"),
+        };
+        r
+    }
+
+    /// [`packed_group`] for tokens `t` and `t + 1` at once: each record is loaded and
+    /// unpacked once for both, and each token's sums are the one-token kernel's.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn packed_group2(
+        pk: &PackedRows,
+        g: usize,
+        a: &QuantizedActs,
+        t: usize,
+    ) -> [[f32; PACKED_GROUP]; 2] {
         match pk.ty() {
-            WeightType::Q4_0 => packed_ty::<Q4_0>(pk, g, a, t),
-            WeightType::Q4_1 => packed_ty::<Q4_1>(pk, g, a, t),
-            WeightType::Q8_0 => packed_ty::<Q8_0>(pk, g, a, t),
-            WeightType::Q5_0 => packed_ty::<Q5_0>(pk, g, a, t),
+            WeightType::Q4_0 => packed_ty::<Q4_0, 2>(pk, g, a, t),
+            WeightType::Q4_1 => packed_ty::<Q4_1, 2>(pk, g, a, t),
+            WeightType::Q8_0 => packed_ty::<Q8_0, 2>(pk, g, a, t),
+            WeightType::Q5_0 => packed_ty::<Q5_0, 2>(pk, g, a, t),
             other => unreachable!("{other:?} is never packed"),
         }
     }
@@ -82,61 +118,35 @@ mod x86 {
         _mm512_and_si512(v, _mm512_set1_epi8(0x10))
     }
 
-    /// [`packed_group`] for the weight type `TY`. `acc[k]` holds, in lane `r`, row `r`'s
-    /// ggml lane `k` (the products of elements `4k..4k + 4` of every block).
+    /// [`packed_group`] for the weight type `TY` and tokens `t0..t0 + NT`. `acc[j][k]`
+    /// holds, in lane `r`, row `r`'s ggml lane `k` (the products of elements `4k..4k + 4` of
+    /// every block) for token `t0 + j`.
     #[inline(always)]
-    unsafe fn packed_ty<const TY: u8>(
+    unsafe fn packed_ty<const TY: u8, const NT: usize>(
         pk: &PackedRows,
         g: usize,
         a: &QuantizedActs,
-        t: usize,
-    ) -> [f32; PACKED_GROUP] {
+        t0: usize,
+    ) -> [[f32; PACKED_GROUP]; NT] {
         let nb = a.blocks();
-        let mut acc = [_mm512_setzero_ps(); 8];
-        let mut msum = _mm512_setzero_ps();
+        let mut acc = [[_mm512_setzero_ps(); 8]; NT];
+        let mut msum = [_mm512_setzero_ps(); NT];
         let low = _mm512_set1_epi8(0x0F);
         let ones = _mm256_set1_epi8(1);
-        let qy = a.qs.as_ptr().add(t * a.cols);
+        let mut qy = [a.qs.as_ptr(); NT];
+        for (j, p) in qy.iter_mut().enumerate() {
+            *p = a.qs.as_ptr().add((t0 + j) * a.cols);
+        }
         for b in 0..nb {
             let rec = pk.record(g, b);
-            let yb = qy.add(b * QK);
-            let k = t * nb + b;
-            let dy = *a.d.get_unchecked(k);
-            // Each row's `dw * dy`, one f32 product as in the scalar-broadcast kernels.
             let dw = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
-            let sc = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
-            if TY == Q4_1 {
-                let mw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(32) as *const __m256i));
-                let s = *a.s.get_unchecked(k);
-                msum = _mm512_add_ps(msum, _mm512_mul_ps(mw, _mm512_set1_ps(s)));
-            }
-            // The lanes' starting values: 0, or `-offset * sum(y)` over the lane's four
-            // activations for the offset-stored signed quants.
-            let mut init = [0i32; 8];
-            if TY != Q4_1 {
-                let y = _mm256_loadu_si256(yb as *const __m256i);
-                let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, y);
-                let shift = match TY {
-                    Q4_0 => 3,
-                    Q5_0 => 4,
-                    _ => 7,
-                };
-                let c = _mm256_sub_epi32(
-                    _mm256_setzero_si256(),
-                    _mm256_sllv_epi32(sums, _mm256_set1_epi32(shift)),
-                );
-                _mm256_storeu_si256(init.as_mut_ptr() as *mut __m256i, c);
-            }
-            let y4 = |k: usize| _mm512_set1_epi32((yb.add(4 * k) as *const i32).read_unaligned());
             let q = rec.add(64) as *const __m512i;
+            // The record's quants as unsigned lanes, once for every token: Q8_0's eight
+            // lines, or the low and high nibbles (Q5_0: with their high bits) of four.
+            let mut w = [_mm512_setzero_si512(); 8];
             if TY == Q8_0 {
-                for k in 0..8 {
-                    let p = _mm512_dpbusd_epi32(
-                        _mm512_set1_epi32(init[k]),
-                        _mm512_load_si512(q.add(k)),
-                        y4(k),
-                    );
-                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[k]);
+                for (k, x) in w.iter_mut().enumerate() {
+                    *x = _mm512_load_si512(q.add(k));
                 }
             } else {
                 let qh = if TY == Q5_0 {
@@ -152,25 +162,62 @@ mod x86 {
                         lo = _mm512_or_si512(lo, high_bit(qh, 2 * j));
                         hi = _mm512_or_si512(hi, high_bit(qh, 2 * j + 1));
                     }
-                    let p = _mm512_dpbusd_epi32(_mm512_set1_epi32(init[j]), lo, y4(j));
-                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[j]);
-                    let p = _mm512_dpbusd_epi32(_mm512_set1_epi32(init[j + 4]), hi, y4(j + 4));
-                    acc[j + 4] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[j + 4]);
+                    w[j] = lo;
+                    w[j + 4] = hi;
+                }
+            }
+            for j in 0..NT {
+                let yb = qy[j].add(b * QK);
+                let k = (t0 + j) * nb + b;
+                let dy = *a.d.get_unchecked(k);
+                // Each row's `dw * dy`, one f32 product as in the scalar-broadcast kernels.
+                let sc = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
+                if TY == Q4_1 {
+                    let mw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(32) as *const __m256i));
+                    let s = *a.s.get_unchecked(k);
+                    msum[j] = _mm512_add_ps(msum[j], _mm512_mul_ps(mw, _mm512_set1_ps(s)));
+                }
+                // The lanes' starting values: 0, or `-offset * sum(y)` over the lane's four
+                // activations for the offset-stored signed quants.
+                let mut init = [0i32; 8];
+                if TY != Q4_1 {
+                    let y = _mm256_loadu_si256(yb as *const __m256i);
+                    let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, y);
+                    let shift = match TY {
+                        Q4_0 => 3,
+                        Q5_0 => 4,
+                        _ => 7,
+                    };
+                    let c = _mm256_sub_epi32(
+                        _mm256_setzero_si256(),
+                        _mm256_sllv_epi32(sums, _mm256_set1_epi32(shift)),
+                    );
+                    _mm256_storeu_si256(init.as_mut_ptr() as *mut __m256i, c);
+                }
+                // Lane k takes the activations of elements 4k..4k + 4 (Q8_0: line k; Q4_x
+                // and Q5_0: the low nibbles of line k, or the high ones of line k - 4).
+                for (k, wk) in w.iter().enumerate() {
+                    let y4 = _mm512_set1_epi32((yb.add(4 * k) as *const i32).read_unaligned());
+                    let p = _mm512_dpbusd_epi32(_mm512_set1_epi32(init[k]), *wk, y4);
+                    acc[j][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[j][k]);
                 }
             }
         }
         // ggml's horizontal sum, for sixteen rows at once: lanes k and k + 4, then the
         // pairs (0, 2) and (1, 3), then the two; Q4_1 adds its `sum(m * s)` last.
-        let s0 = _mm512_add_ps(acc[0], acc[4]);
-        let s1 = _mm512_add_ps(acc[1], acc[5]);
-        let s2 = _mm512_add_ps(acc[2], acc[6]);
-        let s3 = _mm512_add_ps(acc[3], acc[7]);
-        let mut r = _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
-        if TY == Q4_1 {
-            r = _mm512_add_ps(r, msum);
+        let mut out = [[0f32; PACKED_GROUP]; NT];
+        for j in 0..NT {
+            let acc = &acc[j];
+            let s0 = _mm512_add_ps(acc[0], acc[4]);
+            let s1 = _mm512_add_ps(acc[1], acc[5]);
+            let s2 = _mm512_add_ps(acc[2], acc[6]);
+            let s3 = _mm512_add_ps(acc[3], acc[7]);
+            let mut r = _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
+            if TY == Q4_1 {
+                r = _mm512_add_ps(r, msum[j]);
+            }
+            _mm512_storeu_ps(out[j].as_mut_ptr(), r);
         }
-        let mut out = [0f32; PACKED_GROUP];
-        _mm512_storeu_ps(out.as_mut_ptr(), r);
         out
     }
 }

@@ -9,13 +9,16 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
+#[cfg(target_arch = "x86_64")]
+mod kquant_avx512;
 pub mod kquant_portable;
 pub mod packed;
+mod packed_k;
 pub mod portable;
 pub mod q4k_repacked;
 
 use crate::act::{quantize_acts_with, QuantizedActs};
-use crate::act_k::{quantize_acts_k, QuantizedActsK};
+use crate::act_k::{quantize_acts_k_with, QuantizedActsK};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
 use crate::quant::{ActKind, WeightType};
@@ -144,7 +147,7 @@ pub fn matmul_many_with(
     // Each activation format the weights need, prepared once for all of them.
     let needs = |k: ActKind| ws.iter().any(|w| w.ty.act_kind() == k);
     let quant = needs(ActKind::Q8).then(|| quantize_acts_with(isa, x, tokens, cols, par));
-    let quant_k = needs(ActKind::Q8K).then(|| quantize_acts_k(x, tokens, cols));
+    let quant_k = needs(ActKind::Q8K).then(|| quantize_acts_k_with(x, tokens, cols, par));
     let total: usize = ws.iter().map(|w| w.rows).sum();
     // About eight jobs per thread, so the last ones even out the threads (an uneven split of
     // wo or ffn_down into nine jobs left one thread idle a tenth of the time), in whole
@@ -183,16 +186,25 @@ pub fn matmul_many_with(
             return;
         }
         // The kernel fills `n x tokens` (by weight row); scatter it into token-major rows.
-        let mut buf = vec![0f32; n * tokens];
-        rows_kernel(isa, w, r0, n, &acts, tokens, &mut buf);
-        for t in 0..tokens {
-            for (r, v) in buf.iter().skip(t).step_by(tokens).enumerate() {
-                // SAFETY: element (t, r0 + r) is inside the checked output and only this task
-                // writes rows r0..r0+n.
-                unsafe { *out.add(t * w.rows + r0 + r) = *v };
+        // The buffer is the thread's own, kept from job to job (no allocation per job).
+        SCRATCH.with_borrow_mut(|buf| {
+            buf.clear();
+            buf.resize(n * tokens, 0.0);
+            rows_kernel(isa, w, r0, n, &acts, tokens, buf);
+            for t in 0..tokens {
+                for (r, v) in buf.iter().skip(t).step_by(tokens).enumerate() {
+                    // SAFETY: element (t, r0 + r) is inside the checked output and only this
+                    // task writes rows r0..r0+n.
+                    unsafe { *out.add(t * w.rows + r0 + r) = *v };
+                }
             }
-        }
+        });
     });
+}
+
+thread_local! {
+    /// A job's `rows x tokens` results before they are scattered (see `matmul_many_with`).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Computes rows `r0..r0+n` for all tokens into `out[(r - r0) * tokens + t]`.

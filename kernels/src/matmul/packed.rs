@@ -17,9 +17,10 @@
 //! exact: no sign trick per row. (AVX2's `maddubs` would saturate on Q8_0's offset bytes, so
 //! that kernel flips them back and takes ggml's sign trick.)
 
-use super::QMatrix;
+use super::{packed_k, QMatrix};
 use crate::act::QuantizedActs;
-use crate::quant::{WeightType, QK};
+use crate::isa::Isa;
+use crate::quant::WeightType;
 
 /// Rows per interleaved group.
 pub const GROUP: usize = 16;
@@ -48,18 +49,34 @@ impl std::fmt::Debug for PackedRows {
 }
 
 impl PackedRows {
-    /// Repacks `w`, or `None` when its type has no interleaved kernel (only Q4_0, Q4_1, Q5_0
-    /// and Q8_0 do) or its rows are not whole groups.
+    /// Repacks `w` for this CPU's kernels ([`PackedRows::pack_for`] of [`Isa::detect`]).
     pub fn pack(w: &QMatrix<'_>) -> Option<PackedRows> {
+        PackedRows::pack_for(Isa::detect(), w)
+    }
+
+    /// Repacks `w` for `isa`'s kernels, or `None` when its type has no interleaved kernel
+    /// there (Q4_0, Q4_1, Q5_0 and Q8_0 have one on AVX2 and AVX-512, Q4_K and Q6_K on
+    /// AVX-512: `packed_k.rs`) or its rows are not whole groups.
+    pub fn pack_for(isa: Isa, w: &QMatrix<'_>) -> Option<PackedRows> {
         let lines_per = record_lines(w.ty)?;
-        if w.rows == 0 || !w.rows.is_multiple_of(GROUP) || !w.cols.is_multiple_of(QK) {
+        let k_quant = matches!(w.ty, WeightType::Q4_K | WeightType::Q6_K);
+        if k_quant && isa != Isa::Avx512 {
             return None;
         }
-        let nb = w.cols / QK;
-        let block_bytes = w.ty.row_bytes(QK)?;
+        let bs = w.ty.block_size();
+        if w.rows == 0 || !w.rows.is_multiple_of(GROUP) || !w.cols.is_multiple_of(bs) {
+            return None;
+        }
+        let nb = w.cols / bs;
+        let block_bytes = w.ty.row_bytes(bs)?;
         let mut lines = vec![Line([0; 64]); w.rows / GROUP * nb * lines_per];
         for g in 0..w.rows / GROUP {
             for b in 0..nb {
+                if k_quant {
+                    let at = (g * nb + b) * lines_per;
+                    packed_k::pack_record(w, g, b, &mut lines[at..at + lines_per]);
+                    continue;
+                }
                 let mut record = [0u8; 64 * MAX_LINES];
                 let bytes = &mut record[..64 * lines_per];
                 for r in 0..GROUP {
@@ -134,11 +151,12 @@ impl PackedRows {
     /// The record of group `g`, block `b`: `record_lines(ty)` lines.
     pub(crate) fn record(&self, g: usize, b: usize) -> *const u8 {
         let per = record_lines(self.ty).expect("packed types have records");
-        self.lines[(g * (self.cols / QK) + b) * per..].as_ptr() as *const u8
+        let nb = self.cols / self.ty.block_size();
+        self.lines[(g * nb + b) * per..].as_ptr() as *const u8
     }
 }
 
-/// The most lines a record takes (Q8_0's).
+/// The most lines a record of 32-element blocks takes (Q8_0's).
 const MAX_LINES: usize = 9;
 
 /// Lines per (group, block) record: one of scales (and Q4_1's minimums), then 64 bytes per
@@ -149,6 +167,8 @@ pub(crate) fn record_lines(ty: WeightType) -> Option<usize> {
         WeightType::Q4_0 | WeightType::Q4_1 => Some(1 + 4),
         WeightType::Q5_0 => Some(1 + 4 + 1),
         WeightType::Q8_0 => Some(1 + 8),
+        WeightType::Q4_K => Some(packed_k::Q4_K_LINES),
+        WeightType::Q6_K => Some(packed_k::Q6_K_LINES),
         _ => None,
     }
 }
@@ -175,14 +195,20 @@ pub(crate) fn q5_0_high_bits(qh: u32) -> u32 {
 /// One instruction set's kernel for a group of [`GROUP`] packed rows and one token.
 pub(crate) type GroupKernel = unsafe fn(&PackedRows, usize, &QuantizedActs, usize) -> [f32; GROUP];
 
+/// The same for two consecutive tokens (the same bits as two calls of the one-token kernel).
+pub(crate) type GroupKernel2 =
+    unsafe fn(&PackedRows, usize, &QuantizedActs, usize) -> [[f32; GROUP]; 2];
+
 /// Rows `r0..r0 + n` of `w` through its packing, whole groups only, for every token, into
 /// `out[(r - r0) * tokens + t]`; returns how many rows it did (none unless `w` is packed and
-/// `r0` starts a group).
+/// `r0` starts a group). Tokens go through `pair` two at a time where there is one.
 ///
 /// # Safety
-/// The CPU must support what `kernel` needs.
+/// The CPU must support what `kernel` and `pair` need.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn run_groups(
     kernel: GroupKernel,
+    pair: Option<GroupKernel2>,
     w: &QMatrix<'_>,
     r0: usize,
     n: usize,
@@ -190,7 +216,11 @@ pub(crate) unsafe fn run_groups(
     tokens: usize,
     out: &mut [f32],
 ) -> usize {
-    let Some(pk) = w.packed.filter(|_| r0.is_multiple_of(GROUP)) else {
+    let Some(pk) = w
+        .packed
+        .filter(|p| r0.is_multiple_of(GROUP) && record_lines(p.ty()).is_some())
+        .filter(|p| !matches!(p.ty(), WeightType::Q4_K | WeightType::Q6_K))
+    else {
         return 0;
     };
     assert!(pk.packs(w), "packing of another matrix");
@@ -199,9 +229,21 @@ pub(crate) unsafe fn run_groups(
     let mut done = 0;
     while done + GROUP <= n {
         let g = (r0 + done) / GROUP;
-        for t in 0..tokens {
-            // SAFETY: the caller vouches for the CPU; `pk` packs `w` (checked), so group `g`
-            // exists, and the activations hold `tokens` rows (checked).
+        let mut t = 0;
+        // SAFETY (both kernels): the caller vouches for the CPU; `pk` packs `w` (checked), so
+        // group `g` exists, and the activations hold `tokens` rows (checked).
+        if let Some(pair) = pair {
+            while t + 2 <= tokens {
+                let two = unsafe { pair(pk, g, a, t) };
+                for (j, group) in two.iter().enumerate() {
+                    for (r, v) in group.iter().enumerate() {
+                        out[(done + r) * tokens + t + j] = *v;
+                    }
+                }
+                t += 2;
+            }
+        }
+        for t in t..tokens {
             let group = unsafe { kernel(pk, g, a, t) };
             for (r, v) in group.iter().enumerate() {
                 out[(done + r) * tokens + t] = *v;

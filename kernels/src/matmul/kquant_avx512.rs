@@ -1,0 +1,259 @@
+//! 512-bit kernels for K-quant matrices packed at load (`packed_k.rs`): sixteen rows per
+//! register, up to four tokens per pass over a record, so each weight line is loaded and
+//! unpacked once for four tokens and each `vpdpbusd` does 64 of the product's
+//! multiply-adds.
+//!
+//! The integer sums are exact, so only the float side has to follow the reference, and it
+//! does, lane `r` of each register being row `r`'s accumulator:
+//! - Q4_K takes `q4k_repacked`'s order (llama.cpp's repacked `gemm`/`gemv`, by `Route`): one
+//!   pair of fused multiply-adds per sub-block pair (gemm) or per super-block (gemv);
+//! - Q6_K takes `kquant_portable`'s (`ggml_vec_dot_q6_K_q8_K`, which llama.cpp runs for it):
+//!   eight float lanes per row, each its own chain of fused multiply-adds, reduced at the end
+//!   in `KAcc::finish`'s order. llama.cpp has no repacked Q6_K kernel on x86; ours differs only
+//!   in the memory layout and so keeps its bits.
+
+use std::arch::x86_64::*;
+
+use super::packed::{PackedRows, GROUP};
+use super::packed_k::{Q4_K_QUANTS, Q6_K_QUANTS, Q6_K_SCALES, Q6_K_STARTS};
+use super::q4k_repacked::Route;
+use super::QMatrix;
+use crate::act_k::QuantizedActsK;
+use crate::quant::WeightType;
+use crate::quant_k::QK_K;
+
+/// Tokens per pass over a record.
+const TILE: usize = 4;
+
+/// Rows `r0..r0 + n` of `w` through its K-quant packing, whole groups only, for every token,
+/// into `out[(r - r0) * tokens + t]`; returns how many rows it did (none unless `w` has a
+/// K-quant packing and `r0` starts a group).
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C.
+pub(crate) unsafe fn run_groups(
+    w: &QMatrix<'_>,
+    r0: usize,
+    n: usize,
+    a: &QuantizedActsK,
+    tokens: usize,
+    out: &mut [f32],
+) -> usize {
+    let Some(pk) = w.packed.filter(|p| {
+        r0.is_multiple_of(GROUP) && matches!(p.ty(), WeightType::Q4_K | WeightType::Q6_K)
+    }) else {
+        return 0;
+    };
+    assert!(pk.packs(w), "packing of another matrix");
+    assert_eq!(a.qs.len(), tokens * w.cols, "activation shape");
+    assert_eq!(a.d.len(), tokens * a.blocks());
+    assert_eq!(a.bsums.len(), tokens * a.blocks() * 16);
+    let mut done = 0;
+    while done + GROUP <= n {
+        let g = (r0 + done) / GROUP;
+        let mut t0 = 0;
+        while t0 < tokens {
+            let nt = (tokens - t0).min(TILE);
+            let mut res = [[0f32; GROUP]; TILE];
+            // SAFETY: the caller vouches for the CPU; `pk` packs `w` (checked), so group `g`
+            // exists, and the activations hold `tokens` rows (checked).
+            match pk.ty() {
+                WeightType::Q4_K => {
+                    let route = Route::of(t0, tokens);
+                    match nt {
+                        4 => q4_k::<4>(pk, g, a, t0, route, &mut res),
+                        3 => q4_k::<3>(pk, g, a, t0, route, &mut res),
+                        2 => q4_k::<2>(pk, g, a, t0, route, &mut res),
+                        _ => q4_k::<1>(pk, g, a, t0, route, &mut res),
+                    }
+                }
+                _ => match nt {
+                    4 => q6_k::<4>(pk, g, a, t0, &mut res),
+                    3 => q6_k::<3>(pk, g, a, t0, &mut res),
+                    2 => q6_k::<2>(pk, g, a, t0, &mut res),
+                    _ => q6_k::<1>(pk, g, a, t0, &mut res),
+                },
+            }
+            for (j, row) in res.iter().take(nt).enumerate() {
+                for (r, v) in row.iter().enumerate() {
+                    out[(done + r) * tokens + t0 + j] = *v;
+                }
+            }
+            t0 += nt;
+        }
+        done += GROUP;
+    }
+    done
+}
+
+/// Four activation bytes at `p`, broadcast to every 32-bit lane.
+#[inline(always)]
+unsafe fn y4(p: *const i8) -> __m512i {
+    _mm512_set1_epi32((p as *const i32).read_unaligned())
+}
+
+/// Sixteen bytes at `p` widened to sixteen i32 lanes (unsigned).
+#[inline(always)]
+unsafe fn u8x16(p: *const u8) -> __m512i {
+    _mm512_cvtepu8_epi32(_mm_load_si128(p as *const __m128i))
+}
+
+/// Q4_K, group `g`, tokens `t0..t0 + NT`, in `route`'s float order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_k<const NT: usize>(
+    pk: &PackedRows,
+    g: usize,
+    a: &QuantizedActsK,
+    t0: usize,
+    route: Route,
+    res: &mut [[f32; GROUP]; TILE],
+) {
+    let nb = a.blocks();
+    let m4 = _mm512_set1_epi8(0x0F);
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); NT];
+    let mut acc_min = [_mm512_setzero_ps(); NT];
+    let ys: [*const i8; NT] = std::array::from_fn(|j| a.qs.as_ptr().add((t0 + j) * a.cols));
+    for b in 0..nb {
+        let rec = pk.record(g, b);
+        let d = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
+        let dmin = _mm512_cvtph_ps(_mm256_load_si256(rec.add(32) as *const __m256i));
+        // (No closures with intrinsics: they would not inherit the target features.)
+        let mut da = [_mm512_setzero_ps(); NT];
+        for (j, v) in da.iter_mut().enumerate() {
+            *v = _mm512_set1_ps(a.d[(t0 + j) * nb + b]);
+        }
+        let bs: [&[i16]; NT] = std::array::from_fn(|j| {
+            let k = (t0 + j) * nb + b;
+            &a.bsums[k * 16..(k + 1) * 16]
+        });
+        let q = rec.add(64 * Q4_K_QUANTS) as *const __m512i;
+        // Gemv: the super-block's exact sums, to floats once.
+        let mut sum = [zero; NT];
+        let mut mins = [zero; NT];
+        for c in 0..4 {
+            let mut lo_dot = [zero; NT];
+            let mut hi_dot = [zero; NT];
+            for i in 0..8 {
+                let v = _mm512_load_si512(q.add(8 * c + i));
+                let lo = _mm512_and_si512(v, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                for j in 0..NT {
+                    let y = ys[j].add(b * QK_K + 64 * c + 4 * i);
+                    lo_dot[j] = _mm512_dpbusd_epi32(lo_dot[j], lo, y4(y));
+                    hi_dot[j] = _mm512_dpbusd_epi32(hi_dot[j], hi, y4(y.add(32)));
+                }
+            }
+            // Sub-blocks 2c and 2c + 1: their scales and minimums.
+            let (sc_lo, sc_hi) = (
+                u8x16(rec.add(64 + 32 * c)),
+                u8x16(rec.add(64 + 32 * c + 16)),
+            );
+            let (m_lo, m_hi) = (
+                u8x16(rec.add(3 * 64 + 32 * c)),
+                u8x16(rec.add(3 * 64 + 32 * c + 16)),
+            );
+            for j in 0..NT {
+                let pair = _mm512_add_epi32(
+                    _mm512_mullo_epi32(lo_dot[j], sc_lo),
+                    _mm512_mullo_epi32(hi_dot[j], sc_hi),
+                );
+                let b = bs[j];
+                let (s0, s1) = (
+                    b[4 * c] as i32 + b[4 * c + 1] as i32,
+                    b[4 * c + 2] as i32 + b[4 * c + 3] as i32,
+                );
+                let m = _mm512_add_epi32(
+                    _mm512_mullo_epi32(m_lo, _mm512_set1_epi32(s0)),
+                    _mm512_mullo_epi32(m_hi, _mm512_set1_epi32(s1)),
+                );
+                match route {
+                    Route::Gemm => {
+                        let (scale, min_scale) =
+                            (_mm512_mul_ps(d, da[j]), _mm512_mul_ps(dmin, da[j]));
+                        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pair), scale, acc[j]);
+                        acc_min[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), min_scale, acc_min[j]);
+                    }
+                    Route::Gemv => {
+                        sum[j] = _mm512_add_epi32(sum[j], pair);
+                        mins[j] = _mm512_add_epi32(mins[j], m);
+                    }
+                }
+            }
+        }
+        if route == Route::Gemv {
+            for j in 0..NT {
+                let (scale, min_scale) = (_mm512_mul_ps(d, da[j]), _mm512_mul_ps(dmin, da[j]));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j]), scale, acc[j]);
+                acc_min[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins[j]), min_scale, acc_min[j]);
+            }
+        }
+    }
+    for j in 0..NT {
+        _mm512_storeu_ps(res[j].as_mut_ptr(), _mm512_sub_ps(acc[j], acc_min[j]));
+    }
+}
+
+/// Q6_K, group `g`, tokens `t0..t0 + NT`, in `KAcc`'s float order.
+#[allow(clippy::needless_range_loop)] // `m` picks a lane of every token's accumulators.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_k<const NT: usize>(
+    pk: &PackedRows,
+    g: usize,
+    a: &QuantizedActsK,
+    t0: usize,
+    res: &mut [[f32; GROUP]; TILE],
+) {
+    let nb = a.blocks();
+    let flip = _mm512_set1_epi8(0x80u8 as i8);
+    let low16 = _mm512_set1_epi32(0xFFFF);
+    // acc[j][m]: token j's ggml lane m, sixteen rows.
+    let mut acc = [[_mm512_setzero_ps(); 8]; NT];
+    let ys: [*const i8; NT] = std::array::from_fn(|j| a.qs.as_ptr().add((t0 + j) * a.cols));
+    for b in 0..nb {
+        let rec = pk.record(g, b);
+        let d = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
+        // Each scale as an i16 pair per row, the form `vpdpwssd` multiplies by.
+        let mut sc = [_mm512_setzero_si512(); 16];
+        for (s, v) in sc.iter_mut().enumerate() {
+            let x = _mm512_cvtepi8_epi32(_mm_load_si128(
+                rec.add(64 * Q6_K_SCALES + 16 * s) as *const __m128i
+            ));
+            *v = _mm512_or_si512(_mm512_and_si512(x, low16), _mm512_slli_epi32::<16>(x));
+        }
+        let q = rec.add(64 * Q6_K_QUANTS) as *const __m512i;
+        let starts = rec.add(64 * Q6_K_STARTS) as *const __m512i;
+        let mut dd = [_mm512_setzero_ps(); NT];
+        for (j, v) in dd.iter_mut().enumerate() {
+            *v = _mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + j) * nb + b]), d);
+        }
+        for m in 0..8 {
+            // Lane m: line 8 run + m of every 32-element run, scale `(8 run + m) / 4`.
+            let start = _mm512_load_si512(starts.add(m));
+            let mut lane = [start; NT];
+            for run in 0..QK_K / 32 {
+                let line = 8 * run + m;
+                let w = _mm512_load_si512(q.add(line));
+                let s = sc[line / 4];
+                for j in 0..NT {
+                    let y = _mm512_xor_si512(y4(ys[j].add(b * QK_K + 4 * line)), flip);
+                    lane[j] = _mm512_dpwssd_epi32(lane[j], _mm512_maddubs_epi16(y, w), s);
+                }
+            }
+            for j in 0..NT {
+                acc[j][m] = _mm512_fmadd_ps(dd[j], _mm512_cvtepi32_ps(lane[j]), acc[j][m]);
+            }
+        }
+    }
+    for j in 0..NT {
+        let a = &acc[j];
+        let mut r = [_mm512_setzero_ps(); 4];
+        for (i, v) in r.iter_mut().enumerate() {
+            *v = _mm512_add_ps(a[i + 4], a[i]);
+        }
+        let sum = _mm512_add_ps(_mm512_add_ps(r[0], r[2]), _mm512_add_ps(r[1], r[3]));
+        // `KAcc::finish` adds the (zero) minimum lanes last: the same +0 here.
+        let sum = _mm512_add_ps(sum, _mm512_setzero_ps());
+        _mm512_storeu_ps(res[j].as_mut_ptr(), sum);
+    }
+}

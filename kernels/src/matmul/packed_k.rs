@@ -1,0 +1,103 @@
+//! K-quant super-blocks of sixteen rows interleaved, for the 512-bit kernels
+//! (`kquant_avx512.rs`): [`PackedRows`](super::packed::PackedRows) records of Q4_K and Q6_K.
+//!
+//! A record holds one super-block (256 elements) of each of the group's [`GROUP`] rows, as
+//! `packed.rs`'s do for 32-element blocks: per-row scales first, then the quants
+//! dword-interleaved (line `L`, bytes `4r..4r + 4`: row `r`'s four quants of line `L`), so one
+//! 64-byte load feeds a `vpdpbusd` (or `vpmaddubsw`) sixteen rows at once.
+//!
+//! Q4_K (37 lines, 2% more than the file's 16 x 144 bytes):
+//! - line 0: the sixteen f16 `d`, then the sixteen f16 `dmin`;
+//! - lines 1-2: the 6-bit sub-block scales, byte `16j + r` = row `r`'s scale of sub-block `j`;
+//! - lines 3-4: the sub-block minimums, the same way;
+//! - lines 5-36: quant line `8c + i` holds bytes `32c + 4i..32c + 4i + 4` of each row's
+//!   nibbles: low nibbles are elements `64c + 4i..`, of sub-block `2c`; high nibbles are
+//!   elements `64c + 32 + 4i..`, of sub-block `2c + 1`.
+//!
+//! Q6_K (77 lines, 47% more than the file's 16 x 210 bytes: the 6-bit values are stored whole,
+//! a signed byte each, so the kernel unpacks nothing; Q6_K is a small share of a Q4_K_M
+//! model's weights):
+//! - line 0: the sixteen f16 `d`;
+//! - lines 1-8: for ggml lane `m` (elements `4m..4m + 4` of every 32), the sixteen rows'
+//!   i32 starting values `-128 * sum_r sc(r, m) * sum(w)` over the lane's four values `w` of
+//!   each 32-element run `r`: the kernel multiplies the weights with the activations plus 128
+//!   (unsigned, as `vpmaddubsw` wants them) and this takes the 128 back, exactly;
+//! - lines 9-12: the i8 scales, byte `16s + r` (of line `9 + s / 4`) = row `r`'s scale `s`;
+//! - lines 13-76: quant line `L` holds elements `4L..4L + 4` of each row as i8 (-32..=31).
+
+use super::packed::{Line, GROUP};
+use super::QMatrix;
+use crate::quant::WeightType;
+use crate::quant_k::{q6_k_scales, q6_k_values, scales_mins, Q6_K_D, QK_K};
+
+/// Lines of a Q4_K record.
+pub(crate) const Q4_K_LINES: usize = 37;
+/// Lines of a Q6_K record.
+pub(crate) const Q6_K_LINES: usize = 77;
+/// First quant line of a Q4_K record.
+pub(crate) const Q4_K_QUANTS: usize = 5;
+/// First lane-start, scale and quant line of a Q6_K record.
+pub(crate) const Q6_K_STARTS: usize = 1;
+pub(crate) const Q6_K_SCALES: usize = 9;
+pub(crate) const Q6_K_QUANTS: usize = 13;
+
+/// Writes the record of super-block `b` of rows `g * GROUP..` of `w` into `out`.
+pub(crate) fn pack_record(w: &QMatrix<'_>, g: usize, b: usize, out: &mut [Line]) {
+    let bytes = w.ty.block_bytes();
+    let mut rec = vec![0u8; out.len() * 64];
+    for r in 0..GROUP {
+        let blk = &w.row(g * GROUP + r)[b * bytes..][..bytes];
+        match w.ty {
+            WeightType::Q4_K => pack_q4_k(blk, r, &mut rec),
+            WeightType::Q6_K => pack_q6_k(blk, r, &mut rec),
+            other => unreachable!("{other:?} has no K-quant record"),
+        }
+    }
+    for (line, src) in out.iter_mut().zip(rec.chunks_exact(64)) {
+        line.0.copy_from_slice(src);
+    }
+}
+
+fn pack_q4_k(blk: &[u8], r: usize, rec: &mut [u8]) {
+    rec[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+    rec[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+    let (sc, m) = scales_mins(blk);
+    for j in 0..8 {
+        rec[64 + 16 * j + r] = sc[j];
+        rec[3 * 64 + 16 * j + r] = m[j];
+    }
+    let qs = &blk[16..144];
+    for line in 0..32 {
+        let (c, i) = (line / 8, line % 8);
+        let at = (Q4_K_QUANTS + line) * 64 + 4 * r;
+        rec[at..at + 4].copy_from_slice(&qs[32 * c + 4 * i..][..4]);
+    }
+}
+
+fn pack_q6_k(blk: &[u8], r: usize, rec: &mut [u8]) {
+    rec[2 * r..2 * r + 2].copy_from_slice(&blk[Q6_K_D..Q6_K_D + 2]);
+    let sc = q6_k_scales(blk);
+    let q = q6_k_values(blk);
+    for (s, &v) in sc.iter().enumerate() {
+        rec[Q6_K_SCALES * 64 + 16 * s + r] = v as u8;
+    }
+    for m in 0..8 {
+        // Runs of 32 elements; the lane's four values in run `run` are line `8 run + m`'s.
+        let start: i32 = (0..QK_K / 32)
+            .map(|run| {
+                let e = 32 * run + 4 * m;
+                let sum: i32 = q[e..e + 4].iter().map(|&v| v as i32).sum();
+                sc[e / 16] as i32 * sum
+            })
+            .sum::<i32>()
+            * -128;
+        let at = (Q6_K_STARTS + m) * 64 + 4 * r;
+        rec[at..at + 4].copy_from_slice(&start.to_le_bytes());
+    }
+    for line in 0..QK_K / 4 {
+        let at = (Q6_K_QUANTS + line) * 64 + 4 * r;
+        for k in 0..4 {
+            rec[at + k] = q[4 * line + k] as u8;
+        }
+    }
+}
