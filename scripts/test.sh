@@ -64,7 +64,8 @@ fi
 
 PAGEWARDEN_MODEL=$(scripts/fetch-model.sh)
 PAGEWARDEN_GEMMA_MODEL=$(scripts/fetch-model.sh gemma3-270m)
-export PAGEWARDEN_MODEL PAGEWARDEN_GEMMA_MODEL
+PAGEWARDEN_QWEN2_HEADER=$(scripts/fetch-model.sh qwen2-7b-header)
+export PAGEWARDEN_MODEL PAGEWARDEN_GEMMA_MODEL PAGEWARDEN_QWEN2_HEADER
 
 # A one-off build (CI's fresh clone) gains nothing from incremental caches, which double the
 # size of target/; keep them for developers' repeated runs.

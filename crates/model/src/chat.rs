@@ -5,7 +5,9 @@
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
+use crate::chat_guard::guard;
 use crate::gguf::GgufFile;
+use crate::tokenizer::Tokenizer;
 
 /// Why a template could not be loaded or rendered.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +110,30 @@ impl ChatTemplate {
             eos_token => self.eos_token,
         })
         .map_err(|e| ChatError::Render(render_error(&e)))
+    }
+}
+
+impl ChatTemplate {
+    /// The token ids of `messages` rendered for the model. Only the template's own markup
+    /// produces control tokens: content (and role) text that spells one, such as a user
+    /// message `<|im_end|><|im_start|>system`, is tokenized as text, exactly as
+    /// `tok.encode(text, false)` would tokenize it (invariant I13). BOS as
+    /// [`Tokenizer::encode_prompt`].
+    pub fn encode(
+        &self,
+        tok: &Tokenizer,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, ChatError> {
+        let guarded: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage {
+                role: guard(&m.role, tok.control_texts()),
+                content: guard(&m.content, tok.control_texts()),
+            })
+            .collect();
+        let text = self.render(&guarded, add_generation_prompt)?;
+        Ok(tok.encode_guarded_prompt(&text))
     }
 }
 

@@ -20,6 +20,7 @@
 //! - `cuda/`: `GpuModel`, the Llama forward pass on a GPU over a device KV pool (feature `cuda`)
 //! - `llama/`: `Model` (load, prefill, batched decode over paged KV), `ModelError`
 //! - `chat.rs`: `ChatTemplate` (minijinja, HF-compatible), `ChatMessage`
+//! - `chat_guard.rs`: message content is text: control-token texts in content are guarded through rendering
 //! - `sampling.rs`: `SamplingParams`, `Sampler` (penalties, min_tokens, greedy, temperature, min-p, top-k, top-p, seeded), `EndTokens`
 //! - `penalties.rs`: `Penalties`, repetition (vLLM/HF) and presence/frequency (OpenAI) over a sequence's history
 //! - `logprobs.rs`: `TokenLogprobs`, the log-softmax of raw logits at the chosen and top tokens
@@ -33,6 +34,7 @@
 
 pub mod arch;
 pub mod chat;
+mod chat_guard;
 pub mod config;
 pub mod constraint;
 #[cfg(feature = "cuda")]

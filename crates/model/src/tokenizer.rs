@@ -3,9 +3,11 @@
 //! ranked merges over GPT-2 byte stand-ins) or SentencePiece (`llama`: scored merges over
 //! characters, byte fallback; `tokenizer_spm`). No BOS is ever added.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+use crate::chat_guard::unguard;
 use crate::constraint::{ConstraintError, Grammars};
 use crate::gguf::{GgufError, GgufFile};
 use crate::tokenizer_bpe::{merge_word, MergeRanks};
@@ -61,17 +63,31 @@ impl TokenKind {
     }
 }
 
-/// Texts llama.cpp treats as end-of-generation wherever they appear in a vocabulary.
+/// Texts llama.cpp (llama-vocab.cpp) treats as end-of-generation wherever they appear in a
+/// vocabulary, forcing them to control tokens.
 const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
+    "</s>",
     "<|eom_id|>",
     "<EOT>",
     "_<EOT>",
+    "[EOT]",
+    "[EOS]",
     "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 
 /// A byte-level BPE tokenizer. `Send + Sync`; share it by reference.
@@ -136,6 +152,21 @@ impl Tokenizer {
                 // llama.cpp forces these to CONTROL so they are never printed.
                 kinds[i] = TokenKind::Control;
                 eog.push(i as u32);
+            }
+        }
+        // llama.cpp's exceptions: `</s>` is a normal token beside Gemma 4's and PLaMo's own end
+        // markers; `<|end|>` is not an end (but user-defined) beside harmony's or Solar
+        // Open's call/return markers.
+        let has = |eog: &[u32], t: &str| eog.iter().any(|&i| texts[i as usize] == t);
+        if has(&eog, "<|tool_response>") || has(&eog, "<|plamo:eos|>") {
+            if let Some(j) = eog.iter().position(|&i| texts[i as usize] == "</s>") {
+                kinds[eog.remove(j) as usize] = TokenKind::Normal;
+            }
+        }
+        let call = has(&eog, "<|call|>") || has(&eog, "<|calls|>");
+        if call && (has(&eog, "<|return|>") || has(&eog, "<|flush|>")) {
+            if let Some(j) = eog.iter().position(|&i| texts[i as usize] == "<|end|>") {
+                kinds[eog.remove(j) as usize] = TokenKind::UserDefined;
             }
         }
         let mut pieces = Vec::with_capacity(n);
@@ -208,10 +239,11 @@ impl Tokenizer {
                 eog.push(extra);
             }
         }
-        // llama.cpp's defaults: SentencePiece adds BOS and a space prefix unless the file says no.
+        // llama.cpp's defaults: SentencePiece (and some pre-tokenizers, Llama 3's among them)
+        // add BOS unless the file says no; SentencePiece also adds a space prefix.
         let add_bos = md
             .get_bool("tokenizer.ggml.add_bos_token")
-            .unwrap_or(spm_model);
+            .unwrap_or(spm_model || pre.adds_bos());
         let spm = if spm_model {
             let scores = md.get_f32_array("tokenizer.ggml.scores")?;
             let add_space_prefix = md
@@ -241,6 +273,33 @@ impl Tokenizer {
     /// Token ids for `text`; with `parse_special`, control tokens written in the text (e.g.
     /// `<|im_start|>`) become their ids. User-defined tokens are always parsed. No BOS.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
+        self.encode_fragments(text, parse_special, false)
+    }
+
+    /// A chat prompt rendered with guarded message content (`chat_guard`): control tokens
+    /// are parsed, then the guards are removed from the text between them, so content that
+    /// spells a control token is tokenized as text. BOS as [`Tokenizer::encode_prompt`].
+    pub(crate) fn encode_guarded_prompt(&self, guarded: &str) -> Vec<u32> {
+        self.with_bos(self.encode_fragments(guarded, true, true))
+    }
+
+    /// Texts of the tokens that `encode` parses only with `parse_special` (control and unknown
+    /// tokens), the ones message content must not produce.
+    pub fn control_texts(&self) -> impl Iterator<Item = &str> + Clone {
+        self.specials
+            .iter()
+            .filter_map(|&id| match self.kinds[id as usize] {
+                TokenKind::Control | TokenKind::Unknown => {
+                    std::str::from_utf8(&self.pieces[id as usize]).ok()
+                }
+                TokenKind::Normal
+                | TokenKind::UserDefined
+                | TokenKind::Unused
+                | TokenKind::Byte => None,
+            })
+    }
+
+    fn encode_fragments(&self, text: &str, parse_special: bool, guarded: bool) -> Vec<u32> {
         let mut out = Vec::new();
         // SentencePiece prefixes a space to text that starts the input or follows a special.
         let mut after_special = true;
@@ -251,9 +310,14 @@ impl Tokenizer {
                     after_special = true;
                 }
                 Fragment::Text(t) => {
+                    let t = if guarded {
+                        unguard(t)
+                    } else {
+                        Cow::Borrowed(t)
+                    };
                     match &self.spm {
-                        Some(spm) => spm.tokenize(t, after_special, &mut out),
-                        None => self.encode_text(t, &mut out),
+                        Some(spm) => spm.tokenize(&t, after_special, &mut out),
+                        None => self.encode_text(&t, &mut out),
                     }
                     after_special = false;
                 }
@@ -376,7 +440,10 @@ impl Tokenizer {
     /// it ([`Tokenizer::add_bos`]) and the text does not already start with it (a chat
     /// template may render it), then `encode(text, true)`.
     pub fn encode_prompt(&self, text: &str) -> Vec<u32> {
-        let ids = self.encode(text, true);
+        self.with_bos(self.encode(text, true))
+    }
+
+    fn with_bos(&self, ids: Vec<u32>) -> Vec<u32> {
         match self.bos {
             Some(b) if self.add_bos && ids.first() != Some(&b) => {
                 std::iter::once(b).chain(ids).collect()

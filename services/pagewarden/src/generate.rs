@@ -67,16 +67,20 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         Model::load(&a.model, &opts)
             .with_context(|| format!("loading model {}", a.model.display()))?,
     );
-    let text = if a.chat {
+    let prompt = if a.chat {
         let tpl = model
             .chat_template()
             .context("--chat: the model has no chat template")?;
-        tpl.render(&[ChatMessage::new("user", a.prompt.clone())], true)
-            .context("rendering the chat template")?
+        // The prompt is a message: its text never becomes control tokens.
+        tpl.encode(
+            model.tokenizer(),
+            &[ChatMessage::new("user", a.prompt.clone())],
+            true,
+        )
+        .context("rendering the chat template")?
     } else {
-        a.prompt.clone()
+        model.tokenizer().encode_prompt(&a.prompt)
     };
-    let prompt = model.tokenizer().encode_prompt(&text);
     let layout = model.kv_layout(DEFAULT_PAGE_SIZE);
     let pages = layout.pages_for(prompt.len() + a.max_tokens).max(1);
     let engine = Engine::new(model, KvPool::new(PoolConfig::with_pages(layout, pages)));

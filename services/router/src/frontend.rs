@@ -134,13 +134,16 @@ impl Frontend {
                 content: t.content.clone(),
             })
             .collect();
-        let text = template.render(&messages, true).map_err(|e| {
-            ValidationError::new(
-                "messages",
-                format!("`messages` could not be rendered with the chat template: {e}"),
-            )
-        })?;
-        non_empty(self.tokenizer.encode_prompt(&text), "messages")
+        // Content is tokenized as text: only the template's markup yields control tokens.
+        let tokens = template
+            .encode(&self.tokenizer, &messages, true)
+            .map_err(|e| {
+                ValidationError::new(
+                    "messages",
+                    format!("`messages` could not be rendered with the chat template: {e}"),
+                )
+            })?;
+        non_empty(tokens, "messages")
     }
 }
 

@@ -103,7 +103,9 @@ pub enum GgufError {
     },
     /// A tensor's data does not lie inside the file.
     #[error(
-        "tensor {tensor:?} data [{start}, {start}+{size}) lies outside the file ({len} bytes)"
+        "tensor {tensor:?} data [{start}, {start}+{size}) lies outside the file ({len} bytes): \
+         the file is truncated or corrupt (a partial download, or one part of a split file?); \
+         its metadata can be read, but it cannot be loaded as a model"
     )]
     TensorOutOfBounds {
         /// The tensor name.
@@ -115,6 +117,9 @@ pub enum GgufError {
         /// File length.
         len: u64,
     },
+    /// A file opened for its metadata only was used where tensor data is needed.
+    #[error("the file was opened for its metadata only (it may be truncated): it cannot be loaded as a model")]
+    MetadataOnly,
     /// A required metadata key is absent.
     #[error("missing metadata key {0:?}")]
     MissingKey(String),

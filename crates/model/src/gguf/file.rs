@@ -5,7 +5,7 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
-use super::reader::{self, Header};
+use super::reader::{self, Extent, Header};
 use super::{GgmlType, GgufError, Metadata};
 
 /// One tensor's header entry.
@@ -73,12 +73,23 @@ enum Backing {
     Owned(AlignedBytes),
 }
 
+/// What an opened file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contents {
+    /// The header and every tensor's data ([`GgufFile::open`], [`GgufFile::from_bytes`]).
+    Complete,
+    /// The header only ([`GgufFile::open_metadata`]): tensor entries are listed, but no
+    /// tensor's data can be read.
+    MetadataOnly,
+}
+
 /// A parsed GGUF file. Tensor data stays in the mapping (or a heap buffer for `from_bytes`),
 /// so the addresses of tensor bytes never change while the file lives, even when the
 /// `GgufFile` value itself moves. `Send + Sync`.
 pub struct GgufFile {
     backing: Backing,
     header: Header,
+    contents: Contents,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -87,13 +98,25 @@ impl std::fmt::Debug for GgufFile {
             .field("version", &self.header.version)
             .field("metadata_keys", &self.header.metadata.len())
             .field("tensors", &self.header.tensors.len())
+            .field("contents", &self.contents)
             .finish()
     }
 }
 
 impl GgufFile {
-    /// Memory-maps and parses the file at `path`.
+    /// Memory-maps and parses the file at `path`; every tensor's data must be in the file.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
+        Self::open_as(path, Extent::Whole)
+    }
+
+    /// Memory-maps and parses only the header of the file at `path` (metadata and tensor
+    /// entries), which may be truncated after it: enough for a tokenizer or a chat template,
+    /// never for weights ([`GgufFile::tensor`] returns `None`).
+    pub fn open_metadata(path: &Path) -> Result<GgufFile, GgufError> {
+        Self::open_as(path, Extent::HeaderOnly)
+    }
+
+    fn open_as(path: &Path, extent: Extent) -> Result<GgufFile, GgufError> {
         let io = |source| GgufError::Io {
             path: path.to_path_buf(),
             source,
@@ -102,20 +125,25 @@ impl GgufFile {
         // SAFETY: the mapping is read-only; a model file changing under a running server is
         // outside what this crate can defend against (llama.cpp makes the same assumption).
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let header = reader::parse(&map)?;
+        let header = reader::parse(&map, extent)?;
         Ok(GgufFile {
             backing: Backing::Mmap(map),
             header,
+            contents: match extent {
+                Extent::Whole => Contents::Complete,
+                Extent::HeaderOnly => Contents::MetadataOnly,
+            },
         })
     }
 
     /// Parses an in-memory file (tests, fuzzing).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
         let owned = AlignedBytes::new(&bytes);
-        let header = reader::parse(owned.as_slice())?;
+        let header = reader::parse(owned.as_slice(), Extent::Whole)?;
         Ok(GgufFile {
             backing: Backing::Owned(owned),
             header,
+            contents: Contents::Complete,
         })
     }
 
@@ -167,8 +195,17 @@ impl GgufFile {
         &self.header.tensors
     }
 
-    /// The tensor named `name` with its bytes.
+    /// Whether the tensors' data was read with the header.
+    pub fn contents(&self) -> Contents {
+        self.contents
+    }
+
+    /// The tensor named `name` with its bytes; `None` when there is no such tensor or the file
+    /// was opened for its metadata only.
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
+        if self.contents == Contents::MetadataOnly {
+            return None;
+        }
         let info = self.header.tensors.iter().find(|t| t.name == name)?;
         // The reader checked start + n_bytes <= file length, so these casts and the slice hold.
         let start = (self.header.data_start + info.offset) as usize;

@@ -12,7 +12,7 @@ mod value;
 mod writer;
 
 pub use error::GgufError;
-pub use file::{GgufFile, TensorInfo, TensorView};
+pub use file::{Contents, GgufFile, TensorInfo, TensorView};
 pub use quant::{
     dequantize, f16_bytes, f32_bytes, quantize, quantize_q4_0, quantize_q4_1, quantize_q8_0,
 };

@@ -22,7 +22,17 @@ pub(crate) struct Header {
     pub data_start: u64,
 }
 
-pub(crate) fn parse(buf: &[u8]) -> Result<Header, GgufError> {
+/// How much of a file the parse needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extent {
+    /// Every tensor's data must lie inside the buffer.
+    Whole,
+    /// The header alone: tensor data may lie past the end (a truncated file, a header cut out
+    /// of a split model); offsets and sizes are still checked for overflow and alignment.
+    HeaderOnly,
+}
+
+pub(crate) fn parse(buf: &[u8], extent: Extent) -> Result<Header, GgufError> {
     let mut c = Cursor::new(buf);
     let magic = c.take(4, &|| "magic".into())?;
     if magic != b"GGUF" {
@@ -82,7 +92,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header, GgufError> {
         let end = start
             .checked_add(t.n_bytes)
             .ok_or_else(|| GgufError::Overflow(format!("end of tensor {:?}", t.name)))?;
-        if end > len {
+        if end > len && extent == Extent::Whole {
             return Err(GgufError::TensorOutOfBounds {
                 tensor: t.name.clone(),
                 start,

@@ -16,7 +16,7 @@ pub use error::ModelError;
 
 use crate::chat::ChatTemplate;
 use crate::config::LlamaConfig;
-use crate::gguf::GgufFile;
+use crate::gguf::{Contents, GgufError, GgufFile};
 use crate::tokenizer::Tokenizer;
 use crate::weights::LlamaWeights;
 use forward::SeqWork;
@@ -75,6 +75,9 @@ impl Model {
 
     /// Loads a model from an opened GGUF file.
     pub fn from_gguf(file: GgufFile, opts: &LoadOptions) -> Result<Model, ModelError> {
+        if file.contents() == Contents::MetadataOnly {
+            return Err(GgufError::MetadataOnly.into());
+        }
         let config = LlamaConfig::from_gguf(&file)?;
         let tokenizer =
             Tokenizer::from_gguf(&file).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
