@@ -141,7 +141,8 @@ pub fn tiny_arch_writer(spec: &ArchSpec) -> GgufWriter {
     let (qw, kv) = (spec.heads * hd, spec.kv_heads * hd);
     let mut w = GgufWriter::new();
     w.add_str("general.architecture", a)
-        .add_str("general.name", &format!("tiny-{}", spec.arch.name()))
+        // Not the architecture's name: llama.cpp keys vocabulary fix-ups on "phi3" in it.
+        .add_str("general.name", "tiny-random")
         .add_u32("general.file_type", 7)
         .add_u32("general.quantization_version", 2)
         .add_u32(&key("block_count"), spec.layers as u32)
@@ -204,7 +205,6 @@ pub fn tiny_arch_writer(spec: &ArchSpec) -> GgufWriter {
         w.add_tensor(name, &[cols as u64, rows as u64], ty, quantize(ty, &x));
     };
     let tied = matches!(spec.arch, TinyArch::Qwen2 | TinyArch::Qwen3);
-    // Embeddings of scale 1 (the sqrt(cols) undoes `mat`'s scaling).
     let specials = if tied { 3 } else { 0 };
     mat(
         &mut w,
@@ -212,7 +212,8 @@ pub fn tiny_arch_writer(spec: &ArchSpec) -> GgufWriter {
         vocab,
         dim,
         GgmlType::Q8_0,
-        (dim as f32).sqrt(),
+        // Tied: the head's scale (logits of a few units); else of scale 1.
+        if tied { 3.0 } else { (dim as f32).sqrt() },
         specials,
         &mut rng,
     );
