@@ -3,7 +3,7 @@
 //!
 //! - `isa`: run-time detection of the instruction set used by the fast paths.
 //! - `parallel`: a configurable thread pool that splits work over output rows.
-//! - `quant`: ggml block layouts (Q4_0, Q4_1, Q5_0, Q8_0, F16, F32), weight quantize/dequantize.
+//! - `quant`: ggml block layouts (Q4_0, Q4_1, Q5_0, Q8_0, F16, BF16, F32), weight quantize/dequantize.
 //! - `quant_k`: ggml K-quant super-blocks (Q4_K, Q5_K, Q6_K): unpacking and dequantization.
 //! - `act`: per-32-block Q8 quantization of activations (Q8_0 / Q8_1 style).
 //! - `act_k`: per-256-block Q8_K quantization of activations, with 16-element sums.
@@ -12,7 +12,8 @@
 //!   `matmul/kquant_avx2.rs` the x86 fast paths; `matmul/q4k_repacked.rs` is llama.cpp's
 //!   order for Q4_K matrices it repacks, whole blocks of 8 rows; `matmul/packed.rs` and
 //!   `matmul/packed_k.rs` interleave rows sixteen at a time at load for `matmul/avx512.rs`
-//!   and `matmul/kquant_avx512.rs`).
+//!   and `matmul/kquant_avx512.rs`; `matmul/bf16.rs` BF16 weights, llama.cpp's bf16-rounded
+//!   activations, the same bits on every ISA).
 //! - `vec`: f32 dot product with SIMD dispatch.
 //! - `norm`: RMSNorm.
 //! - `rope`: rotary position embedding, llama "normal" (adjacent pairs) style.

@@ -8,9 +8,9 @@
 //! - Q8_0 (34 bytes): f16 `d`, 32 x i8; value = q * d.
 //!
 //! The K-quants (Q4_K, Q5_K, Q6_K) pack 256 elements per super-block (`quant_k`).
-//! F16 and F32 are plain little-endian arrays.
+//! F16, BF16 and F32 are plain little-endian arrays.
 
-use half::f16;
+use half::{bf16, f16};
 
 use crate::quant_k::{self, QK_K};
 
@@ -26,6 +26,8 @@ pub enum WeightType {
     F32,
     /// 16-bit float.
     F16,
+    /// bfloat16: the top half of an f32.
+    BF16,
     /// 4-bit, symmetric, one f16 scale per 32 elements.
     Q4_0,
     /// 4-bit, scale + minimum per 32 elements.
@@ -58,7 +60,7 @@ impl WeightType {
     /// Elements per block (1 for float types).
     pub fn block_size(self) -> usize {
         match self {
-            WeightType::F32 | WeightType::F16 => 1,
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
             WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q8_0 => QK,
             WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => QK_K,
         }
@@ -67,7 +69,7 @@ impl WeightType {
     /// The activation format the type's dot product multiplies with.
     pub fn act_kind(self) -> ActKind {
         match self {
-            WeightType::F32 | WeightType::F16 => ActKind::Float,
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => ActKind::Float,
             WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q8_0 => {
                 ActKind::Q8
             }
@@ -79,7 +81,7 @@ impl WeightType {
     pub fn block_bytes(self) -> usize {
         match self {
             WeightType::F32 => 4,
-            WeightType::F16 => 2,
+            WeightType::F16 | WeightType::BF16 => 2,
             WeightType::Q4_0 => 18,
             WeightType::Q4_1 => 20,
             WeightType::Q5_0 => 22,
@@ -123,6 +125,11 @@ pub fn dequantize_row(ty: WeightType, row: &[u8], out: &mut [f32]) {
         WeightType::F16 => {
             for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
                 *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        WeightType::BF16 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
         WeightType::Q4_0 => {
@@ -196,6 +203,10 @@ pub fn quantize_row(ty: WeightType, x: &[f32]) -> Vec<u8> {
         WeightType::F16 => x
             .iter()
             .for_each(|v| out.extend(f16::from_f32(*v).to_le_bytes())),
+        // Round to nearest even, as ggml's `GGML_FP32_TO_BF16`.
+        WeightType::BF16 => x
+            .iter()
+            .for_each(|v| out.extend(bf16::from_f32(*v).to_le_bytes())),
         WeightType::Q4_0 => {
             for b in x.chunks_exact(QK) {
                 // ggml: the value with the largest magnitude maps to -8.

@@ -21,13 +21,38 @@ pub struct Rope {
 impl Rope {
     /// Cosine and sine for each rotated pair at `pos`.
     pub fn cos_sin(&self, pos: usize) -> Vec<(f32, f32)> {
+        self.cos_sin_scaled(pos, 1.0, None)
+    }
+
+    /// [`Rope::cos_sin`] with linear scaling and per-pair frequency factors, as ggml's rope
+    /// cache builds them: pair `i`'s angle is `freq_scale * (theta_i / factors[i])` (Llama 3's
+    /// `rope_freqs`, linear `rope.scaling.factor`). A scale of 1 and no factors give
+    /// `cos_sin`'s bits.
+    ///
+    /// # Panics
+    /// When `factors` is given with fewer than `n_dims / 2` entries.
+    pub fn cos_sin_scaled(
+        &self,
+        pos: usize,
+        freq_scale: f32,
+        factors: Option<&[f32]>,
+    ) -> Vec<(f32, f32)> {
+        let pairs = self.n_dims / 2;
+        if let Some(f) = factors {
+            assert!(
+                f.len() >= pairs,
+                "rope: {} factors for {pairs} pairs",
+                f.len()
+            );
+        }
         let scale = self.base.powf(-2.0 / self.n_dims as f32);
         let mut theta = pos as f32;
-        (0..self.n_dims / 2)
-            .map(|_| {
-                let cs = (theta.cos(), theta.sin());
+        (0..pairs)
+            .map(|i| {
+                let ff = factors.map_or(1.0, |f| f[i]);
+                let t = freq_scale * (theta / ff);
                 theta *= scale;
-                cs
+                (t.cos(), t.sin())
             })
             .collect()
     }
@@ -87,5 +112,31 @@ fn rotate(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)], neox: bool) {
                 (p[0], p[1]) = turn(p[0], p[1], c, s);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaled_angles_divide_by_the_factor_then_scale() {
+        let rope = Rope {
+            base: 500_000.0,
+            n_dims: 8,
+            head_dim: 8,
+        };
+        let plain = rope.cos_sin(37);
+        assert_eq!(rope.cos_sin_scaled(37, 1.0, None), plain);
+        let factors = [1.0, 2.0, 4.0, 8.0];
+        let scaled = rope.cos_sin_scaled(37, 0.25, Some(&factors));
+        let scale = rope.base.powf(-2.0 / rope.n_dims as f32);
+        let mut theta = 37f32;
+        for (i, &(c, s)) in scaled.iter().enumerate() {
+            let t = 0.25 * (theta / factors[i]);
+            assert_eq!((c, s), (t.cos(), t.sin()), "pair {i}");
+            theta *= scale;
+        }
+        assert_ne!(scaled[1], plain[1]);
     }
 }

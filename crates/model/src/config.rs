@@ -1,8 +1,9 @@
-//! `LlamaConfig`: the model's shape, read from GGUF `<arch>.*` metadata (`llama`, `gemma3`).
+//! `LlamaConfig`: the model's shape, read from GGUF `<arch>.*` metadata (every `arch/`).
 
 use crate::arch::Arch;
 use crate::gguf::GgufFile;
 use crate::llama::ModelError;
+use crate::rope_scaling::RopeScaling;
 
 /// Shape and hyper-parameters of a decoder-only transformer of the Llama family.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,6 +28,8 @@ pub struct LlamaConfig {
     pub rope_theta: f32,
     /// Rotated dimensions per head (`<arch>.rope.dimension_count`, default `head_dim`).
     pub rope_dims: usize,
+    /// RoPE scaling and frequency factors (`<arch>.rope.scaling.*`, `rope_freqs.weight`).
+    pub rope_scaling: RopeScaling,
     /// RMSNorm epsilon (`<arch>.attention.layer_norm_rms_epsilon`).
     pub rms_eps: f32,
     /// Trained context length (`<arch>.context_length`).
@@ -81,7 +84,16 @@ impl LlamaConfig {
                 "rope.dimension_count {rope_dims} must be even and <= head_dim {head_dim}"
             )));
         }
+        let rope_scaling =
+            RopeScaling::from_gguf(f, arch.name(), rope_dims, arch.recipe().rope_freq_factors)?;
+        if matches!(arch, Arch::Gemma3(_)) && !rope_scaling.is_none() {
+            // llama.cpp scales only Gemma 3's global layers; not implemented here.
+            return Err(ModelError::Unsupported(
+                "RoPE scaling in a gemma3 model is not implemented".into(),
+            ));
+        }
         let cfg = LlamaConfig {
+            rope_scaling,
             vocab,
             dim,
             layers: u("block_count")?,

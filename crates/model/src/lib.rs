@@ -1,8 +1,11 @@
 //! GGUF, tokenizer, chat template, Llama-family forward over paged KV, and sampling.
 //!
 //! Module map (one line per file):
-//! - `arch/mod.rs`: `Arch` (from `general.architecture`), per-layer extras
-//! - `arch/llama.rs`: the Llama block
+//! - `arch/mod.rs`: `Arch` (from `general.architecture`), `Recipe` (what the shared block does per architecture), per-layer extras
+//! - `arch/llama.rs`: the Llama-style block (llama, Mistral, qwen2, qwen3, phi3), Llama's recipe
+//! - `arch/qwen2.rs`: Qwen2's recipe (Q/K/V biases, NeoX RoPE)
+//! - `arch/qwen3.rs`: Qwen3's recipe (per-head Q/K RMSNorm, NeoX RoPE)
+//! - `arch/phi3.rs`: Phi-3's recipe (fused QKV and gate-up, NeoX RoPE, pre-scaled Q; no sliding window, as llama.cpp)
 //! - `arch/gemma3.rs`: Gemma 3's parameters, extra norms and block
 //! - `gguf/mod.rs`: GGUF module root and re-exports
 //! - `gguf/error.rs`: `GgufError`, one variant per malformed-input case
@@ -15,6 +18,7 @@
 //! - `gguf/quant.rs`: ggml reference quantizers/dequantizers (Q4_0, Q4_1, Q8_0, F16, F32; Q5_0 and K-quants via the kernels)
 //! - `gguf/tiny.rs`: `tiny_llama_gguf`, the seeded tiny random Llama for model-free tests
 //! - `config.rs`: `LlamaConfig` from GGUF `<arch>.*` metadata
+//! - `rope_scaling.rs`: `RopeScaling` (linear factor, Llama 3's `rope_freqs`; other kinds refused)
 //! - `engine.rs`: `Engine::generate`, single-process generation over a local `KvPool`
 //! - `weights.rs`: weights as zero-copy views into the GGUF mapping, per-layer attention
 //! - `cuda/`: `GpuModel`, the Llama forward pass on a GPU over a device KV pool (feature `cuda`)
@@ -44,6 +48,7 @@ pub mod gguf;
 pub mod llama;
 pub mod logprobs;
 pub mod penalties;
+pub mod rope_scaling;
 pub mod sampling;
 pub mod stop;
 pub mod tokenizer;

@@ -1,10 +1,11 @@
-//! Model weights as views into the GGUF mapping: no quantized byte is copied. Only the small
-//! norm vectors are decoded to f32 at load.
+//! Model weights as views into the GGUF mapping: no quantized byte is copied (fused tensors,
+//! Phi-3's `attn_qkv` and gate-up `ffn_up`, become row views of the one tensor). Only the
+//! small norm and bias vectors are decoded to f32 at load.
 
 use pagewarden_kernels::quant::dequantize_row;
 use pagewarden_kernels::{QMatrix, WeightType};
 
-use crate::arch::{Arch, Gemma3Norms, LayerExtra};
+use crate::arch::{Arch, Gemma3Norms, LayerExtra, Recipe};
 use crate::config::LlamaConfig;
 use crate::gguf::{GgmlType, GgufFile};
 use crate::llama::ModelError;
@@ -22,6 +23,26 @@ pub struct LayerAttention {
     pub window: Option<usize>,
 }
 
+/// Biases added after the Q, K and V projections (Qwen2; any file that has them).
+#[derive(Debug)]
+pub struct QkvBias {
+    /// `q_width`.
+    pub q: Vec<f32>,
+    /// `kv_width`.
+    pub k: Vec<f32>,
+    /// `kv_width`.
+    pub v: Vec<f32>,
+}
+
+/// Per-head RMSNorm weights of Q and K, applied before RoPE (Qwen3).
+#[derive(Debug)]
+pub struct QkNorm {
+    /// `head_dim`.
+    pub q: Vec<f32>,
+    /// `head_dim`.
+    pub k: Vec<f32>,
+}
+
 /// The weights of one transformer block.
 #[derive(Debug)]
 pub struct LayerWeights<'a> {
@@ -29,6 +50,10 @@ pub struct LayerWeights<'a> {
     pub attn: LayerAttention,
     /// Weights only this architecture has.
     pub extra: LayerExtra,
+    /// Q/K/V biases, when the file has them.
+    pub qkv_bias: Option<QkvBias>,
+    /// Q/K norms of the Llama-style block (its recipe's `qk_norm`).
+    pub qk_norm: Option<QkNorm>,
     /// RMSNorm before attention.
     pub attn_norm: Vec<f32>,
     /// Query projection, `q_width x dim`.
@@ -67,6 +92,7 @@ pub fn weight_type(t: GgmlType) -> Option<WeightType> {
     match t {
         GgmlType::F32 => Some(WeightType::F32),
         GgmlType::F16 => Some(WeightType::F16),
+        GgmlType::BF16 => Some(WeightType::BF16),
         GgmlType::Q4_0 => Some(WeightType::Q4_0),
         GgmlType::Q4_1 => Some(WeightType::Q4_1),
         GgmlType::Q5_0 => Some(WeightType::Q5_0),
@@ -131,38 +157,150 @@ pub(crate) fn vector(f: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, Mod
     Ok(out)
 }
 
+/// Rows `r0..r0 + n` of `m`, borrowing the same bytes.
+fn row_view<'a>(m: &Matrix<'a>, r0: usize, n: usize) -> Matrix<'a> {
+    let rb = m.row_bytes();
+    QMatrix::new(m.ty, n, m.cols, &m.data[r0 * rb..(r0 + n) * rb]).expect("rows of a matrix")
+}
+
+/// Layer `l`'s Q, K and V projections (separate tensors, or row views of a fused
+/// `attn_qkv`: Q rows, then K, then V) and their biases when the file has them, as
+/// llama.cpp's shared loader takes them for every architecture.
+#[allow(clippy::type_complexity)]
+fn qkv<'a>(
+    f: &'a GgufFile,
+    l: usize,
+    cfg: &LlamaConfig,
+) -> Result<(Matrix<'a>, Matrix<'a>, Matrix<'a>, Option<QkvBias>), ModelError> {
+    let (dim, qw, kv) = (cfg.dim, cfg.q_width(), cfg.kv_width());
+    let t = |s: &str, kind: &str| format!("blk.{l}.{s}.{kind}");
+    let fused = t("attn_qkv", "weight");
+    let (wq, wk, wv) = if f.tensor(&fused).is_some() {
+        let m = matrix(f, &fused, qw + 2 * kv, dim)?;
+        (
+            row_view(&m, 0, qw),
+            row_view(&m, qw, kv),
+            row_view(&m, qw + kv, kv),
+        )
+    } else {
+        (
+            matrix(f, &t("attn_q", "weight"), qw, dim)?,
+            matrix(f, &t("attn_k", "weight"), kv, dim)?,
+            matrix(f, &t("attn_v", "weight"), kv, dim)?,
+        )
+    };
+    let fused_bias = t("attn_qkv", "bias");
+    let has = |s: &str| f.tensor(&t(s, "bias")).is_some();
+    let bias = if f.tensor(&fused_bias).is_some() {
+        let b = vector(f, &fused_bias, qw + 2 * kv)?;
+        Some(QkvBias {
+            q: b[..qw].to_vec(),
+            k: b[qw..qw + kv].to_vec(),
+            v: b[qw + kv..].to_vec(),
+        })
+    } else if has("attn_q") || has("attn_k") || has("attn_v") {
+        // A bias of zeros where one of the three is absent, as ggml adds none there.
+        let or_zero = |s: &str, n: usize| match has(s) {
+            true => vector(f, &t(s, "bias"), n),
+            false => Ok(vec![0.0; n]),
+        };
+        Some(QkvBias {
+            q: or_zero("attn_q", qw)?,
+            k: or_zero("attn_k", kv)?,
+            v: or_zero("attn_v", kv)?,
+        })
+    } else {
+        None
+    };
+    Ok((wq, wk, wv, bias))
+}
+
+/// Layer `l`'s FFN gate and up: separate tensors, or the two halves of Phi-3's fused
+/// `ffn_up` (`2 * ffn` rows, gate first).
+fn gate_up<'a>(
+    f: &'a GgufFile,
+    l: usize,
+    cfg: &LlamaConfig,
+    recipe: &Recipe,
+) -> Result<(Matrix<'a>, Matrix<'a>), ModelError> {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    if recipe.fused_gate_up {
+        let m = matrix(f, &n("ffn_up"), 2 * cfg.ffn, cfg.dim)?;
+        return Ok((row_view(&m, 0, cfg.ffn), row_view(&m, cfg.ffn, cfg.ffn)));
+    }
+    Ok((
+        matrix(f, &n("ffn_gate"), cfg.ffn, cfg.dim)?,
+        matrix(f, &n("ffn_up"), cfg.ffn, cfg.dim)?,
+    ))
+}
+
+/// Refuses a file with a bias this engine would not add (attention output, FFN, output
+/// head): running without it would give plausible but wrong text.
+fn refuse_unused_biases(f: &GgufFile) -> Result<(), ModelError> {
+    const USED: [&str; 4] = [
+        ".attn_q.bias",
+        ".attn_k.bias",
+        ".attn_v.bias",
+        ".attn_qkv.bias",
+    ];
+    let unused = f.tensors().iter().map(|t| t.name.as_str()).find(|name| {
+        name.ends_with(".bias")
+            && !(name.starts_with("blk.") && USED.iter().any(|u| name.ends_with(u)))
+    });
+    match unused {
+        Some(name) => Err(ModelError::Unsupported(format!(
+            "tensor {name}: this bias is not implemented"
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl<'a> LlamaWeights<'a> {
     /// Resolves every tensor of `cfg`'s shape in `f`, checking names, shapes and types.
     pub fn from_gguf(f: &'a GgufFile, cfg: &LlamaConfig) -> Result<LlamaWeights<'a>, ModelError> {
-        let (dim, kv, ffn, qw) = (cfg.dim, cfg.kv_width(), cfg.ffn, cfg.q_width());
+        refuse_unused_biases(f)?;
+        let (dim, ffn, qw) = (cfg.dim, cfg.ffn, cfg.q_width());
+        let recipe = cfg.arch.recipe();
         let token_embd = matrix(f, "token_embd.weight", cfg.vocab, dim)?;
         let layers = (0..cfg.layers)
             .map(|l| {
                 let n = |s: &str| format!("blk.{l}.{s}.weight");
-                let (attn, extra) = match &cfg.arch {
-                    Arch::Llama => (
+                let (attn, extra, qk_norm) = match &cfg.arch {
+                    Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => (
                         LayerAttention {
                             rope_base: cfg.rope_theta,
                             window: None,
                         },
                         LayerExtra::Llama,
+                        match recipe.qk_norm {
+                            true => Some(QkNorm {
+                                q: vector(f, &n("attn_q_norm"), cfg.head_dim)?,
+                                k: vector(f, &n("attn_k_norm"), cfg.head_dim)?,
+                            }),
+                            false => None,
+                        },
                     ),
                     Arch::Gemma3(g) => (
                         g.layer_attention(l, cfg.rope_theta),
                         LayerExtra::Gemma3(Gemma3Norms::load(f, l, dim, cfg.head_dim)?),
+                        None,
                     ),
                 };
+                let (wq, wk, wv, qkv_bias) = qkv(f, l, cfg)?;
+                let (gate, up) = gate_up(f, l, cfg, &recipe)?;
                 Ok(LayerWeights {
                     attn,
                     extra,
+                    qkv_bias,
+                    qk_norm,
                     attn_norm: vector(f, &n("attn_norm"), dim)?,
-                    wq: matrix(f, &n("attn_q"), qw, dim)?,
-                    wk: matrix(f, &n("attn_k"), kv, dim)?,
-                    wv: matrix(f, &n("attn_v"), kv, dim)?,
+                    wq,
+                    wk,
+                    wv,
                     wo: matrix(f, &n("attn_output"), dim, qw)?,
                     ffn_norm: vector(f, &n("ffn_norm"), dim)?,
-                    gate: matrix(f, &n("ffn_gate"), ffn, dim)?,
-                    up: matrix(f, &n("ffn_up"), ffn, dim)?,
+                    gate,
+                    up,
                     down: matrix(f, &n("ffn_down"), dim, ffn)?,
                 })
             })

@@ -34,7 +34,11 @@ fn suffix(ty: WeightType) -> Option<(&'static str, &'static str)> {
         WeightType::Q8_0 => Some(("matmul_q8_0", "get_rows_q8_0")),
         WeightType::F16 => Some(("matmul_f16", "get_rows_f16")),
         WeightType::F32 => Some(("matmul_f32", "get_rows_f32")),
-        WeightType::Q5_0 | WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => None,
+        WeightType::Q5_0
+        | WeightType::Q4_K
+        | WeightType::Q5_K
+        | WeightType::Q6_K
+        | WeightType::BF16 => None,
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod avx2;
 mod avx512;
+pub mod bf16;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
 #[cfg(target_arch = "x86_64")]
@@ -78,7 +79,7 @@ impl<'a> QMatrix<'a> {
 
 /// The activations in the form the weight type's dot product wants.
 pub(crate) enum Acts<'a> {
-    /// For F32/F16 weights: plain floats, `tokens * cols`.
+    /// For F32/F16/BF16 weights: plain floats, `tokens * cols`.
     Float(&'a [f32]),
     /// For Q4_0, Q4_1, Q5_0, Q8_0 weights: 8 bits per 32 elements.
     Quant(&'a QuantizedActs),
@@ -217,6 +218,9 @@ fn rows_kernel(
     tokens: usize,
     out: &mut [f32],
 ) {
+    if w.ty == WeightType::BF16 {
+        return bf16::rows(isa, w, r0, n, acts, tokens, out);
+    }
     match isa {
         Isa::Portable => portable::rows(w, r0, n, acts, tokens, out),
         Isa::Avx2 => avx2::rows(false, w, r0, n, acts, tokens, out),

@@ -7,6 +7,8 @@
 use pagewarden_kernels::activation::geglu;
 use pagewarden_kernels::norm::rms_norm;
 
+use super::{Recipe, RopeStyle};
+
 use crate::gguf::{GgufFile, Metadata};
 use crate::llama::forward::{add_into, Pass, SeqWork};
 use crate::llama::{Model, ModelError};
@@ -19,6 +21,15 @@ const LOCAL_ROPE_BASE: f32 = 10_000.0;
 /// Gemma 3 27B's block count: the one size whose queries llama.cpp scales by
 /// `1/sqrt(dim / heads)` instead of `1/sqrt(head_dim)`.
 const LAYERS_27B: usize = 62;
+
+/// Gemma 3's block is its own (`Model::gemma3_block`); this says how it ropes.
+pub(crate) const RECIPE: Recipe = Recipe {
+    rope: RopeStyle::Neox,
+    qk_norm: true,
+    fused_gate_up: false,
+    q_prescaled: true,
+    rope_freq_factors: false,
+};
 
 /// Hyper-parameters only Gemma 3 has.
 #[derive(Clone, Debug, PartialEq)]

@@ -75,7 +75,17 @@ impl GpuModel {
         let cfg = model.config().clone();
         match cfg.arch {
             Arch::Llama => {}
-            Arch::Gemma3(_) => return Err(GpuError::Architecture(cfg.arch.name())),
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Gemma3(_) => {
+                return Err(GpuError::Architecture(cfg.arch.name()))
+            }
+        }
+        // The GPU block is plain Llama's: no RoPE scaling, no Q/K/V biases.
+        if !cfg.rope_scaling.is_none()
+            || model.weights().layers.iter().any(|l| l.qkv_bias.is_some())
+        {
+            return Err(GpuError::Architecture(
+                "llama with RoPE scaling or Q/K/V biases",
+            ));
         }
         let mut opts = opts.clone();
         opts.page_size = opts.page_size.max(1);

@@ -1,5 +1,6 @@
 //! GGUF (v2/v3) files: a memory-mapped reader that rejects malformed input with typed errors,
-//! a writer for tests, ggml quantizers, and the tiny random Llama used by model-free tests.
+//! a writer for tests, ggml quantizers, the tiny random Llama used by model-free tests, and
+//! tiny random models of every architecture for the llama.cpp parity test.
 
 mod cursor;
 mod error;
@@ -7,6 +8,7 @@ mod file;
 mod quant;
 mod reader;
 mod tiny;
+mod tiny_arch;
 mod types;
 mod value;
 mod writer;
@@ -18,6 +20,7 @@ pub use quant::{
 };
 pub use reader::{DEFAULT_ALIGNMENT, MAX_DIMS};
 pub use tiny::{tiny_llama_gguf, tiny_llama_gguf_with, TinyLlamaSpec};
+pub use tiny_arch::{tiny_arch_gguf, tiny_arch_writer, ArchSpec, TinyArch};
 pub use types::GgmlType;
 pub use value::{MetaArray, MetaValue, Metadata};
 pub use writer::GgufWriter;

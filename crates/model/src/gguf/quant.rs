@@ -93,7 +93,7 @@ pub fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
     out
 }
 
-/// Encodes `x` as `ty` (F32, F16, Q4_0, Q4_1, Q8_0).
+/// Encodes `x` as `ty` (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
 ///
 /// # Panics
 /// For other types, or when a quantized length is not a multiple of 32.
@@ -101,6 +101,9 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     match ty {
         GgmlType::F32 => f32_bytes(x),
         GgmlType::F16 => f16_bytes(x),
+        GgmlType::BF16 => {
+            pagewarden_kernels::quant::quantize_row(pagewarden_kernels::WeightType::BF16, x)
+        }
         GgmlType::Q4_0 => quantize_q4_0(x),
         GgmlType::Q4_1 => quantize_q4_1(x),
         GgmlType::Q8_0 => quantize_q8_0(x),
@@ -156,7 +159,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, GgufE
                 out.extend(nib.iter().map(|&b| ((b >> 4) as f32 - off) * d + m));
             }
         }
-        GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+        GgmlType::BF16 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
             let kernel = crate::weights::weight_type(ty).expect("a kernel weight type");
             out.resize(n, 0.0);
             pagewarden_kernels::quant::dequantize_row(kernel, data, &mut out);

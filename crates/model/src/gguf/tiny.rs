@@ -102,7 +102,7 @@ impl Default for TinyLlamaSpec {
 }
 
 /// splitmix64: tiny, seedable, good enough for random weights.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next_u64(&mut self) -> u64 {
@@ -114,11 +114,11 @@ impl Rng {
     }
 
     /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
+    pub(crate) fn uniform(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 
-    fn vec(&mut self, n: usize, scale: f32, bias: f32) -> Vec<f32> {
+    pub(crate) fn vec(&mut self, n: usize, scale: f32, bias: f32) -> Vec<f32> {
         (0..n).map(|_| bias + scale * self.uniform()).collect()
     }
 }

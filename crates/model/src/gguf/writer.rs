@@ -174,6 +174,73 @@ impl GgufWriter {
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         std::fs::write(path, self.to_bytes())
     }
+
+    /// Writes the metadata and `tensors` (name, ggml dims, type) to `out`, asking `data` for
+    /// each tensor's bytes in order, one at a time: a file of many gigabytes is written without
+    /// holding it in memory. Tensors added with `add_tensor` come first.
+    ///
+    /// # Errors
+    /// An I/O error, or `InvalidData` when `data` gives a tensor the wrong number of bytes.
+    pub fn write_streamed<W: std::io::Write>(
+        &self,
+        out: &mut W,
+        tensors: &[(String, Vec<u64>, GgmlType)],
+        mut data: impl FnMut(usize, &mut Vec<u8>),
+    ) -> std::io::Result<()> {
+        let align = self.alignment.max(1);
+        let mut all: Vec<(&str, &[u64], GgmlType, u64)> = Vec::new();
+        for t in &self.tensors {
+            all.push((&t.name, &t.dims, t.ty, t.data.len() as u64));
+        }
+        for (name, dims, ty) in tensors {
+            let n = tensor_bytes(name, dims, *ty)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+            all.push((name, dims, *ty, n));
+        }
+        let mut head = Vec::new();
+        head.extend_from_slice(b"GGUF");
+        head.extend_from_slice(&self.version.to_le_bytes());
+        head.extend_from_slice(&(all.len() as u64).to_le_bytes());
+        head.extend_from_slice(&(self.kvs.len() as u64).to_le_bytes());
+        for (k, v) in &self.kvs {
+            put_str(&mut head, k);
+            head.extend_from_slice(&value_type(v).to_le_bytes());
+            put_value(&mut head, v);
+        }
+        let mut offset = 0u64;
+        for (name, dims, ty, n) in &all {
+            put_str(&mut head, name);
+            head.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            for d in *dims {
+                head.extend_from_slice(&d.to_le_bytes());
+            }
+            head.extend_from_slice(&ty.id().to_le_bytes());
+            head.extend_from_slice(&offset.to_le_bytes());
+            offset = (offset + n).next_multiple_of(align);
+        }
+        pad(&mut head, align);
+        out.write_all(&head)?;
+        let mut buf = Vec::new();
+        for t in &self.tensors {
+            buf.clear();
+            buf.extend_from_slice(&t.data);
+            pad(&mut buf, align);
+            out.write_all(&buf)?;
+        }
+        for (i, (name, _, _, n)) in all[self.tensors.len()..].iter().enumerate() {
+            buf.clear();
+            data(i, &mut buf);
+            if buf.len() as u64 != *n {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("tensor {name}: {} bytes given, {n} needed", buf.len()),
+                ));
+            }
+            pad(&mut buf, align);
+            out.write_all(&buf)?;
+        }
+        Ok(())
+    }
 }
 
 fn pad(out: &mut Vec<u8>, align: u64) {

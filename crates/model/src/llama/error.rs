@@ -12,8 +12,12 @@ pub enum ModelError {
     #[error("gguf: {0}")]
     Gguf(#[from] GgufError),
     /// `general.architecture` is not one this engine runs.
-    #[error("unsupported architecture {0:?} (supported: \"llama\", \"gemma3\")")]
+    #[error("unsupported architecture {0:?} (supported: {supported})", supported = crate::arch::SUPPORTED)]
     UnsupportedArchitecture(String),
+    /// The file asks for something this engine does not implement (a RoPE scaling kind, a
+    /// bias, experts): refused rather than run without it.
+    #[error("unsupported model feature: {0}")]
+    Unsupported(String),
     /// The metadata describes an impossible shape.
     #[error("bad model config: {0}")]
     BadConfig(String),

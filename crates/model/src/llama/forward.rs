@@ -134,7 +134,15 @@ impl Pass {
         let i = match self.rope_tables.iter().position(|(b, _)| *b == base) {
             Some(i) => i,
             None => {
-                let t = self.positions.iter().map(|&p| rope.cos_sin(p)).collect();
+                let (scale, factors) = (
+                    cfg.rope_scaling.freq_scale,
+                    cfg.rope_scaling.factors.as_deref(),
+                );
+                let t = self
+                    .positions
+                    .iter()
+                    .map(|&p| rope.cos_sin_scaled(p, scale, factors))
+                    .collect();
                 self.rope_tables.push((base, t));
                 self.rope_tables.len() - 1
             }
@@ -154,6 +162,16 @@ impl Pass {
                 rope.apply_with(k, cs);
             }
         }
+    }
+
+    /// Per-head RMSNorm of every row's Q and K (`q_norm`, `k_norm`: `head_dim` each).
+    pub(crate) fn norm_heads(&mut self, q_norm: &[f32], k_norm: &[f32], eps: f32) {
+        let (nq, nk) = (self.q.len(), self.k.len());
+        let mut out = vec![0f32; nq.max(nk)];
+        rms_norm(&self.q, q_norm, eps, &mut out[..nq]);
+        self.q.copy_from_slice(&out[..nq]);
+        rms_norm(&self.k, k_norm, eps, &mut out[..nk]);
+        self.k.copy_from_slice(&out[..nk]);
     }
 }
 
@@ -176,7 +194,7 @@ impl Model {
         }
         let mut p = Pass::new(cfg, positions);
         let embed_scale = match &cfg.arch {
-            Arch::Llama => None,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => None,
             Arch::Gemma3(_) => Some((dim as f32).sqrt()),
         };
         for s in seqs.iter().filter(|s| s.ok()) {
@@ -188,9 +206,10 @@ impl Model {
                 }
             }
         }
+        let recipe = cfg.arch.recipe();
         for (l, lw) in w.layers.iter().enumerate() {
             match &lw.extra {
-                LayerExtra::Llama => self.llama_block(l, lw, seqs, &mut p),
+                LayerExtra::Llama => self.llama_block(&recipe, l, lw, seqs, &mut p),
                 LayerExtra::Gemma3(norms) => self.gemma3_block(norms, l, lw, seqs, &mut p),
             }
         }
@@ -242,6 +261,11 @@ impl Model {
             &mut [&mut p.q, &mut p.k, &mut p.v],
             &self.par,
         );
+        if let Some(b) = &lw.qkv_bias {
+            for (x, b) in [(&mut p.q, &b.q), (&mut p.k, &b.k), (&mut p.v, &b.v)] {
+                x.chunks_exact_mut(b.len()).for_each(|row| add_into(row, b));
+            }
+        }
     }
 
     /// FFN gate and up of the normalized rows `p.xn`.
@@ -339,10 +363,10 @@ impl Model {
             &mut p.att[r0 * qw..(r0 + n) * qw],
         );
         if self.flash_attention() {
-            // llama.cpp's `kq_scale`: Gemma 3 scales its queries before (`gemma3_block`).
-            let scale = match cfg.arch {
-                Arch::Llama => 1.0 / (cfg.head_dim as f32).sqrt(),
-                Arch::Gemma3(_) => 1.0,
+            // llama.cpp's `kq_scale`: Gemma 3 and Phi-3 scale their queries before.
+            let scale = match cfg.arch.recipe().q_prescaled {
+                false => 1.0 / (cfg.head_dim as f32).sqrt(),
+                true => 1.0,
             };
             flash_attention(geo, q, n, s.start, &blocks, out, scale, &self.par);
         } else {
