@@ -21,6 +21,9 @@ use axum::response::{IntoResponse, Redirect, Response};
 use parking_lot::Mutex;
 use rand::Rng;
 
+use pagewarden_common::edge::Connection;
+
+use super::throttle::{Throttle, ThrottleLimits};
 use super::{AppState, WebError};
 use crate::accounts::{Accounts, Principal};
 
@@ -86,6 +89,8 @@ pub struct Auth {
     sessions: Mutex<HashMap<String, Session>>,
     secure_cookies: bool,
     logins: tokio::sync::Semaphore,
+    /// Back-off of failed sign-ins.
+    pub throttle: Throttle,
 }
 
 fn random_hex() -> String {
@@ -97,11 +102,17 @@ impl Auth {
     /// `secure_cookies`: the UI is served under TLS, so cookies are marked `Secure` (they are
     /// also whenever a TLS proxy says so with `X-Forwarded-Proto: https`).
     pub fn new(accounts: Accounts, secure_cookies: bool) -> Self {
+        Self::with_throttle(accounts, secure_cookies, ThrottleLimits::default())
+    }
+
+    /// Like [`Auth::new`], with failed sign-ins backing off under `limits`.
+    pub fn with_throttle(accounts: Accounts, secure_cookies: bool, limits: ThrottleLimits) -> Self {
         Self {
             accounts,
             sessions: Mutex::new(HashMap::new()),
             secure_cookies,
             logins: tokio::sync::Semaphore::new(CONCURRENT_LOGINS),
+            throttle: Throttle::new(limits),
         }
     }
 
@@ -189,6 +200,7 @@ fn encode_component(s: &str) -> String {
 pub async fn require_session(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     match st.auth.session(req.headers()) {
         Some((_, user)) => {
+            mark_connection(&req, &user.who);
             req.extensions_mut().insert(user);
             next.run(req).await
         }
@@ -221,6 +233,7 @@ pub async fn require_bearer(State(st): State<AppState>, mut req: Request, next: 
         .and_then(|(_, token)| st.auth.accounts.bearer(token.trim()));
     match who {
         Some(who) => {
+            mark_connection(&req, &who);
             req.extensions_mut().insert(who);
             next.run(req).await
         }
@@ -230,6 +243,13 @@ pub async fn require_bearer(State(st): State<AppState>, mut req: Request, next: 
                 .into(),
         )
         .into_response(),
+    }
+}
+
+/// A signed-in request's connection counts against its account, not its source address.
+fn mark_connection(req: &Request, who: &Principal) {
+    if let Some(conn) = req.extensions().get::<Connection>() {
+        conn.authenticated(&who.name);
     }
 }
 
