@@ -93,6 +93,35 @@ pub struct Auth {
     pub throttle: Throttle,
 }
 
+type HashJob = Box<dyn FnOnce() + Send>;
+
+/// The threads that run argon2: always the same `CONCURRENT_LOGINS` of them. Each hash takes
+/// argon2's whole memory block; run on ever new blocking threads, every thread's allocator
+/// arena kept one (a flood of sign-ins grew the auditor by hundreds of MB), so the hashing
+/// threads are fixed and their memory is reused.
+fn hashers() -> &'static Mutex<std::sync::mpsc::Sender<HashJob>> {
+    static HASHERS: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<HashJob>>> =
+        std::sync::OnceLock::new();
+    HASHERS.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<HashJob>();
+        let rx = std::sync::Arc::new(Mutex::new(rx));
+        for i in 0..CONCURRENT_LOGINS {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("argon2-{i}"))
+                .spawn(move || loop {
+                    let job = rx.lock().recv();
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                })
+                .expect("spawning a password hashing thread");
+        }
+        Mutex::new(tx)
+    })
+}
+
 fn random_hex() -> String {
     let mut rng = rand::rng();
     format!("{:032x}{:032x}", rng.random::<u128>(), rng.random::<u128>())
@@ -121,9 +150,12 @@ impl Auth {
     pub async fn login(&self, name: String, password: String) -> Option<String> {
         let _permit = self.logins.acquire().await.ok()?;
         let accounts = self.accounts.clone();
-        let who = tokio::task::spawn_blocking(move || accounts.login(&name, &password))
-            .await
-            .ok()??;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: HashJob = Box::new(move || {
+            let _ = tx.send(accounts.login(&name, &password));
+        });
+        hashers().lock().send(job).ok()?;
+        let who = rx.await.ok()??;
         let id = random_hex();
         let now = Instant::now();
         let mut map = self.sessions.lock();
