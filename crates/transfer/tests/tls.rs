@@ -300,7 +300,8 @@ async fn a_flood_of_unauthenticated_connects_neither_starves_a_prefill_nor_flood
         "the flood was not refused: {refusals}"
     );
     assert!(
-        per_source.values().all(|&n| n == 1) && per_source.len() <= SOURCES as usize,
+        // The flood's sources, and 127.0.0.1 when a prefill try met a full handshake budget.
+        per_source.values().all(|&n| n == 1) && per_source.len() <= SOURCES as usize + 1,
         "more than one report per source in one window: {per_source:?}"
     );
 }
