@@ -33,8 +33,15 @@ pub fn same_site_path(path: &str) -> Option<&str> {
             && !matches!(p.get(1), Some(b'/' | b'\\'))
             && p.iter().all(|&c| (0x21..=0x7e).contains(&c) && c != b'\\')
     }
+    // Once decoded, an escaped space or non-ASCII letter is fine; control characters and a
+    // second leading `/` or `\\` are not.
+    fn decoded_plain(p: &[u8]) -> bool {
+        p.first() == Some(&b'/')
+            && !matches!(p.get(1), Some(b'/' | b'\\'))
+            && p.iter().all(|&c| c >= 0x20 && c != 0x7f && c != b'\\')
+    }
     let bytes = path.as_bytes();
-    (plain(bytes) && plain(&percent_decoded(bytes))).then_some(path)
+    (plain(bytes) && decoded_plain(&percent_decoded(bytes))).then_some(path)
 }
 
 /// `p` with each `%XX` decoded once (an invalid escape is kept as it is).
