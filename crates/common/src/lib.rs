@@ -3,6 +3,7 @@
 //! - `ids`: newtypes for request, tenant, attempt and grant identifiers.
 //! - `config`: the one configuration layer (flags > environment > TOML file > defaults) and
 //!   its error; `worker_config`: the workers' settings on it, with one-machine defaults.
+//! - `edge`: the HTTP edge of every client-facing listener: deadlines, connection caps (I14).
 //! - `telemetry`: tracing subscriber, OTLP export, trace context in gRPC metadata.
 //! - `metrics`: the workers' Prometheus metrics (`pagewarden_*`) and the `/metrics` server.
 //! - `preflight`: start-up check of pool capacity against advertised context (I7).
@@ -23,6 +24,7 @@ pub mod admission;
 pub mod auditor_client;
 pub mod cache_event;
 pub mod config;
+pub mod edge;
 pub mod ids;
 pub mod integrity;
 pub mod metrics;

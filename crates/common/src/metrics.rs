@@ -17,6 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::auditor_client::ClientStats;
+use crate::edge::{serve_edge, EdgeCounters, EdgeLimits};
 use crate::vllm_metrics::VllmMetrics;
 use crate::TenantId;
 
@@ -102,6 +104,8 @@ pub struct WorkerMetrics {
     prefix_hits: Family<TenantLabel, Counter>,
     prefix_pages: Family<TenantLabel, Gauge>,
     prefix_evictions: Counter,
+    edge: EdgeCounters,
+    auditor_reports: Family<OutcomeLabel, Counter>,
     vllm: VllmMetrics,
 }
 
@@ -139,6 +143,8 @@ impl WorkerMetrics {
             prefix_hits: Family::default(),
             prefix_pages: Family::default(),
             prefix_evictions: Counter::default(),
+            edge: EdgeCounters::default(),
+            auditor_reports: Family::default(),
             vllm: VllmMetrics::new(model_name, role),
             registry: Registry::default(),
         };
@@ -240,6 +246,14 @@ impl WorkerMetrics {
              another tenant's waiting request could be granted",
             m.share_preemptions.clone(),
         );
+        registry.register(
+            "auditor_reports",
+            "Reports to the auditor by what became of them: sent, dropped (buffer full), failed \
+             (refused by the auditor), retried (attempts repeated after the auditor failed)",
+            m.auditor_reports.clone(),
+        );
+        m.edge
+            .register(registry.sub_registry_with_prefix("metrics_listener"));
         Self { registry, ..m }
     }
 
@@ -391,6 +405,24 @@ impl WorkerMetrics {
         }
     }
 
+    /// Mirrors the auditor client's counts (kept by the client) into `auditor_reports`.
+    pub fn mirror_auditor_client(&self, s: ClientStats) {
+        for (outcome, total) in [
+            ("sent", s.sent),
+            ("dropped", s.dropped),
+            ("failed", s.failed),
+            ("retried", s.retried),
+        ] {
+            let c = self
+                .auditor_reports
+                .get_or_create(&OutcomeLabel { outcome });
+            let seen = c.get();
+            if total > seen {
+                c.inc_by(total - seen);
+            }
+        }
+    }
+
     /// Mirrors a monotonic integrity total kept elsewhere (the pool's counters).
     pub fn mirror_integrity(&self, kind: &'static str, total: u64) {
         let c = self.integrity_failures.get_or_create(&KindLabel { kind });
@@ -409,7 +441,8 @@ impl WorkerMetrics {
 /// Called before each scrape to copy external figures (pool stats) into the metrics.
 pub type RefreshHook = Arc<dyn Fn(&WorkerMetrics) + Send + Sync>;
 
-/// Serves `GET /metrics`, `/live` and `/ready` on `listener` until `shutdown` resolves.
+/// Serves `GET /metrics`, `/live` and `/ready` on `listener` until `shutdown` resolves, behind
+/// the same edge as every client-facing listener (a scraper's idle sockets cannot pile up).
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     metrics: Arc<WorkerMetrics>,
@@ -423,24 +456,26 @@ pub async fn serve_metrics(
         .route("/ready", get(|| async { "ok" }))
         .route(
             "/metrics",
-            get(move || {
+            get({
                 let metrics = metrics.clone();
-                let refresh = refresh.clone();
-                async move {
-                    refresh(&metrics);
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        metrics.render(),
-                    )
+                move || {
+                    let metrics = metrics.clone();
+                    let refresh = refresh.clone();
+                    async move {
+                        refresh(&metrics);
+                        (
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            metrics.render(),
+                        )
+                    }
                 }
             }),
         );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let counters = metrics.edge.clone();
+    serve_edge(listener, app, EdgeLimits::default(), counters, shutdown).await
 }
 
 /// Reads one sample's value out of Prometheus text (`name{labels} value`); labels must match
@@ -457,6 +492,33 @@ pub fn sample_value(text: &str, series: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_auditor_clients_counts_are_exported() {
+        let m = WorkerMetrics::new("decode", "smol");
+        let stats = |dropped, retried| ClientStats {
+            queued: 10,
+            dropped,
+            sent: 4,
+            failed: 1,
+            retried,
+        };
+        m.mirror_auditor_client(stats(2, 3));
+        m.mirror_auditor_client(stats(5, 3));
+        let text = m.render();
+        let got = |outcome: &str| {
+            sample_value(
+                &text,
+                &format!(
+                    "pagewarden_auditor_reports_total{{role=\"decode\",outcome=\"{outcome}\"}}"
+                ),
+            )
+        };
+        assert_eq!(got("dropped"), Some(5.0), "{text}");
+        assert_eq!(got("retried"), Some(3.0));
+        assert_eq!(got("sent"), Some(4.0));
+        assert_eq!(got("failed"), Some(1.0));
+    }
 
     #[test]
     fn names_are_prefixed_and_values_render() {

@@ -212,9 +212,27 @@ fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, TenantsEr
     })
 }
 
+/// Creates `dir` (and its missing parents) and makes it 0700: it holds secrets, so no other
+/// local user may list or read it. An existing directory is tightened too.
+pub fn create_private_dir(dir: &Path) -> Result<(), TenantsError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |source| TenantsError::Write {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)
+}
+
 /// Writes `text` to `path` through a sibling temp file and a rename (a reader never sees half
 /// a file), mode 0600 (the clear keys file holds secrets; the hashes are not for everyone).
 pub fn write_private(path: &Path, text: &str) -> Result<(), TenantsError> {
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+    {
+        create_private_dir(dir)?;
+    }
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let err = |source| TenantsError::Write {

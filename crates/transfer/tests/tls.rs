@@ -1,7 +1,8 @@
 //! The transfer stream under mutual TLS (I11): a prefill certificate's writes land; a forged
 //! frame sent in clear, a frame replayed from a recorded stream, and a suite certificate of the
 //! wrong role are refused before any page is touched, counted, and handed to the refusal hook
-//! (decode reports it to the auditor); the connection cap closes connections beyond it.
+//! (decode reports it to the auditor); the connection cap closes connections beyond it; a
+//! flood of unauthenticated connects leaves a prefill its place and makes one report per source.
 
 mod common;
 
@@ -58,6 +59,8 @@ fn listener(suite: &DevSuite, refused: Arc<Mutex<Vec<Refused>>>) -> ListenOption
             }),
         }),
         on_refused: Some(Arc::new(move |r: &Refused| refused.lock().push(r.clone()))),
+        // Every refusal reported on its own: these tests count them one by one.
+        refusal_window: Duration::ZERO,
         ..ListenOptions::default()
     }
 }
@@ -201,4 +204,104 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     eventually("one refusal", || refused.lock().len() == 1).await;
     assert_eq!(refused.lock()[0].reason, RefusedReason::TooManyConnections);
     assert_eq!(decode.receiver_counters().snapshot().refused_connections, 1);
+}
+
+/// Connects from `from` and either sends nothing (held until the handshake deadline) or sends
+/// bytes that are no TLS handshake; returns once the listener closed the socket.
+async fn unauthenticated(addr: std::net::SocketAddr, from: std::net::Ipv4Addr, silent: bool) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::new(from.into(), 0))
+        .unwrap();
+    let Ok(mut s) = socket.connect(addr).await else {
+        return;
+    };
+    if !silent {
+        let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n").await;
+    }
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut sink)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unauthenticated_connects_neither_starves_a_prefill_nor_floods_reports() {
+    const FLOOD: usize = 2000;
+    const SOURCES: u8 = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = write_dev_suite(dir.path()).unwrap();
+    let pool = pool(8);
+    let refused = Arc::new(Mutex::new(Vec::<Refused>::new()));
+    let r2 = refused.clone();
+    let opts = ListenOptions {
+        handshake_timeout: Duration::from_millis(500),
+        max_handshakes: 16,
+        max_connections: 4,
+        refusal_window: Duration::from_secs(60),
+        on_refused: Some(Arc::new(move |r: &Refused| r2.lock().push(r.clone()))),
+        ..listener(&suite, Arc::default())
+    };
+    let (decode, desc) = decode_with(&pool, opts).await;
+    let addr: std::net::SocketAddr = desc.addr.parse().unwrap();
+
+    // The flood: silent sockets and garbage from a few loopback addresses, 64 at a time.
+    let flood = tokio::spawn(async move {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..FLOOD {
+            while set.len() >= 64 {
+                set.join_next().await;
+            }
+            let from = std::net::Ipv4Addr::new(127, 0, 1, 1 + (i % SOURCES as usize) as u8);
+            set.spawn(unauthenticated(addr, from, i % 2 == 0));
+        }
+        while set.join_next().await.is_some() {}
+    });
+
+    // A real prefill during the flood: its handshake gets a place and its pages land.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let prefill = TcpBackend::with_security(
+        EngineConfig::default(),
+        "127.0.0.1:0".parse().unwrap(),
+        ListenOptions::default(),
+        Some(client(&suite, SuiteRole::Prefill)),
+    );
+    let mut landed = false;
+    for _ in 0..50 {
+        let Ok(seg) = prefill.open_segment(&desc).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let res = pool.reserve(owner(1), 10).unwrap();
+        let g = res.grant().clone();
+        let reqs = reqs_for(&g, 1, LAYOUT.page_bytes());
+        let h = prefill.submit_batch(seg, g.key, reqs.clone()).unwrap();
+        if h.wait().await == (BatchStatus::Completed { pages: 3 }) {
+            prefill.drain(seg, g.key).await.unwrap();
+            res.commit(&manifest_for(&g, &reqs))
+                .expect("commit during the flood");
+            landed = true;
+            break;
+        }
+    }
+    assert!(landed, "no transfer landed during the flood");
+    flood.await.unwrap();
+
+    let refusals = decode.receiver_counters().snapshot().refused_connections;
+    let reports = refused.lock().clone();
+    let mut per_source = std::collections::HashMap::<std::net::IpAddr, usize>::new();
+    for r in &reports {
+        *per_source.entry(r.peer.ip()).or_default() += 1;
+    }
+    eprintln!(
+        "{FLOOD} connects: {refusals} refused, {} reports: {per_source:?}",
+        reports.len()
+    );
+    assert!(
+        refusals as usize >= FLOOD / 2,
+        "the flood was not refused: {refusals}"
+    );
+    assert!(
+        // The flood's sources, and 127.0.0.1 when a prefill try met a full handshake budget.
+        per_source.values().all(|&n| n == 1) && per_source.len() <= SOURCES as usize + 1,
+        "more than one report per source in one window: {per_source:?}"
+    );
 }

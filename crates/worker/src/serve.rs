@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use pagewarden_common::auditor_client::AuditorClient;
 use pagewarden_common::metrics::{serve_metrics, PoolGauges, RefreshHook, WorkerMetrics};
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::tls::{
@@ -128,6 +129,8 @@ pub struct MetricsEndpoint {
     pub metrics: Arc<WorkerMetrics>,
     /// Copies live figures (pool, transfer counters) into it.
     pub refresh: RefreshHook,
+    /// The auditor client, whose sent/dropped/failed/retried counts are exported too.
+    pub auditor: Option<AuditorClient>,
 }
 
 /// Serves `/metrics` and gRPC (`service` beside the health service, which reports it serving)
@@ -156,10 +159,20 @@ where
     if let Some(tls) = listeners.tls.server_config() {
         server = server.tls_config(tls)?;
     }
+    let refresh = match metrics.auditor {
+        Some(client) => {
+            let inner = metrics.refresh;
+            Arc::new(move |m: &WorkerMetrics| {
+                inner(m);
+                m.mirror_auditor_client(client.stats());
+            }) as RefreshHook
+        }
+        None => metrics.refresh,
+    };
     let m = tokio::spawn(serve_metrics(
         listeners.metrics,
         metrics.metrics,
-        metrics.refresh,
+        refresh,
         shutdown.clone().cancelled_owned(),
     ));
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -70,9 +70,13 @@ pub fn receiver_options(
             request: None,
             tenant: None,
             page: None,
+            // One report per source and window: `count` refusals since the last.
             detail: format!(
-                "KV transfer connection from {} refused: {}",
-                r.peer, r.reason
+                "KV transfer connection from {} refused ({} from {} this window): {}",
+                r.peer,
+                r.count,
+                r.peer.ip(),
+                r.reason
             ),
         })
     });

@@ -32,6 +32,7 @@ use pagewarden_common::tls::{InternalTls, TlsFlags};
 use crate::accounts::{Accounts, ApiToken, OperatorAccount};
 use crate::domain::SweepKind;
 use crate::probe::ProbeTenant;
+use crate::web::throttle::ThrottleLimits;
 
 /// The auditor's settings: command-line flags, and the keys of the TOML file and of the
 /// `PAGEWARDEN_AUDITOR_*` variables. A flag wins over the variable, the variable over the file.
@@ -113,6 +114,10 @@ pub struct Args {
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
     pub secure_cookies: bool,
+    /// Longest wait a run of failed sign-ins backs off to, per address and per name (`5m`).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub sign_in_max_backoff: Option<Duration>,
     /// Log JSON lines instead of text.
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
@@ -164,6 +169,8 @@ pub struct Config {
     pub accounts: Accounts,
     /// The web UI is served under TLS: session cookies are marked `Secure`.
     pub secure_cookies: bool,
+    /// Back-off of failed sign-ins.
+    pub sign_in: ThrottleLimits,
     /// Log JSON lines instead of text.
     pub log_json: bool,
 }
@@ -245,6 +252,12 @@ impl Config {
             accounts: Accounts::new(&s.operators, &s.api_tokens)
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?,
             secure_cookies: s.secure_cookies,
+            sign_in: ThrottleLimits {
+                max_backoff: s
+                    .sign_in_max_backoff
+                    .unwrap_or(ThrottleLimits::default().max_backoff),
+                ..ThrottleLimits::default()
+            },
             log_json: s.log_json,
         })
     }
@@ -262,12 +275,17 @@ impl Config {
 
     /// The directory of a `sqlite://` file URL, to create before connecting.
     pub fn sqlite_dir(&self) -> Option<PathBuf> {
+        self.sqlite_file()?.parent().map(PathBuf::from)
+    }
+
+    /// The SQLite database file, when the database is a SQLite file.
+    pub fn sqlite_file(&self) -> Option<PathBuf> {
         let rest = self.database_url.strip_prefix("sqlite://")?;
         let path = rest.split('?').next()?;
-        if path.contains(":memory:") {
+        if path.contains(":memory:") || path.is_empty() {
             return None;
         }
-        PathBuf::from(path).parent().map(PathBuf::from)
+        Some(PathBuf::from(path))
     }
 }
 

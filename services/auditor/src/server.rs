@@ -2,8 +2,10 @@
 //! stopped by one cancellation token. Tests start it in-process; `main` starts it as a process.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 
+use pagewarden_common::edge::{serve_edge, EdgeCounters, EdgeLimits};
 use pagewarden_common::tls::{refuse_plaintext, PlaintextRefused, RequireRole};
 use pagewarden_proto::v1::auditor_server::AuditorServer;
 use tokio::net::TcpListener;
@@ -75,6 +77,33 @@ impl Running {
     }
 }
 
+/// Creates the SQLite file's directory (0700) and the file itself (0600) before SQLite opens
+/// it: it holds every canary marker, and SQLite gives its journal files the file's own mode.
+/// An existing file is tightened to 0600.
+fn private_sqlite(file: &Path) -> Result<(), StartError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |what: &str, p: &Path| {
+        let what = format!("{what} {}", p.display());
+        move |e| StartError::Io(what, e)
+    };
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(io("restricting", dir))?;
+        }
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(file)
+        .map_err(io("creating", file))?;
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))
+        .map_err(io("restricting", file))
+}
+
 async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
@@ -88,9 +117,8 @@ pub async fn start(
     cfg: &Config,
     tokens: Option<Arc<dyn TokenCounter>>,
 ) -> Result<Running, StartError> {
-    if let Some(dir) = cfg.sqlite_dir() {
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| StartError::Io(format!("creating {}", dir.display()), e))?;
+    if let Some(file) = cfg.sqlite_file() {
+        private_sqlite(&file)?;
     }
     refuse_plaintext("gRPC", cfg.grpc_addr, &cfg.tls, cfg.insecure_internal)?;
     let store = Store::connect(&cfg.database_url).await?;
@@ -171,16 +199,27 @@ pub async fn start(
              JSON API"
         );
     }
+    let edge = EdgeCounters::default();
     let app = web::router(AppState {
         engine: engine.clone(),
-        auth: Arc::new(web::Auth::new(cfg.accounts.clone(), cfg.secure_cookies)),
+        auth: Arc::new(web::Auth::with_throttle(
+            cfg.accounts.clone(),
+            cfg.secure_cookies,
+            cfg.sign_in,
+        )),
         prober,
+        edge: edge.clone(),
     });
     let stop = shutdown.clone();
     tasks.spawn(async move {
-        let served = axum::serve(http_listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
+        let served = serve_edge(
+            http_listener,
+            app,
+            EdgeLimits::default(),
+            edge,
+            stop.cancelled_owned(),
+        )
+        .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "HTTP server stopped");
         }
@@ -193,4 +232,28 @@ pub async fn start(
         shutdown,
         tasks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn the_sqlite_file_and_its_new_dir_are_private() {
+        let root = tempfile::tempdir().unwrap();
+        let file = root.path().join("data").join("auditor.sqlite");
+        private_sqlite(&file).unwrap();
+        assert_eq!(mode(file.parent().unwrap()), 0o700);
+        assert_eq!(mode(&file), 0o600);
+        // A file left world-readable by an older version is tightened.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        private_sqlite(&file).unwrap();
+        assert_eq!(mode(&file), 0o600);
+    }
 }

@@ -124,6 +124,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let metrics = Arc::new(WorkerMetrics::new(ROLE.name, &loaded.model_name));
     let auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
         .context("auditor client")?;
+    let auditor_stats = auditor.clone();
     let integrity: Arc<dyn IntegritySink> = match auditor {
         Some(client) => Arc::new(AuditorIntegritySink::new(client)),
         None => Arc::new(LogIntegritySink),
@@ -183,6 +184,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let metrics = MetricsEndpoint {
         metrics,
         refresh: pool_metrics::hook(loaded.pool.clone(), counters),
+        auditor: auditor_stats,
     };
     pagewarden_worker::serve(&ROLE, listeners, metrics, DecodeServer::new(service), stop)
         .await

@@ -274,7 +274,6 @@ pub(crate) fn bench_plan(bin_dir: &Path, dir: &Path, model: &Path) -> anyhow::Re
         dir: dir.to_path_buf(),
         model: model.to_path_buf(),
         tenants: dir.join("tenants.toml"),
-        probe_key: String::new(),
         auditor_config: dir.join("auditor.toml"),
         router_addr: "127.0.0.1:0".parse()?,
         auditor_addr: "127.0.0.1:0".parse()?,
@@ -324,7 +323,7 @@ where
             body(api, keys, dir.path().to_path_buf()).await
         }
         .await;
-        for (name, status) in group.stop_all(Duration::from_secs(10)).await {
+        for (name, status) in group.stop_all(|_| Duration::from_secs(10)).await {
             if let Some(s) = status.filter(|s| !s.success() && s.code().is_some()) {
                 eprintln!("{name} stopped with {s}");
             }

@@ -59,6 +59,8 @@ pub struct Running {
     pub listening: Listening,
     /// The log file holding its stdout and stderr.
     pub log: PathBuf,
+    /// What it was started from (a restart starts it again).
+    pub spec: Spec,
     child: Child,
     tail: Arc<Mutex<VecDeque<String>>>,
 }
@@ -74,9 +76,25 @@ fn push_tail(tail: &Mutex<VecDeque<String>>, line: &str) {
 /// Starts `spec`, writing its output to `log_dir/<name>.log`, and waits up to `timeout` for its
 /// start line. On failure the error carries the child's last stderr lines.
 pub async fn start(spec: &Spec, log_dir: &Path, timeout: Duration) -> anyhow::Result<Running> {
+    start_logging(spec, log_dir, timeout, false).await
+}
+
+/// Like [`start`]; `append` keeps what the log file already holds (a restarted child's log
+/// follows its earlier life's).
+pub async fn start_logging(
+    spec: &Spec,
+    log_dir: &Path,
+    timeout: Duration,
+    append: bool,
+) -> anyhow::Result<Running> {
     std::fs::create_dir_all(log_dir)?;
     let log_path = log_dir.join(format!("{}.log", spec.name));
-    let log = tokio::fs::File::create(&log_path)
+    let log = tokio::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(&log_path)
         .await
         .with_context(|| format!("creating {}", log_path.display()))?;
     let log = Arc::new(tokio::sync::Mutex::new(log));
@@ -144,6 +162,7 @@ pub async fn start(spec: &Spec, log_dir: &Path, timeout: Duration) -> anyhow::Re
         name: spec.name.clone(),
         listening: Listening::new(),
         log: log_path,
+        spec: spec.clone(),
         child,
         tail,
     };
@@ -241,21 +260,35 @@ impl Group {
         self.children.iter().find(|c| c.name == name)
     }
 
-    /// Resolves when any child exits, with an error describing which one and why.
-    pub async fn first_exit(&mut self) -> anyhow::Error {
+    /// Resolves when any child exits: which one (its index) and its exit status.
+    pub async fn next_exit(&mut self) -> (usize, Option<ExitStatus>) {
         if self.children.is_empty() {
             return std::future::pending().await;
         }
         let waits = self.children.iter_mut().map(|c| Box::pin(c.exited()));
         let (status, i, _) = futures::future::select_all(waits).await;
-        self.children[i].failure(status, "exited").await
+        (i, status)
     }
 
-    /// Stops every child, last started first; returns each one's name and how it ended.
-    pub async fn stop_all(&mut self, grace: Duration) -> Vec<(String, Option<ExitStatus>)> {
+    /// The child at `i` (from [`Group::next_exit`]).
+    pub fn at(&self, i: usize) -> &Running {
+        &self.children[i]
+    }
+
+    /// Puts `r` in the place of the child at `i` (its restart).
+    pub fn replace(&mut self, i: usize, r: Running) {
+        self.children[i] = r;
+    }
+
+    /// Stops every child, last started first, each with the grace `grace` gives its name (time
+    /// for its own drain before SIGKILL); returns each one's name and how it ended.
+    pub async fn stop_all(
+        &mut self,
+        grace: impl Fn(&str) -> Duration,
+    ) -> Vec<(String, Option<ExitStatus>)> {
         let mut out = Vec::new();
         for c in self.children.iter_mut().rev() {
-            let status = c.stop(grace).await;
+            let status = c.stop(grace(&c.name)).await;
             out.push((c.name.clone(), status));
         }
         out
@@ -332,12 +365,13 @@ mod tests {
         .await
         .unwrap();
         g.push(quick);
-        let err = g.first_exit().await.to_string();
+        let (i, status) = g.next_exit().await;
+        let err = g.at(i).failure(status, "exited").await.to_string();
         assert!(
             err.contains("quick exited") && err.contains("dying"),
             "{err}"
         );
-        let stopped = g.stop_all(Duration::from_secs(20)).await;
+        let stopped = g.stop_all(|_| Duration::from_secs(20)).await;
         use std::os::unix::process::ExitStatusExt;
         // `ok` was still running: it must have ended by our SIGTERM, not by the SIGKILL fallback.
         let ok = stopped.iter().find(|(n, _)| n == "ok").unwrap();

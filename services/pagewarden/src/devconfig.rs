@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use pagewarden_common::tenants::create_private_dir;
 use pagewarden_common::tls::{write_dev_suite, DevSuite, SuiteRole};
 
 use crate::children::Spec;
-use crate::devsecrets::PROBE_TENANT;
 
 /// The dev config dir: `.pw/` at the checkout root when run from a checkout, otherwise
 /// `$XDG_STATE_HOME/pagewarden` (or `~/.local/state/pagewarden`).
@@ -35,8 +35,6 @@ pub struct Plan {
     pub model: PathBuf,
     /// The router's tenants file.
     pub tenants: PathBuf,
-    /// The auditor's probe tenant key.
-    pub probe_key: String,
     /// The auditor's config file (its operator accounts).
     pub auditor_config: PathBuf,
     /// Router HTTP address (chosen before start: the auditor needs it first).
@@ -56,6 +54,12 @@ pub struct Plan {
     /// The auditor's gRPC URL, once it is known: router and workers report to it.
     pub auditor_grpc: Option<String>,
 }
+
+/// Requests one tenant may have in flight at the router under `up`: a quarter of the router's
+/// default `--max-concurrency` (256), so the two dev tenants, the probe tenant and one more each keep a
+/// place however hard another pushes. The workers' fair queues and decode's pool share are on
+/// by default (weight 1 each).
+pub const TENANT_SHARE: usize = 64;
 
 /// Where the dev CA and the services' certificates live: `<dev dir>/tls`.
 pub fn tls_dir(dir: &Path) -> PathBuf {
@@ -106,12 +110,11 @@ impl Plan {
             &data.display().to_string(),
             "--router-url",
             &format!("http://{}", self.router_addr),
-            "--probe-key",
-            &format!("{PROBE_TENANT}={}", self.probe_key),
             "--probe-interval",
             &humantime::format_duration(self.probe_interval).to_string(),
             // A light sweep (short prompts and the just-over-context step) as every dev tenant
-            // of `keys.toml`, the two people's and the probe tenant (issue 19).
+            // of `keys.toml`, the two people's and the probe tenant (issue 19). Keys reach the
+            // auditor only through that file (0600), never its command line.
             "--probe-sweep",
             "light",
             "--probe-keys-file",
@@ -153,9 +156,12 @@ impl Plan {
         self.spec(role, a)
     }
 
-    /// The router, pointed at the workers' gRPC addresses.
+    /// The router, pointed at the workers' gRPC addresses. Each tenant gets a share of its
+    /// concurrency ([`TENANT_SHARE`]), so one tenant at any load leaves the others served.
     pub fn router(&self, decode_grpc: &str, prefill_grpc: &str) -> Spec {
         let a = strings([
+            "--tenant-max-concurrency",
+            &TENANT_SHARE.to_string(),
             "--http-addr",
             &self.router_addr.to_string(),
             "--model",
@@ -201,7 +207,6 @@ mod tests {
             dir: dir.path().to_path_buf(),
             model: PathBuf::from("m.gguf"),
             tenants: PathBuf::from("t.toml"),
-            probe_key: "k".into(),
             auditor_config: PathBuf::from("a.toml"),
             router_addr: "127.0.0.1:1".parse().unwrap(),
             auditor_addr: "127.0.0.1:2".parse().unwrap(),
@@ -222,12 +227,75 @@ mod tests {
             "{args:?}"
         );
         let args = plan.router("127.0.0.1:3", "127.0.0.1:4").args;
+        assert!(
+            args.windows(2)
+                .any(|w| w[0] == "--tenant-max-concurrency" && w[1] == TENANT_SHARE.to_string()),
+            "every tenant gets a share of the router: {args:?}"
+        );
         let cert = suite.cert(SuiteRole::Router).display().to_string();
         assert!(
             args.windows(2)
                 .any(|w| w[0] == "--tls-cert" && w[1] == cert),
             "{args:?}"
         );
+    }
+
+    #[test]
+    fn no_secret_is_on_a_command_line_and_the_dev_dir_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join(".pw");
+        let (tenants, keys) = crate::devsecrets::ensure_tenants(&dir).unwrap();
+        let operator = crate::devsecrets::ensure_operator(&dir).unwrap();
+        let suite = ensure_tls(&dir).unwrap();
+        let plan = Plan {
+            bin_dir: PathBuf::from("/bin"),
+            dir: dir.clone(),
+            model: PathBuf::from("m.gguf"),
+            tenants,
+            auditor_config: crate::devsecrets::auditor_config(&dir),
+            router_addr: "127.0.0.1:1".parse().unwrap(),
+            auditor_addr: "127.0.0.1:2".parse().unwrap(),
+            probe_interval: Duration::ZERO,
+            grant_ttl: Duration::from_millis(1),
+            pool_tokens: None,
+            context_length: None,
+            flash_attention: false,
+            auditor_grpc: Some("http://127.0.0.1:3".into()),
+        };
+        let mut secrets: Vec<String> = keys.keys.iter().map(|k| k.key.clone()).collect();
+        secrets.push(operator.password.clone());
+        let specs = [
+            plan.auditor(),
+            plan.worker("decode"),
+            plan.worker("prefill"),
+            plan.router("127.0.0.1:4", "127.0.0.1:5"),
+        ];
+        for spec in &specs {
+            let seen = spec.args.iter().chain(spec.env.iter().map(|(_, v)| v));
+            for value in seen {
+                for s in &secrets {
+                    assert!(
+                        !value.contains(s.as_str()),
+                        "{}'s command line or environment carries a secret: {value}",
+                        spec.name
+                    );
+                }
+            }
+        }
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "the dev dir");
+        for f in [
+            "keys.toml",
+            "tenants.toml",
+            "dev-operator.password",
+            "auditor.toml",
+        ] {
+            assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
+        }
+        for role in SuiteRole::ALL {
+            assert_eq!(mode(&suite.key(role)), 0o600, "{role:?}'s TLS key");
+        }
     }
 
     #[test]
@@ -246,7 +314,7 @@ pub struct DirLock {
 /// Locks `dir/up.lock`, or says which process holds it.
 pub fn lock_dir(dir: &Path) -> anyhow::Result<DirLock> {
     use std::io::{Read, Seek, Write};
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    create_private_dir(dir)?;
     let path = dir.join("up.lock");
     let mut file = std::fs::OpenOptions::new()
         .read(true)

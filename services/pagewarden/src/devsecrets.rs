@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use pagewarden_auditor::accounts::{hash_password, OperatorAccount, Role};
 use pagewarden_common::secret::{new_secret, SecretHash};
-use pagewarden_common::tenants::{write_private, ClientKey, ClientKeys, KeyTable, TenantsFile};
+use pagewarden_common::tenants::{
+    create_private_dir, write_private, ClientKey, ClientKeys, KeyTable, TenantsFile,
+};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -60,7 +62,7 @@ fn still_valid(keys: &ClientKeys, tenants: &TenantsFile) -> bool {
 /// keys, writes them clear to `keys.toml` and hashed into `tenants.toml` (other tenants kept).
 /// Returns the tenants file's path and the dev keys.
 pub fn ensure_tenants(dir: &Path) -> anyhow::Result<(PathBuf, ClientKeys)> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    create_private_dir(dir)?;
     let (keys_path, tenants_path) = (dir.join("keys.toml"), dir.join("tenants.toml"));
     // A missing file is drawn anew; one that is there but does not load is the operator's to
     // fix (it may hold tenants added with `pagewarden keys`): never replaced silently.
@@ -113,7 +115,7 @@ pub struct DevOperator {
 /// Reads the dev operator's password and `dir/auditor.toml` when both are there; otherwise
 /// draws a new random password and writes it (0600) and its argon2 hash.
 pub fn ensure_operator(dir: &Path) -> anyhow::Result<DevOperator> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    create_private_dir(dir)?;
     let config = auditor_config(dir);
     let password_file = dir.join("dev-operator.password");
     let kept = std::fs::read_to_string(&password_file)

@@ -1,6 +1,6 @@
 //! `pagewarden`: the launcher CLI. One subcommand per file:
-//! - `up.rs` (+ `children.rs`, `devconfig.rs`, `devsecrets.rs`, `fetch.rs`): the whole suite
-//!   on 127.0.0.1.
+//! - `up.rs` (+ `children.rs`, `devconfig.rs`, `devsecrets.rs`, `fetch.rs`, `supervise.rs`):
+//!   the whole suite on 127.0.0.1, workers restarted when they die.
 //! - `keys_cmd.rs`: add, rotate and revoke tenants' API keys in a tenants file.
 //! - `hash_password_cmd.rs`: the argon2 hash of an auditor operator's password.
 //! - `init_secrets_cmd.rs`: a container suite's CA, certificates and keys, one dir per role.
@@ -32,6 +32,7 @@ mod init_secrets_cmd;
 mod keys_cmd;
 mod preflight_cmd;
 mod probe_cmd;
+mod supervise;
 mod up;
 
 use clap::{Parser, Subcommand};

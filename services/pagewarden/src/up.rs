@@ -12,9 +12,10 @@ use anyhow::{anyhow, bail, Context};
 
 use crate::children::{self, Group, Running, Spec};
 use crate::devconfig::{self, Plan};
-use crate::devsecrets::{self, DevOperator, DEV_OPERATOR, DEV_TENANTS, PROBE_TENANT};
+use crate::devsecrets::{self, DevOperator, DEV_OPERATOR, DEV_TENANTS};
 use crate::fetch::{self, spinner};
-use pagewarden_common::tenants::ClientKeys;
+use crate::supervise::{self, Decision, Restarts, MAX_RESTARTS};
+use pagewarden_common::tenants::{create_private_dir, ClientKeys};
 
 /// The four service binaries, expected next to the `pagewarden` executable.
 pub const SERVICES: [&str; 4] = [
@@ -227,18 +228,58 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let endpoints = match started {
         Ok(e) => e,
         Err(e) => {
-            group.stop_all(Duration::from_secs(10)).await;
+            group.stop_all(grace).await;
             return Err(e);
         }
     };
     print_banner(&endpoints, &dir, &tenants_path, &tenants, &operator);
     let outcome = tokio::select! {
-        err = group.first_exit() => Err(err),
+        err = supervise(&mut group, &dir, Duration::from_secs(args.start_timeout_s)) => Err(err),
         () = pagewarden_common::shutdown::signal() => Ok(()),
     };
     eprintln!("stopping the services ...");
-    group.stop_all(Duration::from_secs(10)).await;
+    group.stop_all(grace).await;
     outcome
+}
+
+/// Time each child gets after SIGTERM for its own drain before SIGKILL: the router drains its
+/// streams for up to 25 s, a decode worker its sequences (`--drain-timeout`, 5 s by default).
+fn grace(name: &str) -> Duration {
+    match name {
+        "router" => Duration::from_secs(30),
+        _ => Duration::from_secs(10),
+    }
+}
+
+/// Restarts workers that die, with back-off and a limit, printing why; returns the error that
+/// ends the suite (another child died, or a worker past its limit or failing to start).
+async fn supervise(group: &mut Group, dir: &Path, timeout: Duration) -> anyhow::Error {
+    let mut restarts = Restarts::default();
+    loop {
+        let (i, status) = group.next_exit().await;
+        let died = group.at(i);
+        let why = died.failure(status, "exited").await;
+        match restarts.decide(&died.name) {
+            Decision::StopAll(reason) => return why.context(reason),
+            Decision::Restart { after, attempt } => {
+                eprintln!("{why:#}");
+                eprintln!(
+                    "restarting {} in {after:?} (restart {attempt} of {MAX_RESTARTS}); the rest \
+                     keeps serving",
+                    died.name
+                );
+                let spec = supervise::pinned(&died.spec, &died.listening);
+                tokio::time::sleep(after).await;
+                match children::start_logging(&spec, &dir.join("logs"), timeout, true).await {
+                    Ok(r) => {
+                        eprintln!("{} restarted", r.name);
+                        group.replace(i, r);
+                    }
+                    Err(e) => return e.context(format!("restarting {}", spec.name)),
+                }
+            }
+        }
+    }
 }
 
 fn print_commands(
@@ -255,7 +296,6 @@ fn print_commands(
             .clone()
             .unwrap_or_else(|| fetch::model_path(root.unwrap_or(dir))),
         tenants: dir.join("tenants.toml"),
-        probe_key: "KEY".into(),
         auditor_config: devsecrets::auditor_config(dir),
         router_addr: args.router_addr,
         auditor_addr: args.auditor_addr,
@@ -318,15 +358,11 @@ async fn start_all(
     };
     let router_addr = listen_addr("router", "--router-addr", up.router_addr, busy)?;
     let auditor_addr = listen_addr("auditor", "--auditor-addr", up.auditor_addr, busy)?;
-    let probe_key = tenants
-        .key_of(PROBE_TENANT)
-        .ok_or_else(|| anyhow!("no probe key"))?;
     let plan = Plan {
         bin_dir: bin_dir.to_path_buf(),
         dir: dir.to_path_buf(),
         model: model.to_path_buf(),
         tenants: tenants_path.to_path_buf(),
-        probe_key: probe_key.to_string(),
         auditor_config: devsecrets::auditor_config(dir),
         router_addr,
         auditor_addr,
@@ -337,7 +373,7 @@ async fn start_all(
         flash_attention: up.flash_attention,
         auditor_grpc: None,
     };
-    std::fs::create_dir_all(dir.join("auditor"))?;
+    create_private_dir(&dir.join("auditor"))?;
     start_one(group, plan.auditor(), "SQLite incident log", dir, timeout).await?;
     let auditor_http = group_addr(group, "auditor", "http")?;
     let plan = Plan {

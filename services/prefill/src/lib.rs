@@ -118,6 +118,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     // The auditor hears prefill's preflight and its prefix-cache events.
     let auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
         .context("auditor client")?;
+    let auditor_stats = auditor.clone();
     let auditor: Arc<dyn IntegritySink> = match auditor {
         Some(client) => Arc::new(AuditorIntegritySink::new(client)),
         None => Arc::new(LogIntegritySink),
@@ -176,6 +177,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         refresh: Arc::new(move |m: &WorkerMetrics| {
             m.set_pool(pagewarden_worker::pool_gauges(&pool))
         }),
+        auditor: auditor_stats,
     };
     pagewarden_worker::serve(
         &ROLE,

@@ -13,9 +13,9 @@ pub use pagewarden_common::config::{ConfigError, ModelSource};
 use pagewarden_common::tls::{InternalTls, TlsFlags};
 
 use crate::dispatch::DispatchConfig;
-use crate::edge::EdgeLimits;
 use crate::server::Settings;
 use crate::tenants::TenantSource;
+use pagewarden_common::edge::EdgeLimits;
 use pagewarden_common::tenants::TenantEntry;
 
 /// Default listen address.
@@ -116,13 +116,37 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
     pub body_read_timeout: Option<Duration>,
-    /// Most client connections served at once; more are closed on accept.
+    /// Longest wait from accept to a connection's first complete request (HTTP/1 and HTTP/2).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub first_request_timeout: Option<Duration>,
+    /// Longest a kept-alive connection may sit without a request in flight.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Option<Duration>,
+    /// How often HTTP/2 connections are pinged.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub h2_ping_interval: Option<Duration>,
+    /// How long an HTTP/2 ping may go unanswered before its connection is closed.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub h2_ping_timeout: Option<Duration>,
+    /// Most client connections open at once; past it the oldest idle or unauthenticated one is
+    /// closed for the new one.
     #[arg(long)]
     pub max_connections: Option<usize>,
-    /// Most connections one client address may hold before any request on them carries a
-    /// valid API key; more from that address are closed on accept.
+    /// Most connections with no request in flight; past it the oldest is closed.
+    #[arg(long)]
+    pub max_idle_connections: Option<usize>,
+    /// Most connections one client address may hold before a request on them carries a valid
+    /// API key; past it that address's oldest idle one is closed.
     #[arg(long)]
     pub max_unauthenticated_per_addr: Option<usize>,
+    /// Most connections authenticated as one tenant, from any address; past it that tenant's
+    /// oldest idle one is closed.
+    #[arg(long)]
+    pub max_connections_per_tenant: Option<usize>,
 }
 
 /// The resolved configuration.
@@ -164,7 +188,7 @@ pub struct RouterConfig {
     pub auditor: Option<String>,
     /// Internal mutual TLS (this router's client identity), or plaintext.
     pub tls: InternalTls,
-    /// Read timeouts and connection cap of the HTTP edge.
+    /// Deadlines and connection caps of the HTTP edge.
     pub edge: EdgeLimits,
 }
 
@@ -186,14 +210,30 @@ impl RouterConfig {
         let edge = EdgeLimits {
             header_timeout: s.header_read_timeout.unwrap_or(defaults.header_timeout),
             body_timeout: s.body_read_timeout.unwrap_or(defaults.body_timeout),
+            first_request_timeout: s
+                .first_request_timeout
+                .unwrap_or(defaults.first_request_timeout),
+            idle_timeout: s.idle_timeout.unwrap_or(defaults.idle_timeout),
+            h2_ping_interval: s.h2_ping_interval.unwrap_or(defaults.h2_ping_interval),
+            h2_ping_timeout: s.h2_ping_timeout.unwrap_or(defaults.h2_ping_timeout),
             max_connections: nonzero(
                 "max_connections",
                 s.max_connections.unwrap_or(defaults.max_connections),
+            )?,
+            max_idle_connections: nonzero(
+                "max_idle_connections",
+                s.max_idle_connections
+                    .unwrap_or(defaults.max_idle_connections),
             )?,
             max_unauthenticated_per_addr: nonzero(
                 "max_unauthenticated_per_addr",
                 s.max_unauthenticated_per_addr
                     .unwrap_or(defaults.max_unauthenticated_per_addr),
+            )?,
+            max_connections_per_principal: nonzero(
+                "max_connections_per_tenant",
+                s.max_connections_per_tenant
+                    .unwrap_or(defaults.max_connections_per_principal),
             )?,
         };
         let tenants = TenantSource {

@@ -62,9 +62,12 @@ pub enum RouterError {
     /// The body is not valid UTF-8.
     #[error("request body is not valid UTF-8: {0}")]
     InvalidUtf8(String),
-    /// The body is not valid JSON (or not a JSON object).
+    /// The body is not valid JSON (or not a JSON object, or repeats a key).
     #[error("request body is not valid JSON: {0}")]
     InvalidJson(String),
+    /// The body's `Content-Type` is not JSON.
+    #[error("request body must be JSON (`Content-Type: application/json`), not {0}")]
+    UnsupportedMediaType(String),
     /// A parameter is missing, of the wrong type or out of range.
     #[error(transparent)]
     Invalid(#[from] ValidationError),
@@ -197,6 +200,12 @@ impl RouterError {
             ),
             E::InvalidUtf8(_) => (StatusCode::BAD_REQUEST, BAD, Some("invalid_utf8"), None),
             E::InvalidJson(_) => (StatusCode::BAD_REQUEST, BAD, Some("invalid_json"), None),
+            E::UnsupportedMediaType(_) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                BAD,
+                Some("unsupported_media_type"),
+                None,
+            ),
             E::Invalid(v) => (
                 StatusCode::BAD_REQUEST,
                 BAD,
@@ -308,13 +317,30 @@ impl RouterError {
         let (_, kind, code, param) = self.classify();
         ErrorBody {
             error: ErrorDetail {
-                message: self.to_string(),
+                message: truncated(self.to_string(), MAX_MESSAGE_BYTES),
                 kind: kind.into(),
-                param,
+                param: param.map(|p| truncated(p, MAX_PARAM_BYTES)),
                 code: code.map(Into::into),
             },
         }
     }
+}
+
+/// Longest error message sent back: a message may quote the client's own value, which may be
+/// megabytes long.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+const MAX_PARAM_BYTES: usize = 128;
+
+/// `s` cut to at most `max` bytes (on a character boundary), saying how much was cut.
+pub fn truncated(s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes not shown)", &s[..end], s.len() - end)
 }
 
 impl From<&RouterError> for (StatusCode, Json<ErrorBody>) {

@@ -3,7 +3,6 @@
 //!
 //! - `config.rs`: flags (clap) over a toml file over defaults → `RouterConfig`
 //! - `server.rs`: `AppState`, the route table, the `Info` poller, `serve(listener, state, shutdown)`
-//! - `edge.rs`: header/body read timeouts and the connection cap under the routes
 //! - `access.rs`: each request's root span (joined to a client's `traceparent`) and access line
 //! - `tenants.rs`: API keys (hashed) → tenants, reloaded on SIGHUP; the auth middleware (401)
 //! - `extract.rs`: body extractor: 413 / invalid UTF-8 / invalid JSON as OpenAI errors
@@ -42,7 +41,6 @@ pub mod auditor_sink;
 pub mod config;
 pub mod discovery;
 pub mod dispatch;
-pub mod edge;
 pub mod error;
 pub mod extract;
 pub mod frontend;
@@ -61,13 +59,12 @@ pub mod telemetry;
 pub mod tenants;
 pub mod token_rate;
 pub mod tokenize;
-pub mod unauthenticated;
 pub mod validation;
 pub mod workers;
 
 pub use auditor_sink::AuditorSampleSink;
 pub use config::{Args, RouterConfig};
-pub use edge::EdgeLimits;
 pub use error::{ErrorBody, RouterError};
+pub use pagewarden_common::edge::EdgeLimits;
 pub use sample::{NoSampling, ResponseSample, SampleSink};
 pub use server::{router, serve, serve_with, AppState, Settings};

@@ -9,6 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use pagewarden_common::edge::EdgeCounters;
 use pagewarden_common::vllm_metrics::VllmMetrics;
 
 /// How a request that reached a handler ended.
@@ -81,8 +82,8 @@ pub struct Metrics {
     pub effective_context: Gauge,
     /// Requests being served now.
     pub in_flight: Gauge,
-    /// Client connections closed on accept, by reason (the edge's caps).
-    pub refused_connections: Family<ReasonLabels, Counter>,
+    /// Client connections refused on accept and closed by the edge, by reason.
+    pub edge: EdgeCounters,
     /// The same requests under vLLM's names.
     pub vllm: VllmMetrics,
 }
@@ -100,7 +101,7 @@ impl Metrics {
         let live_workers = Family::<RoleLabels, Gauge>::default();
         let effective_context = Gauge::default();
         let in_flight = Gauge::default();
-        let refused_connections = Family::<ReasonLabels, Counter>::default();
+        let edge = EdgeCounters::default();
         registry.register(
             "requests",
             "Requests by endpoint and outcome",
@@ -134,11 +135,7 @@ impl Metrics {
             effective_context.clone(),
         );
         registry.register("in_flight", "Requests being served", in_flight.clone());
-        registry.register(
-            "refused_connections",
-            "Client connections closed on accept, by the cap that closed them",
-            refused_connections.clone(),
-        );
+        edge.register(&mut registry);
         Self {
             registry,
             requests,
@@ -150,7 +147,7 @@ impl Metrics {
             live_workers,
             effective_context,
             in_flight,
-            refused_connections,
+            edge,
             vllm: VllmMetrics::new(model_name, "router"),
         }
     }

@@ -148,6 +148,7 @@ pub fn outcome_of(e: &RouterError) -> Outcome {
         | RouterError::PayloadTooLarge { .. }
         | RouterError::InvalidUtf8(_)
         | RouterError::InvalidJson(_)
+        | RouterError::UnsupportedMediaType(_)
         | RouterError::Invalid(_)
         | RouterError::ModelNotFound(_)
         | RouterError::ContextLengthExceeded { .. }

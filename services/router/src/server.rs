@@ -11,10 +11,11 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use pagewarden_common::edge::{serve_edge, EdgeLimits};
+
 use crate::access;
 use crate::config::{ModelSource, RouterConfig};
 use crate::dispatch::DispatchConfig;
-use crate::edge::{serve_edge, EdgeLimits};
 use crate::error::{Half, RouterError};
 use crate::frontend::{Frontend, FrontendError};
 use crate::handlers;
@@ -179,7 +180,7 @@ pub async fn serve(
     serve_with(listener, state, EdgeLimits::default(), shutdown).await
 }
 
-/// Serves until `shutdown` resolves, with the edge's read timeouts and connection cap. Polls
+/// Serves until `shutdown` resolves, under the edge's deadlines and connection caps. Polls
 /// workers once before accepting requests, then every `info_interval` in the background.
 pub async fn serve_with(
     listener: TcpListener,
@@ -199,8 +200,8 @@ pub async fn serve_with(
             }
         })
     };
-    let refused = state.metrics.refused_connections.clone();
-    let result = serve_edge(listener, router(state), limits, refused, shutdown).await;
+    let counters = state.metrics.edge.clone();
+    let result = serve_edge(listener, router(state), limits, counters, shutdown).await;
     poller.abort();
     result
 }

@@ -20,7 +20,7 @@ pub use pagewarden_common::tenants::TenantsError;
 
 use crate::error::RouterError;
 use crate::server::AppState;
-use crate::unauthenticated::Pending;
+use pagewarden_common::edge::Connection;
 
 /// Where the tenants come from: entries inline in the config file, and the tenants file (read
 /// again on every reload).
@@ -160,8 +160,8 @@ pub async fn require_tenant(
         });
     match tenant {
         Ok(t) => {
-            if let Some(pending) = req.extensions().get::<Pending>() {
-                pending.authenticated();
+            if let Some(conn) = req.extensions().get::<Connection>() {
+                conn.authenticated(t.as_str());
             }
             req.extensions_mut().insert(t);
             next.run(req).await

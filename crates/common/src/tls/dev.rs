@@ -73,15 +73,23 @@ impl DevSuite {
 }
 
 fn write(path: PathBuf, text: &str, secret: bool) -> Result<(), DevSuiteError> {
-    std::fs::write(&path, text).map_err(|e| DevSuiteError::Io(path.clone(), e))?;
-    #[cfg(unix)]
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let err = |e| DevSuiteError::Io(path.clone(), e);
+    // A key is created 0600, never readable for a moment after a plain write.
+    let mode = if secret { 0o600 } else { 0o644 };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&path)
+        .map_err(err)?;
+    f.write_all(text.as_bytes()).map_err(err)?;
     if secret {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| DevSuiteError::Io(path.clone(), e))?;
+        // A key file left by an older run is tightened too.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
     }
-    #[cfg(not(unix))]
-    let _ = secret;
     Ok(())
 }
 

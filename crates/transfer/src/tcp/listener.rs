@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -18,7 +19,8 @@ use crate::receiver::{CloseReason, ReceiverCounters, ReceiverSession};
 use crate::seal::{ConnectionSeal, SealPolicy};
 use crate::sink::PageSink;
 
-use super::secure::{self, ListenOptions, Refused, RefusedReason};
+use super::refusals::{self, RefusalLog};
+use super::secure::{self, ListenOptions, RefusedReason};
 
 /// A running TCP receiver. Dropping it stops accepting and closes its connections.
 pub struct TcpReceiver {
@@ -85,24 +87,47 @@ async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
+    let handshakes = Arc::new(Semaphore::new(opts.max_handshakes.max(1)));
+    let log = Arc::new(RefusalLog::new(opts.refusal_window));
+    let mut summaries = tokio::time::interval(opts.refusal_window.max(Duration::from_secs(1)));
+    summaries.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let opts = Arc::new(opts);
+    let refuse = {
+        let (counters, opts, log) = (counters.clone(), opts.clone(), log.clone());
+        move |peer: SocketAddr, reason: RefusedReason| {
+            counters.refused_connection();
+            if let Some(r) = log.refused(peer, reason, Instant::now()) {
+                refusals::report(&opts, &r);
+            }
+        }
+    };
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
+            _ = summaries.tick() => {
+                for r in log.flush(Instant::now()) {
+                    refusals::report(&opts, &r);
+                }
+            }
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
-                    // Each connection may hold a page buffer or two: the cap bounds memory.
-                    let Ok(slot) = slots.clone().try_acquire_owned() else {
-                        refuse(&counters, &opts, peer, RefusedReason::TooManyConnections);
+                    let Ok(handshake) = handshakes.clone().try_acquire_owned() else {
+                        refuse(peer, RefusedReason::TooManyHandshakes);
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
                     let session = ReceiverSession::new(sink.clone(), counters.clone());
-                    let (shut, opts, counters) = (shutdown.clone(), opts.clone(), counters.clone());
+                    let (shut, opts, slots) = (shutdown.clone(), opts.clone(), slots.clone());
+                    let (refuse, log) = (refuse.clone(), log.clone());
                     tokio::spawn(async move {
                         let (rd, wr) = match secure::accept(stream, &opts).await {
                             Ok(halves) => halves,
-                            Err(reason) => return refuse(&counters, &opts, peer, reason),
+                            Err(reason) => return refuse(peer, reason),
+                        };
+                        drop(handshake);
+                        // Each connection may hold a page buffer or two: the cap bounds memory.
+                        let Ok(slot) = slots.try_acquire_owned() else {
+                            return refuse(peer, RefusedReason::TooManyConnections);
                         };
                         let seal = opts.seal.clone();
                         let reason = serve_sealed(rd, wr, session, seal, shut).await;
@@ -113,11 +138,11 @@ async fn accept_loop(
                             | FrameError::UnexpectedSeal),
                         ) = &reason
                         {
-                            // Counted as a malformed close already; the hook hears of it.
+                            // Counted as a malformed close already; the hook hears of it, once
+                            // per source and window like every refusal.
                             let reason = RefusedReason::Seal(e.to_string());
-                            tracing::warn!(%peer, %reason, "transfer connection refused");
-                            if let Some(hook) = &opts.on_refused {
-                                hook(&Refused { peer, reason });
+                            if let Some(r) = log.refused(peer, reason, Instant::now()) {
+                                refusals::report(&opts, &r);
                             }
                         }
                         drop(slot);
@@ -126,19 +151,6 @@ async fn accept_loop(
                 Err(e) => tracing::warn!(error = %e, "accept failed"),
             }
         }
-    }
-}
-
-fn refuse(
-    counters: &ReceiverCounters,
-    opts: &ListenOptions,
-    peer: SocketAddr,
-    reason: RefusedReason,
-) {
-    counters.refused_connection();
-    tracing::warn!(%peer, %reason, "transfer connection refused");
-    if let Some(hook) = &opts.on_refused {
-        hook(&Refused { peer, reason });
     }
 }
 

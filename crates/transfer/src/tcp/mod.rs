@@ -5,10 +5,13 @@
 //! - `sender.rs`: sending side of one connection (framing and socket writes, ack reader; the
 //!   front, queue, in-flight budget and ack routing are shared with RDMA: `outbound.rs`).
 //! - `hash_ahead.rs`: checksums pages on a helper thread a bounded distance ahead of the writer.
-//! - `secure.rs`: mutual TLS and the writer's role check, handshake timeout, connection cap.
+//! - `secure.rs`: mutual TLS and the writer's role check, handshake timeout and budget,
+//!   connection cap.
+//! - `refusals.rs`: refused connections summarized per source (one report per window).
 
 mod hash_ahead;
 mod listener;
+mod refusals;
 mod secure;
 mod sender;
 

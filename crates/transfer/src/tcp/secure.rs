@@ -6,8 +6,10 @@
 //! TLS (rustls, ring) encrypts and authenticates every byte of the stream: a frame forged on
 //! another connection fails the handshake, a frame injected into or replayed on an open one
 //! fails its record's AEAD tag, and a certificate of the wrong role is refused before any frame
-//! is read. Refused connections are handed to `on_refused` (decode reports them to the
-//! auditor).
+//! is read. Connections in their handshake have a budget of their own (`max_handshakes`), apart
+//! from authenticated ones (`max_connections`), so a flood of peers that never authenticate
+//! cannot take a real prefill's place. Refused connections are summarized per source
+//! (`refusals.rs`) and handed to `on_refused` (decode reports them to the auditor).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,11 +57,17 @@ pub struct ListenOptions {
     pub tls: Option<ServerTls>,
     /// Sealed frames required on every connection (`seal.rs`): the alternative to `tls`.
     pub seal: Option<SealPolicy>,
-    /// Longest a TLS handshake may take.
+    /// Longest a TLS handshake may take, from accept.
     pub handshake_timeout: Duration,
-    /// Most connections served at once; more are closed on accept.
+    /// Most connections in their handshake at once (a budget of their own: peers that have
+    /// not authenticated cannot take the places of those that have); more are closed on accept.
+    pub max_handshakes: usize,
+    /// Most authenticated connections served at once; more are closed after their handshake.
     pub max_connections: usize,
-    /// Hook for refused connections.
+    /// Refusals from one source address are logged and reported once per window, the rest of
+    /// the window as one summary with its count (`Duration::ZERO`: every refusal).
+    pub refusal_window: Duration,
+    /// Hook for refused connections (each call one report: a first refusal or a summary).
     pub on_refused: Option<OnRefused>,
 }
 
@@ -68,20 +76,25 @@ impl Default for ListenOptions {
         ListenOptions {
             tls: None,
             seal: None,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(3),
+            max_handshakes: 64,
             max_connections: 256,
+            refusal_window: Duration::from_secs(60),
             on_refused: None,
         }
     }
 }
 
-/// A refused transfer connection.
+/// A report of refused transfer connections from one source: its first refusal in a window
+/// (`count` 1), or the window's summary.
 #[derive(Clone, Debug)]
 pub struct Refused {
-    /// The peer.
+    /// The peer (of the last refusal reported).
     pub peer: SocketAddr,
-    /// Why.
+    /// Why (the last refusal's reason).
     pub reason: RefusedReason,
+    /// Refusals this report stands for.
+    pub count: u64,
 }
 
 /// Why a transfer connection was refused.
@@ -89,6 +102,8 @@ pub struct Refused {
 pub enum RefusedReason {
     /// `max_connections` were already open.
     TooManyConnections,
+    /// `max_handshakes` were already in their handshake.
+    TooManyHandshakes,
     /// The TLS handshake did not finish in time.
     HandshakeTimeout,
     /// The TLS handshake failed (no certificate, another CA, not TLS at all).
@@ -104,6 +119,7 @@ impl std::fmt::Display for RefusedReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RefusedReason::TooManyConnections => f.write_str("connection cap reached"),
+            RefusedReason::TooManyHandshakes => f.write_str("handshake cap reached"),
             RefusedReason::HandshakeTimeout => f.write_str("TLS handshake timed out"),
             RefusedReason::Handshake(e) => write!(f, "TLS handshake failed: {e}"),
             RefusedReason::Role(e) => write!(f, "peer may not write: {e}"),

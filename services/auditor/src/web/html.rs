@@ -23,9 +23,48 @@ pub fn esc(s: &str) -> String {
     out
 }
 
-/// `path` when it is a path of this site (never a URL a form field could point elsewhere).
+/// `path` when it is a path of this site: one leading `/`, then printable ASCII with no `\\`,
+/// no space or control character, and no second `/` right after the first, before or after
+/// one percent-decoding (a browser drops tabs and newlines from a URL, so `/%09/host` would
+/// become `//host`, another site). Anything else a form field carries could point elsewhere.
 pub fn same_site_path(path: &str) -> Option<&str> {
-    (path.starts_with('/') && !path.starts_with("//") && !path.contains('\\')).then_some(path)
+    fn plain(p: &[u8]) -> bool {
+        p.first() == Some(&b'/')
+            && !matches!(p.get(1), Some(b'/' | b'\\'))
+            && p.iter().all(|&c| (0x21..=0x7e).contains(&c) && c != b'\\')
+    }
+    // Once decoded, an escaped space or non-ASCII letter is fine; control characters and a
+    // second leading `/` or `\\` are not.
+    fn decoded_plain(p: &[u8]) -> bool {
+        p.first() == Some(&b'/')
+            && !matches!(p.get(1), Some(b'/' | b'\\'))
+            && p.iter().all(|&c| c >= 0x20 && c != 0x7f && c != b'\\')
+    }
+    let bytes = path.as_bytes();
+    (plain(bytes) && decoded_plain(&percent_decoded(bytes))).then_some(path)
+}
+
+/// `p` with each `%XX` decoded once (an invalid escape is kept as it is).
+fn percent_decoded(p: &[u8]) -> Vec<u8> {
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(p.len());
+    let mut i = 0;
+    while i < p.len() {
+        let escaped = (p[i] == b'%')
+            .then(|| Some(hex(*p.get(i + 1)?)? << 4 | hex(*p.get(i + 2)?)?))
+            .flatten();
+        match escaped {
+            Some(b) => {
+                out.push(b);
+                i += 3;
+            }
+            None => {
+                out.push(p[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// The hidden field carrying `user`'s CSRF token, for every form of a signed-in page.
@@ -141,6 +180,32 @@ pub fn page(title: &str, active: &str, user: Option<&SessionUser>, body: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_paths_of_this_site_are_redirect_targets() {
+        for ok in ["/", "/incidents", "/incidents/3?x=1&y=%20", "/a%2Fb"] {
+            assert_eq!(same_site_path(ok), Some(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "incidents",
+            "//other-host/x",
+            "/\\other-host",
+            "\\\\other-host",
+            "/\t/other-host/x",
+            "/%09/other-host/x",
+            "/%0d%0a/other-host",
+            "/%2F/other-host",
+            "/%5Cother-host",
+            "/x\r\nSet-Cookie: a=b",
+            "/x y",
+            "/caf\u{e9}",
+            "https://other-host/",
+            "javascript:alert(1)",
+        ] {
+            assert_eq!(same_site_path(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn escapes_markup() {

@@ -1,10 +1,13 @@
 //! Signing in and out of the web UI: `GET /login`, `POST /login`, `POST /logout`.
 
 use axum::extract::{Query, State};
-use axum::http::header::SET_COOKIE;
+use std::time::Instant;
+
+use axum::http::header::{RETRY_AFTER, SET_COOKIE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
+use pagewarden_common::edge::Connection;
 use serde::Deserialize;
 
 use super::html::{esc, page, same_site_path};
@@ -51,12 +54,30 @@ pub struct LoginForm {
 /// `POST /login`: a session cookie and a redirect to `next`, or the form again with a 401.
 pub async fn login(
     State(st): State<AppState>,
+    conn: Option<Extension<Connection>>,
     headers: HeaderMap,
     Form(f): Form<LoginForm>,
 ) -> Response {
     let next = same_site_path(&f.next).unwrap_or("/incidents").to_string();
-    match st.auth.login(f.name.trim().to_string(), f.password).await {
+    let addr = conn.map(|Extension(c)| c.peer().ip());
+    let name = f.name.trim().to_string();
+    // A blocked try is answered before its password is hashed: a flood costs nothing.
+    if let Some(wait) = st.auth.throttle.wait(addr, &name, Instant::now()) {
+        let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+        let page = form(
+            &next,
+            Some(&format!("too many failed sign-ins: try again in {secs} s")),
+        );
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(RETRY_AFTER, secs.to_string())],
+            page,
+        )
+            .into_response();
+    }
+    match st.auth.login(name.clone(), f.password).await {
         Some(id) => {
+            st.auth.throttle.succeeded(addr, &name);
             tracing::info!(name = %f.name.trim(), "operator signed in");
             (
                 [(SET_COOKIE, st.auth.cookie(&headers, Some(&id)))],
@@ -65,6 +86,7 @@ pub async fn login(
                 .into_response()
         }
         None => {
+            st.auth.throttle.failed(addr, &name, Instant::now());
             tracing::warn!(name = %f.name.trim(), "sign-in refused");
             let page = form(&next, Some("wrong name or password"));
             (StatusCode::UNAUTHORIZED, page).into_response()

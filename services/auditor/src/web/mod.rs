@@ -1,13 +1,15 @@
 //! The operators' web UI and the JSON API behind it, plus `/metrics` and `/health`.
 //! Pages need a signed-in session, the API a bearer token; `/login`, `/metrics` and `/health`
-//! are open (see `session` for every check).
+//! are open (see `session` for every check). Every error is JSON (plain-text rejections of
+//! axum's extractors are turned into the same shape) or, on the browser's pages, HTML.
 //!
 //! - `api`: JSON endpoints (`/api/...`).
 //! - `incident_pages`: the incident list and detail pages, and their form posts.
 //! - `pages`: the other server-rendered pages (nodes, probes, charts over time).
 //! - `query`: the incident list's query string (filters, page tags, paging).
 //! - `refresh`: pages that reload themselves, and the script that does it.
-//! - `login`: signing in and out.
+//! - `login`: signing in and out (a `next` only of this site).
+//! - `throttle`: sign-in back-off per client address and per account name.
 //! - `session`: sessions, CSRF, same-origin posts, bearer tokens, roles.
 //! - `html`: layout, escaping and small rendering helpers.
 //! - `chart`: counts over time as stacked-bar SVG (incidents, integrity events).
@@ -23,6 +25,7 @@ mod query;
 mod refresh;
 mod scatter;
 pub mod session;
+pub mod throttle;
 
 use std::sync::Arc;
 
@@ -31,6 +34,7 @@ use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use pagewarden_common::edge::EdgeCounters;
 use serde_json::json;
 
 use crate::domain::{IncidentId, UnixMs};
@@ -49,6 +53,8 @@ pub struct AppState {
     pub auth: Arc<Auth>,
     /// The prober, for runs on demand; `None` when probing is not configured.
     pub prober: Option<Arc<Prober>>,
+    /// The HTTP edge's counts of refused and closed connections.
+    pub edge: EdgeCounters,
 }
 
 /// The one error type of the HTTP layer, mapped once to a status and an OpenAI-shaped body.
@@ -104,6 +110,37 @@ impl IntoResponse for WebError {
     }
 }
 
+/// Turns a plain-text error (an extractor's rejection: a bad form, query or path) into the
+/// JSON error shape every other error has; HTML pages and JSON bodies pass as they are.
+async fn errors_as_json(r: Response) -> Response {
+    let status = r.status();
+    let plain = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_none_or(|v| v.as_bytes().starts_with(b"text/plain"));
+    if !(status.is_client_error() || status.is_server_error()) || !plain {
+        return r;
+    }
+    let (mut parts, body) = r.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limited",
+        s if s.is_server_error() => "internal_error",
+        _ => "invalid_request",
+    };
+    let message = String::from_utf8_lossy(&text).trim().to_string();
+    let body = json!({"error": {"message": message, "type": code, "code": code}});
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, axum::body::Body::from(body.to_string()))
+}
+
 /// What an operator does to an incident, named by the last path segment (`ack`, `resolve`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SignoffAction {
@@ -157,6 +194,7 @@ async fn metrics(axum::extract::State(st): axum::extract::State<AppState>) -> Re
             out.push_str(&format!("{name}{{status=\"{s}\"}} {n}\n"));
         }
     }
+    out.push_str(&st.edge.render_text("pagewarden_auditor_http"));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
@@ -221,6 +259,7 @@ pub fn router(state: AppState) -> Router {
         .route("/ready", get(health))
         .route("/live", get(live))
         .layer(from_fn(session::same_origin_posts))
+        .layer(axum::middleware::map_response(errors_as_json))
         // No page of the auditor may be framed by another site (clickjacking), and no script
         // runs but the auditor's own files (the pages have no inline script).
         .layer(axum::middleware::map_response(

@@ -21,6 +21,9 @@ use axum::response::{IntoResponse, Redirect, Response};
 use parking_lot::Mutex;
 use rand::Rng;
 
+use pagewarden_common::edge::Connection;
+
+use super::throttle::{Throttle, ThrottleLimits};
 use super::{AppState, WebError};
 use crate::accounts::{Accounts, Principal};
 
@@ -86,6 +89,37 @@ pub struct Auth {
     sessions: Mutex<HashMap<String, Session>>,
     secure_cookies: bool,
     logins: tokio::sync::Semaphore,
+    /// Back-off of failed sign-ins.
+    pub throttle: Throttle,
+}
+
+type HashJob = Box<dyn FnOnce() + Send>;
+
+/// The threads that run argon2: always the same `CONCURRENT_LOGINS` of them. Each hash takes
+/// argon2's whole memory block; run on ever new blocking threads, every thread's allocator
+/// arena kept one (a flood of sign-ins grew the auditor by hundreds of MB), so the hashing
+/// threads are fixed and their memory is reused.
+fn hashers() -> &'static Mutex<std::sync::mpsc::Sender<HashJob>> {
+    static HASHERS: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<HashJob>>> =
+        std::sync::OnceLock::new();
+    HASHERS.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<HashJob>();
+        let rx = std::sync::Arc::new(Mutex::new(rx));
+        for i in 0..CONCURRENT_LOGINS {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("argon2-{i}"))
+                .spawn(move || loop {
+                    let job = rx.lock().recv();
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                })
+                .expect("spawning a password hashing thread");
+        }
+        Mutex::new(tx)
+    })
 }
 
 fn random_hex() -> String {
@@ -97,11 +131,17 @@ impl Auth {
     /// `secure_cookies`: the UI is served under TLS, so cookies are marked `Secure` (they are
     /// also whenever a TLS proxy says so with `X-Forwarded-Proto: https`).
     pub fn new(accounts: Accounts, secure_cookies: bool) -> Self {
+        Self::with_throttle(accounts, secure_cookies, ThrottleLimits::default())
+    }
+
+    /// Like [`Auth::new`], with failed sign-ins backing off under `limits`.
+    pub fn with_throttle(accounts: Accounts, secure_cookies: bool, limits: ThrottleLimits) -> Self {
         Self {
             accounts,
             sessions: Mutex::new(HashMap::new()),
             secure_cookies,
             logins: tokio::sync::Semaphore::new(CONCURRENT_LOGINS),
+            throttle: Throttle::new(limits),
         }
     }
 
@@ -110,9 +150,12 @@ impl Auth {
     pub async fn login(&self, name: String, password: String) -> Option<String> {
         let _permit = self.logins.acquire().await.ok()?;
         let accounts = self.accounts.clone();
-        let who = tokio::task::spawn_blocking(move || accounts.login(&name, &password))
-            .await
-            .ok()??;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: HashJob = Box::new(move || {
+            let _ = tx.send(accounts.login(&name, &password));
+        });
+        hashers().lock().send(job).ok()?;
+        let who = rx.await.ok()??;
         let id = random_hex();
         let now = Instant::now();
         let mut map = self.sessions.lock();
@@ -189,6 +232,7 @@ fn encode_component(s: &str) -> String {
 pub async fn require_session(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     match st.auth.session(req.headers()) {
         Some((_, user)) => {
+            mark_connection(&req, &user.who);
             req.extensions_mut().insert(user);
             next.run(req).await
         }
@@ -221,6 +265,7 @@ pub async fn require_bearer(State(st): State<AppState>, mut req: Request, next: 
         .and_then(|(_, token)| st.auth.accounts.bearer(token.trim()));
     match who {
         Some(who) => {
+            mark_connection(&req, &who);
             req.extensions_mut().insert(who);
             next.run(req).await
         }
@@ -230,6 +275,13 @@ pub async fn require_bearer(State(st): State<AppState>, mut req: Request, next: 
                 .into(),
         )
         .into_response(),
+    }
+}
+
+/// A signed-in request's connection counts against its account, not its source address.
+fn mark_connection(req: &Request, who: &Principal) {
+    if let Some(conn) = req.extensions().get::<Connection>() {
+        conn.authenticated(&who.name);
     }
 }
 
