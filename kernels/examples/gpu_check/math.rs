@@ -56,7 +56,8 @@ fn cpu_tol(ty: WeightType) -> f32 {
         | WeightType::Q8_0
         | WeightType::Q4_K
         | WeightType::Q5_K
-        | WeightType::Q6_K => 1e-2,
+        | WeightType::Q6_K
+        | WeightType::BF16 => 1e-2,
     }
 }
 
