@@ -123,6 +123,24 @@ impl Rng {
     }
 }
 
+/// Writes the tiny vocabulary ([`tiny_vocab`]), its special token ids and the ChatML template
+/// as `w`'s tokenizer metadata.
+pub(crate) fn add_tiny_tokenizer(w: &mut GgufWriter) {
+    let (tokens, types, merges) = tiny_vocab();
+    w.add_bool("tokenizer.ggml.add_space_prefix", false)
+        .add_bool("tokenizer.ggml.add_bos_token", false)
+        .add_str("tokenizer.ggml.model", "gpt2")
+        .add_str("tokenizer.ggml.pre", "smollm")
+        .add_str_array("tokenizer.ggml.tokens", &tokens)
+        .add_i32_array("tokenizer.ggml.token_type", &types)
+        .add_str_array("tokenizer.ggml.merges", &merges)
+        .add_u32("tokenizer.ggml.bos_token_id", 1)
+        .add_u32("tokenizer.ggml.eos_token_id", 2)
+        .add_u32("tokenizer.ggml.unknown_token_id", 0)
+        .add_u32("tokenizer.ggml.padding_token_id", 2)
+        .add_str("tokenizer.chat_template", CHATML_TEMPLATE);
+}
+
 /// The tiny vocabulary: (tokens, token types, merges).
 pub fn tiny_vocab() -> (Vec<String>, Vec<i32>, Vec<String>) {
     let mut tokens: Vec<String> = SPECIALS.iter().map(|s| s.to_string()).collect();
@@ -154,8 +172,7 @@ pub fn tiny_llama_gguf(seed: u64) -> Vec<u8> {
 /// A tiny Llama of the given shape. Weight types rotate through Q8_0, Q4_0, Q4_1, F16 and F32
 /// across roles and layers, so every supported type is exercised; norms are F32.
 pub fn tiny_llama_gguf_with(spec: &TinyLlamaSpec) -> Vec<u8> {
-    let (tokens, types, merges) = tiny_vocab();
-    let vocab = tokens.len();
+    let vocab = tiny_vocab().0.len();
     let head_dim = spec.dim / spec.heads;
     let mut w = GgufWriter::new();
     w.add_str("general.architecture", "llama")
@@ -171,19 +188,8 @@ pub fn tiny_llama_gguf_with(spec: &TinyLlamaSpec) -> Vec<u8> {
         .add_f32("llama.rope.freq_base", 10000.0)
         .add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
         .add_u32("llama.vocab_size", vocab as u32)
-        .add_u32("llama.rope.dimension_count", head_dim as u32)
-        .add_bool("tokenizer.ggml.add_space_prefix", false)
-        .add_bool("tokenizer.ggml.add_bos_token", false)
-        .add_str("tokenizer.ggml.model", "gpt2")
-        .add_str("tokenizer.ggml.pre", "smollm")
-        .add_str_array("tokenizer.ggml.tokens", &tokens)
-        .add_i32_array("tokenizer.ggml.token_type", &types)
-        .add_str_array("tokenizer.ggml.merges", &merges)
-        .add_u32("tokenizer.ggml.bos_token_id", 1)
-        .add_u32("tokenizer.ggml.eos_token_id", 2)
-        .add_u32("tokenizer.ggml.unknown_token_id", 0)
-        .add_u32("tokenizer.ggml.padding_token_id", 2)
-        .add_str("tokenizer.chat_template", CHATML_TEMPLATE);
+        .add_u32("llama.rope.dimension_count", head_dim as u32);
+    add_tiny_tokenizer(&mut w);
 
     let mut rng = Rng(spec.seed);
     let mix = [

@@ -7,7 +7,7 @@
 //! llama.cpp products differ from ours at most by float rounding. The output rows of the
 //! three special tokens are zero, so greedy decoding never ends early on an end token.
 
-use super::tiny::{tiny_vocab, Rng, CHATML_TEMPLATE};
+use super::tiny::{add_tiny_tokenizer, tiny_vocab, Rng};
 use super::{quantize, GgmlType, GgufWriter};
 
 /// The architecture of a tiny model, with what its file declares beyond the shapes.
@@ -133,8 +133,7 @@ pub fn tiny_arch_gguf(spec: &ArchSpec) -> Vec<u8> {
 
 /// The writer of [`tiny_arch_gguf`], before serialising: tests add keys or tensors to it.
 pub fn tiny_arch_writer(spec: &ArchSpec) -> GgufWriter {
-    let (tokens, types, merges) = tiny_vocab();
-    let vocab = tokens.len();
+    let vocab = tiny_vocab().0.len();
     let a = spec.arch.gguf_arch();
     let key = |k: &str| format!("{a}.{k}");
     let (hd, dim, ffn) = (spec.head_dim, spec.dim, spec.ffn);
@@ -169,18 +168,7 @@ pub fn tiny_arch_writer(spec: &ArchSpec) -> GgufWriter {
     if let Some(win) = spec.declared_window() {
         w.add_u32(&key("attention.sliding_window"), win);
     }
-    w.add_bool("tokenizer.ggml.add_space_prefix", false)
-        .add_bool("tokenizer.ggml.add_bos_token", false)
-        .add_str("tokenizer.ggml.model", "gpt2")
-        .add_str("tokenizer.ggml.pre", "smollm")
-        .add_str_array("tokenizer.ggml.tokens", &tokens)
-        .add_i32_array("tokenizer.ggml.token_type", &types)
-        .add_str_array("tokenizer.ggml.merges", &merges)
-        .add_u32("tokenizer.ggml.bos_token_id", 1)
-        .add_u32("tokenizer.ggml.eos_token_id", 2)
-        .add_u32("tokenizer.ggml.unknown_token_id", 0)
-        .add_u32("tokenizer.ggml.padding_token_id", 2)
-        .add_str("tokenizer.chat_template", CHATML_TEMPLATE);
+    add_tiny_tokenizer(&mut w);
 
     let mut rng = Rng(spec.seed);
     let f32s = |w: &mut GgufWriter, name: &str, x: &[f32]| {
