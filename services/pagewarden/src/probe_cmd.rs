@@ -110,9 +110,10 @@ async fn sweep(args: ProbeArgs) -> anyhow::Result<()> {
         "tenant", "step", "words", "http", "prompt", "ttft_ms", "outcome"
     );
     // The prober records each step as it ends: print them from the store while it runs, so a
-    // sweep of many minutes on CPU shows its progress step by step.
-    let sweep = prober.run_once();
-    tokio::pin!(sweep);
+    // sweep of many minutes on CPU shows its progress step by step. The sweep is a task of its
+    // own: the in-memory store has one connection, and a sweep polled only inside this loop
+    // would hold it, unpolled, while the printer waits for it.
+    let mut sweep = tokio::spawn(async move { prober.run_once().await });
     let mut printed = 0;
     let run = loop {
         let done = tokio::select! {
@@ -123,7 +124,9 @@ async fn sweep(args: ProbeArgs) -> anyhow::Result<()> {
             printed = print_new_steps(&engine, r.id, printed).await?;
         }
         if let Some(r) = done {
-            let run = r.context("running the probe sweep")?;
+            let run = r
+                .context("the probe sweep's task")?
+                .context("running the probe sweep")?;
             print_new_steps(&engine, run, printed).await?;
             break run;
         }
