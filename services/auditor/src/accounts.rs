@@ -18,8 +18,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use argon2::Argon2;
+use argon2::password_hash::{Output, PasswordHash, PasswordHasher, SaltString};
+use argon2::{Algorithm, Argon2, Block, Params, Version};
 use pagewarden_common::secret::SecretHash;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -107,6 +107,49 @@ pub fn hash_password(password: &str, rng: &mut impl Rng) -> String {
         .to_string()
 }
 
+/// Whether `password` hashes to `hash`, computed in this thread's argon2 memory.
+///
+/// Argon2 fills `m` KiB (19 MiB by default) per check. Allocated afresh for every check, the
+/// allocator kept what a flood of sign-ins freed (hundreds of MB for a few dozen checks); each
+/// thread that hashes keeps one block of memory instead, grown to the largest cost it has seen.
+fn verify_in_thread_memory(password: &[u8], hash: &PasswordHash<'_>) -> bool {
+    thread_local! {
+        static MEMORY: std::cell::RefCell<Vec<Block>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let (Some(salt), Some(expected)) = (&hash.salt, &hash.hash) else {
+        return false;
+    };
+    let Ok(algorithm) = Algorithm::try_from(hash.algorithm) else {
+        return false;
+    };
+    let version = match hash.version.map(Version::try_from).transpose() {
+        Ok(v) => v.unwrap_or_default(),
+        Err(_) => return false,
+    };
+    let Ok(params) = Params::try_from(hash) else {
+        return false;
+    };
+    let mut salt_bytes = [0u8; 64];
+    let Ok(salt) = salt.decode_b64(&mut salt_bytes) else {
+        return false;
+    };
+    let blocks = params.block_count();
+    let mut out = vec![0u8; expected.len()];
+    let hashed = MEMORY.with_borrow_mut(|memory| {
+        if memory.len() < blocks {
+            memory.resize(blocks, Block::default());
+        }
+        Argon2::new(algorithm, version, params).hash_password_into_with_memory(
+            password,
+            salt,
+            &mut out,
+            &mut memory[..blocks],
+        )
+    });
+    // `Output`'s equality is constant-time.
+    hashed.is_ok() && Output::new(&out).is_ok_and(|o| o == *expected)
+}
+
 /// Accounts and tokens, ready to check credentials against.
 #[derive(Clone, Default)]
 pub struct Accounts {
@@ -168,9 +211,7 @@ impl Accounts {
             ),
         };
         let hash = PasswordHash::new(phc).ok()?;
-        let ok = Argon2::default()
-            .verify_password(password.as_bytes(), &hash)
-            .is_ok();
+        let ok = verify_in_thread_memory(password.as_bytes(), &hash);
         role.filter(|_| ok).map(|role| Principal {
             name: name.to_string(),
             role,
@@ -225,5 +266,31 @@ mod tests {
             password_argon2: "hunter2".into(),
         };
         assert!(Accounts::new(&[bad], &[]).is_err());
+    }
+
+    #[test]
+    fn checks_in_thread_memory_agree_with_argon2_for_every_algorithm_and_cost() {
+        use argon2::password_hash::PasswordVerifier;
+        let salt = SaltString::encode_b64(b"sixteen byte slt").unwrap();
+        // A larger cost after a smaller one and back: the thread's memory is grown, then reused.
+        for (algorithm, m, t, p, len) in [
+            (Algorithm::Argon2id, 64, 1, 1, 32),
+            (Algorithm::Argon2i, 256, 2, 2, 16),
+            (Algorithm::Argon2d, 32, 3, 1, 64),
+            (Algorithm::Argon2id, 19 * 1024, 2, 1, 32),
+        ] {
+            let params = Params::new(m, t, p, Some(len)).unwrap();
+            let argon = Argon2::new(algorithm, Version::V0x13, params);
+            let phc = argon.hash_password(b"pw", &salt).unwrap().to_string();
+            let hash = PasswordHash::new(&phc).unwrap();
+            for guess in [&b"pw"[..], b"pW", b""] {
+                assert_eq!(
+                    verify_in_thread_memory(guess, &hash),
+                    argon.verify_password(guess, &hash).is_ok(),
+                    "{phc} with {guess:?}"
+                );
+            }
+            assert!(verify_in_thread_memory(b"pw", &hash), "{phc}");
+        }
     }
 }
