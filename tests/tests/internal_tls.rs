@@ -194,14 +194,13 @@ async fn internal_links_need_the_suite_ca_and_the_right_role() {
 
     // 5. A frame forged in clear on decode's transfer port, and the same frame replayed inside
     // a TLS record (as bytes recorded from a real prefill's stream would arrive), are refused,
-    // and each refusal reaches the auditor.
+    // and each refusal reaches the auditor (from a source address of its own: refusals are
+    // summarized per source, one incident per address and window).
     let t = &decode.addrs["transfer"];
     let forged = b"PWKV\x01\x01\x00\x00forged frame for a guessed grant".to_vec();
     let replayed = [&[0x16u8, 3, 3, 0, 5][..], &forged[..]].concat();
-    for bytes in [forged, replayed] {
-        let mut s = tokio::net::TcpStream::connect(t)
-            .await
-            .expect("transfer port");
+    for (from, bytes) in [(1, forged), (2, replayed)] {
+        let mut s = connect_from(t, from).await;
         let _ = s.write_all(&bytes).await;
         let mut rest = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
@@ -211,6 +210,20 @@ async fn internal_links_need_the_suite_ca_and_the_right_role() {
         found, 2,
         "the refused transfer connections are not both on record: {incidents}"
     );
+}
+
+/// A connection to `addr` from the loopback address 127.0.0.`host`: the transfer listener
+/// summarizes refusals per source address, so each refusal meant to reach the auditor on its
+/// own comes from an address of its own.
+async fn connect_from(addr: &str, host: u8) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, host], 0)))
+        .expect("binding a loopback source address");
+    socket
+        .connect(addr.parse().expect("a transfer address"))
+        .await
+        .expect("transfer port")
 }
 
 #[test]
@@ -278,10 +291,8 @@ async fn sealed_transfer_serves_and_refuses_forged_frames() {
         f.extend_from_slice(payload);
         f
     };
-    for bytes in [frame(2, &body), frame(0, &body[..48])] {
-        let mut s = tokio::net::TcpStream::connect(t)
-            .await
-            .expect("transfer port");
+    for (from, bytes) in [(1, frame(2, &body)), (2, frame(0, &body[..48]))] {
+        let mut s = connect_from(t, from).await;
         let _ = s.write_all(&bytes).await;
         let mut rest = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
