@@ -1,0 +1,499 @@
+//! `pagewarden up` as a user runs it, from an empty directory outside the checkout: the suite
+//! starts with its state in that directory, keeps its secrets out of every command line and
+//! away from other users, and outlives a worker's death. Under 4 streaming clients, prefill and
+//! then decode are killed with SIGKILL: `up` restarts each, every request in flight ends with an
+//! error event and `[DONE]` or a JSON error body (never a bare EOF), and requests succeed again
+//! within 30 s of each kill.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pagewarden_system_tests::{bin, model_path};
+use serde_json::json;
+
+const CLIENTS: usize = 4;
+/// How soon after a kill requests must succeed again.
+const RECOVERY: Duration = Duration::from_secs(30);
+
+/// The running `up`; stopped with SIGTERM (then SIGKILL) when dropped.
+struct Up {
+    child: Child,
+    api: String,
+    keys: BTreeMap<String, String>,
+}
+
+impl Up {
+    fn start(state: &Path, cwd: &Path) -> Up {
+        let mut child = Command::new(bin("pagewarden"))
+            .current_dir(cwd)
+            .env("RUST_LOG", "info")
+            .env_remove("PAGEWARDEN_MODEL")
+            .args(["up", "--no-build", "--probe-interval", "0s"])
+            .args([
+                "--router-addr",
+                "127.0.0.1:0",
+                "--auditor-addr",
+                "127.0.0.1:0",
+            ])
+            .arg("--dir")
+            .arg(state)
+            .arg("--model")
+            .arg(model_path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting pagewarden up");
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                eprintln!("up| {line}");
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let (mut api, mut keys) = (None, BTreeMap::new());
+        while api.is_none() || keys.len() < 2 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match rx.recv_timeout(left) {
+                Ok(l) => l,
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("`pagewarden up` printed no banner within 300 s");
+                }
+            };
+            if let Some(url) = line.trim().strip_prefix("API (OpenAI-compatible):") {
+                api = Some(url.trim().trim_end_matches("/v1").to_string());
+            }
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if let [tenant @ ("dev-alice" | "dev-bob"), key] = words[..] {
+                keys.insert(tenant.to_string(), key.to_string());
+            }
+        }
+        // Keep draining stdout so that `up` never blocks on a full pipe.
+        std::thread::spawn(move || while rx.recv().is_ok() {});
+        Up {
+            child,
+            api: api.expect("api"),
+            keys,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `up`'s children by program name (`pagewarden-prefill`, ...).
+    fn children(&self) -> BTreeMap<String, u32> {
+        let mut out = BTreeMap::new();
+        for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // `pid (comm) state ppid ...`: comm may hold spaces, so split after its ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid != Some(self.pid())
+                || stat
+                    .rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            {
+                continue;
+            }
+            let argv0 = cmdline(pid).into_iter().next().unwrap_or_default();
+            if let Some(name) = Path::new(&argv0).file_name().and_then(|n| n.to_str()) {
+                out.insert(name.to_string(), pid);
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        send_signal(self.pid(), "TERM");
+        let deadline = Instant::now() + Duration::from_secs(45);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|c| *c == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn send_signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status();
+}
+
+/// How one request ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum End {
+    /// A whole stream, `[DONE]` and no error.
+    Served,
+    /// An error the client can read: an SSE error event then `[DONE]`, or a JSON error body.
+    CleanError(String),
+    /// Anything else: a bare EOF, a body that is not an OpenAI error, a transport failure.
+    Broken(String),
+}
+
+struct Outcome {
+    sent: Instant,
+    ended: Instant,
+    end: End,
+}
+
+/// How many requests ended each way (for failure messages).
+fn tally<'a>(ends: impl Iterator<Item = &'a End>) -> BTreeMap<String, usize> {
+    let mut t = BTreeMap::new();
+    for e in ends {
+        *t.entry(format!("{e:?}")).or_insert(0) += 1;
+    }
+    t
+}
+
+/// The model the router serves, as `/v1/models` names it.
+async fn served_model(http: &reqwest::Client, api: &str, key: &str) -> String {
+    let models: serde_json::Value = http
+        .get(format!("{api}/v1/models"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("/v1/models")
+        .json()
+        .await
+        .expect("/v1/models json");
+    models["data"][0]["id"]
+        .as_str()
+        .expect("a served model")
+        .to_string()
+}
+
+async fn one_stream(http: &reqwest::Client, api: &str, key: &str, model: &str, n: usize) -> End {
+    let r = http
+        .post(format!("{api}/v1/completions"))
+        .bearer_auth(key)
+        .json(
+            &json!({"model": model, "prompt": format!("Story number {n}: once upon a time"),
+            "max_tokens": 48, "ignore_eos": true, "temperature": 0, "stream": true}),
+        )
+        .send()
+        .await;
+    let mut r = match r {
+        Ok(r) => r,
+        Err(e) => return End::Broken(format!("send: {e}")),
+    };
+    let status = r.status();
+    if !status.is_success() {
+        let body = r.text().await.unwrap_or_default();
+        let parsed: Option<serde_json::Value> = serde_json::from_str(&body).ok();
+        return match parsed {
+            Some(v) if v["error"]["message"].is_string() => {
+                End::CleanError(format!("{status}: {}", v["error"]["code"]))
+            }
+            _ => End::Broken(format!("{status} without a JSON error body: {body}")),
+        };
+    }
+    let mut body = String::new();
+    loop {
+        match r.chunk().await {
+            Ok(Some(c)) => body.push_str(&String::from_utf8_lossy(&c)),
+            Ok(None) => break,
+            Err(e) => return End::Broken(format!("stream cut: {e}; after {body:?}")),
+        }
+    }
+    let done = body.trim_end().ends_with("data: [DONE]");
+    match (done, body.contains("\"error\"")) {
+        (true, false) => End::Served,
+        (true, true) => End::CleanError("error event".into()),
+        (false, _) => End::Broken(format!("no [DONE]: {body:?}")),
+    }
+}
+
+/// Waits for `name` to be a child of `up` other than `old`; its pid.
+fn wait_restarted(up: &Up, name: &str, old: u32, within: Duration) -> u32 {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(&pid) = up.children().get(name).filter(|&&p| p != old) {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} was not restarted within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The secrets stay with their owner: on no command line, and nothing under the state dir can
+/// be read by another user.
+fn check_secrets(up: &Up, state: &Path) {
+    let password = std::fs::read_to_string(state.join("dev-operator.password"))
+        .expect("the dev operator's password file")
+        .trim()
+        .to_string();
+    let secrets: Vec<&str> = up
+        .keys
+        .values()
+        .map(String::as_str)
+        .chain([password.as_str()])
+        .collect();
+    let mut pids: Vec<u32> = up.children().into_values().collect();
+    pids.push(up.pid());
+    assert_eq!(pids.len(), 5, "up and its four services");
+    for pid in pids {
+        let argv = cmdline(pid).join(" ");
+        for s in &secrets {
+            assert!(
+                !argv.contains(s),
+                "a secret is on the command line of pid {pid}: {argv}"
+            );
+        }
+    }
+    assert_eq!(mode(state), 0o700, "{}", state.display());
+    let files = files_under(state);
+    for f in ["keys.toml", "dev-operator.password"] {
+        assert!(
+            files.iter().any(|p| p.ends_with(f)),
+            "{f} is not in the state dir"
+        );
+    }
+    let sqlite: Vec<_> = files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "sqlite"))
+        .collect();
+    assert!(
+        !sqlite.is_empty(),
+        "the auditor's SQLite file is in the state dir"
+    );
+    for f in sqlite
+        .into_iter()
+        .chain(files.iter().filter(|p| p.ends_with("keys.toml")))
+        .chain(
+            files
+                .iter()
+                .filter(|p| p.ends_with("dev-operator.password")),
+        )
+    {
+        assert_eq!(mode(f) & 0o077, 0, "{} is readable by others", f.display());
+    }
+    // As root, try it as another user: nothing under the state dir can be read.
+    let root = unsafe { libc::geteuid() } == 0;
+    let runuser = Path::new("/usr/sbin/runuser");
+    if root && runuser.exists() {
+        for f in &files {
+            let read = Command::new(runuser)
+                .args(["-u", "nobody", "--", "cat"])
+                .arg(f)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("runuser");
+            assert!(!read.success(), "user nobody read {}", f.display());
+        }
+        eprintln!("user nobody could read none of {} files", files.len());
+    } else {
+        eprintln!("not root or no runuser: the check as another user is skipped");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_restarts_killed_workers_and_every_request_in_flight_ends_cleanly() {
+    // An empty directory outside the checkout, readable by others, so that only the state
+    // dir's own modes keep other users out.
+    let cwd = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(cwd.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let state = cwd.path().join("state");
+    let up = Up::start(&state, cwd.path());
+    assert!(
+        state.join("keys.toml").is_file(),
+        "up keeps its state in --dir"
+    );
+    check_secrets(&up, &state);
+
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client");
+    let model = served_model(&http, &up.api, up.keys.values().next().expect("a key")).await;
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
+    let mut clients = Vec::new();
+    for c in 0..CLIENTS {
+        let (http, api, stop, outcomes) =
+            (http.clone(), up.api.clone(), stop.clone(), outcomes.clone());
+        let key = up.keys.values().nth(c % 2).expect("key").clone();
+        let model = model.clone();
+        clients.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let sent = Instant::now();
+                let end = one_stream(&http, &api, &key, &model, c * 10_000 + n).await;
+                n += 1;
+                let wait = matches!(end, End::CleanError(_));
+                outcomes.lock().expect("outcomes").push(Outcome {
+                    sent,
+                    ended: Instant::now(),
+                    end,
+                });
+                // A client retries a failure after a pause, as Retry-After asks.
+                if wait {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }));
+    }
+    let served_since = |t: Instant| {
+        outcomes
+            .lock()
+            .expect("outcomes")
+            .iter()
+            .any(|o| o.sent > t && o.end == End::Served)
+    };
+    while !served_since(start) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "nothing was served within 60 s of the start: {:?}",
+            tally(outcomes.lock().expect("outcomes").iter().map(|o| &o.end))
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut recovered = Vec::new();
+    for name in ["pagewarden-prefill", "pagewarden-decode"] {
+        let old = *up
+            .children()
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is not a child of up"));
+        let killed = Instant::now();
+        send_signal(old, "KILL");
+        let new = wait_restarted(&up, name, old, Duration::from_secs(60));
+        eprintln!(
+            "{name}: pid {old} killed, restarted as {new} after {:?}",
+            killed.elapsed()
+        );
+        loop {
+            if served_since(killed) {
+                break;
+            }
+            assert!(
+                killed.elapsed() < RECOVERY,
+                "no request sent after {name}'s kill was served within {RECOVERY:?}: {:?}",
+                tally(
+                    outcomes
+                        .lock()
+                        .expect("outcomes")
+                        .iter()
+                        .filter(|o| o.sent > killed)
+                        .map(|o| &o.end)
+                )
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        recovered.push((name, killed, killed.elapsed()));
+        // Let the restarted worker serve a while before the next kill.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        tokio::time::timeout(Duration::from_secs(150), c)
+            .await
+            .expect("a client did not finish its last request")
+            .expect("client task");
+    }
+    let outcomes = outcomes.lock().expect("outcomes");
+    let served = outcomes.iter().filter(|o| o.end == End::Served).count();
+    let broken: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| match &o.end {
+            End::Broken(why) => Some(format!("{why} ({:?})", o.ended - o.sent)),
+            End::Served | End::CleanError(_) => None,
+        })
+        .collect();
+    eprintln!(
+        "{} requests: {served} served, the rest {:?}; served again after {:?}",
+        outcomes.len(),
+        tally(
+            outcomes
+                .iter()
+                .map(|o| &o.end)
+                .filter(|e| **e != End::Served)
+        ),
+        recovered
+            .iter()
+            .map(|(name, _, took)| (name, took))
+            .collect::<Vec<_>>()
+    );
+    // The decode kill must have hit streams: some in flight across it ended with an error.
+    let (_, decode_killed, _) = recovered[1];
+    let hit = outcomes
+        .iter()
+        .filter(|o| o.sent < decode_killed && o.ended > decode_killed)
+        .filter(|o| o.end == End::CleanError("error event".into()))
+        .count();
+    assert!(
+        hit > 0,
+        "no stream in flight at decode's kill ended with an error event"
+    );
+    assert!(
+        broken.is_empty(),
+        "requests that ended without a clean error: {broken:#?}"
+    );
+    assert_eq!(
+        up.children().len(),
+        4,
+        "every service is running after the kills: {:?}",
+        up.children()
+    );
+}
