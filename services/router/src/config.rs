@@ -292,6 +292,9 @@ impl RouterConfig {
             dispatch: DispatchConfig {
                 request_timeout: self.request_timeout,
                 abort_timeout: self.abort_timeout,
+                // Two keep-alive periods: the channel's own ping has failed by then, and so has
+                // every Info poll since.
+                decode_unresponsive: self.worker_keepalive * 2,
             },
             info_interval: self.info_interval,
         }

@@ -54,6 +54,9 @@ pub struct DispatchConfig {
     pub request_timeout: Option<Duration>,
     /// Bound on each best-effort `Abort` RPC.
     pub abort_timeout: Duration,
+    /// A request fails once its decode worker has answered no Info poll for this long (a
+    /// frozen decode; its prefill would wait on it for good).
+    pub decode_unresponsive: Duration,
 }
 
 /// Everything admission produced for one request.
@@ -275,7 +278,14 @@ impl Flight {
         half: Half,
         fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, RouterError> {
-        match within(self.deadline, fut.instrument(self.span.clone())).await {
+        let decode = self.decode.worker().clone();
+        let outcome = tokio::select! {
+            r = within(self.deadline, fut.instrument(self.span.clone())) => r,
+            () = decode.silent_for(self.cfg.decode_unresponsive) => {
+                return Err(self.decode_unresponsive());
+            }
+        };
+        match outcome {
             Ok(Ok(reply)) => Ok(reply.into_inner()),
             Ok(Err(status)) => {
                 self.guard.set_reason(failed(half));
@@ -289,6 +299,18 @@ impl Flight {
                 self.guard.set_reason(AbortReason::Deadline);
                 Err(RouterError::Timeout(within))
             }
+        }
+    }
+
+    /// The request's decode worker stopped answering: both halves are aborted.
+    fn decode_unresponsive(&mut self) -> RouterError {
+        self.guard.set_reason(AbortReason::DecodeFailed);
+        RouterError::Worker {
+            half: Half::Decode,
+            message: format!(
+                "the decode worker answered nothing for {:?}",
+                self.cfg.decode_unresponsive
+            ),
         }
     }
 
@@ -437,7 +459,14 @@ impl Flight {
         &mut self,
         tokens: &mut Streaming<TokenEvent>,
     ) -> Result<Option<Token>, RouterError> {
-        let event = match within(self.deadline, tokens.message()).await {
+        let decode = self.decode.worker().clone();
+        let next = tokio::select! {
+            r = within(self.deadline, tokens.message()) => r,
+            () = decode.silent_for(self.cfg.decode_unresponsive) => {
+                return Err(self.decode_unresponsive());
+            }
+        };
+        let event = match next {
             Ok(Ok(Some(event))) => event,
             Ok(Ok(None)) => {
                 self.guard.set_reason(AbortReason::DecodeFailed);

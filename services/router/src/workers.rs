@@ -92,6 +92,9 @@ pub enum Liveness {
     },
 }
 
+/// How often a request checks whether its worker has gone silent.
+const SILENCE_CHECK: Duration = Duration::from_millis(250);
+
 /// One configured worker.
 pub struct Worker {
     half: Half,
@@ -100,6 +103,9 @@ pub struct Worker {
     url: String,
     channel: Channel,
     liveness: Mutex<Liveness>,
+    /// Since when every Info poll has gone unanswered (a refusal, such as a draining
+    /// worker's, is an answer).
+    silent_since: Mutex<Option<Instant>>,
     in_flight: AtomicUsize,
 }
 
@@ -127,6 +133,7 @@ impl Worker {
             url,
             channel: endpoint.connect_lazy(),
             liveness: Mutex::new(Liveness::Unknown),
+            silent_since: Mutex::new(None),
             in_flight: AtomicUsize::new(0),
         }))
     }
@@ -171,6 +178,22 @@ impl Worker {
         };
     }
 
+    /// Resolves once this worker's Info polls have gone unanswered for `after` in a row: a
+    /// worker that froze or vanished mid-request, which the request's other half (a prefill
+    /// writing KV into it) would otherwise wait on for good.
+    pub async fn silent_for(&self, after: Duration) {
+        loop {
+            if self
+                .silent_since
+                .lock()
+                .is_some_and(|t| t.elapsed() >= after)
+            {
+                return;
+            }
+            tokio::time::sleep(SILENCE_CHECK).await;
+        }
+    }
+
     async fn poll(&self, timeout: Duration) {
         let fut = async {
             match self.half {
@@ -178,7 +201,23 @@ impl Worker {
                 Half::Prefill => self.prefill().info(traced(InfoRequest {})).await,
             }
         };
-        let next = match tokio::time::timeout(timeout, fut).await {
+        let answer = tokio::time::timeout(timeout, fut).await;
+        // A status the worker sent (a draining worker's refusal) is an answer; a status made
+        // here from a failed call (its cause attached: a reset connection, a keep-alive that
+        // timed out) is not, and neither is no reply at all.
+        let answered = match &answer {
+            Ok(Ok(_)) => true,
+            Ok(Err(status)) => std::error::Error::source(status).is_none(),
+            Err(_) => false,
+        };
+        {
+            let mut silent = self.silent_since.lock();
+            *silent = match answered {
+                true => None,
+                false => Some(silent.unwrap_or_else(Instant::now)),
+            };
+        }
+        let next = match answer {
             Ok(Ok(reply)) => Liveness::Live {
                 info: reply.into_inner().into(),
                 at: Instant::now(),

@@ -134,6 +134,7 @@ impl Harness {
             dispatch: DispatchConfig {
                 request_timeout: opts.request_timeout,
                 abort_timeout: Duration::from_secs(1),
+                decode_unresponsive: Duration::from_secs(20),
             },
             info_interval: Duration::from_millis(100),
         };
