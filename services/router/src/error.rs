@@ -141,6 +141,12 @@ pub enum RouterError {
     /// The route does not exist.
     #[error("no route for {0}")]
     NotFound(String),
+    /// An OpenAI API this deployment does not serve.
+    #[error(
+        "this deployment serves no {0} API: it generates text at /v1/completions and \
+         /v1/chat/completions (GET /v1/models names its model)"
+    )]
+    ApiNotServed(&'static str),
     /// The route exists but not for this HTTP method.
     #[error("{0} is not allowed on this route")]
     MethodNotAllowed(String),
@@ -273,6 +279,7 @@ impl RouterError {
                 None,
             ),
             E::NotFound(_) => (StatusCode::NOT_FOUND, BAD, Some("not_found"), None),
+            E::ApiNotServed(_) => (StatusCode::NOT_FOUND, BAD, Some("api_not_served"), None),
             E::MethodNotAllowed(_) => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 BAD,

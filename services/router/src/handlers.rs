@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use axum::extract::{Extension, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::error::{Half, RouterError, RETRY_AFTER_SECS};
 use crate::extract::JsonObject;
-use crate::openai::{model_list, Endpoint};
+use crate::openai::{model_list, model_object, Endpoint};
 use crate::record::{Limits, Record, Slot};
 use crate::respond::{respond, Prepared};
 use crate::server::AppState;
@@ -116,6 +116,31 @@ pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
         state.frontend.model_name(),
         state.pool.effective_context().ok(),
     ))
+}
+
+/// `GET /v1/models/{id}`: the served model, or 404 `model_not_found` for any other id.
+pub async fn model(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, RouterError> {
+    let name = state.frontend.model_name();
+    if id != name {
+        return Err(RouterError::ModelNotFound(id));
+    }
+    Ok(Json(model_object(
+        name,
+        state.pool.effective_context().ok(),
+    )))
+}
+
+/// `/v1/embeddings`: an API this deployment does not serve, said as such.
+pub async fn embeddings() -> RouterError {
+    RouterError::ApiNotServed("embeddings")
+}
+
+/// `/v1/responses`: an API this deployment does not serve, said as such.
+pub async fn responses() -> RouterError {
+    RouterError::ApiNotServed("Responses")
 }
 
 /// `GET /live`: 200 while the process serves HTTP, whatever the workers' state (liveness: a

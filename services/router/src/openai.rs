@@ -177,12 +177,17 @@ impl ResponseMeta {
 pub fn model_list(model: &str, max_model_len: Option<u32>) -> Value {
     json!({
         "object": "list",
-        "data": [{
-            "id": model,
-            "object": "model",
-            "created": 0,
-            "owned_by": "pagewarden",
-            "max_model_len": max_model_len,
-        }],
+        "data": [model_object(model, max_model_len)],
+    })
+}
+
+/// One model as `GET /v1/models/{id}` (and each entry of the list) describes it.
+pub fn model_object(model: &str, max_model_len: Option<u32>) -> Value {
+    json!({
+        "id": model,
+        "object": "model",
+        "created": 0,
+        "owned_by": "pagewarden",
+        "max_model_len": max_model_len,
     })
 }

@@ -159,6 +159,7 @@ pub fn outcome_of(e: &RouterError) -> Outcome {
         | RouterError::PoolExhausted { .. }
         | RouterError::WorkerRejected { .. }
         | RouterError::NotFound(_)
+        | RouterError::ApiNotServed(_)
         | RouterError::MethodNotAllowed(_) => Outcome::Rejected,
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -149,6 +149,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/models", get(handlers::models))
+        .route("/v1/models/{*id}", get(handlers::model))
+        .route("/v1/embeddings", any(handlers::embeddings))
+        .route("/v1/responses", any(handlers::responses))
+        .route("/v1/responses/{*rest}", any(handlers::responses))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(axum::middleware::from_fn_with_state(

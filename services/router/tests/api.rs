@@ -201,6 +201,43 @@ async fn unknown_route_and_method_are_openai_errors() {
 }
 
 #[tokio::test]
+async fn the_served_model_is_found_by_id_and_apis_not_served_say_so() {
+    let h = Harness::start(Opts::default()).await;
+    let model: Value = h
+        .get(&format!("/v1/models/{MODEL}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&model["id"], &model["object"]),
+        (&json!(MODEL), &json!("model"))
+    );
+    let err = expect_error(h.get("/v1/models/org/other-model").await, 404).await;
+    assert_eq!(err["code"], "model_not_found");
+    assert!(
+        err["message"].as_str().unwrap().contains("org/other-model"),
+        "{err}"
+    );
+    for path in ["/v1/embeddings", "/v1/responses"] {
+        let r = h.post(path, &json!({"model": MODEL, "input": "hi"})).await;
+        let err = expect_error(r, 404).await;
+        assert_eq!(err["code"], "api_not_served", "{path}: {err}");
+        assert!(
+            err["message"]
+                .as_str()
+                .unwrap()
+                .contains("/v1/chat/completions"),
+            "{err}"
+        );
+    }
+    // Behind the same keys as every other API route.
+    let r = h.client.get(h.url("/v1/embeddings")).send().await.unwrap();
+    expect_error(r, 401).await;
+    assert_eq!(h.total_reserves(), 0);
+}
+
+#[tokio::test]
 async fn models_health_and_metrics() {
     let h = Harness::start(Opts::default()).await;
     let models: Value = h.get("/v1/models").await.json().await.unwrap();
