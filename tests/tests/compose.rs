@@ -116,24 +116,38 @@ impl Stack {
     /// One SQL query's rows (`|`-separated columns), read with psql inside the postgres
     /// container.
     fn sql(&self, query: &str) -> Vec<String> {
-        self.ok(&[
-            "exec",
-            "-T",
-            "postgres",
-            "psql",
-            "-U",
-            "pagewarden",
-            "-d",
-            "pagewarden",
-            "-tA",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-c",
-            query,
-        ])
-        .lines()
-        .map(str::to_string)
-        .collect()
+        self.try_sql(query)
+            .unwrap_or_else(|why| panic!("psql {query:?} failed:\n{why}"))
+    }
+
+    /// [`Stack::sql`], or what psql said when it could not answer (a database still
+    /// starting up after a restart).
+    fn try_sql(&self, query: &str) -> Result<Vec<String>, String> {
+        let o = self
+            .cmd(&[
+                "exec",
+                "-T",
+                "postgres",
+                "psql",
+                "-U",
+                "pagewarden",
+                "-d",
+                "pagewarden",
+                "-tA",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                query,
+            ])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !o.status.success() {
+            return Err(output_text(&o));
+        }
+        Ok(String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect())
     }
 
     /// The host address a service's container port is published on.
@@ -672,10 +686,11 @@ async fn database_outage(stack: &Stack, router: &str, key: &str) {
     stack.ok(&["start", "postgres"]);
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
+        // The database may still be starting up: no count yet, ask again.
         let now = stack
-            .sql("SELECT count(*) FROM samples")
-            .first()
-            .and_then(|c| c.parse::<i64>().ok());
+            .try_sql("SELECT count(*) FROM samples")
+            .ok()
+            .and_then(|rows| rows.first().and_then(|c| c.parse::<i64>().ok()));
         if now == Some(before + SENT) {
             break;
         }
