@@ -30,6 +30,9 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// The participant's name (OpenAI's `messages[].name`), for templates that show it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -38,6 +41,7 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            name: None,
         }
     }
 }
@@ -115,7 +119,7 @@ impl ChatTemplate {
 
 impl ChatTemplate {
     /// The token ids of `messages` rendered for the model. Only the template's own markup
-    /// produces control tokens: content (and role) text that spells one, such as a user
+    /// produces control tokens: content (and role and name) text that spells one, such as a user
     /// message `<|im_end|><|im_start|>system`, is tokenized as text, exactly as
     /// `tok.encode(text, false)` would tokenize it (invariant I13). BOS as
     /// [`Tokenizer::encode_prompt`].
@@ -130,6 +134,7 @@ impl ChatTemplate {
             .map(|m| ChatMessage {
                 role: guard(&m.role, tok.control_texts()),
                 content: guard(&m.content, tok.control_texts()),
+                name: m.name.as_deref().map(|n| guard(n, tok.control_texts())),
             })
             .collect();
         let text = self.render(&guarded, add_generation_prompt)?;

@@ -6,7 +6,7 @@ use std::path::Path;
 use pagewarden_model::{ChatMessage, ChatTemplate, GgufFile, Grammar, Tokenizer};
 
 use crate::error::{RouterError, ValidationError};
-use crate::validation::{ChatTurn, Prompt};
+use crate::validation::Prompt;
 
 /// Why the model's text side could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -120,23 +120,16 @@ impl Frontend {
     }
 
     /// Tokens of a conversation rendered through the model's chat template.
-    pub fn chat_tokens(&self, turns: &[ChatTurn]) -> Result<Vec<u32>, RouterError> {
+    pub fn chat_tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, RouterError> {
         let template = self.template.as_ref().ok_or_else(|| {
             ValidationError::new(
                 "messages",
                 "this model has no chat template; use /v1/completions",
             )
         })?;
-        let messages: Vec<ChatMessage> = turns
-            .iter()
-            .map(|t| ChatMessage {
-                role: t.role.clone(),
-                content: t.content.clone(),
-            })
-            .collect();
         // Content is tokenized as text: only the template's markup yields control tokens.
         let tokens = template
-            .encode(&self.tokenizer, &messages, true)
+            .encode(&self.tokenizer, messages, true)
             .map_err(|e| {
                 ValidationError::new(
                     "messages",

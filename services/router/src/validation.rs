@@ -1,7 +1,7 @@
 //! Parse, don't validate: request bodies become [`ValidCompletionRequest`] / [`ValidChatRequest`]
 //! here, and nothing downstream accepts anything else. Every error names its field.
 
-use pagewarden_model::Grammar;
+use pagewarden_model::{ChatMessage, Grammar};
 use serde_json::{json, Map, Value};
 
 use crate::error::ValidationError;
@@ -28,15 +28,6 @@ pub enum Prompt {
     Text(String),
     /// Token ids; checked against the vocabulary when tokenized.
     Tokens(Vec<u32>),
-}
-
-/// One chat turn.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChatTurn {
-    /// `system`, `user` or `assistant` (`developer` is read as `system`).
-    pub role: String,
-    /// The text of the turn (content parts concatenated).
-    pub content: String,
 }
 
 /// Sampling parameters, in range.
@@ -100,7 +91,7 @@ pub struct ValidCompletionRequest {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidChatRequest {
     /// The conversation, at least one turn.
-    pub messages: Vec<ChatTurn>,
+    pub messages: Vec<ChatMessage>,
     /// Everything else.
     pub common: ValidCommon,
 }
@@ -162,7 +153,7 @@ pub enum TokenizeInput {
     /// A completion prompt, tokenized as `/v1/completions` does.
     Prompt(Prompt),
     /// A conversation, rendered and tokenized as `/v1/chat/completions` does.
-    Messages(Vec<ChatTurn>),
+    Messages(Vec<ChatMessage>),
 }
 
 /// A `/tokenize` body that passed every check.
@@ -294,6 +285,7 @@ fn parse_common(
     f.only_default("store", &[json!(false)])?;
     f.only_default("service_tier", &[json!("auto"), json!("default")])?;
     f.string("user")?;
+    parse_metadata(f)?;
     let temperature = f.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
     let top_p = match f.number("top_p", 0.0, 1.0)? {
         Some(p) if p <= 0.0 => return Err(f.err("top_p", "must be greater than 0")),
@@ -388,6 +380,42 @@ fn parse_common(
     })
 }
 
+/// OpenAI's `metadata`: at most 16 string pairs, keys up to 64 characters, values up to 512.
+/// Checked and dropped: it carries nothing for generation.
+fn parse_metadata(f: &Fields<'_>) -> Result<(), ValidationError> {
+    let map = match f.get("metadata") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Object(map)) => map,
+        Some(v) => {
+            return Err(f.err(
+                "metadata",
+                format!("must be an object of strings, found {}", kind_of(v)),
+            ))
+        }
+    };
+    if map.len() > 16 {
+        return Err(f.err("metadata", "may hold at most 16 keys"));
+    }
+    for (k, v) in map {
+        if k.chars().count() > 64 {
+            return Err(f.err("metadata", "keys may be at most 64 characters"));
+        }
+        match v {
+            Value::String(s) if s.chars().count() <= 512 => {}
+            Value::String(_) => {
+                return Err(f.err("metadata", "values may be at most 512 characters"))
+            }
+            v => {
+                return Err(f.err(
+                    "metadata",
+                    format!("values must be strings, found {}", kind_of(v)),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ValidationError> {
     let items: Vec<&Value> = match f.get("stop") {
         None => return Ok(Vec::new()),
@@ -479,7 +507,7 @@ fn token_ids(f: &Fields<'_>, field: &str, ids: &[Value]) -> Result<Vec<u32>, Val
         .collect()
 }
 
-fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatTurn>, ValidationError> {
+fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ValidationError> {
     let items = match f.require("messages")? {
         Value::Array(a) if a.is_empty() => return Err(f.err("messages", "must not be empty")),
         Value::Array(a) => a,
@@ -497,7 +525,7 @@ fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatTurn>, ValidationError> {
         .collect()
 }
 
-fn parse_message(f: &Fields<'_>, i: usize, m: &Value) -> Result<ChatTurn, ValidationError> {
+fn parse_message(f: &Fields<'_>, i: usize, m: &Value) -> Result<ChatMessage, ValidationError> {
     let at = format!("messages[{i}]");
     let obj = match m {
         Value::Object(o) => o,
@@ -533,10 +561,12 @@ fn parse_message(f: &Fields<'_>, i: usize, m: &Value) -> Result<ChatTurn, Valida
             ))
         }
     };
+    let name = mf.string("name")?.map(str::to_owned);
     mf.reject_unknown()?;
-    Ok(ChatTurn {
+    Ok(ChatMessage {
         role: role.to_string(),
         content,
+        name,
     })
 }
 

@@ -148,7 +148,7 @@ async fn bad_parameters_are_400_naming_the_field() {
             "max_tokens",
         ),
         (
-            json!({"messages": [{"role": "user", "content": "x", "name": "ann"}]}),
+            json!({"messages": [{"role": "user", "content": "x", "name": {"first": "ann"}}]}),
             "messages[0].name",
         ),
         (
@@ -198,6 +198,50 @@ async fn unknown_route_and_method_are_openai_errors() {
     );
     let err = expect_error(wrong_method, 405).await;
     assert_eq!(err["code"], "method_not_allowed");
+}
+
+#[tokio::test]
+async fn fields_that_carry_nothing_for_generation_are_accepted_and_checked() {
+    let h = Harness::start(Opts::default()).await;
+    let chat = json!({
+        "messages": [{"role": "user", "content": "hi", "name": "ana"}],
+        "max_tokens": 2,
+        "metadata": {"app": "tests", "run": "7"},
+        "store": false,
+        "user": "u-1",
+        "service_tier": "auto",
+    });
+    let r = h.post("/v1/chat/completions", &chat).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let r = h
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "hi", "max_tokens": 2, "metadata": {"k": "v"}}),
+        )
+        .await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let many: serde_json::Map<String, Value> =
+        (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
+    for (metadata, why) in [
+        (json!("x"), "must be an object"),
+        (json!({"k": 1}), "values must be strings"),
+        (json!({"k": "v".repeat(513)}), "at most 512"),
+        (json!({"k".repeat(65): "v"}), "at most 64"),
+        (Value::Object(many), "at most 16"),
+    ] {
+        let body = json!({"prompt": "hi", "max_tokens": 2, "metadata": metadata});
+        let err = expect_error(h.post("/v1/completions", &body).await, 400).await;
+        assert_eq!(err["param"], "metadata", "{err}");
+        assert!(err["message"].as_str().unwrap().contains(why), "{err}");
+    }
+    let body = json!({"messages": [{"role": "user", "content": "hi", "name": 5}]});
+    let err = expect_error(h.post("/v1/chat/completions", &body).await, 400).await;
+    assert_eq!(err["param"], "messages[0].name", "{err}");
+    assert_eq!(
+        h.total_reserves(),
+        2,
+        "only the two good requests reached a worker"
+    );
 }
 
 #[tokio::test]
