@@ -115,7 +115,7 @@ async fn measure(
                     match stream_with(&http, &api, key, &prompt, a.flood_max_tokens, false).await {
                         Ok(_) => done.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                         Err(e) => {
-                            eprintln!("tenant A: {e}");
+                            eprintln!("tenant A: {e:#}");
                             tokio::time::sleep(Duration::from_millis(200)).await;
                             0
                         }

@@ -89,7 +89,9 @@ pub struct Args {
     #[serde(with = "humantime_serde")]
     pub request_timeout: Option<Duration>,
     /// HTTP/2 keep-alive towards the workers: a ping this often, and a connection that leaves
-    /// one unanswered this long is closed, failing the requests on it (default `10s`).
+    /// one unanswered this long is closed, failing the requests on it; a request whose decode
+    /// has answered no Info poll for twice this long fails too, wherever it waits (default
+    /// `10s`).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
     pub worker_keepalive: Option<Duration>,
