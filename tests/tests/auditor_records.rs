@@ -1,4 +1,4 @@
-//! Issue 8: the auditor records an incident for every violation the tests inject, and none for
+//! The auditor records an incident for every violation the tests inject, and none for
 //! clean runs. The real auditor (SQLite in a temp dir), decode, prefill and router run with
 //! `--auditor`. A clean batch through the router (every tenant's prompts carrying its own
 //! canary marker, plus refused requests) opens nothing. Then each violation is injected once and
@@ -7,7 +7,7 @@
 //! - through the real decode worker, by a client that forges what prefill sends (wrong grant key,
 //!   wrong token count, a tampered page checksum): decode's commit check refuses it and reports
 //!   it; a replayed reservation is a stale message naming its request, refused and reported too,
-//!   and the auditor counts it as routine (issue 19) instead of opening an incident;
+//!   and the auditor counts it as routine instead of opening an incident;
 //! - through the auditor's gRPC ingestion, as the router and workers report: a sample carrying
 //!   other tenants' markers (one incident per foreign marker), integrity events of the kinds the
 //!   binaries cannot be driven into without test-only switches, and preflight reports.
@@ -268,8 +268,8 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
     let list = expect_total(&auditor, total, "tampered checksum").await;
     let i = newest(&list, "checksum_mismatch");
     assert_eq!(i["tenant"], "tenant-3");
-    // Filed under the page the refusal names, at the generation it was granted at (issue 19:
-    // incidents that share a page link to each other).
+    // Filed under the page the refusal names, at the generation it was granted at (incidents
+    // that share a page link to each other).
     let tampered = &grant.pages[1];
     assert_eq!(i["page"], tampered.page, "{i}");
     assert_eq!(i["generation"], tampered.generation, "{i}");

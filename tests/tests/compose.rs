@@ -1,4 +1,4 @@
-//! The compose file, run for real (issue 18). Builds the images here from the binaries this
+//! The compose file, run for real. Builds the images here from the binaries this
 //! build made, on a base made from Debian's packages (`scripts/compose-images.sh`, which calls
 //! `scripts/compose-base.sh`: debootstrap from the host's own apt mirror, `docker import`,
 //! cached by a content tag), starts `compose/docker-compose.yml` with the overrides in

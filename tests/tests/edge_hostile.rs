@@ -1,4 +1,4 @@
-//! Hostile clients against the router's edge, one attack after another (issue 34): 1,024 silent
+//! Hostile clients against the router's edge, one attack after another: 1,024 silent
 //! sockets from 16 loopback addresses, 1,024 idle HTTP/2 connections of one tenant, 200
 //! slowloris sockets and 1,000 idle HTTP/1 keep-alives of one tenant. During each, a client of
 //! another tenant, from the attacker's address and from another, gets every request served on a

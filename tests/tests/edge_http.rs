@@ -1,4 +1,4 @@
-//! Edge hardening of the real router binary (issue 8): every refusal is a clean OpenAI-shaped
+//! Edge hardening of the real router binary: every refusal is a clean OpenAI-shaped
 //! error with the right status and headers (401, 413, 400, 404, 429 and 503 with `Retry-After`),
 //! no refused request reserves a page, good requests keep succeeding around the bad ones, and
 //! SIGTERM drains an in-flight request before the router exits 0.

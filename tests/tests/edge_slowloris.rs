@@ -1,4 +1,4 @@
-//! The router's edge against slow clients (issue 14): 500 sockets that dribble a request head
+//! The router's edge against slow clients: 500 sockets that dribble a request head
 //! one byte at a time are closed once `--header-read-timeout` passes, while a well-behaved
 //! client keeps being served throughout; a body that never finishes ends in a clean 400. One
 //! client address holds at most `--max-unauthenticated-per-addr` sockets that have not shown a

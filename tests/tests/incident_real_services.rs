@@ -1,4 +1,4 @@
-//! Issue 18: the incident replayed on the real services. The router, prefill and decode are the
+//! The incident replayed on the real services. The router, prefill and decode are the
 //! binaries built with the TEST-ONLY defense switches (`scripts/build-switched.sh`; feature
 //! `unsafe-test-switches`, read from `PAGEWARDEN_UNSAFE_TEST_SWITCHES`), over the real model
 //! and the real TCP transfer, with the auditor recording. As in the incident, the prefill pool

@@ -1,4 +1,4 @@
-//! Issue 13, pages as you go (I9): decode allocates the pages of generated tokens as they are
+//! Pages as you go (I9): decode allocates the pages of generated tokens as they are
 //! generated, and when its pool runs short it preempts the youngest sequences (frees their
 //! pages) and recomputes them later from their token ids. Real worker processes on 127.0.0.1,
 //! the tiny test model.

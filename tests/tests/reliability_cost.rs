@@ -1,4 +1,4 @@
-//! Issue 8, what the defenses cost: the same build with every check on beside the test-only
+//! What the defenses cost: the same build with every check on beside the test-only
 //! switches off, alternating rounds in one run, reporting medians and on/off ratios. Asserts
 //! nothing about speed (benchmarks, run by hand):
 //!

@@ -1,4 +1,4 @@
-//! Issue 8, fuzz pass (bounded proptest): the transfer frame decoder never panics on arbitrary
+//! Fuzz pass (bounded proptest): the transfer frame decoder never panics on arbitrary
 //! or mutated input, and decoded frames re-encode to the bytes they came from. (The router's
 //! request parsing is fuzzed in its own crate's tests, if at all: adding the router as a
 //! dependency here re-features hyper/tower for this whole crate.)

@@ -1,4 +1,4 @@
-//! Issue 8, late writes: requests of 8 tenants aborted at random points of their transfer,
+//! Late writes: requests of 8 tenants aborted at random points of their transfer,
 //! with the transport holding some writes and executing them late, at random later steps
 //! (while other tenants' requests reserve, commit and read the same pages). Seeded. Every
 //! readable request's KV is scanned for other tenants' markers: zero foreign reads over

@@ -1,4 +1,4 @@
-//! Abort storm under load against the real binaries (issue 8): 8 tenants with unique markers at
+//! Abort storm under load against the real binaries: 8 tenants with unique markers at
 //! the start and end of every prompt, seeded random client disconnects, a prefill process killed
 //! and restarted (on the same gRPC port, so the router's configured address stays valid and its
 //! `Info` polling brings it back), and a decode worker killed. Asserted: no response ever

@@ -1,4 +1,4 @@
-//! Issue 18: a rolling restart of both decode workers under a steady load of 4 streams fails no
+//! A rolling restart of both decode workers under a steady load of 4 streams fails no
 //! request. SIGTERM makes a decode drain: it finishes the sequences it holds, answers new and
 //! queued reservations `UNAVAILABLE` (and its `Info` too, so the router stops picking it), and
 //! exits once empty; the router sends a request whose `Reserve` found it unavailable to the

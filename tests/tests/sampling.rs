@@ -1,4 +1,4 @@
-//! Issue #19's sampling surface through the whole suite (router → prefill → decode as real
+//! The sampling surface through the whole suite (router → prefill → decode as real
 //! processes, the real model): logprobs equal the single-process engine's log-softmax, in both
 //! OpenAI shapes, whole and streamed; vLLM's extensions (penalties, `min_tokens`,
 //! `stop_token_ids`, `ignore_eos`) are honoured, the same way the engine honours them;

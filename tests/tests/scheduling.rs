@@ -1,4 +1,4 @@
-//! Issue 13, queue don't refuse (I9): real worker processes on 127.0.0.1. A request that fits
+//! Queue, don't refuse (I9): real worker processes on 127.0.0.1. A request that fits
 //! the context but not the free pages waits, holding no pages, and is served when pages free
 //! up; a full queue or a passed queue deadline answers a typed status; a cancelled waiter
 //! leaves the queue at once; `max_tokens` is said once, at `Reserve`. The last test runs the

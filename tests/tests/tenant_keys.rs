@@ -1,4 +1,4 @@
-//! Issue 14: tenant API keys are stored hashed, `pagewarden keys` edits the tenants file, and
+//! Tenant API keys are stored hashed, `pagewarden keys` edits the tenants file, and
 //! the router reloads it on SIGHUP: an added key works, a revoked one gets 401, a broken file
 //! keeps the previous keys, and a stream in flight across the reloads runs to its end.
 

@@ -1,4 +1,5 @@
-//! The test-only `Defenses` switches each remove exactly one check (issue 8 relies on them).
+//! The test-only `Defenses` switches each remove exactly one check; the reliability tests rely
+//! on that.
 
 mod support;
 

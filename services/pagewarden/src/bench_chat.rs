@@ -1,4 +1,4 @@
-//! `pagewarden bench chat`: multi-turn chat, the workload a prefix cache is for (issue 15),
+//! `pagewarden bench chat`: multi-turn chat, the workload a prefix cache is for,
 //! side by side with llama.cpp's `llama-server` and its prompt cache.
 //!
 //! `--conversations` chats of `--turns` turns each, interleaved (turn 1 of every chat, then

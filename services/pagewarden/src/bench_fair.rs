@@ -1,5 +1,5 @@
 //! `pagewarden bench fairness`: what one tenant's flood does to another, and whether any
-//! stream waits for another to finish (issue 13), through the real suite on 127.0.0.1.
+//! stream waits for another to finish, through the real suite on 127.0.0.1.
 //!
 //! 1. Tenant B's time to first token, p50 and p90 over `--short-requests` short requests sent
 //!    one after another, on an idle suite and again while tenant A keeps `--flood` long

@@ -1,5 +1,5 @@
 //! `pagewarden bench prefix`: what the prefix cache gives a tenant, and whether another tenant
-//! can tell it is there (issue 15), through the real suite on 127.0.0.1.
+//! can tell it is there, through the real suite on 127.0.0.1.
 //!
 //! Each round uses prefixes nobody sent before, so every request below is its tenant's first
 //! sight of its prefix unless the text says otherwise:

@@ -113,7 +113,7 @@ impl Plan {
             "--probe-interval",
             &humantime::format_duration(self.probe_interval).to_string(),
             // A light sweep (short prompts and the just-over-context step) as every dev tenant
-            // of `keys.toml`, the two people's and the probe tenant (issue 19). Keys reach the
+            // of `keys.toml`, the two people's and the probe tenant. Keys reach the
             // auditor only through that file (0600), never its command line.
             "--probe-sweep",
             "light",

@@ -1,4 +1,4 @@
-//! In-process reliability harness (issue 8). Compiled ONLY into the `reliability_*` test
+//! In-process reliability harness. Compiled ONLY into the `reliability_*` test
 //! binaries: each includes it with `#[path = "../src/harness/mod.rs"] mod harness;` and the
 //! test-only `unsafe-test-switches` feature of `pagewarden-kvcache` is enabled only in this
 //! crate's `[dev-dependencies]`. It is deliberately not a module of the crate's library, so a

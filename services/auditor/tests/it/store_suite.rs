@@ -407,7 +407,7 @@ async fn cache_events(store: &Store) {
     );
 }
 
-/// Routine counts, page-tag filters, paging and the incidents series (issue 19).
+/// Routine counts, page-tag filters, paging and the incidents series.
 async fn issue_19(store: &Store) {
     // Routine events are counted per kind, with the latest; others are not counted as routine.
     for (kind, routine, at) in [
