@@ -30,7 +30,7 @@ use pagewarden_common::tenants::{problems, TenantEntry, TenantsFile};
 /// `pagewarden preflight` flags.
 #[derive(Debug, clap::Args)]
 pub struct PreflightArgs {
-    /// TOML file describing the workers and the tenants (see the README).
+    /// TOML file describing the workers and the tenants (see docs/configuration.md).
     #[arg(long)]
     pub config: PathBuf,
 }

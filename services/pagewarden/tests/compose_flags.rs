@@ -433,7 +433,8 @@ fn load_credentials(unit: &Path) -> BTreeMap<String, String> {
 /// `compose/systemd/<role>.toml` as its unit sees it once installed under `root` instead of `/`:
 /// every `/run/credentials/pagewarden-<role>.service/NAME` becomes the file the unit's
 /// `LoadCredential=NAME:SOURCE` hands over (`SOURCE` under `root`). A credential path the unit
-/// does not hand over, or one whose source the README's install steps do not write, is a problem.
+/// does not hand over, or one whose source the install steps in docs/deploy.md do not write, is
+/// a problem.
 fn as_installed(role: &str, root: &Path, problems: &mut Vec<String>) -> PathBuf {
     let dir = repo().join("compose/systemd");
     let creds = load_credentials(&dir.join(format!("pagewarden-{role}.service")));

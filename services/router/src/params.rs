@@ -65,7 +65,7 @@ impl<'a> Fields<'a> {
             None => Ok(()),
             Some(k) => Err(self.err(
                 k,
-                "is not a recognized parameter (the README lists the accepted ones)",
+                "is not a recognized parameter (docs/api.md lists the accepted ones)",
             )),
         }
     }
