@@ -563,7 +563,7 @@ mod tests {
             normalize(Path::new("docs/../README.md")),
             Some(PathBuf::from("README.md"))
         );
-        assert_eq!(normalize(Path::new("docs/../../shared/x.md")), None);
+        assert_eq!(normalize(Path::new("docs/../../outside/x.md")), None);
         assert_eq!(normalize(Path::new("./a/./b")), Some(PathBuf::from("a/b")));
     }
 
