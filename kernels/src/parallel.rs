@@ -66,6 +66,8 @@ impl std::fmt::Debug for Parallel {
 thread_local! {
     /// Set while this thread runs an item of a region: a nested region runs inline.
     static IN_REGION: Cell<bool> = const { Cell::new(false) };
+    /// Set while this thread runs urgent work ([`Parallel::urgent`]).
+    static URGENT: Cell<bool> = const { Cell::new(false) };
 }
 
 /// A type-erased `&dyn Fn(usize)` valid for one region.
@@ -108,6 +110,11 @@ struct Pool {
     shared: Arc<Shared>,
     /// One region at a time (two callers sharing a model take turns); holds the stall backoff.
     dispatch: Mutex<Backoff>,
+    /// Callers inside [`Parallel::urgent`]; while there is one, the others wait in `calm`
+    /// before their next region.
+    urgent: AtomicUsize,
+    calm: Mutex<()>,
+    calmed: Condvar,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -275,12 +282,34 @@ impl Pool {
         Pool {
             shared,
             dispatch: Mutex::new(Backoff::new()),
+            urgent: AtomicUsize::new(0),
+            calm: Mutex::new(()),
+            calmed: Condvar::new(),
             workers,
+        }
+    }
+
+    /// Waits while another thread's urgent work runs (not when this thread's is the urgent
+    /// work).
+    fn yield_to_urgent(&self) {
+        if self.urgent.load(Ordering::Acquire) == 0 || URGENT.with(Cell::get) {
+            return;
+        }
+        let mut calm = self.calm.lock().unwrap_or_else(|e| e.into_inner());
+        while self.urgent.load(Ordering::Acquire) > 0 {
+            // The notify comes under `calm` after the count drops, so none is missed; the
+            // timeout only bounds the cost of a mistake.
+            calm = self
+                .calmed
+                .wait_timeout(calm, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
     /// Runs `f(i)` for `i < n` on the caller and every worker; returns when all are done.
     fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        self.yield_to_urgent();
         let mut turn = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
         if turn.take_solo() {
             drop(turn);
@@ -369,6 +398,34 @@ impl Parallel {
         self.threads
     }
 
+    /// Runs `f` as urgent work: while it runs, other threads calling into this pool wait
+    /// before each of their regions, so `f`'s regions wait at most for the one under way. For
+    /// short work that must not queue behind long work (a short prompt's prefill pass beside a
+    /// long prompt's); the others resume when `f` returns (or unwinds).
+    pub fn urgent<R>(&self, f: impl FnOnce() -> R) -> R {
+        let Some(pool) = &self.pool else {
+            return f();
+        };
+        if URGENT.with(Cell::get) {
+            return f();
+        }
+        /// Ends the urgent work, on return or unwind.
+        struct Done<'a>(&'a Pool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                URGENT.with(|u| u.set(false));
+                if self.0.urgent.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    let _calm = self.0.calm.lock().unwrap_or_else(|e| e.into_inner());
+                    self.0.calmed.notify_all();
+                }
+            }
+        }
+        pool.urgent.fetch_add(1, Ordering::AcqRel);
+        URGENT.with(|u| u.set(true));
+        let _done = Done(pool);
+        f()
+    }
+
     /// Runs `f(i, chunk)` for every `chunk_len`-sized chunk of `data` (the last may be shorter),
     /// in parallel when the pool has more than one thread.
     pub fn for_each_chunk<T, F>(&self, data: &mut [T], chunk_len: usize, f: F)
@@ -438,6 +495,52 @@ mod tests {
             }
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 50));
         }
+    }
+
+    #[test]
+    fn urgent_work_runs_its_regions_while_other_callers_wait() {
+        use std::sync::atomic::AtomicBool;
+        let par = Parallel::new(2);
+        let (stop, strict) = (AtomicBool::new(false), AtomicBool::new(false));
+        let (others_during, others) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::SeqCst) {
+                    let during = strict.load(Ordering::SeqCst);
+                    par.for_each_index(2, |_| {});
+                    others.fetch_add(1, Ordering::SeqCst);
+                    if during && strict.load(Ordering::SeqCst) {
+                        others_during.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+            while others.load(Ordering::SeqCst) < 100 {
+                std::thread::yield_now();
+            }
+            par.urgent(|| {
+                // The other caller may have passed its check just before: one region of it
+                // may still start. From then on it waits.
+                par.for_each_index(2, |_| {});
+                par.for_each_index(2, |_| {});
+                strict.store(true, Ordering::SeqCst);
+                for _ in 0..20 {
+                    par.for_each_index(2, |_| {});
+                    // Room for the other caller to take the pool, were it not waiting.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                strict.store(false, Ordering::SeqCst);
+            });
+            let after = others.load(Ordering::SeqCst);
+            while others.load(Ordering::SeqCst) < after + 10 {
+                std::thread::yield_now();
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+        assert!(
+            others_during.load(Ordering::SeqCst) <= 1,
+            "another caller ran {} regions during urgent work",
+            others_during.load(Ordering::SeqCst)
+        );
     }
 
     #[test]

@@ -96,6 +96,23 @@ impl Compute {
         }
     }
 
+    /// Whether a short pass can overtake a long one on this engine ([`Compute::urgent`]): on
+    /// the CPU, where passes share the kernel pool region by region. A GPU runs one pass at a
+    /// time.
+    pub fn overtakes(&self) -> bool {
+        matches!(self, Compute::Cpu(_))
+    }
+
+    /// Runs `f` (passes over this engine) as urgent work: other threads' passes wait before
+    /// each of their parallel regions until it returns. Only `f`'s own thread is urgent.
+    pub fn urgent<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self {
+            Compute::Cpu(m) => m.urgent(f),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(_) => f(),
+        }
+    }
+
     /// Runs `tokens` after the `pages.len()` tokens already in `pages`, writing their K/V into
     /// `pages`; the logits of the last position.
     pub fn prefill(

@@ -93,6 +93,11 @@ impl<T> FairQueue<T> {
         self.rotation.iter().any(|l| l.tenant != *tenant)
     }
 
+    /// Whether `tenant` has an item waiting.
+    pub fn waits(&self, tenant: &TenantId) -> bool {
+        self.rotation.iter().any(|l| l.tenant == *tenant)
+    }
+
     /// The item that [`FairQueue::pop`] would return.
     pub fn peek(&self) -> Option<&T> {
         self.rotation.front().and_then(|l| l.items.front())

@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pagewarden_common::metrics::WorkerMetrics;
+use pagewarden_common::TenantId;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages, SharedPages};
 use pagewarden_model::{Model, Sampled, Sampler};
 use pagewarden_proto::v1 as pb;
-use pagewarden_worker::{wire, Compute, PrefixCacheLog, WorkerError};
+use pagewarden_worker::{wire, Compute, ComputeError, PrefixCacheLog, WorkerError};
 use tokio_util::sync::CancellationToken;
 
 use crate::gate::{Admitted, Gate};
@@ -59,6 +60,7 @@ pub async fn run(
     // and the prefix cannot be evicted meanwhile.
     let prefix = pin_prefix(&deps, &job);
     let cached = prefix.as_ref().map_or(0, |p| p.len());
+    let arrived = Instant::now();
     let admitted = deps
         .gate
         .admit(owner, job.weight, job.prompt.len() - cached, &cancel)
@@ -70,6 +72,7 @@ pub async fn run(
             return Err(refused.into());
         }
     };
+    tracing::debug!(request = %job.req, gate_ms = arrived.elapsed().as_secs_f64() * 1e3, "admitted");
     let result = compute_and_send(&deps, &job, prefix, pages, &cancel).await;
     // The pages were dropped inside: the next waiter finds them free.
     drop(slot);
@@ -141,6 +144,7 @@ async fn compute_and_send(
     deps.metrics
         .observe_prefill(started.elapsed().as_secs_f64());
     let t0 = Instant::now();
+    tracing::debug!(request = %job.req, compute_ms = started.elapsed().as_secs_f64() * 1e3, "computed");
     let (manifest, bytes) = out.finish(&pages, cancel).await?;
     if let Some(prefix) = prefix {
         let published = pages.publish_prefix(&prefix, &job.prompt);
@@ -180,7 +184,9 @@ enum Failure {
 /// [`Compute::yield_tokens`] while another tenant's job waits, and of an eighth of the context
 /// so far (at least that) while none does; the turn ends after the pass during which another
 /// tenant's job started waiting, or after the first pass when one was already waiting: that
-/// job waits for the pass under way, never for the rest of the prompt. Between
+/// job waits for the pass under way, never for the rest of the prompt, and a rest that fits
+/// one short pass, of a tenant with nothing else at the engine, does not wait even for that:
+/// it overtakes (`turns.rs`). Between
 /// turns: the pages completed so far go to decode, and a cancel stops the job (within one
 /// chunk).
 async fn compute(
@@ -197,35 +203,38 @@ async fn compute(
     // The cached prefix's positions are done: its pages go to decode during the first pass.
     let mut done = prefix.as_ref().map_or(0, |p| p.len());
     while done < job.prompt.len() {
-        let turn = tokio::select! {
-            t = deps.turns.take(&job.tenant, job.weight) => t,
-            () = cancel.cancelled() => return Err(Failure::Compute(cancelled())),
+        let asked = Instant::now();
+        // A short rest of a prompt overtakes another tenant's pass (`turns.rs`); otherwise
+        // the job waits for its turn.
+        let overtake = (job.prompt.len() - done <= pass && deps.compute.overtakes())
+            .then(|| deps.turns.overtake(&job.tenant))
+            .flatten();
+        let urgent = overtake.is_some();
+        let turn = match overtake {
+            Some(_) => None,
+            None => tokio::select! {
+                t = deps.turns.take(&job.tenant, job.weight) => Some(t),
+                () = cancel.cancelled() => return Err(Failure::Compute(cancelled())),
+            },
         };
+        tracing::debug!(request = %job.req, wait_ms = asked.elapsed().as_secs_f64() * 1e3, done, urgent, "turn");
         let d = deps.clone();
         let prefix = prefix.clone();
         let tenant = job.tenant.clone();
         let chunk = job.prompt[done..(done + deps.chunk_tokens).min(job.prompt.len())].to_vec();
         let pass_task = tokio::task::spawn_blocking(move || {
-            let mut ran = 0;
-            let mut result = Ok(Vec::new());
-            while ran < chunk.len() {
-                // Each pass re-reads every earlier key of the prompt: 64-token passes
-                // throughout took a 7,299-token prompt from 32 s to 60 s on 2 vCPUs. While
-                // nobody waits, a pass covers an eighth of the context so far (at least
-                // `pass`): that overhead stays bounded, and a job that starts waiting waits for
-                // at most that many tokens. While one waits, one short pass, then the turn ends.
-                let n = if d.turns.contended(&tenant) {
-                    pass
-                } else {
-                    pass.max((done + ran) / 8)
-                };
-                let part = &chunk[ran..(ran + n).min(chunk.len())];
-                result = d.compute.prefill_after(prefix.as_deref(), &mut pages, part);
-                ran += part.len();
-                if result.is_err() || d.turns.contended(&tenant) {
-                    break;
-                }
-            }
+            let mut run = || {
+                passes(
+                    &d,
+                    &tenant,
+                    prefix.as_deref(),
+                    &mut pages,
+                    &chunk,
+                    done,
+                    pass,
+                )
+            };
+            let (ran, result) = if urgent { d.compute.urgent(run) } else { run() };
             (pages, ran, result)
         });
         // The cached prefix's pages go to decode while the first pass computes (later passes
@@ -235,7 +244,9 @@ async fn compute(
             Failure::Compute(WorkerError::Internal(format!("prefill task failed: {e}")))
         })?;
         sent.map_err(Failure::Transfer)?;
-        drop(turn);
+        // The turn passes on, or the overtaken pass resumes.
+        drop((turn, overtake));
+        tracing::debug!(request = %job.req, ran, pass_ms = asked.elapsed().as_secs_f64() * 1e3, "pass");
         pages = back;
         logits = result.map_err(|e| {
             Failure::Compute(WorkerError::Internal(format!(
@@ -254,4 +265,37 @@ async fn compute(
     let first =
         Sampler::for_model(&job.sampling, &job.prompt, deps.model.tokenizer()).next(&logits);
     Ok((pages, first))
+}
+
+/// The passes of one turn over `chunk` (the prompt's tokens from `done`). Each pass re-reads
+/// every earlier key of the prompt, so passes are not made small for nothing: while nobody
+/// waits, a pass covers an eighth of the context so far (at least `pass`), which keeps that
+/// overhead bounded while a job that starts waiting waits for at most that many tokens; while
+/// one waits, one pass of `pass` tokens, then the turn ends. How many tokens ran, and the
+/// last pass's logits.
+fn passes(
+    d: &JobDeps,
+    tenant: &TenantId,
+    prefix: Option<&SharedPages>,
+    pages: &mut ReadablePages,
+    chunk: &[u32],
+    done: usize,
+    pass: usize,
+) -> (usize, Result<Vec<f32>, ComputeError>) {
+    let mut ran = 0;
+    let mut result = Ok(Vec::new());
+    while ran < chunk.len() {
+        let n = if d.turns.contended(tenant) {
+            pass
+        } else {
+            pass.max((done + ran) / 8)
+        };
+        let part = &chunk[ran..(ran + n).min(chunk.len())];
+        result = d.compute.prefill_after(prefix, pages, part);
+        ran += part.len();
+        if result.is_err() || d.turns.contended(tenant) {
+            break;
+        }
+    }
+    (ran, result)
 }

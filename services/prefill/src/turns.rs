@@ -3,10 +3,18 @@
 //! flight gets one chunk in turn with each other tenant, not one per prompt, and no chunks of
 //! two jobs oversubscribe the cores together.
 //!
+//! One exception keeps a short prompt from waiting for a long one's pass: a job whose whole
+//! remaining prompt fits one short pass, of a tenant with nothing else at the engine (neither
+//! holding the turn nor waiting for it), overtakes ([`Turns::overtake`]): its pass runs at once
+//! as urgent work, and the pass under way pauses between its parallel regions until it is done
+//! (`Compute::urgent`). One overtake at a time; a tenant's second job waits for its turn, so a
+//! tenant cannot keep the turn's holder paused with a flood of short prompts.
+//!
 //! ```text
 //! take ──idle──▶ Turn ──drop: hand to the next waiter (or idle)──▶ …
 //!   └──busy──▶ waiting in the fair queue ──handed the turn──▶ Turn
 //!                  └── dropped while waiting: leaves; a turn handed meanwhile is passed on
+//! overtake ──busy, another tenant holds it, no overtake, this tenant idle here──▶ Overtake
 //! ```
 
 use pagewarden_common::TenantId;
@@ -22,12 +30,20 @@ pub struct Turns {
 
 #[derive(Default)]
 struct Inner {
-    busy: bool,
-    waiting: FairQueue<oneshot::Sender<()>>,
+    /// The tenant whose job holds the turn; `None`: the engine is idle.
+    holder: Option<TenantId>,
+    /// Whether a short pass is overtaking the holder now.
+    overtaking: bool,
+    waiting: FairQueue<(TenantId, oneshot::Sender<()>)>,
 }
 
 /// The turn, held until dropped.
 pub struct Turn<'a> {
+    turns: &'a Turns,
+}
+
+/// A short pass's leave to run beside the turn's holder, held until dropped.
+pub struct Overtake<'a> {
     turns: &'a Turns,
 }
 
@@ -37,12 +53,12 @@ impl Turns {
     pub async fn take(&self, tenant: &TenantId, weight: u32) -> Turn<'_> {
         let rx = {
             let mut inner = self.inner.lock();
-            if !inner.busy {
-                inner.busy = true;
+            if inner.holder.is_none() {
+                inner.holder = Some(tenant.clone());
                 return Turn { turns: self };
             }
             let (tx, rx) = oneshot::channel();
-            inner.waiting.push(tenant, weight, tx);
+            inner.waiting.push(tenant, weight, (tenant.clone(), tx));
             rx
         };
         let mut waiting = Waiting {
@@ -57,6 +73,19 @@ impl Turns {
         Turn { turns: self }
     }
 
+    /// Leave for a short pass of `tenant` to run now, beside the turn's holder, when another
+    /// tenant holds the turn, no other pass overtakes, and `tenant` neither holds the turn nor
+    /// waits for it (module doc). `None`: take the turn instead.
+    pub fn overtake(&self, tenant: &TenantId) -> Option<Overtake<'_>> {
+        let mut inner = self.inner.lock();
+        let held_by_another = inner.holder.as_ref().is_some_and(|h| h != tenant);
+        if !held_by_another || inner.overtaking || inner.waiting.waits(tenant) {
+            return None;
+        }
+        inner.overtaking = true;
+        Some(Overtake { turns: self })
+    }
+
     /// Whether a job of a tenant other than `tenant` waits for the turn (the holder, of
     /// `tenant`, then ends its turn early: see `job.rs`).
     pub fn contended(&self, tenant: &TenantId) -> bool {
@@ -66,18 +95,25 @@ impl Turns {
     /// Hands the turn to the next waiter still waiting, or marks the engine idle.
     fn pass_on(&self) {
         let mut inner = self.inner.lock();
-        while let Some(tx) = inner.waiting.pop() {
+        while let Some((tenant, tx)) = inner.waiting.pop() {
             if tx.send(()).is_ok() {
+                inner.holder = Some(tenant);
                 return;
             }
         }
-        inner.busy = false;
+        inner.holder = None;
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         self.turns.pass_on();
+    }
+}
+
+impl Drop for Overtake<'_> {
+    fn drop(&mut self) {
+        self.turns.inner.lock().overtaking = false;
     }
 }
 
@@ -168,6 +204,37 @@ mod tests {
         drop(held);
         b.await.unwrap();
         a2.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn only_an_idle_tenants_job_overtakes_and_one_at_a_time() {
+        let turns = Arc::new(Turns::default());
+        assert!(
+            turns.overtake(&t("b")).is_none(),
+            "an idle engine is taken, not overtaken"
+        );
+        let held = turns.take(&t("a"), 1).await;
+        assert!(
+            turns.overtake(&t("a")).is_none(),
+            "the holder's own tenant waits its turn"
+        );
+        let b = turns
+            .overtake(&t("b"))
+            .expect("b has nothing at the engine");
+        assert!(turns.overtake(&t("c")).is_none(), "one overtake at a time");
+        drop(b);
+        // A tenant with a job waiting for the turn does not overtake with another.
+        let c_waits = {
+            let turns = turns.clone();
+            tokio::spawn(async move {
+                let _t = turns.take(&t("c"), 1).await;
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(turns.overtake(&t("c")).is_none());
+        assert!(turns.overtake(&t("d")).is_some());
+        drop(held);
+        c_waits.await.unwrap();
     }
 
     #[tokio::test]

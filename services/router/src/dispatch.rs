@@ -27,7 +27,7 @@ use tracing::Instrument;
 use crate::admission::Admitted;
 use crate::error::{from_status, Half, RouterError};
 use crate::guard::{AbortGuard, AbortReason};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Phase};
 use crate::openai::Usage;
 use crate::telemetry::traced;
 use crate::token_rate::TokenMeter;
@@ -115,6 +115,9 @@ pub struct Flight {
     cached_tokens: u32,
     last_token_at: Option<Instant>,
     ttft: Option<Duration>,
+    /// When decode granted the reservation and when prefill replied (the TTFT's phases).
+    granted_at: Option<Instant>,
+    prefilled_at: Option<Instant>,
 }
 
 impl Flight {
@@ -165,6 +168,8 @@ impl Flight {
             cached_tokens: 0,
             last_token_at: None,
             ttft: None,
+            granted_at: None,
+            prefilled_at: None,
         })
     }
 
@@ -302,6 +307,29 @@ impl Flight {
         }
     }
 
+    /// Where the time to first token went, phase by phase: metrics, and a debug line.
+    fn first_token_phases(&self, now: Instant) {
+        let (Some(granted), Some(prefilled)) = (self.granted_at, self.prefilled_at) else {
+            return;
+        };
+        let phases = [
+            (Phase::Reserve, granted - self.job.arrived),
+            (Phase::Prefill, prefilled - granted),
+            (Phase::Generate, now - prefilled),
+        ];
+        for (phase, d) in phases {
+            self.metrics.phase(phase, d.as_secs_f64());
+        }
+        let [reserve, prefill, generate] = phases.map(|(_, d)| d.as_secs_f64() * 1e3);
+        tracing::debug!(
+            parent: &self.span,
+            reserve_ms = reserve,
+            prefill_ms = prefill,
+            generate_ms = generate,
+            "first token"
+        );
+    }
+
     /// The request's decode worker stopped answering: both halves are aborted.
     fn decode_unresponsive(&mut self) -> RouterError {
         self.guard.set_reason(AbortReason::DecodeFailed);
@@ -407,6 +435,7 @@ impl Flight {
             )
             .await?;
         self.check_ref(Half::Decode, reply.req.as_ref())?;
+        self.granted_at = Some(Instant::now());
         reply.grant.ok_or_else(|| missing(Half::Decode, "grant"))
     }
 
@@ -433,6 +462,7 @@ impl Flight {
             return Err(missing(Half::Prefill, "manifest"));
         }
         self.cached_tokens = reply.cached_tokens.min(self.prompt_tokens());
+        self.prefilled_at = Some(Instant::now());
         Ok(reply)
     }
 
@@ -517,6 +547,7 @@ impl Flight {
                 let ttft = now - self.job.arrived;
                 self.ttft = Some(ttft);
                 self.metrics.first_token(ttft.as_secs_f64());
+                self.first_token_phases(now);
             }
             Some(prev) => self.metrics.next_token((now - prev).as_secs_f64()),
         }

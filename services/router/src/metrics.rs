@@ -54,6 +54,35 @@ pub struct AbortLabels {
     pub result: &'static str,
 }
 
+/// Labels of `pagewarden_router_phase_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// `reserve`, `prefill` or `generate` ([`Phase::name`]).
+    pub phase: &'static str,
+}
+
+/// Where a request's time to first token goes, phase by phase (they add up to the TTFT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// From arrival to decode's grant: parsing, admission, decode's queue.
+    Reserve,
+    /// From the grant to prefill's reply: prefill's queue, the prompt's compute, the KV transfer.
+    Prefill,
+    /// From prefill's reply to the first token: decode's commit check and the relay.
+    Generate,
+}
+
+impl Phase {
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Reserve => "reserve",
+            Phase::Prefill => "prefill",
+            Phase::Generate => "generate",
+        }
+    }
+}
+
 /// Labels of `pagewarden_router_live_workers`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RoleLabels {
@@ -72,6 +101,8 @@ pub struct Metrics {
     pub ttft: Histogram,
     /// Seconds between consecutive tokens of one request.
     pub inter_token: Histogram,
+    /// Seconds of each phase before the first token.
+    pub phases: Family<PhaseLabels, Histogram>,
     /// Worker messages dropped because they named another request or attempt (I5).
     pub stale_messages: Counter,
     /// Abort RPCs sent, by half and result (I6).
@@ -96,6 +127,7 @@ impl Metrics {
         let rejections = Family::<ReasonLabels, Counter>::default();
         let ttft = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let inter_token = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        let phases = Family::<PhaseLabels, Histogram>::new_with_constructor(phase_histogram);
         let stale_messages = Counter::default();
         let aborts = Family::<AbortLabels, Counter>::default();
         let live_workers = Family::<RoleLabels, Gauge>::default();
@@ -123,6 +155,12 @@ impl Metrics {
             inter_token.clone(),
         );
         registry.register(
+            "phase_seconds",
+            "Time of each phase before the first token: reserve (to decode's grant), prefill \
+             (to prefill's reply), generate (to the first token)",
+            phases.clone(),
+        );
+        registry.register(
             "stale_messages",
             "Worker messages dropped for naming another request or attempt",
             stale_messages.clone(),
@@ -142,6 +180,7 @@ impl Metrics {
             rejections,
             ttft,
             inter_token,
+            phases,
             stale_messages,
             aborts,
             live_workers,
@@ -177,9 +216,23 @@ impl Metrics {
         self.vllm.first_token(secs);
     }
 
+    /// One phase before the first token took `secs`.
+    pub fn phase(&self, phase: Phase, secs: f64) {
+        self.phases
+            .get_or_create(&PhaseLabels {
+                phase: phase.name(),
+            })
+            .observe(secs);
+    }
+
     /// A later token, `secs` after the one before.
     pub fn next_token(&self, secs: f64) {
         self.inter_token.observe(secs);
         self.vllm.next_token(secs);
     }
+}
+
+/// The buckets of each phase's histogram: the TTFT's.
+fn phase_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }

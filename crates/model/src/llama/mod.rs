@@ -105,6 +105,13 @@ impl Model {
         })
     }
 
+    /// Runs `f` (calls into this model) as urgent work: while it runs, other threads'
+    /// forward passes over this model wait before each of their parallel regions
+    /// ([`Parallel::urgent`]). For a short pass that must not queue behind a long one.
+    pub fn urgent<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.par.urgent(f)
+    }
+
     /// Whether attention runs llama.cpp's flash-attention arithmetic ([`LoadOptions`]).
     pub(crate) fn flash_attention(&self) -> bool {
         self.opts.flash_attention
