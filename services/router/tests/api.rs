@@ -300,6 +300,9 @@ async fn models_health_and_metrics() {
         "pagewarden_router_rejections_total{reason=\"invalid_value\"} 1",
         "pagewarden_router_ttft_seconds_count 1",
         "pagewarden_router_inter_token_latency_seconds_count 1",
+        "pagewarden_router_phase_seconds_count{phase=\"reserve\"} 1",
+        "pagewarden_router_phase_seconds_count{phase=\"prefill\"} 1",
+        "pagewarden_router_phase_seconds_count{phase=\"generate\"} 1",
         "pagewarden_router_effective_context_tokens 256",
     ] {
         assert!(m.contains(needle), "metrics lack `{needle}`:\n{m}");
