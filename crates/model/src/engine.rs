@@ -7,9 +7,8 @@ use pagewarden_kvcache::{KvPool, Owner, RequestId, TenantId};
 
 use crate::llama::{Model, ModelError};
 use crate::logprobs::TokenLogprobs;
-use crate::sampling::{EndTokens, Sampler, SamplingParams};
-use crate::stop::{StopMatcher, StopOutcome};
-use crate::tokenizer_stream::StreamDecoder;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::token_output::TokenOutput;
 
 /// Why generation ended: the one definition, for the engine, the decode worker's streams, the
 /// wire (`pagewarden_worker::wire`) and the router's answers.
@@ -110,50 +109,31 @@ impl Engine {
         let mut logits = model.prefill(&mut seq, prompt)?;
         let tok = model.tokenizer();
         let mut sampler = Sampler::for_model(params, prompt, tok);
-        let end = EndTokens::new(params, tok.eog_tokens());
-        let mut stop = StopMatcher::new(&params.stop);
-        let mut detok = StreamDecoder::new(tok);
+        let mut out = TokenOutput::new(tok, params);
         let mut tokens = Vec::new();
         let mut logprobs = Vec::new();
         let mut text = String::new();
-        let mut emit = |s: &str, text: &mut String| {
-            if !s.is_empty() {
-                on_text(s);
-                text.push_str(s);
-            }
-        };
         let finish_reason = loop {
-            if tokens.len() >= params.max_tokens {
-                let tail = detok.finish();
-                let tail = match stop.push(&tail) {
-                    StopOutcome::Continue(s) => s + &stop.finish(),
-                    StopOutcome::Stop(s) => s,
-                };
-                emit(&tail, &mut text);
+            if params.max_tokens == 0 {
                 break FinishReason::Length;
             }
             let sampled = sampler.next(&logits);
-            let t = sampled.token;
-            if end.contains(t) {
-                let tail = detok.finish() + &stop.finish();
-                emit(&tail, &mut text);
-                break FinishReason::Stop;
+            let emitted = out.push(sampled.token);
+            if !emitted.end_of_generation {
+                tokens.push(sampled.token);
+                logprobs.extend(sampled.logprobs);
             }
-            tokens.push(t);
-            logprobs.extend(sampled.logprobs);
-            match stop.push(&detok.push(t)) {
-                StopOutcome::Continue(s) => emit(&s, &mut text),
-                StopOutcome::Stop(s) => {
-                    emit(&s, &mut text);
-                    break FinishReason::Stop;
-                }
+            if !emitted.text.is_empty() {
+                on_text(&emitted.text);
+                text.push_str(&emitted.text);
             }
-            if tokens.len() < params.max_tokens {
-                logits = model
-                    .decode_step(&mut [(&mut seq, t)])
-                    .pop()
-                    .expect("one result per sequence")?;
+            if let Some(finish) = emitted.finish {
+                break finish;
             }
+            logits = model
+                .decode_step(&mut [(&mut seq, sampled.token)])
+                .pop()
+                .expect("one result per sequence")?;
         };
         Ok(GenerationOutput {
             prompt_tokens: prompt.to_vec(),

@@ -35,6 +35,7 @@
 //! - `tokenizer_bpe.rs`: ranked BPE merging of one word
 //! - `tokenizer_spm.rs`: SentencePiece scored merges with byte fallback (`tokenizer.ggml.model = llama`)
 //! - `tokenizer_stream.rs`: `StreamDecoder`, UTF-8-safe incremental detokenizing
+//! - `token_output.rs`: `TokenOutput`, sampled tokens to a completion's text and end (end tokens, stop strings, `max_tokens`), for the engine and decode
 
 pub mod arch;
 pub mod chat;
@@ -51,6 +52,7 @@ pub mod penalties;
 pub mod rope_scaling;
 pub mod sampling;
 pub mod stop;
+pub mod token_output;
 pub mod tokenizer;
 mod tokenizer_bpe;
 mod tokenizer_bytes;
@@ -71,5 +73,6 @@ pub use llama::{LoadOptions, Model, ModelError};
 pub use logprobs::{Logprob, TokenLogprobs, LOGPROB_FLOOR, MAX_TOP_LOGPROBS};
 pub use sampling::{argmax, EndTokens, Sampled, Sampler, SamplingParams};
 pub use stop::{StopMatcher, StopOutcome};
+pub use token_output::{Emitted, TokenOutput};
 pub use tokenizer::{TokenKind, Tokenizer, TokenizerError};
 pub use tokenizer_stream::StreamDecoder;

@@ -1,18 +1,21 @@
 //! `StreamDecoder`: turns a stream of token ids into text pieces that are always complete
 //! UTF-8, holding back the bytes of a character split across tokens.
 
+use std::ops::Deref;
+
 use crate::Tokenizer;
 
-/// Incremental detokenizer for one sequence.
+/// Incremental detokenizer for one sequence, over a borrowed (`&Tokenizer`) or shared
+/// (`Arc<Tokenizer>`) tokenizer. Each token costs its own bytes, whatever came before.
 #[derive(Debug)]
-pub struct StreamDecoder<'a> {
-    tok: &'a Tokenizer,
+pub struct StreamDecoder<T: Deref<Target = Tokenizer>> {
+    tok: T,
     pending: Vec<u8>,
 }
 
-impl<'a> StreamDecoder<'a> {
+impl<T: Deref<Target = Tokenizer>> StreamDecoder<T> {
     /// A decoder with nothing pending.
-    pub fn new(tok: &'a Tokenizer) -> Self {
+    pub fn new(tok: T) -> Self {
         StreamDecoder {
             tok,
             pending: Vec::new(),

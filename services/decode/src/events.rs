@@ -1,11 +1,9 @@
 //! Building the `TokenEvent`s of a `Generate` stream.
 
 use pagewarden_common::{AttemptId, RequestId};
-use pagewarden_model::{FinishReason, TokenLogprobs};
+use pagewarden_model::{Emitted, FinishReason, TokenLogprobs};
 use pagewarden_proto::v1::TokenEvent;
 use pagewarden_worker::wire::{finish_reason, logprobs as wire_logprobs, request_ref_of};
-
-use crate::output::Emitted;
 
 /// One emitted token (or the end marker, which carries no logprobs: it is not part of the
 /// completion).

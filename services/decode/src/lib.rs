@@ -5,7 +5,6 @@
 //! - `scheduler/`: the single-owner scheduler task (queue, reserve, commit, continuous batching,
 //!   pages as you go with recompute preemption).
 //! - `rotation.rs`: the fair (FCFS, round-robin) order in which sequences are stepped.
-//! - `output.rs`: tokens → stream events (EOG, max_tokens, stop sequences, UTF-8).
 //! - `events.rs`: `TokenEvent` construction.
 //! - `service.rs`: the `Decode` gRPC service.
 //! - `pool_metrics.rs`: pool figures mirrored into `/metrics`.
@@ -14,7 +13,6 @@
 //! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
 
 mod events;
-mod output;
 mod pool_metrics;
 mod rotation;
 mod scheduler;

@@ -41,13 +41,11 @@ use pagewarden_kvcache::{
 };
 use std::sync::Arc;
 
-use pagewarden_model::{Sampler, SamplingParams, TokenLogprobs, Tokenizer};
+use pagewarden_model::{Sampler, SamplingParams, TokenLogprobs, TokenOutput, Tokenizer};
 use pagewarden_proto::v1::TokenEvent;
 use pagewarden_worker::WorkerError;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
-
-use crate::output::Output;
 
 /// Events sent to one `Generate` stream.
 pub type EventTx = mpsc::UnboundedSender<Result<TokenEvent, Status>>;
@@ -134,7 +132,7 @@ impl Reservation {
                 namespace: self.namespace,
                 tokens: self.prompt,
                 sampler,
-                output: Output::new(tokenizer, &self.sampling),
+                output: TokenOutput::new(tokenizer, &self.sampling),
                 tx: args.tx,
                 received_at: args.received_at,
                 last_emit: None,
@@ -162,7 +160,7 @@ pub struct Sequence {
     /// and where its prompt pages are published when it finishes.
     pub namespace: Option<Namespace>,
     pub sampler: Sampler,
-    pub output: Output,
+    pub output: TokenOutput<Arc<Tokenizer>>,
     pub tx: EventTx,
     pub received_at: Instant,
     pub last_emit: Option<Instant>,

@@ -1,14 +1,17 @@
-//! Turning sampled tokens into stream events, with exactly the single-process engine's rules:
-//! an end token (`EndTokens`: end-of-generation unless `ignore_eos`, and `stop_token_ids`)
-//! ends the stream (and is not part of the completion), a stop sequence ends it before the stop
-//! text (held back while it may still form), `max_tokens` ends it with `length`. Text is
-//! released as complete UTF-8 only.
+//! `TokenOutput`: the one set of rules that turns sampled tokens into a completion's text and
+//! its end, for the single-process engine and for decode alike. An end token (`EndTokens`:
+//! end-of-generation unless `ignore_eos`, and `stop_token_ids`) ends the completion and is not
+//! part of it; a stop sequence ends it before the stop text (held back while it may still form);
+//! `max_tokens` ends it with `length`. Text is released as complete UTF-8 only
+//! ([`StreamDecoder`]), so each token costs its own bytes, not the completion's length.
 
-use std::sync::Arc;
+use std::ops::Deref;
 
-use pagewarden_model::{
-    EndTokens, FinishReason, SamplingParams, StopMatcher, StopOutcome, Tokenizer,
-};
+use crate::engine::FinishReason;
+use crate::sampling::{EndTokens, SamplingParams};
+use crate::stop::{StopMatcher, StopOutcome};
+use crate::tokenizer::Tokenizer;
+use crate::tokenizer_stream::StreamDecoder;
 
 /// What one accepted token produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,75 +20,40 @@ pub struct Emitted {
     pub token: u32,
     /// Text released by this token.
     pub text: String,
-    /// Set when the sequence ends with this token.
+    /// Set when the completion ends with this token.
     pub finish: Option<FinishReason>,
-    /// The token is an end token (see `EndTokens`) and not part of the completion.
+    /// The token is an end token (see [`EndTokens`]) and not part of the completion.
     pub end_of_generation: bool,
 }
 
-/// Incremental detokenizer over an owned tokenizer handle: decodes the whole completion and
-/// releases the new suffix, holding back a trailing incomplete UTF-8 sequence.
-struct Detok {
-    tokenizer: Arc<Tokenizer>,
-    tokens: Vec<u32>,
-    released: usize,
-}
-
-impl Detok {
-    fn push(&mut self, token: u32) -> String {
-        self.tokens.push(token);
-        let full = self.tokenizer.decode(&self.tokens);
-        let mut end = full.len();
-        if full.ends_with('\u{FFFD}') {
-            end -= '\u{FFFD}'.len_utf8();
-        }
-        self.release(&full, end)
-    }
-
-    fn finish(&mut self) -> String {
-        let full = self.tokenizer.decode(&self.tokens);
-        let end = full.len();
-        self.release(&full, end)
-    }
-
-    fn release(&mut self, full: &str, end: usize) -> String {
-        if end <= self.released
-            || !full.is_char_boundary(self.released)
-            || !full.is_char_boundary(end)
-        {
-            return String::new();
-        }
-        let out = full[self.released..end].to_string();
-        self.released = end;
-        out
-    }
-}
-
-/// Per-sequence output state.
-pub struct Output {
+/// One completion's output state, over a borrowed or shared tokenizer.
+#[derive(Debug)]
+pub struct TokenOutput<T: Deref<Target = Tokenizer>> {
     max_tokens: usize,
     generated: usize,
-    detok: Detok,
+    detok: StreamDecoder<T>,
     stop: StopMatcher,
     end: EndTokens,
 }
 
-impl Output {
-    pub fn new(tokenizer: Arc<Tokenizer>, p: &SamplingParams) -> Self {
-        Self {
+impl<T: Deref<Target = Tokenizer>> TokenOutput<T> {
+    /// The output of a completion sampled with `p`.
+    pub fn new(tokenizer: T, p: &SamplingParams) -> Self {
+        TokenOutput {
             max_tokens: p.max_tokens,
             generated: 0,
             end: EndTokens::new(p, tokenizer.eog_tokens()),
-            detok: Detok {
-                tokenizer,
-                tokens: Vec::new(),
-                released: 0,
-            },
+            detok: StreamDecoder::new(tokenizer),
             stop: StopMatcher::new(&p.stop),
         }
     }
 
-    /// Accepts the next sampled token (the same control flow as `Engine::generate_streaming`).
+    /// Completion tokens accepted so far (end tokens are not counted).
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+
+    /// Accepts the next sampled token.
     pub fn push(&mut self, token: u32) -> Emitted {
         if self.end.contains(token) {
             let text = self.detok.finish() + &self.stop.finish();
@@ -136,11 +104,13 @@ impl Output {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
-    use pagewarden_model::GgufFile;
+    use crate::{tiny_llama_gguf, GgufFile};
 
     fn tokenizer() -> Arc<Tokenizer> {
-        let f = GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(3)).unwrap();
+        let f = GgufFile::from_bytes(tiny_llama_gguf(3)).unwrap();
         Arc::new(Tokenizer::from_gguf(&f).unwrap())
     }
 
@@ -149,7 +119,7 @@ mod tests {
         let tok = tokenizer();
         let ids = tok.encode("hello world", false);
         assert!(ids.len() >= 2);
-        let mut out = Output::new(tok.clone(), &SamplingParams::greedy(ids.len()));
+        let mut out = TokenOutput::new(tok.clone(), &SamplingParams::greedy(ids.len()));
         let mut text = String::new();
         for (i, &t) in ids.iter().enumerate() {
             let e = out.push(t);
@@ -162,7 +132,7 @@ mod tests {
             stop: vec!["wor".into()],
             ..SamplingParams::greedy(100)
         };
-        let mut out = Output::new(tok.clone(), &with_stop);
+        let mut out = TokenOutput::new(&*tok, &with_stop);
         let text: String = ids
             .iter()
             .map(|&t| out.push(t))
@@ -175,10 +145,11 @@ mod tests {
             .eog_tokens()
             .first()
             .expect("an end-of-generation token");
-        let mut out = Output::new(tok.clone(), &SamplingParams::greedy(100));
+        let mut out = TokenOutput::new(tok.clone(), &SamplingParams::greedy(100));
         let e = out.push(eog);
         assert!(e.end_of_generation);
         assert_eq!(e.finish, Some(FinishReason::Stop));
+        assert_eq!(out.generated(), 0);
 
         // ignore_eos: the end-of-generation token is ordinary; a stop token id ends instead.
         let p = SamplingParams {
@@ -186,10 +157,32 @@ mod tests {
             stop_token_ids: vec![ids[0]],
             ..SamplingParams::greedy(100)
         };
-        let mut out = Output::new(tok, &p);
+        let mut out = TokenOutput::new(tok, &p);
         assert_eq!(out.push(eog).finish, None);
         let e = out.push(ids[0]);
         assert!(e.end_of_generation);
         assert_eq!(e.finish, Some(FinishReason::Stop));
+    }
+
+    #[test]
+    fn text_split_across_tokens_is_released_whole_and_equals_the_decoded_completion() {
+        let tok = tokenizer();
+        let text = "caf\u{e9} \u{1f600} na\u{ef}ve \u{4e2d}\u{6587}";
+        let ids = tok.encode(text, false);
+        let mut out = TokenOutput::new(tok.clone(), &SamplingParams::greedy(1000));
+        let (mut got, mut held) = (String::new(), 0);
+        for &t in &ids {
+            // Every piece released is whole UTF-8 (a String could not hold less).
+            let e = out.push(t);
+            held += usize::from(e.text.is_empty());
+            got.push_str(&e.text);
+        }
+        assert!(
+            held > 0,
+            "no character was split across tokens: the test shows nothing"
+        );
+        let eog = *tok.eog_tokens().first().unwrap();
+        got.push_str(&out.push(eog).text);
+        assert_eq!(got, tok.decode(&ids));
     }
 }
