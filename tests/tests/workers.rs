@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use pagewarden_proto::v1 as pb;
 use pagewarden_system_tests::driver::{fresh_ref, greedy, reason, Driver};
 use pagewarden_system_tests::{reference, start_decode, start_prefill, ModelArg, Service};
-use pagewarden_worker::wire;
 
 const CLEANUP_BOUND: Duration = Duration::from_secs(5);
 const TINY: ModelArg = ModelArg::Tiny(7);
@@ -72,7 +71,7 @@ async fn reference_prompts_match_the_single_process_engine() {
             .expect("completion");
         assert_eq!(got.tokens, want.tokens, "prompt {:?}", case["prompt"]);
         assert_eq!(got.text, want.text, "prompt {:?}", case["prompt"]);
-        assert_eq!(got.finish, wire::finish_reason(Some(want.finish_reason)));
+        assert_eq!(got.finish, pb::FinishReason::from(Some(want.finish_reason)));
     }
     let info = d.decode_info().await;
     assert_eq!(

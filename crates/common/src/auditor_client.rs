@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cache_event::CacheEvent;
-use crate::integrity::{IntegrityEvent, IntegrityKind as CommonKind, IntegritySink};
+use crate::integrity::{IntegrityEvent, IntegritySink};
 use crate::tls::{self, SuiteRole};
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient as GrpcClient;
@@ -252,28 +252,14 @@ impl AuditorIntegritySink {
     }
 }
 
-fn wire_kind(k: CommonKind) -> pb::IntegrityKind {
-    match k {
-        CommonKind::GenerationMismatch => pb::IntegrityKind::GenerationMismatch,
-        CommonKind::ChecksumMismatch => pb::IntegrityKind::ChecksumMismatch,
-        CommonKind::TokenCountMismatch => pb::IntegrityKind::CountMismatch,
-        CommonKind::PageNotWritten => pb::IntegrityKind::PageNotWritten,
-        CommonKind::GuardWordCorrupt => pb::IntegrityKind::GuardWordCorrupt,
-        CommonKind::ManifestMismatch => pb::IntegrityKind::ManifestMismatch,
-        CommonKind::StaleMessage => pb::IntegrityKind::StaleMessage,
-        CommonKind::Quarantine => pb::IntegrityKind::Quarantine,
-    }
-}
-
 impl IntegritySink for AuditorIntegritySink {
     fn report(&self, e: IntegrityEvent) {
         self.client.report_integrity(pb::IntegrityReport {
-            kind: wire_kind(e.kind) as i32,
+            kind: pb::IntegrityKind::from(e.kind) as i32,
             node: e.node_id,
-            req: e.request.map(|r| pb::RequestRef {
-                request_id: r.as_bytes().to_vec(),
-                attempt: 0,
-            }),
+            req: e
+                .request
+                .map(|r| pagewarden_proto::convert::request_ref(r, crate::AttemptId(0))),
             tenant: e.tenant.map(|t| t.as_str().to_string()).unwrap_or_default(),
             page: e.page.map(|t| t.page),
             generation: e.page.map(|t| t.generation),
@@ -282,7 +268,7 @@ impl IntegritySink for AuditorIntegritySink {
     }
 
     fn cache(&self, e: CacheEvent) {
-        self.client.report_cache(e.to_wire());
+        self.client.report_cache(pb::CacheReport::from(&e));
     }
 }
 
@@ -309,7 +295,7 @@ mod tests {
         sink.report(IntegrityEvent {
             node_id: "decode-0".into(),
             role: "decode",
-            kind: CommonKind::TokenCountMismatch,
+            kind: crate::integrity::IntegrityKind::CountMismatch,
             request: Some(crate::RequestId([3; 16])),
             tenant: Some(crate::TenantId::new("t")),
             page: Some(crate::integrity::PageTag {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::ids::GrantKey;
-use pagewarden_common::RequestId;
+use pagewarden_types::RequestId;
 
 /// Where a page is in its lifecycle (see the crate docs for the diagram). Exactly one state
 /// per page, held under the page's metadata lock.

@@ -19,8 +19,8 @@ use crate::readable::ReadablePages;
 use crate::reserved::ReservedPages;
 use crate::store::PageStore;
 use crate::Owner;
-use pagewarden_common::namespace::Namespace;
-use pagewarden_common::RequestId;
+use pagewarden_types::namespace::Namespace;
+use pagewarden_types::RequestId;
 
 /// Cheap-to-clone, `Send + Sync` handle to one pool.
 #[derive(Clone)]

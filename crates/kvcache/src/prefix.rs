@@ -54,7 +54,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pagewarden_common::namespace::Namespace;
+use pagewarden_types::namespace::Namespace;
 use sha2::{Digest, Sha256};
 
 use crate::ids::{Generation, PageId};

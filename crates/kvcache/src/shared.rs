@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use half::f16;
-use pagewarden_common::namespace::Namespace;
+use pagewarden_types::namespace::Namespace;
 
 use crate::error::ReadError;
 use crate::ids::{Generation, PageId};

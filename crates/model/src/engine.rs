@@ -9,30 +9,7 @@ use crate::llama::{Model, ModelError};
 use crate::logprobs::TokenLogprobs;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::token_output::TokenOutput;
-
-/// Why generation ended: the one definition, for the engine, the decode worker's streams, the
-/// wire (`pagewarden_worker::wire`) and the router's answers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// An end-of-generation token or a stop sequence.
-    Stop,
-    /// `max_tokens` were generated.
-    Length,
-    /// A worker ended the generation early (cancelled, or it failed); the engine itself never
-    /// ends with it.
-    Abort,
-}
-
-impl FinishReason {
-    /// The OpenAI-style name (`"stop"`, `"length"` or `"abort"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Abort => "abort",
-        }
-    }
-}
+use crate::FinishReason;
 
 /// The result of one generation.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,5 +1,9 @@
 //! GGUF, tokenizer, chat template, Llama-family forward over paged KV, and sampling.
 //!
+//! Feature `engine` (default) is the forward pass over paged KV (`arch`, `config`,
+//! `rope_scaling`, `weights`, `llama`, `engine`), which links the kernels and the KV pool; the
+//! router, which only reads the GGUF's tokenizer and template, builds without it.
+//!
 //! Module map (one line per file):
 //! - `arch/mod.rs`: `Arch` (from `general.architecture`), `Recipe` (what the shared block does per architecture), per-layer extras
 //! - `arch/llama.rs`: the Llama-style block (llama, Mistral, qwen2, qwen3, phi3), Llama's recipe
@@ -37,18 +41,23 @@
 //! - `tokenizer_stream.rs`: `StreamDecoder`, UTF-8-safe incremental detokenizing
 //! - `token_output.rs`: `TokenOutput`, sampled tokens to a completion's text and end (end tokens, stop strings, `max_tokens`), for the engine and decode
 
+#[cfg(feature = "engine")]
 pub mod arch;
 pub mod chat;
 mod chat_guard;
+#[cfg(feature = "engine")]
 pub mod config;
 pub mod constraint;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "engine")]
 pub mod engine;
 pub mod gguf;
+#[cfg(feature = "engine")]
 pub mod llama;
 pub mod logprobs;
 pub mod penalties;
+#[cfg(feature = "engine")]
 pub mod rope_scaling;
 pub mod sampling;
 pub mod stop;
@@ -59,18 +68,24 @@ mod tokenizer_bytes;
 pub mod tokenizer_pretok;
 mod tokenizer_spm;
 mod tokenizer_stream;
+#[cfg(feature = "engine")]
 pub mod weights;
 
+#[cfg(feature = "engine")]
 pub use arch::Arch;
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
+#[cfg(feature = "engine")]
 pub use config::LlamaConfig;
 pub use constraint::{Constraint, ConstraintError, Grammar, Grammars};
-pub use engine::{Engine, FinishReason, GenerationOutput};
+#[cfg(feature = "engine")]
+pub use engine::{Engine, GenerationOutput};
 pub use gguf::{
     tiny_llama_gguf, GgmlType, GgufError, GgufFile, GgufWriter, TensorInfo, TensorView,
 };
+#[cfg(feature = "engine")]
 pub use llama::{LoadOptions, Model, ModelError};
 pub use logprobs::{Logprob, TokenLogprobs, LOGPROB_FLOOR, MAX_TOP_LOGPROBS};
+pub use pagewarden_types::FinishReason;
 pub use sampling::{argmax, EndTokens, Sampled, Sampler, SamplingParams};
 pub use stop::{StopMatcher, StopOutcome};
 pub use token_output::{Emitted, TokenOutput};

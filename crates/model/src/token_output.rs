@@ -7,11 +7,11 @@
 
 use std::ops::Deref;
 
-use crate::engine::FinishReason;
 use crate::sampling::{EndTokens, SamplingParams};
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer_stream::StreamDecoder;
+use pagewarden_types::FinishReason;
 
 /// What one accepted token produced.
 #[derive(Debug, Clone, PartialEq, Eq)]

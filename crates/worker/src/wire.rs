@@ -1,28 +1,19 @@
-//! Every proto ↔ domain conversion of the internal plane, once: the request reference, the
-//! sampling parameters, the write grant (decode sends it, prefill parses it), the commit
-//! manifest (prefill sends it, decode parses it), the finish reason and the logprobs.
+//! The workers' proto ↔ domain conversions of the internal plane, once: the sampling
+//! parameters, the write grant (decode sends it, prefill parses it), the commit
+//! manifest (prefill sends it, decode parses it) and the logprobs. The request reference and
+//! the finish reason, which the router needs too, are `pagewarden_proto::convert`'s.
 //! Malformed input becomes `INVALID_ARGUMENT` here, so nothing past the gRPC layer sees an
 //! unparsed message.
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pagewarden_common::namespace::Namespace;
-use pagewarden_common::{AttemptId, RequestId};
+
 use pagewarden_kvcache::{CommitManifest, Generation, GrantKey, PageId, WriteGrant};
-use pagewarden_model::{
-    FinishReason, Grammar, Logprob, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS,
-};
+use pagewarden_model::{Grammar, Logprob, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
 use pagewarden_proto::v1 as pb;
 use pagewarden_transfer::{GrantSeal, SealMode};
 use tonic::Status;
-
-/// Parses a request reference.
-pub fn request_ref(r: Option<&pb::RequestRef>) -> Result<(RequestId, AttemptId), Status> {
-    let r = r.ok_or_else(|| Status::invalid_argument("req is required"))?;
-    let id = RequestId::from_bytes(&r.request_id)
-        .ok_or_else(|| Status::invalid_argument("req.request_id must be 16 bytes"))?;
-    Ok((id, AttemptId(r.attempt)))
-}
 
 /// At most this many stop sequences (the router's limit too).
 pub const MAX_STOP: usize = 16;
@@ -285,37 +276,6 @@ fn unix_ms(at: Instant) -> u64 {
     sys.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// A token event's finish reason for the wire (`None`: the stream goes on).
-pub fn finish_reason(f: Option<FinishReason>) -> pb::FinishReason {
-    match f {
-        None => pb::FinishReason::Unspecified,
-        Some(FinishReason::Stop) => pb::FinishReason::Stop,
-        Some(FinishReason::Length) => pb::FinishReason::Length,
-        Some(FinishReason::Abort) => pb::FinishReason::Abort,
-    }
-}
-
-/// Parses a token event's finish reason (`None`: the stream goes on).
-pub fn parse_finish_reason(v: i32) -> Result<Option<FinishReason>, Status> {
-    match pb::FinishReason::try_from(v) {
-        Ok(pb::FinishReason::Unspecified) => Ok(None),
-        Ok(pb::FinishReason::Stop) => Ok(Some(FinishReason::Stop)),
-        Ok(pb::FinishReason::Length) => Ok(Some(FinishReason::Length)),
-        Ok(pb::FinishReason::Abort) => Ok(Some(FinishReason::Abort)),
-        Err(_) => Err(Status::invalid_argument(format!(
-            "finish: unknown finish reason {v}"
-        ))),
-    }
-}
-
-/// A request attempt's reference for the wire.
-pub fn request_ref_of(req: RequestId, attempt: AttemptId) -> pb::RequestRef {
-    pb::RequestRef {
-        request_id: req.as_bytes().to_vec(),
-        attempt: attempt.0,
-    }
 }
 
 /// A token's logprobs for the wire.

@@ -3,7 +3,7 @@
 
 use pagewarden_model::{Logprob, TokenLogprobs};
 use pagewarden_proto::v1 as pb;
-use pagewarden_worker::wire::{logprobs, parse_logprobs, prompt_ids, request_ref, sampling};
+use pagewarden_worker::wire::{logprobs, parse_logprobs, prompt_ids, sampling};
 use tonic::Code;
 
 fn params(temperature: f32, top_p: f32) -> pb::SamplingParams {
@@ -13,24 +13,6 @@ fn params(temperature: f32, top_p: f32) -> pb::SamplingParams {
         max_tokens: 8,
         ..Default::default()
     }
-}
-
-#[test]
-fn request_ref_needs_a_16_byte_id() {
-    let ok = pb::RequestRef {
-        request_id: vec![7; 16],
-        attempt: 2,
-    };
-    let (_, attempt) = request_ref(Some(&ok)).expect("valid");
-    assert_eq!(attempt.0, 2);
-    let short = pb::RequestRef {
-        request_id: vec![7; 15],
-        attempt: 0,
-    };
-    let e = request_ref(Some(&short)).unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument);
-    assert_eq!(e.message(), "req.request_id must be 16 bytes");
-    assert_eq!(request_ref(None).unwrap_err().message(), "req is required");
 }
 
 #[test]

@@ -14,15 +14,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-/// A column value that is not one of the enum's spellings.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown {what} value {value:?}")]
-pub struct UnknownValue {
-    /// Which enum was being parsed.
-    pub what: &'static str,
-    /// The rejected text.
-    pub value: String,
-}
+pub use pagewarden_types::integrity::IntegrityKind;
+pub use pagewarden_types::UnknownValue;
 
 /// Declares an enum whose variants map one-to-one onto SQL spellings.
 macro_rules! sql_enum {
@@ -101,152 +94,133 @@ sql_enum!(
     }
 );
 
-sql_enum!(
-    /// Integrity events reported by prefill and decode workers.
-    IntegrityKind, "integrity kind" {
-        /// A read presented a stale (page, generation).
-        GenerationMismatch => "generation_mismatch",
-        /// A page's checksum did not match the manifest.
-        ChecksumMismatch => "checksum_mismatch",
-        /// Tokens written differed from tokens reserved.
-        CountMismatch => "count_mismatch",
-        /// A guard word was overwritten.
-        GuardWordCorrupt => "guard_word_corrupt",
-        /// A write carried a revoked or unknown grant key.
-        WriteRejected => "write_rejected",
-        /// Pages were quarantined because their drain could not be confirmed.
-        Quarantine => "quarantine",
-        /// A deferred release was confirmed drained.
-        DeferredReleaseDrained => "deferred_release_drained",
-        /// A deferred release gave up waiting.
-        DeferredReleaseTimedOut => "deferred_release_timed_out",
-        /// A worker's pool could not hold its advertised context.
-        PreflightFailed => "preflight_failed",
-        /// A granted page was never written.
-        PageNotWritten => "page_not_written",
-        /// The commit manifest's digest or grant key did not match.
-        ManifestMismatch => "manifest_mismatch",
-        /// A stale message (old attempt, revoked grant) was dropped and counted (I5).
-        StaleMessage => "stale_message",
-    }
-);
+/// What an incident is about: one of the auditor's own findings, or an integrity event a
+/// worker reported ([`IntegrityKind`], wrapped, not repeated). Its spellings are the
+/// `incidents.kind` column's: the integrity kinds keep their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IncidentKind {
+    /// A response carried a canary marker issued to another tenant.
+    CrossTenantMarker,
+    /// A probe got a 5xx, a malformed 4xx, or an unexpected status.
+    ProbeBadStatus,
+    /// A probe's `usage.prompt_tokens` differed from the tokenizer count.
+    ProbeTokenCount,
+    /// A probe's first-token latency was implausible for its length.
+    ProbeLatency,
+    /// A probe past the context limit was answered with a 200.
+    ProbeOverlengthAccepted,
+    /// The router could not be reached by the prober.
+    ProbeUnreachable,
+    /// A worker reported an integrity event that is not routine.
+    Integrity(IntegrityKind),
+}
 
-sql_enum!(
-    /// What an incident is about.
-    IncidentKind, "incident kind" {
-        /// A response carried a canary marker issued to another tenant.
-        CrossTenantMarker => "cross_tenant_marker",
-        /// A probe got a 5xx, a malformed 4xx, or an unexpected status.
-        ProbeBadStatus => "probe_bad_status",
-        /// A probe's `usage.prompt_tokens` differed from the tokenizer count.
-        ProbeTokenCount => "probe_token_count",
-        /// A probe's first-token latency was implausible for its length.
-        ProbeLatency => "probe_latency",
-        /// A probe past the context limit was answered with a 200.
-        ProbeOverlengthAccepted => "probe_overlength_accepted",
-        /// The router could not be reached by the prober.
-        ProbeUnreachable => "probe_unreachable",
-        /// See [`IntegrityKind::GenerationMismatch`].
-        GenerationMismatch => "generation_mismatch",
-        /// See [`IntegrityKind::ChecksumMismatch`].
-        ChecksumMismatch => "checksum_mismatch",
-        /// See [`IntegrityKind::CountMismatch`].
-        CountMismatch => "count_mismatch",
-        /// See [`IntegrityKind::GuardWordCorrupt`].
-        GuardWordCorrupt => "guard_word_corrupt",
-        /// See [`IntegrityKind::WriteRejected`].
-        WriteRejected => "write_rejected",
-        /// See [`IntegrityKind::Quarantine`].
-        Quarantine => "quarantine",
-        /// See [`IntegrityKind::DeferredReleaseDrained`].
-        DeferredReleaseDrained => "deferred_release_drained",
-        /// See [`IntegrityKind::DeferredReleaseTimedOut`].
-        DeferredReleaseTimedOut => "deferred_release_timed_out",
-        /// A node's preflight failed, or reported a pool smaller than its context.
-        PreflightFailed => "preflight_failed",
-        /// See [`IntegrityKind::PageNotWritten`].
-        PageNotWritten => "page_not_written",
-        /// See [`IntegrityKind::ManifestMismatch`].
-        ManifestMismatch => "manifest_mismatch",
-        /// See [`IntegrityKind::StaleMessage`].
-        StaleMessage => "stale_message",
+/// The auditor's own kinds, in the order [`IncidentKind::ALL`] lists them first.
+const OWN_KINDS: [IncidentKind; 6] = [
+    IncidentKind::CrossTenantMarker,
+    IncidentKind::ProbeBadStatus,
+    IncidentKind::ProbeTokenCount,
+    IncidentKind::ProbeLatency,
+    IncidentKind::ProbeOverlengthAccepted,
+    IncidentKind::ProbeUnreachable,
+];
+
+const KIND_COUNT: usize = OWN_KINDS.len() + IntegrityKind::ALL.len();
+
+const ALL_KINDS: [IncidentKind; KIND_COUNT] = {
+    let mut all = [IncidentKind::CrossTenantMarker; KIND_COUNT];
+    let mut i = 0;
+    while i < OWN_KINDS.len() {
+        all[i] = OWN_KINDS[i];
+        i += 1;
     }
-);
+    let mut j = 0;
+    while j < IntegrityKind::ALL.len() {
+        all[i + j] = IncidentKind::Integrity(IntegrityKind::ALL[j]);
+        j += 1;
+    }
+    all
+};
 
 impl From<IntegrityKind> for IncidentKind {
     fn from(k: IntegrityKind) -> Self {
-        match k {
-            IntegrityKind::GenerationMismatch => IncidentKind::GenerationMismatch,
-            IntegrityKind::ChecksumMismatch => IncidentKind::ChecksumMismatch,
-            IntegrityKind::CountMismatch => IncidentKind::CountMismatch,
-            IntegrityKind::GuardWordCorrupt => IncidentKind::GuardWordCorrupt,
-            IntegrityKind::WriteRejected => IncidentKind::WriteRejected,
-            IntegrityKind::Quarantine => IncidentKind::Quarantine,
-            IntegrityKind::DeferredReleaseDrained => IncidentKind::DeferredReleaseDrained,
-            IntegrityKind::DeferredReleaseTimedOut => IncidentKind::DeferredReleaseTimedOut,
-            IntegrityKind::PreflightFailed => IncidentKind::PreflightFailed,
-            IntegrityKind::PageNotWritten => IncidentKind::PageNotWritten,
-            IntegrityKind::ManifestMismatch => IncidentKind::ManifestMismatch,
-            IntegrityKind::StaleMessage => IncidentKind::StaleMessage,
-        }
+        IncidentKind::Integrity(k)
     }
 }
 
-impl IntegrityKind {
-    /// Whether an event of this kind is routine: the defense did its job and no tenant's data
-    /// went anywhere, so the event is stored and counted (dashboard, metrics) but opens no
-    /// incident. `names_request` says whether the event names the request it concerns.
-    ///
-    /// Routine:
-    /// - `deferred_release_drained`: pages went back to the free list only once no write could
-    ///   still land (I4 working as designed).
-    /// - `stale_message` naming a request: a late message of an old attempt, a reused request
-    ///   id or a revoked grant, dropped and counted (I5 working as designed; cancellations and
-    ///   retries produce them all day).
-    ///
-    /// Everything else opens an incident, and so does a `stale_message` that names no request:
-    /// a message no request accounts for (a KV transfer connection refused for its certificate
-    /// or a forged frame) is evidence of something outside the protocol.
-    pub fn is_routine(self, names_request: bool) -> bool {
-        match self {
-            IntegrityKind::DeferredReleaseDrained => true,
-            IntegrityKind::StaleMessage => names_request,
-            IntegrityKind::GenerationMismatch
-            | IntegrityKind::ChecksumMismatch
-            | IntegrityKind::CountMismatch
-            | IntegrityKind::GuardWordCorrupt
-            | IntegrityKind::WriteRejected
-            | IntegrityKind::Quarantine
-            | IntegrityKind::DeferredReleaseTimedOut
-            | IntegrityKind::PreflightFailed
-            | IntegrityKind::PageNotWritten
-            | IntegrityKind::ManifestMismatch => false,
-        }
+impl FromStr for IncidentKind {
+    type Err = UnknownValue;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        IncidentKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownValue {
+                what: "incident kind",
+                value: s.to_string(),
+            })
+    }
+}
+
+impl fmt::Display for IncidentKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for IncidentKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for IncidentKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 
 impl IncidentKind {
+    /// Every kind: the auditor's own, then every integrity kind.
+    pub const ALL: &'static [IncidentKind] = &ALL_KINDS;
+
+    /// The spelling stored in the database and used in URLs and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IncidentKind::CrossTenantMarker => "cross_tenant_marker",
+            IncidentKind::ProbeBadStatus => "probe_bad_status",
+            IncidentKind::ProbeTokenCount => "probe_token_count",
+            IncidentKind::ProbeLatency => "probe_latency",
+            IncidentKind::ProbeOverlengthAccepted => "probe_overlength_accepted",
+            IncidentKind::ProbeUnreachable => "probe_unreachable",
+            IncidentKind::Integrity(k) => k.as_str(),
+        }
+    }
+
     /// The severity an incident of this kind opens with.
     pub fn severity(self) -> Severity {
         match self {
             IncidentKind::CrossTenantMarker
             | IncidentKind::ProbeTokenCount
-            | IncidentKind::ProbeOverlengthAccepted
-            | IncidentKind::GenerationMismatch
-            | IncidentKind::ChecksumMismatch
-            | IncidentKind::CountMismatch
-            | IncidentKind::GuardWordCorrupt
-            | IncidentKind::PreflightFailed
-            | IncidentKind::PageNotWritten
-            | IncidentKind::ManifestMismatch => Severity::Critical,
+            | IncidentKind::ProbeOverlengthAccepted => Severity::Critical,
             IncidentKind::ProbeBadStatus
             | IncidentKind::ProbeLatency
-            | IncidentKind::ProbeUnreachable
-            | IncidentKind::WriteRejected
-            | IncidentKind::Quarantine
-            | IncidentKind::DeferredReleaseTimedOut
-            | IncidentKind::StaleMessage => Severity::Warning,
-            IncidentKind::DeferredReleaseDrained => Severity::Info,
+            | IncidentKind::ProbeUnreachable => Severity::Warning,
+            IncidentKind::Integrity(k) => match k {
+                IntegrityKind::GenerationMismatch
+                | IntegrityKind::ChecksumMismatch
+                | IntegrityKind::CountMismatch
+                | IntegrityKind::GuardWordCorrupt
+                | IntegrityKind::PreflightFailed
+                | IntegrityKind::PageNotWritten
+                | IntegrityKind::ManifestMismatch => Severity::Critical,
+                IntegrityKind::WriteRejected
+                | IntegrityKind::Quarantine
+                | IntegrityKind::DeferredReleaseTimedOut
+                | IntegrityKind::StaleMessage => Severity::Warning,
+                IntegrityKind::DeferredReleaseDrained => Severity::Info,
+            },
         }
     }
 }
@@ -392,25 +366,14 @@ mod tests {
         for k in IntegrityKind::ALL {
             let as_incident = IncidentKind::from(*k);
             assert_eq!(as_incident.as_str(), k.as_str());
+            assert!(IncidentKind::ALL.contains(&as_incident));
         }
+        let json = serde_json::to_string(&IncidentKind::Integrity(IntegrityKind::CountMismatch));
+        assert_eq!(json.unwrap(), "\"count_mismatch\"");
+        let back: IncidentKind = serde_json::from_str("\"probe_latency\"").unwrap();
+        assert_eq!(back, IncidentKind::ProbeLatency);
+        assert!(serde_json::from_str::<IncidentKind>("\"bogus\"").is_err());
         assert!("bogus".parse::<IncidentStatus>().is_err());
-    }
-
-    #[test]
-    fn only_drained_releases_and_request_bound_stale_messages_are_routine() {
-        let routine: Vec<(IntegrityKind, bool)> = IntegrityKind::ALL
-            .iter()
-            .flat_map(|k| [(*k, true), (*k, false)])
-            .filter(|(k, names)| k.is_routine(*names))
-            .collect();
-        assert_eq!(
-            routine,
-            vec![
-                (IntegrityKind::DeferredReleaseDrained, true),
-                (IntegrityKind::DeferredReleaseDrained, false),
-                (IntegrityKind::StaleMessage, true),
-            ]
-        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use pagewarden_common::TenantId;
 use serde_json::json;
 
-use crate::domain::{IncidentId, IncidentKind, UnixMs};
+use crate::domain::{IncidentId, IncidentKind, IntegrityKind, UnixMs};
 use crate::ingest::{SampleBody, ValidCacheEvent, ValidIntegrity, ValidPreflight, ValidSample};
 use crate::markers::{new_marker, ForeignMarker, MarkerRegistry};
 use crate::metrics::Metrics;
@@ -240,7 +240,7 @@ impl Engine {
         if rec.ok && !undersized {
             return Ok(None);
         }
-        let kind = IncidentKind::PreflightFailed;
+        let kind = IncidentKind::Integrity(IntegrityKind::PreflightFailed);
         let why = if rec.ok {
             "worker reported ok but its pool cannot hold its advertised context"
         } else {

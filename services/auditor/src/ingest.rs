@@ -121,52 +121,11 @@ pub struct ValidIntegrity {
     pub details: String,
 }
 
-/// Maps the wire enum; `None` for UNSPECIFIED or an unknown number.
-pub fn integrity_kind(v: i32) -> Option<IntegrityKind> {
-    match pb::IntegrityKind::try_from(v) {
-        Ok(pb::IntegrityKind::GenerationMismatch) => Some(IntegrityKind::GenerationMismatch),
-        Ok(pb::IntegrityKind::ChecksumMismatch) => Some(IntegrityKind::ChecksumMismatch),
-        Ok(pb::IntegrityKind::CountMismatch) => Some(IntegrityKind::CountMismatch),
-        Ok(pb::IntegrityKind::GuardWordCorrupt) => Some(IntegrityKind::GuardWordCorrupt),
-        Ok(pb::IntegrityKind::WriteRejected) => Some(IntegrityKind::WriteRejected),
-        Ok(pb::IntegrityKind::Quarantine) => Some(IntegrityKind::Quarantine),
-        Ok(pb::IntegrityKind::DeferredReleaseDrained) => {
-            Some(IntegrityKind::DeferredReleaseDrained)
-        }
-        Ok(pb::IntegrityKind::DeferredReleaseTimedOut) => {
-            Some(IntegrityKind::DeferredReleaseTimedOut)
-        }
-        Ok(pb::IntegrityKind::PreflightFailed) => Some(IntegrityKind::PreflightFailed),
-        Ok(pb::IntegrityKind::PageNotWritten) => Some(IntegrityKind::PageNotWritten),
-        Ok(pb::IntegrityKind::ManifestMismatch) => Some(IntegrityKind::ManifestMismatch),
-        Ok(pb::IntegrityKind::StaleMessage) => Some(IntegrityKind::StaleMessage),
-        Ok(pb::IntegrityKind::Unspecified) | Err(_) => None,
-    }
-}
-
-/// The wire form of a kind (for clients).
-pub fn integrity_kind_to_wire(k: IntegrityKind) -> pb::IntegrityKind {
-    match k {
-        IntegrityKind::GenerationMismatch => pb::IntegrityKind::GenerationMismatch,
-        IntegrityKind::ChecksumMismatch => pb::IntegrityKind::ChecksumMismatch,
-        IntegrityKind::CountMismatch => pb::IntegrityKind::CountMismatch,
-        IntegrityKind::GuardWordCorrupt => pb::IntegrityKind::GuardWordCorrupt,
-        IntegrityKind::WriteRejected => pb::IntegrityKind::WriteRejected,
-        IntegrityKind::Quarantine => pb::IntegrityKind::Quarantine,
-        IntegrityKind::DeferredReleaseDrained => pb::IntegrityKind::DeferredReleaseDrained,
-        IntegrityKind::DeferredReleaseTimedOut => pb::IntegrityKind::DeferredReleaseTimedOut,
-        IntegrityKind::PreflightFailed => pb::IntegrityKind::PreflightFailed,
-        IntegrityKind::PageNotWritten => pb::IntegrityKind::PageNotWritten,
-        IntegrityKind::ManifestMismatch => pb::IntegrityKind::ManifestMismatch,
-        IntegrityKind::StaleMessage => pb::IntegrityKind::StaleMessage,
-    }
-}
-
 impl TryFrom<pb::IntegrityReport> for ValidIntegrity {
     type Error = InvalidReport;
     fn try_from(m: pb::IntegrityReport) -> Result<Self, InvalidReport> {
-        let kind =
-            integrity_kind(m.kind).ok_or_else(|| bad("kind must be a known IntegrityKind"))?;
+        let kind = pagewarden_proto::convert::integrity_kind(m.kind)
+            .ok_or_else(|| bad("kind must be a known IntegrityKind"))?;
         if m.node.is_empty() {
             return Err(bad("node is required"));
         }

@@ -2,8 +2,9 @@
 
 use pagewarden_common::{AttemptId, RequestId};
 use pagewarden_model::{Emitted, FinishReason, TokenLogprobs};
-use pagewarden_proto::v1::TokenEvent;
-use pagewarden_worker::wire::{finish_reason, logprobs as wire_logprobs, request_ref_of};
+use pagewarden_proto::convert::request_ref;
+use pagewarden_proto::v1::{self as pb, TokenEvent};
+use pagewarden_worker::wire::logprobs as wire_logprobs;
 
 /// One emitted token (or the end marker, which carries no logprobs: it is not part of the
 /// completion).
@@ -19,10 +20,10 @@ pub fn token(
         logprobs.as_ref().map(wire_logprobs)
     };
     TokenEvent {
-        req: Some(request_ref_of(req, attempt)),
+        req: Some(request_ref(req, attempt)),
         token: e.token,
         text: e.text,
-        finish: finish_reason(e.finish) as i32,
+        finish: pb::FinishReason::from(e.finish) as i32,
         marker_only: e.end_of_generation,
         logprobs,
     }
@@ -31,10 +32,10 @@ pub fn token(
 /// The last event of an aborted stream.
 pub fn abort(req: RequestId, attempt: AttemptId) -> TokenEvent {
     TokenEvent {
-        req: Some(request_ref_of(req, attempt)),
+        req: Some(request_ref(req, attempt)),
         token: 0,
         text: String::new(),
-        finish: finish_reason(Some(FinishReason::Abort)) as i32,
+        finish: pb::FinishReason::from(Some(FinishReason::Abort)) as i32,
         marker_only: true,
         logprobs: None,
     }

@@ -62,7 +62,7 @@ impl Decode for DecodeService {
         // an await leaves a closed span on the thread's stack: tracing-subscriber then panics).
         async move {
             let m = request.into_inner();
-            let (req, attempt) = convert::request_ref(m.req.as_ref())?;
+            let (req, attempt) = pagewarden_proto::convert::parse_request_ref(m.req.as_ref())?;
             if m.tenant.is_empty() {
                 return Err(Status::invalid_argument("tenant is required"));
             }
@@ -122,7 +122,7 @@ impl Decode for DecodeService {
         accept_trace_context(&span, request.metadata());
         async move {
             let m = request.into_inner();
-            let (req, attempt) = convert::request_ref(m.req.as_ref())?;
+            let (req, attempt) = pagewarden_proto::convert::parse_request_ref(m.req.as_ref())?;
             let manifest = convert::manifest(m.manifest.as_ref())?;
             let (tx, rx) = mpsc::unbounded_channel();
             let args = GenerateArgs {
@@ -151,7 +151,7 @@ impl Decode for DecodeService {
         request: Request<pb::AbortRequest>,
     ) -> Result<Response<pb::AbortReply>, Status> {
         let m = request.into_inner();
-        let (req, attempt) = convert::request_ref(m.req.as_ref())?;
+        let (req, attempt) = pagewarden_proto::convert::parse_request_ref(m.req.as_ref())?;
         let found = self
             .ask(|reply| Command::Abort {
                 req,

@@ -4,8 +4,9 @@
 use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_model::SamplingParams;
+pub use pagewarden_proto::convert::parse_request_ref as request_ref;
 use pagewarden_proto::v1 as pb;
-pub use pagewarden_worker::wire::{received_grant, request_ref, sampling, ReceivedGrant};
+pub use pagewarden_worker::wire::{received_grant, sampling, ReceivedGrant};
 use tonic::Status;
 
 /// A parsed `PrefillRequest`.

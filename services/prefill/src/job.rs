@@ -157,7 +157,7 @@ async fn compute_and_send(
     let secs = t0.elapsed();
     deps.metrics.observe_transfer(bytes, secs.as_secs_f64());
     Ok(pb::PrefillReply {
-        req: Some(wire::request_ref_of(job.req, job.attempt)),
+        req: Some(pagewarden_proto::convert::request_ref(job.req, job.attempt)),
         manifest: Some(wire::manifest_to_wire(manifest)),
         first_token: first.token,
         transfer_bytes: bytes,

@@ -3,8 +3,8 @@
 
 use pagewarden_common::auditor_client::AuditorClient;
 use pagewarden_common::AttemptId;
+use pagewarden_proto::convert::request_ref;
 use pagewarden_proto::v1 as pb;
-use pagewarden_worker::wire::request_ref_of;
 
 use crate::sample::{ResponseSample, SampleSink};
 
@@ -38,7 +38,7 @@ fn status(finish_reason: &str) -> pb::SampleStatus {
 pub fn sample_report(s: ResponseSample) -> pb::SampleReport {
     pb::SampleReport {
         tenant: s.tenant.as_str().to_string(),
-        req: Some(request_ref_of(s.request, AttemptId(1))),
+        req: Some(request_ref(s.request, AttemptId(1))),
         prompt_tokens: s.prompt_tokens,
         completion_tokens: s.completion_tokens,
         response_text: s.text,

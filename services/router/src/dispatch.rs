@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_model::{FinishReason, Grammar};
+use pagewarden_proto::convert::{finish_reason, request_ref};
 use pagewarden_proto::v1::sampling_params::Grammar as WireGrammar;
 use pagewarden_proto::v1::{
     GenerateRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef, ReserveRequest,
     SamplingParams, TokenEvent, WriteGrant,
 };
-use pagewarden_worker::wire::{parse_finish_reason, request_ref_of};
 use tonic::Streaming;
 use tracing::Instrument;
 
@@ -132,7 +132,7 @@ impl Flight {
     ) -> Result<Self, RouterError> {
         let decode = pool.pick_for(Half::Decode, &job.namespace)?;
         let prefill = pool.pick_for(Half::Prefill, &job.namespace)?;
-        let req = request_ref_of(job.id, AttemptId(1));
+        let req = request_ref(job.id, AttemptId(1));
         let guard = AbortGuard::new(
             req.clone(),
             decode.worker().clone(),
@@ -358,7 +358,7 @@ impl Flight {
         self.decode_retries += 1;
         self.unavailable = None;
         tracing::info!(parent: &self.span, decode = lease.worker().url(), "decode unavailable: trying another");
-        self.req = request_ref_of(self.job.id, AttemptId(1 + self.decode_retries));
+        self.req = request_ref(self.job.id, AttemptId(1 + self.decode_retries));
         self.guard.disarm();
         self.guard = AbortGuard::new(
             self.req.clone(),
@@ -519,7 +519,7 @@ impl Flight {
             tracing::warn!(parent: &self.span, "dropped a token event naming another request");
             return Ok(None);
         }
-        let finish = match parse_finish_reason(event.finish) {
+        let finish = match finish_reason(event.finish) {
             Ok(f) => f,
             Err(_) => {
                 self.guard.set_reason(AbortReason::DecodeFailed);

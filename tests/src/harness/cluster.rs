@@ -253,7 +253,7 @@ impl Cluster {
             Ok(r) => r,
             Err(e) => {
                 let kind = match &e {
-                    CommitError::TokenCountMismatch { .. } => IntegrityKind::TokenCountMismatch,
+                    CommitError::TokenCountMismatch { .. } => IntegrityKind::CountMismatch,
                     CommitError::ChecksumMismatch(_) => IntegrityKind::ChecksumMismatch,
                     CommitError::PageNotWritten(_) => IntegrityKind::PageNotWritten,
                     CommitError::GuardWordCorrupt(_) => IntegrityKind::GuardWordCorrupt,

@@ -93,7 +93,7 @@ pub fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
     out
 }
 
-/// Encodes `x` as `ty` (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
+/// Encodes `x` as `ty` (F32, F16, Q4_0, Q4_1, Q8_0; BF16 with feature `engine`).
 ///
 /// # Panics
 /// For other types, or when a quantized length is not a multiple of 32.
@@ -101,6 +101,7 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     match ty {
         GgmlType::F32 => f32_bytes(x),
         GgmlType::F16 => f16_bytes(x),
+        #[cfg(feature = "engine")]
         GgmlType::BF16 => {
             pagewarden_kernels::quant::quantize_row(pagewarden_kernels::WeightType::BF16, x)
         }
@@ -115,7 +116,8 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
-/// Reference dequantization of `n` elements of `ty` from `data` (slow; for tests and checks).
+/// Reference dequantization of `n` elements of `ty` from `data` (slow; for tests and checks;
+/// BF16, Q5_0 and the K-quants through the kernels, with feature `engine`).
 pub fn dequantize(ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, GgufError> {
     let need = ty
         .row_bytes(n as u64)
@@ -159,6 +161,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, GgufE
                 out.extend(nib.iter().map(|&b| ((b >> 4) as f32 - off) * d + m));
             }
         }
+        #[cfg(feature = "engine")]
         GgmlType::BF16 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
             let kernel = crate::weights::weight_type(ty).expect("a kernel weight type");
             out.resize(n, 0.0);

@@ -107,6 +107,7 @@ impl GgmlType {
     }
 
     /// Whether this crate's compute path handles the type.
+    #[cfg(feature = "engine")]
     pub fn is_supported(self) -> bool {
         crate::weights::weight_type(self).is_some()
     }
@@ -144,6 +145,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "engine")]
     fn ggml_layouts() {
         assert_eq!(
             (GgmlType::Q4_0.block_size(), GgmlType::Q4_0.type_size()),

@@ -67,13 +67,17 @@ async fn suite(store: Store) {
         .await
         .unwrap();
     let b = store
-        .insert_incident(&incident(IncidentKind::GenerationMismatch, "bob", 101))
+        .insert_incident(&incident(
+            IncidentKind::Integrity(IntegrityKind::GenerationMismatch),
+            "bob",
+            101,
+        ))
         .await
         .unwrap();
     let by_kind = store
         .incidents(
             &IncidentFilter {
-                kind: Some(IncidentKind::GenerationMismatch),
+                kind: Some(IncidentKind::Integrity(IntegrityKind::GenerationMismatch)),
                 ..Default::default()
             },
             Window::default(),
@@ -453,7 +457,11 @@ async fn issue_19(store: &Store) {
         page: Some(page),
         generation: Some(generation),
         tenant: Some("t-page".into()),
-        ..incident(IncidentKind::GenerationMismatch, "t-page", at)
+        ..incident(
+            IncidentKind::Integrity(IntegrityKind::GenerationMismatch),
+            "t-page",
+            at,
+        )
     };
     let mut ids = Vec::new();
     for (node, page, generation, at) in [

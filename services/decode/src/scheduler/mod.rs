@@ -558,7 +558,7 @@ fn commit_kind(e: &CommitError) -> IntegrityKind {
         CommitError::KeyMismatch | CommitError::DigestMismatch | CommitError::Expired => {
             IntegrityKind::ManifestMismatch
         }
-        CommitError::TokenCountMismatch { .. } => IntegrityKind::TokenCountMismatch,
+        CommitError::TokenCountMismatch { .. } => IntegrityKind::CountMismatch,
         CommitError::PageNotWritten(_) => IntegrityKind::PageNotWritten,
         CommitError::ChecksumMismatch(_) => IntegrityKind::ChecksumMismatch,
         CommitError::GuardWordCorrupt(_) => IntegrityKind::GuardWordCorrupt,

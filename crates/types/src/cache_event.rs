@@ -1,8 +1,7 @@
 //! Prefix-cache events (I10), as a worker reports them to the auditor: a prompt's lookup in
 //! its namespace (a hit, with how much was reused, or a miss) and cached pages given up. The
 //! namespace travels as its tag only, never its key; the tenant names whose request it was.
-
-use pagewarden_proto::v1 as pb;
+//! `pagewarden-proto` turns an event into the auditor's `CacheReport`.
 
 use crate::namespace::Namespace;
 use crate::{RequestId, TenantId};
@@ -82,34 +81,6 @@ impl CacheEvent {
             prompt_tokens: 0,
             cached_tokens: 0,
             pages,
-        }
-    }
-
-    /// The event as the auditor's `ReportCache` takes it.
-    pub fn to_wire(&self) -> pb::CacheReport {
-        let kind = match self.kind {
-            CacheEventKind::Hit => pb::CacheEventKind::Hit,
-            CacheEventKind::Miss => pb::CacheEventKind::Miss,
-            CacheEventKind::Eviction => pb::CacheEventKind::Eviction,
-        };
-        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        pb::CacheReport {
-            kind: kind as i32,
-            node: self.node_id.clone(),
-            role: self.role.to_string(),
-            tenant: self
-                .tenant
-                .as_ref()
-                .map(|t| t.as_str().to_string())
-                .unwrap_or_default(),
-            namespace: self.namespace.tag(),
-            req: self.request.map(|r| pb::RequestRef {
-                request_id: r.as_bytes().to_vec(),
-                attempt: 0,
-            }),
-            prompt_tokens: count(self.prompt_tokens),
-            cached_tokens: count(self.cached_tokens),
-            pages: count(self.pages),
         }
     }
 }

@@ -1,0 +1,24 @@
+//! The vocabulary every Pagewarden crate shares, with no runtime and no wire format: the KV
+//! pool, the model and the transfer protocol use it without linking tokio, tonic or axum.
+//! Conversions to and from the gRPC messages live in `pagewarden-proto` (`convert`).
+//!
+//! - `ids`: newtypes for request, tenant and attempt identifiers.
+//! - `namespace`: prefix-cache namespaces, HMAC-SHA256 of a tenant (or a named shared
+//!   namespace) under the suite secret (I10).
+//! - `admission`: prompt + max_tokens against the effective context, before allocation (I3).
+//! - `integrity`: the kinds of integrity event a worker reports and the auditor files (I8).
+//! - `cache_event`: prefix-cache events a worker reports to the auditor (I10).
+//! - `finish_reason`: why a generation ended.
+//! - `unknown_value`: the error of parsing a text that names none of an enum's values.
+
+pub mod admission;
+pub mod cache_event;
+pub mod finish_reason;
+pub mod ids;
+pub mod integrity;
+pub mod namespace;
+pub mod unknown_value;
+
+pub use finish_reason::FinishReason;
+pub use ids::{AttemptId, RequestId, TenantId};
+pub use unknown_value::UnknownValue;

@@ -1,0 +1,167 @@
+//! Conversions between the shared vocabulary (`pagewarden-types`) and the wire messages, each
+//! once: integrity kinds (pinned to the wire enum by the tests below), cache events, finish
+//! reasons and request references. A value the wire may carry but the vocabulary cannot name
+//! is an error (`INVALID_ARGUMENT`), never a default.
+
+use pagewarden_types::cache_event::{CacheEvent, CacheEventKind};
+use pagewarden_types::integrity::IntegrityKind;
+use pagewarden_types::{AttemptId, FinishReason, RequestId};
+use tonic::Status;
+
+use crate::v1 as pb;
+
+impl From<IntegrityKind> for pb::IntegrityKind {
+    fn from(k: IntegrityKind) -> Self {
+        match k {
+            IntegrityKind::GenerationMismatch => pb::IntegrityKind::GenerationMismatch,
+            IntegrityKind::ChecksumMismatch => pb::IntegrityKind::ChecksumMismatch,
+            IntegrityKind::CountMismatch => pb::IntegrityKind::CountMismatch,
+            IntegrityKind::GuardWordCorrupt => pb::IntegrityKind::GuardWordCorrupt,
+            IntegrityKind::WriteRejected => pb::IntegrityKind::WriteRejected,
+            IntegrityKind::Quarantine => pb::IntegrityKind::Quarantine,
+            IntegrityKind::DeferredReleaseDrained => pb::IntegrityKind::DeferredReleaseDrained,
+            IntegrityKind::DeferredReleaseTimedOut => pb::IntegrityKind::DeferredReleaseTimedOut,
+            IntegrityKind::PreflightFailed => pb::IntegrityKind::PreflightFailed,
+            IntegrityKind::PageNotWritten => pb::IntegrityKind::PageNotWritten,
+            IntegrityKind::ManifestMismatch => pb::IntegrityKind::ManifestMismatch,
+            IntegrityKind::StaleMessage => pb::IntegrityKind::StaleMessage,
+        }
+    }
+}
+
+/// The kind a wire value names; `None` for `UNSPECIFIED` and for values this build does not
+/// know.
+pub fn integrity_kind(v: i32) -> Option<IntegrityKind> {
+    let wire = pb::IntegrityKind::try_from(v).ok()?;
+    IntegrityKind::ALL
+        .iter()
+        .copied()
+        .find(|k| pb::IntegrityKind::from(*k) == wire)
+}
+
+impl From<&CacheEvent> for pb::CacheReport {
+    /// The event as the auditor's `ReportCache` takes it: the namespace as its tag, never its
+    /// key.
+    fn from(e: &CacheEvent) -> Self {
+        let kind = match e.kind {
+            CacheEventKind::Hit => pb::CacheEventKind::Hit,
+            CacheEventKind::Miss => pb::CacheEventKind::Miss,
+            CacheEventKind::Eviction => pb::CacheEventKind::Eviction,
+        };
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        pb::CacheReport {
+            kind: kind as i32,
+            node: e.node_id.clone(),
+            role: e.role.to_string(),
+            tenant: e
+                .tenant
+                .as_ref()
+                .map(|t| t.as_str().to_string())
+                .unwrap_or_default(),
+            namespace: e.namespace.tag(),
+            req: e.request.map(|r| request_ref(r, AttemptId(0))),
+            prompt_tokens: count(e.prompt_tokens),
+            cached_tokens: count(e.cached_tokens),
+            pages: count(e.pages),
+        }
+    }
+}
+
+impl From<Option<FinishReason>> for pb::FinishReason {
+    /// A token event's finish reason (`None`: the stream goes on).
+    fn from(f: Option<FinishReason>) -> Self {
+        match f {
+            None => pb::FinishReason::Unspecified,
+            Some(FinishReason::Stop) => pb::FinishReason::Stop,
+            Some(FinishReason::Length) => pb::FinishReason::Length,
+            Some(FinishReason::Abort) => pb::FinishReason::Abort,
+        }
+    }
+}
+
+/// Parses a token event's finish reason (`None`: the stream goes on).
+pub fn finish_reason(v: i32) -> Result<Option<FinishReason>, Status> {
+    match pb::FinishReason::try_from(v) {
+        Ok(pb::FinishReason::Unspecified) => Ok(None),
+        Ok(pb::FinishReason::Stop) => Ok(Some(FinishReason::Stop)),
+        Ok(pb::FinishReason::Length) => Ok(Some(FinishReason::Length)),
+        Ok(pb::FinishReason::Abort) => Ok(Some(FinishReason::Abort)),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "finish: unknown finish reason {v}"
+        ))),
+    }
+}
+
+/// A request attempt's reference for the wire (attempt 0: a report about the request as a
+/// whole).
+pub fn request_ref(req: RequestId, attempt: AttemptId) -> pb::RequestRef {
+    pb::RequestRef {
+        request_id: req.as_bytes().to_vec(),
+        attempt: attempt.0,
+    }
+}
+
+/// Parses a request reference.
+pub fn parse_request_ref(r: Option<&pb::RequestRef>) -> Result<(RequestId, AttemptId), Status> {
+    let r = r.ok_or_else(|| Status::invalid_argument("req is required"))?;
+    let id = RequestId::from_bytes(&r.request_id)
+        .ok_or_else(|| Status::invalid_argument("req.request_id must be 16 bytes"))?;
+    Ok((id, AttemptId(r.attempt)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_integrity_kind_round_trips_and_keeps_its_wire_name() {
+        for k in IntegrityKind::ALL {
+            let wire = pb::IntegrityKind::from(*k);
+            assert_eq!(integrity_kind(wire as i32), Some(*k));
+            // INTEGRITY_KIND_COUNT_MISMATCH is count_mismatch: one spelling on both sides.
+            let name = wire.as_str_name().to_ascii_lowercase();
+            assert_eq!(name.strip_prefix("integrity_kind_"), Some(k.as_str()));
+        }
+        // Every wire value but UNSPECIFIED names a kind, so none can go unmapped.
+        let mut v = 1;
+        while pb::IntegrityKind::try_from(v).is_ok() {
+            assert!(integrity_kind(v).is_some(), "wire value {v} names no kind");
+            v += 1;
+        }
+        assert_eq!(v - 1, IntegrityKind::ALL.len() as i32);
+        assert_eq!(integrity_kind(0), None);
+        assert_eq!(integrity_kind(999), None);
+    }
+
+    #[test]
+    fn finish_reasons_round_trip_and_unknown_ones_are_refused() {
+        for f in [
+            None,
+            Some(FinishReason::Stop),
+            Some(FinishReason::Length),
+            Some(FinishReason::Abort),
+        ] {
+            assert_eq!(finish_reason(pb::FinishReason::from(f) as i32).unwrap(), f);
+        }
+        let err = finish_reason(42).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn request_refs_round_trip_and_short_ids_are_refused() {
+        let id = RequestId([9; 16]);
+        let r = request_ref(id, AttemptId(3));
+        assert_eq!(parse_request_ref(Some(&r)).unwrap(), (id, AttemptId(3)));
+        let short = pb::RequestRef {
+            request_id: vec![1; 15],
+            attempt: 0,
+        };
+        let e = parse_request_ref(Some(&short)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), "req.request_id must be 16 bytes");
+        assert_eq!(
+            parse_request_ref(None).unwrap_err().message(),
+            "req is required"
+        );
+    }
+}
