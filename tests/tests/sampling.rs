@@ -1,6 +1,6 @@
 //! The sampling surface through the whole suite (router → prefill → decode as real
 //! processes, the real model): logprobs equal the single-process engine's log-softmax, in both
-//! OpenAI shapes, whole and streamed; vLLM's extensions (penalties, `min_tokens`,
+//! OpenAI shapes, whole and streamed; `logit_bias` and vLLM's extensions (penalties, `min_tokens`,
 //! `stop_token_ids`, `ignore_eos`) are honoured, the same way the engine honours them;
 //! `response_format` JSON schemas are met by every sampled answer; an out-of-range value is a
 //! 400 naming the field.
@@ -240,7 +240,7 @@ async fn logprobs_equal_the_engines_log_softmax_whole_and_streamed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn penalties_change_the_greedy_text_exactly_as_the_engine_does() {
+async fn penalties_and_logit_bias_change_the_greedy_text_exactly_as_the_engine_does() {
     let s = suite(REAL).await;
     let prompt = s.engine.model().tokenizer().encode(
         "red blue red blue red blue red blue red blue red blue",
@@ -282,6 +282,38 @@ async fn penalties_change_the_greedy_text_exactly_as_the_engine_does() {
             s.generate(&prompt, p).text,
             "{extra}: router vs engine"
         );
+    }
+
+    // logit_bias: −100 bans the greedy first token; +100 forces a token at every step, in
+    // prefill's first token and in decode's after it.
+    let greedy = s.generate(&prompt, SamplingParams::greedy(12));
+    let first = greedy.tokens[0];
+    let forced = *prompt.last().unwrap();
+    assert_ne!(forced, first, "the forced token must not be the greedy one");
+    for (bias, max_tokens) in [(vec![(first, -100.0f32)], 12), (vec![(forced, 100.0)], 4)] {
+        let json_bias: serde_json::Map<String, Value> = bias
+            .iter()
+            .map(|&(t, b)| (t.to_string(), json!(b)))
+            .collect();
+        let extra = json!({"logit_bias": json_bias, "max_tokens": max_tokens});
+        let v = s.ok("/v1/completions", run(extra.clone())).await;
+        let want = s.generate(
+            &prompt,
+            SamplingParams {
+                logit_bias: bias.clone(),
+                ..SamplingParams::greedy(max_tokens)
+            },
+        );
+        assert_eq!(
+            v["choices"][0]["text"].as_str(),
+            Some(want.text.as_str()),
+            "{extra}: router vs engine"
+        );
+        if bias[0].1 > 0.0 {
+            assert_eq!(want.tokens, vec![forced; 4], "{extra}");
+        } else {
+            assert_ne!(want.tokens[0], first, "{extra}");
+        }
     }
 }
 

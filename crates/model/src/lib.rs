@@ -86,7 +86,9 @@ pub use gguf::{
 pub use llama::{LoadOptions, Model, ModelError};
 pub use logprobs::{Logprob, TokenLogprobs, LOGPROB_FLOOR, MAX_TOP_LOGPROBS};
 pub use pagewarden_types::FinishReason;
-pub use sampling::{argmax, EndTokens, Sampled, Sampler, SamplingParams};
+pub use sampling::{
+    argmax, EndTokens, Sampled, Sampler, SamplingParams, LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS,
+};
 pub use stop::{StopMatcher, StopOutcome};
 pub use token_output::{Emitted, TokenOutput};
 pub use tokenizer::{TokenKind, Tokenizer, TokenizerError};

@@ -49,6 +49,11 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     /// What the output must be (`response_format`); `None`: free text.
     pub grammar: Option<Grammar>,
+    /// Added to these tokens' logits before sampling (OpenAI's `logit_bias`: −100 bans a
+    /// token in practice, 100 all but forces it), after penalties and before a grammar's or
+    /// `min_tokens`' masks, which therefore still hold. Ids outside the vocabulary are ignored
+    /// (the router refuses them).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -69,6 +74,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             logprobs: None,
             grammar: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -90,6 +96,13 @@ impl SamplingParams {
         self.temperature < GREEDY_BELOW || self.top_k == 1
     }
 }
+
+/// At most this many `logit_bias` entries (OpenAI's limit), checked by the router and the
+/// workers.
+pub const MAX_LOGIT_BIAS: usize = 300;
+
+/// The largest `logit_bias` value either way (OpenAI's range).
+pub const LOGIT_BIAS_RANGE: f32 = 100.0;
 
 /// Temperatures below this sample greedily: `1 / t` times any logit stays far from `f32`
 /// overflow above it.
@@ -144,6 +157,8 @@ pub struct Sampler {
     logprobs: Option<usize>,
     /// The request's grammar, when it has one.
     constraint: Option<Constraint>,
+    /// `logit_bias`: added to these tokens' logits.
+    bias: Vec<(u32, f32)>,
     /// Reused scratch: (id, logit or probability).
     cands: Vec<(u32, f32)>,
     /// Reused scratch: the logits after penalties and masking.
@@ -175,6 +190,7 @@ impl Sampler {
             generated: 0,
             logprobs: p.logprobs,
             constraint: None,
+            bias: p.logit_bias.clone(),
             cands: Vec::new(),
             adjusted: Vec::new(),
         }
@@ -221,12 +237,19 @@ impl Sampler {
                 .constraint
                 .as_mut()
                 .is_some_and(Constraint::is_complete);
-        let token = if self.penalties.is_some() || self.constraint.is_some() || mask {
+        let adjust =
+            self.penalties.is_some() || !self.bias.is_empty() || self.constraint.is_some() || mask;
+        let token = if adjust {
             let mut adjusted = std::mem::take(&mut self.adjusted);
             adjusted.clear();
             adjusted.extend_from_slice(logits);
             if let Some(p) = &self.penalties {
                 p.apply(&mut adjusted);
+            }
+            for &(t, b) in &self.bias {
+                if let Some(l) = adjusted.get_mut(t as usize) {
+                    *l += b;
+                }
             }
             if let Some(c) = &mut self.constraint {
                 c.mask(&mut adjusted);

@@ -241,3 +241,54 @@ fn logprobs_describe_the_raw_logits() {
         None
     );
 }
+
+#[test]
+fn logit_bias_shifts_logits_before_sampling_and_masks_still_hold() {
+    let logits = [0.0f32, 5.0, 1.0, 4.0];
+    // Greedy picks 1; a bias of 100 on 2 forces it, −100 on 1 bans it (3 wins).
+    let forced = SamplingParams {
+        logit_bias: vec![(2, 100.0)],
+        ..SamplingParams::greedy(8)
+    };
+    assert_eq!(Sampler::new(&forced).sample(&logits), 2);
+    let banned = SamplingParams {
+        logit_bias: vec![(1, -100.0)],
+        ..SamplingParams::greedy(8)
+    };
+    assert_eq!(Sampler::new(&banned).sample(&logits), 3);
+    // Sampling at temperature 1 never draws a banned token and always the forced one.
+    for seed in 0..50 {
+        let p = SamplingParams {
+            logit_bias: vec![(1, -100.0), (3, -100.0)],
+            ..params(1.0, 0, 1.0, seed)
+        };
+        let t = Sampler::new(&p).sample(&logits);
+        assert!(t == 0 || t == 2, "seed {seed}: drew banned token {t}");
+        let p = SamplingParams {
+            logit_bias: vec![(0, 100.0)],
+            ..params(1.0, 0, 1.0, seed)
+        };
+        assert_eq!(Sampler::new(&p).sample(&logits), 0, "seed {seed}");
+    }
+    // min_tokens' mask wins over a bias towards an end token; ids past the vocabulary are
+    // ignored.
+    let p = SamplingParams {
+        min_tokens: 1,
+        stop_token_ids: vec![3],
+        logit_bias: vec![(3, 100.0), (99, 100.0)],
+        ..SamplingParams::greedy(8)
+    };
+    let mut s = Sampler::for_request(&p, &[], &[]);
+    assert_eq!(s.sample(&logits), 1);
+    assert_eq!(s.sample(&logits), 3);
+    // Logprobs stay those of the raw logits, as without a bias.
+    let p = SamplingParams {
+        logit_bias: vec![(2, 100.0)],
+        logprobs: Some(0),
+        ..SamplingParams::greedy(8)
+    };
+    let got = Sampler::new(&p).next(&logits);
+    assert_eq!(got.token, 2);
+    let raw = TokenLogprobs::compute(&logits, 2, 0);
+    assert_eq!(got.logprobs, Some(raw));
+}

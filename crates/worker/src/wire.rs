@@ -10,7 +10,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use pagewarden_common::namespace::Namespace;
 
 use pagewarden_kvcache::{CommitManifest, Generation, GrantKey, PageId, WriteGrant};
-use pagewarden_model::{Grammar, Logprob, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
+use pagewarden_model::{
+    Grammar, Logprob, SamplingParams, TokenLogprobs, LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS,
+    MAX_TOP_LOGPROBS,
+};
 use pagewarden_proto::v1 as pb;
 use pagewarden_transfer::{GrantSeal, SealMode};
 use tonic::Status;
@@ -66,6 +69,18 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
             "sampling.logprobs: at most {MAX_TOP_LOGPROBS} top logprobs"
         )));
     }
+    if s.logit_bias.len() > MAX_LOGIT_BIAS
+        || s.logit_bias
+            .values()
+            .any(|b| !(-LOGIT_BIAS_RANGE..=LOGIT_BIAS_RANGE).contains(b))
+    {
+        return Err(Status::invalid_argument(format!(
+            "sampling.logit_bias: at most {MAX_LOGIT_BIAS} entries, each in \
+             [-{LOGIT_BIAS_RANGE}, {LOGIT_BIAS_RANGE}]"
+        )));
+    }
+    let mut logit_bias: Vec<(u32, f32)> = s.logit_bias.iter().map(|(&t, &b)| (t, b)).collect();
+    logit_bias.sort_unstable_by_key(|&(t, _)| t);
     let grammar = match &s.grammar {
         None => None,
         Some(pb::sampling_params::Grammar::JsonObject(true)) => Some(Grammar::JsonObject),
@@ -96,6 +111,7 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
         stop_token_ids: s.stop_token_ids.clone(),
         logprobs: s.logprobs.map(|n| n as usize),
         grammar,
+        logit_bias,
     })
 }
 

@@ -120,3 +120,21 @@ fn logprobs_round_trip_and_refuse_positive_values() {
     bad.chosen = None;
     assert!(parse_logprobs(Some(&bad)).is_err());
 }
+
+#[test]
+fn logit_bias_is_sorted_by_token_and_bounded() {
+    let mut p = params(0.0, 1.0);
+    p.logit_bias = [(9, -100.0), (2, 100.0), (5, 0.25)].into_iter().collect();
+    let s = sampling(Some(&p)).expect("in range");
+    assert_eq!(s.logit_bias, vec![(2, 100.0), (5, 0.25), (9, -100.0)]);
+    for bad in [100.5f32, -101.0, f32::NAN, f32::INFINITY] {
+        let mut p = params(0.0, 1.0);
+        p.logit_bias.insert(1, bad);
+        let e = sampling(Some(&p)).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad}");
+        assert!(e.message().starts_with("sampling.logit_bias"), "{bad}");
+    }
+    let mut p = params(0.0, 1.0);
+    p.logit_bias = (0..301).map(|t| (t, 1.0)).collect();
+    assert!(sampling(Some(&p)).is_err(), "301 entries");
+}

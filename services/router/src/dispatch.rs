@@ -413,6 +413,7 @@ impl Flight {
                 Grammar::JsonObject => WireGrammar::JsonObject(true),
                 Grammar::JsonSchema(schema) => WireGrammar::JsonSchema(schema.to_string()),
             }),
+            logit_bias: s.logit_bias.iter().copied().collect(),
         }
     }
 

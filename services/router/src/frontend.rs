@@ -104,6 +104,21 @@ impl Frontend {
         non_empty(tokens, "prompt")
     }
 
+    /// Refuses a `logit_bias` token id outside this vocabulary.
+    pub fn check_logit_bias(&self, bias: &[(u32, f32)]) -> Result<(), RouterError> {
+        let vocab = self.tokenizer.vocab_size();
+        match bias.iter().find(|&&(id, _)| id as usize >= vocab) {
+            None => Ok(()),
+            Some(&(id, _)) => Err(ValidationError::new(
+                "logit_bias",
+                format!(
+                    "`logit_bias` names token id {id}, outside the vocabulary of {vocab} tokens"
+                ),
+            )
+            .into()),
+        }
+    }
+
     /// Refuses a `response_format` whose schema does not compile against this vocabulary, with
     /// the grammar library's reason (the first such request also builds the vocabulary index).
     pub fn check_grammar(&self, grammar: Option<&Grammar>) -> Result<(), RouterError> {

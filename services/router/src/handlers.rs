@@ -30,6 +30,9 @@ pub async fn completions(
         let slot = state.slot(&tenant)?;
         let req = ValidCompletionRequest::parse(&body?.0)?;
         check_model(&state, req.common.model.as_deref())?;
+        state
+            .frontend
+            .check_logit_bias(&req.common.sampling.logit_bias)?;
         let frontend = state.frontend.clone();
         let prompt = req.prompt;
         let grammar = req.common.sampling.grammar.clone();
@@ -68,6 +71,9 @@ pub async fn chat(
         let slot = state.slot(&tenant)?;
         let req = ValidChatRequest::parse(&body?.0)?;
         check_model(&state, req.common.model.as_deref())?;
+        state
+            .frontend
+            .check_logit_bias(&req.common.sampling.logit_bias)?;
         let frontend = state.frontend.clone();
         let messages = req.messages;
         let grammar = req.common.sampling.grammar.clone();

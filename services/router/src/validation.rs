@@ -1,7 +1,7 @@
 //! Parse, don't validate: request bodies become [`ValidCompletionRequest`] / [`ValidChatRequest`]
 //! here, and nothing downstream accepts anything else. Every error names its field.
 
-use pagewarden_model::{ChatMessage, Grammar};
+use pagewarden_model::{ChatMessage, Grammar, LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS};
 use serde_json::{json, Map, Value};
 
 use crate::error::ValidationError;
@@ -61,6 +61,9 @@ pub struct ValidSampling {
     pub logprobs: Option<u32>,
     /// `response_format` beyond text: the output is constrained to it.
     pub grammar: Option<Grammar>,
+    /// `logit_bias`, by token id (ascending); each id is checked against the vocabulary at
+    /// admission (`Frontend::check_logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// What every generation request carries besides its prompt.
@@ -281,7 +284,6 @@ fn parse_common(
     let model = f.string("model")?.map(str::to_owned);
     let max_tokens = f.integer(max_field, 1, MAX_TOKENS_LIMIT)?.map(|n| n as u32);
     f.only_default("n", &[json!(1)])?;
-    f.only_default("logit_bias", &[json!({})])?;
     f.only_default("store", &[json!(false)])?;
     f.only_default("service_tier", &[json!("auto"), json!("default")])?;
     f.string("user")?;
@@ -332,6 +334,7 @@ fn parse_common(
             ))
         }
     };
+    let logit_bias = parse_logit_bias(f)?;
     let grammar = parse_response_format(f)?;
     if grammar.is_some() && ignore_eos {
         return Err(f.err(
@@ -374,10 +377,65 @@ fn parse_common(
             stop_token_ids,
             logprobs,
             grammar,
+            logit_bias,
         },
         stream,
         include_usage,
     })
+}
+
+/// OpenAI's `logit_bias`: an object from token ids (as strings, JSON's keys) to a bias in
+/// [−100, 100], at most 300 of them; returned by ascending id.
+fn parse_logit_bias(f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ValidationError> {
+    let map = match f.get("logit_bias") {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(map)) => map,
+        Some(v) => {
+            return Err(f.err(
+                "logit_bias",
+                format!(
+                    "must be an object from token ids to numbers, found {}",
+                    kind_of(v)
+                ),
+            ))
+        }
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(f.err(
+            "logit_bias",
+            format!("may hold at most {MAX_LOGIT_BIAS} tokens"),
+        ));
+    }
+    let range = f64::from(LOGIT_BIAS_RANGE);
+    let mut bias = Vec::with_capacity(map.len());
+    for (key, v) in map {
+        let id: u32 = match key.parse() {
+            Ok(id) if !key.starts_with('+') => id,
+            _ => {
+                return Err(f.err(
+                    "logit_bias",
+                    format!("keys must be token ids (non-negative integers), got {key:?}"),
+                ))
+            }
+        };
+        let b = match v.as_f64() {
+            Some(b) if (-range..=range).contains(&b) => b as f32,
+            _ => {
+                return Err(f.err(
+                    "logit_bias",
+                    format!(
+                    "values must be numbers between -{range} and {range}, got {v} for token {id}"
+                ),
+                ))
+            }
+        };
+        bias.push((id, b));
+    }
+    bias.sort_unstable_by_key(|&(id, _)| id);
+    if let Some(w) = bias.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(f.err("logit_bias", format!("names token {} twice", w[0].0)));
+    }
+    Ok(bias)
 }
 
 /// OpenAI's `metadata`: at most 16 string pairs, keys up to 64 characters, values up to 512.

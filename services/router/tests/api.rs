@@ -245,6 +245,57 @@ async fn fields_that_carry_nothing_for_generation_are_accepted_and_checked() {
 }
 
 #[tokio::test]
+async fn logit_bias_reaches_the_workers_by_token_id_and_bad_ones_name_the_field() {
+    let h = Harness::start(Opts::default()).await;
+    let body =
+        json!({"prompt": "hi", "max_tokens": 2, "logit_bias": {"5": 100, "3": -100.0, "7": 0.5}});
+    let r = h.post("/v1/completions", &body).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let chat = json!({
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "logit_bias": {"4": 1},
+    });
+    let r = h.post("/v1/chat/completions", &chat).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let sent: Vec<Vec<(u32, f32)>> = h
+        .decode
+        .iter()
+        .flat_map(|d| d.calls.lock().reserve.clone())
+        .map(|r| {
+            let mut b: Vec<(u32, f32)> = r.sampling.unwrap().logit_bias.into_iter().collect();
+            b.sort_by_key(|&(t, _)| t);
+            b
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        vec![vec![(3, -100.0), (5, 100.0), (7, 0.5)], vec![(4, 1.0)]]
+    );
+    let many: serde_json::Map<String, Value> =
+        (0..301).map(|i| (i.to_string(), json!(1))).collect();
+    for (bias, why) in [
+        (json!([1, 2]), "must be an object"),
+        (json!({"x": 1}), "keys must be token ids"),
+        (json!({"-1": 1}), "keys must be token ids"),
+        (json!({"5": 100.5}), "between -100 and 100"),
+        (json!({"5": "1"}), "between -100 and 100"),
+        (json!({"5": 1, "05": 2}), "names token 5 twice"),
+        (json!({"100000": 1}), "outside the vocabulary"),
+        (Value::Object(many), "at most 300"),
+    ] {
+        let body = json!({"prompt": "hi", "max_tokens": 2, "logit_bias": bias});
+        let err = expect_error(h.post("/v1/completions", &body).await, 400).await;
+        assert_eq!(err["param"], "logit_bias", "{err}");
+        assert!(
+            err["message"].as_str().unwrap().contains(why),
+            "{why}: {err}"
+        );
+    }
+    assert_eq!(h.total_reserves(), 2, "no refused request reached a worker");
+}
+
+#[tokio::test]
 async fn the_served_model_is_found_by_id_and_apis_not_served_say_so() {
     let h = Harness::start(Opts::default()).await;
     let model: Value = h
