@@ -576,3 +576,49 @@ async fn a_json_schema_is_met_by_every_sampled_answer_and_is_needed_for_it() {
         assert!(text.starts_with('{'), "{text:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_choices_and_regexes_are_met_by_every_sampled_answer() {
+    let s = suite(REAL).await;
+    let messages = json!([{"role": "user", "content":
+        "Is the sky green? Answer, then give a ticket number like AB-123."}]);
+    let choices = ["Yes", "No", "Not sure (ask again)"];
+    let body = |seed: u64, extra: Value| {
+        with(
+            &json!({"messages": messages, "max_tokens": 24, "temperature": 1.0, "seed": seed}),
+            extra,
+        )
+    };
+    let forms = [
+        json!({"structured_outputs": {"choice": choices}}),
+        json!({"guided_choice": choices}),
+        json!({"structured_outputs": {"regex": "[A-Z]{2}-[0-9]{3}"}}),
+    ];
+    for form in &forms {
+        let answers: Vec<(u16, Value)> = futures::stream::iter(0..8)
+            .map(|seed| s.post("/v1/chat/completions", body(seed, form.clone())))
+            .buffered(4)
+            .collect()
+            .await;
+        for (seed, (status, v)) in answers.iter().enumerate() {
+            assert_eq!(*status, 200, "{form} seed {seed}: {v}");
+            let choice = &v["choices"][0];
+            assert_eq!(choice["finish_reason"], "stop", "{form} seed {seed}: {v}");
+            let text = choice["message"]["content"].as_str().expect("content");
+            let ok = if form.to_string().contains("regex") {
+                let b = text.as_bytes();
+                b.len() == 6
+                    && b[..2].iter().all(u8::is_ascii_uppercase)
+                    && b[2] == b'-'
+                    && b[3..].iter().all(u8::is_ascii_digit)
+            } else {
+                choices.contains(&text)
+            };
+            assert!(ok, "{form} seed {seed}: {text:?}");
+        }
+    }
+    // The control: unconstrained, the answer is none of the choices.
+    let (_, v) = s.post("/v1/chat/completions", body(0, json!({}))).await;
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
+    assert!(!choices.contains(&text), "{text:?}");
+}

@@ -24,6 +24,22 @@ pub enum Grammar {
     JsonObject,
     /// A document valid under this JSON schema (`{"type": "json_schema", ...}`).
     JsonSchema(serde_json::Value),
+    /// Text the whole of which matches this regular expression (vLLM's `regex`).
+    Regex(String),
+    /// Exactly one of these texts (vLLM's `choice`).
+    Choice(Vec<String>),
+}
+
+/// `text` as a regular expression matching exactly itself.
+fn regex_literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 impl Grammar {
@@ -35,6 +51,11 @@ impl Grammar {
         let mut schema = match self {
             Grammar::JsonObject => serde_json::json!({"type": "object"}),
             Grammar::JsonSchema(s) => s.clone(),
+            Grammar::Regex(rx) => return TopLevelGrammar::from_regex(rx),
+            Grammar::Choice(choices) => {
+                let alternatives: Vec<String> = choices.iter().map(|c| regex_literal(c)).collect();
+                return TopLevelGrammar::from_regex(&format!("({})", alternatives.join("|")));
+            }
         };
         if let Some(o) = schema.as_object_mut() {
             o.entry("x-guidance").or_insert_with(|| {
@@ -55,8 +76,9 @@ pub enum ConstraintError {
     /// The vocabulary could not be indexed (a model defect).
     #[error("cannot index the vocabulary for constrained decoding: {0}")]
     Vocabulary(String),
-    /// The schema is not one llguidance compiles (its own message, verbatim).
-    #[error("unsupported JSON schema: {0}")]
+    /// The schema or regular expression is not one llguidance compiles (its own message,
+    /// verbatim).
+    #[error("unsupported grammar: {0}")]
     Schema(String),
 }
 
@@ -218,5 +240,76 @@ impl Constraint {
                 *l = f32::NEG_INFINITY;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::{tiny_llama_gguf, GgufFile, Sampler, SamplingParams};
+
+    fn tiny() -> Tokenizer {
+        let file = GgufFile::from_bytes(tiny_llama_gguf(3)).expect("the tiny model");
+        Tokenizer::from_gguf(&file).expect("its tokenizer")
+    }
+
+    /// Samples under `grammar` at temperature 1 over random logits until an end token.
+    fn sample(tok: &Tokenizer, grammar: &Grammar, seed: u64) -> String {
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            grammar: Some(grammar.clone()),
+            ..SamplingParams::default()
+        };
+        let mut sampler = Sampler::for_model(&p, &[], tok);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut ids = Vec::new();
+        for _ in 0..64 {
+            let logits: Vec<f32> = (0..tok.vocab_size())
+                .map(|_| rng.random_range(-4.0..4.0))
+                .collect();
+            let t = sampler.sample(&logits);
+            if tok.eog_tokens().contains(&t) {
+                return tok.decode(&ids);
+            }
+            ids.push(t);
+        }
+        panic!("no end after 64 tokens: {:?}", tok.decode(&ids));
+    }
+
+    #[test]
+    fn a_choice_yields_exactly_one_of_its_texts_even_with_regex_characters() {
+        let tok = tiny();
+        let choices = vec!["yes".to_string(), "no (a.b)".into(), "1+1=2?".into()];
+        let grammar = Grammar::Choice(choices.clone());
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..24 {
+            let text = sample(&tok, &grammar, seed);
+            assert!(choices.contains(&text), "seed {seed}: {text:?}");
+            seen.insert(text);
+        }
+        assert!(seen.len() > 1, "random logits picked only {seen:?}");
+    }
+
+    #[test]
+    fn a_regex_is_matched_whole_and_a_bad_one_is_refused() {
+        let tok = tiny();
+        let grammar = Grammar::Regex("[a-c]{2}-[0-9]{3}".into());
+        for seed in 0..12 {
+            let text = sample(&tok, &grammar, seed);
+            let b = text.as_bytes();
+            let shape = b.len() == 6
+                && b[..2].iter().all(|c| (b'a'..=b'c').contains(c))
+                && b[2] == b'-'
+                && b[3..].iter().all(u8::is_ascii_digit);
+            assert!(shape, "seed {seed}: {text:?}");
+        }
+        let grammars = tok.grammars().expect("the tiny vocabulary indexes");
+        assert!(grammars
+            .compile(&Grammar::Regex("(unclosed".into()))
+            .is_err());
+        assert_eq!(regex_literal("a.b|c"), "a\\.b\\|c");
     }
 }

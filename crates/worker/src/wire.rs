@@ -94,6 +94,18 @@ pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status
                 |e| Status::invalid_argument(format!("sampling.json_schema: not JSON: {e}")),
             )?))
         }
+        Some(pb::sampling_params::Grammar::Regex(rx)) if rx.is_empty() => {
+            return Err(Status::invalid_argument(
+                "sampling.regex: must not be empty",
+            ))
+        }
+        Some(pb::sampling_params::Grammar::Regex(rx)) => Some(Grammar::Regex(rx.clone())),
+        Some(pb::sampling_params::Grammar::Choice(c)) if c.choices.is_empty() => {
+            return Err(Status::invalid_argument(
+                "sampling.choice: at least one text is required",
+            ))
+        }
+        Some(pb::sampling_params::Grammar::Choice(c)) => Some(Grammar::Choice(c.choices.clone())),
     };
     Ok(SamplingParams {
         temperature: s.temperature,

@@ -138,3 +138,30 @@ fn logit_bias_is_sorted_by_token_and_bounded() {
     p.logit_bias = (0..301).map(|t| (t, 1.0)).collect();
     assert!(sampling(Some(&p)).is_err(), "301 entries");
 }
+
+#[test]
+fn regex_and_choice_grammars_are_parsed_and_empty_ones_refused() {
+    use pagewarden_model::Grammar;
+    use pb::sampling_params::Grammar as Wire;
+    let with = |g: Wire| pb::SamplingParams {
+        grammar: Some(g),
+        ..params(0.0, 1.0)
+    };
+    let s = sampling(Some(&with(Wire::Regex("[0-9]+".into())))).expect("a regex");
+    assert_eq!(s.grammar, Some(Grammar::Regex("[0-9]+".into())));
+    let choices = pb::Choices {
+        choices: vec!["a".into(), "b".into()],
+    };
+    let s = sampling(Some(&with(Wire::Choice(choices)))).expect("choices");
+    assert_eq!(
+        s.grammar,
+        Some(Grammar::Choice(vec!["a".into(), "b".into()]))
+    );
+    let e = sampling(Some(&with(Wire::Regex(String::new())))).unwrap_err();
+    assert_eq!(e.message(), "sampling.regex: must not be empty");
+    let e = sampling(Some(&with(Wire::Choice(pb::Choices::default())))).unwrap_err();
+    assert_eq!(
+        e.message(),
+        "sampling.choice: at least one text is required"
+    );
+}

@@ -18,7 +18,7 @@ use pagewarden_model::{FinishReason, Grammar};
 use pagewarden_proto::convert::{finish_reason, request_ref};
 use pagewarden_proto::v1::sampling_params::Grammar as WireGrammar;
 use pagewarden_proto::v1::{
-    GenerateRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef, ReserveRequest,
+    Choices, GenerateRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef, ReserveRequest,
     SamplingParams, TokenEvent, WriteGrant,
 };
 use tonic::Streaming;
@@ -412,6 +412,10 @@ impl Flight {
             grammar: s.grammar.as_ref().map(|g| match g {
                 Grammar::JsonObject => WireGrammar::JsonObject(true),
                 Grammar::JsonSchema(schema) => WireGrammar::JsonSchema(schema.to_string()),
+                Grammar::Regex(rx) => WireGrammar::Regex(rx.clone()),
+                Grammar::Choice(choices) => WireGrammar::Choice(Choices {
+                    choices: choices.clone(),
+                }),
             }),
             logit_bias: s.logit_bias.iter().copied().collect(),
         }

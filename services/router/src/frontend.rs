@@ -119,9 +119,14 @@ impl Frontend {
         }
     }
 
-    /// Refuses a `response_format` whose schema does not compile against this vocabulary, with
-    /// the grammar library's reason (the first such request also builds the vocabulary index).
-    pub fn check_grammar(&self, grammar: Option<&Grammar>) -> Result<(), RouterError> {
+    /// Refuses an output constraint (from `field`) whose schema or regular expression does not
+    /// compile against this vocabulary, with the grammar library's reason (the first such
+    /// request also builds the vocabulary index).
+    pub fn check_grammar(
+        &self,
+        grammar: Option<&Grammar>,
+        field: &'static str,
+    ) -> Result<(), RouterError> {
         let Some(g) = grammar else {
             return Ok(());
         };
@@ -129,9 +134,7 @@ impl Frontend {
             .grammars()
             .and_then(|grammars| grammars.compile(g))
             .map(drop)
-            .map_err(|e| {
-                ValidationError::new("response_format", format!("`response_format`: {e}")).into()
-            })
+            .map_err(|e| ValidationError::new(field, format!("`{field}`: {e}")).into())
     }
 
     /// Tokens of a conversation rendered through the model's chat template.

@@ -36,8 +36,9 @@ pub async fn completions(
         let frontend = state.frontend.clone();
         let prompt = req.prompt;
         let grammar = req.common.sampling.grammar.clone();
+        let grammar_field = req.common.sampling.grammar_field;
         let tokens = blocking(move || {
-            frontend.check_grammar(grammar.as_ref())?;
+            frontend.check_grammar(grammar.as_ref(), grammar_field)?;
             frontend.completion_tokens(&prompt)
         })
         .await?;
@@ -77,8 +78,9 @@ pub async fn chat(
         let frontend = state.frontend.clone();
         let messages = req.messages;
         let grammar = req.common.sampling.grammar.clone();
+        let grammar_field = req.common.sampling.grammar_field;
         let tokens = blocking(move || {
-            frontend.check_grammar(grammar.as_ref())?;
+            frontend.check_grammar(grammar.as_ref(), grammar_field)?;
             frontend.chat_tokens(&messages)
         })
         .await?;

@@ -20,6 +20,10 @@ pub const MAX_STOP_TOKEN_IDS: usize = 64;
 pub const MAX_REPETITION_PENALTY: f64 = 10.0;
 /// The most top logprobs per token (vLLM's default `max_logprobs`).
 pub const MAX_TOP_LOGPROBS: i64 = pagewarden_model::MAX_TOP_LOGPROBS as i64;
+/// At most this many texts in a `choice`.
+pub const MAX_CHOICES: usize = 256;
+/// Longest `choice` text or regular expression, in bytes.
+pub const MAX_PATTERN_BYTES: usize = 4096;
 
 /// A completion prompt: text to tokenize, or token ids given by the client.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,8 +63,12 @@ pub struct ValidSampling {
     pub stop_token_ids: Vec<u32>,
     /// Logprobs of each generated token and this many top logprobs; `None`: no logprobs.
     pub logprobs: Option<u32>,
-    /// `response_format` beyond text: the output is constrained to it.
+    /// `response_format` beyond text, or vLLM's structured outputs: the output is constrained
+    /// to it.
     pub grammar: Option<Grammar>,
+    /// The field the grammar came from (`response_format`, `structured_outputs`, `guided_*`),
+    /// which an error about it names.
+    pub grammar_field: &'static str,
     /// `logit_bias`, by token id (ascending); each id is checked against the vocabulary at
     /// admission (`Frontend::check_logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
@@ -335,12 +343,14 @@ fn parse_common(
         }
     };
     let logit_bias = parse_logit_bias(f)?;
-    let grammar = parse_response_format(f)?;
+    let (grammar, grammar_field) = parse_output_constraint(f)?;
     if grammar.is_some() && ignore_eos {
         return Err(f.err(
             "ignore_eos",
-            "cannot be combined with `response_format`: a constrained answer ends when its \
-             document is complete",
+            format!(
+                "cannot be combined with `{grammar_field}`: a constrained answer ends when its \
+                 document is complete"
+            ),
         ));
     }
     let stream = f.bool("stream")?.unwrap_or(false);
@@ -377,11 +387,184 @@ fn parse_common(
             stop_token_ids,
             logprobs,
             grammar,
+            grammar_field,
             logit_bias,
         },
         stream,
         include_usage,
     })
+}
+
+/// The one output constraint a request may carry: OpenAI's `response_format`, vLLM's
+/// `structured_outputs` (`json`, `regex`, `choice`, `json_object`) or its older `guided_json`,
+/// `guided_regex`, `guided_choice`; with the field it came from. Two of them are refused, and
+/// so are the forms the constrained decoder does not take (`grammar`, `structural_tag`).
+fn parse_output_constraint(
+    f: &Fields<'_>,
+) -> Result<(Option<Grammar>, &'static str), ValidationError> {
+    let mut found: Vec<(Grammar, &'static str)> = Vec::new();
+    if let Some(g) = parse_response_format(f)? {
+        found.push((g, "response_format"));
+    }
+    if let Some(v) = f.get("guided_json") {
+        found.push((json_schema(f, "guided_json", v)?, "guided_json"));
+    }
+    if let Some(v) = f.get("guided_regex") {
+        found.push((regex(f, "guided_regex", v)?, "guided_regex"));
+    }
+    if let Some(v) = f.get("guided_choice") {
+        found.push((choice(f, "guided_choice", v)?, "guided_choice"));
+    }
+    for unsupported in [
+        "guided_grammar",
+        "guided_decoding_backend",
+        "guided_whitespace_pattern",
+    ] {
+        if f.get(unsupported).is_some() {
+            return Err(f.err(unsupported, UNSUPPORTED_FORM));
+        }
+    }
+    match f.get("structured_outputs") {
+        None => {}
+        Some(Value::Object(o)) => {
+            let so = Fields::nested(o, "structured_outputs");
+            let mut forms = Vec::new();
+            if let Some(v) = so.get("json") {
+                forms.push(json_schema(&so, "json", v)?);
+            }
+            if let Some(v) = so.get("regex") {
+                forms.push(regex(&so, "regex", v)?);
+            }
+            if let Some(v) = so.get("choice") {
+                forms.push(choice(&so, "choice", v)?);
+            }
+            if so.bool("json_object")? == Some(true) {
+                forms.push(Grammar::JsonObject);
+            }
+            for unsupported in ["grammar", "structural_tag", "whitespace_pattern"] {
+                if so.get(unsupported).is_some() {
+                    return Err(so.err(unsupported, UNSUPPORTED_FORM));
+                }
+            }
+            so.reject_unknown()?;
+            match forms.len() {
+                0 => {
+                    return Err(f.err(
+                        "structured_outputs",
+                        "must give one of `json`, `regex`, `choice` or `json_object`",
+                    ))
+                }
+                1 => found.extend(forms.into_iter().map(|g| (g, "structured_outputs"))),
+                _ => {
+                    return Err(f.err(
+                        "structured_outputs",
+                        "may give only one of `json`, `regex`, `choice` and `json_object`",
+                    ))
+                }
+            }
+        }
+        Some(v) => {
+            return Err(f.err(
+                "structured_outputs",
+                format!("must be an object, found {}", kind_of(v)),
+            ))
+        }
+    }
+    match found.len() {
+        0 => Ok((None, "response_format")),
+        1 => {
+            let (g, field) = found.remove(0);
+            Ok((Some(g), field))
+        }
+        _ => Err(f.err(
+            found[1].1,
+            format!(
+                "cannot be combined with `{}`: a request takes one output constraint",
+                found[0].1
+            ),
+        )),
+    }
+}
+
+const UNSUPPORTED_FORM: &str = "is not supported: the constrained decoder takes JSON schemas, \
+     regular expressions and choices (`structured_outputs.json`, `.regex`, `.choice`, or \
+     `response_format`)";
+
+/// A JSON schema given as an object (or `true`) or as JSON text.
+fn json_schema(f: &Fields<'_>, field: &str, v: &Value) -> Result<Grammar, ValidationError> {
+    let schema = match v {
+        Value::Object(_) | Value::Bool(true) => v.clone(),
+        Value::String(text) => match serde_json::from_str::<Value>(text) {
+            Ok(s @ (Value::Object(_) | Value::Bool(true))) => s,
+            Ok(_) | Err(_) => {
+                return Err(f.err(field, "must be a JSON schema (an object, or its JSON text)"))
+            }
+        },
+        v => {
+            return Err(f.err(
+                field,
+                format!("must be a JSON schema object, found {}", kind_of(v)),
+            ))
+        }
+    };
+    Ok(Grammar::JsonSchema(schema))
+}
+
+/// A non-empty regular expression the whole output must match.
+fn regex(f: &Fields<'_>, field: &str, v: &Value) -> Result<Grammar, ValidationError> {
+    match v {
+        Value::String(rx) if rx.is_empty() => Err(f.err(field, "must not be empty")),
+        Value::String(rx) if rx.len() > MAX_PATTERN_BYTES => Err(f.err(
+            field,
+            format!("may be at most {MAX_PATTERN_BYTES} bytes long"),
+        )),
+        Value::String(rx) => Ok(Grammar::Regex(rx.clone())),
+        v => Err(f.err(
+            field,
+            format!(
+                "must be a regular expression (a string), found {}",
+                kind_of(v)
+            ),
+        )),
+    }
+}
+
+/// The texts one of which the output must be.
+fn choice(f: &Fields<'_>, field: &str, v: &Value) -> Result<Grammar, ValidationError> {
+    let items = match v {
+        Value::Array(items) if items.is_empty() => {
+            return Err(f.err(field, "must hold at least one text"))
+        }
+        Value::Array(items) if items.len() > MAX_CHOICES => {
+            return Err(f.err(field, format!("may hold at most {MAX_CHOICES} texts")))
+        }
+        Value::Array(items) => items,
+        v => {
+            return Err(f.err(
+                field,
+                format!("must be an array of strings, found {}", kind_of(v)),
+            ))
+        }
+    };
+    let mut texts = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        match item {
+            Value::String(s) if s.is_empty() || s.len() > MAX_PATTERN_BYTES => {
+                return Err(f.err(
+                    &format!("{field}[{i}]"),
+                    format!("must be 1 to {MAX_PATTERN_BYTES} bytes long"),
+                ))
+            }
+            Value::String(s) => texts.push(s.clone()),
+            v => {
+                return Err(f.err(
+                    &format!("{field}[{i}]"),
+                    format!("must be a string, found {}", kind_of(v)),
+                ))
+            }
+        }
+    }
+    Ok(Grammar::Choice(texts))
 }
 
 /// OpenAI's `logit_bias`: an object from token ids (as strings, JSON's keys) to a bias in

@@ -99,8 +99,8 @@ async fn bad_parameters_are_400_naming_the_field() {
         // Unknown or misspelled fields are refused by name, never dropped.
         (json!({"prompt": "hi", "min_p": 1.5}), "min_p"),
         (
-            json!({"prompt": "hi", "guided_regex": "a+"}),
-            "guided_regex",
+            json!({"prompt": "hi", "guided_decoding": "a+"}),
+            "guided_decoding",
         ),
         (json!({"prompt": "hi", "max_token": 5}), "max_token"),
         (
@@ -156,8 +156,8 @@ async fn bad_parameters_are_400_naming_the_field() {
             "messages[0].content[0].cache",
         ),
         (
-            json!({"messages": [{"role": "user", "content": "x"}], "guided_json": {}}),
-            "guided_json",
+            json!({"messages": [{"role": "user", "content": "x"}], "guided_decoding": {}}),
+            "guided_decoding",
         ),
     ];
     for (body, field) in chat_cases {
@@ -293,6 +293,145 @@ async fn logit_bias_reaches_the_workers_by_token_id_and_bad_ones_name_the_field(
         );
     }
     assert_eq!(h.total_reserves(), 2, "no refused request reached a worker");
+}
+
+#[tokio::test]
+async fn vllm_structured_outputs_reach_the_workers_as_one_grammar_and_bad_ones_name_the_field() {
+    use pagewarden_proto::v1::sampling_params::Grammar as Wire;
+    use pagewarden_proto::v1::Choices;
+    let h = Harness::start(Opts::default()).await;
+    let choice = || {
+        Wire::Choice(Choices {
+            choices: vec!["yes".into(), "no".into()],
+        })
+    };
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let cases = [
+        (
+            json!({"structured_outputs": {"choice": ["yes", "no"]}}),
+            choice(),
+        ),
+        (json!({"guided_choice": ["yes", "no"]}), choice()),
+        (
+            json!({"structured_outputs": {"regex": "[0-9]{3}"}}),
+            Wire::Regex("[0-9]{3}".into()),
+        ),
+        (
+            json!({"guided_regex": "[0-9]{3}"}),
+            Wire::Regex("[0-9]{3}".into()),
+        ),
+        (
+            json!({"guided_json": schema}),
+            Wire::JsonSchema(schema.to_string()),
+        ),
+        (
+            json!({"structured_outputs": {"json": schema.to_string()}}),
+            Wire::JsonSchema(schema.to_string()),
+        ),
+        (
+            json!({"structured_outputs": {"json_object": true}}),
+            Wire::JsonObject(true),
+        ),
+    ];
+    for (extra, _) in &cases {
+        let mut body = json!({"prompt": "hi", "max_tokens": 2});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = h.post("/v1/completions", &body).await;
+        assert_eq!(r.status(), 200, "{extra}: {:?}", r.text().await);
+    }
+    let sent: Vec<Option<Wire>> = h
+        .decode
+        .iter()
+        .flat_map(|d| d.calls.lock().reserve.clone())
+        .map(|r| r.sampling.unwrap().grammar)
+        .collect();
+    let want: Vec<Option<Wire>> = cases.iter().map(|(_, w)| Some(w.clone())).collect();
+    assert_eq!(sent, want);
+    for (extra, param, why) in [
+        (
+            json!({"guided_regex": "[0-9]", "guided_choice": ["a"]}),
+            "guided_choice",
+            "cannot be combined with `guided_regex`",
+        ),
+        (
+            json!({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}),
+            "structured_outputs",
+            "cannot be combined with `response_format`",
+        ),
+        (
+            json!({"structured_outputs": {"regex": "a", "choice": ["a"]}}),
+            "structured_outputs",
+            "only one of",
+        ),
+        (
+            json!({"structured_outputs": {}}),
+            "structured_outputs",
+            "must give one of",
+        ),
+        (
+            json!({"structured_outputs": {"grammar": "root ::= \"a\""}}),
+            "structured_outputs.grammar",
+            "is not supported",
+        ),
+        (
+            json!({"guided_grammar": "root ::= \"a\""}),
+            "guided_grammar",
+            "is not supported",
+        ),
+        (
+            json!({"structured_outputs": {"regex": "a", "bogus": 1}}),
+            "structured_outputs.bogus",
+            "not a recognized parameter",
+        ),
+        (
+            json!({"guided_choice": []}),
+            "guided_choice",
+            "at least one",
+        ),
+        (
+            json!({"guided_choice": ["a", 3]}),
+            "guided_choice[1]",
+            "must be a string",
+        ),
+        (
+            json!({"guided_regex": ""}),
+            "guided_regex",
+            "must not be empty",
+        ),
+        (
+            json!({"guided_regex": "(unclosed"}),
+            "guided_regex",
+            "`guided_regex`: unsupported grammar",
+        ),
+        (
+            json!({"guided_json": "not json"}),
+            "guided_json",
+            "must be a JSON schema",
+        ),
+        (
+            json!({"guided_choice": ["a"], "ignore_eos": true}),
+            "ignore_eos",
+            "cannot be combined with `guided_choice`",
+        ),
+    ] {
+        let mut body = json!({"prompt": "hi", "max_tokens": 2});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let err = expect_error(h.post("/v1/completions", &body).await, 400).await;
+        assert_eq!(err["param"], param, "{extra}: {err}");
+        assert!(
+            err["message"].as_str().unwrap().contains(why),
+            "{extra}: {err}"
+        );
+    }
+    assert_eq!(
+        h.total_reserves(),
+        cases.len(),
+        "no refused request reached a worker"
+    );
 }
 
 #[tokio::test]
