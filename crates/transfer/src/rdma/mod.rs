@@ -1,5 +1,9 @@
 //! RDMA backend (feature `rdma`, ibverbs through `rdma-sys`).
 //!
+//! **Experimental:** it builds, and its device-free parts (staging, control messages, window
+//! bookkeeping) are tested, but it has never run on a NIC. Until it has, no service selects it:
+//! the workers move KV over the TCP backend.
+//!
 //! Design: the sender RDMA-WRITEs each page of a batch from its registered region into the
 //! receiver's *staging* slots for that batch's grant, reachable only through one type-2 memory
 //! window bound for a live grant; then it sends a completion message (the batch's WRITE
