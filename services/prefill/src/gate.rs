@@ -12,7 +12,7 @@
 //! slots with long prompts makes every other tenant's short one wait for a whole long prompt.
 //!
 //! ```text
-//! wait ──slot and pages free──▶ Admitted{pages, slot} ──job ends: pages dropped, then slot──▶ (next waiter)
+//! wait ──slot and pages free──▶ Entered{pages, slot} ──job ends: pages dropped, then slot──▶ (next waiter)
 //!   │
 //!   └─ cancel / deadline / queue full ──▶ refused (held nothing)
 //! ```
@@ -45,7 +45,7 @@ struct Waiter {
     id: u64,
     owner: Owner,
     tokens: usize,
-    tx: oneshot::Sender<Admitted>,
+    tx: oneshot::Sender<Entered>,
 }
 
 struct Inner {
@@ -87,8 +87,8 @@ impl Drop for Slot {
     }
 }
 
-/// What an admitted job gets: its pages (the whole prompt) and its slot.
-pub struct Admitted {
+/// What a job that got through the gate holds: its pages (the whole prompt) and its slot.
+pub struct Entered {
     pub pages: ReadablePages,
     pub slot: Slot,
 }
@@ -131,7 +131,7 @@ impl Gate {
         weight: u32,
         tokens: usize,
         cancel: &CancellationToken,
-    ) -> Result<Admitted, Refused> {
+    ) -> Result<Entered, Refused> {
         if tokens.div_ceil(self.pool.layout().page_size) > self.pool.capacity_pages() {
             return Err(Refused::Invalid(format!(
                 "{tokens} prompt tokens exceed this worker's KV pool"
@@ -224,7 +224,7 @@ impl Gate {
                 };
                 inner.running += 1;
                 *inner.by_tenant.entry(tenant.clone()).or_default() += 1;
-                let admitted = Admitted {
+                let admitted = Entered {
                     pages,
                     slot: Slot {
                         gate: self.clone(),
@@ -310,7 +310,7 @@ mod tests {
         gate: &Arc<Gate>,
         tenant: &str,
         tokens: usize,
-    ) -> tokio::task::JoinHandle<Result<Admitted, Refused>> {
+    ) -> tokio::task::JoinHandle<Result<Entered, Refused>> {
         let (gate, owner) = (gate.clone(), owner(tenant));
         tokio::spawn(async move {
             let cancel = CancellationToken::new();

@@ -20,7 +20,7 @@ use pagewarden_proto::v1 as pb;
 use pagewarden_worker::{wire, Compute, ComputeError, PrefixCacheLog, WorkerError};
 use tokio_util::sync::CancellationToken;
 
-use crate::gate::{Admitted, Gate};
+use crate::gate::{Entered, Gate};
 use crate::grant::ValidPrefill;
 use crate::outbound::{abandon_grant, Outbound};
 use crate::segments::Segments;
@@ -65,7 +65,7 @@ pub async fn run(
         .gate
         .admit(owner, job.weight, job.prompt.len() - cached, &cancel)
         .await;
-    let Admitted { pages, slot } = match admitted {
+    let Entered { pages, slot } = match admitted {
         Ok(a) => a,
         Err(refused) => {
             abandon_grant(&deps, &job).await;

@@ -1,7 +1,10 @@
 //! Admission (I3): a tokenized request is admitted only when prompt + max_tokens fits the
-//! effective context. A rejection here is terminal: nothing reaches any worker.
+//! effective context, by the same rule the workers apply (`pagewarden_types::admission`). A
+//! rejection here is terminal: nothing reaches any worker.
 
-use crate::error::RouterError;
+use pagewarden_common::admission::{Admission, Rejection};
+
+use crate::error::{RouterError, ValidationError};
 
 /// A request that fits: its tokens, its completion budget, and the context it was checked against.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,36 +37,42 @@ pub fn admit(
     }
     let p = prompt.len() as u64;
     let ctx = u64::from(context);
-    if p >= ctx {
-        return Err(RouterError::ContextLengthExceeded {
-            param: prompt_param,
-            message: format!(
-                "This model's maximum context length is {context} tokens. However, your prompt \
-                 has {p} tokens, which leaves no room for a completion. Please shorten the prompt."
-            ),
-        });
-    }
-    let room = (ctx - p) as u32;
-    let max_tokens = match requested {
-        None => room,
-        Some(m) if u64::from(m) + p <= ctx => m,
-        Some(m) => {
-            return Err(RouterError::ContextLengthExceeded {
-                param: "max_tokens",
+    let room = ctx.saturating_sub(p);
+    // The workers' rule (pagewarden_types::admission), with the router's own messages: a
+    // client reads which field to change and by how much.
+    let rule = Admission::new(context as usize, context as usize);
+    let max_tokens = requested.unwrap_or(room.max(1) as u32);
+    match rule.check(prompt.len(), max_tokens as usize) {
+        Ok(_) => Ok(Admitted {
+            prompt,
+            max_tokens,
+            context,
+        }),
+        Err(Rejection::EmptyPrompt) => {
+            Err(ValidationError::new(prompt_param, format!("`{prompt_param}` must not be empty")).into())
+        }
+        Err(Rejection::ZeroMaxTokens) => {
+            Err(ValidationError::new("max_tokens", "`max_tokens` must be at least 1").into())
+        }
+        Err(Rejection::ContextLengthExceeded { .. }) if room == 0 => {
+            Err(RouterError::ContextLengthExceeded {
+                param: prompt_param,
                 message: format!(
-                    "This model's maximum context length is {context} tokens. However, you \
-                     requested {} tokens ({p} in the prompt, {m} for the completion). Please \
-                     reduce the prompt or max_tokens (at most {room} here).",
-                    u64::from(m) + p
+                    "This model's maximum context length is {context} tokens. However, your prompt \
+                     has {p} tokens, which leaves no room for a completion. Please shorten the prompt."
                 ),
             })
         }
-    };
-    Ok(Admitted {
-        prompt,
-        max_tokens,
-        context,
-    })
+        Err(Rejection::ContextLengthExceeded { .. }) => Err(RouterError::ContextLengthExceeded {
+            param: "max_tokens",
+            message: format!(
+                "This model's maximum context length is {context} tokens. However, you \
+                 requested {} tokens ({p} in the prompt, {max_tokens} for the completion). Please \
+                 reduce the prompt or max_tokens (at most {room} here).",
+                u64::from(max_tokens) + p
+            ),
+        }),
+    }
 }
 
 /// TEST-ONLY: with router rejection switched off (as the incident's router, which never read
@@ -117,6 +126,11 @@ mod tests {
         assert_eq!(
             code(admit(toks(1), Some(u32::MAX), u32::MAX, "prompt")),
             "context_length_exceeded"
+        );
+        assert_eq!(code(admit(toks(0), None, 100, "prompt")), "invalid_value");
+        assert_eq!(
+            code(admit(toks(5), Some(0), 100, "prompt")),
+            "invalid_value"
         );
     }
 }
