@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use deploy::{clis, flags_and_ports, parse_help, urls, Cli, COMMON_ENV};
+use deploy::{clis, drain_seconds, flags_and_ports, parse_help, urls, Cli, COMMON_ENV};
 
 /// The four service binaries and their systemd/compose short names.
 const SERVICES: [(&str, &str); 4] = [
@@ -116,6 +116,23 @@ fn compose_problems(
             }
         }
         listen.insert(name.clone(), ports);
+        if let Some((short, _)) = SERVICES.iter().find(|(_, b)| b == bin) {
+            if let Some(&need) = drain_seconds().get(short) {
+                let grace = svc["stop_grace_period"]
+                    .as_str()
+                    .map(humantime::parse_duration);
+                match grace {
+                    Some(Ok(g)) if g.as_secs() > need => {}
+                    Some(Ok(g)) => problems.push(format!(
+                        "{name}: stop_grace_period {}s, but its drain may take {need} s",
+                        g.as_secs()
+                    )),
+                    Some(Err(_)) | None => problems.push(format!(
+                        "{name}: no stop_grace_period (Docker's 10 s default), its drain may take {need} s"
+                    )),
+                }
+            }
+        }
         if let Some(env) = svc["environment"].as_mapping() {
             for (k, _) in env {
                 let k = k.as_str().unwrap_or_default();
@@ -247,6 +264,11 @@ fn the_compose_check_catches_drift() {
         .replace(
             "127.0.0.1:${PAGEWARDEN_ROUTER_PORT:-8080}:8080",
             "127.0.0.1:${PAGEWARDEN_ROUTER_PORT:-8080}:8081",
+        )
+        .replace("stop_grace_period: 310s", "stop_grace_period: 30s")
+        .replace(
+            "stop_grace_period: 30s\n    command:\n      - pagewarden-router",
+            "command:\n      - pagewarden-router",
         );
     assert_ne!(bad, yaml, "the mutations must apply");
     let problems = compose_problems(&bad, &bad_prometheus, &clis).join("\n");
@@ -257,6 +279,8 @@ fn the_compose_check_catches_drift() {
         "router: prefill:7999, but prefill listens on",
         "router: decoder is not a compose service",
         "publishes 127.0.0.1:8080:8081",
+        "decode-0: stop_grace_period 30s, but its drain may take 302 s",
+        "router: no stop_grace_period (Docker's 10 s default), its drain may take 25 s",
     ] {
         assert!(
             problems.contains(expected),
@@ -327,6 +351,18 @@ fn systemd_problems(dir: &Path, clis: &BTreeMap<&'static str, Cli>) -> Vec<Strin
                 problems.push(format!("{bin}.service: no {k}"));
             }
         }
+        if let Some(&need) = drain_seconds().get(short) {
+            match get("TimeoutStopSec").next().map(humantime::parse_duration) {
+                Some(Ok(t)) if t.as_secs() > need => {}
+                Some(Ok(t)) => problems.push(format!(
+                    "{bin}.service: TimeoutStopSec {}s, but its drain may take {need} s",
+                    t.as_secs()
+                )),
+                Some(Err(_)) | None => problems.push(format!(
+                    "{bin}.service: no TimeoutStopSec (systemd's 90 s default), its drain may take {need} s"
+                )),
+            }
+        }
         if short == "auditor" && get("StateDirectory").next().is_none() {
             problems.push(format!("{bin}.service: no StateDirectory for SQLite"));
         }
@@ -395,11 +431,17 @@ fn the_systemd_check_catches_drift() {
         "ProtectSystem=strict",
         "ProtectSystem=full",
     );
+    edit(
+        "pagewarden-decode.service",
+        "TimeoutStopSec=310s",
+        "TimeoutStopSec=30s",
+    );
     let problems = systemd_problems(tmp.path(), &clis).join("\n");
     for expected in [
         "reads no environment variable PAGEWARDEN_DECODE_CONFIG",
         "has no flag --conf",
         "pagewarden-auditor.service: missing ProtectSystem=strict",
+        "pagewarden-decode.service: TimeoutStopSec 30s, but its drain may take 302 s",
     ] {
         assert!(
             problems.contains(expected),

@@ -1,6 +1,7 @@
 //! What the deployment-file tests (`compose_flags.rs`, `kubernetes*.rs`) read the same way:
 //! the built binaries' `--help` (their flags and the environment names clap reads), the
-//! addresses in a file's values, and the flags a command line passes.
+//! addresses in a file's values, the flags a command line passes, and how long each service's
+//! drain may take (read from the services' source).
 
 // Each test crate that includes this module uses a part of it.
 #![allow(dead_code)]
@@ -118,4 +119,31 @@ pub fn flags_and_ports(args: &[String]) -> (Vec<String>, BTreeSet<u16>) {
         }
     }
     (flags, ports)
+}
+
+/// `Duration::from_secs(N)` or `from_millis(N)` of `const NAME` in a source file, in ms.
+fn const_duration_ms(path: &str, name: &str) -> u64 {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let text = std::fs::read_to_string(root.join(path)).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("const {name}: Duration")))
+        .unwrap_or_else(|| panic!("{path} has no `const {name}: Duration`"));
+    let number = |prefix: &str| -> Option<u64> {
+        let rest = &line[line.find(prefix)? + prefix.len()..];
+        rest.split(')').next()?.trim().parse().ok()
+    };
+    number("from_secs(")
+        .map(|s| s * 1000)
+        .or_else(|| number("from_millis("))
+        .unwrap_or_else(|| panic!("cannot read {name} in {path}: {line}"))
+}
+
+/// Seconds each service's drain may take after SIGTERM, by short name (`decode`: its grace and
+/// linger; `router`: its drain deadline): a stop timeout must be longer, or the drain is cut.
+pub fn drain_seconds() -> BTreeMap<&'static str, u64> {
+    let decode = const_duration_ms("services/decode/src/scheduler/mod.rs", "DRAIN_GRACE")
+        + const_duration_ms("services/decode/src/scheduler/mod.rs", "DRAIN_LINGER");
+    let router = const_duration_ms("services/router/src/main.rs", "DRAIN_DEADLINE");
+    BTreeMap::from([("decode", decode.div_ceil(1000)), ("router", router / 1000)])
 }

@@ -21,23 +21,6 @@ pub struct Facts {
     pub drains: BTreeMap<&'static str, u64>,
 }
 
-/// `Duration::from_secs(N)` or `from_millis(N)` of `const NAME` in a source file, in ms.
-fn const_duration_ms(path: &str, name: &str) -> u64 {
-    let text = std::fs::read_to_string(repo().join(path)).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.contains(&format!("const {name}: Duration")))
-        .unwrap_or_else(|| panic!("{path} has no `const {name}: Duration`"));
-    let number = |prefix: &str| -> Option<u64> {
-        let rest = &line[line.find(prefix)? + prefix.len()..];
-        rest.split(')').next()?.trim().parse().ok()
-    };
-    number("from_secs(")
-        .map(|s| s * 1000)
-        .or_else(|| number("from_millis("))
-        .unwrap_or_else(|| panic!("cannot read {name} in {path}: {line}"))
-}
-
 /// `VAR=value` (quotes and `${…:-…}` kept) of the `smollm2)` case of scripts/fetch-model.sh.
 fn fetch_script_value(var: &str) -> String {
     let text = std::fs::read_to_string(repo().join("scripts/fetch-model.sh")).unwrap();
@@ -83,12 +66,9 @@ pub fn facts() -> Facts {
         .trim_matches(['(', ')'])
         .to_string();
     let sha = fetch_script_value("want");
-    let decode = const_duration_ms("services/decode/src/scheduler/mod.rs", "DRAIN_GRACE")
-        + const_duration_ms("services/decode/src/scheduler/mod.rs", "DRAIN_LINGER");
-    let router = const_duration_ms("services/router/src/main.rs", "DRAIN_DEADLINE");
     Facts {
         secrets,
         model: (package, sha, file),
-        drains: BTreeMap::from([("decode", decode.div_ceil(1000)), ("router", router / 1000)]),
+        drains: crate::deploy::drain_seconds(),
     }
 }
