@@ -7,6 +7,7 @@
 //! (`apps/v2`): here every line it prints must be a pass, and there must be one pass per
 //! document and version, so a warning fails the test too.
 
+mod deploy;
 mod kube;
 
 use std::path::Path;
