@@ -117,21 +117,9 @@ fn compose_problems(
         }
         listen.insert(name.clone(), ports);
         if let Some((short, _)) = SERVICES.iter().find(|(_, b)| b == bin) {
-            if let Some(&need) = drain_seconds().get(short) {
-                let grace = svc["stop_grace_period"]
-                    .as_str()
-                    .map(humantime::parse_duration);
-                match grace {
-                    Some(Ok(g)) if g.as_secs() > need => {}
-                    Some(Ok(g)) => problems.push(format!(
-                        "{name}: stop_grace_period {}s, but its drain may take {need} s",
-                        g.as_secs()
-                    )),
-                    Some(Err(_)) | None => problems.push(format!(
-                        "{name}: no stop_grace_period (Docker's 10 s default), its drain may take {need} s"
-                    )),
-                }
-            }
+            let grace = svc["stop_grace_period"].as_str();
+            let what = format!("{name}: stop_grace_period");
+            problems.extend(stop_timeout_problem(short, &what, grace, "Docker's 10 s"));
         }
         if let Some(env) = svc["environment"].as_mapping() {
             for (k, _) in env {
@@ -280,12 +268,33 @@ fn the_compose_check_catches_drift() {
         "router: decoder is not a compose service",
         "publishes 127.0.0.1:8080:8081",
         "decode-0: stop_grace_period 30s, but its drain may take 302 s",
-        "router: no stop_grace_period (Docker's 10 s default), its drain may take 25 s",
+        "router: stop_grace_period unset (Docker's 10 s default), but its drain may take 25 s",
     ] {
         assert!(
             problems.contains(expected),
             "{expected:?} not reported in:\n{problems}"
         );
+    }
+}
+
+/// Why a stop timeout (`what`, its value if set, `default` when not) cuts `short`'s drain, if
+/// it does: it must outlast the drain deadline read from the source.
+fn stop_timeout_problem(
+    short: &str,
+    what: &str,
+    value: Option<&str>,
+    default: &str,
+) -> Option<String> {
+    let need = *drain_seconds().get(short)?;
+    match value.map(humantime::parse_duration) {
+        Some(Ok(t)) if t.as_secs() > need => None,
+        Some(Ok(t)) => Some(format!(
+            "{what} {}s, but its drain may take {need} s",
+            t.as_secs()
+        )),
+        Some(Err(_)) | None => Some(format!(
+            "{what} unset ({default} default), but its drain may take {need} s"
+        )),
     }
 }
 
@@ -351,18 +360,14 @@ fn systemd_problems(dir: &Path, clis: &BTreeMap<&'static str, Cli>) -> Vec<Strin
                 problems.push(format!("{bin}.service: no {k}"));
             }
         }
-        if let Some(&need) = drain_seconds().get(short) {
-            match get("TimeoutStopSec").next().map(humantime::parse_duration) {
-                Some(Ok(t)) if t.as_secs() > need => {}
-                Some(Ok(t)) => problems.push(format!(
-                    "{bin}.service: TimeoutStopSec {}s, but its drain may take {need} s",
-                    t.as_secs()
-                )),
-                Some(Err(_)) | None => problems.push(format!(
-                    "{bin}.service: no TimeoutStopSec (systemd's 90 s default), its drain may take {need} s"
-                )),
-            }
-        }
+        let what = format!("{bin}.service: TimeoutStopSec");
+        let timeout = get("TimeoutStopSec").next();
+        problems.extend(stop_timeout_problem(
+            short,
+            &what,
+            timeout,
+            "systemd's 90 s",
+        ));
         if short == "auditor" && get("StateDirectory").next().is_none() {
             problems.push(format!("{bin}.service: no StateDirectory for SQLite"));
         }
