@@ -409,7 +409,7 @@ impl Flight {
             min_tokens: s.min_tokens,
             stop_token_ids: s.stop_token_ids.clone(),
             logprobs: s.logprobs,
-            grammar: s.grammar.as_ref().map(|g| match g {
+            grammar: s.grammar.as_ref().map(|c| match &c.grammar {
                 Grammar::JsonObject => WireGrammar::JsonObject(true),
                 Grammar::JsonSchema(schema) => WireGrammar::JsonSchema(schema.to_string()),
                 Grammar::Regex(rx) => WireGrammar::Regex(rx.clone()),

@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
-use pagewarden_model::{ChatMessage, ChatTemplate, GgufFile, Grammar, Tokenizer};
+use pagewarden_model::{ChatMessage, ChatTemplate, GgufFile, Tokenizer};
 
 use crate::error::{RouterError, ValidationError};
-use crate::validation::Prompt;
+use crate::validation::{OutputConstraint, Prompt};
 
 /// Why the model's text side could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -119,22 +119,18 @@ impl Frontend {
         }
     }
 
-    /// Refuses an output constraint (from `field`) whose schema or regular expression does not
-    /// compile against this vocabulary, with the grammar library's reason (the first such
-    /// request also builds the vocabulary index).
-    pub fn check_grammar(
-        &self,
-        grammar: Option<&Grammar>,
-        field: &'static str,
-    ) -> Result<(), RouterError> {
-        let Some(g) = grammar else {
+    /// Refuses an output constraint whose schema or regular expression does not compile
+    /// against this vocabulary, naming its field, with the grammar library's reason (the first
+    /// such request also builds the vocabulary index).
+    pub fn check_grammar(&self, constraint: Option<&OutputConstraint>) -> Result<(), RouterError> {
+        let Some(OutputConstraint { grammar: g, field }) = constraint else {
             return Ok(());
         };
         self.tokenizer
             .grammars()
             .and_then(|grammars| grammars.compile(g))
             .map(drop)
-            .map_err(|e| ValidationError::new(field, format!("`{field}`: {e}")).into())
+            .map_err(|e| ValidationError::new(*field, format!("`{field}`: {e}")).into())
     }
 
     /// Tokens of a conversation rendered through the model's chat template.

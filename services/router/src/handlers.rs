@@ -36,9 +36,8 @@ pub async fn completions(
         let frontend = state.frontend.clone();
         let prompt = req.prompt;
         let grammar = req.common.sampling.grammar.clone();
-        let grammar_field = req.common.sampling.grammar_field;
         let tokens = blocking(move || {
-            frontend.check_grammar(grammar.as_ref(), grammar_field)?;
+            frontend.check_grammar(grammar.as_ref())?;
             frontend.completion_tokens(&prompt)
         })
         .await?;
@@ -78,9 +77,8 @@ pub async fn chat(
         let frontend = state.frontend.clone();
         let messages = req.messages;
         let grammar = req.common.sampling.grammar.clone();
-        let grammar_field = req.common.sampling.grammar_field;
         let tokens = blocking(move || {
-            frontend.check_grammar(grammar.as_ref(), grammar_field)?;
+            frontend.check_grammar(grammar.as_ref())?;
             frontend.chat_tokens(&messages)
         })
         .await?;

@@ -65,13 +65,20 @@ pub struct ValidSampling {
     pub logprobs: Option<u32>,
     /// `response_format` beyond text, or vLLM's structured outputs: the output is constrained
     /// to it.
-    pub grammar: Option<Grammar>,
-    /// The field the grammar came from (`response_format`, `structured_outputs`, `guided_*`),
-    /// which an error about it names.
-    pub grammar_field: &'static str,
+    pub grammar: Option<OutputConstraint>,
     /// `logit_bias`, by token id (ascending); each id is checked against the vocabulary at
     /// admission (`Frontend::check_logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// A request's one output constraint and the field it came from (`response_format`,
+/// `structured_outputs`, `guided_*`), which an error about it names.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutputConstraint {
+    /// What the output must be.
+    pub grammar: Grammar,
+    /// The request field that said so.
+    pub field: &'static str,
 }
 
 /// What every generation request carries besides its prompt.
@@ -343,13 +350,14 @@ fn parse_common(
         }
     };
     let logit_bias = parse_logit_bias(f)?;
-    let (grammar, grammar_field) = parse_output_constraint(f)?;
-    if grammar.is_some() && ignore_eos {
+    let grammar = parse_output_constraint(f)?;
+    if let Some(c) = grammar.as_ref().filter(|_| ignore_eos) {
         return Err(f.err(
             "ignore_eos",
             format!(
-                "cannot be combined with `{grammar_field}`: a constrained answer ends when its \
-                 document is complete"
+                "cannot be combined with `{}`: a constrained answer ends when its document is \
+                 complete",
+                c.field
             ),
         ));
     }
@@ -387,7 +395,6 @@ fn parse_common(
             stop_token_ids,
             logprobs,
             grammar,
-            grammar_field,
             logit_bias,
         },
         stream,
@@ -399,9 +406,7 @@ fn parse_common(
 /// `structured_outputs` (`json`, `regex`, `choice`, `json_object`) or its older `guided_json`,
 /// `guided_regex`, `guided_choice`; with the field it came from. Two of them are refused, and
 /// so are the forms the constrained decoder does not take (`grammar`, `structural_tag`).
-fn parse_output_constraint(
-    f: &Fields<'_>,
-) -> Result<(Option<Grammar>, &'static str), ValidationError> {
+fn parse_output_constraint(f: &Fields<'_>) -> Result<Option<OutputConstraint>, ValidationError> {
     let mut found: Vec<(Grammar, &'static str)> = Vec::new();
     if let Some(g) = parse_response_format(f)? {
         found.push((g, "response_format"));
@@ -471,10 +476,10 @@ fn parse_output_constraint(
         }
     }
     match found.len() {
-        0 => Ok((None, "response_format")),
+        0 => Ok(None),
         1 => {
-            let (g, field) = found.remove(0);
-            Ok((Some(g), field))
+            let (grammar, field) = found.remove(0);
+            Ok(Some(OutputConstraint { grammar, field }))
         }
         _ => Err(f.err(
             found[1].1,
