@@ -1,13 +1,26 @@
 //! `ChatTemplate`: renders `tokenizer.chat_template` (a Hugging Face Jinja template) with
 //! minijinja, configured the way transformers does (trim_blocks, lstrip_blocks) and with the
-//! helpers HF templates call (`raise_exception`, `tojson`, Python string methods).
+//! helpers HF templates call (`raise_exception`, `tojson` as Python's `json.dumps` writes it,
+//! Python string methods).
+//!
+//! Tools: `tools` (OpenAI's function definitions) and the tool turns of a conversation (an
+//! assistant's `tool_calls`, `tool` messages) go to a template that renders them as they are. A
+//! template that knows nothing of them (SmolLM2's, Gemma 3's) gets them as text in the Hermes
+//! form its model is then asked to answer in ([`ToolCallFormat::of_template`]): the function
+//! signatures and the way to call them in the system turn, earlier calls as `<tool_call>`
+//! elements of the assistant's turn, results as `<tool_response>` elements of a user turn.
 
-use minijinja::{context, Environment, Error, ErrorKind};
+use std::borrow::Cow;
+
+use minijinja::value::Kwargs;
+use minijinja::{context, Environment, Error, ErrorKind, Value as JinjaValue};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::chat_guard::guard;
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
+use crate::tool_calls::ToolCallFormat;
 
 /// Why a template could not be loaded or rendered.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +46,14 @@ pub struct ChatMessage {
     /// The participant's name (OpenAI's `messages[].name`), for templates that show it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's calls, in OpenAI's shape (`{"id", "type": "function", "function":
+    /// {"name", "arguments"}}`) with `arguments` as a JSON value (templates print it with
+    /// `tojson`, as transformers and llama.cpp hand it to them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` turn: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -42,6 +63,8 @@ impl ChatMessage {
             role: role.into(),
             content: content.into(),
             name: None,
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -52,6 +75,32 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The form this template's model calls tools in.
+    tool_format: ToolCallFormat,
+    /// What of a tool conversation the template renders itself.
+    renders: ToolSupport,
+}
+
+/// The parts of a tool conversation a template's source refers to; the others are given to it
+/// as text.
+#[derive(Clone, Copy, Debug)]
+struct ToolSupport {
+    /// `tools`, the function definitions.
+    tools: bool,
+    /// An assistant message's `tool_calls`.
+    calls: bool,
+    /// Messages with `role: "tool"`.
+    tool_role: bool,
+}
+
+impl ToolSupport {
+    fn of(source: &str) -> Self {
+        ToolSupport {
+            tools: source.contains("tools"),
+            calls: source.contains("tool_calls"),
+            tool_role: source.contains("'tool'") || source.contains("\"tool\""),
+        }
+    }
 }
 
 const NAME: &str = "chat_template";
@@ -87,13 +136,21 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |fmt: String| strftime_utc(&fmt, unix_now()));
+        env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| ChatError::Syntax(e.to_string()))?;
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
+            tool_format: ToolCallFormat::of_template(source),
+            renders: ToolSupport::of(source),
         })
+    }
+
+    /// The form this template's model writes tool calls in.
+    pub fn tool_call_format(&self) -> ToolCallFormat {
+        self.tool_format
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
@@ -103,18 +160,168 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// Renders `messages` with the function definitions `tools` (OpenAI's `tools` entries;
+    /// none when empty).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
         let tmpl = self
             .env
             .get_template(NAME)
             .map_err(|e| ChatError::Render(e.to_string()))?;
+        let messages = self.adapt(messages, tools);
+        let tools = (!tools.is_empty() && self.renders.tools).then_some(tools);
         tmpl.render(context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
         })
         .map_err(|e| ChatError::Render(render_error(&e)))
     }
+
+    /// `messages` with what this template does not render of a tool conversation turned into
+    /// text (see the module's documentation); borrowed unchanged when there is nothing to do.
+    fn adapt<'a>(&self, messages: &'a [ChatMessage], tools: &[Value]) -> Cow<'a, [ChatMessage]> {
+        let as_text = |m: &ChatMessage| {
+            (m.tool_calls.is_some() && !self.renders.calls)
+                || (m.role == "tool" && !self.renders.tool_role)
+        };
+        let inject = !tools.is_empty() && !self.renders.tools;
+        if !inject && !messages.iter().any(as_text) {
+            return Cow::Borrowed(messages);
+        }
+        let mut out: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| {
+                if !as_text(m) {
+                    return m.clone();
+                }
+                if m.role == "tool" {
+                    let mut user = ChatMessage::new(
+                        "user",
+                        format!("<tool_response>\n{}\n</tool_response>", m.content),
+                    );
+                    user.name.clone_from(&m.name);
+                    return user;
+                }
+                let mut text = m.content.clone();
+                for call in m.tool_calls.iter().flatten() {
+                    let f = call.get("function").unwrap_or(call);
+                    let shown = serde_json::json!({
+                        "name": f.get("name").cloned().unwrap_or(Value::Null),
+                        "arguments": f.get("arguments").cloned().unwrap_or(Value::Null),
+                    });
+                    if !text.is_empty() {
+                        text.push('\n');
+                    }
+                    text.push_str(&format!(
+                        "<tool_call>\n{}\n</tool_call>",
+                        python_json(&shown, None)
+                    ));
+                }
+                let mut turn = ChatMessage::new(m.role.clone(), text);
+                turn.name.clone_from(&m.name);
+                turn
+            })
+            .collect();
+        if inject {
+            let instructions = tool_instructions(tools);
+            match out.first_mut() {
+                Some(first) if first.role == "system" => {
+                    first.content = format!("{}\n\n{instructions}", first.content);
+                }
+                _ => out.insert(0, ChatMessage::new("system", instructions)),
+            }
+        }
+        Cow::Owned(out)
+    }
+}
+
+/// The system text that teaches a model whose template has no tool support to call `tools`
+/// in the Hermes form.
+fn tool_instructions(tools: &[Value]) -> String {
+    let signatures: Vec<String> = tools.iter().map(|t| python_json(t, None)).collect();
+    format!(
+        "# Tools\n\nYou may call one or more of these functions to answer. Their signatures \
+         are inside <tools></tools>, one per line:\n<tools>\n{}\n</tools>\n\nTo call a \
+         function, answer with one <tool_call></tool_call> element per call, each holding a \
+         JSON object with the function's name and its arguments:\n<tool_call>\n{{\"name\": \
+         <function name>, \"arguments\": <arguments as a JSON object>}}\n</tool_call>",
+        signatures.join("\n")
+    )
+}
+
+/// `value` as Python's `json.dumps(value, ensure_ascii=False, indent=indent)` writes it (the
+/// `tojson` transformers gives templates): `", "` and `": "` between items without an indent,
+/// no HTML escaping, keys in their order.
+fn python_json(value: &Value, indent: Option<usize>) -> String {
+    use serde::Serialize as _;
+    let mut out = Vec::new();
+    let written = match indent {
+        Some(n) => {
+            let pad = " ".repeat(n);
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(pad.as_bytes());
+            value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, fmt))
+        }
+        None => value.serialize(&mut serde_json::Serializer::with_formatter(
+            &mut out,
+            PythonSeparators,
+        )),
+    };
+    match written {
+        Ok(()) => String::from_utf8(out).unwrap_or_default(),
+        Err(_) => "null".to_string(),
+    }
+}
+
+/// serde_json's compact form with Python's default separators.
+struct PythonSeparators;
+
+impl serde_json::ser::Formatter for PythonSeparators {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// The `tojson` filter: [`python_json`], with transformers' `indent` keyword.
+fn tojson(value: JinjaValue, kwargs: Kwargs) -> Result<JinjaValue, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(JinjaValue::from_safe_string(python_json(&json, indent)))
 }
 
 impl ChatTemplate {
@@ -129,16 +336,47 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, ChatError> {
+        self.encode_with_tools(tok, messages, &[], add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::encode`] with the function definitions `tools`; their text and every
+    /// call's is guarded like content.
+    pub fn encode_with_tools(
+        &self,
+        tok: &Tokenizer,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, ChatError> {
+        let g = |s: &str| guard(s, tok.control_texts());
         let guarded: Vec<ChatMessage> = messages
             .iter()
             .map(|m| ChatMessage {
-                role: guard(&m.role, tok.control_texts()),
-                content: guard(&m.content, tok.control_texts()),
-                name: m.name.as_deref().map(|n| guard(n, tok.control_texts())),
+                role: g(&m.role),
+                content: g(&m.content),
+                name: m.name.as_deref().map(g),
+                tool_calls: m
+                    .tool_calls
+                    .as_ref()
+                    .map(|calls| calls.iter().map(|c| guard_json(c, &g)).collect()),
+                tool_call_id: m.tool_call_id.as_deref().map(g),
             })
             .collect();
-        let text = self.render(&guarded, add_generation_prompt)?;
+        let tools: Vec<Value> = tools.iter().map(|t| guard_json(t, &g)).collect();
+        let text = self.render_with_tools(&guarded, &tools, add_generation_prompt)?;
         Ok(tok.encode_guarded_prompt(&text))
+    }
+}
+
+/// `v` with every string in it (keys too) guarded by `g`.
+fn guard_json(v: &Value, g: &impl Fn(&str) -> String) -> Value {
+    match v {
+        Value::String(s) => Value::String(g(s)),
+        Value::Array(items) => Value::Array(items.iter().map(|i| guard_json(i, g)).collect()),
+        Value::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (g(k), guard_json(v, g))).collect())
+        }
+        other => other.clone(),
     }
 }
 

@@ -39,6 +39,7 @@
 //! - `tokenizer_bpe.rs`: ranked BPE merging of one word
 //! - `tokenizer_spm.rs`: SentencePiece scored merges with byte fallback (`tokenizer.ggml.model = llama`)
 //! - `tokenizer_stream.rs`: `StreamDecoder`, UTF-8-safe incremental detokenizing
+//! - `tool_calls.rs`: `ToolCallFormat` (how a template's model calls tools), parsing a reply into calls, `ToolCallStream`
 //! - `token_output.rs`: `TokenOutput`, sampled tokens to a completion's text and end (end tokens, stop strings, `max_tokens`), for the engine and decode
 
 #[cfg(feature = "engine")]
@@ -68,6 +69,7 @@ mod tokenizer_bytes;
 pub mod tokenizer_pretok;
 mod tokenizer_spm;
 mod tokenizer_stream;
+pub mod tool_calls;
 #[cfg(feature = "engine")]
 pub mod weights;
 
@@ -93,3 +95,4 @@ pub use stop::{StopMatcher, StopOutcome};
 pub use token_output::{Emitted, TokenOutput};
 pub use tokenizer::{TokenKind, Tokenizer, TokenizerError};
 pub use tokenizer_stream::StreamDecoder;
+pub use tool_calls::{ParsedReply, ToolCall, ToolCallFormat, ToolCallStream};
