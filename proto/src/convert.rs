@@ -68,11 +68,12 @@ impl From<&CacheEvent> for pb::CacheReport {
 }
 
 impl From<Option<FinishReason>> for pb::FinishReason {
-    /// A token event's finish reason (`None`: the stream goes on).
+    /// A token event's finish reason (`None`: the stream goes on). `ToolCalls` is the
+    /// router's reading of a reply that stopped: `Stop` on the wire.
     fn from(f: Option<FinishReason>) -> Self {
         match f {
             None => pb::FinishReason::Unspecified,
-            Some(FinishReason::Stop) => pb::FinishReason::Stop,
+            Some(FinishReason::Stop | FinishReason::ToolCalls) => pb::FinishReason::Stop,
             Some(FinishReason::Length) => pb::FinishReason::Length,
             Some(FinishReason::Abort) => pb::FinishReason::Abort,
         }
@@ -143,6 +144,10 @@ mod tests {
         ] {
             assert_eq!(finish_reason(pb::FinishReason::from(f) as i32).unwrap(), f);
         }
+        assert_eq!(
+            pb::FinishReason::from(Some(FinishReason::ToolCalls)),
+            pb::FinishReason::Stop
+        );
         let err = finish_reason(42).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
     }

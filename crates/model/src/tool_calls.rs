@@ -267,6 +267,12 @@ impl ToolCallStream {
         out
     }
 
+    /// Everything held, as text (the reply was cut off: nothing is read as calls).
+    pub fn abandon(&mut self) -> String {
+        self.capturing = false;
+        std::mem::take(&mut self.held)
+    }
+
     /// The end of the reply: the calls, if what was held parses as calls, and the text still
     /// to release otherwise (everything held, unchanged).
     pub fn finish(&mut self) -> (String, Vec<ToolCall>) {

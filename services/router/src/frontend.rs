@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use pagewarden_model::{ChatMessage, ChatTemplate, GgufFile, Tokenizer};
+use pagewarden_model::{ChatMessage, ChatTemplate, GgufFile, Tokenizer, ToolCallFormat};
+use serde_json::Value;
 
 use crate::error::{RouterError, ValidationError};
 use crate::validation::{OutputConstraint, Prompt};
@@ -133,8 +134,20 @@ impl Frontend {
             .map_err(|e| ValidationError::new(*field, format!("`{field}`: {e}")).into())
     }
 
-    /// Tokens of a conversation rendered through the model's chat template.
-    pub fn chat_tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, RouterError> {
+    /// The form this model's template teaches it to call tools in (Hermes without a template).
+    pub fn tool_call_format(&self) -> ToolCallFormat {
+        self.template
+            .as_ref()
+            .map_or(ToolCallFormat::Hermes, ChatTemplate::tool_call_format)
+    }
+
+    /// Tokens of a conversation rendered through the model's chat template, with the function
+    /// definitions `tools` (OpenAI's `tools` entries; none when empty).
+    pub fn chat_tokens(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+    ) -> Result<Vec<u32>, RouterError> {
         let template = self.template.as_ref().ok_or_else(|| {
             ValidationError::new(
                 "messages",
@@ -143,7 +156,7 @@ impl Frontend {
         })?;
         // Content is tokenized as text: only the template's markup yields control tokens.
         let tokens = template
-            .encode(&self.tokenizer, messages, true)
+            .encode_with_tools(&self.tokenizer, messages, tools, true)
             .map_err(|e| {
                 ValidationError::new(
                     "messages",

@@ -48,6 +48,7 @@ pub async fn completions(
             common: req.common,
             arrived,
             slot,
+            tools: None,
         })
     };
     match prepared.await {
@@ -77,9 +78,14 @@ pub async fn chat(
         let frontend = state.frontend.clone();
         let messages = req.messages;
         let grammar = req.common.sampling.grammar.clone();
+        let tools = req
+            .tools
+            .as_ref()
+            .and_then(|t| t.reader(state.frontend.tool_call_format()));
+        let definitions = req.tools.map(|t| t.tools).unwrap_or_default();
         let tokens = blocking(move || {
             frontend.check_grammar(grammar.as_ref())?;
-            frontend.chat_tokens(&messages)
+            frontend.chat_tokens(&messages, &definitions)
         })
         .await?;
         Ok::<_, RouterError>(Prepared {
@@ -89,6 +95,7 @@ pub async fn chat(
             common: req.common,
             arrived,
             slot,
+            tools,
         })
     };
     match prepared.await {

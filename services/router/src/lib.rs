@@ -8,6 +8,7 @@
 //! - `extract.rs`: body extractor: 413 / invalid UTF-8 / invalid JSON as OpenAI errors
 //! - `params.rs`: typed field readers whose errors name the field
 //! - `validation.rs`: `ValidCompletionRequest`, `ValidChatRequest` (parse, don't validate)
+//! - `tools.rs`: `tools`/`tool_choice` (`ToolRequest`), forced calls as output constraints, `ToolReader` (a reply's calls, whole or streamed)
 //! - `frontend.rs`: tokenizer and chat template → prompt tokens
 //! - `admission.rs`: prompt + max_tokens against the effective context; default `max_tokens`
 //! - `workers.rs`: worker channels, liveness from `Info`, effective context, least-loaded pick
@@ -59,6 +60,7 @@ pub mod telemetry;
 pub mod tenants;
 pub mod token_rate;
 pub mod tokenize;
+pub mod tools;
 pub mod validation;
 pub mod workers;
 

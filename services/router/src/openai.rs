@@ -98,18 +98,34 @@ impl ResponseMeta {
         }
     }
 
-    /// The complete (non-streaming) body; `logprobs` is null unless requested.
-    pub fn full(&self, text: &str, finish: FinishReason, usage: Usage, logprobs: Value) -> Value {
+    /// The complete (non-streaming) body; `logprobs` is null unless requested. A chat reply
+    /// that called tools carries `tool_calls` (and `content` null when it wrote nothing else).
+    pub fn full(
+        &self,
+        text: &str,
+        tool_calls: &[Value],
+        finish: FinishReason,
+        usage: Usage,
+        logprobs: Value,
+    ) -> Value {
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
                 "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.as_str(),
             }),
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish.as_str(),
-            }),
+            Endpoint::Chat => {
+                let message = if tool_calls.is_empty() {
+                    json!({"role": "assistant", "content": text})
+                } else {
+                    let content = (!text.is_empty()).then_some(text);
+                    json!({"role": "assistant", "content": content, "tool_calls": tool_calls})
+                };
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish.as_str(),
+                })
+            }
         };
         json!({
             "id": self.id,
@@ -147,6 +163,17 @@ impl ResponseMeta {
                 json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };
+        self.chunk_with(vec![choice], None)
+    }
+
+    /// A chat chunk whose delta holds the reply's tool calls (each with its `index`), whole.
+    pub fn tool_calls_chunk(&self, calls: &[Value]) -> Value {
+        let choice = json!({
+            "index": 0,
+            "delta": {"tool_calls": crate::tools::delta_calls(calls)},
+            "logprobs": null,
+            "finish_reason": null,
+        });
         self.chunk_with(vec![choice], None)
     }
 

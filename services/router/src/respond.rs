@@ -23,6 +23,7 @@ use crate::sample::ResponseSample;
 use crate::server::AppState;
 use crate::sse;
 use crate::token_rate::TokenMeter;
+use crate::tools::ToolReader;
 use crate::validation::ValidCommon;
 
 /// A request that passed auth, parsing and tokenization.
@@ -39,6 +40,8 @@ pub struct Prepared {
     pub arrived: Instant,
     /// The concurrency slot, held until the response ends.
     pub slot: Slot,
+    /// Reads the reply for tool calls (chat with tools the model may call).
+    pub tools: Option<ToolReader>,
 }
 
 /// Admits, dispatches and answers. Errors before the first token become an error status; errors
@@ -49,10 +52,18 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
         Ok(Started::Full(mut s)) => match collect(&mut s).await {
             Ok((text, finish, logprobs)) => {
                 let usage = s.flight.usage();
+                let (content, finish, calls) = match s.tools.as_mut() {
+                    Some(reader) => {
+                        let released = reader.push(&text);
+                        let (end, finish) = reader.finish(finish);
+                        (released + &end.text, finish, end.calls)
+                    }
+                    None => (text.clone(), finish, Vec::new()),
+                };
                 record.set(outcome_of_finish(finish));
                 finished(state, &s, &text, finish);
                 let logprobs = s.render_logprobs(&logprobs);
-                Json(s.meta.full(&text, finish, usage, logprobs)).into_response()
+                Json(s.meta.full(&content, &calls, finish, usage, logprobs)).into_response()
             }
             Err(e) => {
                 record.fail(&e);
@@ -83,6 +94,8 @@ pub struct Streaming {
     pub state: AppState,
     /// Held until the stream ends.
     pub slot: Slot,
+    /// Reads the reply for tool calls.
+    pub tools: Option<ToolReader>,
 }
 
 impl Streaming {
@@ -160,6 +173,7 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
             logprobs,
             state: state.clone(),
             slot: p.slot,
+            tools: p.tools,
         }));
     }
     let first = match flight.next().await {
@@ -179,6 +193,7 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
         logprobs,
         state: state.clone(),
         slot: p.slot,
+        tools: p.tools,
     }))
 }
 
@@ -207,7 +222,7 @@ async fn collect(s: &mut Streaming) -> Result<(String, FinishReason, Vec<Logprob
 /// `completed` for stop/length, `aborted` when a worker aborted.
 pub fn outcome_of_finish(finish: FinishReason) -> Outcome {
     match finish {
-        FinishReason::Stop | FinishReason::Length => Outcome::Completed,
+        FinishReason::Stop | FinishReason::Length | FinishReason::ToolCalls => Outcome::Completed,
         FinishReason::Abort => Outcome::Aborted,
     }
 }

@@ -34,8 +34,22 @@ struct State {
 impl State {
     fn push(&mut self, token: Token) {
         self.logprobs.extend(token.logprobs);
+        self.text.push_str(&token.text);
+        // With tools, text that may be a call is held until the reply ends.
+        let mut text = match self.s.tools.as_mut() {
+            Some(reader) => reader.push(&token.text),
+            None => token.text,
+        };
+        let mut finish = token.finish;
+        let mut calls = Vec::new();
+        if let (Some(f), Some(reader)) = (finish, self.s.tools.as_mut()) {
+            let (end, f) = reader.finish(f);
+            text.push_str(&end.text);
+            calls = end.calls;
+            finish = Some(f);
+        }
         // Nothing to show (mid-UTF-8, or text held back for a possible stop sequence).
-        if token.text.is_empty() && token.finish.is_none() && !self.first {
+        if text.is_empty() && finish.is_none() && !self.first {
             return;
         }
         let logprobs = std::mem::take(&mut self.logprobs);
@@ -44,14 +58,25 @@ impl State {
         } else {
             self.s.render_logprobs(&logprobs)
         };
-        let chunk = self
-            .s
-            .meta
-            .chunk(&token.text, token.finish, self.first, logprobs);
+        if calls.is_empty() {
+            let chunk = self.s.meta.chunk(&text, finish, self.first, logprobs);
+            self.queue.push_back(json_event(&chunk));
+        } else {
+            // Text before the calls, the calls, then the end.
+            if !text.is_empty() || self.first {
+                let chunk = self.s.meta.chunk(&text, None, self.first, logprobs);
+                self.queue.push_back(json_event(&chunk));
+            }
+            let chunk = self.s.meta.tool_calls_chunk(&calls);
+            self.queue.push_back(json_event(&chunk));
+            let chunk = self
+                .s
+                .meta
+                .chunk("", finish, false, serde_json::Value::Null);
+            self.queue.push_back(json_event(&chunk));
+        }
         self.first = false;
-        self.text.push_str(&token.text);
-        self.queue.push_back(json_event(&chunk));
-        if let Some(finish) = token.finish {
+        if let Some(finish) = finish {
             if self.s.include_usage {
                 let usage = self.s.flight.usage();
                 self.queue

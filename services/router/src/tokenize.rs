@@ -23,7 +23,7 @@ pub async fn tokenize(
     let frontend = state.frontend.clone();
     let tokens = blocking(move || match &req.input {
         TokenizeInput::Prompt(p) => frontend.completion_tokens(p),
-        TokenizeInput::Messages(m) => frontend.chat_tokens(m),
+        TokenizeInput::Messages(m) => frontend.chat_tokens(m, &[]),
     })
     .await?;
     Ok(Json(json!({

@@ -7,6 +7,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ValidationError;
 use crate::extract::kind_of;
 use crate::params::Fields;
+use crate::tools::{parse_message_calls, ToolRequest};
 
 /// Largest `max_tokens` accepted before the context check (which is tighter).
 pub const MAX_TOKENS_LIMIT: i64 = u32::MAX as i64;
@@ -110,6 +111,8 @@ pub struct ValidCompletionRequest {
 pub struct ValidChatRequest {
     /// The conversation, at least one turn.
     pub messages: Vec<ChatMessage>,
+    /// The tools the model may call, and how.
+    pub tools: Option<ToolRequest>,
     /// Everything else.
     pub common: ValidCommon,
 }
@@ -144,11 +147,9 @@ impl ValidChatRequest {
                 return Err(f.err("top_logprobs", "requires `logprobs: true`"));
             }
         };
-        f.only_default("tools", &[json!([])])?;
-        f.only_default("tool_choice", &[json!("none"), json!("auto")])?;
+        let tools = ToolRequest::parse(&f)?;
         f.only_default("functions", &[json!([])])?;
         f.only_default("function_call", &[json!("none"), json!("auto")])?;
-        f.only_default("parallel_tool_calls", &[json!(true), json!(false)])?;
         let max_field = match (f.get("max_completion_tokens"), f.get("max_tokens")) {
             (Some(_), Some(_)) => {
                 return Err(f.err(
@@ -159,9 +160,33 @@ impl ValidChatRequest {
             (Some(_), None) => "max_completion_tokens",
             (None, _) => "max_tokens",
         };
-        let common = parse_common(&f, max_field, logprobs)?;
+        let mut common = parse_common(&f, max_field, logprobs)?;
+        if let Some(forced) = tools.as_ref().and_then(ToolRequest::constraint) {
+            if let Some(other) = &common.sampling.grammar {
+                return Err(f.err(
+                    "tool_choice",
+                    format!(
+                        "forces a call and cannot be combined with `{}`: a request takes one \
+                         output constraint",
+                        other.field
+                    ),
+                ));
+            }
+            if common.sampling.ignore_eos {
+                return Err(f.err(
+                    "ignore_eos",
+                    "cannot be combined with a forced `tool_choice`: a call ends when its \
+                     arguments are complete",
+                ));
+            }
+            common.sampling.grammar = Some(forced);
+        }
         f.reject_unknown()?;
-        Ok(Self { messages, common })
+        Ok(Self {
+            messages,
+            tools,
+            common,
+        })
     }
 }
 
@@ -783,15 +808,19 @@ fn parse_message(f: &Fields<'_>, i: usize, m: &Value) -> Result<ChatMessage, Val
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
+            "tool" => "tool",
             other => {
                 return Err(mf.err(
                     "role",
-                    format!("must be one of system, developer, user, assistant; got `{other}`"),
+                    format!(
+                        "must be one of system, developer, user, assistant, tool; got `{other}`"
+                    ),
                 ))
             }
         },
         v => return Err(mf.err("role", format!("must be a string, found {}", kind_of(v)))),
     };
+    // An assistant turn that called tools may have no content (null).
     let content = match mf.get("content") {
         None if role == "assistant" => String::new(),
         None => return Err(mf.err("content", "is required")),
@@ -808,11 +837,26 @@ fn parse_message(f: &Fields<'_>, i: usize, m: &Value) -> Result<ChatMessage, Val
         }
     };
     let name = mf.string("name")?.map(str::to_owned);
+    let tool_calls = if role == "assistant" {
+        parse_message_calls(&mf)?
+    } else {
+        None
+    };
+    let tool_call_id = if role == "tool" {
+        let id = mf
+            .string("tool_call_id")?
+            .ok_or_else(|| mf.err("tool_call_id", "is required in a `tool` message"))?;
+        Some(id.to_string())
+    } else {
+        None
+    };
     mf.reject_unknown()?;
     Ok(ChatMessage {
         role: role.to_string(),
         content,
         name,
+        tool_calls,
+        tool_call_id,
     })
 }
 

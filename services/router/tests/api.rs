@@ -644,3 +644,225 @@ async fn tokenize_detokenize_and_version() {
     assert!(v["version"].is_string());
     assert_eq!(h.total_reserves(), 0, "no worker is involved");
 }
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}
+    }})
+}
+
+/// Workers with room for a prompt that lists tools (the tiny vocabulary spends a token on
+/// about every byte); decode's reply is these token texts, then end of generation.
+fn scripted(texts: &[&str]) -> Opts {
+    let roomy = common::fakes::FakeOpts {
+        context_length: 4096,
+        pool_tokens: 16_384,
+        ..Default::default()
+    };
+    Opts {
+        decode: vec![common::fakes::FakeOpts {
+            script: (!texts.is_empty()).then(|| texts.iter().map(|t| t.to_string()).collect()),
+            ..roomy.clone()
+        }],
+        prefill: vec![roomy],
+        ..Opts::default()
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_are_read_from_the_reply_whole_and_streamed() {
+    let reply = [
+        "Let",
+        " me",
+        " check.",
+        "<tool",
+        "_call>",
+        "{\"name\": \"get_weather\", ",
+        "\"arguments\": {\"city\": \"Oslo\"}}",
+        "</tool_call>",
+    ];
+    let h = Harness::start(scripted(&reply)).await;
+    let mut body = json!({
+        "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "tools": [weather_tool()],
+        "max_tokens": 50,
+    });
+    let r = h.post("/v1/chat/completions", &body).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(choice["message"]["content"], "Let me check.");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"), "{call}");
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Oslo"}));
+
+    // Streamed: the text as content deltas, the call in one delta, then the end.
+    body["stream"] = json!(true);
+    let text = h
+        .post("/v1/chat/completions", &body)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let data = common::sse_data(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "Let me check.", "{text}");
+    let calls: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+        .collect();
+    assert_eq!(calls.len(), 1, "{text}");
+    assert_eq!(calls[0][0]["index"], 0);
+    assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+
+    // tool_choice none: the same reply is text.
+    body["stream"] = json!(false);
+    body["tool_choice"] = json!("none");
+    let v: Value = h
+        .post("/v1/chat/completions", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["message"]["content"], reply.concat());
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none());
+}
+
+#[tokio::test]
+async fn a_reply_that_is_not_a_call_is_text_whole() {
+    let reply = ["It is ", "<tool_call>", "{\"name\": ", "oops"];
+    let h = Harness::start(scripted(&reply)).await;
+    for stream in [false, true] {
+        let body = json!({
+            "messages": [{"role": "user", "content": "Weather?"}],
+            "tools": [weather_tool()],
+            "stream": stream,
+        });
+        let r = h.post("/v1/chat/completions", &body).await;
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.unwrap();
+        let content: String = if stream {
+            common::sse_data(&text)
+                .iter()
+                .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                .filter_map(|c| {
+                    c["choices"][0]["delta"]["content"]
+                        .as_str()
+                        .map(String::from)
+                })
+                .collect()
+        } else {
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["choices"][0]["finish_reason"], "stop");
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(content, reply.concat(), "stream {stream}");
+    }
+}
+
+#[tokio::test]
+async fn tool_turns_and_forced_choices_reach_the_workers() {
+    use pagewarden_proto::v1::sampling_params::Grammar as Wire;
+    let h = Harness::start(scripted(&[])).await;
+    let conversation = json!([
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 3}"},
+    ]);
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for choice in [json!("auto"), json!("required"), named.clone()] {
+        let body = json!({"messages": conversation, "tools": [weather_tool()],
+            "tool_choice": choice, "max_tokens": 4, "parallel_tool_calls": false});
+        let r = h.post("/v1/chat/completions", &body).await;
+        assert_eq!(r.status(), 200, "{choice}: {:?}", r.text().await);
+    }
+    let sent: Vec<Option<Wire>> = h
+        .decode
+        .iter()
+        .flat_map(|d| d.calls.lock().reserve.clone())
+        .map(|r| r.sampling.unwrap().grammar)
+        .collect();
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[0], None, "auto is not constrained");
+    let Some(Wire::JsonSchema(required)) = &sent[1] else {
+        panic!("required is constrained: {:?}", sent[1]);
+    };
+    let required: Value = serde_json::from_str(required).unwrap();
+    assert_eq!(
+        required["anyOf"][0]["properties"]["name"]["const"],
+        "get_weather"
+    );
+    assert_eq!(
+        sent[2],
+        Some(Wire::JsonSchema(
+            weather_tool()["function"]["parameters"].to_string()
+        ))
+    );
+    // The prompt holds the call and its result (the tiny model's template has no tool
+    // support: they are rendered as Hermes text).
+    let prompt = h.decode[0].calls.lock().reserve[0].prompt_token_ids.clone();
+    let text = h.state.frontend.tokenizer().decode(&prompt);
+    assert!(
+        text.contains("<tool_response>\n{\"temp\": 3}\n</tool_response>"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"arguments\": {\"city\": \"Oslo\"}"),
+        "{text}"
+    );
+    assert!(text.contains("<tools>"), "{text}");
+
+    for (body, param) in [
+        (
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].tool_call_id",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": [weather_tool()],
+                "tool_choice": named, "response_format": {"type": "json_object"}}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}),
+            "tools[0].function.parameters",
+        ),
+    ] {
+        let err = expect_error(h.post("/v1/chat/completions", &body).await, 400).await;
+        assert_eq!(err["param"], param, "{err}");
+    }
+    assert_eq!(
+        h.total_reserves(),
+        3,
+        "only the good requests reached a worker"
+    );
+}

@@ -41,6 +41,9 @@ pub struct FakeOpts {
     pub hang_prefill: bool,
     /// Info fails.
     pub info_fails: bool,
+    /// Decode: the reply's token texts, then an end-of-generation marker (finish STOP), in
+    /// place of `fake_text` (`max_tokens` still cuts it, finish LENGTH).
+    pub script: Option<Vec<String>>,
 }
 
 impl Default for FakeOpts {
@@ -57,6 +60,7 @@ impl Default for FakeOpts {
             fail: None,
             hang_prefill: false,
             info_fails: false,
+            script: None,
         }
     }
 }
@@ -225,14 +229,23 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
         marker_only: false,
         logprobs: None,
     });
-    let emit = o.hang_after.or(o.eog_after).unwrap_or(max).min(max);
+    let scripted = o.script.as_ref().map(Vec::len);
+    let emit = o
+        .hang_after
+        .or(o.eog_after)
+        .or(scripted)
+        .unwrap_or(max)
+        .min(max);
     let hang = o.hang_after.is_some_and(|h| h < max);
-    let eog = o.eog_after.is_some_and(|e| e < max);
+    let eog = o.eog_after.or(scripted).is_some_and(|e| e < max);
+    let script = o.script.clone();
     let marker = reference.clone();
     let events = (0..emit).map(move |i| TokenEvent {
         req: reference.clone(),
         token: if i == 0 { first } else { 10 + i as u32 },
-        text: fake_text(i),
+        text: script
+            .as_ref()
+            .map_or_else(|| fake_text(i), |s| s[i].clone()),
         finish: if i + 1 == max {
             FinishReason::Length as i32
         } else {
