@@ -46,6 +46,13 @@ if ! python3 -c 'import prometheus_client' >/dev/null 2>&1; then
   python3 -m pip install -q --no-deps 'prometheus-client==0.26.0'
 fi
 
+# The API test drives the suite with the official OpenAI SDK and LangChain, as applications do
+# (pinned; their own dependencies as pip resolves them).
+if ! python3 -c 'import openai, langchain_openai; assert openai.__version__ == "3.60.0"' >/dev/null 2>&1; then
+  echo "== installing openai and langchain-openai (Python), the SDK test's clients"
+  python3 -m pip install -q 'openai==3.60.0' 'langchain-openai==1.8.1' 'langchain-core==1.8.3'
+fi
+
 # The Kubernetes manifests' schema test runs kubernetes-validate, which carries the API's schemas
 # and needs no network; each of its imports is installed (pinned) only when missing.
 kv_need=()

@@ -205,12 +205,30 @@ fn tool_name(t: &Value) -> &str {
     t["function"]["name"].as_str().unwrap_or_default()
 }
 
-/// A function's parameter schema (any object when it declares none).
+/// A function's parameter schema as a forced call is constrained to (any object when it
+/// declares none). Objects that list their `properties` and say nothing of others take no
+/// others, as under OpenAI's `strict` mode: the schema's default (anything more is allowed) let a
+/// small model write a `"city"` and then ramble in made-up keys until `max_tokens`.
 fn parameters(t: &Value) -> Value {
-    t["function"]
+    let mut schema = t["function"]
         .get("parameters")
         .cloned()
-        .unwrap_or_else(|| json!({"type": "object"}))
+        .unwrap_or_else(|| json!({"type": "object"}));
+    close_objects(&mut schema);
+    schema
+}
+
+fn close_objects(schema: &mut Value) {
+    match schema {
+        Value::Object(o) => {
+            if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+                o.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            o.values_mut().for_each(close_objects);
+        }
+        Value::Array(items) => items.iter_mut().for_each(close_objects),
+        _ => {}
+    }
 }
 
 /// One `tools` entry: `{"type": "function", "function": {"name", "description"?,
@@ -473,10 +491,9 @@ mod tests {
         assert_eq!(r.choice, ToolChoice::Named("get_weather".into()));
         let c = r.constraint().unwrap();
         assert_eq!(c.field, "tool_choice");
-        assert_eq!(
-            c.grammar,
-            Grammar::JsonSchema(weather()["function"]["parameters"].clone())
-        );
+        let mut closed = weather()["function"]["parameters"].clone();
+        closed["additionalProperties"] = json!(false);
+        assert_eq!(c.grammar, Grammar::JsonSchema(closed));
         assert!(request(json!({"tool_choice": "none"})).unwrap().is_none());
         for (body, field) in [
             (json!({"tool_choice": "required"}), "tool_choice"),

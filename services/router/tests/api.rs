@@ -817,12 +817,10 @@ async fn tool_turns_and_forced_choices_reach_the_workers() {
         required["anyOf"][0]["properties"]["name"]["const"],
         "get_weather"
     );
-    assert_eq!(
-        sent[2],
-        Some(Wire::JsonSchema(
-            weather_tool()["function"]["parameters"].to_string()
-        ))
-    );
+    // The named function's parameters, closed to other keys.
+    let mut closed = weather_tool()["function"]["parameters"].clone();
+    closed["additionalProperties"] = json!(false);
+    assert_eq!(sent[2], Some(Wire::JsonSchema(closed.to_string())));
     // The prompt holds the call and its result (the tiny model's template has no tool
     // support: they are rendered as Hermes text).
     let prompt = h.decode[0].calls.lock().reserve[0].prompt_token_ids.clone();
