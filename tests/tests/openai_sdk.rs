@@ -4,7 +4,8 @@
 //! `logit_bias` forcing a token, and fields without generation semantics (`metadata`, `store`,
 //! `user`, `service_tier`) accepted; then LangChain's `bind_tools` (a forced call parsed into
 //! its tool call, the result sent back). The checks are in `openai_sdk.py` beside this file;
-//! scripts/test.sh installs the SDK and LangChain.
+//! scripts/test.sh installs the SDK and LangChain. Then `n = 4`: four texts under one seed, and
+//! the prompt computed by prefill once.
 
 use std::process::Command;
 
@@ -39,4 +40,56 @@ async fn the_openai_sdk_runs_tool_calls_and_the_rest_against_the_suite() {
     assert_eq!(seen["named"]["name"], "get_weather");
     assert_eq!(seen["metadata"], "accepted");
     assert!(seen["langchain"]["call"]["city"].is_string(), "{seen}");
+
+    // n = 4 over a prompt no request sent before: four choices of their own seeds, and the
+    // prompt computed by prefill once (the later choices reuse its pages from the cache).
+    let computed = || async {
+        let text = prefill.metrics().await;
+        sum(&text, "vllm:prefix_cache_queries") - sum(&text, "vllm:prefix_cache_hits")
+    };
+    let before = computed().await;
+    let words: Vec<String> = (0..90).map(|i| format!("w{}", i * 7 % 31)).collect();
+    let body = serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": format!("Continue this list: {}", words.join(" "))}],
+        "n": 4, "seed": 11, "temperature": 1.0, "max_tokens": 16,
+    });
+    let (status, v) =
+        pagewarden_system_tests::post_json(&router, "/v1/chat/completions", 0, &body).await;
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().expect("choices");
+    let texts: Vec<&str> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i, "{v}");
+            c["message"]["content"].as_str().expect("content")
+        })
+        .collect();
+    assert_eq!(texts.len(), 4, "{v}");
+    let distinct: std::collections::BTreeSet<&str> = texts.iter().copied().collect();
+    assert_eq!(distinct.len(), 4, "four seeds, four texts: {texts:?}");
+    let prompt = v["usage"]["prompt_tokens"].as_f64().expect("usage");
+    let completion: f64 = v["usage"]["completion_tokens"].as_f64().expect("usage");
+    assert!(completion > 16.0, "usage counts every choice: {v}");
+    let computed = computed().await - before;
+    eprintln!(
+        "n=4: prompt {prompt} tokens; prefill computed {computed} tokens for the four choices"
+    );
+    assert!(
+        computed < 2.0 * prompt,
+        "the later choices reuse the first one's prompt pages: prefill computed {computed} \
+         tokens for a {prompt}-token prompt and 4 choices"
+    );
+}
+
+/// The sum of every sample of the counter `name` (any labels) in a `/metrics` text.
+fn sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with("_total") || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

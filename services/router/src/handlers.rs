@@ -78,11 +78,8 @@ pub async fn chat(
         let frontend = state.frontend.clone();
         let messages = req.messages;
         let grammar = req.common.sampling.grammar.clone();
-        let tools = req
-            .tools
-            .as_ref()
-            .and_then(|t| t.reader(state.frontend.tool_call_format()));
-        let definitions = req.tools.map(|t| t.tools).unwrap_or_default();
+        let tools = req.tools;
+        let definitions = tools.as_ref().map(|t| t.tools.clone()).unwrap_or_default();
         let tokens = blocking(move || {
             frontend.check_grammar(grammar.as_ref())?;
             frontend.chat_tokens(&messages, &definitions)

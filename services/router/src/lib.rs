@@ -15,6 +15,7 @@
 //! - `discovery.rs`: where workers come from: fixed URLs, or `dns://` names re-resolved at each poll
 //! - `dispatch.rs`: the request state enum: Reserve → Prefill → Generate → tokens
 //! - `guard.rs`: `AbortGuard`, whose drop aborts both halves
+//! - `choices.rs`: a request's `n` choices, each a `Flight` driven by its own task, the later ones after the first's prompt is cached
 //! - `respond.rs`: the shared path from tokens to a response (full JSON or stream)
 //! - `sse.rs`: OpenAI chunks as server-sent events, `[DONE]`
 //! - `openai.rs`: response bodies, usage, model list
@@ -39,6 +40,7 @@ compile_error!(
 pub mod access;
 pub mod admission;
 pub mod auditor_sink;
+pub mod choices;
 pub mod config;
 pub mod discovery;
 pub mod dispatch;

@@ -98,19 +98,21 @@ impl ResponseMeta {
         }
     }
 
-    /// The complete (non-streaming) body; `logprobs` is null unless requested. A chat reply
-    /// that called tools carries `tool_calls` (and `content` null when it wrote nothing else).
-    pub fn full(
+    /// One choice of a complete (non-streaming) body; `logprobs` is null unless requested. A
+    /// chat reply that called tools carries `tool_calls` (and `content` null when it wrote
+    /// nothing else).
+    pub fn choice(
         &self,
+        index: usize,
         text: &str,
         tool_calls: &[Value],
         finish: FinishReason,
-        usage: Usage,
         logprobs: Value,
     ) -> Value {
-        let choice = match self.endpoint {
+        match self.endpoint {
             Endpoint::Completions => json!({
-                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.as_str(),
+                "index": index, "text": text, "logprobs": logprobs,
+                "finish_reason": finish.as_str(),
             }),
             Endpoint::Chat => {
                 let message = if tool_calls.is_empty() {
@@ -120,13 +122,17 @@ impl ResponseMeta {
                     json!({"role": "assistant", "content": content, "tool_calls": tool_calls})
                 };
                 json!({
-                    "index": 0,
+                    "index": index,
                     "message": message,
                     "logprobs": logprobs,
                     "finish_reason": finish.as_str(),
                 })
             }
-        };
+        }
+    }
+
+    /// The complete (non-streaming) body of these choices.
+    pub fn full(&self, choices: Vec<Value>, usage: Usage) -> Value {
         json!({
             "id": self.id,
             "object": match self.endpoint {
@@ -135,15 +141,16 @@ impl ResponseMeta {
             },
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage,
         })
     }
 
-    /// One streaming chunk carrying `text` and the `logprobs` of its tokens (null unless
-    /// requested); `first` adds the assistant role to a chat delta.
+    /// One streaming chunk of choice `index` carrying `text` and the `logprobs` of its tokens
+    /// (null unless requested); `first` adds the assistant role to a chat delta.
     pub fn chunk(
         &self,
+        index: usize,
         text: &str,
         finish: Option<FinishReason>,
         first: bool,
@@ -152,7 +159,7 @@ impl ResponseMeta {
         let finish = finish.map(FinishReason::as_str);
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
-                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
+                "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
             }),
             Endpoint::Chat => {
                 let delta = if first {
@@ -160,16 +167,17 @@ impl ResponseMeta {
                 } else {
                     json!({"content": text})
                 };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };
         self.chunk_with(vec![choice], None)
     }
 
-    /// A chat chunk whose delta holds the reply's tool calls (each with its `index`), whole.
-    pub fn tool_calls_chunk(&self, calls: &[Value]) -> Value {
+    /// A chat chunk of choice `index` whose delta holds the reply's tool calls (each with its
+    /// own `index`), whole.
+    pub fn tool_calls_chunk(&self, index: usize, calls: &[Value]) -> Value {
         let choice = json!({
-            "index": 0,
+            "index": index,
             "delta": {"tool_calls": crate::tools::delta_calls(calls)},
             "logprobs": null,
             "finish_reason": null,

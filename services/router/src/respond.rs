@@ -1,5 +1,6 @@
 //! The path shared by both generation endpoints, from validated tokens to an HTTP response:
-//! admission against the effective context (I3), dispatch, then one JSON body or an SSE stream.
+//! admission against the effective context (I3), dispatch of the request's choices
+//! ([`Choices`]: `n` of them, each its own seed), then one JSON body or an SSE stream.
 
 use std::time::Instant;
 
@@ -13,17 +14,18 @@ use serde_json::Value;
 use crate::admission::admit;
 use pagewarden_model::FinishReason;
 
-use crate::dispatch::{Flight, Job, Token};
+use crate::choices::{ChoiceEvent, Choices};
+use crate::dispatch::{Flight, Job};
 use crate::error::RouterError;
 use crate::logprobs::LogprobsRenderer;
 use crate::metrics::Outcome;
-use crate::openai::{Endpoint, ResponseMeta};
+use crate::openai::{Endpoint, ResponseMeta, Usage};
 use crate::record::{Record, Slot};
 use crate::sample::ResponseSample;
 use crate::server::AppState;
 use crate::sse;
 use crate::token_rate::TokenMeter;
-use crate::tools::ToolReader;
+use crate::tools::{ToolReader, ToolRequest};
 use crate::validation::ValidCommon;
 
 /// A request that passed auth, parsing and tokenization.
@@ -40,87 +42,116 @@ pub struct Prepared {
     pub arrived: Instant,
     /// The concurrency slot, held until the response ends.
     pub slot: Slot,
-    /// Reads the reply for tool calls (chat with tools the model may call).
-    pub tools: Option<ToolReader>,
+    /// The tools the model may call (chat); each choice's reply is read for calls.
+    pub tools: Option<ToolRequest>,
 }
 
 /// Admits, dispatches and answers. Errors before the first token become an error status; errors
 /// after it (streaming) become an error event.
 pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Response {
-    match start(state, p).await {
-        Ok(Started::Stream(s)) => sse::response(s, record),
-        Ok(Started::Full(mut s)) => match collect(&mut s).await {
-            Ok((text, finish, logprobs)) => {
-                let usage = s.flight.usage();
-                let (content, finish, calls) = match s.tools.as_mut() {
-                    Some(reader) => {
-                        let released = reader.push(&text);
-                        let (end, finish) = reader.finish(finish);
-                        (released + &end.text, finish, end.calls)
-                    }
-                    None => (text.clone(), finish, Vec::new()),
-                };
-                record.set(outcome_of_finish(finish));
-                finished(state, &s, &text, finish);
-                let logprobs = s.render_logprobs(&logprobs);
-                Json(s.meta.full(&content, &calls, finish, usage, logprobs)).into_response()
-            }
-            Err(e) => {
-                record.fail(&e);
-                e.into_response()
-            }
-        },
+    let stream = p.common.stream;
+    let mut s = match start(state, p) {
+        Ok(s) => s,
         Err(e) => {
             record.fail(&e);
-            e.into_response()
+            return e.into_response();
+        }
+    };
+    if stream {
+        return sse::response(s, record);
+    }
+    if let Err(e) = collect(&mut s).await {
+        record.fail(&e);
+        return e.into_response();
+    }
+    let usage = s.usage();
+    let mut choices = Vec::with_capacity(s.outs.len());
+    for out in &mut s.outs {
+        let finish = out.finish.unwrap_or(FinishReason::Abort);
+        let (content, finish, calls) = match out.tools.as_mut() {
+            Some(reader) => {
+                let released = reader.push(&out.text);
+                let (end, finish) = reader.finish(finish);
+                (released + &end.text, finish, end.calls)
+            }
+            None => (out.text.clone(), finish, Vec::new()),
+        };
+        record.set(outcome_of_finish(finish));
+        if let Some(flight) = &out.flight {
+            finished(&s.state, flight, &s.meta, &out.text, finish);
+        }
+        let items = std::mem::take(&mut out.pending);
+        let logprobs = out.render_logprobs(&s.state, &items);
+        choices.push(s.meta.choice(out.index, &content, &calls, finish, logprobs));
+    }
+    Json(s.meta.full(choices, usage)).into_response()
+}
+
+/// What one choice has produced, and how its tokens are read.
+pub struct ChoiceOut {
+    /// The choice's index.
+    pub index: usize,
+    /// Its text so far, as generated (before tool calls are read out of it).
+    pub text: String,
+    /// How it ended, once it has.
+    pub finish: Option<FinishReason>,
+    /// Logprobs of tokens not rendered yet.
+    pub pending: Vec<Logprobs>,
+    /// Renders token logprobs, when the request asked for them.
+    logprobs: Option<LogprobsRenderer>,
+    /// Reads the reply for tool calls.
+    pub tools: Option<ToolReader>,
+    /// Its flight, once it ended (usage and timings).
+    pub flight: Option<Box<Flight>>,
+    /// No chunk of it was sent yet (a stream's first chunk carries the role).
+    pub first: bool,
+}
+
+impl ChoiceOut {
+    /// The `logprobs` value of a chunk or choice holding the tokens of `items`; null when the
+    /// request asked for none.
+    pub fn render_logprobs(&mut self, state: &AppState, items: &[Logprobs]) -> Value {
+        match &mut self.logprobs {
+            Some(r) => r.render(state.frontend.tokenizer(), items),
+            None => Value::Null,
         }
     }
 }
 
 /// A dispatched request, answered as it goes.
 pub struct Streaming {
-    /// The dispatched request.
-    pub flight: Flight,
-    /// Its first token, not yet sent (a full answer waits for it before anything is sent; a
-    /// stream starts before it).
-    pub first: Option<Token>,
+    /// Its choices in flight.
+    pub choices: Choices,
+    /// What each choice has produced, by index.
+    pub outs: Vec<ChoiceOut>,
     /// Shared body fields.
     pub meta: ResponseMeta,
     /// Send a usage chunk at the end.
     pub include_usage: bool,
-    /// Renders token logprobs, when the request asked for them.
-    pub logprobs: Option<LogprobsRenderer>,
+    /// Prompt tokens (counted once, whatever `n`).
+    pub prompt_tokens: u32,
     /// The app (for the sample sink).
     pub state: AppState,
     /// Held until the stream ends.
     pub slot: Slot,
-    /// Reads the reply for tool calls.
-    pub tools: Option<ToolReader>,
 }
 
 impl Streaming {
-    /// The `logprobs` value of a choice holding the tokens of `items`; null when the request
-    /// asked for none.
-    pub fn render_logprobs(&mut self, items: &[Logprobs]) -> Value {
-        match &mut self.logprobs {
-            Some(r) => r.render(self.state.frontend.tokenizer(), items),
-            None => Value::Null,
-        }
+    /// The response's `usage`: the prompt once (and what of it the first choice took from the
+    /// prefix cache), the completion tokens of every choice.
+    pub fn usage(&self) -> Usage {
+        let flights = self.outs.iter().filter_map(|o| o.flight.as_deref());
+        let completion = flights.clone().map(Flight::completion_tokens).sum();
+        let cached = self.outs[0]
+            .flight
+            .as_deref()
+            .map_or(0, |f| f.usage().prompt_tokens_details.cached_tokens);
+        Usage::new(self.prompt_tokens, completion, cached)
     }
 }
 
-enum Started {
-    Stream(Streaming),
-    Full(Streaming),
-}
-
-async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
+fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
     let context = state.pool.effective_context()?;
-    let logprobs = p
-        .common
-        .sampling
-        .logprobs
-        .map(|_| LogprobsRenderer::new(p.endpoint));
     let admitted = admit(
         p.tokens,
         p.common.max_tokens,
@@ -140,86 +171,83 @@ async fn start(state: &AppState, p: Prepared) -> Result<Started, RouterError> {
         limits.tokens_per_minute,
     );
     let namespace = state.tenants.namespace(&p.tenant);
-    let job = Job {
-        id: RequestId::random(),
-        tenant: p.tenant,
-        admitted,
-        sampling: p.common.sampling,
-        arrived: p.arrived,
-        weight: limits.weight,
-        namespace,
-        meter,
-    };
-    let mut flight = Flight::start(
+    let n = p.common.n as usize;
+    let prompt_tokens = admitted.prompt.len() as u32;
+    let jobs: Vec<Job> = (0..n)
+        .map(|i| {
+            let mut sampling = p.common.sampling.clone();
+            sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+            Job {
+                id: RequestId::random(),
+                tenant: p.tenant.clone(),
+                admitted: admitted.clone(),
+                sampling,
+                arrived: p.arrived,
+                weight: limits.weight,
+                namespace,
+                meter: meter.clone(),
+            }
+        })
+        .collect();
+    let first_id = jobs[0].id;
+    let choices = Choices::start(
         &state.pool,
         state.settings.dispatch,
         state.metrics.clone(),
-        job,
+        jobs,
     )?;
-    let meta = ResponseMeta::new(
-        p.endpoint,
-        &flight.id().to_string(),
-        state.frontend.model_name(),
-    );
-    if p.common.stream {
-        // Headers and the first chunk go out now; queueing and prefill happen inside the
-        // stream (keep-alive comments meanwhile), and a worker failure there becomes an
-        // error event.
-        return Ok(Started::Stream(Streaming {
-            flight,
-            first: None,
-            meta,
-            include_usage: p.common.include_usage,
-            logprobs,
-            state: state.clone(),
-            slot: p.slot,
-            tools: p.tools,
-        }));
-    }
-    let first = match flight.next().await {
-        Some(Ok(token)) => token,
-        Some(Err(e)) => return Err(e),
-        None => {
-            return Err(RouterError::Internal(
-                "request ended before any token".into(),
-            ))
-        }
-    };
-    Ok(Started::Full(Streaming {
-        flight,
-        first: Some(first),
-        meta,
+    let format = state.frontend.tool_call_format();
+    let outs = (0..n)
+        .map(|index| ChoiceOut {
+            index,
+            text: String::new(),
+            finish: None,
+            pending: Vec::new(),
+            logprobs: p
+                .common
+                .sampling
+                .logprobs
+                .map(|_| LogprobsRenderer::new(p.endpoint)),
+            tools: p.tools.as_ref().and_then(|t| t.reader(format)),
+            flight: None,
+            first: true,
+        })
+        .collect();
+    Ok(Streaming {
+        choices,
+        outs,
+        meta: ResponseMeta::new(
+            p.endpoint,
+            &first_id.to_string(),
+            state.frontend.model_name(),
+        ),
         include_usage: p.common.include_usage,
-        logprobs,
+        prompt_tokens,
         state: state.clone(),
         slot: p.slot,
-        tools: p.tools,
-    }))
+    })
 }
 
-/// The whole completion: its text, how it ended, and its tokens' logprobs (when requested).
-async fn collect(s: &mut Streaming) -> Result<(String, FinishReason, Vec<Logprobs>), RouterError> {
-    let mut text = String::new();
-    let mut logprobs = Vec::new();
-    let mut next = s.first.take();
-    loop {
-        let token = match next.take() {
-            Some(first) => first,
-            None => match s.flight.next().await {
-                Some(Ok(token)) => token,
-                Some(Err(e)) => return Err(e),
-                None => return Err(RouterError::Internal("token stream ended early".into())),
-            },
-        };
-        text.push_str(&token.text);
-        logprobs.extend(token.logprobs);
-        if let Some(finish) = token.finish {
-            return Ok((text, finish, logprobs));
+/// Every choice whole: texts, finish reasons and logprobs gathered into `s.outs`.
+async fn collect(s: &mut Streaming) -> Result<(), RouterError> {
+    while let Some((i, event)) = s.choices.next().await {
+        let out = &mut s.outs[i];
+        match event {
+            ChoiceEvent::Token(token) => {
+                out.text.push_str(&token.text);
+                out.pending.extend(token.logprobs);
+                if token.finish.is_some() {
+                    out.finish = token.finish;
+                }
+            }
+            ChoiceEvent::Ended(flight) => out.flight = Some(flight),
+            ChoiceEvent::Failed(e) => return Err(e),
         }
     }
+    Ok(())
 }
 
-/// `completed` for stop/length, `aborted` when a worker aborted.
+/// `completed` for stop/length/tool calls, `aborted` when a worker aborted.
 pub fn outcome_of_finish(finish: FinishReason) -> Outcome {
     match finish {
         FinishReason::Stop | FinishReason::Length | FinishReason::ToolCalls => Outcome::Completed,
@@ -227,23 +255,29 @@ pub fn outcome_of_finish(finish: FinishReason) -> Outcome {
     }
 }
 
-/// A response that finished (stop, length, or abort by a worker): counted under vLLM's metrics
-/// and offered to the sample sink.
-pub fn finished(state: &AppState, s: &Streaming, text: &str, finish: FinishReason) {
+/// A choice that finished (stop, length, tool calls, or abort by a worker): counted under
+/// vLLM's metrics and offered to the sample sink.
+pub fn finished(
+    state: &AppState,
+    flight: &Flight,
+    meta: &ResponseMeta,
+    text: &str,
+    finish: FinishReason,
+) {
     state.metrics.vllm.finished(FinishedRequest {
-        prompt_tokens: u64::from(s.flight.prompt_tokens()),
-        generation_tokens: u64::from(s.flight.completion_tokens()),
-        e2e_seconds: s.flight.arrived().elapsed().as_secs_f64(),
+        prompt_tokens: u64::from(flight.prompt_tokens()),
+        generation_tokens: u64::from(flight.completion_tokens()),
+        e2e_seconds: flight.arrived().elapsed().as_secs_f64(),
         finished_reason: finish.as_str(),
     });
     state.sink.offer(ResponseSample {
-        request: s.flight.id(),
-        tenant: s.flight.tenant().clone(),
-        endpoint: s.meta.endpoint.as_str(),
-        prompt_tokens: s.flight.prompt_tokens(),
-        completion_tokens: s.flight.completion_tokens(),
+        request: flight.id(),
+        tenant: flight.tenant().clone(),
+        endpoint: meta.endpoint.as_str(),
+        prompt_tokens: flight.prompt_tokens(),
+        completion_tokens: flight.completion_tokens(),
         text: text.to_string(),
         finish_reason: finish.as_str(),
-        ttft: s.flight.ttft(),
+        ttft: flight.ttft(),
     });
 }

@@ -1,10 +1,11 @@
 //! The streaming response: OpenAI chunks as server-sent events, an optional usage chunk, then
-//! `data: [DONE]`. Headers and a first chunk (chat: the assistant role, empty content;
-//! completions: empty text) go out as soon as the request is admitted, before any worker is
-//! called, so a client sees progress while the request waits in a queue or its prompt runs
-//! (keep-alive comments meanwhile). A worker failure after that becomes an `{"error": …}`
-//! event. The stream owns the [`Flight`](crate::dispatch::Flight); a client that disconnects
-//! drops it, which aborts both halves.
+//! `data: [DONE]`. Headers and a first chunk per choice (chat: the assistant role, empty
+//! content; completions: empty text) go out as soon as the request is admitted, before any
+//! worker is called, so a client sees progress while the request waits in a queue or its prompt
+//! runs (keep-alive comments meanwhile). Chunks of several choices (`n`) interleave as their
+//! tokens arrive, each with its `index`. A worker failure after that becomes an
+//! `{"error": …}` event. The stream owns the [`Choices`](crate::choices::Choices); a client that
+//! disconnects drops them, which aborts both halves of every choice.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -13,8 +14,8 @@ use std::time::Duration;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::stream::{self, Stream, StreamExt};
-use pagewarden_proto::v1::Logprobs;
 
+use crate::choices::ChoiceEvent;
 use crate::dispatch::Token;
 
 use crate::record::Record;
@@ -24,68 +25,80 @@ struct State {
     s: Streaming,
     record: Record,
     queue: VecDeque<Event>,
-    text: String,
-    /// Logprobs of tokens whose text is not out yet: they go with the next chunk.
-    logprobs: Vec<Logprobs>,
-    first: bool,
     done: bool,
 }
 
 impl State {
-    fn push(&mut self, token: Token) {
-        self.logprobs.extend(token.logprobs);
-        self.text.push_str(&token.text);
+    fn push(&mut self, index: usize, token: Token) {
+        let out = &mut self.s.outs[index];
+        out.pending.extend(token.logprobs);
+        out.text.push_str(&token.text);
         // With tools, text that may be a call is held until the reply ends.
-        let mut text = match self.s.tools.as_mut() {
+        let mut text = match out.tools.as_mut() {
             Some(reader) => reader.push(&token.text),
             None => token.text,
         };
         let mut finish = token.finish;
         let mut calls = Vec::new();
-        if let (Some(f), Some(reader)) = (finish, self.s.tools.as_mut()) {
+        if let (Some(f), Some(reader)) = (finish, out.tools.as_mut()) {
             let (end, f) = reader.finish(f);
             text.push_str(&end.text);
             calls = end.calls;
             finish = Some(f);
         }
+        out.finish = finish;
         // Nothing to show (mid-UTF-8, or text held back for a possible stop sequence).
-        if text.is_empty() && finish.is_none() && !self.first {
+        if text.is_empty() && finish.is_none() && !out.first {
             return;
         }
-        let logprobs = std::mem::take(&mut self.logprobs);
-        let logprobs = if logprobs.is_empty() {
+        let pending = std::mem::take(&mut out.pending);
+        let logprobs = if pending.is_empty() {
             serde_json::Value::Null
         } else {
-            self.s.render_logprobs(&logprobs)
+            out.render_logprobs(&self.s.state, &pending)
         };
+        let meta = &self.s.meta;
         if calls.is_empty() {
-            let chunk = self.s.meta.chunk(&text, finish, self.first, logprobs);
+            let chunk = meta.chunk(index, &text, finish, out.first, logprobs);
             self.queue.push_back(json_event(&chunk));
         } else {
             // Text before the calls, the calls, then the end.
-            if !text.is_empty() || self.first {
-                let chunk = self.s.meta.chunk(&text, None, self.first, logprobs);
+            if !text.is_empty() || out.first {
+                let chunk = meta.chunk(index, &text, None, out.first, logprobs);
                 self.queue.push_back(json_event(&chunk));
             }
-            let chunk = self.s.meta.tool_calls_chunk(&calls);
-            self.queue.push_back(json_event(&chunk));
-            let chunk = self
-                .s
-                .meta
-                .chunk("", finish, false, serde_json::Value::Null);
+            self.queue
+                .push_back(json_event(&meta.tool_calls_chunk(index, &calls)));
+            let chunk = meta.chunk(index, "", finish, false, serde_json::Value::Null);
             self.queue.push_back(json_event(&chunk));
         }
-        self.first = false;
+        out.first = false;
         if let Some(finish) = finish {
+            self.record.set(outcome_of_finish(finish));
+        }
+    }
+
+    /// Choice `index` ended: it is counted and sampled; after the last one, the usage chunk.
+    fn ended(&mut self, index: usize, flight: Box<crate::dispatch::Flight>) {
+        let out = &mut self.s.outs[index];
+        let finish = out.finish.unwrap_or(pagewarden_model::FinishReason::Abort);
+        finished(&self.s.state, &flight, &self.s.meta, &out.text, finish);
+        out.flight = Some(flight);
+        if self.s.outs.iter().all(|o| o.flight.is_some()) {
             if self.s.include_usage {
-                let usage = self.s.flight.usage();
+                let usage = self.s.usage();
                 self.queue
                     .push_back(json_event(&self.s.meta.usage_chunk(usage)));
             }
-            self.record.set(outcome_of_finish(finish));
-            finished(&self.s.state, &self.s, &self.text, finish);
             self.finish();
         }
+    }
+
+    fn fail(&mut self, e: &crate::error::RouterError) {
+        self.record.fail(e);
+        self.queue
+            .push_back(json_event(&serde_json::json!(e.body())));
+        self.finish();
     }
 
     fn finish(&mut self) {
@@ -141,24 +154,25 @@ pub fn response(s: Streaming, record: Record) -> Response {
         .into_response()
 }
 
-fn events(mut s: Streaming, record: Record) -> impl Stream<Item = Result<Event, Infallible>> {
-    // The opening chunk: the role (chat) or empty text, before any token.
-    let first = s.first.take().unwrap_or(Token {
-        id: 0,
-        text: String::new(),
-        finish: None,
-        logprobs: None,
-    });
+fn events(s: Streaming, record: Record) -> impl Stream<Item = Result<Event, Infallible>> {
     let mut state = State {
         s,
         record,
         queue: VecDeque::new(),
-        text: String::new(),
-        logprobs: Vec::new(),
-        first: true,
         done: false,
     };
-    state.push(first);
+    // The opening chunk of each choice: the role (chat) or empty text, before any token.
+    for index in 0..state.s.outs.len() {
+        state.push(
+            index,
+            Token {
+                id: 0,
+                text: String::new(),
+                finish: None,
+                logprobs: None,
+            },
+        );
+    }
     stream::unfold(state, |mut st| async move {
         loop {
             if let Some(ev) = st.queue.pop_front() {
@@ -167,19 +181,13 @@ fn events(mut s: Streaming, record: Record) -> impl Stream<Item = Result<Event, 
             if st.done {
                 return None;
             }
-            match st.s.flight.next().await {
-                Some(Ok(token)) => st.push(token),
-                Some(Err(e)) => {
-                    st.record.fail(&e);
-                    st.queue.push_back(json_event(&serde_json::json!(e.body())));
-                    st.finish();
-                }
-                None => {
-                    let e = crate::error::RouterError::Internal("token stream ended early".into());
-                    st.record.fail(&e);
-                    st.queue.push_back(json_event(&serde_json::json!(e.body())));
-                    st.finish();
-                }
+            match st.s.choices.next().await {
+                Some((i, ChoiceEvent::Token(token))) => st.push(i, token),
+                Some((i, ChoiceEvent::Ended(flight))) => st.ended(i, flight),
+                Some((_, ChoiceEvent::Failed(e))) => st.fail(&e),
+                None => st.fail(&crate::error::RouterError::Internal(
+                    "token stream ended early".into(),
+                )),
             }
         }
     })

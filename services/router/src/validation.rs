@@ -23,6 +23,8 @@ pub const MAX_REPETITION_PENALTY: f64 = 10.0;
 pub const MAX_TOP_LOGPROBS: i64 = pagewarden_model::MAX_TOP_LOGPROBS as i64;
 /// At most this many texts in a `choice`.
 pub const MAX_CHOICES: usize = 256;
+/// Most choices (`n`) one request may ask for: each is a sequence of its own on decode.
+pub const MAX_N: i64 = 16;
 /// Longest `choice` text or regular expression, in bytes.
 pub const MAX_PATTERN_BYTES: usize = 4096;
 
@@ -91,6 +93,8 @@ pub struct ValidCommon {
     pub max_tokens: Option<u32>,
     /// Sampling.
     pub sampling: ValidSampling,
+    /// Choices to generate (`n`), each its own sequence over the shared prompt.
+    pub n: u32,
     /// Server-sent events instead of one JSON body.
     pub stream: bool,
     /// `stream_options.include_usage`: a final chunk with `usage`.
@@ -323,7 +327,7 @@ fn parse_common(
 ) -> Result<ValidCommon, ValidationError> {
     let model = f.string("model")?.map(str::to_owned);
     let max_tokens = f.integer(max_field, 1, MAX_TOKENS_LIMIT)?.map(|n| n as u32);
-    f.only_default("n", &[json!(1)])?;
+    let n = f.integer("n", 1, MAX_N)?.unwrap_or(1) as u32;
     f.only_default("store", &[json!(false)])?;
     f.only_default("service_tier", &[json!("auto"), json!("default")])?;
     f.string("user")?;
@@ -422,6 +426,7 @@ fn parse_common(
             grammar,
             logit_bias,
         },
+        n,
         stream,
         include_usage,
     })

@@ -82,7 +82,7 @@ async fn bad_parameters_are_400_naming_the_field() {
         (json!({"prompt": "hi", "top_p": 0}), "top_p"),
         (json!({"prompt": "hi", "top_p": 1.5}), "top_p"),
         (json!({"prompt": "hi", "top_k": -5}), "top_k"),
-        (json!({"prompt": "hi", "n": 2}), "n"),
+        (json!({"prompt": "hi", "n": 17}), "n"),
         (json!({"prompt": "hi", "stop": 3}), "stop"),
         (json!({"prompt": "hi", "stop": ["ok", ""]}), "stop[1]"),
         (
@@ -863,4 +863,68 @@ async fn tool_turns_and_forced_choices_reach_the_workers() {
         3,
         "only the good requests reached a worker"
     );
+}
+
+#[tokio::test]
+async fn n_choices_each_with_its_seed_whole_and_streamed() {
+    let h = Harness::start(Opts::default()).await;
+    let body = json!({"prompt": "hi", "max_tokens": 3, "n": 3, "seed": 5});
+    let v: Value = h.post("/v1/completions", &body).await.json().await.unwrap();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["finish_reason"], "length");
+    }
+    assert_eq!(v["usage"]["prompt_tokens"], h.tokens("hi").len());
+    assert_eq!(v["usage"]["completion_tokens"], 9, "{v}");
+    let seeds: Vec<Option<u64>> = h
+        .decode
+        .iter()
+        .flat_map(|d| d.calls.lock().reserve.clone())
+        .map(|r| r.sampling.unwrap().seed)
+        .collect();
+    let mut sorted = seeds.clone();
+    sorted.sort();
+    assert_eq!(sorted, vec![Some(5), Some(6), Some(7)], "seed + index");
+
+    let mut chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "n": 2, "stream": true, "stream_options": {"include_usage": true}});
+    let text = h
+        .post("/v1/chat/completions", &chat)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let data = common::sse_data(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    for i in 0..2 {
+        let mine: Vec<&Value> = chunks
+            .iter()
+            .filter(|c| c["choices"][0]["index"] == i)
+            .collect();
+        assert_eq!(
+            mine[0]["choices"][0]["delta"]["role"], "assistant",
+            "{text}"
+        );
+        assert_eq!(
+            mine.last().unwrap()["choices"][0]["finish_reason"],
+            "length",
+            "{text}"
+        );
+        let content: String = mine
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(content, "w0 w1 w2 ", "{text}");
+    }
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 6, "{text}");
+    chat["n"] = json!(0);
+    let err = expect_error(h.post("/v1/chat/completions", &chat).await, 400).await;
+    assert_eq!(err["param"], "n");
 }
