@@ -29,7 +29,8 @@ struct Up {
 }
 
 impl Up {
-    fn start(state: &Path, cwd: &Path) -> Up {
+    /// `up` run in `cwd`, with no `--dir`: its state goes to `cwd/.pw`.
+    fn start(cwd: &Path) -> Up {
         let mut child = Command::new(bin("pagewarden"))
             .current_dir(cwd)
             .env("RUST_LOG", "info")
@@ -41,8 +42,6 @@ impl Up {
                 "--auditor-addr",
                 "127.0.0.1:0",
             ])
-            .arg("--dir")
-            .arg(state)
             .arg("--model")
             .arg(model_path())
             .stdin(Stdio::null())
@@ -353,12 +352,22 @@ async fn up_restarts_killed_workers_and_every_request_in_flight_ends_cleanly() {
     // dir's own modes keep other users out.
     let cwd = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(cwd.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let state = cwd.path().join("state");
-    let up = Up::start(&state, cwd.path());
+    let up = Up::start(cwd.path());
+    let state = cwd.path().join(".pw");
     assert!(
         state.join("keys.toml").is_file(),
-        "up keeps its state in --dir"
+        "up keeps its state in .pw/ of the directory it runs in"
     );
+    // Log files are plain text: no terminal colour codes.
+    for log in std::fs::read_dir(state.join("logs")).expect("logs dir") {
+        let log = log.expect("log entry").path();
+        let text = std::fs::read_to_string(&log).expect("log file");
+        assert!(
+            !text.contains('\x1b'),
+            "{} holds colour codes",
+            log.display()
+        );
+    }
     check_secrets(&up, &state);
 
     let http = reqwest::Client::builder()

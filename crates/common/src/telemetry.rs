@@ -76,8 +76,10 @@ pub fn init_telemetry(service: &'static str, json: bool) -> Result<TelemetryGuar
             .with_filter(filter)
             .boxed()
     } else {
+        // Colour only on a terminal: a log file (`pagewarden up`'s `.pw/logs`) gets plain text.
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_filter(filter)
             .boxed()
     };

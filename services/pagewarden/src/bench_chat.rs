@@ -23,12 +23,8 @@ use crate::bench_serve::{for_each_event, on_suite, pct, SuiteRun, TEXT};
 /// Arguments of `pagewarden bench chat`.
 #[derive(Debug, Args)]
 pub struct BenchChatArgs {
-    /// GGUF model file.
-    #[arg(
-        long,
-        env = "PAGEWARDEN_MODEL",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )]
+    /// GGUF model file, or a known model's name (`smollm2`, `gemma3-270m`), fetched when missing.
+    #[arg(long, env = "PAGEWARDEN_MODEL", default_value = "smollm2")]
     pub model: PathBuf,
     /// Path of llama.cpp's `llama-server`, run on the same model with `-t 2 -fa on`.
     #[arg(long)]
@@ -57,6 +53,11 @@ const TENANTS: [&str; 8] = [
 
 /// Runs `pagewarden bench chat`.
 pub fn run(a: BenchChatArgs) -> anyhow::Result<()> {
+    // A file, or a known model's name fetched when missing (as `up` resolves it).
+    let a = BenchChatArgs {
+        model: crate::fetch::resolve(&a.model)?,
+        ..a
+    };
     if a.conversations == 0 || a.conversations > TENANTS.len() || a.turns == 0 || a.rounds == 0 {
         bail!("--conversations must be 1 to 8, --turns and --rounds at least 1");
     }

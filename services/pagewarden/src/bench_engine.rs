@@ -20,12 +20,8 @@ use pagewarden_model::{argmax, LoadOptions, Model};
 /// Arguments of `pagewarden bench engine`.
 #[derive(Debug, Args)]
 pub struct BenchEngineArgs {
-    /// GGUF model file.
-    #[arg(
-        long,
-        env = "PAGEWARDEN_MODEL",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )]
+    /// GGUF model file, or a known model's name (`smollm2`, `gemma3-270m`), fetched when missing.
+    #[arg(long, env = "PAGEWARDEN_MODEL", default_value = "smollm2")]
     pub model: PathBuf,
     /// Thread counts to measure, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
@@ -114,6 +110,11 @@ impl Test {
 
 /// Runs `pagewarden bench engine`.
 pub fn run(a: BenchEngineArgs) -> anyhow::Result<()> {
+    // A file, or a known model's name fetched when missing (as `up` resolves it).
+    let a = BenchEngineArgs {
+        model: crate::fetch::resolve(&a.model)?,
+        ..a
+    };
     let tests = a
         .tests
         .iter()

@@ -22,12 +22,8 @@ use crate::bench_serve::{make_prompts, on_suite, pct, stream_with, Sample, Suite
 /// Arguments of `pagewarden bench fairness`.
 #[derive(Debug, Args)]
 pub struct BenchFairArgs {
-    /// GGUF model file.
-    #[arg(
-        long,
-        env = "PAGEWARDEN_MODEL",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )]
+    /// GGUF model file, or a known model's name (`smollm2`, `gemma3-270m`), fetched when missing.
+    #[arg(long, env = "PAGEWARDEN_MODEL", default_value = "smollm2")]
     pub model: PathBuf,
     /// Tenant A's requests kept in flight.
     #[arg(long, default_value_t = 16)]
@@ -60,6 +56,11 @@ pub struct BenchFairArgs {
 
 /// Runs `pagewarden bench fairness`.
 pub fn run(a: BenchFairArgs) -> anyhow::Result<()> {
+    // A file, or a known model's name fetched when missing (as `up` resolves it).
+    let a = BenchFairArgs {
+        model: crate::fetch::resolve(&a.model)?,
+        ..a
+    };
     if a.flood == 0 || a.short_requests == 0 || a.streams == 0 {
         anyhow::bail!("--flood, --short-requests and --streams must be at least 1");
     }

@@ -24,12 +24,8 @@ use crate::bench_serve::{on_suite, pct, stream_with, SuiteRun, TEXT};
 /// Arguments of `pagewarden bench prefix`.
 #[derive(Debug, Args)]
 pub struct BenchPrefixArgs {
-    /// GGUF model file.
-    #[arg(
-        long,
-        env = "PAGEWARDEN_MODEL",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )]
+    /// GGUF model file, or a known model's name (`smollm2`, `gemma3-270m`), fetched when missing.
+    #[arg(long, env = "PAGEWARDEN_MODEL", default_value = "smollm2")]
     pub model: PathBuf,
     /// Tokens of each shared prefix.
     #[arg(long, default_value_t = 2000)]
@@ -47,6 +43,11 @@ pub struct BenchPrefixArgs {
 
 /// Runs `pagewarden bench prefix`.
 pub fn run(a: BenchPrefixArgs) -> anyhow::Result<()> {
+    // A file, or a known model's name fetched when missing (as `up` resolves it).
+    let a = BenchPrefixArgs {
+        model: crate::fetch::resolve(&a.model)?,
+        ..a
+    };
     if a.samples < 2 || a.prefix_tokens < 32 {
         anyhow::bail!("--samples must be at least 2 and --prefix-tokens at least 32");
     }

@@ -40,12 +40,8 @@ the decode worker page by page, and every page carries a generation tag that att
 /// Arguments of `pagewarden bench serve`.
 #[derive(Debug, Args)]
 pub struct BenchServeArgs {
-    /// GGUF model file.
-    #[arg(
-        long,
-        env = "PAGEWARDEN_MODEL",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )]
+    /// GGUF model file, or a known model's name (`smollm2`, `gemma3-270m`), fetched when missing.
+    #[arg(long, env = "PAGEWARDEN_MODEL", default_value = "smollm2")]
     pub model: PathBuf,
     /// Concurrent stream counts to measure, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
@@ -127,6 +123,11 @@ fn summarize(samples: &[Sample], wall: Duration) -> Level {
 
 /// Runs `pagewarden bench serve`.
 pub fn run(a: BenchServeArgs) -> anyhow::Result<()> {
+    // A file, or a known model's name fetched when missing (as `up` resolves it).
+    let a = BenchServeArgs {
+        model: crate::fetch::resolve(&a.model)?,
+        ..a
+    };
     if a.streams.contains(&0) {
         bail!("--streams: every stream count must be at least 1");
     }

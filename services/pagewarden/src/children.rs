@@ -197,6 +197,11 @@ impl Running {
             .ok_or_else(|| anyhow!("{}'s start line has no {k}=", self.name))
     }
 
+    /// The child's process id (`None` once it was reaped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// The last stderr lines.
     pub fn tail(&self) -> Vec<String> {
         let t = self.tail.lock().unwrap_or_else(|e| e.into_inner());
@@ -268,6 +273,11 @@ impl Group {
         let waits = self.children.iter_mut().map(|c| Box::pin(c.exited()));
         let (status, i, _) = futures::future::select_all(waits).await;
         (i, status)
+    }
+
+    /// Every child, in start order.
+    pub fn iter(&self) -> impl Iterator<Item = &Running> {
+        self.children.iter()
     }
 
     /// The child at `i` (from [`Group::next_exit`]).

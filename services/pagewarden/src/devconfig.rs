@@ -11,17 +11,12 @@ use pagewarden_common::tls::{write_dev_suite, DevSuite, SuiteRole};
 
 use crate::children::Spec;
 
-/// The dev config dir: `.pw/` at the checkout root when run from a checkout, otherwise
-/// `$XDG_STATE_HOME/pagewarden` (or `~/.local/state/pagewarden`).
-pub fn dev_dir(checkout: Option<&Path>) -> PathBuf {
-    if let Some(root) = checkout {
-        return root.join(".pw");
-    }
-    if let Some(state) = std::env::var_os("XDG_STATE_HOME").filter(|s| !s.is_empty()) {
-        return PathBuf::from(state).join("pagewarden");
-    }
-    let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
-    PathBuf::from(home).join(".local/state/pagewarden")
+/// The dev config dir when `--dir` names none: `.pw/` in the directory the launcher runs in
+/// (in a checkout's root, the checkout's own, which git ignores).
+pub fn dev_dir() -> PathBuf {
+    std::env::current_dir()
+        .unwrap_or_else(|_| PathBuf::from("."))
+        .join(".pw")
 }
 
 /// Everything the children's command lines are made of.
@@ -299,8 +294,8 @@ mod tests {
     }
 
     #[test]
-    fn dev_dir_prefers_the_checkout() {
-        assert_eq!(dev_dir(Some(Path::new("/r"))), PathBuf::from("/r/.pw"));
+    fn the_dev_dir_is_in_the_directory_up_runs_in() {
+        assert_eq!(dev_dir(), std::env::current_dir().unwrap().join(".pw"));
     }
 }
 

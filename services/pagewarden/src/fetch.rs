@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 pub struct KnownModel {
     /// Its name on the command line.
     pub name: &'static str,
-    /// Its file name under `models/`.
+    /// Its file name in the models directory ([`models_dir`]).
     pub file: &'static str,
     /// Environment variable naming its path instead.
     pub env: &'static str,
@@ -63,23 +63,49 @@ pub fn known(name: &str) -> Option<KnownModel> {
 }
 
 impl KnownModel {
-    /// Where it is: `$<env>`, else `<base>/models/<file>`.
-    pub fn path(&self, base: &Path) -> PathBuf {
+    /// Where it is: `$<env>`, else `<models>/<file>`.
+    pub fn path(&self, models: &Path) -> PathBuf {
         match std::env::var_os(self.env).filter(|s| !s.is_empty()) {
             Some(p) => PathBuf::from(p),
-            None => base.join("models").join(self.file),
+            None => models.join(self.file),
         }
     }
 }
 
-/// What `--model` names: a GGUF file, or a known model's name (fetched when missing). A name
-/// that is neither gets an error listing the known ones.
-pub fn resolve_model(arg: &Path, base: &Path) -> anyhow::Result<PathBuf> {
+/// Where models fetched by name go, for every subcommand alike: the checkout's `models/` when
+/// run inside a checkout (where `scripts/fetch-model.sh` puts them), else
+/// `$XDG_CACHE_HOME/pagewarden/models` (or `~/.cache/pagewarden/models`), shared by every
+/// directory the launcher runs in.
+pub fn models_dir() -> PathBuf {
+    let is_root = |p: &Path| p.join("services/pagewarden/Cargo.toml").is_file();
+    if let Some(root) = std::env::current_dir()
+        .ok()
+        .and_then(|cwd| cwd.ancestors().find(|p| is_root(p)).map(Path::to_path_buf))
+    {
+        return root.join("models");
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache")
+        });
+    cache.join("pagewarden/models")
+}
+
+/// What `--model` names: a GGUF file, or a known model's name, fetched into [`models_dir`]
+/// when missing. A name that is neither gets an error listing the known ones.
+pub fn resolve(arg: &Path) -> anyhow::Result<PathBuf> {
+    resolve_model(arg, &models_dir())
+}
+
+/// [`resolve`] with the models directory given.
+pub fn resolve_model(arg: &Path, models: &Path) -> anyhow::Result<PathBuf> {
     if arg.is_file() {
         return Ok(arg.to_path_buf());
     }
     if let Some(m) = arg.to_str().and_then(known) {
-        return ensure(&m, &m.path(base));
+        return ensure(&m, &m.path(models));
     }
     let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
     bail!(
@@ -89,9 +115,9 @@ pub fn resolve_model(arg: &Path, base: &Path) -> anyhow::Result<PathBuf> {
     )
 }
 
-/// Where the default model is: `$PAGEWARDEN_MODEL`, else `<base>/models/<file>`.
-pub fn model_path(base: &Path) -> PathBuf {
-    DEFAULT_MODEL.path(base)
+/// Where the default model is: `$PAGEWARDEN_MODEL`, else in [`models_dir`].
+pub fn model_path() -> PathBuf {
+    DEFAULT_MODEL.path(&models_dir())
 }
 
 /// A spinner with a message and the elapsed time, drawn on stderr.
@@ -118,6 +144,7 @@ pub fn ensure(m: &KnownModel, dest: &Path) -> anyhow::Result<PathBuf> {
     }
     let dir = dest.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    eprintln!("fetching {} ({}) into {}", m.name, m.about, dir.display());
     let tmp = tempfile::tempdir().context("creating a temporary directory")?;
     download_wheels(m, tmp.path())?;
     let part = dest.with_extension("gguf.part");
@@ -239,9 +266,9 @@ mod tests {
         let file = dir.path().join("mine.gguf");
         std::fs::write(&file, b"GGUF").unwrap();
         assert_eq!(resolve_model(&file, dir.path()).unwrap(), file);
-        // A known name already in place under models/ is not fetched again.
+        // A known name already in place in the models directory is not fetched again.
         let gemma = known("gemma3-270m").unwrap();
-        let placed = dir.path().join("models").join(gemma.file);
+        let placed = dir.path().join(gemma.file);
         std::fs::create_dir_all(placed.parent().unwrap()).unwrap();
         std::fs::write(&placed, b"GGUF").unwrap();
         if std::env::var_os(gemma.env).is_none() {

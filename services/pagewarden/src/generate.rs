@@ -12,12 +12,8 @@ use pagewarden_model::{ChatMessage, Engine, LoadOptions, Model, SamplingParams};
 /// Arguments of `pagewarden generate`.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// GGUF model file.
-    #[arg(
-        long,
-        env = "PAGEWARDEN_MODEL",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )]
+    /// GGUF model file, or a known model's name (`smollm2`, `gemma3-270m`), fetched when missing.
+    #[arg(long, env = "PAGEWARDEN_MODEL", default_value = "smollm2")]
     pub model: PathBuf,
     /// Prompt text (special tokens such as <|im_start|> are parsed; BOS is added when the
     /// model asks for it).
@@ -58,6 +54,11 @@ pub struct GenerateArgs {
 
 /// Runs `pagewarden generate`.
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
+    // A file, or a known model's name fetched when missing (as `up` resolves it).
+    let a = GenerateArgs {
+        model: crate::fetch::resolve(&a.model)?,
+        ..a
+    };
     let opts = LoadOptions {
         threads: a.threads,
         flash_attention: a.flash_attention,

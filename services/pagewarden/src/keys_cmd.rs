@@ -55,9 +55,10 @@ pub struct RevokeArgs {
 }
 
 fn path(which: &KeysArgs) -> PathBuf {
-    which.file.clone().unwrap_or_else(|| {
-        crate::devconfig::dev_dir(crate::up::checkout_root().as_deref()).join("tenants.toml")
-    })
+    which
+        .file
+        .clone()
+        .unwrap_or_else(|| crate::devconfig::dev_dir().join("tenants.toml"))
 }
 
 /// Runs one `pagewarden keys` subcommand.

@@ -112,11 +112,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Up(a) => up::run(a),
         Command::Fetch { name } => {
-            let base = match up::checkout_root() {
-                Some(root) => root,
-                None => std::env::current_dir()?,
-            };
-            let path = fetch::resolve_model(std::path::Path::new(&name), &base)?;
+            let path = fetch::resolve(std::path::Path::new(&name))?;
             println!("{}", path.display());
             Ok(())
         }

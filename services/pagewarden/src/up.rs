@@ -42,7 +42,7 @@ pub struct UpArgs {
     /// `gemma3-270m`; default: the SmolLM2-135M model).
     #[arg(long, env = "PAGEWARDEN_MODEL")]
     pub model: Option<PathBuf>,
-    /// Dev config dir (default: `.pw/` in the checkout, else `$XDG_STATE_HOME/pagewarden`).
+    /// Dev config dir (default: `.pw/` in the directory `up` runs in).
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// KV pool size in tokens for each worker (default: the workers' own, two contexts).
@@ -199,19 +199,16 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
 async fn up(args: UpArgs) -> anyhow::Result<()> {
     let root = checkout_root();
     let bin_dir = service_binaries(root.as_deref(), args.no_build)?;
-    let dir = args
-        .dir
-        .clone()
-        .unwrap_or_else(|| devconfig::dev_dir(root.as_deref()));
+    let dir = args.dir.clone().unwrap_or_else(devconfig::dev_dir);
     if args.print_commands {
-        return print_commands(&args, &bin_dir, &dir, root.as_deref());
+        return print_commands(&args, &bin_dir, &dir);
     }
     // One suite per dev dir: a second `up` over the same keys, certificates and database
     // would fight the first for them.
     let _lock = devconfig::lock_dir(&dir)?;
     let model = match &args.model {
-        Some(m) => fetch::resolve_model(m, root.as_deref().unwrap_or(&dir))?,
-        None => fetch::ensure_model(&fetch::model_path(root.as_deref().unwrap_or(&dir)))?,
+        Some(m) => fetch::resolve(m)?,
+        None => fetch::ensure_model(&fetch::model_path())?,
     };
     if !model.is_file() {
         bail!("model {} not found", model.display());
@@ -232,7 +229,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    print_banner(&endpoints, &dir, &tenants_path, &tenants, &operator);
+    print_banner(&endpoints, &group, &dir, &tenants_path, &tenants, &operator);
     let outcome = tokio::select! {
         err = supervise(&mut group, &dir, Duration::from_secs(args.start_timeout_s)) => Err(err),
         () = pagewarden_common::shutdown::signal() => Ok(()),
@@ -282,19 +279,11 @@ async fn supervise(group: &mut Group, dir: &Path, timeout: Duration) -> anyhow::
     }
 }
 
-fn print_commands(
-    args: &UpArgs,
-    bin_dir: &Path,
-    dir: &Path,
-    root: Option<&Path>,
-) -> anyhow::Result<()> {
+fn print_commands(args: &UpArgs, bin_dir: &Path, dir: &Path) -> anyhow::Result<()> {
     let plan = Plan {
         bin_dir: bin_dir.to_path_buf(),
         dir: dir.to_path_buf(),
-        model: args
-            .model
-            .clone()
-            .unwrap_or_else(|| fetch::model_path(root.unwrap_or(dir))),
+        model: args.model.clone().unwrap_or_else(fetch::model_path),
         tenants: dir.join("tenants.toml"),
         auditor_config: devsecrets::auditor_config(dir),
         router_addr: args.router_addr,
@@ -501,6 +490,7 @@ pub fn curl_example(api: &str, key: &str, model: &str) -> String {
 
 fn print_banner(
     e: &Endpoints,
+    group: &Group,
     dir: &Path,
     tenants_path: &Path,
     t: &ClientKeys,
@@ -536,7 +526,17 @@ fn print_banner(
         "  more keys: pagewarden keys add --tenant NAME --file {}, then kill -HUP the router",
         tenants_path.display()
     );
-    println!("  logs: {}", dir.join("logs").display());
+    println!("  services (logs in {}):", dir.join("logs").display());
+    for c in group.iter() {
+        let pid = c.pid().map_or_else(|| "-".to_string(), |p| p.to_string());
+        // Workers have a metrics listener of their own; router and auditor serve
+        // `/metrics` beside their HTTP API.
+        let metrics = c
+            .addr("metrics")
+            .or_else(|_| c.addr("http"))
+            .map_or_else(|_| "-".to_string(), |a| format!("http://{a}/metrics"));
+        println!("    {:<8} pid {pid:<8} metrics {metrics}", c.name);
+    }
     println!("Ctrl-C stops everything.");
 }
 
