@@ -218,3 +218,61 @@ async fn a_tenant_reuses_its_cached_prefix_and_another_tenant_never_does() {
         );
     }
 }
+
+/// `n` choices share their prompt's pages only inside the tenant's namespace: a tenant's four
+/// choices compute the prompt once (the later three hit the first one's pages), and another
+/// tenant asking the very same with `n = 4` hits nothing of the first tenant's: its first
+/// choice is computed cold, its own later choices hit only its own pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_share_pages_within_a_tenant_and_never_across() {
+    let decode = start_decode(&ModelArg::Real, &[]);
+    let prefill = start_prefill(&ModelArg::Real, &[]);
+    let router = start_router(&ModelArg::Real, &[&decode], &[&prefill]).await;
+    let (http, url) = (reqwest::Client::new(), router.http_url());
+    let mut p = String::from("Count the birds in this list.\n");
+    for i in 0..40 {
+        p.push_str(&format!("Line {i}: a heron and {} sparrows.\n", i % 7));
+    }
+    let ask = |tenant: usize| {
+        let (http, url, p) = (http.clone(), url.clone(), p.clone());
+        async move {
+            let r = http
+                .post(format!("{url}/v1/completions"))
+                .bearer_auth(api_key(tenant))
+                .json(&json!({"model": "m", "prompt": p, "max_tokens": 8, "n": 4, "seed": 3}))
+                .send()
+                .await
+                .expect("request");
+            assert_eq!(r.status(), 200);
+            let v: Value = r.json().await.expect("json body");
+            assert_eq!(v["choices"].as_array().map(Vec::len), Some(4), "{v}");
+            v
+        }
+    };
+    let hits = "pagewarden_prefix_cache_hit_tokens_total";
+    let first = ask(2).await;
+    let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().expect("usage") as f64;
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let page = 16.0;
+    let own = tenant_counter(&prefill.metrics().await, hits, "tenant-2");
+    assert!(
+        own >= 3.0 * (prompt_tokens - 2.0 * page),
+        "tenant-2's later choices reused only {own} tokens of a {prompt_tokens}-token prompt"
+    );
+
+    let other = ask(3).await;
+    assert_eq!(
+        other["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+        "tenant-3's first choice hit tenant-2's pages: {other}"
+    );
+    for (worker, m) in [
+        ("prefill", prefill.metrics().await),
+        ("decode", decode.metrics().await),
+    ] {
+        assert_eq!(
+            tenant_counter(&m, hits, "tenant-3"),
+            tenant_counter(&m, hits, "tenant-2"),
+            "{worker}: tenant-3's choices should hit their own pages exactly as tenant-2's did"
+        );
+    }
+}
