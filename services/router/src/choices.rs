@@ -1,5 +1,5 @@
-//! The `n` choices of one request, each a [`Flight`] of its own driven by its own task, their
-//! events merged in arrival order.
+//! The `n` choices of one request, each a [`Generation`] of its own (dispatched through the
+//! [`Disagg`] seam) driven by its own task, their events merged in arrival order.
 //!
 //! Choice 0 is dispatched at once; the others when its first token arrives. By then its
 //! prompt's KV is committed in its decode worker's prefix cache under the request's namespace,
@@ -8,23 +8,22 @@
 //! prompt's tail). Each choice samples with its own seed (`seed + index`, set by the caller).
 //!
 //! Dropping [`Choices`] (the client went away) closes the channel; each task then drops its
-//! flight, whose guard aborts both halves of that choice.
+//! generation, which aborts both halves.
 
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::dispatch::{DispatchConfig, Flight, Job, Token};
+use crate::disagg::{Disagg, Generation, Summary};
+use crate::dispatch::{Job, Token};
 use crate::error::RouterError;
-use crate::metrics::Metrics;
-use crate::workers::WorkerPool;
 
 /// What one choice did next.
 pub enum ChoiceEvent {
     /// A token (the last one carries the finish reason).
     Token(Token),
-    /// The choice ended after its last token; its flight holds the usage and timings.
-    Ended(Box<Flight>),
+    /// The choice ended after its last token: its account.
+    Ended(Summary),
     /// The choice failed; the response fails with it.
     Failed(RouterError),
 }
@@ -38,9 +37,7 @@ pub struct Choices {
     tx: mpsc::Sender<(usize, ChoiceEvent)>,
     /// Choices 1.. not dispatched yet (they wait for choice 0's first token).
     later: Vec<Job>,
-    pool: Arc<WorkerPool>,
-    cfg: DispatchConfig,
-    metrics: Arc<Metrics>,
+    disagg: Arc<dyn Disagg>,
     /// Choices that have not ended or failed yet.
     open: usize,
 }
@@ -48,27 +45,20 @@ pub struct Choices {
 impl Choices {
     /// Dispatches the first of `jobs` (one per choice, in index order; at least one) now;
     /// the rest follow its first token.
-    pub fn start(
-        pool: &Arc<WorkerPool>,
-        cfg: DispatchConfig,
-        metrics: Arc<Metrics>,
-        jobs: Vec<Job>,
-    ) -> Result<Choices, RouterError> {
+    pub fn start(disagg: Arc<dyn Disagg>, jobs: Vec<Job>) -> Result<Choices, RouterError> {
         let open = jobs.len();
         let mut jobs = jobs.into_iter();
         let first = jobs
             .next()
             .ok_or_else(|| RouterError::Internal("a request without choices".into()))?;
-        let flight = Flight::start(pool, cfg, metrics.clone(), first)?;
+        let generation = disagg.dispatch(first)?;
         let (tx, rx) = mpsc::channel(CHANNEL);
-        tokio::spawn(drive(0, flight, tx.clone()));
+        tokio::spawn(drive(0, generation, tx.clone()));
         Ok(Choices {
             rx,
             tx,
             later: jobs.collect(),
-            pool: pool.clone(),
-            cfg,
-            metrics,
+            disagg,
             open,
         })
     }
@@ -90,9 +80,9 @@ impl Choices {
     fn start_later(&mut self) {
         for (k, job) in std::mem::take(&mut self.later).into_iter().enumerate() {
             let index = k + 1;
-            match Flight::start(&self.pool, self.cfg, self.metrics.clone(), job) {
-                Ok(flight) => {
-                    tokio::spawn(drive(index, flight, self.tx.clone()));
+            match self.disagg.dispatch(job) {
+                Ok(generation) => {
+                    tokio::spawn(drive(index, generation, self.tx.clone()));
                 }
                 Err(e) => {
                     let tx = self.tx.clone();
@@ -105,12 +95,16 @@ impl Choices {
     }
 }
 
-/// Drives one choice to its end, sending its events; returns early (dropping the flight, which
-/// aborts both halves) once nobody receives them.
-async fn drive(index: usize, mut flight: Flight, tx: mpsc::Sender<(usize, ChoiceEvent)>) {
+/// Drives one choice to its end, sending its events; returns early (dropping the generation,
+/// which aborts both halves) once nobody receives them.
+async fn drive(
+    index: usize,
+    mut generation: Box<dyn Generation>,
+    tx: mpsc::Sender<(usize, ChoiceEvent)>,
+) {
     loop {
         let next = tokio::select! {
-            next = flight.next() => next,
+            next = generation.next() => next,
             () = tx.closed() => return,
         };
         let event = match next {
@@ -122,7 +116,7 @@ async fn drive(index: usize, mut flight: Flight, tx: mpsc::Sender<(usize, Choice
                 if !last {
                     continue;
                 }
-                ChoiceEvent::Ended(Box::new(flight))
+                ChoiceEvent::Ended(generation.summary())
             }
             Some(Err(e)) => ChoiceEvent::Failed(e),
             None => ChoiceEvent::Failed(RouterError::Internal("token stream ended early".into())),

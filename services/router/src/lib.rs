@@ -13,7 +13,9 @@
 //! - `admission.rs`: prompt + max_tokens against the effective context; default `max_tokens`
 //! - `workers.rs`: worker channels, liveness from `Info`, effective context, least-loaded pick
 //! - `discovery.rs`: where workers come from: fixed URLs, or `dns://` names re-resolved at each poll
-//! - `dispatch.rs`: the request state enum: Reserve → Prefill → Generate → tokens
+//! - `disagg.rs`: the seam to the workers: `trait Disagg` (effective context, dispatch of one choice) and `GrpcDisagg`
+//! - `in_memory.rs`: `InMemoryDisagg`, the seam without workers or model, for tests
+//! - `dispatch.rs`: the request state enum: Reserve → Prefill → Generate → tokens (`Flight`, `GrpcDisagg`'s generation)
 //! - `guard.rs`: `AbortGuard`, whose drop aborts both halves
 //! - `choices.rs`: a request's `n` choices, each a `Flight` driven by its own task, the later ones after the first's prompt is cached
 //! - `respond.rs`: the shared path from tokens to a response (full JSON or stream)
@@ -42,6 +44,7 @@ pub mod admission;
 pub mod auditor_sink;
 pub mod choices;
 pub mod config;
+pub mod disagg;
 pub mod discovery;
 pub mod dispatch;
 pub mod error;
@@ -49,6 +52,7 @@ pub mod extract;
 pub mod frontend;
 pub mod guard;
 pub mod handlers;
+pub mod in_memory;
 pub mod logprobs;
 pub mod metrics;
 pub mod openai;

@@ -15,7 +15,8 @@ use crate::admission::admit;
 use pagewarden_model::FinishReason;
 
 use crate::choices::{ChoiceEvent, Choices};
-use crate::dispatch::{Flight, Job};
+use crate::disagg::Summary;
+use crate::dispatch::Job;
 use crate::error::RouterError;
 use crate::logprobs::LogprobsRenderer;
 use crate::metrics::Outcome;
@@ -77,8 +78,8 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
             None => (out.text.clone(), finish, Vec::new()),
         };
         record.set(outcome_of_finish(finish));
-        if let Some(flight) = &out.flight {
-            finished(&s.state, flight, &s.meta, &out.text, finish);
+        if let Some(summary) = &out.summary {
+            finished(&s.state, summary, &s.meta, &out.text, finish);
         }
         let items = std::mem::take(&mut out.pending);
         let logprobs = out.render_logprobs(&s.state, &items);
@@ -101,8 +102,8 @@ pub struct ChoiceOut {
     logprobs: Option<LogprobsRenderer>,
     /// Reads the reply for tool calls.
     pub tools: Option<ToolReader>,
-    /// Its flight, once it ended (usage and timings).
-    pub flight: Option<Box<Flight>>,
+    /// Its account, once it ended (usage and timings).
+    pub summary: Option<Summary>,
     /// No chunk of it was sent yet (a stream's first chunk carries the role).
     pub first: bool,
 }
@@ -140,18 +141,15 @@ impl Streaming {
     /// The response's `usage`: the prompt once (and what of it the first choice took from the
     /// prefix cache), the completion tokens of every choice.
     pub fn usage(&self) -> Usage {
-        let flights = self.outs.iter().filter_map(|o| o.flight.as_deref());
-        let completion = flights.clone().map(Flight::completion_tokens).sum();
-        let cached = self.outs[0]
-            .flight
-            .as_deref()
-            .map_or(0, |f| f.usage().prompt_tokens_details.cached_tokens);
+        let ended = self.outs.iter().filter_map(|o| o.summary.as_ref());
+        let completion = ended.map(|s| s.completion_tokens).sum();
+        let cached = self.outs[0].summary.as_ref().map_or(0, |s| s.cached_tokens);
         Usage::new(self.prompt_tokens, completion, cached)
     }
 }
 
 fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
-    let context = state.pool.effective_context()?;
+    let context = state.disagg.effective_context()?;
     let admitted = admit(
         p.tokens,
         p.common.max_tokens,
@@ -190,12 +188,7 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
         })
         .collect();
     let first_id = jobs[0].id;
-    let choices = Choices::start(
-        &state.pool,
-        state.settings.dispatch,
-        state.metrics.clone(),
-        jobs,
-    )?;
+    let choices = Choices::start(state.disagg.clone(), jobs)?;
     let format = state.frontend.tool_call_format();
     let outs = (0..n)
         .map(|index| ChoiceOut {
@@ -209,7 +202,7 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
                 .logprobs
                 .map(|_| LogprobsRenderer::new(p.endpoint)),
             tools: p.tools.as_ref().and_then(|t| t.reader(format)),
-            flight: None,
+            summary: None,
             first: true,
         })
         .collect();
@@ -240,7 +233,7 @@ async fn collect(s: &mut Streaming) -> Result<(), RouterError> {
                     out.finish = token.finish;
                 }
             }
-            ChoiceEvent::Ended(flight) => out.flight = Some(flight),
+            ChoiceEvent::Ended(summary) => out.summary = Some(summary),
             ChoiceEvent::Failed(e) => return Err(e),
         }
     }
@@ -259,25 +252,25 @@ pub fn outcome_of_finish(finish: FinishReason) -> Outcome {
 /// vLLM's metrics and offered to the sample sink.
 pub fn finished(
     state: &AppState,
-    flight: &Flight,
+    summary: &Summary,
     meta: &ResponseMeta,
     text: &str,
     finish: FinishReason,
 ) {
     state.metrics.vllm.finished(FinishedRequest {
-        prompt_tokens: u64::from(flight.prompt_tokens()),
-        generation_tokens: u64::from(flight.completion_tokens()),
-        e2e_seconds: flight.arrived().elapsed().as_secs_f64(),
+        prompt_tokens: u64::from(summary.prompt_tokens),
+        generation_tokens: u64::from(summary.completion_tokens),
+        e2e_seconds: summary.arrived.elapsed().as_secs_f64(),
         finished_reason: finish.as_str(),
     });
     state.sink.offer(ResponseSample {
-        request: flight.id(),
-        tenant: flight.tenant().clone(),
+        request: summary.id,
+        tenant: summary.tenant.clone(),
         endpoint: meta.endpoint.as_str(),
-        prompt_tokens: flight.prompt_tokens(),
-        completion_tokens: flight.completion_tokens(),
+        prompt_tokens: summary.prompt_tokens,
+        completion_tokens: summary.completion_tokens,
         text: text.to_string(),
         finish_reason: finish.as_str(),
-        ttft: flight.ttft(),
+        ttft: summary.ttft,
     });
 }

@@ -15,6 +15,7 @@ use pagewarden_common::edge::{serve_edge, EdgeLimits};
 
 use crate::access;
 use crate::config::{ModelSource, RouterConfig};
+use crate::disagg::{Disagg, GrpcDisagg};
 use crate::dispatch::DispatchConfig;
 use crate::error::{Half, RouterError};
 use crate::frontend::{Frontend, FrontendError};
@@ -51,8 +52,10 @@ pub struct AppState {
     pub tenants: Arc<Tenants>,
     /// Tokenizer and chat template.
     pub frontend: Arc<Frontend>,
-    /// Workers.
+    /// Workers (their liveness, for health and metrics).
     pub pool: Arc<WorkerPool>,
+    /// Where requests are served: the workers over gRPC, or a test's own.
+    pub disagg: Arc<dyn Disagg>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The concurrency limit.
@@ -89,17 +92,29 @@ impl AppState {
         sink: Arc<dyn SampleSink>,
     ) -> Self {
         let metrics = Arc::new(Metrics::new(frontend.model_name()));
+        let pool = Arc::new(pool);
+        let disagg = Arc::new(GrpcDisagg::new(
+            pool.clone(),
+            settings.dispatch,
+            metrics.clone(),
+        ));
         Self {
             settings,
             tenants: Arc::new(tenants),
             frontend: Arc::new(frontend),
-            pool: Arc::new(pool),
+            pool,
+            disagg,
             metrics,
             limiter: Arc::new(Semaphore::new(settings.max_concurrency)),
             tenant_slots: Arc::default(),
             token_rates: Arc::default(),
             sink,
         }
+    }
+
+    /// The same state serving requests through `disagg` instead of the workers.
+    pub fn with_disagg(self, disagg: Arc<dyn Disagg>) -> Self {
+        Self { disagg, ..self }
     }
 
     /// Loads tenants, the model's text side and the worker list from a resolved config.

@@ -79,12 +79,12 @@ impl State {
     }
 
     /// Choice `index` ended: it is counted and sampled; after the last one, the usage chunk.
-    fn ended(&mut self, index: usize, flight: Box<crate::dispatch::Flight>) {
+    fn ended(&mut self, index: usize, summary: crate::disagg::Summary) {
         let out = &mut self.s.outs[index];
         let finish = out.finish.unwrap_or(pagewarden_model::FinishReason::Abort);
-        finished(&self.s.state, &flight, &self.s.meta, &out.text, finish);
-        out.flight = Some(flight);
-        if self.s.outs.iter().all(|o| o.flight.is_some()) {
+        finished(&self.s.state, &summary, &self.s.meta, &out.text, finish);
+        out.summary = Some(summary);
+        if self.s.outs.iter().all(|o| o.summary.is_some()) {
             if self.s.include_usage {
                 let usage = self.s.usage();
                 self.queue
@@ -183,7 +183,7 @@ fn events(s: Streaming, record: Record) -> impl Stream<Item = Result<Event, Infa
             }
             match st.s.choices.next().await {
                 Some((i, ChoiceEvent::Token(token))) => st.push(i, token),
-                Some((i, ChoiceEvent::Ended(flight))) => st.ended(i, flight),
+                Some((i, ChoiceEvent::Ended(summary))) => st.ended(i, summary),
                 Some((_, ChoiceEvent::Failed(e))) => st.fail(&e),
                 None => st.fail(&crate::error::RouterError::Internal(
                     "token stream ended early".into(),
