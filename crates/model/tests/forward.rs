@@ -176,3 +176,43 @@ fn bad_inputs_are_errors() {
     ));
     assert_eq!(s.len(), 0);
 }
+
+#[test]
+fn a_scored_prefill_gives_each_prompt_token_the_logprob_a_prefill_of_its_prefix_gives() {
+    use pagewarden_model::TokenLogprobs;
+    let toks = prompt(23, 4);
+    // Chunks of 7 (the scoring crosses chunk boundaries), then the continuation's first token.
+    let m = model(2, 7, false);
+    let p = pool(&m, 4);
+    let mut a = seq(&p, 1);
+    let next = 9;
+    let (last, scored) = m
+        .prefill_scored(None, &mut a, &toks, Some(next), 3)
+        .unwrap();
+    assert_eq!(scored.len(), toks.len(), "tokens 1.. and the next one");
+    assert_eq!(a.len(), toks.len());
+    let mut b = seq(&p, 2);
+    assert!(max_diff(&last, &m.prefill(&mut b, &toks).unwrap()) < 1e-4);
+    for i in 1..=toks.len() {
+        let mut s = seq(&p, 10 + i as u64);
+        let logits = m.prefill(&mut s, &toks[..i]).unwrap();
+        let following = toks.get(i).copied().unwrap_or(next);
+        let want = TokenLogprobs::compute(&logits, following, 3);
+        let got = &scored[i - 1];
+        assert_eq!(got.chosen.token, following);
+        assert!(
+            (got.chosen.logprob - want.chosen.logprob).abs() < 1e-4,
+            "position {i}: {} vs {}",
+            got.chosen.logprob,
+            want.chosen.logprob
+        );
+        assert_eq!(
+            got.top.iter().map(|l| l.token).collect::<Vec<_>>(),
+            want.top.iter().map(|l| l.token).collect::<Vec<_>>()
+        );
+    }
+    // Without a next token the last position scores nothing.
+    let mut c = seq(&p, 99);
+    let (_, scored) = m.prefill_scored(None, &mut c, &toks, None, 0).unwrap();
+    assert_eq!(scored.len(), toks.len() - 1);
+}

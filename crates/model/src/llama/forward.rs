@@ -29,6 +29,8 @@ pub(crate) struct SeqWork<'p> {
     start: usize,
     /// First row of this sequence in the batch.
     row0: usize,
+    /// Logits of every token of the pass (scoring a prompt), not only of the last.
+    pub(crate) all_logits: bool,
     error: Option<ModelError>,
 }
 
@@ -50,6 +52,7 @@ impl<'p> SeqWork<'p> {
             tokens,
             start,
             row0: 0,
+            all_logits: false,
             error: None,
         }
     }
@@ -181,7 +184,8 @@ pub(crate) fn add_into(x: &mut [f32], y: &[f32]) {
 }
 
 impl Model {
-    /// Runs the batch; returns, per sequence, the logits of its last token or its error.
+    /// Runs the batch; returns, per sequence, the logits of its last token (of every token,
+    /// one row after another, for a sequence with `all_logits`) or its error.
     pub(super) fn forward(&self, seqs: &mut [SeqWork<'_>]) -> Vec<Result<Vec<f32>, ModelError>> {
         let cfg = &self.config;
         let w = &self.weights;
@@ -213,17 +217,29 @@ impl Model {
                 LayerExtra::Gemma3(norms) => self.gemma3_block(norms, l, lw, seqs, &mut p),
             }
         }
-        // Logits only for the last token of each live sequence.
+        // Logits for the last token of each live sequence (every token of a scored one).
         let live: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].ok()).collect();
-        let mut last = vec![0f32; live.len() * dim];
-        for (j, &i) in live.iter().enumerate() {
-            let r = seqs[i].row0 + seqs[i].tokens.len() - 1;
-            last[j * dim..(j + 1) * dim].copy_from_slice(&p.x[r * dim..(r + 1) * dim]);
+        let out_rows: Vec<std::ops::Range<usize>> = live
+            .iter()
+            .map(|&i| {
+                let s = &seqs[i];
+                let end = s.row0 + s.tokens.len();
+                if s.all_logits {
+                    s.row0..end
+                } else {
+                    end - 1..end
+                }
+            })
+            .collect();
+        let rows: usize = out_rows.iter().map(ExactSizeIterator::len).sum();
+        let mut last = Vec::with_capacity(rows * dim);
+        for r in out_rows.iter().flat_map(Clone::clone) {
+            last.extend_from_slice(&p.x[r * dim..(r + 1) * dim]);
         }
         let mut lastn = vec![0f32; last.len()];
         rms_norm(&last, &w.output_norm, cfg.rms_eps, &mut lastn);
-        let mut logits = vec![0f32; live.len() * cfg.vocab];
-        self.mm(&w.output, &lastn, live.len(), &mut logits);
+        let mut logits = vec![0f32; rows * cfg.vocab];
+        self.mm(&w.output, &lastn, rows, &mut logits);
         if let Arch::Gemma3(g) = &cfg.arch {
             if let Some(cap) = g.final_softcap {
                 // llama.cpp: scale by 1/cap, tanh, scale by cap.
@@ -232,17 +248,18 @@ impl Model {
                     .for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
             }
         }
-        let mut live_logits = logits.chunks_exact(cfg.vocab.max(1));
+        let mut taken = 0;
+        let mut out_rows = out_rows.into_iter();
         seqs.iter_mut()
             .map(|s| match s.error.take() {
                 Some(e) => Err(e),
                 None => {
                     s.pages
                         .set_len(s.start + s.tokens.len() - s.prefix_tokens());
-                    Ok(live_logits
-                        .next()
-                        .expect("one row per live sequence")
-                        .to_vec())
+                    let n = out_rows.next().expect("rows of every live sequence").len();
+                    let mine = logits[taken * cfg.vocab..(taken + n) * cfg.vocab].to_vec();
+                    taken += n;
+                    Ok(mine)
                 }
             })
             .collect()

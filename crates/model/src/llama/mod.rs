@@ -17,6 +17,7 @@ pub use error::ModelError;
 use crate::chat::ChatTemplate;
 use crate::config::LlamaConfig;
 use crate::gguf::{Contents, GgufError, GgufFile};
+use crate::logprobs::TokenLogprobs;
 use crate::tokenizer::Tokenizer;
 use crate::weights::LlamaWeights;
 use forward::SeqWork;
@@ -208,6 +209,61 @@ impl Model {
             logits = self.forward(&mut work).pop().expect("one sequence")?;
         }
         Ok(logits)
+    }
+
+    /// As [`Model::prefill_after`], scoring the prompt as it runs: also the logprobs (with
+    /// `top` top logprobs) of each token of `tokens` after the first, and of `next` (the
+    /// prompt's token after `tokens`, when they are not its end) after the last. Every
+    /// position's logits are computed, one pass per chunk.
+    pub fn prefill_scored(
+        &self,
+        prefix: Option<&SharedPages>,
+        seq: &mut ReadablePages,
+        tokens: &[u32],
+        next: Option<u32>,
+        top: usize,
+    ) -> Result<(Vec<f32>, Vec<TokenLogprobs>), ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        let before = prefix.map_or(0, SharedPages::len);
+        let end = before + seq.len() + tokens.len();
+        if end > self.config.context_length {
+            return Err(ModelError::ContextExceeded {
+                tokens: end,
+                context: self.config.context_length,
+            });
+        }
+        if let Some(&t) = tokens
+            .iter()
+            .chain(&next)
+            .find(|&&t| t as usize >= self.config.vocab)
+        {
+            return Err(ModelError::TokenOutOfRange {
+                token: t,
+                vocab: self.config.vocab,
+            });
+        }
+        seq.grow(end - before)?;
+        let vocab = self.config.vocab;
+        let mut scored = Vec::with_capacity(tokens.len());
+        let mut last = Vec::new();
+        let mut at = 0;
+        for chunk in tokens.chunks(self.opts.prefill_chunk) {
+            let mut work = [SeqWork::after(prefix, &mut *seq, chunk)];
+            work[0].all_logits = true;
+            let logits = self.forward(&mut work).pop().expect("one sequence")?;
+            at += chunk.len();
+            for (i, row) in logits.chunks_exact(vocab).enumerate() {
+                // Only the prompt's last position has no following token among `tokens`.
+                let following = tokens.get(at - chunk.len() + i + 1).copied().or(next);
+                if let Some(t) = following {
+                    scored.push(TokenLogprobs::compute(row, t, top));
+                }
+            }
+            last = logits[logits.len() - vocab..].to_vec();
+        }
+        Ok((last, scored))
     }
 
     /// One batched decode step: each sequence gets one new token at position `seq.len()`.
