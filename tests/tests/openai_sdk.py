@@ -206,6 +206,38 @@ r = client.completions.create(
 check(r.choices[0].text == word * 3, f"logit_bias: {r.choices[0].text!r}, not {word * 3!r}")
 seen["logit_bias"] = r.choices[0].text
 
+# Scoring as lm-evaluation-harness does: echo + logprobs + max_tokens 0 gives the prompt back
+# with each of its tokens' logprobs (the first null), equal to a generation's over each prefix.
+text = "The capital of France is Paris, and the capital of Italy is Rome"
+ids = post("/tokenize", {"prompt": text})["tokens"]
+r = client.completions.create(
+    model=model, prompt=text, echo=True, logprobs=3, max_tokens=0, temperature=0
+)
+choice = r.choices[0]
+check(choice.text == text, f"echo: text {choice.text!r}")
+check(choice.finish_reason == "length", f"echo: finish {choice.finish_reason}")
+lp = choice.logprobs
+check(len(lp.tokens) == len(ids), f"echo: {len(lp.tokens)} tokens for {len(ids)} prompt ids")
+check(lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, "echo: first token scored")
+check(r.usage.completion_tokens == 0, f"echo: usage {r.usage}")
+worst = 0.0
+for i in (1, len(ids) // 2, len(ids) - 1):
+    g = client.completions.create(
+        model=model, prompt=ids[:i], max_tokens=1, temperature=0, logprobs=3
+    )
+    want = g.choices[0].logprobs.top_logprobs[0]
+    got = lp.top_logprobs[i]
+    check(set(want) == set(got), f"echo: position {i} top tokens {got} vs {want}")
+    worst = max(worst, max(abs(want[k] - got[k]) for k in want))
+    if g.choices[0].logprobs.tokens[0] == lp.tokens[i]:
+        worst = max(worst, abs(g.choices[0].logprobs.token_logprobs[0] - lp.token_logprobs[i]))
+check(worst < 0.01, f"echo: prompt logprobs differ from a generation's by {worst}")
+r = client.completions.create(
+    model=model, prompt=text, echo=True, max_tokens=2, temperature=0
+)
+check(r.choices[0].text.startswith(text) and len(r.choices[0].text) > len(text), "echo: no completion")
+seen["echo"] = {"tokens": len(lp.tokens), "worst_logprob_gap": worst}
+
 # Fields that carry nothing for generation are accepted.
 r = client.chat.completions.create(
     model=model, messages=ASK, max_tokens=4, metadata={"app": "sdk-test"}, store=False,

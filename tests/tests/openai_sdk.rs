@@ -1,7 +1,8 @@
 //! The official `openai` Python SDK against the suite (router → prefill → decode, the real
 //! model), as an application drives it: tool calls (named, required, auto; whole and streamed)
 //! whose arguments parse under the function's schema, the call and its result sent back,
-//! `logit_bias` forcing a token, and fields without generation semantics (`metadata`, `store`,
+//! `logit_bias` forcing a token, `echo` + `logprobs` + `max_tokens: 0` scoring a prompt as
+//! a generation over each prefix scores it, and fields without generation semantics (`metadata`, `store`,
 //! `user`, `service_tier`) accepted; then LangChain's `bind_tools` (a forced call parsed into
 //! its tool call, the result sent back). The checks are in `openai_sdk.py` beside this file;
 //! scripts/test.sh installs the SDK and LangChain. Then `n = 4`: four texts under one seed, and
@@ -40,6 +41,7 @@ async fn the_openai_sdk_runs_tool_calls_and_the_rest_against_the_suite() {
     assert_eq!(seen["named"]["name"], "get_weather");
     assert_eq!(seen["metadata"], "accepted");
     assert!(seen["langchain"]["call"]["city"].is_string(), "{seen}");
+    assert!(seen["echo"]["tokens"].as_u64() > Some(5), "{seen}");
 
     // n = 4 over a prompt no request sent before: four choices of their own seeds, and the
     // prompt computed by prefill once (the later choices reuse its pages from the cache).

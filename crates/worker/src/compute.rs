@@ -14,7 +14,7 @@ use bytes::Bytes;
 use pagewarden_common::integrity::PageTag;
 use pagewarden_kernels::Device;
 use pagewarden_kvcache::{KvPool, ReadError, ReadablePages, SharedPages};
-use pagewarden_model::{Model, ModelError};
+use pagewarden_model::{Model, ModelError, TokenLogprobs};
 
 use crate::device::{open_device, GpuOptions, OpenError, Opened};
 use crate::role::Role;
@@ -140,6 +140,26 @@ impl Compute {
                 )),
                 _ => Ok(g.lock().prefill(pages, tokens)?),
             },
+        }
+    }
+
+    /// As [`Compute::prefill_after`], also scoring `tokens`: the logprob (and `top` top
+    /// logprobs) of each after the first and of `next` after the last
+    /// ([`Model::prefill_scored`]). On the CPU only.
+    pub fn prefill_scored(
+        &self,
+        prefix: Option<&SharedPages>,
+        pages: &mut ReadablePages,
+        tokens: &[u32],
+        next: Option<u32>,
+        top: usize,
+    ) -> Result<(Vec<f32>, Vec<TokenLogprobs>), ComputeError> {
+        match self {
+            Compute::Cpu(m) => Ok(m.prefill_scored(prefix, pages, tokens, next, top)?),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(_) => Err(ComputeError::Failed(
+                "prompt logprobs are computed on the CPU only".into(),
+            )),
         }
     }
 

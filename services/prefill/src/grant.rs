@@ -22,6 +22,9 @@ pub struct ValidPrefill {
     pub sampling: SamplingParams,
     /// The prefix-cache namespace the router derived; `None`: no caching for this request.
     pub namespace: Option<Namespace>,
+    /// Score the prompt: the logprob of each of its tokens after the first, with this many
+    /// top logprobs (the whole prompt is computed: no namespace, no held prefix).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// Parses the whole request. `admit` runs (I3) as soon as the lengths are known, before the
@@ -71,6 +74,22 @@ pub fn parse(
         )));
     }
     let namespace = pagewarden_worker::wire::namespace(&m.namespace)?;
+    let prompt_logprobs = match m.sampling.as_ref().and_then(|s| s.prompt_logprobs) {
+        None => None,
+        Some(n) if n as usize > pagewarden_model::MAX_TOP_LOGPROBS => {
+            return Err(Status::invalid_argument(format!(
+                "sampling.prompt_logprobs {n} is above {}",
+                pagewarden_model::MAX_TOP_LOGPROBS
+            )))
+        }
+        Some(_) if namespace.is_some() || grant.prefix_tokens > 0 => {
+            return Err(Status::invalid_argument(
+                "sampling.prompt_logprobs needs the whole prompt computed: send no namespace \
+                 and a grant with no held prefix",
+            ))
+        }
+        Some(n) => Some(n as usize),
+    };
     Ok(ValidPrefill {
         req,
         attempt,
@@ -80,5 +99,6 @@ pub fn parse(
         grant,
         sampling,
         namespace,
+        prompt_logprobs,
     })
 }

@@ -15,7 +15,7 @@ use std::time::Instant;
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::TenantId;
 use pagewarden_kvcache::{KvPool, Owner, ReadablePages, SharedPages};
-use pagewarden_model::{Model, Sampled, Sampler};
+use pagewarden_model::{Model, Sampled, Sampler, TokenLogprobs};
 use pagewarden_proto::v1 as pb;
 use pagewarden_worker::{wire, Compute, ComputeError, PrefixCacheLog, WorkerError};
 use tokio_util::sync::CancellationToken;
@@ -133,14 +133,15 @@ async fn compute_and_send(
             return Err(s);
         }
     };
-    let (pages, first) = match compute(deps, job, prefix.clone(), pages, &mut out, cancel).await {
-        Ok(done) => done,
-        Err(Failure::Compute(s)) => {
-            out.abort().await;
-            return Err(s);
-        }
-        Err(Failure::Transfer(s)) => return Err(s),
-    };
+    let (pages, first, scored) =
+        match compute(deps, job, prefix.clone(), pages, &mut out, cancel).await {
+            Ok(done) => done,
+            Err(Failure::Compute(s)) => {
+                out.abort().await;
+                return Err(s);
+            }
+            Err(Failure::Transfer(s)) => return Err(s),
+        };
     deps.metrics
         .observe_prefill(started.elapsed().as_secs_f64());
     let t0 = Instant::now();
@@ -164,6 +165,7 @@ async fn compute_and_send(
         transfer_micros: secs.as_micros() as u64,
         first_logprobs: first.logprobs.as_ref().map(wire::logprobs),
         cached_tokens: cached as u32,
+        prompt_logprobs: scored.iter().map(wire::logprobs).collect(),
     })
 }
 
@@ -196,10 +198,11 @@ async fn compute(
     mut pages: ReadablePages,
     out: &mut Outbound<'_>,
     cancel: &CancellationToken,
-) -> Result<(ReadablePages, Sampled), Failure> {
+) -> Result<(ReadablePages, Sampled, Vec<TokenLogprobs>), Failure> {
     let page_size = deps.pool.layout().page_size;
     let pass = deps.compute.yield_tokens(deps.chunk_tokens);
     let mut logits = Vec::new();
+    let mut scored = Vec::new();
     // The cached prefix's positions are done: its pages go to decode during the first pass.
     let mut done = prefix.as_ref().map_or(0, |p| p.len());
     while done < job.prompt.len() {
@@ -221,7 +224,12 @@ async fn compute(
         let d = deps.clone();
         let prefix = prefix.clone();
         let tenant = job.tenant.clone();
-        let chunk = job.prompt[done..(done + deps.chunk_tokens).min(job.prompt.len())].to_vec();
+        let end = (done + deps.chunk_tokens).min(job.prompt.len());
+        let chunk = job.prompt[done..end].to_vec();
+        // Scoring: the prompt's token after the chunk is scored after its last position.
+        let score = job
+            .prompt_logprobs
+            .map(|top| (top, job.prompt.get(end).copied()));
         let pass_task = tokio::task::spawn_blocking(move || {
             let mut run = || {
                 passes(
@@ -232,6 +240,7 @@ async fn compute(
                     &chunk,
                     done,
                     pass,
+                    score,
                 )
             };
             let (ran, result) = if urgent { d.compute.urgent(run) } else { run() };
@@ -248,11 +257,13 @@ async fn compute(
         drop((turn, overtake));
         tracing::debug!(request = %job.req, ran, pass_ms = asked.elapsed().as_secs_f64() * 1e3, "pass");
         pages = back;
-        logits = result.map_err(|e| {
+        let (last, part_scored) = result.map_err(|e| {
             Failure::Compute(WorkerError::Internal(format!(
                 "prefill forward pass failed: {e}"
             )))
         })?;
+        logits = last;
+        scored.extend(part_scored);
         deps.metrics.prefill_chunk();
         done += ran;
         if cancel.is_cancelled() {
@@ -264,7 +275,7 @@ async fn compute(
     }
     let first =
         Sampler::for_model(&job.sampling, &job.prompt, deps.model.tokenizer()).next(&logits);
-    Ok((pages, first))
+    Ok((pages, first, scored))
 }
 
 /// The passes of one turn over `chunk` (the prompt's tokens from `done`). Each pass re-reads
@@ -273,6 +284,7 @@ async fn compute(
 /// overhead bounded while a job that starts waiting waits for at most that many tokens; while
 /// one waits, one pass of `pass` tokens, then the turn ends. How many tokens ran, and the
 /// last pass's logits.
+#[allow(clippy::too_many_arguments)]
 fn passes(
     d: &JobDeps,
     tenant: &TenantId,
@@ -281,9 +293,11 @@ fn passes(
     chunk: &[u32],
     done: usize,
     pass: usize,
-) -> (usize, Result<Vec<f32>, ComputeError>) {
+    score: Option<(usize, Option<u32>)>,
+) -> (usize, Result<(Vec<f32>, Vec<TokenLogprobs>), ComputeError>) {
     let mut ran = 0;
-    let mut result = Ok(Vec::new());
+    let mut result = Ok((Vec::new(), Vec::new()));
+    let mut scored = Vec::new();
     while ran < chunk.len() {
         let n = if d.turns.contended(tenant) {
             pass
@@ -291,11 +305,23 @@ fn passes(
             pass.max((done + ran) / 8)
         };
         let part = &chunk[ran..(ran + n).min(chunk.len())];
-        result = d.compute.prefill_after(prefix, pages, part);
+        result = match score {
+            None => d
+                .compute
+                .prefill_after(prefix, pages, part)
+                .map(|l| (l, Vec::new())),
+            Some((top, after)) => {
+                let next = chunk.get(ran + part.len()).copied().or(after);
+                d.compute.prefill_scored(prefix, pages, part, next, top)
+            }
+        };
         ran += part.len();
+        if let Ok((_, s)) = &mut result {
+            scored.append(s);
+        }
         if result.is_err() || d.turns.contended(tenant) {
             break;
         }
     }
-    (ran, result)
+    (ran, result.map(|(last, _)| (last, scored)))
 }

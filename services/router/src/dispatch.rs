@@ -45,6 +45,9 @@ pub struct Token {
     pub finish: Option<FinishReason>,
     /// Its logprobs, when requested (never on an end marker, which is no completion token).
     pub logprobs: Option<Logprobs>,
+    /// On a request's first token, when `prompt_logprobs` asked for them: the logprobs of
+    /// every prompt token after the first, from prefill.
+    pub prompt_logprobs: Vec<Logprobs>,
 }
 
 /// Timeouts for dispatch.
@@ -113,6 +116,8 @@ pub struct Flight {
     completion_tokens: u32,
     /// Prompt tokens whose KV prefill took from its prefix cache.
     cached_tokens: u32,
+    /// Prefill's logprobs of the prompt's tokens, until the first token carries them.
+    prompt_logprobs: Vec<Logprobs>,
     last_token_at: Option<Instant>,
     ttft: Option<Duration>,
     /// When decode granted the reservation and when prefill replied (the TTFT's phases).
@@ -166,6 +171,7 @@ impl Flight {
             span,
             completion_tokens: 0,
             cached_tokens: 0,
+            prompt_logprobs: Vec::new(),
             last_token_at: None,
             ttft: None,
             granted_at: None,
@@ -392,6 +398,15 @@ impl Flight {
         })
     }
 
+    /// The namespace as the workers get it: none for a request that scores its prompt (every
+    /// prompt position is computed, so nothing is read from or put in the prefix cache).
+    fn wire_namespace(&self) -> Vec<u8> {
+        match self.job.sampling.prompt_logprobs {
+            Some(_) => Vec::new(),
+            None => self.job.namespace.as_bytes().to_vec(),
+        }
+    }
+
     fn sampling(&self) -> SamplingParams {
         let s = &self.job.sampling;
         SamplingParams {
@@ -418,6 +433,7 @@ impl Flight {
                 }),
             }),
             logit_bias: s.logit_bias.iter().copied().collect(),
+            prompt_logprobs: s.prompt_logprobs,
         }
     }
 
@@ -430,7 +446,7 @@ impl Flight {
             // Decode recomputes a preempted sequence from them; a repetition penalty counts them.
             prompt_token_ids: self.job.admitted.prompt.clone(),
             tenant_weight: self.job.weight,
-            namespace: self.job.namespace.as_bytes().to_vec(),
+            namespace: self.wire_namespace(),
         };
         let mut client = self.decode.worker().decode();
         let reply = self
@@ -452,10 +468,10 @@ impl Flight {
             grant: Some(grant),
             sampling: Some(self.sampling()),
             tenant_weight: self.job.weight,
-            namespace: self.job.namespace.as_bytes().to_vec(),
+            namespace: self.wire_namespace(),
         };
         let mut client = self.prefill.worker().prefill();
-        let reply = self
+        let mut reply = self
             .call(
                 Half::Prefill,
                 async move { client.prefill(traced(msg)).await },
@@ -467,6 +483,20 @@ impl Flight {
             return Err(missing(Half::Prefill, "manifest"));
         }
         self.cached_tokens = reply.cached_tokens.min(self.prompt_tokens());
+        if self.job.sampling.prompt_logprobs.is_some() {
+            let want = self.job.admitted.prompt.len() - 1;
+            if reply.prompt_logprobs.len() != want {
+                self.guard.set_reason(AbortReason::PrefillFailed);
+                return Err(RouterError::Worker {
+                    half: Half::Prefill,
+                    message: format!(
+                        "sent {} prompt logprobs for the {want} prompt tokens after the first",
+                        reply.prompt_logprobs.len()
+                    ),
+                });
+            }
+        }
+        self.prompt_logprobs = std::mem::take(&mut reply.prompt_logprobs);
         self.prefilled_at = Some(Instant::now());
         Ok(reply)
     }
@@ -569,6 +599,7 @@ impl Flight {
             text: event.text,
             finish,
             logprobs,
+            prompt_logprobs: std::mem::take(&mut self.prompt_logprobs),
         }))
     }
 }

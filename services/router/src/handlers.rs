@@ -14,9 +14,9 @@ use crate::error::{Half, RouterError, RETRY_AFTER_SECS};
 use crate::extract::JsonObject;
 use crate::openai::{model_list, model_object, Endpoint};
 use crate::record::{Limits, Record, Slot};
-use crate::respond::{respond, Prepared};
+use crate::respond::{respond, Echo, Prepared};
 use crate::server::AppState;
-use crate::validation::{ValidChatRequest, ValidCompletionRequest};
+use crate::validation::{Prompt, ValidChatRequest, ValidCompletionRequest};
 
 /// `POST /v1/completions`.
 pub async fn completions(
@@ -35,20 +35,37 @@ pub async fn completions(
             .check_logit_bias(&req.common.sampling.logit_bias)?;
         let frontend = state.frontend.clone();
         let prompt = req.prompt;
-        let grammar = req.common.sampling.grammar.clone();
-        let tokens = blocking(move || {
+        let mut common = req.common;
+        let grammar = common.sampling.grammar.clone();
+        let (tokens, prompt) = blocking(move || {
             frontend.check_grammar(grammar.as_ref())?;
-            frontend.completion_tokens(&prompt)
+            let tokens = frontend.completion_tokens(&prompt)?;
+            Ok((tokens, prompt))
         })
         .await?;
+        let echo = req.echo.then(|| {
+            let generate = common.max_tokens != Some(0);
+            if !generate {
+                // The workers always generate: one token, run and not answered.
+                common.max_tokens = Some(1);
+            }
+            Echo {
+                text: match &prompt {
+                    Prompt::Text(text) => text.clone(),
+                    Prompt::Tokens(ids) => state.frontend.tokenizer().decode(ids),
+                },
+                generate,
+            }
+        });
         Ok::<_, RouterError>(Prepared {
             endpoint: Endpoint::Completions,
             tenant,
             tokens,
-            common: req.common,
+            common,
             arrived,
             slot,
             tools: None,
+            echo,
         })
     };
     match prepared.await {
@@ -93,6 +110,7 @@ pub async fn chat(
             arrived,
             slot,
             tools,
+            echo: None,
         })
     };
     match prepared.await {

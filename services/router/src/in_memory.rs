@@ -113,6 +113,7 @@ impl Generation for Scripted {
                         text,
                         finish: last.then_some(self.finish),
                         logprobs: None,
+                        prompt_logprobs: Vec::new(),
                     }
                 }
                 // An empty script: one end marker.
@@ -121,6 +122,7 @@ impl Generation for Scripted {
                     text: String::new(),
                     finish: Some(self.finish),
                     logprobs: None,
+                    prompt_logprobs: Vec::new(),
                 },
             };
             self.done = token.finish.is_some();

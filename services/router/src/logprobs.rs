@@ -28,6 +28,37 @@ impl LogprobsRenderer {
         }
     }
 
+    /// The legacy completions `logprobs` of an echoed prompt and its completion: the prompt's
+    /// tokens first (the first with null logprobs: nothing precedes it), `prompt_items` for
+    /// the others, then the completion's `items`.
+    pub fn render_echo(
+        &mut self,
+        tok: &Tokenizer,
+        prompt: &[u32],
+        prompt_items: &[Logprobs],
+        items: &[Logprobs],
+    ) -> Value {
+        let Some(&first) = prompt.first() else {
+            return self.render(tok, items);
+        };
+        let first_text = String::from_utf8_lossy(tok.token_bytes(first)).into_owned();
+        self.offset = first_text.chars().count();
+        let all: Vec<Logprobs> = prompt_items.iter().chain(items).cloned().collect();
+        let mut v = self.render(tok, &all);
+        let arrays = [
+            ("tokens", json!(first_text)),
+            ("token_logprobs", Value::Null),
+            ("top_logprobs", Value::Null),
+            ("text_offset", json!(0)),
+        ];
+        for (key, head) in arrays {
+            if let Some(a) = v[key].as_array_mut() {
+                a.insert(0, head);
+            }
+        }
+        v
+    }
+
     /// The `logprobs` value of a choice holding `items` (one per completion token, in order).
     pub fn render(&mut self, tok: &Tokenizer, items: &[Logprobs]) -> Value {
         let text = |id: u32| String::from_utf8_lossy(tok.token_bytes(id)).into_owned();

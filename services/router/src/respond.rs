@@ -45,6 +45,18 @@ pub struct Prepared {
     pub slot: Slot,
     /// The tools the model may call (chat); each choice's reply is read for calls.
     pub tools: Option<ToolRequest>,
+    /// `echo` (completions): the prompt comes back before each choice's completion.
+    pub echo: Option<Echo>,
+}
+
+/// A completions request's `echo`.
+#[derive(Clone, Debug)]
+pub struct Echo {
+    /// The prompt as it comes back (the client's text, or its ids decoded).
+    pub text: String,
+    /// `max_tokens` was not 0: the completion follows the prompt. With 0 the request runs
+    /// one token for the workers' sake and answers none of it (`finish_reason: "length"`).
+    pub generate: bool,
 }
 
 /// Admits, dispatches and answers. Errors before the first token become an error status; errors
@@ -67,8 +79,15 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
     }
     let usage = s.usage();
     let mut choices = Vec::with_capacity(s.outs.len());
+    let prompt = s.prompt.clone();
     for out in &mut s.outs {
-        let finish = out.finish.unwrap_or(FinishReason::Abort);
+        let mut finish = out.finish.unwrap_or(FinishReason::Abort);
+        if s.echo.as_ref().is_some_and(|e| !e.generate) {
+            // Nothing generated is answered: the prompt alone, cut at its end.
+            out.text.clear();
+            out.pending.clear();
+            finish = FinishReason::Length;
+        }
         let (content, finish, calls) = match out.tools.as_mut() {
             Some(reader) => {
                 let released = reader.push(&out.text);
@@ -82,7 +101,19 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
             finished(&s.state, summary, &s.meta, &out.text, finish);
         }
         let items = std::mem::take(&mut out.pending);
-        let logprobs = out.render_logprobs(&s.state, &items);
+        let (content, logprobs) = match &s.echo {
+            Some(echo) => {
+                let prompt_items = std::mem::take(&mut out.prompt_logprobs);
+                let logprobs = match &mut out.logprobs {
+                    Some(r) => {
+                        r.render_echo(s.state.frontend.tokenizer(), &prompt, &prompt_items, &items)
+                    }
+                    None => Value::Null,
+                };
+                (format!("{}{content}", echo.text), logprobs)
+            }
+            None => (content, out.render_logprobs(&s.state, &items)),
+        };
         choices.push(s.meta.choice(out.index, &content, &calls, finish, logprobs));
     }
     Json(s.meta.full(choices, usage)).into_response()
@@ -98,6 +129,8 @@ pub struct ChoiceOut {
     pub finish: Option<FinishReason>,
     /// Logprobs of tokens not rendered yet.
     pub pending: Vec<Logprobs>,
+    /// Logprobs of the prompt's tokens after the first (`echo` with `logprobs`).
+    pub prompt_logprobs: Vec<Logprobs>,
     /// Renders token logprobs, when the request asked for them.
     logprobs: Option<LogprobsRenderer>,
     /// Reads the reply for tool calls.
@@ -131,6 +164,10 @@ pub struct Streaming {
     pub include_usage: bool,
     /// Prompt tokens (counted once, whatever `n`).
     pub prompt_tokens: u32,
+    /// The prompt's ids (an echo's logprobs name them).
+    pub prompt: Vec<u32>,
+    /// `echo` (completions).
+    pub echo: Option<Echo>,
     /// The app (for the sample sink).
     pub state: AppState,
     /// Held until the stream ends.
@@ -142,7 +179,11 @@ impl Streaming {
     /// prefix cache), the completion tokens of every choice.
     pub fn usage(&self) -> Usage {
         let ended = self.outs.iter().filter_map(|o| o.summary.as_ref());
-        let completion = ended.map(|s| s.completion_tokens).sum();
+        let completion = match &self.echo {
+            // The one token run for the workers' sake is not answered, nor counted.
+            Some(e) if !e.generate => 0,
+            _ => ended.map(|s| s.completion_tokens).sum(),
+        };
         let cached = self.outs[0].summary.as_ref().map_or(0, |s| s.cached_tokens);
         Usage::new(self.prompt_tokens, completion, cached)
     }
@@ -171,6 +212,7 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
     let namespace = state.tenants.namespace(&p.tenant);
     let n = p.common.n as usize;
     let prompt_tokens = admitted.prompt.len() as u32;
+    let prompt = admitted.prompt.clone();
     let jobs: Vec<Job> = (0..n)
         .map(|i| {
             let mut sampling = p.common.sampling.clone();
@@ -196,6 +238,7 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
             text: String::new(),
             finish: None,
             pending: Vec::new(),
+            prompt_logprobs: Vec::new(),
             logprobs: p
                 .common
                 .sampling
@@ -216,6 +259,8 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
         ),
         include_usage: p.common.include_usage,
         prompt_tokens,
+        prompt,
+        echo: p.echo,
         state: state.clone(),
         slot: p.slot,
     })
@@ -229,6 +274,7 @@ async fn collect(s: &mut Streaming) -> Result<(), RouterError> {
             ChoiceEvent::Token(token) => {
                 out.text.push_str(&token.text);
                 out.pending.extend(token.logprobs);
+                out.prompt_logprobs.extend(token.prompt_logprobs);
                 if token.finish.is_some() {
                     out.finish = token.finish;
                 }

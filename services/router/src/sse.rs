@@ -170,6 +170,7 @@ fn events(s: Streaming, record: Record) -> impl Stream<Item = Result<Event, Infa
                 text: String::new(),
                 finish: None,
                 logprobs: None,
+                prompt_logprobs: Vec::new(),
             },
         );
     }

@@ -66,6 +66,9 @@ pub struct ValidSampling {
     pub stop_token_ids: Vec<u32>,
     /// Logprobs of each generated token and this many top logprobs; `None`: no logprobs.
     pub logprobs: Option<u32>,
+    /// Logprobs of the prompt's own tokens (`echo` with `logprobs`), this many top each;
+    /// such a request computes its whole prompt (no prefix cache).
+    pub prompt_logprobs: Option<u32>,
     /// `response_format` beyond text, or vLLM's structured outputs: the output is constrained
     /// to it.
     pub grammar: Option<OutputConstraint>,
@@ -106,6 +109,9 @@ pub struct ValidCommon {
 pub struct ValidCompletionRequest {
     /// The prompt.
     pub prompt: Prompt,
+    /// `echo`: the prompt comes back before the completion (with its tokens' logprobs when
+    /// `logprobs` is set); with `max_tokens: 0`, alone.
+    pub echo: bool,
     /// Everything else.
     pub common: ValidCommon,
 }
@@ -126,15 +132,25 @@ impl ValidCompletionRequest {
     pub fn parse(body: &Map<String, Value>) -> Result<Self, ValidationError> {
         let f = Fields::new(body);
         let prompt = parse_prompt(&f)?;
-        f.only_default("echo", &[json!(false)])?;
+        let echo = f.bool("echo")?.unwrap_or(false);
         f.only_default("best_of", &[json!(1)])?;
         f.only_default("suffix", &[json!("")])?;
         let logprobs = f
             .integer("logprobs", 0, MAX_TOP_LOGPROBS)?
             .map(|n| n as u32);
-        let common = parse_common(&f, "max_tokens", logprobs)?;
+        let mut common = parse_common(&f, "max_tokens", logprobs, echo)?;
+        if echo {
+            if common.stream {
+                return Err(f.err("echo", "is answered whole: send it with `stream: false`"));
+            }
+            common.sampling.prompt_logprobs = logprobs;
+        }
         f.reject_unknown()?;
-        Ok(Self { prompt, common })
+        Ok(Self {
+            prompt,
+            echo,
+            common,
+        })
     }
 }
 
@@ -164,7 +180,7 @@ impl ValidChatRequest {
             (Some(_), None) => "max_completion_tokens",
             (None, _) => "max_tokens",
         };
-        let mut common = parse_common(&f, max_field, logprobs)?;
+        let mut common = parse_common(&f, max_field, logprobs, false)?;
         if let Some(forced) = tools.as_ref().and_then(ToolRequest::constraint) {
             if let Some(other) = &common.sampling.grammar {
                 return Err(f.err(
@@ -320,13 +336,24 @@ fn parse_response_format(f: &Fields<'_>) -> Result<Option<Grammar>, ValidationEr
     Ok(grammar)
 }
 
+/// The fields both endpoints take; `max_tokens` may be 0 only with `zero_tokens` (an echo that
+/// generates nothing).
 fn parse_common(
     f: &Fields<'_>,
     max_field: &str,
     logprobs: Option<u32>,
+    zero_tokens: bool,
 ) -> Result<ValidCommon, ValidationError> {
     let model = f.string("model")?.map(str::to_owned);
-    let max_tokens = f.integer(max_field, 1, MAX_TOKENS_LIMIT)?.map(|n| n as u32);
+    let max_tokens = match f.integer(max_field, 0, MAX_TOKENS_LIMIT)? {
+        Some(0) if !zero_tokens => {
+            return Err(f.err(
+                max_field,
+                "must be at least 1 (0 only with `echo: true`, to score the prompt)",
+            ))
+        }
+        n => n.map(|n| n as u32),
+    };
     let n = f.integer("n", 1, MAX_N)?.unwrap_or(1) as u32;
     f.only_default("store", &[json!(false)])?;
     f.only_default("service_tier", &[json!("auto"), json!("default")])?;
@@ -423,6 +450,7 @@ fn parse_common(
             min_tokens,
             stop_token_ids,
             logprobs,
+            prompt_logprobs: None,
             grammar,
             logit_bias,
         },

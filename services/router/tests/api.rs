@@ -75,6 +75,11 @@ async fn bad_parameters_are_400_naming_the_field() {
         (json!({"prompt": [1, -2]}), "prompt[1]"),
         (json!({"prompt": [1, 99999999]}), "prompt[1]"),
         (json!({"prompt": "hi", "max_tokens": 0}), "max_tokens"),
+        (
+            json!({"prompt": "hi", "echo": true, "stream": true}),
+            "echo",
+        ),
+        (json!({"prompt": "hi", "echo": 1}), "echo"),
         (json!({"prompt": "hi", "max_tokens": "3"}), "max_tokens"),
         (json!({"prompt": "hi", "max_tokens": 1.5}), "max_tokens"),
         (json!({"prompt": "hi", "temperature": 2.5}), "temperature"),
@@ -95,7 +100,6 @@ async fn bad_parameters_are_400_naming_the_field() {
             json!({"prompt": "hi", "stream_options": {"include_usage": 1}}),
             "stream_options.include_usage",
         ),
-        (json!({"prompt": "hi", "echo": true}), "echo"),
         // Unknown or misspelled fields are refused by name, never dropped.
         (json!({"prompt": "hi", "min_p": 1.5}), "min_p"),
         (

@@ -307,6 +307,7 @@ impl Prefill for Inner {
             transfer_micros: 0,
             first_logprobs: None,
             cached_tokens: 0,
+            prompt_logprobs: vec![],
         }))
     }
 
