@@ -53,6 +53,13 @@ if ! python3 -c 'import openai, langchain_openai; assert openai.__version__ == "
   python3 -m pip install -q 'openai==3.60.0' 'langchain-openai==1.8.1' 'langchain-core==1.8.3'
 fi
 
+# The API test also runs lm-evaluation-harness (its `local-completions` model, the `api` extra;
+# no torch) on a small local task.
+if ! python3 -c 'import lm_eval; assert lm_eval.__version__ == "0.4.13"' >/dev/null 2>&1; then
+  echo "== installing lm-eval (Python), the scoring test's harness"
+  python3 -m pip install -q 'lm-eval[api]==0.4.13'
+fi
+
 # The Kubernetes manifests' schema test runs kubernetes-validate, which carries the API's schemas
 # and needs no network; each of its imports is installed (pinned) only when missing.
 kv_need=()

@@ -5,7 +5,8 @@
 //! a generation over each prefix scores it, and fields without generation semantics (`metadata`, `store`,
 //! `user`, `service_tier`) accepted; then LangChain's `bind_tools` (a forced call parsed into
 //! its tool call, the result sent back). The checks are in `openai_sdk.py` beside this file;
-//! scripts/test.sh installs the SDK and LangChain. Then `n = 4`: four texts under one seed, and
+//! scripts/test.sh installs the SDK, LangChain and lm-evaluation-harness, whose
+//! `local-completions` then scores a small multiple-choice task (`lm_eval_mc.py`). Then `n = 4`: four texts under one seed, and
 //! the prompt computed by prefill once.
 
 use std::process::Command;
@@ -42,6 +43,34 @@ async fn the_openai_sdk_runs_tool_calls_and_the_rest_against_the_suite() {
     assert_eq!(seen["metadata"], "accepted");
     assert!(seen["langchain"]["call"]["city"].is_string(), "{seen}");
     assert!(seen["echo"]["tokens"].as_u64() > Some(5), "{seen}");
+
+    // lm-evaluation-harness's local-completions, tokenizing through the server, on a small
+    // multiple-choice task it reads from a local file.
+    let work = tempfile::tempdir().expect("tempdir");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/lm_eval_mc.py");
+    let (base, dir) = (router.http_url(), work.path().to_path_buf());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .arg(&script)
+            .args([base.as_str(), api_key(0).as_str(), "m"])
+            .arg(&dir)
+            .output()
+            .expect("python3 runs")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("lm-eval: {}", stdout.lines().last().unwrap_or_default());
+    assert!(
+        out.status.success(),
+        "lm-evaluation-harness failed ({}):\n{}\n{stdout}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lm: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("a JSON summary");
+    assert_eq!(lm["items"].as_array().map(Vec::len), Some(8), "{lm}");
+    assert!(lm["acc"].as_f64().is_some(), "{lm}");
 
     // n = 4 over a prompt no request sent before: four choices of their own seeds, and the
     // prompt computed by prefill once (the later choices reuse its pages from the cache).

@@ -75,6 +75,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The Jinja source.
+    source: String,
     /// The form this template's model calls tools in.
     tool_format: ToolCallFormat,
     /// What of a tool conversation the template renders itself.
@@ -143,9 +145,15 @@ impl ChatTemplate {
             env,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
+            source: source.to_string(),
             tool_format: ToolCallFormat::of_template(source),
             renders: ToolSupport::of(source),
         })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The form this template's model writes tool calls in.

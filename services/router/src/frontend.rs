@@ -85,8 +85,15 @@ impl Frontend {
     /// when the model asks for it (as llama.cpp's server does); client token ids are checked
     /// against the vocabulary and sent as given.
     pub fn completion_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, RouterError> {
+        self.prompt_tokens(prompt, true)
+    }
+
+    /// [`Frontend::completion_tokens`], with BOS only when `bos` (vLLM's
+    /// `add_special_tokens`) and the model asks for it.
+    pub fn prompt_tokens(&self, prompt: &Prompt, bos: bool) -> Result<Vec<u32>, RouterError> {
         let tokens = match prompt {
-            Prompt::Text(text) => self.tokenizer.encode_prompt(text),
+            Prompt::Text(text) if bos => self.tokenizer.encode_prompt(text),
+            Prompt::Text(text) => self.tokenizer.encode(text, true),
             Prompt::Tokens(ids) => {
                 let vocab = self.tokenizer.vocab_size();
                 if let Some(i) = ids.iter().position(|&t| t as usize >= vocab) {
@@ -132,6 +139,11 @@ impl Frontend {
             .and_then(|grammars| grammars.compile(g))
             .map(drop)
             .map_err(|e| ValidationError::new(*field, format!("`{field}`: {e}")).into())
+    }
+
+    /// The chat template's Jinja source, when the model has one.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.template.as_ref().map(ChatTemplate::source)
     }
 
     /// The form this model's template teaches it to call tools in (Hermes without a template).

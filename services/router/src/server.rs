@@ -170,6 +170,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/responses/{*rest}", any(handlers::responses))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_tenant,

@@ -1,5 +1,5 @@
 //! The text-side endpoints vLLM and llama-server offer beside generation: `POST /tokenize`,
-//! `POST /detokenize` (authenticated like `/v1`) and `GET /version`. They touch no worker.
+//! `POST /detokenize`, `GET /tokenizer_info` (authenticated like `/v1`) and `GET /version`. They touch no worker.
 
 use axum::extract::State;
 use axum::Json;
@@ -22,7 +22,7 @@ pub async fn tokenize(
     check_model(&state, req.model.as_deref())?;
     let frontend = state.frontend.clone();
     let tokens = blocking(move || match &req.input {
-        TokenizeInput::Prompt(p) => frontend.completion_tokens(p),
+        TokenizeInput::Prompt(p) => frontend.prompt_tokens(p, req.add_special_tokens),
         TokenizeInput::Messages(m) => frontend.chat_tokens(m, &[]),
     })
     .await?;
@@ -42,6 +42,24 @@ pub async fn detokenize(
     check_model(&state, req.model.as_deref())?;
     let text = state.frontend.tokenizer().decode(&req.tokens);
     Ok(Json(json!({ "prompt": text })))
+}
+
+/// `GET /tokenizer_info` (vLLM's): the special tokens' texts, the chat template and the context,
+/// which clients that tokenize through the server (lm-evaluation-harness's remote tokenizer)
+/// read first.
+pub async fn tokenizer_info(State(state): State<AppState>) -> Json<Value> {
+    let tok = state.frontend.tokenizer();
+    let text =
+        |id: Option<u32>| id.map(|id| String::from_utf8_lossy(tok.token_bytes(id)).into_owned());
+    Json(json!({
+        "bos_token": text(tok.bos_token()),
+        "eos_token": text(tok.eos_token()),
+        "pad_token": null,
+        "add_bos_token": tok.add_bos(),
+        "chat_template": state.frontend.chat_template_source(),
+        "model_max_length": state.pool.effective_context().ok(),
+        "vocab_size": tok.vocab_size(),
+    }))
 }
 
 /// `GET /version`: the suite's version (no authentication, as vLLM's).

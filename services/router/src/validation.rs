@@ -226,6 +226,8 @@ pub struct ValidTokenizeRequest {
     pub model: Option<String>,
     /// The text to tokenize.
     pub input: TokenizeInput,
+    /// vLLM's `add_special_tokens` (default true): false leaves a prompt's BOS out.
+    pub add_special_tokens: bool,
 }
 
 impl ValidTokenizeRequest {
@@ -239,8 +241,13 @@ impl ValidTokenizeRequest {
             (true, true) => return Err(f.err("prompt", "and `messages` were both given; send one")),
             (false, false) => return Err(f.err("prompt", "or `messages` is required")),
         };
+        let add_special_tokens = f.bool("add_special_tokens")?.unwrap_or(true);
         f.reject_unknown()?;
-        Ok(Self { model, input })
+        Ok(Self {
+            model,
+            input,
+            add_special_tokens,
+        })
     }
 }
 

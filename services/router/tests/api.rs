@@ -613,6 +613,33 @@ async fn tokenize_detokenize_and_version() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["prompt"], text);
 
+    // vLLM's add_special_tokens: false leaves BOS out (lm-evaluation-harness tokenizes so).
+    let r = h
+        .post(
+            "/tokenize",
+            &json!({"prompt": text, "add_special_tokens": false}),
+        )
+        .await;
+    let v: Value = r.json().await.unwrap();
+    let plain: Vec<u32> = serde_json::from_value(v["tokens"].clone()).unwrap();
+    assert_eq!(plain, h.state.frontend.tokenizer().encode(text, true));
+    // vLLM's tokenizer_info, which remote-tokenizer clients read first.
+    let r = h
+        .client
+        .get(h.url("/tokenizer_info"))
+        .bearer_auth(common::KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let info: Value = r.json().await.unwrap();
+    assert!(info["eos_token"].is_string(), "{info}");
+    assert!(info["chat_template"].is_string(), "{info}");
+    assert_eq!(
+        info["vocab_size"],
+        h.state.frontend.tokenizer().vocab_size()
+    );
+
     let chat = h
         .post(
             "/tokenize",
