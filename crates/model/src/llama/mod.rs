@@ -184,31 +184,8 @@ impl Model {
         seq: &mut ReadablePages,
         tokens: &[u32],
     ) -> Result<Vec<f32>, ModelError> {
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyInput);
-        }
-        // Refuse the whole prompt before any chunk runs (no partial prefill).
-        let before = prefix.map_or(0, SharedPages::len);
-        let end = before + seq.len() + tokens.len();
-        if end > self.config.context_length {
-            return Err(ModelError::ContextExceeded {
-                tokens: end,
-                context: self.config.context_length,
-            });
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
-            return Err(ModelError::TokenOutOfRange {
-                token: t,
-                vocab: self.config.vocab,
-            });
-        }
-        seq.grow(end - before)?;
-        let mut logits = Vec::new();
-        for chunk in tokens.chunks(self.opts.prefill_chunk) {
-            let mut work = [SeqWork::after(prefix, &mut *seq, chunk)];
-            logits = self.forward(&mut work).pop().expect("one sequence")?;
-        }
-        Ok(logits)
+        self.run_prefill(prefix, seq, tokens, None)
+            .map(|(logits, _)| logits)
     }
 
     /// As [`Model::prefill_after`], scoring the prompt as it runs: also the logprobs (with
@@ -223,9 +200,22 @@ impl Model {
         next: Option<u32>,
         top: usize,
     ) -> Result<(Vec<f32>, Vec<TokenLogprobs>), ModelError> {
+        self.run_prefill(prefix, seq, tokens, Some((next, top)))
+    }
+
+    /// The prefill of both: the last position's logits, and with `score` (the token after
+    /// `tokens`, how many top logprobs) the scored positions.
+    fn run_prefill(
+        &self,
+        prefix: Option<&SharedPages>,
+        seq: &mut ReadablePages,
+        tokens: &[u32],
+        score: Option<(Option<u32>, usize)>,
+    ) -> Result<(Vec<f32>, Vec<TokenLogprobs>), ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::EmptyInput);
         }
+        // Refuse the whole prompt before any chunk runs (no partial prefill).
         let before = prefix.map_or(0, SharedPages::len);
         let end = before + seq.len() + tokens.len();
         if end > self.config.context_length {
@@ -234,6 +224,7 @@ impl Model {
                 context: self.config.context_length,
             });
         }
+        let next = score.and_then(|(next, _)| next);
         if let Some(&t) = tokens
             .iter()
             .chain(&next)
@@ -246,14 +237,18 @@ impl Model {
         }
         seq.grow(end - before)?;
         let vocab = self.config.vocab;
-        let mut scored = Vec::with_capacity(tokens.len());
+        let mut scored = Vec::new();
         let mut last = Vec::new();
         let mut at = 0;
         for chunk in tokens.chunks(self.opts.prefill_chunk) {
             let mut work = [SeqWork::after(prefix, &mut *seq, chunk)];
-            work[0].all_logits = true;
+            work[0].all_logits = score.is_some();
             let logits = self.forward(&mut work).pop().expect("one sequence")?;
             at += chunk.len();
+            let Some((_, top)) = score else {
+                last = logits;
+                continue;
+            };
             for (i, row) in logits.chunks_exact(vocab).enumerate() {
                 // Only the prompt's last position has no following token among `tokens`.
                 let following = tokens.get(at - chunk.len() + i + 1).copied().or(next);
