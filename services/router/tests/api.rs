@@ -737,18 +737,7 @@ async fn tool_calls_are_read_from_the_reply_whole_and_streamed() {
 
     // Streamed: the text as content deltas, the call in one delta, then the end.
     body["stream"] = json!(true);
-    let text = h
-        .post("/v1/chat/completions", &body)
-        .await
-        .text()
-        .await
-        .unwrap();
-    let data = common::sse_data(&text);
-    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let (chunks, text) = h.stream_chunks("/v1/chat/completions", &body).await;
     let content: String = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
@@ -921,18 +910,7 @@ async fn n_choices_each_with_its_seed_whole_and_streamed() {
 
     let mut chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
         "n": 2, "stream": true, "stream_options": {"include_usage": true}});
-    let text = h
-        .post("/v1/chat/completions", &chat)
-        .await
-        .text()
-        .await
-        .unwrap();
-    let data = common::sse_data(&text);
-    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let (chunks, text) = h.stream_chunks("/v1/chat/completions", &chat).await;
     for i in 0..2 {
         let mine: Vec<&Value> = chunks
             .iter()

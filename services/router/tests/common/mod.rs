@@ -253,6 +253,21 @@ pub async fn expect_error(resp: reqwest::Response, status: u16) -> Value {
     err
 }
 
+impl Harness {
+    /// A streamed response's chunks, parsed (`[DONE]`, which must end it, left out), and the
+    /// raw body for messages.
+    pub async fn stream_chunks(&self, path: &str, body: &Value) -> (Vec<Value>, String) {
+        let text = self.post(path, body).await.text().await.unwrap();
+        let data = sse_data(&text);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
+        let chunks = data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        (chunks, text)
+    }
+}
+
 /// Parses an SSE body into its `data:` payloads.
 pub fn sse_data(body: &str) -> Vec<String> {
     body.lines()
