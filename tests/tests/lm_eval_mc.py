@@ -12,7 +12,7 @@ JSON line: accuracy and every item's loglikelihoods.
 import json
 import os
 import sys
-import urllib.request
+import router_http  # beside this script
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -76,13 +76,7 @@ samples = sorted(results["samples"]["pw_mc"], key=lambda s: s["doc_id"])
 
 
 def post(path, body):
-    req = urllib.request.Request(
-        base + path,
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.load(resp)
+    return router_http.post(base, key, path, body)
 
 
 # The same loglikelihoods from the server directly: the continuation's tokens' logprobs in an

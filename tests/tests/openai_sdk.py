@@ -7,7 +7,7 @@ Prints one JSON line of what it saw; exits non-zero (with the reason) when a che
 
 import json
 import sys
-import urllib.request
+import router_http  # beside this script
 
 from openai import OpenAI
 
@@ -188,13 +188,7 @@ seen["round_trip"] = choice.message.content
 
 # logit_bias forcing a token: +100 on one id makes it every sampled token.
 def post(path, body):
-    req = urllib.request.Request(
-        base + path,
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return json.load(resp)
+    return router_http.post(base, key, path, body)
 
 
 forced = post("/tokenize", {"prompt": " banana"})["tokens"][-1]
@@ -245,29 +239,6 @@ r = client.chat.completions.create(
 )
 check(r.choices[0].finish_reason in ("stop", "length"), "metadata: no answer")
 seen["metadata"] = "accepted"
-
-# LangChain's bind_tools over the same API: a forced call comes back as a parsed tool call.
-from langchain_core.messages import HumanMessage, ToolMessage  # noqa: E402
-from langchain_openai import ChatOpenAI  # noqa: E402
-
-llm = ChatOpenAI(
-    model=model, base_url=base + "/v1", api_key=key, temperature=0, max_tokens=60, max_retries=0
-)
-bound = llm.bind_tools(TOOLS, tool_choice="get_weather")
-msg = bound.invoke([HumanMessage("What is the weather in Paris?")])
-check(len(msg.tool_calls) == 1, f"langchain: tool_calls {msg.tool_calls}")
-lc_call = msg.tool_calls[0]
-check(lc_call["name"] == "get_weather", f"langchain: called {lc_call['name']}")
-check(isinstance(lc_call["args"].get("city"), str), f"langchain: args {lc_call['args']}")
-answer = llm.bind_tools(TOOLS, tool_choice="none").invoke(
-    [
-        HumanMessage("What is the weather in Paris?"),
-        msg,
-        ToolMessage(json.dumps({"temperature_c": 18}), tool_call_id=lc_call["id"]),
-    ]
-)
-check(isinstance(answer.content, str) and answer.content, "langchain: no answer after the tool")
-seen["langchain"] = {"call": lc_call["args"], "answer": answer.content}
 
 # LangChain's bind_tools over the same API: a forced call comes back as a parsed tool call.
 from langchain_core.messages import HumanMessage, ToolMessage  # noqa: E402
