@@ -64,6 +64,8 @@ results = lm_eval.simple_evaluate(
         "tokenizer_backend": "remote",
         "auth_token": key,
         "num_concurrent": 1,
+        # Several prompts per request: a batch, each prompt its own choice.
+        "batch_size": 4,
         "max_retries": 1,
     },
     tasks=["pw_mc"],

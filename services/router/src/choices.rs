@@ -1,11 +1,13 @@
-//! The `n` choices of one request, each a [`Generation`] of its own (dispatched through the
-//! [`Disagg`] seam) driven by its own task, their events merged in arrival order.
+//! The choices of one request (`n` for each of its prompts), each a [`Generation`] of its own
+//! (dispatched through the [`Disagg`] seam) driven by its own task, their events merged in
+//! arrival order.
 //!
-//! Choice 0 is dispatched at once; the others when its first token arrives. By then its
-//! prompt's KV is committed in its decode worker's prefix cache under the request's namespace,
-//! and the namespace's affinity routes the other choices to the same workers: they reuse the
-//! prompt's full pages read-only, and prefill computes only what no full page holds (the
-//! prompt's tail). Each choice samples with its own seed (`seed + index`, set by the caller).
+//! A prompt's first choice is dispatched at once; its others when that one's first token
+//! arrives. By then the prompt's KV is committed in its decode worker's prefix cache under the
+//! request's namespace, and the namespace's affinity routes the other choices to the same
+//! workers: they reuse the prompt's full pages read-only, and prefill computes only what no
+//! full page holds (the prompt's tail). Each choice samples with its own seed (`seed + index`,
+//! set by the caller).
 //!
 //! Dropping [`Choices`] (the client went away) closes the channel; each task then drops its
 //! generation, which aborts both halves.
@@ -35,29 +37,40 @@ const CHANNEL: usize = 64;
 pub struct Choices {
     rx: mpsc::Receiver<(usize, ChoiceEvent)>,
     tx: mpsc::Sender<(usize, ChoiceEvent)>,
-    /// Choices 1.. not dispatched yet (they wait for choice 0's first token).
-    later: Vec<Job>,
+    /// Per prompt: the index of its first choice, and its other choices not dispatched yet
+    /// (they wait for the first one's first token).
+    later: Vec<(usize, Vec<Job>)>,
     disagg: Arc<dyn Disagg>,
     /// Choices that have not ended or failed yet.
     open: usize,
 }
 
 impl Choices {
-    /// Dispatches the first of `jobs` (one per choice, in index order; at least one) now;
-    /// the rest follow its first token.
-    pub fn start(disagg: Arc<dyn Disagg>, jobs: Vec<Job>) -> Result<Choices, RouterError> {
-        let open = jobs.len();
-        let mut jobs = jobs.into_iter();
-        let first = jobs
-            .next()
-            .ok_or_else(|| RouterError::Internal("a request without choices".into()))?;
-        let generation = disagg.dispatch(first)?;
+    /// Dispatches the first choice of each prompt (`groups`: per prompt, its choices' jobs in
+    /// index order, indices running on across prompts; none empty) now; each prompt's other
+    /// choices follow its first one's first token.
+    pub fn start(disagg: Arc<dyn Disagg>, groups: Vec<Vec<Job>>) -> Result<Choices, RouterError> {
+        let open = groups.iter().map(Vec::len).sum();
+        if open == 0 || groups.iter().any(Vec::is_empty) {
+            return Err(RouterError::Internal("a prompt without choices".into()));
+        }
         let (tx, rx) = mpsc::channel(CHANNEL);
-        tokio::spawn(drive(0, generation, tx.clone()));
+        let mut later = Vec::with_capacity(groups.len());
+        let mut index = 0;
+        for group in groups {
+            let size = group.len();
+            let mut jobs = group.into_iter();
+            if let Some(first) = jobs.next() {
+                let generation = disagg.dispatch(first)?;
+                tokio::spawn(drive(index, generation, tx.clone()));
+            }
+            later.push((index, jobs.collect()));
+            index += size;
+        }
         Ok(Choices {
             rx,
             tx,
-            later: jobs.collect(),
+            later,
             disagg,
             open,
         })
@@ -70,16 +83,19 @@ impl Choices {
         }
         let (index, event) = self.rx.recv().await?;
         match &event {
-            ChoiceEvent::Token(_) if index == 0 && !self.later.is_empty() => self.start_later(),
-            ChoiceEvent::Token(_) => {}
+            ChoiceEvent::Token(_) => self.start_later(index),
             ChoiceEvent::Ended(_) | ChoiceEvent::Failed(_) => self.open -= 1,
         }
         Some((index, event))
     }
 
-    fn start_later(&mut self) {
-        for (k, job) in std::mem::take(&mut self.later).into_iter().enumerate() {
-            let index = k + 1;
+    /// Dispatches the other choices of the prompt whose first choice is `first`, if any wait.
+    fn start_later(&mut self, first: usize) {
+        let Some((_, jobs)) = self.later.iter_mut().find(|(f, _)| *f == first) else {
+            return;
+        };
+        for (k, job) in std::mem::take(jobs).into_iter().enumerate() {
+            let index = first + k + 1;
             match self.disagg.dispatch(job) {
                 Ok(generation) => {
                     tokio::spawn(drive(index, generation, self.tx.clone()));

@@ -34,13 +34,23 @@ pub async fn completions(
             .frontend
             .check_logit_bias(&req.common.sampling.logit_bias)?;
         let frontend = state.frontend.clone();
-        let prompt = req.prompt;
+        let prompts = req.prompts;
         let mut common = req.common;
         let grammar = common.sampling.grammar.clone();
-        let (tokens, prompt) = blocking(move || {
+        let (prompts, texts) = blocking(move || {
             frontend.check_grammar(grammar.as_ref())?;
-            let tokens = frontend.completion_tokens(&prompt)?;
-            Ok((tokens, prompt))
+            let tokens = prompts
+                .iter()
+                .map(|p| frontend.completion_tokens(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            let texts: Vec<String> = prompts
+                .iter()
+                .map(|p| match p {
+                    Prompt::Text(text) => text.clone(),
+                    Prompt::Tokens(ids) => frontend.tokenizer().decode(ids),
+                })
+                .collect();
+            Ok((tokens, texts))
         })
         .await?;
         let echo = req.echo.then(|| {
@@ -49,18 +59,12 @@ pub async fn completions(
                 // The workers always generate: one token, run and not answered.
                 common.max_tokens = Some(1);
             }
-            Echo {
-                text: match &prompt {
-                    Prompt::Text(text) => text.clone(),
-                    Prompt::Tokens(ids) => state.frontend.tokenizer().decode(ids),
-                },
-                generate,
-            }
+            Echo { texts, generate }
         });
         Ok::<_, RouterError>(Prepared {
             endpoint: Endpoint::Completions,
             tenant,
-            tokens,
+            prompts,
             common,
             arrived,
             slot,
@@ -105,7 +109,7 @@ pub async fn chat(
         Ok::<_, RouterError>(Prepared {
             endpoint: Endpoint::Chat,
             tenant,
-            tokens,
+            prompts: vec![tokens],
             common: req.common,
             arrived,
             slot,

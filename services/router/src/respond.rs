@@ -35,8 +35,8 @@ pub struct Prepared {
     pub endpoint: Endpoint,
     /// Who asked.
     pub tenant: TenantId,
-    /// The prompt's tokens.
-    pub tokens: Vec<u32>,
+    /// The prompts' tokens (one prompt, or a completions batch; none empty).
+    pub prompts: Vec<Vec<u32>>,
     /// Parameters.
     pub common: ValidCommon,
     /// Arrival time.
@@ -52,8 +52,8 @@ pub struct Prepared {
 /// A completions request's `echo`.
 #[derive(Clone, Debug)]
 pub struct Echo {
-    /// The prompt as it comes back (the client's text, or its ids decoded).
-    pub text: String,
+    /// Each prompt as it comes back (the client's text, or its ids decoded).
+    pub texts: Vec<String>,
     /// `max_tokens` was not 0: the completion follows the prompt. With 0 the request runs
     /// one token for the workers' sake and answers none of it (`finish_reason: "length"`).
     pub generate: bool,
@@ -79,7 +79,6 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
     }
     let usage = s.usage();
     let mut choices = Vec::with_capacity(s.outs.len());
-    let prompt = s.prompt.clone();
     for out in &mut s.outs {
         let mut finish = out.finish.unwrap_or(FinishReason::Abort);
         if s.echo.as_ref().is_some_and(|e| !e.generate) {
@@ -105,12 +104,15 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
             Some(echo) => {
                 let prompt_items = std::mem::take(&mut out.prompt_logprobs);
                 let logprobs = match &mut out.logprobs {
-                    Some(r) => {
-                        r.render_echo(s.state.frontend.tokenizer(), &prompt, &prompt_items, &items)
-                    }
+                    Some(r) => r.render_echo(
+                        s.state.frontend.tokenizer(),
+                        &s.prompts[out.prompt],
+                        &prompt_items,
+                        &items,
+                    ),
                     None => Value::Null,
                 };
-                (format!("{}{content}", echo.text), logprobs)
+                (format!("{}{content}", echo.texts[out.prompt]), logprobs)
             }
             None => (content, out.render_logprobs(&s.state, &items)),
         };
@@ -123,6 +125,8 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
 pub struct ChoiceOut {
     /// The choice's index.
     pub index: usize,
+    /// Which of the request's prompts it completes.
+    pub prompt: usize,
     /// Its text so far, as generated (before tool calls are read out of it).
     pub text: String,
     /// How it ended, once it has.
@@ -162,10 +166,12 @@ pub struct Streaming {
     pub meta: ResponseMeta,
     /// Send a usage chunk at the end.
     pub include_usage: bool,
-    /// Prompt tokens (counted once, whatever `n`).
+    /// Prompt tokens (each prompt counted once, whatever `n`).
     pub prompt_tokens: u32,
-    /// The prompt's ids (an echo's logprobs name them).
-    pub prompt: Vec<u32>,
+    /// The prompts' ids (an echo's logprobs name them).
+    pub prompts: Vec<Vec<u32>>,
+    /// Choices per prompt.
+    pub n: usize,
     /// `echo` (completions).
     pub echo: Option<Echo>,
     /// The app (for the sample sink).
@@ -175,7 +181,7 @@ pub struct Streaming {
 }
 
 impl Streaming {
-    /// The response's `usage`: the prompt once (and what of it the first choice took from the
+    /// The response's `usage`: each prompt once (and what of it its first choice took from the
     /// prefix cache), the completion tokens of every choice.
     pub fn usage(&self) -> Usage {
         let ended = self.outs.iter().filter_map(|o| o.summary.as_ref());
@@ -184,24 +190,37 @@ impl Streaming {
             Some(e) if !e.generate => 0,
             _ => ended.map(|s| s.completion_tokens).sum(),
         };
-        let cached = self.outs[0].summary.as_ref().map_or(0, |s| s.cached_tokens);
+        let cached = self
+            .outs
+            .iter()
+            .step_by(self.n.max(1))
+            .filter_map(|o| o.summary.as_ref())
+            .map(|s| s.cached_tokens)
+            .sum();
         Usage::new(self.prompt_tokens, completion, cached)
     }
 }
 
 fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
     let context = state.disagg.effective_context()?;
-    let admitted = admit(
-        p.tokens,
-        p.common.max_tokens,
-        context,
-        p.endpoint.prompt_param(),
-    )?;
+    let admitted = p
+        .prompts
+        .into_iter()
+        .map(|tokens| {
+            admit(
+                tokens,
+                p.common.max_tokens,
+                context,
+                p.endpoint.prompt_param(),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let limits = state.tenants.limits(&p.tenant);
+    let prompt_tokens: usize = admitted.iter().map(|a| a.prompt.len()).sum();
     state.token_rates.admit(
         &p.tenant,
         limits.tokens_per_minute,
-        admitted.prompt.len(),
+        prompt_tokens,
         Instant::now(),
     )?;
     let meter = TokenMeter::new(
@@ -211,30 +230,41 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
     );
     let namespace = state.tenants.namespace(&p.tenant);
     let n = p.common.n as usize;
-    let prompt_tokens = admitted.prompt.len() as u32;
-    let prompt = admitted.prompt.clone();
-    let jobs: Vec<Job> = (0..n)
-        .map(|i| {
-            let mut sampling = p.common.sampling.clone();
-            sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
-            Job {
-                id: RequestId::random(),
-                tenant: p.tenant.clone(),
-                admitted: admitted.clone(),
-                sampling,
-                arrived: p.arrived,
-                weight: limits.weight,
-                namespace,
-                meter: meter.clone(),
-            }
+    let prompts: Vec<Vec<u32>> = admitted.iter().map(|a| a.prompt.clone()).collect();
+    // Choice `index` (of prompt `index / n`) samples with `seed + index`.
+    let groups: Vec<Vec<Job>> = admitted
+        .iter()
+        .enumerate()
+        .map(|(k, a)| {
+            (0..n)
+                .map(|i| {
+                    let mut sampling = p.common.sampling.clone();
+                    sampling.seed = sampling.seed.map(|s| s.wrapping_add((k * n + i) as u64));
+                    Job {
+                        id: RequestId::random(),
+                        tenant: p.tenant.clone(),
+                        admitted: a.clone(),
+                        sampling,
+                        arrived: p.arrived,
+                        weight: limits.weight,
+                        namespace,
+                        meter: meter.clone(),
+                    }
+                })
+                .collect()
         })
         .collect();
-    let first_id = jobs[0].id;
-    let choices = Choices::start(state.disagg.clone(), jobs)?;
+    let first_id = groups
+        .first()
+        .and_then(|g| g.first())
+        .map(|j| j.id)
+        .ok_or_else(|| RouterError::Internal("a request without prompts".into()))?;
+    let choices = Choices::start(state.disagg.clone(), groups)?;
     let format = state.frontend.tool_call_format();
-    let outs = (0..n)
+    let outs = (0..prompts.len() * n)
         .map(|index| ChoiceOut {
             index,
+            prompt: index / n,
             text: String::new(),
             finish: None,
             pending: Vec::new(),
@@ -258,8 +288,9 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
             state.frontend.model_name(),
         ),
         include_usage: p.common.include_usage,
-        prompt_tokens,
-        prompt,
+        prompt_tokens: prompt_tokens as u32,
+        prompts,
+        n,
         echo: p.echo,
         state: state.clone(),
         slot: p.slot,

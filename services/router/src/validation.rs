@@ -23,6 +23,8 @@ pub const MAX_REPETITION_PENALTY: f64 = 10.0;
 pub const MAX_TOP_LOGPROBS: i64 = pagewarden_model::MAX_TOP_LOGPROBS as i64;
 /// At most this many texts in a `choice`.
 pub const MAX_CHOICES: usize = 256;
+/// Most prompts one `/v1/completions` request may hold (a batch, each its own choices).
+pub const MAX_PROMPTS: usize = 64;
 /// Most choices (`n`) one request may ask for: each is a sequence of its own on decode.
 pub const MAX_N: i64 = 16;
 /// Longest `choice` text or regular expression, in bytes.
@@ -107,8 +109,8 @@ pub struct ValidCommon {
 /// A `/v1/completions` body that passed every check.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidCompletionRequest {
-    /// The prompt.
-    pub prompt: Prompt,
+    /// The prompts (one, or a batch): each gets `n` choices, indexed on across the batch.
+    pub prompts: Vec<Prompt>,
     /// `echo`: the prompt comes back before the completion (with its tokens' logprobs when
     /// `logprobs` is set); with `max_tokens: 0`, alone.
     pub echo: bool,
@@ -131,7 +133,7 @@ impl ValidCompletionRequest {
     /// Parses a `/v1/completions` body.
     pub fn parse(body: &Map<String, Value>) -> Result<Self, ValidationError> {
         let f = Fields::new(body);
-        let prompt = parse_prompt(&f)?;
+        let prompts = parse_prompts(&f)?;
         let echo = f.bool("echo")?.unwrap_or(false);
         f.only_default("best_of", &[json!(1)])?;
         f.only_default("suffix", &[json!("")])?;
@@ -147,7 +149,7 @@ impl ValidCompletionRequest {
         }
         f.reject_unknown()?;
         Ok(Self {
-            prompt,
+            prompts,
             echo,
             common,
         })
@@ -767,6 +769,34 @@ fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ValidationError> {
             other => Err(f.err(
                 &format!("stop[{i}]"),
                 format!("must be a string, found {}", kind_of(other)),
+            )),
+        })
+        .collect()
+}
+
+/// A completions `prompt`: one (as [`parse_prompt`]) or a batch, an array of several strings
+/// or several arrays of token ids.
+fn parse_prompts(f: &Fields<'_>) -> Result<Vec<Prompt>, ValidationError> {
+    let batch = match f.get("prompt") {
+        Some(Value::Array(items))
+            if items.len() > 1 && items.iter().all(|v| v.is_string() || v.is_array()) =>
+        {
+            items
+        }
+        _ => return parse_prompt(f).map(|p| vec![p]),
+    };
+    if batch.len() > MAX_PROMPTS {
+        return Err(f.err("prompt", format!("may hold at most {MAX_PROMPTS} prompts")));
+    }
+    batch
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            Value::String(s) => Ok(Prompt::Text(s.clone())),
+            Value::Array(ids) => token_ids(f, &format!("prompt[{i}]"), ids).map(Prompt::Tokens),
+            other => Err(f.err(
+                &format!("prompt[{i}]"),
+                format!("must be a string or token ids, found {}", kind_of(other)),
             )),
         })
         .collect()

@@ -71,7 +71,7 @@ async fn bad_parameters_are_400_naming_the_field() {
         (json!({}), "prompt"),
         (json!({"prompt": 5}), "prompt"),
         (json!({"prompt": []}), "prompt"),
-        (json!({"prompt": ["a", "b"]}), "prompt"),
+        (json!({"prompt": ["a", [1, -2]]}), "prompt[1][1]"),
         (json!({"prompt": [1, -2]}), "prompt[1]"),
         (json!({"prompt": [1, 99999999]}), "prompt[1]"),
         (json!({"prompt": "hi", "max_tokens": 0}), "max_tokens"),
@@ -933,6 +933,31 @@ async fn n_choices_each_with_its_seed_whole_and_streamed() {
     }
     let usage = &chunks.last().unwrap()["usage"];
     assert_eq!(usage["completion_tokens"], 6, "{text}");
+    // A batch of prompts: n choices each, indexed on across the batch, seeds running on.
+    let body = json!({"prompt": ["hi", [5, 6, 7]], "max_tokens": 2, "n": 2, "seed": 20});
+    let v: Value = h.post("/v1/completions", &body).await.json().await.unwrap();
+    let indices: Vec<u64> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, [0, 1, 2, 3], "{v}");
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        h.tokens("hi").len() + 3,
+        "each prompt once: {v}"
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    let mut seeds: Vec<Option<u64>> = h
+        .decode
+        .iter()
+        .flat_map(|d| d.calls.lock().reserve.clone())
+        .map(|r| r.sampling.unwrap().seed)
+        .filter(|s| s.is_some_and(|s| s >= 20))
+        .collect();
+    seeds.sort();
+    assert_eq!(seeds, [Some(20), Some(21), Some(22), Some(23)]);
     chat["n"] = json!(0);
     let err = expect_error(h.post("/v1/chat/completions", &chat).await, 400).await;
     assert_eq!(err["param"], "n");
