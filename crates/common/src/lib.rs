@@ -25,7 +25,6 @@ pub mod edge;
 pub mod integrity;
 pub mod metrics;
 pub mod preflight;
-pub mod seal_mode;
 pub mod secret;
 pub mod shutdown;
 pub mod telemetry;
@@ -36,5 +35,5 @@ pub mod tls;
 pub mod vllm_metrics;
 pub mod worker_config;
 
-pub use pagewarden_types::{admission, cache_event, ids, namespace};
+pub use pagewarden_types::{admission, cache_event, ids, namespace, seal_mode};
 pub use pagewarden_types::{AttemptId, RequestId, TenantId};

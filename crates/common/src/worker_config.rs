@@ -117,7 +117,7 @@ pub struct WorkerFlags {
     /// grant (over gRPC, under mutual TLS), instead of TLS on the transfer stream: `mac`
     /// authenticates frames and page bytes, `aead` also encrypts the page bytes. Unset: TLS on
     /// the stream when TLS files are given, as gRPC.
-    #[arg(long, value_enum)]
+    #[arg(long, value_name = "mac|aead")]
     pub transfer_seal: Option<SealMode>,
     /// Internal mutual TLS (gRPC and KV transfer).
     #[command(flatten)]

@@ -23,7 +23,7 @@ use std::fmt;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
 use ring::hmac;
 
-pub use pagewarden_common::seal_mode::SealMode;
+pub use pagewarden_types::seal_mode::SealMode;
 
 use crate::frame::{FrameError, FrameType, Header, CHALLENGE_LEN, WRITE_FIXED_LEN};
 use crate::types::GrantKey;

@@ -9,6 +9,7 @@
 //! - `integrity`: the kinds of integrity event a worker reports and the auditor files (I8).
 //! - `cache_event`: prefix-cache events a worker reports to the auditor (I10).
 //! - `finish_reason`: why a generation ended.
+//! - `seal_mode`: what a sealed KV transfer frame protects (integrity, or confidentiality too).
 //! - `unknown_value`: the error of parsing a text that names none of an enum's values.
 
 pub mod admission;
@@ -17,6 +18,7 @@ pub mod finish_reason;
 pub mod ids;
 pub mod integrity;
 pub mod namespace;
+pub mod seal_mode;
 pub mod unknown_value;
 
 pub use finish_reason::FinishReason;

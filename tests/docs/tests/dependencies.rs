@@ -66,6 +66,14 @@ fn the_kv_pool_and_the_vocabulary_link_no_runtime() {
 }
 
 #[test]
+fn the_transfer_protocol_links_no_service_runtime() {
+    assert_links_none(
+        "pagewarden-transfer",
+        &["pagewarden-common", "tonic", "axum", "hyper"],
+    );
+}
+
+#[test]
 fn the_check_sees_a_dependency_that_is_there() {
     // Decode runs the model: if this finds no kernels, the two checks above prove nothing.
     let deps = normal_dependencies("pagewarden-decode");

@@ -3,11 +3,14 @@
 //! `pagewarden-transfer`'s `seal.rs`).
 
 use std::fmt;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::UnknownValue;
+
 /// What a seal protects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SealMode {
     /// Integrity only: frame fields and page bytes authenticated, page bytes in clear.
@@ -40,6 +43,21 @@ impl SealMode {
             SealMode::Mac => "mac",
             SealMode::Aead => "aead",
         }
+    }
+}
+
+impl FromStr for SealMode {
+    type Err = UnknownValue;
+
+    /// `mac` or `aead` (a flag's or a config file's value).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [SealMode::Mac, SealMode::Aead]
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| UnknownValue {
+                what: "seal mode (mac or aead)",
+                value: s.to_string(),
+            })
     }
 }
 
