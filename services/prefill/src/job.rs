@@ -284,6 +284,10 @@ async fn compute(
 /// overhead bounded while a job that starts waiting waits for at most that many tokens; while
 /// one waits, one pass of `pass` tokens, then the turn ends. How many tokens ran, and the
 /// last pass's logits.
+/// What passes computed: the last position's logits, and the positions scored
+/// (`prompt_logprobs`).
+type Computed = (Vec<f32>, Vec<TokenLogprobs>);
+
 #[allow(clippy::too_many_arguments)]
 fn passes(
     d: &JobDeps,
@@ -294,7 +298,7 @@ fn passes(
     done: usize,
     pass: usize,
     score: Option<(usize, Option<u32>)>,
-) -> (usize, Result<(Vec<f32>, Vec<TokenLogprobs>), ComputeError>) {
+) -> (usize, Result<Computed, ComputeError>) {
     let mut ran = 0;
     let mut result = Ok((Vec::new(), Vec::new()));
     let mut scored = Vec::new();
