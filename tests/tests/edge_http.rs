@@ -342,7 +342,7 @@ async fn refusals_are_openai_errors_and_good_requests_still_succeed() {
             "context_length_exceeded",
             "max_tokens",
         ),
-        (json!({"prompt": "x", "n": 3}), "invalid_value", "n"),
+        (json!({"prompt": "x", "n": 17}), "invalid_value", "n"),
         (
             json!({"prompt": "x", "stream": "yes"}),
             "invalid_value",

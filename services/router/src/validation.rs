@@ -25,6 +25,9 @@ pub const MAX_TOP_LOGPROBS: i64 = pagewarden_model::MAX_TOP_LOGPROBS as i64;
 pub const MAX_CHOICES: usize = 256;
 /// Most prompts one `/v1/completions` request may hold (a batch, each its own choices).
 pub const MAX_PROMPTS: usize = 64;
+/// Most sequences one request may start (prompts × `n`): one request holds one concurrency
+/// slot, so its fan-out is bounded.
+pub const MAX_SEQUENCES: usize = 64;
 /// Most choices (`n`) one request may ask for: each is a sequence of its own on decode.
 pub const MAX_N: i64 = 16;
 /// Longest `choice` text or regular expression, in bytes.
@@ -141,6 +144,17 @@ impl ValidCompletionRequest {
             .integer("logprobs", 0, MAX_TOP_LOGPROBS)?
             .map(|n| n as u32);
         let mut common = parse_common(&f, "max_tokens", logprobs, echo)?;
+        if prompts.len() * common.n as usize > MAX_SEQUENCES {
+            return Err(f.err(
+                "n",
+                format!(
+                    "times the {} prompts asks for {} choices; a request may start at most \
+                     {MAX_SEQUENCES}",
+                    prompts.len(),
+                    prompts.len() * common.n as usize
+                ),
+            ));
+        }
         if echo {
             if common.stream {
                 return Err(f.err("echo", "is answered whole: send it with `stream: false`"));

@@ -80,6 +80,7 @@ async fn bad_parameters_are_400_naming_the_field() {
             "echo",
         ),
         (json!({"prompt": "hi", "echo": 1}), "echo"),
+        (json!({"prompt": ["a", "b", "c", "d", "e"], "n": 16}), "n"),
         (json!({"prompt": "hi", "max_tokens": "3"}), "max_tokens"),
         (json!({"prompt": "hi", "max_tokens": 1.5}), "max_tokens"),
         (json!({"prompt": "hi", "temperature": 2.5}), "temperature"),
