@@ -357,7 +357,7 @@ async fn refusals_are_openai_errors_and_good_requests_still_succeed() {
         (json!({"max_tokens": 2}), "invalid_value", "prompt"),
         (json!({"prompt": []}), "invalid_value", "prompt"),
         (json!({"prompt": [1, -2]}), "invalid_value", "prompt[1]"),
-        (json!({"prompt": ["a", "b"]}), "invalid_value", "prompt"),
+        (json!({"prompt": vec!["a"; 65]}), "invalid_value", "prompt"),
     ];
     for (body, code, param) in bad {
         let r = client()
@@ -385,7 +385,7 @@ async fn refusals_are_openai_errors_and_good_requests_still_succeed() {
         ),
         (
             json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}),
-            "tools",
+            "tools[0].function",
         ),
     ] {
         let r = client()
