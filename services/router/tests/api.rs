@@ -264,11 +264,10 @@ async fn logit_bias_reaches_the_workers_by_token_id_and_bad_ones_name_the_field(
     let r = h.post("/v1/chat/completions", &chat).await;
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
     let sent: Vec<Vec<(u32, f32)>> = h
-        .decode
-        .iter()
-        .flat_map(|d| d.calls.lock().reserve.clone())
+        .reserved_sampling()
+        .into_iter()
         .map(|r| {
-            let mut b: Vec<(u32, f32)> = r.sampling.unwrap().logit_bias.into_iter().collect();
+            let mut b: Vec<(u32, f32)> = r.logit_bias.into_iter().collect();
             b.sort_by_key(|&(t, _)| t);
             b
         })
@@ -347,10 +346,9 @@ async fn vllm_structured_outputs_reach_the_workers_as_one_grammar_and_bad_ones_n
         assert_eq!(r.status(), 200, "{extra}: {:?}", r.text().await);
     }
     let sent: Vec<Option<Wire>> = h
-        .decode
-        .iter()
-        .flat_map(|d| d.calls.lock().reserve.clone())
-        .map(|r| r.sampling.unwrap().grammar)
+        .reserved_sampling()
+        .into_iter()
+        .map(|s| s.grammar)
         .collect();
     let want: Vec<Option<Wire>> = cases.iter().map(|(_, w)| Some(w.clone())).collect();
     assert_eq!(sent, want);
@@ -823,10 +821,9 @@ async fn tool_turns_and_forced_choices_reach_the_workers() {
         assert_eq!(r.status(), 200, "{choice}: {:?}", r.text().await);
     }
     let sent: Vec<Option<Wire>> = h
-        .decode
-        .iter()
-        .flat_map(|d| d.calls.lock().reserve.clone())
-        .map(|r| r.sampling.unwrap().grammar)
+        .reserved_sampling()
+        .into_iter()
+        .map(|s| s.grammar)
         .collect();
     assert_eq!(sent.len(), 3);
     assert_eq!(sent[0], None, "auto is not constrained");
@@ -899,12 +896,7 @@ async fn n_choices_each_with_its_seed_whole_and_streamed() {
     }
     assert_eq!(v["usage"]["prompt_tokens"], h.tokens("hi").len());
     assert_eq!(v["usage"]["completion_tokens"], 9, "{v}");
-    let seeds: Vec<Option<u64>> = h
-        .decode
-        .iter()
-        .flat_map(|d| d.calls.lock().reserve.clone())
-        .map(|r| r.sampling.unwrap().seed)
-        .collect();
+    let seeds: Vec<Option<u64>> = h.reserved_sampling().into_iter().map(|s| s.seed).collect();
     let mut sorted = seeds.clone();
     sorted.sort();
     assert_eq!(sorted, vec![Some(5), Some(6), Some(7)], "seed + index");
@@ -951,10 +943,9 @@ async fn n_choices_each_with_its_seed_whole_and_streamed() {
     );
     assert_eq!(v["usage"]["completion_tokens"], 8);
     let mut seeds: Vec<Option<u64>> = h
-        .decode
-        .iter()
-        .flat_map(|d| d.calls.lock().reserve.clone())
-        .map(|r| r.sampling.unwrap().seed)
+        .reserved_sampling()
+        .into_iter()
+        .map(|s| s.seed)
         .filter(|s| s.is_some_and(|s| s >= 20))
         .collect();
     seeds.sort();

@@ -254,6 +254,15 @@ pub async fn expect_error(resp: reqwest::Response, status: u16) -> Value {
 }
 
 impl Harness {
+    /// The sampling parameters of every `Reserve` the decode fakes received, in order.
+    pub fn reserved_sampling(&self) -> Vec<pagewarden_proto::v1::SamplingParams> {
+        self.decode
+            .iter()
+            .flat_map(|d| d.calls.lock().reserve.clone())
+            .map(|r| r.sampling.expect("Reserve carries sampling"))
+            .collect()
+    }
+
     /// A streamed response's chunks, parsed (`[DONE]`, which must end it, left out), and the
     /// raw body for messages.
     pub async fn stream_chunks(&self, path: &str, body: &Value) -> (Vec<Value>, String) {
