@@ -216,3 +216,21 @@ fn a_scored_prefill_gives_each_prompt_token_the_logprob_a_prefill_of_its_prefix_
     let (_, scored) = m.prefill_scored(None, &mut c, &toks, None, 0).unwrap();
     assert_eq!(scored.len(), toks.len() - 1);
 }
+
+#[test]
+fn a_long_scored_prefill_scores_as_a_short_chunked_one() {
+    // 150 tokens: past the rows one scored pass holds, with a chunk size that would hold all.
+    let toks = prompt(150, 6);
+    let big = model(2, 1000, false);
+    let small = model(1, 7, false);
+    let p = pool(&big, 16);
+    let (mut a, mut b) = (seq(&p, 1), seq(&p, 2));
+    let (la, sa) = big.prefill_scored(None, &mut a, &toks, None, 2).unwrap();
+    let (lb, sb) = small.prefill_scored(None, &mut b, &toks, None, 2).unwrap();
+    assert_eq!(sa.len(), toks.len() - 1);
+    assert!(max_diff(&la, &lb) < 1e-4);
+    for (x, y) in sa.iter().zip(&sb) {
+        assert_eq!(x.chosen.token, y.chosen.token);
+        assert!((x.chosen.logprob - y.chosen.logprob).abs() < 1e-4);
+    }
+}

@@ -16,7 +16,7 @@ use pagewarden_model::FinishReason;
 
 use crate::choices::{ChoiceEvent, Choices};
 use crate::disagg::Summary;
-use crate::dispatch::Job;
+use crate::dispatch::{Job, Token};
 use crate::error::RouterError;
 use crate::logprobs::LogprobsRenderer;
 use crate::metrics::Outcome;
@@ -73,28 +73,24 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
     if stream {
         return sse::response(s, record);
     }
-    if let Err(e) = collect(&mut s).await {
-        record.fail(&e);
-        return e.into_response();
-    }
+    let answers = match collect(&mut s).await {
+        Ok(answers) => answers,
+        Err(e) => {
+            record.fail(&e);
+            return e.into_response();
+        }
+    };
     let usage = s.usage();
     let mut choices = Vec::with_capacity(s.outs.len());
-    for out in &mut s.outs {
+    for (out, shown) in s.outs.iter_mut().zip(answers) {
         let mut finish = out.finish.unwrap_or(FinishReason::Abort);
+        let (mut content, calls) = (shown.text, shown.calls);
         if s.echo.as_ref().is_some_and(|e| !e.generate) {
             // Nothing generated is answered: the prompt alone, cut at its end.
-            out.text.clear();
+            content.clear();
             out.pending.clear();
             finish = FinishReason::Length;
         }
-        let (content, finish, calls) = match out.tools.as_mut() {
-            Some(reader) => {
-                let released = reader.push(&out.text);
-                let (end, finish) = reader.finish(finish);
-                (released + &end.text, finish, end.calls)
-            }
-            None => (out.text.clone(), finish, Vec::new()),
-        };
         record.set(outcome_of_finish(finish));
         if let Some(summary) = &out.summary {
             finished(&s.state, summary, &s.meta, &out.text, finish);
@@ -145,7 +141,44 @@ pub struct ChoiceOut {
     pub first: bool,
 }
 
+/// What a choice's tokens make visible to the client.
+#[derive(Debug, Default)]
+pub struct Shown {
+    /// Text to show (with tools, never what may still be a call).
+    pub text: String,
+    /// How the choice ended, when this token ended it (`tool_calls` when read as calls).
+    pub finish: Option<FinishReason>,
+    /// The calls the reply made, at its end.
+    pub calls: Vec<Value>,
+}
+
 impl ChoiceOut {
+    /// Takes the choice's next token: its logprobs wait for rendering, and what it makes
+    /// visible comes back. The one reading of a token, for whole answers and for streams.
+    pub fn accept(&mut self, token: Token) -> Shown {
+        self.pending.extend(token.logprobs);
+        self.prompt_logprobs.extend(token.prompt_logprobs);
+        self.text.push_str(&token.text);
+        let mut shown = Shown {
+            text: match self.tools.as_mut() {
+                Some(reader) => reader.push(&token.text),
+                None => token.text,
+            },
+            finish: token.finish,
+            calls: Vec::new(),
+        };
+        if let (Some(f), Some(reader)) = (token.finish, self.tools.as_mut()) {
+            let (end, f) = reader.finish(f);
+            shown.text.push_str(&end.text);
+            shown.calls = end.calls;
+            shown.finish = Some(f);
+        }
+        if shown.finish.is_some() {
+            self.finish = shown.finish;
+        }
+        shown
+    }
+
     /// The `logprobs` value of a chunk or choice holding the tokens of `items`; null when the
     /// request asked for none.
     pub fn render_logprobs(&mut self, state: &AppState, items: &[Logprobs]) -> Value {
@@ -170,8 +203,6 @@ pub struct Streaming {
     pub prompt_tokens: u32,
     /// The prompts' ids (an echo's logprobs name them).
     pub prompts: Vec<Vec<u32>>,
-    /// Choices per prompt.
-    pub n: usize,
     /// `echo` (completions).
     pub echo: Option<Echo>,
     /// The app (for the sample sink).
@@ -190,10 +221,12 @@ impl Streaming {
             Some(e) if !e.generate => 0,
             _ => ended.map(|s| s.completion_tokens).sum(),
         };
+        // Each prompt's first choice is the one that may have found its prompt cached.
+        let n = self.outs.len() / self.prompts.len().max(1);
         let cached = self
             .outs
             .iter()
-            .step_by(self.n.max(1))
+            .step_by(n.max(1))
             .filter_map(|o| o.summary.as_ref())
             .map(|s| s.cached_tokens)
             .sum();
@@ -290,31 +323,28 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
         include_usage: p.common.include_usage,
         prompt_tokens: prompt_tokens as u32,
         prompts,
-        n,
         echo: p.echo,
         state: state.clone(),
         slot: p.slot,
     })
 }
 
-/// Every choice whole: texts, finish reasons and logprobs gathered into `s.outs`.
-async fn collect(s: &mut Streaming) -> Result<(), RouterError> {
+/// Every choice whole: what each shows (by index), with finish reasons and logprobs gathered
+/// into `s.outs`.
+async fn collect(s: &mut Streaming) -> Result<Vec<Shown>, RouterError> {
+    let mut answers: Vec<Shown> = s.outs.iter().map(|_| Shown::default()).collect();
     while let Some((i, event)) = s.choices.next().await {
-        let out = &mut s.outs[i];
         match event {
             ChoiceEvent::Token(token) => {
-                out.text.push_str(&token.text);
-                out.pending.extend(token.logprobs);
-                out.prompt_logprobs.extend(token.prompt_logprobs);
-                if token.finish.is_some() {
-                    out.finish = token.finish;
-                }
+                let shown = s.outs[i].accept(token);
+                answers[i].text.push_str(&shown.text);
+                answers[i].calls.extend(shown.calls);
             }
-            ChoiceEvent::Ended(summary) => out.summary = Some(summary),
+            ChoiceEvent::Ended(summary) => s.outs[i].summary = Some(summary),
             ChoiceEvent::Failed(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(answers)
 }
 
 /// `completed` for stop/length/tool calls, `aborted` when a worker aborted.

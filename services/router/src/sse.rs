@@ -19,7 +19,7 @@ use crate::choices::ChoiceEvent;
 use crate::dispatch::Token;
 
 use crate::record::Record;
-use crate::respond::{finished, outcome_of_finish, Streaming};
+use crate::respond::{finished, outcome_of_finish, Shown, Streaming};
 
 struct State {
     s: Streaming,
@@ -31,22 +31,11 @@ struct State {
 impl State {
     fn push(&mut self, index: usize, token: Token) {
         let out = &mut self.s.outs[index];
-        out.pending.extend(token.logprobs);
-        out.text.push_str(&token.text);
-        // With tools, text that may be a call is held until the reply ends.
-        let mut text = match out.tools.as_mut() {
-            Some(reader) => reader.push(&token.text),
-            None => token.text,
-        };
-        let mut finish = token.finish;
-        let mut calls = Vec::new();
-        if let (Some(f), Some(reader)) = (finish, out.tools.as_mut()) {
-            let (end, f) = reader.finish(f);
-            text.push_str(&end.text);
-            calls = end.calls;
-            finish = Some(f);
-        }
-        out.finish = finish;
+        let Shown {
+            text,
+            finish,
+            calls,
+        } = out.accept(token);
         // Nothing to show (mid-UTF-8, or text held back for a possible stop sequence).
         if text.is_empty() && finish.is_none() && !out.first {
             return;

@@ -68,6 +68,9 @@ impl std::fmt::Debug for Model {
     }
 }
 
+/// Most positions one scored pass computes logits for ([`Model::prefill_scored`]).
+const SCORED_ROWS: usize = 64;
+
 impl Model {
     /// Memory-maps and loads the GGUF model at `path`.
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, ModelError> {
@@ -240,7 +243,13 @@ impl Model {
         let mut scored = Vec::new();
         let mut last = Vec::new();
         let mut at = 0;
-        for chunk in tokens.chunks(self.opts.prefill_chunk) {
+        // Scoring holds every row's logits of a pass (rows × vocabulary floats): passes of at
+        // most SCORED_ROWS bound that (39 MB at a 152k vocabulary) whatever the chunk size.
+        let chunk_size = match score {
+            Some(_) => self.opts.prefill_chunk.min(SCORED_ROWS),
+            None => self.opts.prefill_chunk,
+        };
+        for chunk in tokens.chunks(chunk_size.max(1)) {
             let mut work = [SeqWork::after(prefix, &mut *seq, chunk)];
             work[0].all_logits = score.is_some();
             let logits = self.forward(&mut work).pop().expect("one sequence")?;
