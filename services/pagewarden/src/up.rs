@@ -314,12 +314,14 @@ async fn start_one(
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let pb = spinner(format!("starting {} ({what})", spec.name));
+    let began = std::time::Instant::now();
     let r = children::start(&spec, &dir.join("logs"), timeout).await;
     pb.finish_and_clear();
     let r: Running = r?;
     eprintln!(
-        "{} listening: {}",
+        "{} listening after {:.1} s: {}",
         r.name,
+        began.elapsed().as_secs_f64(),
         r.listening
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
