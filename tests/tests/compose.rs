@@ -531,13 +531,15 @@ async fn faults_under_load(stack: &Stack, router: &str, keys: [(&'static str, St
 
     let kv = format!("{}_kv", stack.project);
     let kv_ip = format!("{}.22", stack.kv_subnet);
+    let decode0 = container(stack, "decode-0");
+    let prefill0 = container(stack, "prefill-0");
+    let decode1 = container(stack, "decode-1");
     // Each fault: what it is, how it starts, how it heals, and what follows.
     type Step<'a> = Box<dyn Fn() + 'a>;
     let faults: [(&'static str, Step, Step, &'static str, &str); 3] = [
         (
             "decode-0 killed",
             Box::new(|| {
-                let decode0 = container(stack, "decode-0");
                 ok(Command::new("docker").args(["kill", "-s", "KILL", &decode0]));
             }),
             // Docker may already have restarted it (restart: unless-stopped); start is a no-op
@@ -551,11 +553,9 @@ async fn faults_under_load(stack: &Stack, router: &str, keys: [(&'static str, St
         (
             "prefill-0 hung",
             Box::new(|| {
-                let prefill0 = container(stack, "prefill-0");
                 ok(Command::new("docker").args(["pause", &prefill0]));
             }),
             Box::new(|| {
-                let prefill0 = container(stack, "prefill-0");
                 ok(Command::new("docker").args(["unpause", &prefill0]));
             }),
             "prefill-0 thawed",
@@ -564,11 +564,9 @@ async fn faults_under_load(stack: &Stack, router: &str, keys: [(&'static str, St
         (
             "decode-1 partitioned",
             Box::new(|| {
-                let decode1 = container(stack, "decode-1");
                 ok(Command::new("docker").args(["network", "disconnect", &kv, &decode1]));
             }),
             Box::new(|| {
-                let decode1 = container(stack, "decode-1");
                 ok(Command::new("docker")
                     .args(["network", "connect", "--ip", &kv_ip, &kv, &decode1]));
             }),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pagewarden_system_tests::driver::{greedy, Driver};
 use pagewarden_system_tests::{start_decode, start_prefill, ModelArg};
-use pagewarden_testkit::eventually;
+use pagewarden_testkit::{eventually, Polling};
 
 const TINY: ModelArg = ModelArg::Tiny(7);
 const PREEMPTIONS: &str = "pagewarden_preemptions_total{role=\"decode\"}";
@@ -134,7 +134,9 @@ async fn a_waiting_tenant_gets_its_share_back_from_one_over_its_own() {
         })
         .collect();
     // Until "a" holds most of the pool (its prompts' 9 pages have grown past 24).
-    eventually(Duration::from_secs(60), "\"a\" to fill the pool", || {
+    // Asked every millisecond: "a" holds the pool only until its generations end.
+    let pace = Polling::within(Duration::from_secs(60)).every(Duration::from_millis(1));
+    eventually(pace, "\"a\" to fill the pool", || {
         let mut d = d.clone();
         async move {
             let info = d.decode_info().await;

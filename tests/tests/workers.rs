@@ -8,7 +8,7 @@ use std::time::Duration;
 use pagewarden_proto::v1 as pb;
 use pagewarden_system_tests::driver::{fresh_ref, greedy, reason, Driver};
 use pagewarden_system_tests::{reference, start_decode, start_prefill, ModelArg, Service};
-use pagewarden_testkit::{eventually, poll_until};
+use pagewarden_testkit::{eventually, poll_until, Polling};
 
 const CLEANUP_BOUND: Duration = Duration::from_secs(5);
 const TINY: ModelArg = ModelArg::Tiny(7);
@@ -395,7 +395,8 @@ async fn a_prefill_killed_mid_transfer_leaves_decode_clean() {
     let (r2, pr) = (req.clone(), prompt.clone());
     let call = tokio::spawn(async move { p.prefill(&r2, "t", &pr, grant, greedy(4)).await });
     // Kill as soon as decode has received page bytes (or right away if the call is done).
-    poll_until(Duration::from_secs(10), || async {
+    let pace = Polling::within(Duration::from_secs(10)).every(Duration::from_millis(1));
+    poll_until(pace, || async {
         call.is_finished()
             || decode
                 .metric("pagewarden_transfer_bytes_total{role=\"decode\"}")

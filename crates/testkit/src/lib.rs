@@ -86,8 +86,8 @@ impl Polling {
         }
     }
 
-    /// The same wait, asking every `every` instead: for a probe that costs (a container's
-    /// command, a browser's round trip) or a condition that cannot change faster.
+    /// The same wait, asking every `every` instead: slower for a probe that costs (a
+    /// container's command, a browser's round trip), faster for a state that does not last.
     pub fn every(self, every: Duration) -> Self {
         Polling {
             every: Some(every),
