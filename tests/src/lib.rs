@@ -264,16 +264,7 @@ impl Service {
 
     /// Waits up to `within` for the process to exit; `None` if it is still running.
     pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        let start = std::time::Instant::now();
-        loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            if start.elapsed() >= within {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        pagewarden_testkit::poll_until_blocking(within, || self.child.try_wait().ok().flatten())
     }
 
     /// One sample of the router's own `/metrics` (served on its HTTP address; 0 when absent).
@@ -301,14 +292,13 @@ trait WaitOrKill {
 
 impl WaitOrKill for Child {
     fn wait_timeout_or_kill(&mut self) -> Option<std::process::ExitStatus> {
-        for _ in 0..50 {
-            if let Ok(Some(s)) = self.try_wait() {
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.kill();
-        self.wait().ok()
+        let exited = pagewarden_testkit::poll_until_blocking(Duration::from_secs(1), || {
+            self.try_wait().ok().flatten()
+        });
+        exited.or_else(|| {
+            let _ = self.kill();
+            self.wait().ok()
+        })
     }
 }
 
@@ -561,18 +551,11 @@ async fn start_router_program(
     };
     router.files = Some(dir);
     let url = format!("{}/health", router.http_url());
-    let start = std::time::Instant::now();
-    loop {
-        if let Ok(r) = reqwest::get(&url).await {
-            if r.status().is_success() {
-                break;
-            }
-        }
-        assert!(
-            start.elapsed() < START_TIMEOUT,
-            "router never became healthy"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    pagewarden_testkit::eventually(START_TIMEOUT, "the router's /health", || async {
+        reqwest::get(&url)
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
     router
 }

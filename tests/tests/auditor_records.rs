@@ -13,7 +13,7 @@
 //!   binaries cannot be driven into without test-only switches, and preflight reports.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient;
@@ -22,6 +22,7 @@ use pagewarden_system_tests::{
     api_key, get_json, start_auditor, start_decode, start_prefill, start_router_with, ModelArg,
     Service,
 };
+use pagewarden_testkit::{eventually, poll_until};
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
@@ -54,27 +55,46 @@ fn by_kind(list: &[Value]) -> BTreeMap<String, usize> {
 /// Waits until the auditor holds `want` incidents in all, then a settle period to catch any
 /// extra one; returns the list.
 async fn expect_total(auditor: &Service, want: usize, what: &str) -> Vec<Value> {
-    let start = Instant::now();
-    loop {
-        let list = incidents(auditor).await;
-        if list.len() >= want {
-            tokio::time::sleep(Duration::from_millis(400)).await;
+    eventually(
+        Duration::from_secs(10),
+        &format!("{what}: {want} incidents"),
+        || async {
             let list = incidents(auditor).await;
-            assert_eq!(
-                list.len(),
-                want,
-                "{what}: expected {want} incidents in all, found {:?}: {list:#?}",
-                by_kind(&list)
-            );
-            return list;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{what}: expected {want} incidents within 10 s, found {:?}",
-            by_kind(&list)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            if list.len() >= want {
+                Ok(())
+            } else {
+                Err(format!("found {:?}", by_kind(&list)))
+            }
+        },
+    )
+    .await;
+    expect_no_more(auditor, want, Duration::from_millis(400), what).await
+}
+
+/// Watches for `within` (real time: what must not come has to be given the time to) that no
+/// incident beyond `want` arrives; returns the list.
+async fn expect_no_more(
+    auditor: &Service,
+    want: usize,
+    within: Duration,
+    what: &str,
+) -> Vec<Value> {
+    let more = poll_until(within, || async {
+        let list = incidents(auditor).await;
+        (list.len() > want).then_some(list)
+    })
+    .await;
+    let list = match more {
+        Some(list) => list,
+        None => incidents(auditor).await,
+    };
+    assert_eq!(
+        list.len(),
+        want,
+        "{what}: expected {want} incidents in all, found {:?}: {list:#?}",
+        by_kind(&list)
+    );
+    list
 }
 
 /// The newest incident (the list is newest first), checked to be of `kind`.
@@ -211,14 +231,14 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
             .expect("refused request");
         assert_eq!(r.status().as_u16(), 400);
     }
-    let start = Instant::now();
-    let summary = loop {
-        let s = get_json(&auditor, "/api/summary").await;
-        if s["samples"]["samples"].as_i64() >= Some(8) || start.elapsed() > Duration::from_secs(10)
-        {
-            break s;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let samples = |s: &Value| s["samples"]["samples"].as_i64() >= Some(8);
+    let summary = poll_until(Duration::from_secs(10), || async {
+        Some(get_json(&auditor, "/api/summary").await).filter(samples)
+    })
+    .await;
+    let summary = match summary {
+        Some(s) => s,
+        None => get_json(&auditor, "/api/summary").await,
     };
     assert!(
         summary["samples"]["samples"].as_i64() >= Some(8),
@@ -294,23 +314,24 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
     d.generate(&req, reply)
         .await
         .expect("the original request completes");
-    let start = Instant::now();
-    loop {
-        let s = get_json(&auditor, "/api/summary").await;
-        let counted = s["routine"]
-            .as_array()
-            .expect("routine counts")
-            .iter()
-            .any(|c| c["kind"] == "stale_message" && c["count"] == 1);
-        if counted {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the replayed reserve was not counted as a routine stale message: {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the replayed reserve counted as a routine stale message",
+        || async {
+            let s = get_json(&auditor, "/api/summary").await;
+            let counted = s["routine"]
+                .as_array()
+                .expect("routine counts")
+                .iter()
+                .any(|c| c["kind"] == "stale_message" && c["count"] == 1);
+            if counted {
+                Ok(())
+            } else {
+                Err(s)
+            }
+        },
+    )
+    .await;
     expect_total(&auditor, total, "replayed reserve (routine: no incident)").await;
 
     // Reports as the router and workers send them.
@@ -398,8 +419,7 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
     .collect();
     assert_eq!(by_kind(&list), want);
     // Decode refused every forgery cleanly: no page stayed reserved or was quarantined.
-    let start = Instant::now();
-    loop {
+    eventually(Duration::from_secs(5), "a free decode pool", || async {
         let used = decode
             .metric("pagewarden_pool_pages{role=\"decode\",state=\"used\"}")
             .await;
@@ -407,23 +427,26 @@ async fn one_incident_per_injected_violation_and_none_for_clean_runs() {
             .metric("pagewarden_pool_pages{role=\"decode\",state=\"draining\"}")
             .await;
         if used + draining == 0.0 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("used {used}, draining {draining}"))
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "decode pool not free: used {used}, draining {draining}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     assert_eq!(
         decode
             .metric("pagewarden_pool_pages{role=\"decode\",state=\"quarantined\"}")
             .await,
         0.0
     );
-    // ...and nothing more arrived once the pools settled (past the drain timeout).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    expect_total(&auditor, total, "after settling").await;
+    // ...and nothing more arrives once the pools settled (past the drain timeout).
+    expect_no_more(
+        &auditor,
+        total,
+        Duration::from_millis(1500),
+        "after settling",
+    )
+    .await;
 }
 
 /// A decode worker whose pool cannot hold its advertised context refuses to start (I7); I8 asks

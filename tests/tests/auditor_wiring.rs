@@ -2,7 +2,7 @@
 //! sample with no incident; an injected generation-mismatch integrity event, sent through the
 //! common `AuditorClient`, opens an incident within 5 s.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_common::auditor_client::{AuditorClient, AuditorIntegritySink};
 use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind, IntegritySink};
@@ -10,6 +10,7 @@ use pagewarden_common::{RequestId, TenantId};
 use pagewarden_system_tests::{
     api_key, get_json, start_auditor, start_decode, start_prefill, start_router, ModelArg, Service,
 };
+use pagewarden_testkit::poll_until;
 use serde_json::{json, Value};
 
 const TINY: ModelArg = ModelArg::Tiny(11);
@@ -21,13 +22,14 @@ async fn poll(
     within: Duration,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let start = Instant::now();
-    loop {
+    let answer = poll_until(within, || async {
         let v = get_json(auditor, path).await;
-        if done(&v) || start.elapsed() > within {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        done(&v).then_some(v)
+    })
+    .await;
+    match answer {
+        Some(v) => v,
+        None => get_json(auditor, path).await,
     }
 }
 

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pagewarden_common::tenants::ClientKeys;
 use pagewarden_system_tests::{bin, bin_dir, model_path};
+use pagewarden_testkit::{eventually, eventually_blocking, Polling};
 use serde_json::{json, Value};
 
 /// The model file name the compose file's commands name under `/models`.
@@ -226,11 +227,12 @@ fn wait_ready(stack: &Stack, rt: &tokio::runtime::Runtime, router: &str) {
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
+    let polling = Polling::within(READY_TIMEOUT).every(Duration::from_secs(1));
+    let what = format!("the router at {router} to be ready");
+    eventually_blocking(polling, &what, || {
         let r = rt.block_on(http.get(format!("{router}/ready")).send());
         if r.as_ref().is_ok_and(|r| r.status().is_success()) {
-            return;
+            return Ok(());
         }
         for service in WORKERS.iter().chain(&["router", "auditor", "postgres"]) {
             let id = stack.ok(&["ps", "-q", service]);
@@ -245,12 +247,8 @@ fn wait_ready(stack: &Stack, rt: &tokio::runtime::Runtime, router: &str) {
                 "{service} is not running steadily ({state}): see its logs below"
             );
         }
-        assert!(
-            Instant::now() < deadline,
-            "the router at {router} was not ready within {READY_TIMEOUT:?}: {r:?}"
-        );
-        std::thread::sleep(Duration::from_secs(1));
-    }
+        Err(format!("{r:?}"))
+    });
 }
 
 async fn post(http: &reqwest::Client, url: String, key: &str, body: Value) -> (u16, Value) {
@@ -328,8 +326,8 @@ async fn completions(router: &str, alice: &str, bob: &str) {
 
 /// Waits for the auditor's own first probe run to end; its status and message.
 fn auditor_probe_run(stack: &Stack) -> (String, String, i64) {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
+    let polling = Polling::within(Duration::from_secs(300)).every(Duration::from_secs(2));
+    eventually_blocking(polling, "the auditor's first probe run to end", || {
         let rows =
             stack.sql("SELECT status, started_at, message FROM probe_runs ORDER BY id LIMIT 1");
         if let Some(row) = rows.first() {
@@ -338,15 +336,11 @@ fn auditor_probe_run(stack: &Stack) -> (String, String, i64) {
             let started: i64 = cols.next().unwrap_or_default().parse().unwrap_or(0);
             let message = cols.next().unwrap_or_default().to_string();
             if status != "running" {
-                return (status, message, started);
+                return Ok((status, message, started));
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "the auditor's first probe run did not end within 300s: {rows:?}"
-        );
-        std::thread::sleep(Duration::from_secs(2));
-    }
+        Err(format!("{rows:?}"))
+    })
 }
 
 /// The router's deadline on every request under `compose/local/small.yml`.
@@ -379,19 +373,19 @@ fn load_prompt(tenant: &str, n: usize) -> String {
 }
 
 /// One client sending completions back to back, tagging each with the fault in force, until
-/// `stop`.
+/// `stop`; each outcome goes to `out` as it ends.
 async fn client(
     router: String,
     tenant: &'static str,
     key: String,
     during: Arc<Mutex<&'static str>>,
     stop: Arc<AtomicBool>,
-) -> Vec<Outcome> {
+    out: Arc<Mutex<Vec<Outcome>>>,
+) {
     let http = reqwest::Client::builder()
         .timeout(REQUEST_DEADLINE + Duration::from_secs(60))
         .build()
         .unwrap();
-    let mut out = Vec::new();
     let mut n = 0;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
@@ -413,6 +407,7 @@ async fn client(
                     .get("retry-after")
                     .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
                 let v = r.json().await.unwrap_or(Value::Null);
+                // Real time, as a real client waits.
                 if let (503, Some(secs)) = (status, wait) {
                     tokio::time::sleep(Duration::from_secs(secs.min(5))).await;
                 }
@@ -420,7 +415,7 @@ async fn client(
             }
             Err(e) => (0, json!({ "client_error": e.to_string() })),
         };
-        out.push(Outcome {
+        out.lock().unwrap().push(Outcome {
             tenant,
             during: fault,
             status,
@@ -432,7 +427,6 @@ async fn client(
             error: v["error"].clone(),
         });
     }
-    out
 }
 
 /// The router's `/health` body.
@@ -449,18 +443,17 @@ async fn wait_all_live(router: &str, what: &str) {
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
+    let polling = Polling::within(Duration::from_secs(120)).every(Duration::from_millis(500));
+    let what = format!("the router to see every worker again after {what}");
+    eventually(polling, &what, || async {
         let h = health(&http, router).await;
         if h["live_decode"] == 2 && h["live_prefill"] == 2 {
-            return;
+            Ok(())
+        } else {
+            Err(h)
         }
-        assert!(
-            Instant::now() < deadline,
-            "after {what}, the router did not see every worker again within 120 s: {h}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    })
+    .await
 }
 
 /// One series of a worker's `/metrics`, read inside its container (0 when absent).
@@ -499,6 +492,7 @@ fn container(stack: &Stack, service: &str) -> String {
 async fn faults_under_load(stack: &Stack, router: &str, keys: [(&'static str, String); 2]) {
     let during = Arc::new(Mutex::new("steady"));
     let stop = Arc::new(AtomicBool::new(false));
+    let ended = Arc::new(Mutex::new(Vec::new()));
     let clients: Vec<_> = [0, 1, 0, 1]
         .into_iter()
         .map(|i| {
@@ -509,47 +503,95 @@ async fn faults_under_load(stack: &Stack, router: &str, keys: [(&'static str, St
                 key,
                 during.clone(),
                 stop.clone(),
+                ended.clone(),
             ))
         })
         .collect();
     let set = |what: &'static str| *during.lock().unwrap() = what;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // A while of load in `phase`: `n` requests sent in it have ended.
+    let load_for = |phase: &'static str, n: usize| {
+        let ended = ended.clone();
+        async move {
+            let polling =
+                Polling::within(Duration::from_secs(300)).every(Duration::from_millis(500));
+            let what = format!("{n} requests {phase}");
+            eventually(polling, &what, || async {
+                ended
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|o| o.during == phase)
+                    .count()
+                    >= n
+            })
+            .await
+        }
+    };
+    load_for("steady", 8).await;
 
-    set("decode-0 killed");
-    let decode0 = container(stack, "decode-0");
-    ok(Command::new("docker").args(["kill", "-s", "KILL", &decode0]));
-    tokio::time::sleep(FAULT_FOR).await;
-    // Docker may already have restarted it (restart: unless-stopped); start is a no-op then.
-    stack.ok(&["start", "decode-0"]);
-    set("decode-0 restarting");
-    wait_all_live(router, "decode-0's restart").await;
-
-    set("prefill-0 hung");
-    let prefill0 = container(stack, "prefill-0");
-    ok(Command::new("docker").args(["pause", &prefill0]));
-    tokio::time::sleep(FAULT_FOR).await;
-    ok(Command::new("docker").args(["unpause", &prefill0]));
-    set("prefill-0 thawed");
-    wait_all_live(router, "prefill-0's thaw").await;
-
-    set("decode-1 partitioned");
-    let decode1 = container(stack, "decode-1");
     let kv = format!("{}_kv", stack.project);
     let kv_ip = format!("{}.22", stack.kv_subnet);
-    ok(Command::new("docker").args(["network", "disconnect", &kv, &decode1]));
-    tokio::time::sleep(FAULT_FOR).await;
-    ok(Command::new("docker").args(["network", "connect", "--ip", &kv_ip, &kv, &decode1]));
-    set("decode-1 rejoined");
-    wait_all_live(router, "decode-1's partition").await;
+    let decode0 = container(stack, "decode-0");
+    let prefill0 = container(stack, "prefill-0");
+    let decode1 = container(stack, "decode-1");
+    // Each fault: what it is, how it starts, how it heals, and what follows.
+    type Step<'a> = Box<dyn Fn() + 'a>;
+    let faults: [(&'static str, Step, Step, &'static str, &str); 3] = [
+        (
+            "decode-0 killed",
+            Box::new(|| {
+                ok(Command::new("docker").args(["kill", "-s", "KILL", &decode0]));
+            }),
+            // Docker may already have restarted it (restart: unless-stopped); start is a no-op
+            // then.
+            Box::new(|| {
+                stack.ok(&["start", "decode-0"]);
+            }),
+            "decode-0 restarting",
+            "decode-0's restart",
+        ),
+        (
+            "prefill-0 hung",
+            Box::new(|| {
+                ok(Command::new("docker").args(["pause", &prefill0]));
+            }),
+            Box::new(|| {
+                ok(Command::new("docker").args(["unpause", &prefill0]));
+            }),
+            "prefill-0 thawed",
+            "prefill-0's thaw",
+        ),
+        (
+            "decode-1 partitioned",
+            Box::new(|| {
+                ok(Command::new("docker").args(["network", "disconnect", &kv, &decode1]));
+            }),
+            Box::new(|| {
+                ok(Command::new("docker")
+                    .args(["network", "connect", "--ip", &kv_ip, &kv, &decode1]));
+            }),
+            "decode-1 rejoined",
+            "decode-1's partition",
+        ),
+    ];
+    for (fault, start, heal, healing, what) in faults {
+        set(fault);
+        start();
+        // Real time: a fault lasts as long as an outage would, under the load.
+        tokio::time::sleep(FAULT_FOR).await;
+        heal();
+        set(healing);
+        wait_all_live(router, what).await;
+    }
 
     // Healed: a while of steady load, which must all succeed.
     set("healed");
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    load_for("healed", 16).await;
     stop.store(true, Ordering::Relaxed);
-    let mut outcomes = Vec::new();
     for c in clients {
-        outcomes.extend(c.await.expect("a load client panicked"));
+        c.await.expect("a load client panicked");
     }
+    let outcomes = std::mem::take(&mut *ended.lock().unwrap());
 
     let mut phases: Vec<&str> = Vec::new();
     for o in &outcomes {
@@ -622,7 +664,10 @@ async fn faults_under_load(stack: &Stack, router: &str, keys: [(&'static str, St
     // Every reservation ended and every page came back: nothing quarantined or draining.
     let deadline = Instant::now() + Duration::from_secs(60);
     for w in WORKERS {
-        loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let polling = Polling::within(left).every(Duration::from_millis(500));
+        let what = format!("{w}: no page held after the faults healed");
+        eventually(polling, &what, || async {
             let held: Vec<(&str, f64)> = ["used", "draining", "quarantined"]
                 .into_iter()
                 .map(|state| {
@@ -634,14 +679,12 @@ async fn faults_under_load(stack: &Stack, router: &str, keys: [(&'static str, St
                 })
                 .collect();
             if held.iter().all(|(_, v)| *v == 0.0) {
-                break;
+                Ok(())
+            } else {
+                Err(format!("{held:?}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "{w}: pages still held after the faults healed: {held:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        })
+        .await;
     }
 }
 
@@ -653,16 +696,17 @@ async fn database_outage(stack: &Stack, router: &str, key: &str) {
             .parse()
             .expect("a count")
     };
-    // The load's last samples are still on their way: wait for the count to settle.
-    let mut before = count();
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+    // The load's last samples are still on their way: wait for the count to settle (the same
+    // in two reads 2 s apart).
+    let mut last = count();
+    let polling = Polling::within(Duration::from_secs(120)).every(Duration::from_secs(2));
+    let before = eventually(polling, "the sample count to settle", || {
         let now = count();
-        if now == before {
-            break;
-        }
-        before = now;
-    }
+        let settled = (now == last).then_some(now);
+        last = now;
+        async move { settled }
+    })
+    .await;
     stack.ok(&["stop", "-t", "5", "postgres"]);
     let http = reqwest::Client::builder()
         .timeout(REQUEST_DEADLINE + Duration::from_secs(30))
@@ -682,28 +726,28 @@ async fn database_outage(stack: &Stack, router: &str, key: &str) {
             "serving must not need the auditor's database: {body}"
         );
     }
+    // Real time: the database stays down a while after the completions, as in an outage.
     tokio::time::sleep(Duration::from_secs(5)).await;
     stack.ok(&["start", "postgres"]);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
+    let polling = Polling::within(Duration::from_secs(90)).every(Duration::from_secs(1));
+    let what = "the samples sent while the database was down";
+    eventually(polling, what, || async {
         // The database may still be starting up: no count yet, ask again.
         let now = stack
             .try_sql("SELECT count(*) FROM samples")
             .ok()
             .and_then(|rows| rows.first().and_then(|c| c.parse::<i64>().ok()));
-        if now == Some(before + SENT) {
-            break;
-        }
         assert!(
-            now.is_none_or(|n| n < before + SENT),
+            now.is_none_or(|n| n < before + SENT) || now == Some(before + SENT),
             "more samples than were sent: {now:?} > {before} + {SENT}"
         );
-        assert!(
-            Instant::now() < deadline,
-            "the samples sent while the database was down were lost: {now:?} of {before} + {SENT}"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+        if now == Some(before + SENT) {
+            Ok(())
+        } else {
+            Err(format!("{now:?} of {before} + {SENT}"))
+        }
+    })
+    .await;
 }
 
 /// `pagewarden probe` (this build's binary, from the host) as both dev tenants: it must pass.
@@ -832,21 +876,19 @@ fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
             "every worker's preflight report reached the auditor"
         );
         // Samples travel in the background: give the last ones a moment.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        let polling = Polling::within(Duration::from_secs(30)).every(Duration::from_millis(500));
+        let what = "the router's samples of the completions at the auditor";
+        eventually_blocking(polling, what, || {
             let tenants = stack.sql("SELECT DISTINCT tenant FROM samples ORDER BY tenant");
             let seen = ["dev-alice", "dev-bob"]
                 .iter()
                 .all(|t| tenants.iter().any(|s| s == t));
             if seen {
-                break;
+                Ok(())
+            } else {
+                Err(format!("{tenants:?}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "the router's samples of the completions never reached the auditor: {tenants:?}"
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        });
     });
     phase(
         "faults under load: decode kill -9, prefill hang, KV partition",

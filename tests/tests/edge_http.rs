@@ -6,11 +6,12 @@
 //! Holding a request in flight deterministically: the prefill worker is paused with SIGSTOP, so
 //! a request admitted by the router waits in its `Prefill` RPC until SIGCONT.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_system_tests::{
     api_key, start_decode, start_prefill, start_router, start_router_with, ModelArg, Service,
 };
+use pagewarden_testkit::{eventually, poll_until};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use serde_json::{json, Value};
 
@@ -106,19 +107,6 @@ async fn assert_error(
     e.clone()
 }
 
-/// Polls `cond` every 20 ms for up to `within`.
-async fn wait_until<F, Fut>(within: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Sends a good request for `tenant` that the paused prefill holds, and returns once the
 /// router counts it in flight; the task yields its status and body when it finishes.
 async fn hold_one_request(
@@ -137,7 +125,7 @@ async fn hold_one_request(
         let status = r.status().as_u16();
         (status, r.text().await.unwrap_or_default())
     });
-    wait_until(
+    eventually(
         Duration::from_secs(10),
         "the held request in flight",
         || async { router.http_metric(IN_FLIGHT).await == 1.0 },
@@ -155,7 +143,7 @@ async fn health_status(router: &Service) -> u16 {
 
 /// Decode holds no page in use, draining or quarantined.
 async fn assert_pool_clean(decode: &Service) {
-    wait_until(Duration::from_secs(5), "decode pool all free", || async {
+    eventually(Duration::from_secs(5), "decode pool all free", || async {
         let mut busy = 0.0;
         for state in ["used", "draining"] {
             busy += decode
@@ -476,7 +464,7 @@ async fn over_capacity_gets_429_and_no_workers_gets_503_with_retry_after() {
     }
 
     // 503: the fast-polling router sees the paused prefill stop answering.
-    wait_until(
+    eventually(
         Duration::from_secs(10),
         "watchful router unhealthy",
         || async { health_status(&watchful).await == 503 },
@@ -504,7 +492,7 @@ async fn over_capacity_gets_429_and_no_workers_gets_503_with_retry_after() {
     let (status, body) = held.await.expect("held task");
     assert_eq!(status, 200, "the held request: {body}");
     assert_eq!(narrow.http_metric(IN_FLIGHT).await, 0.0);
-    wait_until(
+    eventually(
         Duration::from_secs(10),
         "watchful router healthy",
         || async { health_status(&watchful).await == 200 },
@@ -516,7 +504,7 @@ async fn over_capacity_gets_429_and_no_workers_gets_503_with_retry_after() {
     // 503 again with decode gone for good.
     let mut decode = decode;
     decode.kill();
-    wait_until(
+    eventually(
         Duration::from_secs(10),
         "router notices decode gone",
         || async { health_status(&watchful).await == 503 },
@@ -552,13 +540,18 @@ async fn sigterm_drains_the_in_flight_request_and_exits_zero() {
         .timeout(Duration::from_secs(1))
         .build()
         .expect("client");
-    wait_until(Duration::from_secs(5), "new requests refused", || async {
+    eventually(Duration::from_secs(5), "new requests refused", || async {
         probe.get(format!("{http}/health")).send().await.is_err()
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The router must not exit while the request is held: watched for 300 ms of real time.
+    let exited = poll_until(Duration::from_millis(300), || {
+        let exited = router.exited();
+        async move { exited }
+    })
+    .await;
     assert!(
-        !router.exited(),
+        exited.is_none(),
         "the router exited with a request in flight"
     );
 

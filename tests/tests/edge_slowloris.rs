@@ -161,9 +161,9 @@ async fn one_address_holds_at_most_its_cap_of_unauthenticated_sockets() {
     let addr = router.addrs["http"].clone();
     let mut idle = Vec::new();
     for _ in 0..CAP {
+        // One after the other: the router takes them in in this order, so the first is the
+        // oldest (equal ages go to the first taken).
         idle.push(connect_from(flooder, &addr).await.expect("connect"));
-        // Distinct ages, so "the oldest" is the first.
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Held open: the router has no reason to close them yet.
     for s in &mut idle {

@@ -26,7 +26,7 @@
 //! Also: the normal binaries in `target/<profile>/` carry no switches at all.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_common::test_switches::{Switch, TestSwitches, ENV};
 use pagewarden_proto::v1 as pb;
@@ -35,6 +35,7 @@ use pagewarden_system_tests::{
     api_key, bin, get_json, start_auditor, start_switched_router, switched_bin, worker_args,
     ModelArg, Service,
 };
+use pagewarden_testkit::poll_until;
 use serde_json::{json, Value};
 
 const REAL: ModelArg = ModelArg::Real;
@@ -55,6 +56,8 @@ const B: usize = 1;
 struct Case {
     name: &'static str,
     switches: TestSwitches,
+    /// The incident kind the auditor must record when this case stops B.
+    incident: Option<&'static str>,
 }
 
 impl Case {
@@ -66,6 +69,7 @@ impl Case {
         Case {
             name: "all off",
             switches: s,
+            incident: None,
         }
     }
 
@@ -73,6 +77,7 @@ impl Case {
         Case {
             name: "all on",
             switches: TestSwitches::default().with_off(Switch::PoolPreflight),
+            incident: None,
         }
     }
 
@@ -81,9 +86,19 @@ impl Case {
         for other in Switch::defenses().filter(|o| *o != d) {
             s = s.with_off(other);
         }
+        let incident = match d {
+            Switch::CommitTokenCount => Some("count_mismatch"),
+            Switch::Checksums => Some("manifest_mismatch"),
+            Switch::ReadGeneration => Some("generation_mismatch"),
+            Switch::PoolPreflight
+            | Switch::RouterRejection
+            | Switch::WorkerAdmission
+            | Switch::GrantFencing => None,
+        };
         Case {
             name: d.name(),
             switches: s,
+            incident,
         }
     }
 }
@@ -250,17 +265,26 @@ async fn b_request(
         .to_string();
     let leaked = text.contains(marker);
 
-    // The router's sample of B reaches the auditor shortly after B's answer.
-    let start = Instant::now();
-    let incidents = loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let d = delta(&before, &incidents(auditor).await);
-        if !leaked
-            || d.contains_key("cross_tenant_marker")
-            || start.elapsed() > Duration::from_secs(10)
-        {
-            break d;
+    // The incident this case must show (the cross-tenant marker, from the router's sample of
+    // B, or the defense's own) reaches the auditor shortly after B's answer.
+    let expected = if leaked {
+        Some("cross_tenant_marker")
+    } else {
+        case.incident
+    };
+    let recorded = match expected {
+        None => None,
+        Some(kind) => {
+            poll_until(Duration::from_secs(10), || async {
+                let d = delta(&before, &incidents(auditor).await);
+                d.contains_key(kind).then_some(d)
+            })
+            .await
         }
+    };
+    let incidents = match recorded {
+        Some(d) => d,
+        None => delta(&before, &incidents(auditor).await),
     };
     let o = Outcome {
         status,

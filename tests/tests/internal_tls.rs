@@ -5,7 +5,7 @@
 //! frame forged in clear on decode's transfer port is refused and recorded by the auditor; and a
 //! worker refuses to serve in clear on a non-loopback address.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_common::tls::{write_dev_suite, DevSuite, SuiteRole};
 use pagewarden_proto::v1 as pb;
@@ -15,6 +15,7 @@ use pagewarden_system_tests::{
     api_key, get_json, start_auditor_with, start_decode, start_prefill, start_router_with,
     worker_args, ModelArg, Service,
 };
+use pagewarden_testkit::poll_until;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -65,14 +66,17 @@ async fn open_incidents_naming(
     needle: &str,
     want: usize,
 ) -> (usize, serde_json::Value) {
-    let start = Instant::now();
-    loop {
+    let naming = || async {
         let v = get_json(auditor, "/api/incidents?status=open").await;
-        let found = v.to_string().matches(needle).count();
-        if found >= want || start.elapsed() > Duration::from_secs(10) {
-            return (found, v);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        (v.to_string().matches(needle).count(), v)
+    };
+    let enough = poll_until(Duration::from_secs(10), || async {
+        Some(naming().await).filter(|(found, _)| *found >= want)
+    })
+    .await;
+    match enough {
+        Some(answer) => answer,
+        None => naming().await,
     }
 }
 
@@ -123,14 +127,14 @@ async fn internal_links_need_the_suite_ca_and_the_right_role() {
         .await
         .expect("router request");
     assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
-    let start = Instant::now();
-    let summary = loop {
-        let s = get_json(&auditor, "/api/summary").await;
-        if s["samples"]["samples"].as_i64() >= Some(1) || start.elapsed() > Duration::from_secs(10)
-        {
-            break s;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let sampled = |s: &serde_json::Value| s["samples"]["samples"].as_i64() >= Some(1);
+    let summary = poll_until(Duration::from_secs(10), || async {
+        Some(get_json(&auditor, "/api/summary").await).filter(sampled)
+    })
+    .await;
+    let summary = match summary {
+        Some(s) => s,
+        None => get_json(&auditor, "/api/summary").await,
     };
     assert_eq!(summary["samples"]["samples"], 1, "summary: {summary}");
 

@@ -3,10 +3,11 @@
 //! pages) and recomputes them later from their token ids. Real worker processes on 127.0.0.1,
 //! the tiny test model.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_system_tests::driver::{greedy, Driver};
 use pagewarden_system_tests::{start_decode, start_prefill, ModelArg};
+use pagewarden_testkit::{eventually, Polling};
 
 const TINY: ModelArg = ModelArg::Tiny(7);
 const PREEMPTIONS: &str = "pagewarden_preemptions_total{role=\"decode\"}";
@@ -82,20 +83,17 @@ async fn preempted_sequences_are_recomputed_and_say_what_they_say_alone() {
     );
 
     // Every page comes back; a request after all that is served as before.
-    let start = Instant::now();
-    loop {
-        let (di, pi) = (d.decode_info().await, d.prefill_info().await);
-        let idle = (di.free_pages, di.active_requests, di.queue_depth) == (di.total_pages, 0, 0)
-            && pi.free_pages == pi.total_pages;
-        if idle {
-            break;
+    eventually(Duration::from_secs(20), "free pools", || {
+        let mut d = d.clone();
+        async move {
+            let (di, pi) = (d.decode_info().await, d.prefill_info().await);
+            let idle = (di.free_pages, di.active_requests, di.queue_depth)
+                == (di.total_pages, 0, 0)
+                && pi.free_pages == pi.total_pages;
+            idle.then_some(()).ok_or(format!("{di:?} {pi:?}"))
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "pools not free: {di:?} {pi:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     let again = d
         .complete("t", &prompt(0), sampling())
         .await
@@ -136,18 +134,18 @@ async fn a_waiting_tenant_gets_its_share_back_from_one_over_its_own() {
         })
         .collect();
     // Until "a" holds most of the pool (its prompts' 9 pages have grown past 24).
-    let start = Instant::now();
-    loop {
-        let info = d.clone().decode_info().await;
-        if info.total_pages - info.free_pages >= 24 {
-            break;
+    // Asked every millisecond: "a" holds the pool only until its generations end.
+    let pace = Polling::within(Duration::from_secs(60)).every(Duration::from_millis(1));
+    eventually(pace, "\"a\" to fill the pool", || {
+        let mut d = d.clone();
+        async move {
+            let info = d.decode_info().await;
+            (info.total_pages - info.free_pages >= 24)
+                .then_some(())
+                .ok_or(format!("{info:?}"))
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "\"a\" never filled the pool: {info:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    })
+    .await;
     let b_prompt: Vec<u32> = (0..200).map(|j| 30 + (j * 7 % 150) as u32).collect();
     let b = d
         .clone()

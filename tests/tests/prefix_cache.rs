@@ -7,11 +7,12 @@
 //! holds each worker's hits and misses per tenant. The two halves are one test: "no hit for
 //! the other tenant" alone would also pass with the cache off.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_system_tests::{
     api_key, get_json, start_auditor, start_decode, start_prefill, start_router, ModelArg, Service,
 };
+use pagewarden_testkit::eventually;
 use serde_json::{json, Value};
 
 /// A long, deterministic shared prefix (a system prompt or a document), then a question.
@@ -90,8 +91,8 @@ fn tenant_counter(metrics: &str, name: &str, tenant: &str) -> f64 {
 /// The auditor's `(hits, misses, cached tokens)` for `tenant` on workers of `role`, once it
 /// has `events` of them (reports are buffered and sent in the background).
 async fn audited(auditor: &Service, role: &str, tenant: &str, events: u64) -> (u64, u64, u64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let what = format!("{events} {role} events for {tenant} at the auditor");
+    eventually(Duration::from_secs(20), &what, || async {
         let totals = get_json(auditor, "/api/cache").await;
         let row = totals
             .as_array()
@@ -103,13 +104,11 @@ async fn audited(auditor: &Service, role: &str, tenant: &str, events: u64) -> (u
                 (n("hits"), n("misses"), n("cached_tokens"))
             });
         match row {
-            Some(r) if r.0 + r.1 >= events => return r,
-            _ if Instant::now() > deadline => {
-                panic!("the auditor has no {events} {role} events for {tenant}: {totals}")
-            }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            Some(r) if r.0 + r.1 >= events => Ok(r),
+            _ => Err(totals),
         }
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

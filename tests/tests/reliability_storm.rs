@@ -15,6 +15,7 @@ use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::decode_client::DecodeClient;
 use pagewarden_proto::v1::prefill_client::PrefillClient;
 use pagewarden_system_tests::{start_decode, start_prefill, worker_args, ModelArg, Service};
+use pagewarden_testkit::eventually;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -77,15 +78,15 @@ async fn health(router: &Service) -> (u16, Value) {
 
 /// Polls `/health` until `ok(body)` holds with status 200, failing after `bound`.
 async fn wait_health(router: &Service, bound: Duration, what: &str, ok: impl Fn(&Value) -> bool) {
-    let start = Instant::now();
-    loop {
+    eventually(bound, what, || async {
         let (s, v) = health(router).await;
         if s == 200 && ok(&v) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("last /health {s} {v}"))
         }
-        assert!(start.elapsed() < bound, "{what}: last /health {s} {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// How one request ended.
@@ -258,60 +259,59 @@ async fn run_one(client: &reqwest::Client, url: &str, r: &Req) -> Outcome {
 /// Waits until `decode`'s pool holds nothing used or draining and every page is free or
 /// quarantined (and counted).
 async fn wait_decode_settled(decode: &Service) {
-    let mut client = DecodeClient::connect(decode.grpc_url())
+    let client = DecodeClient::connect(decode.grpc_url())
         .await
         .expect("connect surviving decode");
-    let start = Instant::now();
-    loop {
-        let info = client
-            .info(pb::InfoRequest {})
-            .await
-            .expect("decode info")
-            .into_inner();
-        let q = decode
-            .metric("pagewarden_pool_pages{role=\"decode\",state=\"quarantined\"}")
-            .await as u64;
-        if info.free_pages + q == info.total_pages {
-            if q > 0 {
-                let counted = decode
-                    .metric("pagewarden_deferred_releases_total{role=\"decode\",outcome=\"quarantined\"}")
-                    .await as u64;
-                assert_eq!(counted, q, "quarantined pages are counted");
+    let q = eventually(SETTLE, "a settled decode pool", || {
+        let mut client = client.clone();
+        async move {
+            let info = client
+                .info(pb::InfoRequest {})
+                .await
+                .expect("decode info")
+                .into_inner();
+            let q = decode
+                .metric("pagewarden_pool_pages{role=\"decode\",state=\"quarantined\"}")
+                .await as u64;
+            if info.free_pages + q == info.total_pages {
+                Ok(q)
+            } else {
+                Err(format!(
+                    "free {} + quarantined {q} of {}",
+                    info.free_pages, info.total_pages
+                ))
             }
-            return;
         }
-        assert!(
-            start.elapsed() < SETTLE,
-            "decode pool not settled within {SETTLE:?}: free {} + quarantined {q} of {}",
-            info.free_pages,
-            info.total_pages
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    })
+    .await;
+    if q > 0 {
+        let counted = decode
+            .metric("pagewarden_deferred_releases_total{role=\"decode\",outcome=\"quarantined\"}")
+            .await as u64;
+        assert_eq!(counted, q, "quarantined pages are counted");
     }
 }
 
 async fn wait_prefill_free(prefill: &Service) {
-    let mut client = PrefillClient::connect(prefill.grpc_url())
+    let client = PrefillClient::connect(prefill.grpc_url())
         .await
         .expect("connect prefill");
-    let start = Instant::now();
-    loop {
-        let info = client
-            .info(pb::InfoRequest {})
-            .await
-            .expect("prefill info")
-            .into_inner();
-        if info.free_pages == info.total_pages {
-            return;
+    eventually(SETTLE, "a free prefill pool", || {
+        let mut client = client.clone();
+        async move {
+            let info = client
+                .info(pb::InfoRequest {})
+                .await
+                .expect("prefill info")
+                .into_inner();
+            if info.free_pages == info.total_pages {
+                Ok(())
+            } else {
+                Err(format!("{} of {}", info.free_pages, info.total_pages))
+            }
         }
-        assert!(
-            start.elapsed() < SETTLE,
-            "prefill pool not free within {SETTLE:?}: {} of {}",
-            info.free_pages,
-            info.total_pages
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -394,11 +394,11 @@ async fn abort_storm_with_killed_workers_leaks_nothing_and_never_hangs() {
 
     // Midway: kill one prefill and restart it on the same gRPC port, then kill one decode.
     let total = TENANTS * PER_TENANT;
-    let start = Instant::now();
-    while finished.load(Ordering::SeqCst) < total / 3 {
-        assert!(start.elapsed() < Duration::from_secs(40), "storm stalled");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let stall = Instant::now() + Duration::from_secs(40);
+    eventually(Duration::from_secs(40), "a third of the storm", || async {
+        finished.load(Ordering::SeqCst) >= total / 3
+    })
+    .await;
     let prefill_grpc = prefill0.addrs["grpc"].clone();
     prefill0.kill();
     let mut args = worker_args(&TINY, &[]);
@@ -409,10 +409,11 @@ async fn abort_storm_with_killed_workers_leaks_nothing_and_never_hangs() {
         + 1;
     args[i] = prefill_grpc;
     let prefill0 = Service::start("pagewarden-prefill", &args);
-    while finished.load(Ordering::SeqCst) < total / 2 {
-        assert!(start.elapsed() < Duration::from_secs(40), "storm stalled");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let left = stall.saturating_duration_since(Instant::now());
+    eventually(left, "half of the storm", || async {
+        finished.load(Ordering::SeqCst) >= total / 2
+    })
+    .await;
     decode1.kill();
 
     let (mut ok, mut dropped, mut failed) = (0, 0, Vec::new());

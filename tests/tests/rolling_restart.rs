@@ -7,11 +7,12 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_system_tests::{
     api_key, start_prefill, start_router_with, worker_args_on, ModelArg, Service,
 };
+use pagewarden_testkit::eventually;
 use serde_json::json;
 
 const TINY: ModelArg = ModelArg::Tiny(5);
@@ -100,14 +101,10 @@ async fn a_rolling_restart_of_both_decodes_fails_no_request() {
     let settle = |want: usize| {
         let tally = tally.clone();
         async move {
-            let start = Instant::now();
-            while served(&tally) < want {
-                assert!(
-                    start.elapsed() < Duration::from_secs(60),
-                    "the load stalled"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            eventually(Duration::from_secs(60), "the load to go on", || async {
+                served(&tally) >= want
+            })
+            .await
         }
     };
     settle(20).await;
@@ -122,7 +119,16 @@ async fn a_rolling_restart_of_both_decodes_fails_no_request() {
         settle(before + 10).await;
         decodes[i] = decode_on(addr);
         // Back in the router's rotation (it polls every 200 ms) and serving.
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        let health = format!("{}/health", router.http_url());
+        eventually(
+            Duration::from_secs(10),
+            "both decodes live again",
+            || async {
+                let v: serde_json::Value = reqwest::get(&health).await.ok()?.json().await.ok()?;
+                (v["live_decode"] == 2).then_some(())
+            },
+        )
+        .await;
         settle(served(&tally) + 10).await;
     }
     stop.store(true, Ordering::Relaxed);

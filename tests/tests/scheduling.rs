@@ -16,6 +16,7 @@ use pagewarden_system_tests::driver::{fresh_ref, greedy, reason, Driver};
 use pagewarden_system_tests::{
     api_key, model_path, start_decode, start_prefill, start_router_with, ModelArg,
 };
+use pagewarden_testkit::{eventually, poll_until};
 use serde_json::{json, Value};
 
 const TINY: ModelArg = ModelArg::Tiny(7);
@@ -32,15 +33,19 @@ async fn wait_info(
     what: &str,
     ok: impl Fn(&pb::WorkerInfo) -> bool,
 ) -> pb::WorkerInfo {
-    let start = Instant::now();
-    loop {
-        let info = d.decode_info().await;
-        if ok(&info) {
-            return info;
+    let ok = &ok;
+    eventually(SETTLE, what, || {
+        let mut d = d.clone();
+        async move {
+            let info = d.decode_info().await;
+            if ok(&info) {
+                Ok(info)
+            } else {
+                Err(format!("decode Info {info:?}"))
+            }
         }
-        assert!(start.elapsed() < SETTLE, "{what}: decode Info {info:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 type ReserveCall = tokio::task::JoinHandle<Result<pb::WriteGrant, tonic::Status>>;
@@ -227,8 +232,7 @@ async fn max_tokens_is_said_once_at_reserve_and_nothing_is_left_behind() {
         .expect("prefill");
     let done = d.generate(&req, reply).await.expect("generate");
     assert!(done.tokens.len() <= 3, "{done:?}");
-    // Wait past the drain timeout and a sweep: nothing may be quarantined.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Nothing may be quarantined: pages left to the drain timeout would never all be free.
     let info = wait_info(&mut d, "pool all free", |i| i.free_pages == total).await;
     assert_eq!(info.free_pages, total);
     // Reserve without sampling parameters is malformed.
@@ -420,15 +424,18 @@ async fn real_model_eight_at_once_wait_their_turn_and_leave_the_pools_free() {
     // may take the other half; a stop sequence ends it after the code), so decode's pool (two
     // contexts) holds three prompts at a time: the rest wait their turn, none is refused.
     let started = Instant::now();
-    let deepest = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let poller = {
-        let (mut d, deepest) = (d.clone(), deepest.clone());
+    // Watches decode's queue until one of the eight waits in it.
+    let queued = {
+        let d = d.clone();
         tokio::spawn(async move {
-            loop {
-                let q = d.decode_info().await.queue_depth;
-                deepest.fetch_max(q, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            poll_until(Duration::from_secs(600), || {
+                let mut d = d.clone();
+                async move {
+                    let q = d.decode_info().await.queue_depth;
+                    (q > 0).then_some(q)
+                }
+            })
+            .await
         })
     };
     let calls: Vec<_> = (0..8)
@@ -449,14 +456,18 @@ async fn real_model_eight_at_once_wait_their_turn_and_leave_the_pools_free() {
         let text = v["choices"][0]["text"].as_str().unwrap_or_default();
         assert!(text.contains(&code), "{code}: own marker missing: {v}");
     }
-    poller.abort();
-    let deepest = deepest.load(std::sync::atomic::Ordering::Relaxed);
+    let queued = if queued.is_finished() {
+        queued.await.expect("queue watcher")
+    } else {
+        queued.abort();
+        None
+    };
     eprintln!(
-        "eight at once: all 200 in {:.1?}; deepest decode queue seen: {deepest}",
+        "eight at once: all 200 in {:.1?}; decode queue seen: {queued:?}",
         started.elapsed()
     );
     assert!(
-        deepest > 0,
+        queued.is_some(),
         "the eight never had to wait: the test does not load the pool"
     );
     wait_info(&mut d, "decode pool all free", |i| {
@@ -475,8 +486,7 @@ async fn wait_metrics(
     within: Duration,
     ok: impl Fn(&str) -> bool,
 ) -> String {
-    let start = Instant::now();
-    loop {
+    eventually(within, what, || async {
         let text = reqwest::get(url)
             .await
             .expect("scrape")
@@ -484,11 +494,12 @@ async fn wait_metrics(
             .await
             .expect("metrics text");
         if ok(&text) {
-            return text;
+            Ok(text)
+        } else {
+            Err(format!("\n{text}"))
         }
-        assert!(start.elapsed() < within, "{what}:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 fn sample(text: &str, series: &str) -> f64 {
@@ -536,24 +547,15 @@ async fn real_model_prefill_streams_pages_while_computing_and_a_cancel_stops_it_
     assert_eq!(response.status().as_u16(), 200);
 
     // Pipelined: decode holds pages of the prompt while prefill still computes it.
-    let mut seen = None;
-    let start = Instant::now();
-    while seen.is_none() {
+    let seen = eventually(Duration::from_secs(120), "KV at decode", || async {
         let landed = sample(
             &wait_metrics(&decode_metrics, "decode", SETTLE, |_| true).await,
             "pagewarden_transfer_bytes_total{role=\"decode\"}",
         );
         let done = computed(&wait_metrics(&prefill_metrics, "prefill", SETTLE, |_| true).await);
-        if landed > 0.0 {
-            seen = Some(done);
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no KV reached decode"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let seen = seen.unwrap_or_default();
+        (landed > 0.0).then_some(done)
+    })
+    .await;
     eprintln!("decode received KV after {seen} of {chunks} chunks");
     assert!(
         seen < chunks,

@@ -15,6 +15,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pagewarden_system_tests::{bin, model_path};
+use pagewarden_testkit::{eventually, eventually_blocking, poll_until_blocking};
 use serde_json::json;
 
 const CLIENTS: usize = 4;
@@ -125,15 +126,13 @@ impl Up {
 impl Drop for Up {
     fn drop(&mut self) {
         send_signal(self.pid(), "TERM");
-        let deadline = Instant::now() + Duration::from_secs(45);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let exited = poll_until_blocking(Duration::from_secs(45), || {
+            self.child.try_wait().ok().flatten()
+        });
+        if exited.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -240,17 +239,9 @@ async fn one_stream(http: &reqwest::Client, api: &str, key: &str, model: &str, n
 
 /// Waits for `name` to be a child of `up` other than `old`; its pid.
 fn wait_restarted(up: &Up, name: &str, old: u32, within: Duration) -> u32 {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(&pid) = up.children().get(name).filter(|&&p| p != old) {
-            return pid;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} was not restarted within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually_blocking(within, &format!("{name} to be restarted"), || {
+        up.children().get(name).copied().filter(|&p| p != old)
+    })
 }
 
 fn mode(p: &Path) -> u32 {
@@ -396,29 +387,56 @@ async fn up_restarts_killed_workers_and_every_request_in_flight_ends_cleanly() {
                     ended: Instant::now(),
                     end,
                 });
-                // A client retries a failure after a pause, as Retry-After asks.
+                // A client retries a failure after a pause, as Retry-After asks: real time, as a
+                // real client waits.
                 if wait {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }
         }));
     }
+    // How many requests sent after `t` were served.
     let served_since = |t: Instant| {
         outcomes
             .lock()
             .expect("outcomes")
             .iter()
-            .any(|o| o.sent > t && o.end == End::Served)
+            .filter(|o| o.sent > t && o.end == End::Served)
+            .count()
     };
-    while !served_since(start) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "nothing was served within 60 s of the start: {:?}",
-            tally(outcomes.lock().expect("outcomes").iter().map(|o| &o.end))
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The outcomes since `t`, for a failure message.
+    let tally_since = |t: Instant| {
+        tally(
+            outcomes
+                .lock()
+                .expect("outcomes")
+                .iter()
+                .filter(|o| o.sent > t)
+                .map(|o| &o.end),
+        )
+    };
+    // The suite serves a while (two requests a client) before each kill, so that streams are
+    // in flight when it comes.
+    let serve_a_while = |what: &'static str| async move {
+        let t = Instant::now();
+        eventually(Duration::from_secs(60), what, || async {
+            (served_since(t) >= 2 * CLIENTS)
+                .then_some(())
+                .ok_or_else(|| format!("{:?}", tally_since(t)))
+        })
+        .await
+    };
+    eventually(
+        Duration::from_secs(60),
+        "a request served after the start",
+        || async {
+            (served_since(start) > 0)
+                .then_some(())
+                .ok_or_else(|| format!("{:?}", tally_since(start)))
+        },
+    )
+    .await;
+    serve_a_while("the suite to serve a while").await;
     let mut recovered = Vec::new();
     for name in ["pagewarden-prefill", "pagewarden-decode"] {
         let old = *up
@@ -432,27 +450,20 @@ async fn up_restarts_killed_workers_and_every_request_in_flight_ends_cleanly() {
             "{name}: pid {old} killed, restarted as {new} after {:?}",
             killed.elapsed()
         );
-        loop {
-            if served_since(killed) {
-                break;
-            }
-            assert!(
-                killed.elapsed() < RECOVERY,
-                "no request sent after {name}'s kill was served within {RECOVERY:?}: {:?}",
-                tally(
-                    outcomes
-                        .lock()
-                        .expect("outcomes")
-                        .iter()
-                        .filter(|o| o.sent > killed)
-                        .map(|o| &o.end)
-                )
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let left = RECOVERY.saturating_sub(killed.elapsed());
+        eventually(
+            left,
+            &format!("a request sent after {name}'s kill to be served"),
+            || async {
+                (served_since(killed) > 0)
+                    .then_some(())
+                    .ok_or_else(|| format!("{:?}", tally_since(killed)))
+            },
+        )
+        .await;
         recovered.push((name, killed, killed.elapsed()));
         // Let the restarted worker serve a while before the next kill.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        serve_a_while("the restarted worker to serve a while").await;
     }
     stop.store(true, Ordering::Relaxed);
     for c in clients {

@@ -9,10 +9,11 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_kernels::Device;
 use pagewarden_system_tests::bin;
+use pagewarden_testkit::poll_until_blocking;
 
 /// The two workers, by binary name.
 const WORKERS: [&str; 2] = ["pagewarden-prefill", "pagewarden-decode"];
@@ -46,26 +47,27 @@ fn start(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Result<String, ()
             .map_while(Result::ok)
             .any(|l| l.contains("listening"))
     });
-    let t0 = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            assert!(!status.success(), "{binary} exited 0 without serving");
-            let mut err = String::new();
-            std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
-                .expect("read stderr");
-            return Ok(err);
+    // `Some(status)` once it exits, `None` once its stdout has said (or not) that it listens.
+    let outcome = poll_until_blocking(Duration::from_secs(60), || {
+        match child.try_wait().expect("wait") {
+            Some(status) => Some(Some(status)),
+            None => listening.is_finished().then_some(None),
         }
-        if listening.is_finished() || t0.elapsed() > Duration::from_secs(60) {
-            child.kill().ok();
-            child.wait().ok();
-            assert!(
-                listening.join().unwrap_or(false),
-                "{binary} neither exited nor listened"
-            );
-            return Err(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    });
+    if let Some(Some(status)) = outcome {
+        assert!(!status.success(), "{binary} exited 0 without serving");
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+            .expect("read stderr");
+        return Ok(err);
     }
+    child.kill().ok();
+    child.wait().ok();
+    assert!(
+        listening.join().unwrap_or(false),
+        "{binary} neither exited nor listened"
+    );
+    Err(())
 }
 
 /// `cuda:0` either fails clearly or, only in a CUDA build on a GPU machine, starts.

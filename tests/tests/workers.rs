@@ -3,11 +3,12 @@
 //! decode's pool is all free, or its remaining pages quarantined and counted, within
 //! `CLEANUP_BOUND` (drain timeout 500 ms + grant/sweep ticks + slack).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_proto::v1 as pb;
 use pagewarden_system_tests::driver::{fresh_ref, greedy, reason, Driver};
 use pagewarden_system_tests::{reference, start_decode, start_prefill, ModelArg, Service};
+use pagewarden_testkit::{eventually, poll_until, Polling};
 
 const CLEANUP_BOUND: Duration = Duration::from_secs(5);
 const TINY: ModelArg = ModelArg::Tiny(7);
@@ -22,26 +23,24 @@ async fn pool_pages(s: &Service, role: &str, state: &str) -> f64 {
 
 /// Waits until decode holds no pages in use or draining; returns (free, quarantined).
 async fn wait_pool_settled(decode: &Service, total: f64) -> (f64, f64) {
-    let start = Instant::now();
-    loop {
+    let (free, quarantined) = eventually(CLEANUP_BOUND, "a settled decode pool", || async {
         let used = pool_pages(decode, "decode", "used").await;
         let draining = pool_pages(decode, "decode", "draining").await;
         let free = pool_pages(decode, "decode", "free").await;
         let quarantined = pool_pages(decode, "decode", "quarantined").await;
         if used == 0.0 && draining == 0.0 {
-            assert_eq!(
-                free + quarantined,
-                total,
-                "pages lost: free {free} + quarantined {quarantined} != {total}"
-            );
-            return (free, quarantined);
+            Ok((free, quarantined))
+        } else {
+            Err(format!("used {used}, draining {draining}"))
         }
-        assert!(
-            start.elapsed() < CLEANUP_BOUND,
-            "decode pool not settled within {CLEANUP_BOUND:?}: used {used}, draining {draining}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert_eq!(
+        free + quarantined,
+        total,
+        "pages lost: free {free} + quarantined {quarantined} != {total}"
+    );
+    (free, quarantined)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,6 +204,7 @@ async fn abort_mid_transfer_and_client_disconnect_free_every_page() {
         let mut p = d.clone();
         let (r2, pr) = (req.clone(), prompt.clone());
         let call = tokio::spawn(async move { p.prefill(&r2, "t", &pr, grant, greedy(4)).await });
+        // Real time on purpose: each delay aborts the prefill at a different point of its run.
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         assert!(d.abort_decode(&req).await, "reservation found");
         assert!(!d.abort_decode(&req).await, "abort is idempotent");
@@ -268,6 +268,7 @@ struct QueuedBehindStuckJob {
     call_b: PrefillCall,
     _other_decode: Service,
     _black_hole: std::net::TcpListener,
+    _stuck: std::net::TcpStream,
 }
 
 async fn queue_behind_stuck_job() -> QueuedBehindStuckJob {
@@ -288,13 +289,24 @@ async fn queue_behind_stuck_job() -> QueuedBehindStuckJob {
     let (mut pa, pra) = (d2.clone(), prompt.clone());
     let call_a =
         tokio::spawn(async move { pa.prefill(&req_a, "t", &pra, grant_a, greedy(4)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A connects to the black hole in its transfer, holding the permit; the connection is kept
+    // open and never answered.
+    black_hole.set_nonblocking(true).expect("nonblocking");
+    let stuck = eventually(Duration::from_secs(10), "A's transfer connection", || {
+        let accepted = black_hole.accept().ok().map(|(conn, _)| conn);
+        async move { accepted }
+    })
+    .await;
     let req_b = fresh_ref();
     let grant_b = d.reserve(&req_b, "t", &prompt, 4).await.expect("reserve B");
     let (mut pb_, rb) = (d.clone(), req_b.clone());
     let call_b =
         tokio::spawn(async move { pb_.prefill(&rb, "t", &prompt, grant_b, greedy(4)).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually(Duration::from_secs(10), "B in prefill's queue", || {
+        let mut d = d.clone();
+        async move { d.prefill_info().await.queue_depth == 1 }
+    })
+    .await;
     assert!(
         !call_b.is_finished(),
         "B must still be waiting for the permit"
@@ -309,6 +321,7 @@ async fn queue_behind_stuck_job() -> QueuedBehindStuckJob {
         call_b,
         _other_decode: other_decode,
         _black_hole: black_hole,
+        _stuck: stuck,
     }
 }
 
@@ -332,16 +345,22 @@ async fn a_prefill_cancelled_before_its_transfer_frees_decode_pages_without_quar
     // cancel times out and its connection is dropped. Each is counted, and none stays active.
     let active = "pagewarden_active_requests{role=\"prefill\"}";
     let aborted = series("requests_total", "prefill", "outcome", "aborted");
-    let start = Instant::now();
-    while q.prefill.metric(active).await != 0.0 || q.prefill.metric(&aborted).await != 2.0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "prefill jobs did not end: active {}, aborted {}",
-            q.prefill.metric(active).await,
-            q.prefill.metric(&aborted).await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        Duration::from_secs(15),
+        "both prefill jobs to end",
+        || async {
+            let (n_active, n_aborted) = (
+                q.prefill.metric(active).await,
+                q.prefill.metric(&aborted).await,
+            );
+            if n_active == 0.0 && n_aborted == 2.0 {
+                Ok(())
+            } else {
+                Err(format!("active {n_active}, aborted {n_aborted}"))
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,7 +372,8 @@ async fn a_prefill_killed_before_it_connects_leaves_no_quarantine_behind() {
     assert!(q.call_b.await.unwrap().is_err(), "B's prefill died");
     assert!(q.d.abort_decode(&q.req_b).await, "B's reservation found");
     let _ = q.call_a.await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // A grant left to time out would show as draining until its drain timeout quarantines it:
+    // waiting for the pool to settle waits that out.
     let (free, quarantined) = wait_pool_settled(&q.decode, q.total).await;
     assert_eq!(
         (free, quarantined),
@@ -375,16 +395,15 @@ async fn a_prefill_killed_mid_transfer_leaves_decode_clean() {
     let (r2, pr) = (req.clone(), prompt.clone());
     let call = tokio::spawn(async move { p.prefill(&r2, "t", &pr, grant, greedy(4)).await });
     // Kill as soon as decode has received page bytes (or right away if the call is done).
-    let start = Instant::now();
-    while decode
-        .metric("pagewarden_transfer_bytes_total{role=\"decode\"}")
-        .await
-        == 0.0
-        && !call.is_finished()
-        && start.elapsed() < Duration::from_secs(10)
-    {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let pace = Polling::within(Duration::from_secs(10)).every(Duration::from_millis(1));
+    poll_until(pace, || async {
+        call.is_finished()
+            || decode
+                .metric("pagewarden_transfer_bytes_total{role=\"decode\"}")
+                .await
+                > 0.0
+    })
+    .await;
     prefill.kill();
     let _ = call.await.unwrap();
     // The router cancels the other half (I6); without that, the grant expiry does it.

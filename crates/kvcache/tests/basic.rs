@@ -9,6 +9,7 @@ use pagewarden_kvcache::{
     page_checksum, CommitError, CommitManifest, Generation, KvLayout, KvPool, PageState, PageWrite,
     PoolConfig, PoolStats, ReadError, ReserveError, WriteError,
 };
+use pagewarden_testkit::eventually_blocking;
 use support::{fill, owner, pool, write_all, LAYOUT};
 
 fn states(pool: &KvPool) -> Vec<(Option<PageState>, Option<Generation>)> {
@@ -453,7 +454,9 @@ fn expired_grant_cannot_commit() {
     let pool = KvPool::new(cfg);
     let r = pool.reserve(owner(1), 4).unwrap();
     let m = write_all(&pool, &r, 1);
-    std::thread::sleep(Duration::from_millis(2));
+    eventually_blocking(Duration::from_secs(1), "the grant to expire", || {
+        r.expired(Instant::now())
+    });
     assert_eq!(r.commit(&m).unwrap_err(), CommitError::Expired);
 }
 
@@ -500,7 +503,9 @@ fn a_grant_whose_writes_keep_landing_outlives_its_idle_ttl_and_an_idle_one_does_
     let m = CommitManifest::new(g.key, g.tokens, sums);
     assert_eq!(busy.commit(&m).unwrap().len(), 12);
     let m = write_all(&pool, &idle, 2);
-    std::thread::sleep(ttl);
+    eventually_blocking(ttl * 5, "the idle grant to expire again", || {
+        idle.expired(Instant::now())
+    });
     assert_eq!(idle.commit(&m).unwrap_err(), CommitError::Expired);
 }
 

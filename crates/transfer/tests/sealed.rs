@@ -9,8 +9,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, manifest_for, owner, page_data, pool, reqs_for, LAYOUT};
+use common::{manifest_for, owner, page_data, pool, reqs_for, LAYOUT, WAIT};
 use pagewarden_kvcache::KvPool;
+use pagewarden_testkit::eventually;
 use pagewarden_transfer::{
     BatchStatus, EngineConfig, GrantSeal, ListenOptions, PageSink, SealMaster, SealMode,
     SealPolicy, TcpBackend, TransferBackend,
@@ -119,7 +120,7 @@ async fn only_the_grants_seal_writes_and_a_replayed_stream_is_refused() {
         let _ = s.write_all(&recorded).await;
         let mut rest = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
-        eventually("the replay closed as malformed", || {
+        eventually(WAIT, "the replay closed as malformed", || async {
             decode.receiver_counters().snapshot().malformed_closes == 1
         })
         .await;

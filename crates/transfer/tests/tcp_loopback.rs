@@ -6,8 +6,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, manifest_for, owner, page_data, pool, reqs_for, LAYOUT};
+use common::{manifest_for, owner, page_data, pool, reqs_for, LAYOUT, WAIT};
 use pagewarden_kvcache::{KvPool, WriteError};
+use pagewarden_testkit::eventually;
 use pagewarden_transfer::{
     BatchFailure, BatchStatus, EngineConfig, PageSink, TcpBackend, TransferBackend, TransferError,
 };
@@ -171,7 +172,7 @@ async fn a_torn_down_connection_releases_what_it_never_drained() {
     res.abort();
     assert_eq!(pool.stats().draining, 2);
     prefill.close_segment(seg);
-    eventually("peer-gone release after teardown", || {
+    eventually(WAIT, "peer-gone release after teardown", || async {
         pool.stats().free == 4
     })
     .await;

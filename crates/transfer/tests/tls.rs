@@ -9,12 +9,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, manifest_for, owner, page_data, pool, reqs_for, LAYOUT};
+use common::{manifest_for, owner, page_data, pool, reqs_for, LAYOUT, WAIT};
 use pagewarden_common::tls::{
     peer_roles, rustls_client_config, rustls_server_config, write_dev_suite, DevSuite, InternalTls,
     SuiteRole, TlsFlags,
 };
 use pagewarden_kvcache::{page_checksum, KvPool};
+use pagewarden_testkit::{eventually, Polling};
 use pagewarden_transfer::frame::{encode, BatchId, Frame, WriteFrame};
 use pagewarden_transfer::{
     BatchStatus, ClientTls, EngineConfig, ListenOptions, PageSink, Refused, RefusedReason,
@@ -159,7 +160,10 @@ async fn a_prefill_certificate_writes_and_everyone_else_is_refused() {
         }
     }
 
-    eventually("three refusals", || refused.lock().len() >= 3).await;
+    eventually(WAIT, "three refusals", || async {
+        refused.lock().len() >= 3
+    })
+    .await;
     let reasons: Vec<RefusedReason> = refused.lock().iter().map(|r| r.reason.clone()).collect();
     let count = |f: fn(&RefusedReason) -> bool| reasons.iter().filter(|r| f(r)).count();
     assert_eq!(
@@ -201,7 +205,7 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
         .await
         .expect("the third connection is closed, not left hanging");
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
-    eventually("one refusal", || refused.lock().len() == 1).await;
+    eventually(WAIT, "one refusal", || async { refused.lock().len() == 1 }).await;
     assert_eq!(refused.lock()[0].reason, RefusedReason::TooManyConnections);
     assert_eq!(decode.receiver_counters().snapshot().refused_connections, 1);
 }
@@ -257,32 +261,33 @@ async fn a_flood_of_unauthenticated_connects_neither_starves_a_prefill_nor_flood
     });
 
     // A real prefill during the flood: its handshake gets a place and its pages land.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually(WAIT, "the flood to be refused", || async {
+        decode.receiver_counters().snapshot().refused_connections > 0
+    })
+    .await;
     let prefill = TcpBackend::with_security(
         EngineConfig::default(),
         "127.0.0.1:0".parse().unwrap(),
         ListenOptions::default(),
         Some(client(&suite, SuiteRole::Prefill)),
     );
-    let mut landed = false;
-    for _ in 0..50 {
-        let Ok(seg) = prefill.open_segment(&desc).await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
+    // A try whose handshake found no place is tried again.
+    let tries = Polling::within(Duration::from_secs(30)).every(Duration::from_millis(100));
+    eventually(tries, "a transfer landed during the flood", || async {
+        let seg = prefill.open_segment(&desc).await.ok()?;
         let res = pool.reserve(owner(1), 10).unwrap();
         let g = res.grant().clone();
         let reqs = reqs_for(&g, 1, LAYOUT.page_bytes());
         let h = prefill.submit_batch(seg, g.key, reqs.clone()).unwrap();
-        if h.wait().await == (BatchStatus::Completed { pages: 3 }) {
-            prefill.drain(seg, g.key).await.unwrap();
-            res.commit(&manifest_for(&g, &reqs))
-                .expect("commit during the flood");
-            landed = true;
-            break;
+        if h.wait().await != (BatchStatus::Completed { pages: 3 }) {
+            return None;
         }
-    }
-    assert!(landed, "no transfer landed during the flood");
+        prefill.drain(seg, g.key).await.unwrap();
+        res.commit(&manifest_for(&g, &reqs))
+            .expect("commit during the flood");
+        Some(())
+    })
+    .await;
     flood.await.unwrap();
 
     let refusals = decode.receiver_counters().snapshot().refused_connections;

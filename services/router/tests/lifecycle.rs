@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::fakes::{fake_text, FakeOpts};
 use common::{expect_error, sse_data, Harness, Opts, KEY, OTHER_KEY};
 use pagewarden_router::discovery::Resolve;
+use pagewarden_testkit::{eventually, poll_until};
 use serde_json::{json, Value};
 
 fn text_of(v: &Value) -> String {
@@ -271,10 +272,17 @@ async fn client_disconnect_mid_stream_aborts_both_halves() {
     assert_eq!(d.req, sent);
     assert_eq!(p.req, sent);
     assert_eq!(d.reason, "client_disconnected");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let m = h.metrics().await;
-    assert!(m.contains("outcome=\"Cancelled\"} 1"), "{m}");
-    assert!(m.contains("pagewarden_router_in_flight 0"), "{m}");
+    eventually(
+        Duration::from_secs(5),
+        "the request counted cancelled and out of flight",
+        || async {
+            let m = h.metrics().await;
+            let done = m.contains("outcome=\"Cancelled\"} 1")
+                && m.contains("pagewarden_router_in_flight 0");
+            done.then_some(()).ok_or(m)
+        },
+    )
+    .await;
 }
 
 /// I6 again, for a non-streaming request whose client gives up.
@@ -357,16 +365,14 @@ async fn deadline_aborts_both_halves_and_answers_504() {
     assert!(h.prefill[0].wait_abort().await.is_some());
 }
 
-/// Whether alpha's `body` is served (200) within a second, trying every 20 ms while a freed
-/// slot comes back.
+/// Whether alpha's `body` is served (200) within a second, trying again while a freed slot
+/// comes back.
 async fn served_again(h: &Harness, body: &Value) -> bool {
-    for _ in 0..50 {
-        if h.post("/v1/completions", body).await.status() == 200 {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
+    poll_until(Duration::from_secs(1), || async {
+        h.post("/v1/completions", body).await.status() == 200
+    })
+    .await
+    .is_some()
 }
 
 /// `body` sent as `key`, streamed: the response once its first token has arrived (the stream
@@ -564,7 +570,15 @@ async fn no_live_worker_or_exhausted_pool_is_503_with_retry_after() {
         o.info_fails = false;
         o.fail = Some(tonic::Code::ResourceExhausted);
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    eventually(
+        Duration::from_secs(5),
+        "the decode worker live again",
+        || async {
+            let health = h.client.get(h.url("/health")).send().await.unwrap();
+            health.status() == 200
+        },
+    )
+    .await;
     let r = h.post("/v1/completions", &body).await;
     assert_eq!(r.headers()["retry-after"], "1");
     assert_eq!(expect_error(r, 503).await["code"], "kv_pool_exhausted");
@@ -611,12 +625,24 @@ async fn a_tenants_workers_are_picked_and_dead_ones_skipped() {
     drop(streams);
 }
 
-/// A name's answer in the tests: what `dns://decode.test:7201` resolves to right now.
-struct Names(parking_lot::Mutex<std::io::Result<Vec<std::net::SocketAddr>>>);
+/// A name's answer in the tests: what `dns://decode.test:7201` resolves to right now, and how
+/// many times the router asked since the answer was set.
+struct Names(parking_lot::Mutex<(std::io::Result<Vec<std::net::SocketAddr>>, usize)>);
 
 impl Names {
     fn answer(&self, addrs: std::io::Result<Vec<std::net::SocketAddr>>) {
-        *self.0.lock() = addrs;
+        *self.0.lock() = (addrs, 0);
+    }
+
+    /// Waits until the router asked twice for the current answer: its refreshes run one after
+    /// the other, so the first of them has been acted on.
+    async fn taken(&self) {
+        eventually(
+            Duration::from_secs(5),
+            "the router to look the name up",
+            || async { self.0.lock().1 >= 2 },
+        )
+        .await
     }
 }
 
@@ -626,7 +652,9 @@ impl Resolve for Names {
         _name: &str,
         _port: u16,
     ) -> futures::future::BoxFuture<'static, std::io::Result<Vec<std::net::SocketAddr>>> {
-        let answer = match &*self.0.lock() {
+        let mut current = self.0.lock();
+        current.1 += 1;
+        let answer = match &current.0 {
             Ok(a) => Ok(a.clone()),
             Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
         };
@@ -639,7 +667,7 @@ impl Resolve for Names {
 /// leaves it gets nothing more; a failed lookup keeps the last answer.
 #[tokio::test]
 async fn decode_workers_are_found_by_name_and_leave_with_it() {
-    let names = Arc::new(Names(parking_lot::Mutex::new(Ok(vec![]))));
+    let names = Arc::new(Names(parking_lot::Mutex::new((Ok(vec![]), 0))));
     let h = Harness::start(Opts {
         decode: vec![FakeOpts::default(), FakeOpts::default()],
         decode_resolver: Some(names.clone()),
@@ -659,7 +687,6 @@ async fn decode_workers_are_found_by_name_and_leave_with_it() {
             "pagewarden_router_live_workers{{role=\"decode\"}} {n}"
         ))
     };
-    let settle = || tokio::time::sleep(Duration::from_millis(400));
     // The name answers nothing yet: no decode, the router is not ready.
     assert_eq!(
         h.client.get(h.url("/ready")).send().await.unwrap().status(),
@@ -667,19 +694,28 @@ async fn decode_workers_are_found_by_name_and_leave_with_it() {
     );
 
     names.answer(Ok(vec![addr(0)]));
-    settle().await;
+    let live_now = |n: usize| {
+        let h = &h;
+        async move {
+            let what = format!("{n} live decode workers");
+            eventually(Duration::from_secs(5), &what, || async {
+                let m = h.metrics().await;
+                live(&m, n).then_some(()).ok_or(m)
+            })
+            .await
+        }
+    };
+    live_now(1).await;
     for _ in 0..3 {
         assert_eq!(h.post("/v1/completions", &body).await.status(), 200);
     }
     assert_eq!((h.decode[0].reserves(), h.decode[1].reserves()), (3, 0));
 
     names.answer(Ok(vec![addr(0), addr(1)]));
-    settle().await;
-    assert!(live(&h.metrics().await, 2), "{}", h.metrics().await);
+    live_now(2).await;
 
     names.answer(Ok(vec![addr(1)]));
-    settle().await;
-    assert!(live(&h.metrics().await, 1), "{}", h.metrics().await);
+    live_now(1).await;
     for _ in 0..3 {
         assert_eq!(h.post("/v1/completions", &body).await.status(), 200);
     }
@@ -690,7 +726,7 @@ async fn decode_workers_are_found_by_name_and_leave_with_it() {
     );
 
     names.answer(Err(std::io::Error::other("no DNS server")));
-    settle().await;
+    names.taken().await;
     assert!(
         live(&h.metrics().await, 1),
         "a failed lookup dropped the workers"
@@ -746,9 +782,12 @@ async fn end_of_generation_marker_is_stop_and_not_counted() {
     let (chunks, _) = stream_body(&h, "/v1/completions", &body).await;
     assert_eq!(chunks.last().unwrap()["usage"], v["usage"]);
     assert_eq!(chunks.iter().map(text_of).collect::<String>(), text_of(&v));
-    // A clean finish sends no abort.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(h.decode[0].aborts().is_empty());
+    // A clean finish sends no abort: watched for 200 ms of real time.
+    let abort = poll_until(Duration::from_millis(200), || async {
+        h.decode[0].aborts().into_iter().next()
+    })
+    .await;
+    assert!(abort.is_none(), "{abort:?}");
 }
 
 /// The binary prints one parseable start line and serves.

@@ -57,13 +57,5 @@ pub fn manifest_for(g: &WriteGrant, reqs: &[PageWriteReq]) -> CommitManifest {
     ManifestBuilder::new(g.key).add_batch(reqs).build()
 }
 
-/// Waits up to 5 s for `f` to hold; panics naming `what` otherwise.
-pub async fn eventually(what: &str, f: impl Fn() -> bool) {
-    for _ in 0..500 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never happened: {what}");
-}
+/// How long a test waits for what another task does.
+pub const WAIT: Duration = Duration::from_secs(5);

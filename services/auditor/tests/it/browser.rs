@@ -8,9 +8,10 @@
 //! `$CARGO_TARGET_TMPDIR/auditor-screens/`.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_proto::v1 as pb;
+use pagewarden_testkit::{eventually, Polling};
 use serde_json::json;
 
 use pagewarden_auditor::probe::Prober;
@@ -19,7 +20,8 @@ use pagewarden_auditor::Running;
 use crate::auth::{OPERATOR, VIEWER};
 use crate::ingest::{get_json, grpc, open_incident_id, report_kinds, start};
 use crate::webdriver::{
-    free_port, new_session, spawn_chromedriver, Session, CHROMEDRIVER, CHROMIUM, MISSING,
+    browser_wait, free_port, new_session, spawn_chromedriver, Session, CHROMEDRIVER, CHROMIUM,
+    MISSING,
 };
 
 /// Where screenshot `name` is saved.
@@ -70,18 +72,16 @@ async fn rows(s: &Session) -> i64 {
 
 /// Polls until the browser's URL contains `part`; panics after 5 s.
 async fn wait_url(s: &Session, part: &str) -> String {
-    let started = Instant::now();
-    loop {
+    let what = format!("a URL with {part}");
+    eventually(browser_wait(Duration::from_secs(5)), &what, || async {
         let at = s.current_url().await;
         if at.contains(part) {
-            return at;
+            Ok(at)
+        } else {
+            Err(format!("at {at}"))
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "never reached a URL with {part}: at {at}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// The operator pages through the list, follows a page tag, watches the list refresh itself,
@@ -125,14 +125,12 @@ async fn pages_filters_refresh_and_charts(s: &Session, r: &Running, base: &str) 
     s.find("#auto-refresh[data-seconds=\"2\"]").await;
     report_kinds(r, "decode-3", &[pb::IntegrityKind::GuardWordCorrupt]).await;
     let fresh = open_incident_id(r, "guard_word_corrupt").await;
-    let started = Instant::now();
-    while s.try_find(&format!("#incident-{fresh}")).await.is_none() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the list never refreshed to show incident {fresh}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        Polling::within(Duration::from_secs(10)).every(Duration::from_millis(200)),
+        &format!("the list to refresh and show incident {fresh}"),
+        || async { s.try_find(&format!("#incident-{fresh}")).await },
+    )
+    .await;
 
     // The probe page: outcome and TTFT against prompt length, one dot per step.
     s.goto(&format!("{base}/probes")).await;
@@ -287,14 +285,12 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
 
     // Another origin's page posts a resolve form with the operator's cookie: refused.
     s.goto(&serve_forging_page(&base, id).await).await;
-    let started = Instant::now();
-    while !s.current_url().await.starts_with(&format!("{base}/")) {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the forged form never posted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        browser_wait(Duration::from_secs(5)),
+        "the forged form to post",
+        || async { s.current_url().await.starts_with(&format!("{base}/")) },
+    )
+    .await;
     let body = s.text(&s.find("body").await).await;
     assert!(body.contains("cross-origin form post refused"), "{body}");
     assert_eq!(get_json(api.clone()).await["status"], "acknowledged");

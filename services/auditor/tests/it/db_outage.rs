@@ -10,6 +10,7 @@ use pagewarden_auditor::domain::{ProbeRunStatus, UnixMs};
 use pagewarden_auditor::probe::ProbeTenant;
 use pagewarden_auditor::store::{IncidentFilter, Window};
 use pagewarden_proto::v1 as pb;
+use pagewarden_testkit::eventually;
 use serde_json::json;
 
 use crate::auth::{self, api_post, OPS_TOKEN};
@@ -55,15 +56,17 @@ async fn stats_once(
     done: impl Fn(&ClientStats) -> bool,
 ) -> ClientStats {
     let started = Instant::now();
-    loop {
+    let s = eventually(within, "the client's stats", || async {
         let s = client.stats();
         if done(&s) {
-            println!("client {s:?} after {:?}", started.elapsed());
-            return s;
+            Ok(s)
+        } else {
+            Err(format!("still {s:?}"))
         }
-        assert!(started.elapsed() < within, "still {s:?} after {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    println!("client {s:?} after {:?}", started.elapsed());
+    s
 }
 
 async fn get(url: &str) -> (u16, String) {
@@ -148,32 +151,30 @@ async fn reports_sent_while_postgres_is_down_are_stored_once_it_is_back() {
 
     // The probe run started during the outage left nothing behind and did not stop probing.
     assert!(store.probe_runs(10).await.unwrap().is_empty());
-    let started = Instant::now();
-    while api_post(
-        run_probe.clone(),
-        Some(OPS_TOKEN),
-        json!({"sweep": "light"}),
+    let stuck = Instant::now() + Duration::from_secs(10);
+    eventually(
+        Duration::from_secs(10),
+        "probing to accept a run",
+        || async {
+            let r = api_post(
+                run_probe.clone(),
+                Some(OPS_TOKEN),
+                json!({"sweep": "light"}),
+            )
+            .await;
+            r.status() == 202
+        },
     )
-    .await
-    .status()
-        != 202
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "probing is stuck"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    loop {
+    .await;
+    let left = stuck.saturating_duration_since(Instant::now());
+    let run = eventually(left, "the probe run to end", || async {
         let runs = store.probe_runs(10).await.unwrap();
-        if let [run] = runs.as_slice() {
-            if run.status != ProbeRunStatus::Running {
-                assert_eq!(run.status, ProbeRunStatus::Error, "{}", run.message);
-                break;
-            }
+        match runs.as_slice() {
+            [run] if run.status != ProbeRunStatus::Running => Ok(run.clone()),
+            _ => Err(format!("{runs:?}")),
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "{runs:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert_eq!(run.status, ProbeRunStatus::Error, "{}", run.message);
     r.shutdown().await;
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -35,6 +36,8 @@ pub struct Fake {
     pub faults: Arc<Mutex<Faults>>,
     keys: Arc<HashMap<String, String>>,
     pub seen: Arc<Mutex<Vec<(String, usize)>>>,
+    /// `/ready` asks answered 503.
+    pub refused_ready: Arc<AtomicUsize>,
     /// Prompts answered, by the tenant whose cache holds them: a repeat reports every prompt
     /// token but the last as cached (`usage.prompt_tokens_details.cached_tokens`).
     cached: Arc<Mutex<std::collections::HashSet<(String, String)>>>,
@@ -48,6 +51,7 @@ async fn models() -> Json<Value> {
 
 async fn ready(State(f): State<Fake>) -> StatusCode {
     if f.faults.lock().not_ready {
+        f.refused_ready.fetch_add(1, Ordering::SeqCst);
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::OK
@@ -123,6 +127,7 @@ pub async fn start(keys: &[(&str, &str)]) -> (SocketAddr, Fake) {
                 .collect(),
         ),
         seen: Arc::default(),
+        refused_ready: Arc::default(),
         cached: Arc::default(),
     };
     let app = Router::new()

@@ -7,6 +7,7 @@ use pagewarden_auditor::client::AuditorClient as BufferedClient;
 use pagewarden_auditor::Running;
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient;
+use pagewarden_testkit::eventually;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
@@ -58,21 +59,17 @@ pub async fn get_page(url: String) -> String {
 /// Polls the JSON API until an open incident of `kind` shows up; panics after 5 s.
 pub async fn wait_open_incident(r: &Running, kind: &str) -> (Value, Duration) {
     let started = Instant::now();
-    loop {
-        let list = get_json(format!(
-            "http://{}/api/incidents?status=open&kind={kind}",
-            r.http_addr
-        ))
-        .await;
-        if let Some(first) = list.as_array().and_then(|a| a.first()) {
-            return (first.clone(), started.elapsed());
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no open {kind} incident within 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let url = format!(
+        "http://{}/api/incidents?status=open&kind={kind}",
+        r.http_addr
+    );
+    let what = format!("an open {kind} incident");
+    let first = eventually(Duration::from_secs(5), &what, || async {
+        let list = get_json(url.clone()).await;
+        list.as_array().and_then(|a| a.first()).cloned()
+    })
+    .await;
+    (first, started.elapsed())
 }
 
 /// Reports one integrity event of each of `kinds` from `node` over gRPC.

@@ -3,8 +3,9 @@
 //! become incidents. A light sweep sends one short and one over-length step per tenant, on
 //! schedule (as under `pagewarden up`) or when an operator asks.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pagewarden_auditor::domain::{ProbeOutcome, ProbeRunStatus, SweepKind};
 use pagewarden_auditor::probe::plan::LatencyBounds;
@@ -12,6 +13,7 @@ use pagewarden_auditor::probe::{ProbeSettings, ProbeTenant, Prober, Schedule};
 use pagewarden_auditor::tokens::WordCounter;
 use pagewarden_auditor::Running;
 use pagewarden_common::TenantId;
+use pagewarden_testkit::eventually;
 
 use crate::auth::{api_post, Signed, OPERATOR, OPS_TOKEN, VIEWER, VIEWER_TOKEN};
 use crate::fake_router;
@@ -301,22 +303,16 @@ async fn start_probing(router: String, interval: Option<Duration>, sweep: SweepK
 
 /// Polls until a finished run of `sweep` is stored; panics after 10 s.
 async fn wait_finished_run(r: &Running, sweep: SweepKind) {
-    let started = Instant::now();
-    loop {
+    let what = format!("a finished {sweep} run");
+    let run = eventually(Duration::from_secs(10), &what, || async {
         let runs = r.engine.store().probe_runs(10).await.unwrap();
-        if let Some(run) = runs
-            .iter()
+        runs.iter()
             .find(|x| x.sweep == sweep && x.status != ProbeRunStatus::Running)
-        {
-            assert_eq!(run.status, ProbeRunStatus::Passed, "{}", run.message);
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "no finished {sweep} run within 10 s: {runs:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            .cloned()
+            .ok_or(format!("{runs:?}"))
+    })
+    .await;
+    assert_eq!(run.status, ProbeRunStatus::Passed, "{}", run.message);
 }
 
 #[tokio::test]
@@ -398,7 +394,13 @@ async fn periodic_probing_waits_for_the_router_to_be_ready() {
         },
         stop.clone().cancelled_owned(),
     ));
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // The prober asks `/ready` at once, then every 2 s: refused twice, it is still waiting.
+    eventually(
+        Duration::from_secs(10),
+        "two refused /ready asks",
+        || async { fake.refused_ready.load(Ordering::SeqCst) >= 2 },
+    )
+    .await;
     let store = r.engine.store();
     assert!(
         store.probe_runs(5).await.unwrap().is_empty(),
@@ -406,14 +408,12 @@ async fn periodic_probing_waits_for_the_router_to_be_ready() {
     );
     assert!(fake.seen.lock().is_empty());
     fake.faults.lock().not_ready = false;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while store.probe_runs(5).await.unwrap().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no run once the router was ready"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        Duration::from_secs(20),
+        "a run once the router was ready",
+        || async { !store.probe_runs(5).await.unwrap().is_empty() },
+    )
+    .await;
     stop.cancel();
     task.await.unwrap();
     assert!(incident_kinds(&r).await.is_empty());

@@ -5,9 +5,16 @@
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use pagewarden_testkit::{eventually, Polling};
 use serde_json::{json, Value};
+
+/// A wait on the browser of at most `within`: it asks every 50 ms, each ask a round trip
+/// through chromedriver.
+pub fn browser_wait(within: Duration) -> Polling {
+    Polling::within(within).every(Duration::from_millis(50))
+}
 
 pub const CHROMIUM: &str = "/usr/bin/chromium";
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -181,30 +188,21 @@ impl Session {
     /// Polls until an element matches `css` (a navigation may still be under way); panics
     /// after 5 s.
     pub async fn wait_find(&self, css: &str) -> String {
-        let started = Instant::now();
-        loop {
-            if let Some(e) = self.try_find(css).await {
-                return e;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "{css} never showed"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{css} to show");
+        eventually(browser_wait(Duration::from_secs(5)), &what, || {
+            self.try_find(css)
+        })
+        .await
     }
 
     /// Polls until the row `#incident-{id}` shows `status`; panics after 5 s.
     pub async fn wait_row_status(&self, id: i64, status: &str) {
-        let started = Instant::now();
         let css = format!("#incident-{id}[data-status=\"{status}\"]");
-        while self.try_find(&css).await.is_none() {
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "incident {id} never showed status {status} in the browser"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("incident {id} to show status {status} in the browser");
+        eventually(browser_wait(Duration::from_secs(5)), &what, || {
+            self.try_find(&css)
+        })
+        .await;
     }
 
     pub async fn screenshot(&self, to: &Path) -> Vec<u8> {
@@ -226,25 +224,21 @@ pub async fn new_session(driver_port: u16, profile: &Path) -> Session {
         .build()
         .expect("http client");
     let base = format!("http://127.0.0.1:{driver_port}");
-    let started = Instant::now();
-    loop {
-        let ready = match http.get(format!("{base}/status")).send().await {
-            Ok(r) => r
-                .json::<Value>()
-                .await
-                .map(|v| v["value"]["ready"] == true)
-                .unwrap_or(false),
-            Err(_) => false,
-        };
-        if ready {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "chromedriver not ready within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        browser_wait(Duration::from_secs(10)),
+        "chromedriver to be ready",
+        || async {
+            match http.get(format!("{base}/status")).send().await {
+                Ok(r) => r
+                    .json::<Value>()
+                    .await
+                    .map(|v| v["value"]["ready"] == true)
+                    .unwrap_or(false),
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
     let args = vec![
         "--headless".to_string(),
         "--no-sandbox".into(),

@@ -31,8 +31,6 @@ pub struct FakeOpts {
     pub hang_after: Option<usize>,
     /// Decode: emit this many tokens then an end-of-generation marker (finish STOP).
     pub eog_after: Option<usize>,
-    /// Decode: delay between tokens.
-    pub token_delay: Duration,
     /// Decode: first emit one event naming another request.
     pub stale_event: bool,
     /// Reserve (decode) / Prefill (prefill) fails with this status.
@@ -55,7 +53,6 @@ impl Default for FakeOpts {
             queue_depth: 0,
             hang_after: None,
             eog_after: None,
-            token_delay: Duration::ZERO,
             stale_event: false,
             fail: None,
             hang_prefill: false,
@@ -96,15 +93,12 @@ impl Fake {
     pub fn aborts(&self) -> Vec<AbortRequest> {
         self.calls.lock().abort.clone()
     }
-    /// Waits up to 5 s for at least one abort naming `req` (or any abort when `None`).
+    /// Waits up to 5 s for the first abort.
     pub async fn wait_abort(&self) -> Option<AbortRequest> {
-        for _ in 0..100 {
-            if let Some(a) = self.aborts().into_iter().next() {
-                return Some(a);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        None
+        pagewarden_testkit::poll_until(Duration::from_secs(5), || async {
+            self.aborts().into_iter().next()
+        })
+        .await
     }
 }
 
@@ -264,13 +258,7 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
         logprobs: None,
     });
     let events = events.chain(end);
-    let delay = o.token_delay;
-    let body = futures::stream::iter(stale.into_iter().chain(events)).then(move |ev| async move {
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        Ok(ev)
-    });
+    let body = futures::stream::iter(stale.into_iter().chain(events)).map(Ok);
     if hang {
         Box::pin(body.chain(futures::stream::pending()))
     } else {

@@ -165,13 +165,10 @@ impl Harness {
 
     /// Waits until the server answers (the first Info poll happens before it accepts).
     async fn wait_ready(&self) {
-        for _ in 0..100 {
-            if self.client.get(self.url("/health")).send().await.is_ok() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("router did not start");
+        pagewarden_testkit::eventually(Duration::from_secs(2), "the router to answer", || async {
+            self.client.get(self.url("/health")).send().await.is_ok()
+        })
+        .await
     }
 
     pub fn url(&self, path: &str) -> String {
