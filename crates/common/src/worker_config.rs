@@ -176,7 +176,8 @@ pub enum PoolSize {
     Tokens(usize),
     /// As many whole pages as fit in this many bytes.
     Bytes(usize),
-    /// Two full contexts' worth of tokens.
+    /// Two full contexts' worth of tokens (of the context the worker advertises:
+    /// `context_length` when set, else the model's).
     TwoContexts,
 }
 

@@ -1,8 +1,11 @@
-//! Page bytes: one 64-byte-aligned allocation for the whole pool. Each page slot is the page's
+//! Page bytes: one anonymous mapping for the whole pool (zero pages the kernel backs only
+//! when first written, so a pool's resident size is the pages it has used, not its capacity). Each page slot is the page's
 //! data followed by its guard word, so an overrun of a page lands on the guard, not on the
 //! next page, and a transfer (which writes exactly `page_bytes`) can never forge the guard.
 
 use std::alloc::{self, Layout};
+
+use memmap2::MmapMut;
 use std::ptr::NonNull;
 
 use crate::ids::{Generation, PageId};
@@ -11,7 +14,8 @@ const ALIGN: usize = 64;
 
 pub(crate) struct PageStore {
     base: NonNull<u8>,
-    alloc: Option<Layout>,
+    /// The mapping `base` points into (none for an empty pool); unmapped on drop.
+    _map: Option<MmapMut>,
     page_bytes: usize,
     guard_at: usize,
     stride: usize,
@@ -32,21 +36,24 @@ impl PageStore {
         let size = stride
             .checked_mul(pages)
             .expect("pool size overflows usize");
-        let (base, alloc) = if size == 0 {
+        let (base, map) = if size == 0 {
             (NonNull::<u64>::dangling().cast(), None)
         } else {
-            let layout = Layout::from_size_align(size, ALIGN).expect("pool layout");
-            // SAFETY: size > 0. Zeroed memory: every page starts at generation 0, whose guard
-            // word is defined as 0, and the OS maps the bytes lazily.
-            let p = unsafe { alloc::alloc_zeroed(layout) };
-            let Some(base) = NonNull::new(p) else {
-                alloc::handle_alloc_error(layout)
-            };
-            (base, Some(layout))
+            // Every page starts at generation 0, whose guard word is defined as 0: the zero
+            // pages of a fresh anonymous mapping, page-aligned (so every slot is ALIGN-aligned).
+            // An allocator's zeroed memory would not do: for this alignment it writes the zeros,
+            // making the whole capacity resident at start.
+            let mut map = MmapMut::map_anon(size).unwrap_or_else(|_| {
+                alloc::handle_alloc_error(
+                    Layout::from_size_align(size, ALIGN).expect("pool layout"),
+                )
+            });
+            let base = NonNull::new(map.as_mut_ptr()).expect("a mapping is never at address 0");
+            (base, Some(map))
         };
         Self {
             base,
-            alloc,
+            _map: map,
             page_bytes,
             guard_at,
             stride,
@@ -121,11 +128,42 @@ impl PageStore {
     }
 }
 
-impl Drop for PageStore {
-    fn drop(&mut self) {
-        if let Some(layout) = self.alloc {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe { alloc::dealloc(self.base.as_ptr(), layout) }
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    fn resident_bytes() -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").expect("procfs");
+        let kb: usize = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS line");
+        kb * 1024
+    }
+
+    #[test]
+    fn a_pool_is_resident_only_where_pages_were_written() {
+        const PAGE: usize = 1 << 20;
+        let before = resident_bytes();
+        let store = PageStore::new(PAGE, 2048);
+        let fresh = resident_bytes().saturating_sub(before);
+        assert!(
+            fresh < 256 << 20,
+            "a fresh 2 GiB pool made {fresh} bytes resident"
+        );
+        let page = vec![7u8; PAGE];
+        for i in 0..64 {
+            store.write(PageId(i), &page);
         }
+        let used = resident_bytes().saturating_sub(before);
+        assert!(
+            used >= 64 * PAGE,
+            "64 written pages of 1 MiB, {used} bytes resident"
+        );
+        // The pages not written read as generation 0's zeros.
+        let untouched = store.page_ptr(PageId(2047));
+        // SAFETY: in bounds of the store, not shared with any other thread in this test.
+        assert_eq!(unsafe { *untouched }, 0);
     }
 }

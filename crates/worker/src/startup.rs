@@ -105,7 +105,13 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
     let pages = match cfg.pool {
         PoolSize::Tokens(t) => t.div_ceil(cfg.page_size),
         PoolSize::Bytes(b) => b / layout.page_bytes().max(1),
-        PoolSize::TwoContexts => 2 * model.context_length().div_ceil(cfg.page_size),
+        // Two of the contexts the worker will advertise: `--context-length` when given.
+        PoolSize::TwoContexts => {
+            2 * cfg
+                .context_length
+                .unwrap_or(model.context_length())
+                .div_ceil(cfg.page_size)
+        }
     };
     let input = PreflightInput {
         model_context: model.context_length(),

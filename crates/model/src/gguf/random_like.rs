@@ -49,7 +49,9 @@ pub fn write_random_like<W: Write>(like: &GgufFile, seed: u64, out: &mut W) -> i
         .map(|t| (t.name.clone(), t.dims.clone(), t.ggml_type))
         .collect();
     let mut rng = Rng(seed);
-    w.write_streamed(out, &entries, |i, buf| random_tensor(&infos[i], &mut rng, buf))
+    w.write_streamed(out, &entries, |i, buf| {
+        random_tensor(&infos[i], &mut rng, buf)
+    })
 }
 
 /// For a block-quantized type: bytes per block and the standard deviation of the integer
@@ -194,7 +196,11 @@ mod tests {
     fn every_matrix_has_the_spread_of_its_row_length() {
         let like = like_file();
         let got = GgufFile::from_bytes(written(&like, 3)).unwrap();
-        for t in got.tensors().iter().filter(|t| t.name.starts_with("extra.")) {
+        for t in got
+            .tensors()
+            .iter()
+            .filter(|t| t.name.starts_with("extra."))
+        {
             let view = got.tensor(&t.name).unwrap();
             let x = dequantize(t.ggml_type, view.data, t.n_elements() as usize).unwrap();
             let n = x.len() as f32;
