@@ -17,6 +17,8 @@
 //! exact: no sign trick per row. (AVX2's `maddubs` would saturate on Q8_0's offset bytes, so
 //! that kernel flips them back and takes ggml's sign trick.)
 
+use rayon::prelude::*;
+
 use super::{packed_k, QMatrix};
 use crate::act::QuantizedActs;
 use crate::isa::Isa;
@@ -70,11 +72,12 @@ impl PackedRows {
         let nb = w.cols / bs;
         let block_bytes = w.ty.row_bytes(bs)?;
         let mut lines = vec![Line([0; 64]); w.rows / GROUP * nb * lines_per];
-        for g in 0..w.rows / GROUP {
+        // Groups are independent: packed on every core (a 7B model's 4.7 GB at load).
+        let pack_group = |g: usize, glines: &mut [Line]| {
             for b in 0..nb {
                 if k_quant {
-                    let at = (g * nb + b) * lines_per;
-                    packed_k::pack_record(w, g, b, &mut lines[at..at + lines_per]);
+                    let at = b * lines_per;
+                    packed_k::pack_record(w, g, b, &mut glines[at..at + lines_per]);
                     continue;
                 }
                 let mut record = [0u8; 64 * MAX_LINES];
@@ -106,15 +109,19 @@ impl PackedRows {
                         }
                     }
                 }
-                let at = (g * nb + b) * lines_per;
-                for (line, src) in lines[at..at + lines_per]
+                let at = b * lines_per;
+                for (line, src) in glines[at..at + lines_per]
                     .iter_mut()
                     .zip(bytes.chunks_exact(64))
                 {
                     line.0.copy_from_slice(src);
                 }
             }
-        }
+        };
+        lines
+            .par_chunks_mut(nb * lines_per)
+            .enumerate()
+            .for_each(|(g, glines)| pack_group(g, glines));
         Some(PackedRows {
             ty: w.ty,
             rows: w.rows,
