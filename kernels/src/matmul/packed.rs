@@ -17,6 +17,7 @@
 //! exact: no sign trick per row. (AVX2's `maddubs` would saturate on Q8_0's offset bytes, so
 //! that kernel flips them back and takes ggml's sign trick.)
 
+use memmap2::MmapMut;
 use rayon::prelude::*;
 
 use super::{packed_k, QMatrix};
@@ -32,12 +33,40 @@ pub const GROUP: usize = 16;
 #[repr(C, align(64))]
 pub(crate) struct Line(pub(crate) [u8; 64]);
 
+/// A packing's lines: zero pages of an anonymous mapping, in huge pages where the kernel
+/// grants them (a 7B model packs gigabytes at load; 4 KiB pages cost a fault each).
+struct LineBuf {
+    map: MmapMut,
+    len: usize,
+}
+
+impl LineBuf {
+    /// `len` zero lines, or `None` when the mapping cannot be made.
+    fn zeroed(len: usize) -> Option<LineBuf> {
+        let map = MmapMut::map_anon(len.checked_mul(std::mem::size_of::<Line>())?).ok()?;
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
+        Some(LineBuf { map, len })
+    }
+
+    fn as_slice(&self) -> &[Line] {
+        // SAFETY: the mapping is page-aligned (so `Line`-aligned), `len` lines long, zeroed
+        // (a valid `Line`), and borrowed no longer than `self`.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().cast::<Line>(), self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [Line] {
+        // SAFETY: as in `as_slice`, borrowed mutably no longer than `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().cast::<Line>(), self.len) }
+    }
+}
+
 /// A matrix repacked into groups of [`GROUP`] interleaved rows (see the module doc).
 pub struct PackedRows {
     ty: WeightType,
     rows: usize,
     cols: usize,
-    lines: Vec<Line>,
+    lines: LineBuf,
 }
 
 impl std::fmt::Debug for PackedRows {
@@ -71,7 +100,7 @@ impl PackedRows {
         }
         let nb = w.cols / bs;
         let block_bytes = w.ty.row_bytes(bs)?;
-        let mut lines = vec![Line([0; 64]); w.rows / GROUP * nb * lines_per];
+        let mut lines = LineBuf::zeroed(w.rows / GROUP * nb * lines_per)?;
         // Groups are independent: packed on every core (a 7B model's 4.7 GB at load).
         let pack_group = |g: usize, glines: &mut [Line]| {
             for b in 0..nb {
@@ -119,6 +148,7 @@ impl PackedRows {
             }
         };
         lines
+            .as_mut_slice()
             .par_chunks_mut(nb * lines_per)
             .enumerate()
             .for_each(|(g, glines)| pack_group(g, glines));
@@ -147,7 +177,7 @@ impl PackedRows {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.lines.len() * 64
+        self.lines.as_slice().len() * 64
     }
 
     /// Whether this is the packing of `w` (same type and shape).
@@ -159,7 +189,7 @@ impl PackedRows {
     pub(crate) fn record(&self, g: usize, b: usize) -> *const u8 {
         let per = record_lines(self.ty).expect("packed types have records");
         let nb = self.cols / self.ty.block_size();
-        self.lines[(g * nb + b) * per..].as_ptr() as *const u8
+        self.lines.as_slice()[(g * nb + b) * per..].as_ptr() as *const u8
     }
 }
 
