@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 
 use crate::act_k::QuantizedActsK;
-use crate::matmul::kquant_portable::{mins_lanes, KAcc};
+use crate::matmul::kquant_portable::{mins_lanes, q6_k_take_offset, KAcc};
 use crate::matmul::q4k_repacked::{mins_part, RepackAcc, Route};
 use crate::quant::{f16_at, WeightType};
 use crate::quant_k::{q6_k_scales, scales_mins, Q6_K_D, QK_K};
@@ -73,7 +73,8 @@ unsafe fn unpack_q45<const VNNI: bool>(five: bool, blk: &[u8], sc: &[u8; 8]) -> 
     u
 }
 
-/// Q6_K: values plus 32 (0..=63); the offset is taken back with the activations' sums.
+/// Q6_K: values plus 32 (0..=63); the offset is taken back with the activations' sums
+/// (`q6_k_take_offset`).
 /// Register `4n + k` holds elements `128n + 32k..`, scales `sc[8n + 2k]` and `sc[8n + 2k + 1]`.
 #[inline(always)]
 unsafe fn unpack_q6<const VNNI: bool>(blk: &[u8], sc: &[i8; 16]) -> Unpacked {
@@ -108,16 +109,11 @@ unsafe fn unpack_q6<const VNNI: bool>(blk: &[u8], sc: &[i8; 16]) -> Unpacked {
 /// The eight exact lanes of `sum_i q[i] * y[i] * scale(i)` over one super-block (lane `m`:
 /// elements `4m..4m+4` of each register).
 #[inline(always)]
-unsafe fn block_lanes<const VNNI: bool>(u: &Unpacked, y: *const i8, offset: bool) -> [i32; 8] {
+unsafe fn block_lanes<const VNNI: bool>(u: &Unpacked, y: *const i8) -> [i32; 8] {
     let mut acc = _mm256_setzero_si256();
-    let m32 = _mm256_set1_epi8(32);
     for r in 0..8 {
         let yv = _mm256_loadu_si256(y.add(32 * r) as *const __m256i);
         acc = _mm256_add_epi32(acc, scaled_dot::<VNNI>(u.q[r], yv, u.sc[r]));
-        if offset {
-            // Q6_K's values are stored plus 32: take 32 * y back, lane by lane, as ggml does.
-            acc = _mm256_sub_epi32(acc, scaled_dot::<VNNI>(m32, yv, u.sc[r]));
-        }
     }
     let mut out = [0i32; 8];
     _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, acc);
@@ -147,16 +143,18 @@ pub(crate) unsafe fn tile<const NT: usize, const VNNI: bool>(
                 for (j, acc) in acc.iter_mut().enumerate() {
                     let k = (t0 + j) * nb + b;
                     let mins = mins_lanes(&m, &a.bsums[k * 16..(k + 1) * 16]);
-                    let l = block_lanes::<VNNI>(&u, y(j), false);
+                    let l = block_lanes::<VNNI>(&u, y(j));
                     acc.add(a.d[k] * d, l, -a.d[k] * dmin, mins);
                 }
             }
             WeightType::Q6_K => {
-                let u = unpack_q6::<VNNI>(blk, &q6_k_scales(blk));
+                let sc = q6_k_scales(blk);
+                let u = unpack_q6::<VNNI>(blk, &sc);
                 let d = f16_at(blk, Q6_K_D);
                 for (j, acc) in acc.iter_mut().enumerate() {
                     let k = (t0 + j) * nb + b;
-                    let l = block_lanes::<VNNI>(&u, y(j), true);
+                    let mut l = block_lanes::<VNNI>(&u, y(j));
+                    q6_k_take_offset(&mut l, &sc, &a.bsums[k * 16..(k + 1) * 16]);
                     acc.add(a.d[k] * d, l, 0.0, [0; 4]);
                 }
             }

@@ -215,11 +215,13 @@ unsafe fn q6_k<const NT: usize>(
         let d = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
         // Each scale as an i16 pair per row, the form `vpdpwssd` multiplies by.
         let mut sc = [_mm512_setzero_si512(); 16];
-        for (s, v) in sc.iter_mut().enumerate() {
+        let mut sc32 = [_mm512_setzero_si512(); 16];
+        for s in 0..16 {
             let x = _mm512_cvtepi8_epi32(_mm_load_si128(
                 rec.add(64 * Q6_K_SCALES + 16 * s) as *const __m128i
             ));
-            *v = _mm512_or_si512(_mm512_and_si512(x, low16), _mm512_slli_epi32::<16>(x));
+            sc32[s] = x;
+            sc[s] = _mm512_or_si512(_mm512_and_si512(x, low16), _mm512_slli_epi32::<16>(x));
         }
         let q = rec.add(64 * Q6_K_QUANTS) as *const __m512i;
         let starts = rec.add(64 * Q6_K_STARTS) as *const __m512i;
@@ -241,7 +243,18 @@ unsafe fn q6_k<const NT: usize>(
                 }
             }
             for j in 0..NT {
-                acc[j][m] = _mm512_fmadd_ps(dd[j], _mm512_cvtepi32_ps(lane[j]), acc[j][m]);
+                // The values were packed plus 32: take 32 * (sc[2m] * bsums[2m] +
+                // sc[2m + 1] * bsums[2m + 1]) back from this lane, as `q6_k_take_offset`.
+                let bs = &a.bsums[((t0 + j) * nb + b) * 16..][..16];
+                let off = _mm512_add_epi32(
+                    _mm512_mullo_epi32(sc32[2 * m], _mm512_set1_epi32(32 * bs[2 * m] as i32)),
+                    _mm512_mullo_epi32(
+                        sc32[2 * m + 1],
+                        _mm512_set1_epi32(32 * bs[2 * m + 1] as i32),
+                    ),
+                );
+                let l = _mm512_sub_epi32(lane[j], off);
+                acc[j][m] = _mm512_fmadd_ps(dd[j], _mm512_cvtepi32_ps(l), acc[j][m]);
             }
         }
     }

@@ -47,6 +47,19 @@ pub(crate) fn mins_lanes(m: &[u8; 8], bsums: &[i16]) -> [i32; 4] {
     std::array::from_fn(|k| m[2 * k] as i32 * pair(2 * k) + m[2 * k + 1] as i32 * pair(2 * k + 1))
 }
 
+/// Q6_K's lanes are formed over the values plus 32; ggml takes the offset back per pair of
+/// sub-blocks from the activations' sums: lane `m` loses `32 * (sc[2m] * bsums[2m] +
+/// sc[2m + 1] * bsums[2m + 1])`. The total is the same whichever lane carries which part, but
+/// the lanes are rounded apart (one fused multiply-add each), so this split is ggml's.
+#[inline(always)]
+pub(crate) fn q6_k_take_offset(lanes: &mut [i32; 8], sc: &[i8; 16], bsums: &[i16]) {
+    for (m, l) in lanes.iter_mut().enumerate() {
+        *l -= 32
+            * (sc[2 * m] as i32 * bsums[2 * m] as i32
+                + sc[2 * m + 1] as i32 * bsums[2 * m + 1] as i32);
+    }
+}
+
 /// The eight integer lanes: lane `m` is `sum_r scale(r, m) * sum(q[e] * y[e])` over elements
 /// `e = 32r + 4m .. 32r + 4m + 4`.
 fn lanes<Q: Copy + Into<i32>>(
@@ -105,7 +118,9 @@ pub fn dot_q6_k(row: &[u8], a: &QuantizedActsK, t: usize) -> f32 {
     let mut acc = KAcc::default();
     sum_blocks(row, WeightType::Q6_K.block_bytes(), a, t, |blk, y, k| {
         let sc = q6_k_scales(blk);
-        let l = lanes(&q6_k_values(blk), y, |r, m| sc[2 * r + m / 4] as i32);
+        let plus32 = q6_k_values(blk).map(|v| v as i32 + 32);
+        let mut l = lanes(&plus32, y, |r, m| sc[2 * r + m / 4] as i32);
+        q6_k_take_offset(&mut l, &sc, &a.bsums[k * 16..(k + 1) * 16]);
         acc.add(a.d[k] * f16_at(blk, Q6_K_D), l, 0.0, [0; 4]);
     });
     acc.finish()

@@ -19,11 +19,11 @@
 //! model's weights):
 //! - line 0: the sixteen f16 `d`;
 //! - lines 1-8: for ggml lane `m` (elements `4m..4m + 4` of every 32), the sixteen rows'
-//!   i32 starting values `-128 * sum_r sc(r, m) * sum(w)` over the lane's four values `w` of
+//!   i32 starting values `-128 * sum_r sc(r, m) * sum(w + 32)` over the lane's four values `w` of
 //!   each 32-element run `r`: the kernel multiplies the weights with the activations plus 128
 //!   (unsigned, as `vpmaddubsw` wants them) and this takes the 128 back, exactly;
 //! - lines 9-12: the i8 scales, byte `16s + r` (of line `9 + s / 4`) = row `r`'s scale `s`;
-//! - lines 13-76: quant line `L` holds elements `4L..4L + 4` of each row as i8 (-32..=31).
+//! - lines 13-76: quant line `L` holds elements `4L..4L + 4` of each row plus 32 (0..=63).
 
 use super::packed::{Line, GROUP};
 use super::QMatrix;
@@ -77,7 +77,8 @@ fn pack_q4_k(blk: &[u8], r: usize, rec: &mut [u8]) {
 fn pack_q6_k(blk: &[u8], r: usize, rec: &mut [u8]) {
     rec[2 * r..2 * r + 2].copy_from_slice(&blk[Q6_K_D..Q6_K_D + 2]);
     let sc = q6_k_scales(blk);
-    let q = q6_k_values(blk);
+    // Stored plus 32 (0..=63), as ggml's kernel multiplies them (`kquant_portable`).
+    let q = q6_k_values(blk).map(|v| v + 32);
     for (s, &v) in sc.iter().enumerate() {
         rec[Q6_K_SCALES * 64 + 16 * s + r] = v as u8;
     }
