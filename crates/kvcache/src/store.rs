@@ -1,12 +1,13 @@
 //! Page bytes: one anonymous mapping for the whole pool (zero pages the kernel backs only
-//! when first written, so a pool's resident size is the pages it has used, not its capacity). Each page slot is the page's
-//! data followed by its guard word, so an overrun of a page lands on the guard, not on the
-//! next page, and a transfer (which writes exactly `page_bytes`) can never forge the guard.
+//! when first written, so a pool's resident size is the pages it has used, not its
+//! capacity). Each page slot is the page's data followed by its guard word, so an overrun of
+//! a page lands on the guard, not on the next page, and a transfer (which writes exactly
+//! `page_bytes`) can never forge the guard.
 
 use std::alloc::{self, Layout};
+use std::ptr::NonNull;
 
 use memmap2::MmapMut;
-use std::ptr::NonNull;
 
 use crate::ids::{Generation, PageId};
 
