@@ -103,6 +103,7 @@ fn main() {
         head_dim: hd,
         page_size: page,
         window: None,
+        score_scale: None,
     };
     let norm_w = vec![1.0f32; dim];
     let par = Parallel::new(threads);

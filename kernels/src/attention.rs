@@ -34,7 +34,7 @@ const TILED_Q_BLOCK: usize = 4;
 const KEY_RUN: usize = 64;
 
 /// Shape of attention for one layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnGeometry {
     /// Query heads.
     pub heads: usize,
@@ -47,9 +47,21 @@ pub struct AttnGeometry {
     /// Sliding window: a query sees only the last `window` keys (itself included); `None`
     /// for full causal attention.
     pub window: Option<usize>,
+    /// The factor the scores are multiplied by before the softmax; `None` for
+    /// `1 / sqrt(head_dim)`. A model that scales its queries itself (Gemma 3, Phi-3) passes
+    /// `Some(1.0)` with the scaled queries, as llama.cpp does: the queries are rounded to f16
+    /// after that scale, and a small element that becomes an f16 subnormal keeps fewer bits than
+    /// the unscaled one would, so scaling the scores instead is not the same product.
+    pub score_scale: Option<f32>,
 }
 
 impl AttnGeometry {
+    /// The factor the scores are multiplied by ([`AttnGeometry::score_scale`]).
+    pub fn scale(&self) -> f32 {
+        self.score_scale
+            .unwrap_or_else(|| 1.0 / (self.head_dim as f32).sqrt())
+    }
+
     /// The first key a query that sees keys `..keys` may attend to.
     pub fn first_key(&self, keys: usize) -> usize {
         self.window.map_or(0, |w| keys.saturating_sub(w))
@@ -360,7 +372,7 @@ impl Task<'_> {
         let group = geo.heads / geo.kv_heads;
         let ctx = self.first_pos + self.i1;
         let (k, v) = (self.k, self.v);
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = geo.scale();
         let qw = geo.heads * hd;
         // tinyBLAS needs the inner dimension in whole vectors; ggml falls back otherwise.
         let score_order = if hd.is_multiple_of(LANES) {

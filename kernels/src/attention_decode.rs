@@ -184,7 +184,7 @@ impl ScoreTask<'_, '_> {
     fn run_hd(&self, hd: usize) {
         let geo = self.geo;
         let group = geo.heads / geo.kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = geo.scale();
         let mut buf = vec![0f32; CHUNK * hd];
         for c0 in (self.j0..self.j1).step_by(CHUNK) {
             let nc = CHUNK.min(self.j1 - c0);

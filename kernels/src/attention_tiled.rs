@@ -131,7 +131,7 @@ impl TiledTask<'_> {
         let mut half = vec![f16::ZERO; stride.max(rows * hd)];
         round_f16(&mut qh[..rows * hd], &mut half);
 
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = geo.scale();
         let mut s = vec![0f32; rows_pad * stride];
         for kt in (0..kmax).step_by(KEY_TILE) {
             for rb in (0..rows_pad).step_by(RB) {

@@ -53,6 +53,7 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
             head_dim: 16,
             page_size: 4,
             window: None,
+            score_scale: None,
         },
         AttnGeometry {
             heads: 9,
@@ -60,6 +61,7 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
             head_dim: 64,
             page_size: 16,
             window: None,
+            score_scale: None,
         },
         AttnGeometry {
             heads: 2,
@@ -67,6 +69,7 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
             head_dim: 8,
             page_size: 1,
             window: None,
+            score_scale: None,
         },
         // Gemma 3's local layers: one kv head, a sliding window shorter than the context.
         AttnGeometry {
@@ -75,6 +78,7 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
             head_dim: 32,
             page_size: 16,
             window: Some(50),
+            score_scale: None,
         },
         // Gemma 3's head size, a group of three, a window inside one 64-key tile.
         AttnGeometry {
@@ -83,6 +87,7 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
             head_dim: 128,
             page_size: 16,
             window: Some(40),
+            score_scale: None,
         },
     ] {
         let tw = geo.token_width();
@@ -171,6 +176,7 @@ fn flash_attention_matches_dense_within_f16_accumulation() {
             head_dim: 256,
             page_size: 16,
             window: Some(30),
+            score_scale: None,
         },
         AttnGeometry {
             heads: 6,
@@ -178,6 +184,7 @@ fn flash_attention_matches_dense_within_f16_accumulation() {
             head_dim: 64,
             page_size: 8,
             window: None,
+            score_scale: None,
         },
     ] {
         let tw = geo.token_width();
@@ -258,6 +265,7 @@ fn too_few_pages_is_refused() {
         head_dim: 8,
         page_size: 4,
         window: None,
+        score_scale: None,
     };
     let k = vec![f16::ZERO; 32];
     let blocks = [KvBlock { k: &k, v: &k }];

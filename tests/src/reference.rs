@@ -9,11 +9,7 @@ use crate::ModelArg;
 
 /// Loads the model a worker started with `arg` runs.
 pub fn load(arg: &ModelArg) -> Arc<Model> {
-    load_with(arg, &LoadOptions::default())
-}
-
-/// [`load`] with `opts` (as a worker given the matching flags, e.g. `--flash-attention`).
-pub fn load_with(arg: &ModelArg, opts: &LoadOptions) -> Arc<Model> {
+    let opts = &LoadOptions::default();
     Arc::new(match arg {
         ModelArg::Real => Model::load(&crate::model_path(), opts).expect("load model"),
         ModelArg::Gemma => Model::load(&crate::gemma_model_path(), opts).expect("load gemma"),

@@ -38,19 +38,19 @@ async fn reference_prompts_through_the_router_match_the_engine() {
     // llama-cpp-python's default attention; every prompt's first 8 greedy tokens are
     // llama.cpp's.
     let reference = pagewarden_system_tests::reference_path();
-    reference_prompts_match(ModelArg::Real, reference, false, 10).await;
+    reference_prompts_match(ModelArg::Real, reference, 10).await;
 }
 
 /// Gemma 3 through the whole suite: the router adds BOS as the GGUF asks, the workers run
 /// K-quants and sliding-window layers, and the pools hold less than Gemma's 32K context (the
-/// workers lower the context they advertise to fit). The workers take `--flash-attention`, as
-/// llama-server (which made the reference) runs a CPU model by default; then the first 8
-/// greedy tokens are llama.cpp's on 9 of the 10 prompts (crates/model/tests/parity_gemma.rs).
+/// workers lower the context they advertise to fit). The reference is llama-server `-fa off`,
+/// whose arithmetic the default path follows: the first 8 greedy tokens are llama.cpp's on
+/// every prompt (crates/model/tests/parity_gemma.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemma3_reference_prompts_through_the_router_match_the_engine() {
     let reference = pagewarden_system_tests::workspace_root()
         .join("tests/data/reference/gemma3-270m-q4_k_m.json");
-    reference_prompts_match(ModelArg::Gemma, reference, true, 9).await;
+    reference_prompts_match(ModelArg::Gemma, reference, 10).await;
 }
 
 /// Greedy tokens compared with llama.cpp's reference.
@@ -62,23 +62,15 @@ const REFERENCE_TOKENS: usize = 8;
 async fn reference_prompts_match(
     model: ModelArg,
     reference: std::path::PathBuf,
-    flash_attention: bool,
     min_matching: usize,
 ) {
-    let mut flags = vec!["--pool-tokens", "16384", "--lower-context-to-fit"];
-    if flash_attention {
-        flags.push("--flash-attention");
-    }
+    let flags = ["--pool-tokens", "16384", "--lower-context-to-fit"];
     let decode = start_decode(&model, &flags);
     let prefill = start_prefill(&model, &flags);
     let router = start_router(&model, &[&decode], &[&prefill]).await;
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
-    let opts = pagewarden_model::LoadOptions {
-        flash_attention,
-        ..pagewarden_model::LoadOptions::default()
-    };
-    let engine = reference::engine(reference::load_with(&model, &opts));
+    let engine = reference::engine(reference::load(&model));
     let mut matching = 0;
     for (i, case) in reference["cases"]
         .as_array()

@@ -1,46 +1,58 @@
 //! Parity with llama.cpp on the real Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 weights,
-//! SentencePiece vocabulary, sliding-window layers), against
-//! tests/data/reference/gemma3-270m-q4_k_m.json. Needs the model (PAGEWARDEN_GEMMA_MODEL, or
-//! scripts/fetch-model.sh gemma3-270m); fails, never skips, without it.
+//! SentencePiece vocabulary, sliding-window layers), against two reference files made by
+//! `gemma3_reference.py` (llama-server, `-fa off`): tests/data/reference/gemma3-270m-q4_k_m.json
+//! (the prompts used while fixing the differences) and gemma3-270m-q4_k_m-heldout.json (ten
+//! prompts written after the fixes, never used to tune anything). Needs the model
+//! (PAGEWARDEN_GEMMA_MODEL, or scripts/fetch-model.sh gemma3-270m); fails, never skips, without
+//! it.
 //!
-//! Asserted: prompt ids (BOS added as the GGUF asks) equal to llama.cpp's on every prompt, the
-//! same first greedy token on every prompt, and the first `MIN_PREFIX` greedy tokens equal on
-//! at least `MEASURED_CASES` prompts: the issue's bar of `MIN_CASES` (9/10).
-//!
-//! The model runs with llama.cpp's flash-attention arithmetic (`LoadOptions::flash_attention`):
-//! llama-server's `-fa auto` default resolves to flash attention on a CPU model (f16 value
-//! accumulation; llama-context.cpp probes whether the op runs on the layer's device). The
-//! reference records no flags, so that is inferred, and the measured match below supports it. Its Q4_K matrices (attn_output, half the ffn_down) take llama.cpp's
-//! repacked order (`kernels/src/matmul/q4k_repacked.rs`: on AVX2 machines ggml repacks Q4_K
-//! into 8-row blocks, gemm for prompt rows in groups of four, gemv for the rest and decode).
-//! Measured: 9/10 prompts match 8 tokens (4/10 all 24); each change alone left 5 or 6 of 10
-//! (repack without flash attention 6/10, flash attention without repack 5/10, neither 5/10).
-//! Still not llama.cpp's bits everywhere: case 7 differs at its second token (logits 0.12
-//! apart), and the first step's top-5 log-probabilities are up to 0.6 from the reference's.
-//! Gemma amplifies the last bit (outlier channels set the 8-bit activation scales, so one
-//! flipped rounding moves a whole block).
+//! The default path (no flash attention) computes llama.cpp's bits: its prompt ids, every
+//! greedy token, and first-step log-probabilities equal up to llama-server's own rounding of
+//! them (it reports f32 log-probabilities of the same logits; measured at most 0.0006 apart).
+//! Asserted: prompt ids equal on every prompt, all `GREEDY` tokens equal on every prompt, and
+//! every first-step top-5 log-probability within `TOP5_TOLERANCE`. Three arithmetic details
+//! make it exact (each alone, undone, breaks some prompts):
+//! - llama-server ends a batch 4 and 516 tokens before a prompt's end for a sliding-window
+//!   model (`llama::prefill_chunks`), and a product's row count picks llama.cpp's kernel;
+//! - from 8 rows on, llama.cpp's Q6_K (and unrepacked Q4_K/Q5_K) products take its tiled
+//!   kernel's float order (`kernels/src/matmul/kquant_tiled.rs`), and the last layer's FFN runs
+//!   on the output rows only;
+//! - queries are scaled before their f16 rounding, not the scores after (`score_scale`).
 
 mod reference;
 
 use pagewarden_model::{LoadOptions, Model};
-use reference::{argmax, logprob, Tally, MIN_CASES};
+use reference::{argmax, logprob, Tally};
 
-/// Prompts on which the first `MIN_PREFIX` greedy tokens match today (see the module doc).
-const MEASURED_CASES: usize = 9;
+/// Greedy tokens per prompt in the reference files: every one must match.
+const GREEDY: usize = 24;
+
+/// Largest first-step top-5 log-probability difference allowed: the issue's bar is 0.02, and
+/// with bit-equal logits the only difference left is llama-server's f32 rounding of its
+/// reported log-probabilities (at most 0.0006 measured), so a tenth of the bar leaves room for
+/// that and still fails on any real difference in the graph (the smallest seen, one f16
+/// rounding of one attention weight, moved a log-probability by 0.03).
+const TOP5_TOLERANCE: f32 = 0.002;
 
 #[test]
-fn gemma3_matches_llama_cpp_reference() {
+fn gemma3_matches_llama_cpp_on_the_development_prompts() {
+    check("gemma3-270m-q4_k_m.json");
+}
+
+#[test]
+fn gemma3_matches_llama_cpp_on_held_out_prompts() {
+    check("gemma3-270m-q4_k_m-heldout.json");
+}
+
+fn check(file: &str) {
     let mp = reference::model_path("PAGEWARDEN_GEMMA_MODEL", "gemma-3-270m-q4_k_m.gguf");
     let cases = reference::cases(
-        &reference::workspace().join("tests/data/reference/gemma3-270m-q4_k_m.json"),
+        &reference::workspace()
+            .join("tests/data/reference")
+            .join(file),
         "logprob",
     );
-    // llama-server's default (`-fa auto`) runs flash attention on the CPU.
-    let opts = LoadOptions {
-        flash_attention: true,
-        ..LoadOptions::default()
-    };
-    let model = Model::load(&mp, &opts).expect("model loads");
+    let model = Model::load(&mp, &LoadOptions::default()).expect("model loads");
     assert_eq!(model.config().arch.name(), "gemma3");
     let pool = reference::pool(&model, 64);
 
@@ -66,10 +78,21 @@ fn gemma3_matches_llama_cpp_reference() {
     }
     let n = cases.len();
     eprintln!(
-        "gemma3 parity: prompt ids {ids_ok}/{n}; {} (issue's bar: {MIN_CASES}); worst top-5 \
-         log-probability difference {worst:.4}",
+        "gemma3 parity ({file}): prompt ids {ids_ok}/{n}; {}; worst top-5 log-probability \
+         difference {worst:.4}",
         tally.summary()
     );
     assert_eq!(ids_ok, n, "prompt token ids differ from llama.cpp's");
-    tally.assert_at_least(MEASURED_CASES);
+    assert!(
+        worst <= TOP5_TOLERANCE,
+        "{file}: first-step top-5 log-probabilities {worst} apart (tolerance {TOP5_TOLERANCE})"
+    );
+    assert!(
+        cases.iter().all(|c| c.greedy.len() == GREEDY),
+        "{file}: {GREEDY} greedy tokens per prompt"
+    );
+    assert_eq!(
+        tally.all_ok, tally.n,
+        "{file}: every greedy token of every prompt equal to llama.cpp's"
+    );
 }

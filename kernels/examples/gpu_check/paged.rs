@@ -69,6 +69,7 @@ fn cpu_row(s: &Setup, seq: usize, pos: usize, q: &[f32], par: &Parallel) -> Vec<
         head_dim: SHAPE.head_dim,
         page_size: SHAPE.page_size,
         window: None,
+        score_scale: None,
     };
     let be = SHAPE.page_size * SHAPE.token_width();
     let blocks: Vec<KvBlock<'_>> = s.tables[seq]

@@ -60,6 +60,7 @@ pub(super) fn rows(
         while t0 < tokens {
             let nt = (tokens - t0).min(TILE);
             let route = repacked.then(|| Route::of(t0, tokens));
+            let tiled = super::kquant_tiled::applies(w, tokens);
             for i in 0..n {
                 let row = w.row(r0 + i);
                 let o = &mut out[i * tokens + t0..i * tokens + t0 + nt];
@@ -68,9 +69,9 @@ pub(super) fn rows(
                 // checked above and by `QMatrix::new`.
                 unsafe {
                     if vnni {
-                        x86::tile_vnni(w.ty, route, row, acts, w.cols, t0, o)
+                        x86::tile_vnni(w.ty, route, tiled, row, acts, w.cols, t0, o)
                     } else {
-                        x86::tile(w.ty, route, row, acts, w.cols, t0, o)
+                        x86::tile(w.ty, route, tiled, row, acts, w.cols, t0, o)
                     }
                 };
             }
@@ -96,13 +97,14 @@ mod x86 {
     pub(super) unsafe fn tile(
         ty: WeightType,
         route: Option<Route>,
+        tiled: bool,
         row: &[u8],
         acts: &Acts<'_>,
         cols: usize,
         t0: usize,
         out: &mut [f32],
     ) {
-        tile_body::<false>(ty, route, row, acts, cols, t0, out)
+        tile_body::<false>(ty, route, tiled, row, acts, cols, t0, out)
     }
 
     /// [`tile`] with AVX-512 VNNI's `vpdpbusd` for the integer products (same bits).
@@ -110,13 +112,14 @@ mod x86 {
     pub(super) unsafe fn tile_vnni(
         ty: WeightType,
         route: Option<Route>,
+        tiled: bool,
         row: &[u8],
         acts: &Acts<'_>,
         cols: usize,
         t0: usize,
         out: &mut [f32],
     ) {
-        tile_body::<true>(ty, route, row, acts, cols, t0, out)
+        tile_body::<true>(ty, route, tiled, row, acts, cols, t0, out)
     }
 
     /// Rows `r0..r0 + n` of a Q4_0/Q4_1/Q5_0/Q8_0 matrix for all tokens (AVX2).
@@ -193,6 +196,7 @@ mod x86 {
     unsafe fn tile_body<const VNNI: bool>(
         ty: WeightType,
         route: Option<Route>,
+        tiled: bool,
         row: &[u8],
         acts: &Acts<'_>,
         cols: usize,
@@ -220,10 +224,10 @@ mod x86 {
             }
             (WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K, Acts::QuantK(a)) => {
                 match out.len() {
-                    4 => out.copy_from_slice(&kquant::tile::<4, VNNI>(ty, row, a, t0)),
-                    3 => out.copy_from_slice(&kquant::tile::<3, VNNI>(ty, row, a, t0)),
-                    2 => out.copy_from_slice(&kquant::tile::<2, VNNI>(ty, row, a, t0)),
-                    _ => out.copy_from_slice(&kquant::tile::<1, VNNI>(ty, row, a, t0)),
+                    4 => out.copy_from_slice(&kquant::tile::<4, VNNI>(ty, tiled, row, a, t0)),
+                    3 => out.copy_from_slice(&kquant::tile::<3, VNNI>(ty, tiled, row, a, t0)),
+                    2 => out.copy_from_slice(&kquant::tile::<2, VNNI>(ty, tiled, row, a, t0)),
+                    _ => out.copy_from_slice(&kquant::tile::<1, VNNI>(ty, tiled, row, a, t0)),
                 }
             }
             (WeightType::F32, Acts::Float(x)) => {

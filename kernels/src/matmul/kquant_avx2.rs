@@ -9,6 +9,7 @@ use std::arch::x86_64::*;
 
 use crate::act_k::QuantizedActsK;
 use crate::matmul::kquant_portable::{mins_lanes, q6_k_take_offset, KAcc};
+use crate::matmul::kquant_tiled::TiledAcc;
 use crate::matmul::q4k_repacked::{mins_part, RepackAcc, Route};
 use crate::quant::{f16_at, WeightType};
 use crate::quant_k::{q6_k_scales, scales_mins, Q6_K_D, QK_K};
@@ -120,10 +121,12 @@ unsafe fn block_lanes<const VNNI: bool>(u: &Unpacked, y: *const i8) -> [i32; 8] 
     out
 }
 
-/// One K-quant row against `NT` consecutive tokens starting at `t0`.
+/// One K-quant row against `NT` consecutive tokens starting at `t0`, in `kquant_tiled`'s
+/// float order when `tiled`, else in `KAcc`'s.
 #[inline(always)]
 pub(crate) unsafe fn tile<const NT: usize, const VNNI: bool>(
     ty: WeightType,
+    tiled: bool,
     row: &[u8],
     a: &QuantizedActsK,
     t0: usize,
@@ -132,6 +135,7 @@ pub(crate) unsafe fn tile<const NT: usize, const VNNI: bool>(
     let bytes = ty.block_bytes();
     debug_assert_eq!(row.len(), nb * bytes);
     let mut acc = [KAcc::default(); NT];
+    let mut tacc = [TiledAcc::default(); NT];
     for b in 0..nb {
         let blk = &row[b * bytes..(b + 1) * bytes];
         let y = |j: usize| a.qs.as_ptr().add((t0 + j) * a.cols + b * QK_K);
@@ -140,28 +144,41 @@ pub(crate) unsafe fn tile<const NT: usize, const VNNI: bool>(
                 let (sc, m) = scales_mins(blk);
                 let u = unpack_q45::<VNNI>(ty == WeightType::Q5_K, blk, &sc);
                 let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
-                for (j, acc) in acc.iter_mut().enumerate() {
+                for j in 0..NT {
                     let k = (t0 + j) * nb + b;
                     let mins = mins_lanes(&m, &a.bsums[k * 16..(k + 1) * 16]);
                     let l = block_lanes::<VNNI>(&u, y(j));
-                    acc.add(a.d[k] * d, l, -a.d[k] * dmin, mins);
+                    if tiled {
+                        let (s1, s2) = (l.iter().sum(), mins.iter().sum());
+                        tacc[j].add(s1, d, s2, dmin, a.d[k]);
+                    } else {
+                        acc[j].add(a.d[k] * d, l, -a.d[k] * dmin, mins);
+                    }
                 }
             }
             WeightType::Q6_K => {
                 let sc = q6_k_scales(blk);
                 let u = unpack_q6::<VNNI>(blk, &sc);
                 let d = f16_at(blk, Q6_K_D);
-                for (j, acc) in acc.iter_mut().enumerate() {
+                for j in 0..NT {
                     let k = (t0 + j) * nb + b;
                     let mut l = block_lanes::<VNNI>(&u, y(j));
                     q6_k_take_offset(&mut l, &sc, &a.bsums[k * 16..(k + 1) * 16]);
-                    acc.add(a.d[k] * d, l, 0.0, [0; 4]);
+                    if tiled {
+                        tacc[j].add(l.iter().sum(), d, 0, 0.0, a.d[k]);
+                    } else {
+                        acc[j].add(a.d[k] * d, l, 0.0, [0; 4]);
+                    }
                 }
             }
             other => unreachable!("{other:?} is not a K-quant"),
         }
     }
-    acc.map(|a| a.finish())
+    if tiled {
+        tacc.map(TiledAcc::finish)
+    } else {
+        acc.map(|a| a.finish())
+    }
 }
 
 /// The four exact pair sums of one Q4_K super-block: element `s` is

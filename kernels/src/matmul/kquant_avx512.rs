@@ -10,7 +10,8 @@
 //! - Q6_K takes `kquant_portable`'s (`ggml_vec_dot_q6_K_q8_K`, which llama.cpp runs for it):
 //!   eight float lanes per row, each its own chain of fused multiply-adds, reduced at the end
 //!   in `KAcc::finish`'s order. llama.cpp has no repacked Q6_K kernel on x86; ours differs only
-//!   in the memory layout and so keeps its bits.
+//!   in the memory layout and so keeps its bits. From `kquant_tiled::MIN_TOKENS` activation
+//!   rows on, Q6_K takes `kquant_tiled`'s order instead (one float product per super-block).
 
 use std::arch::x86_64::*;
 
@@ -44,6 +45,12 @@ pub(crate) unsafe fn run_groups(
     }) else {
         return 0;
     };
+    let tiled = super::kquant_tiled::applies(w, tokens);
+    if tiled && pk.ty() == WeightType::Q4_K {
+        // Only a Q4_K matrix llama.cpp does not repack takes the tiled order; the unpacked
+        // kernels have it.
+        return 0;
+    }
     assert!(pk.packs(w), "packing of another matrix");
     assert_eq!(a.qs.len(), tokens * w.cols, "activation shape");
     assert_eq!(a.d.len(), tokens * a.blocks());
@@ -68,10 +75,10 @@ pub(crate) unsafe fn run_groups(
                     }
                 }
                 _ => match nt {
-                    4 => q6_k::<4>(pk, g, a, t0, &mut res),
-                    3 => q6_k::<3>(pk, g, a, t0, &mut res),
-                    2 => q6_k::<2>(pk, g, a, t0, &mut res),
-                    _ => q6_k::<1>(pk, g, a, t0, &mut res),
+                    4 => q6_k::<4>(pk, g, a, t0, tiled, &mut res),
+                    3 => q6_k::<3>(pk, g, a, t0, tiled, &mut res),
+                    2 => q6_k::<2>(pk, g, a, t0, tiled, &mut res),
+                    _ => q6_k::<1>(pk, g, a, t0, tiled, &mut res),
                 },
             }
             for (j, row) in res.iter().take(nt).enumerate() {
@@ -202,6 +209,7 @@ unsafe fn q6_k<const NT: usize>(
     g: usize,
     a: &QuantizedActsK,
     t0: usize,
+    tiled: bool,
     res: &mut [[f32; GROUP]; TILE],
 ) {
     let nb = a.blocks();
@@ -209,6 +217,8 @@ unsafe fn q6_k<const NT: usize>(
     let low16 = _mm512_set1_epi32(0xFFFF);
     // acc[j][m]: token j's ggml lane m, sixteen rows.
     let mut acc = [[_mm512_setzero_ps(); 8]; NT];
+    // With `tiled`, token j's `kquant_tiled` sum, sixteen rows.
+    let mut tacc = [_mm512_setzero_ps(); NT];
     let ys: [*const i8; NT] = std::array::from_fn(|j| a.qs.as_ptr().add((t0 + j) * a.cols));
     for b in 0..nb {
         let rec = pk.record(g, b);
@@ -229,6 +239,7 @@ unsafe fn q6_k<const NT: usize>(
         for (j, v) in dd.iter_mut().enumerate() {
             *v = _mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + j) * nb + b]), d);
         }
+        let mut s1 = [_mm512_setzero_si512(); NT];
         for m in 0..8 {
             // Lane m: line 8 run + m of every 32-element run, scale `(8 run + m) / 4`.
             let start = _mm512_load_si512(starts.add(m));
@@ -254,9 +265,26 @@ unsafe fn q6_k<const NT: usize>(
                     ),
                 );
                 let l = _mm512_sub_epi32(lane[j], off);
-                acc[j][m] = _mm512_fmadd_ps(dd[j], _mm512_cvtepi32_ps(l), acc[j][m]);
+                if tiled {
+                    s1[j] = _mm512_add_epi32(s1[j], l);
+                } else {
+                    acc[j][m] = _mm512_fmadd_ps(dd[j], _mm512_cvtepi32_ps(l), acc[j][m]);
+                }
             }
         }
+        if tiled {
+            for j in 0..NT {
+                let r = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[j]), d);
+                let da = _mm512_set1_ps(a.d[(t0 + j) * nb + b]);
+                tacc[j] = _mm512_fmadd_ps(r, da, tacc[j]);
+            }
+        }
+    }
+    if tiled {
+        for j in 0..NT {
+            _mm512_storeu_ps(res[j].as_mut_ptr(), tacc[j]);
+        }
+        return;
     }
     for j in 0..NT {
         let a = &acc[j];

@@ -62,7 +62,7 @@ pub(crate) fn q6_k_take_offset(lanes: &mut [i32; 8], sc: &[i8; 16], bsums: &[i16
 
 /// The eight integer lanes: lane `m` is `sum_r scale(r, m) * sum(q[e] * y[e])` over elements
 /// `e = 32r + 4m .. 32r + 4m + 4`.
-fn lanes<Q: Copy + Into<i32>>(
+pub(crate) fn lanes<Q: Copy + Into<i32>>(
     q: &[Q; QK_K],
     y: &[i8],
     scale: impl Fn(usize, usize) -> i32,

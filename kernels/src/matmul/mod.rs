@@ -13,6 +13,7 @@ mod kquant_avx2;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx512;
 pub mod kquant_portable;
+pub mod kquant_tiled;
 pub mod packed;
 mod packed_k;
 pub mod portable;

@@ -1,6 +1,7 @@
 //! Reference dot products: plain Rust, one (row, token) pair at a time.
 
 use super::kquant_portable::{dot_q45_k, dot_q6_k};
+use super::kquant_tiled;
 use super::q4k_repacked::{self, Route};
 use super::{Acts, QMatrix};
 use crate::act::QuantizedActs;
@@ -97,12 +98,18 @@ pub(super) fn rows(
     out: &mut [f32],
 ) {
     let repacked = q4k_repacked::applies(w);
+    let tiled = kquant_tiled::applies(w, tokens);
     for i in 0..n {
         let row = w.row(r0 + i);
         for t in 0..tokens {
             out[i * tokens + t] = match (w.ty, acts) {
                 (WeightType::Q4_K, Acts::QuantK(a)) if repacked => {
                     q4k_repacked::dot_q4_k(Route::of(t, tokens), row, a, t)
+                }
+                (WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K, Acts::QuantK(a))
+                    if tiled =>
+                {
+                    kquant_tiled::dot(w.ty, row, a, t)
                 }
                 (WeightType::Q4_0, Acts::Quant(a)) => dot_q4_0(row, a, t),
                 (WeightType::Q4_1, Acts::Quant(a)) => dot_q4_1(row, a, t),

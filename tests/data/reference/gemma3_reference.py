@@ -6,9 +6,10 @@ hand; the tests only read its output.
 
     python3 gemma3_reference.py MODEL.gguf LLAMA_BIN_DIR OUT.json [--flash-attn on|off|auto]
 
-The prompts are PROMPTS below (the held-out set, written after the parity work and never used
-to tune it). llama-server runs on the CPU with its defaults (`-fa auto`, which resolves to flash
-attention there) unless --flash-attn says otherwise.
+The prompts are PROMPTS below: the held-out set of gemma3-270m-q4_k_m-heldout.json, written
+after the parity work and never used to tune it (`--prompts-from gemma3-270m-q4_k_m.json` re-runs
+the development prompts). The committed files were made with `--flash-attn off`; without it
+llama-server runs with its default (`-fa auto`, which resolves to flash attention on the CPU).
 """
 import hashlib
 import json
@@ -20,16 +21,16 @@ import time
 import urllib.request
 
 PROMPTS = [
-    "The largest planet in our solar system is",
-    "import numpy as np\n\ndef normalize(v):\n    ",
-    "Water boils at a temperature of",
-    "Dear Sir or Madam,\n\nI am writing to",
-    "Q: What is the square root of 144?\nA:",
-    "The three primary colors are red,",
-    "Paris est la capitale de la",
-    "<html>\n<head>\n  <title>",
-    "In 1969, Neil Armstrong became the first person to",
-    "A haiku about autumn leaves:\n",
+    "The best way to learn a new language is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n    return",
+    "Ein Hund und eine Katze",
+    "My favourite season is winter because",
+    "Table of contents:\n1. Introduction\n2.",
+    "The chemical symbol for gold is",
+    "{\"name\": \"Alice\", \"age\": 30, \"city\": \"",
+    "Yesterday I went to the market and bought",
+    "The 10 most populous countries in the world are China, India,",
+    "Roses are red,\nViolets are blue,\n",
 ]
 
 

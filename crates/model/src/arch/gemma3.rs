@@ -124,22 +124,14 @@ impl Model {
         rms_norm(&p.k, &norms.k_norm, eps, &mut kn);
         p.k = kn;
         p.rope(cfg, lw.attn.rope_base, true);
-        // llama.cpp scales Q. The default attention kernel scales scores by 1/sqrt(head_dim)
-        // (a power of two for every size but 27B, so the same bits there); flash attention
-        // rounds Q to f16, so it gets Q already scaled, as llama.cpp does, and no score scale.
-        let want = if cfg.layers == LAYERS_27B {
+        // llama.cpp scales Q before attention (its `kq_scale` is then 1: `Recipe::q_prescaled`),
+        // and both attention paths round Q to f16 after that scale, as llama.cpp does.
+        let scale = if cfg.layers == LAYERS_27B {
             1.0 / ((cfg.dim / cfg.heads) as f32).sqrt()
         } else {
             1.0 / (cfg.head_dim as f32).sqrt()
         };
-        let fix = if self.flash_attention() {
-            want
-        } else {
-            want * (cfg.head_dim as f32).sqrt()
-        };
-        if fix != 1.0 {
-            p.q.iter_mut().for_each(|v| *v *= fix);
-        }
+        p.q.iter_mut().for_each(|v| *v *= scale);
         self.attention(l, lw, seqs, p);
         rms_norm(&p.proj, &norms.post_attn, eps, &mut p.xn);
         add_into(&mut p.x, &p.xn);

@@ -58,8 +58,8 @@ impl Model {
             p.norm_heads(&n.q, &n.k, cfg.rms_eps);
         }
         p.rope(cfg, lw.attn.rope_base, recipe.rope == RopeStyle::Neox);
-        if recipe.q_prescaled && self.flash_attention() {
-            // Flash attention rounds Q to f16: round it scaled, as llama.cpp does.
+        if recipe.q_prescaled {
+            // Both attention paths round Q to f16: round it scaled, as llama.cpp does.
             let s = 1.0 / (cfg.head_dim as f32).sqrt();
             p.q.iter_mut().for_each(|v| *v *= s);
         }

@@ -106,6 +106,9 @@ pub(crate) struct Pass {
     /// FFN gate and up, `rows x ffn`.
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
+    /// The layer after whose attention only the rows whose logits are wanted go on, and those
+    /// rows ([`Pass::keep_output_rows`]).
+    keep: Option<(usize, Vec<usize>)>,
 }
 
 impl Pass {
@@ -124,7 +127,36 @@ impl Pass {
             proj: vec![0f32; rows * cfg.dim],
             gate: vec![0f32; rows * cfg.ffn],
             up: vec![0f32; rows * cfg.ffn],
+            keep: None,
         }
+    }
+
+    /// After layer `layer`'s attention output projection, drops every row but `rows`
+    /// (ascending): the rest of the last layer runs on the rows whose logits are wanted only,
+    /// as llama.cpp's graphs do (`inp_out_ids`). That saves the last FFN on every other row and
+    /// gives those products llama.cpp's row count, which picks its kernel (a lone row takes
+    /// `gemv`, not the tiled or `gemm` kernels).
+    fn keep_output_rows(&mut self, layer: usize, dim: usize) {
+        if self.keep.as_ref().is_none_or(|(l, _)| *l != layer) {
+            return;
+        }
+        let (_, rows) = self.keep.take().expect("checked");
+        if rows.len() == self.rows {
+            return;
+        }
+        for (i, &r) in rows.iter().enumerate() {
+            // Ascending rows: a row only ever moves down, onto one already copied or dropped.
+            self.x.copy_within(r * dim..(r + 1) * dim, i * dim);
+            self.proj.copy_within(r * dim..(r + 1) * dim, i * dim);
+        }
+        let n = rows.len();
+        let ffn = self.gate.len() / self.rows;
+        self.x.truncate(n * dim);
+        self.proj.truncate(n * dim);
+        self.xn.truncate(n * dim);
+        self.gate.truncate(n * ffn);
+        self.up.truncate(n * ffn);
+        self.rows = n;
     }
 
     /// Rotates every row's Q and K by its position (NeoX pairs if `neox`).
@@ -210,6 +242,24 @@ impl Model {
                 }
             }
         }
+        // Logits for the last token of each live sequence (every token of a scored one); the
+        // other rows leave the pass after the last layer's attention.
+        let out_rows: Vec<std::ops::Range<usize>> = seqs
+            .iter()
+            .map(|s| {
+                let end = s.row0 + s.tokens.len();
+                if !s.ok() {
+                    end..end
+                } else if s.all_logits {
+                    s.row0..end
+                } else {
+                    end - 1..end
+                }
+            })
+            .collect();
+        if let Some(last) = w.layers.len().checked_sub(1) {
+            p.keep = Some((last, out_rows.iter().flat_map(Clone::clone).collect()));
+        }
         let recipe = cfg.arch.recipe();
         for (l, lw) in w.layers.iter().enumerate() {
             match &lw.extra {
@@ -217,27 +267,10 @@ impl Model {
                 LayerExtra::Gemma3(norms) => self.gemma3_block(norms, l, lw, seqs, &mut p),
             }
         }
-        // Logits for the last token of each live sequence (every token of a scored one).
-        let live: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].ok()).collect();
-        let out_rows: Vec<std::ops::Range<usize>> = live
-            .iter()
-            .map(|&i| {
-                let s = &seqs[i];
-                let end = s.row0 + s.tokens.len();
-                if s.all_logits {
-                    s.row0..end
-                } else {
-                    end - 1..end
-                }
-            })
-            .collect();
         let rows: usize = out_rows.iter().map(ExactSizeIterator::len).sum();
-        let mut last = Vec::with_capacity(rows * dim);
-        for r in out_rows.iter().flat_map(Clone::clone) {
-            last.extend_from_slice(&p.x[r * dim..(r + 1) * dim]);
-        }
+        let last = &p.x[..rows * dim];
         let mut lastn = vec![0f32; last.len()];
-        rms_norm(&last, &w.output_norm, cfg.rms_eps, &mut lastn);
+        rms_norm(last, &w.output_norm, cfg.rms_eps, &mut lastn);
         let mut logits = vec![0f32; rows * cfg.vocab];
         self.mm(&w.output, &lastn, rows, &mut logits);
         if let Arch::Gemma3(g) = &cfg.arch {
@@ -249,17 +282,18 @@ impl Model {
             }
         }
         let mut taken = 0;
-        let mut out_rows = out_rows.into_iter();
         seqs.iter_mut()
-            .map(|s| match s.error.take() {
-                Some(e) => Err(e),
-                None => {
-                    s.pages
-                        .set_len(s.start + s.tokens.len() - s.prefix_tokens());
-                    let n = out_rows.next().expect("rows of every live sequence").len();
-                    let mine = logits[taken * cfg.vocab..(taken + n) * cfg.vocab].to_vec();
-                    taken += n;
-                    Ok(mine)
+            .zip(out_rows)
+            .map(|(s, r)| {
+                let n = r.len();
+                taken += n;
+                match s.error.take() {
+                    Some(e) => Err(e),
+                    None => {
+                        s.pages
+                            .set_len(s.start + s.tokens.len() - s.prefix_tokens());
+                        Ok(logits[(taken - n) * cfg.vocab..taken * cfg.vocab].to_vec())
+                    }
                 }
             })
             .collect()
@@ -317,6 +351,7 @@ impl Model {
             }
         }
         self.mm(&lw.wo, &p.att, p.rows, &mut p.proj);
+        p.keep_output_rows(l, self.config.dim);
     }
 
     /// Checks a sequence can run: tokens in range, context not exceeded, pages grown.
@@ -362,6 +397,9 @@ impl Model {
             head_dim: cfg.head_dim,
             page_size: s.pages.layout().page_size,
             window,
+            // Gemma 3 and Phi-3 scale their queries before attention (llama.cpp's `kq_scale`
+            // is then 1).
+            score_scale: cfg.arch.recipe().q_prescaled.then_some(1.0),
         };
         for i in 0..n {
             let r = s.row0 + i;
@@ -380,12 +418,7 @@ impl Model {
             &mut p.att[r0 * qw..(r0 + n) * qw],
         );
         if self.flash_attention() {
-            // llama.cpp's `kq_scale`: Gemma 3 and Phi-3 scale their queries before.
-            let scale = match cfg.arch.recipe().q_prescaled {
-                false => 1.0 / (cfg.head_dim as f32).sqrt(),
-                true => 1.0,
-            };
-            flash_attention(geo, q, n, s.start, &blocks, out, scale, &self.par);
+            flash_attention(geo, q, n, s.start, &blocks, out, geo.scale(), &self.par);
         } else {
             paged_attention(geo, q, n, s.start, &blocks, out, &self.par);
         }

@@ -249,7 +249,10 @@ impl Model {
             Some(_) => self.opts.prefill_chunk.min(SCORED_ROWS),
             None => self.opts.prefill_chunk,
         };
-        for chunk in tokens.chunks(chunk_size.max(1)) {
+        let start = before + seq.len();
+        let split_tail = self.weights.layers.iter().any(|l| l.attn.window.is_some());
+        for range in prefill_chunks(start, tokens.len(), chunk_size, split_tail) {
+            let chunk = &tokens[range];
             let mut work = [SeqWork::after(prefix, &mut *seq, chunk)];
             work[0].all_logits = score.is_some();
             let logits = self.forward(&mut work).pop().expect("one sequence")?;
@@ -332,4 +335,71 @@ fn pack_for_cpu(weights: &mut LlamaWeights<'static>, file: &GgufFile) -> Vec<Pac
         }
     }
     packed
+}
+
+/// llama-server's batch ends before a prompt's last tokens (`checkpoint_offsets` in
+/// server-context.cpp: `4 + n_ubatch` and 4, its default `n_ubatch` being 512), so that it can
+/// save a checkpoint of a sliding-window cache there.
+const SERVER_TAIL_SPLITS: [usize; 2] = [4 + 512, 4];
+
+/// The chunks one prefill of `len` tokens at positions `start..` runs in, as ranges of those
+/// tokens: at most `chunk` tokens each, counted from the start of each run between the
+/// splits. With `split_tail` (a model with sliding-window layers) a chunk also ends where
+/// llama-server ends a batch before the prompt's last tokens ([`SERVER_TAIL_SPLITS`]): the
+/// row count of a product picks llama.cpp's kernel and so its float order (a Q4_K row's
+/// repacked `gemm` or `gemv`, a Q6_K product's tiled or `vec_dot` order), so a prompt split as
+/// the reference server splits it gets the reference's logits bit for bit.
+pub(crate) fn prefill_chunks(
+    start: usize,
+    len: usize,
+    chunk: usize,
+    split_tail: bool,
+) -> Vec<std::ops::Range<usize>> {
+    let end = start + len;
+    let mut cuts: Vec<usize> = if split_tail {
+        SERVER_TAIL_SPLITS
+            .iter()
+            .filter_map(|&k| end.checked_sub(k))
+            .filter(|&at| at > start)
+            .map(|at| at - start)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    cuts.push(len);
+    let mut out = Vec::new();
+    let mut from = 0;
+    for to in cuts {
+        while from < to {
+            let next = (from + chunk.max(1)).min(to);
+            out.push(from..next);
+            from = next;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefill_chunks;
+
+    #[test]
+    fn prefill_chunks_split_where_llama_server_ends_a_batch_for_sliding_window_models() {
+        // Plain models: chunks from the start.
+        assert_eq!(prefill_chunks(0, 7, 256, false), [0..7]);
+        assert_eq!(
+            prefill_chunks(0, 600, 256, false),
+            [0..256, 256..512, 512..600]
+        );
+        // Sliding-window models: the last 4 tokens, and from 516 tokens before the end.
+        assert_eq!(prefill_chunks(0, 7, 256, true), [0..3, 3..7]);
+        assert_eq!(prefill_chunks(0, 4, 256, true), [0..4]);
+        assert_eq!(
+            prefill_chunks(0, 600, 256, true),
+            [0..84, 84..340, 340..596, 596..600]
+        );
+        // A prompt continuing cached positions splits by its absolute end.
+        assert_eq!(prefill_chunks(10, 3, 256, true), [0..3]);
+        assert_eq!(prefill_chunks(10, 8, 256, true), [0..4, 4..8]);
+    }
 }
