@@ -5,7 +5,9 @@
 # the checkout when missing). Starts `pagewarden up` on it, sends one chat request, and prints
 # each worker's start-up time and resident memory (VmRSS = RssAnon + RssFile: the KV pool and
 # repacked weights are anonymous, file pages are the mapping). With LLAMA_SERVER=path/to/
-# llama-server, does the same for llama-server on the same file and context.
+# llama-server, does the same for llama-server on the same file and context, with `-fa off`
+# (the attention arithmetic of the suite's default path; LLAMA_FA=on for llama-server's CPU
+# default), so the two replies are comparable token for token.
 #   scripts/qwen2-7b-random.sh [OUT.gguf]
 # Not run by the test suite (4.4 GB, minutes on two cores).
 set -euo pipefail
@@ -68,10 +70,10 @@ done
 kill -INT $up_pid; wait $up_pid || true
 
 if [ -n "${LLAMA_SERVER:-}" ]; then
-  echo "== llama-server (context $ctx, $threads threads)"
+  echo "== llama-server (context $ctx, $threads threads, -fa ${LLAMA_FA:-off})"
   port=$(free_port)
   t0=$(date +%s.%N)
-  "$LLAMA_SERVER" -m "$out" -c "$ctx" -t "$threads" --host 127.0.0.1 --port "$port" \
+  "$LLAMA_SERVER" -m "$out" -c "$ctx" -t "$threads" -fa "${LLAMA_FA:-off}" --host 127.0.0.1 --port "$port" \
     >"$dir/ls.log" 2>&1 &
   ls_pid=$!
   until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do

@@ -143,6 +143,23 @@ impl Compute {
         }
     }
 
+    /// As [`Compute::prefill_after`] for a part of a prompt whose positions end at
+    /// `prompt_end` ([`Model::prefill_part`]): the logits are the last position's when the part
+    /// reaches that end, else empty on the CPU (the GPU computes them anyway).
+    pub fn prefill_part(
+        &self,
+        prefix: Option<&SharedPages>,
+        pages: &mut ReadablePages,
+        tokens: &[u32],
+        prompt_end: usize,
+    ) -> Result<Vec<f32>, ComputeError> {
+        match self {
+            Compute::Cpu(m) => Ok(m.prefill_part(prefix, pages, tokens, prompt_end)?),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(_) => self.prefill_after(prefix, pages, tokens),
+        }
+    }
+
     /// As [`Compute::prefill_after`], also scoring `tokens`: the logprob (and `top` top
     /// logprobs) of each after the first and of `next` after the last
     /// ([`Model::prefill_scored`]). On the CPU only.

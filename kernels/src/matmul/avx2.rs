@@ -13,6 +13,17 @@ use crate::quant::{WeightType, QK};
 /// Tokens per tile: each weight block is unpacked once for this many tokens.
 const TILE: usize = 4;
 
+/// Which of llama.cpp's float orders a K-quant tile takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KOrder {
+    /// `ggml_vec_dot_*_q8_K` (`kquant_portable`).
+    VecDot,
+    /// A repacked Q4_K matrix's `gemm` or `gemv` (`q4k_repacked`).
+    Repacked(Route),
+    /// The tiled kernel of 8 or more rows (`kquant_tiled`).
+    Tiled,
+}
+
 pub(super) fn rows(
     vnni: bool,
     w: &QMatrix<'_>,
@@ -59,8 +70,13 @@ pub(super) fn rows(
         let mut t0 = 0;
         while t0 < tokens {
             let nt = (tokens - t0).min(TILE);
-            let route = repacked.then(|| Route::of(t0, tokens));
-            let tiled = super::kquant_tiled::applies(w, tokens);
+            let order = if repacked {
+                KOrder::Repacked(Route::of(t0, tokens))
+            } else if super::kquant_tiled::applies(w, tokens) {
+                KOrder::Tiled
+            } else {
+                KOrder::VecDot
+            };
             for i in 0..n {
                 let row = w.row(r0 + i);
                 let o = &mut out[i * tokens + t0..i * tokens + t0 + nt];
@@ -69,9 +85,9 @@ pub(super) fn rows(
                 // checked above and by `QMatrix::new`.
                 unsafe {
                     if vnni {
-                        x86::tile_vnni(w.ty, route, tiled, row, acts, w.cols, t0, o)
+                        x86::tile_vnni(w.ty, order, row, acts, w.cols, t0, o)
                     } else {
-                        x86::tile(w.ty, route, tiled, row, acts, w.cols, t0, o)
+                        x86::tile(w.ty, order, row, acts, w.cols, t0, o)
                     }
                 };
             }
@@ -96,30 +112,28 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn tile(
         ty: WeightType,
-        route: Option<Route>,
-        tiled: bool,
+        order: KOrder,
         row: &[u8],
         acts: &Acts<'_>,
         cols: usize,
         t0: usize,
         out: &mut [f32],
     ) {
-        tile_body::<false>(ty, route, tiled, row, acts, cols, t0, out)
+        tile_body::<false>(ty, order, row, acts, cols, t0, out)
     }
 
     /// [`tile`] with AVX-512 VNNI's `vpdpbusd` for the integer products (same bits).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn tile_vnni(
         ty: WeightType,
-        route: Option<Route>,
-        tiled: bool,
+        order: KOrder,
         row: &[u8],
         acts: &Acts<'_>,
         cols: usize,
         t0: usize,
         out: &mut [f32],
     ) {
-        tile_body::<true>(ty, route, tiled, row, acts, cols, t0, out)
+        tile_body::<true>(ty, order, row, acts, cols, t0, out)
     }
 
     /// Rows `r0..r0 + n` of a Q4_0/Q4_1/Q5_0/Q8_0 matrix for all tokens (AVX2).
@@ -195,34 +209,32 @@ mod x86 {
     #[inline(always)]
     unsafe fn tile_body<const VNNI: bool>(
         ty: WeightType,
-        route: Option<Route>,
-        tiled: bool,
+        order: KOrder,
         row: &[u8],
         acts: &Acts<'_>,
         cols: usize,
         t0: usize,
         out: &mut [f32],
     ) {
-        match (ty, acts) {
+        match (ty, acts, order) {
             (
                 WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q8_0,
                 Acts::Quant(a),
+                _,
             ) => match out.len() {
                 4 => out.copy_from_slice(&quant::<4, VNNI>(ty, row, a, t0)),
                 3 => out.copy_from_slice(&quant::<3, VNNI>(ty, row, a, t0)),
                 2 => out.copy_from_slice(&quant::<2, VNNI>(ty, row, a, t0)),
                 _ => out.copy_from_slice(&quant::<1, VNNI>(ty, row, a, t0)),
             },
-            (WeightType::Q4_K, Acts::QuantK(a)) if route.is_some() => {
-                let route = route.expect("checked");
-                match out.len() {
-                    4 => out.copy_from_slice(&kquant::tile_repacked::<4, VNNI>(route, row, a, t0)),
-                    3 => out.copy_from_slice(&kquant::tile_repacked::<3, VNNI>(route, row, a, t0)),
-                    2 => out.copy_from_slice(&kquant::tile_repacked::<2, VNNI>(route, row, a, t0)),
-                    _ => out.copy_from_slice(&kquant::tile_repacked::<1, VNNI>(route, row, a, t0)),
-                }
-            }
-            (WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K, Acts::QuantK(a)) => {
+            (WeightType::Q4_K, Acts::QuantK(a), KOrder::Repacked(route)) => match out.len() {
+                4 => out.copy_from_slice(&kquant::tile_repacked::<4, VNNI>(route, row, a, t0)),
+                3 => out.copy_from_slice(&kquant::tile_repacked::<3, VNNI>(route, row, a, t0)),
+                2 => out.copy_from_slice(&kquant::tile_repacked::<2, VNNI>(route, row, a, t0)),
+                _ => out.copy_from_slice(&kquant::tile_repacked::<1, VNNI>(route, row, a, t0)),
+            },
+            (WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K, Acts::QuantK(a), _) => {
+                let tiled = order == KOrder::Tiled;
                 match out.len() {
                     4 => out.copy_from_slice(&kquant::tile::<4, VNNI>(ty, tiled, row, a, t0)),
                     3 => out.copy_from_slice(&kquant::tile::<3, VNNI>(ty, tiled, row, a, t0)),
@@ -230,17 +242,17 @@ mod x86 {
                     _ => out.copy_from_slice(&kquant::tile::<1, VNNI>(ty, tiled, row, a, t0)),
                 }
             }
-            (WeightType::F32, Acts::Float(x)) => {
+            (WeightType::F32, Acts::Float(x), _) => {
                 for (j, o) in out.iter_mut().enumerate() {
                     *o = dot_f32(row, &x[(t0 + j) * cols..][..cols]);
                 }
             }
-            (WeightType::F16, Acts::Float(x)) => {
+            (WeightType::F16, Acts::Float(x), _) => {
                 for (j, o) in out.iter_mut().enumerate() {
                     *o = dot_f16(row, &x[(t0 + j) * cols..][..cols]);
                 }
             }
-            (ty, _) => unreachable!("activations prepared for the wrong type {ty:?}"),
+            (ty, _, _) => unreachable!("activations prepared for the wrong type {ty:?}"),
         }
     }
 

@@ -230,6 +230,7 @@ async fn compute(
         let score = job
             .prompt_logprobs
             .map(|top| (top, job.prompt.get(end).copied()));
+        let prompt_end = job.prompt.len();
         let pass_task = tokio::task::spawn_blocking(move || {
             let mut run = || {
                 passes(
@@ -238,7 +239,7 @@ async fn compute(
                     prefix.as_deref(),
                     &mut pages,
                     &chunk,
-                    done,
+                    (done, prompt_end),
                     pass,
                     score,
                 )
@@ -282,8 +283,9 @@ async fn compute(
 /// every earlier key of the prompt, so passes are not made small for nothing: while nobody
 /// waits, a pass covers an eighth of the context so far (at least `pass`), which keeps that
 /// overhead bounded while a job that starts waiting waits for at most that many tokens; while
-/// one waits, one pass of `pass` tokens, then the turn ends. How many tokens ran, and the
-/// last pass's logits.
+/// one waits, one pass of `pass` tokens, then the turn ends. `at` is where `chunk` starts in
+/// the prompt and where the prompt ends. How many tokens ran, and the last pass's logits (empty
+/// unless that pass reached the prompt's end, or scored).
 /// What passes computed: the last position's logits, and the positions scored
 /// (`prompt_logprobs`).
 type Computed = (Vec<f32>, Vec<TokenLogprobs>);
@@ -295,10 +297,11 @@ fn passes(
     prefix: Option<&SharedPages>,
     pages: &mut ReadablePages,
     chunk: &[u32],
-    done: usize,
+    at: (usize, usize),
     pass: usize,
     score: Option<(usize, Option<u32>)>,
 ) -> (usize, Result<Computed, ComputeError>) {
+    let (done, prompt_end) = at;
     let mut ran = 0;
     let mut result = Ok((Vec::new(), Vec::new()));
     let mut scored = Vec::new();
@@ -312,7 +315,7 @@ fn passes(
         result = match score {
             None => d
                 .compute
-                .prefill_after(prefix, pages, part)
+                .prefill_part(prefix, pages, part, prompt_end)
                 .map(|l| (l, Vec::new())),
             Some((top, after)) => {
                 let next = chunk.get(ran + part.len()).copied().or(after);

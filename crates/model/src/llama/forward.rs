@@ -29,9 +29,21 @@ pub(crate) struct SeqWork<'p> {
     start: usize,
     /// First row of this sequence in the batch.
     row0: usize,
-    /// Logits of every token of the pass (scoring a prompt), not only of the last.
-    pub(crate) all_logits: bool,
+    /// Which rows' logits the pass returns.
+    pub(crate) logits: Logits,
     error: Option<ModelError>,
+}
+
+/// Which rows of a sequence's pass end in logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Logits {
+    /// The last token's (decode, and a prompt's last chunk).
+    Last,
+    /// Every token's (scoring a prompt).
+    Every,
+    /// None: a prompt chunk before the last, which only fills the cache (its last layer's
+    /// FFN and the output head are skipped).
+    Skip,
 }
 
 impl<'p> SeqWork<'p> {
@@ -52,7 +64,7 @@ impl<'p> SeqWork<'p> {
             tokens,
             start,
             row0: 0,
-            all_logits: false,
+            logits: Logits::Last,
             error: None,
         }
     }
@@ -216,8 +228,8 @@ pub(crate) fn add_into(x: &mut [f32], y: &[f32]) {
 }
 
 impl Model {
-    /// Runs the batch; returns, per sequence, the logits of its last token (of every token,
-    /// one row after another, for a sequence with `all_logits`) or its error.
+    /// Runs the batch; returns, per sequence, the logits its [`Logits`] asks for (rows one
+    /// after another; none for `Skip`) or its error.
     pub(super) fn forward(&self, seqs: &mut [SeqWork<'_>]) -> Vec<Result<Vec<f32>, ModelError>> {
         let cfg = &self.config;
         let w = &self.weights;
@@ -248,12 +260,11 @@ impl Model {
             .iter()
             .map(|s| {
                 let end = s.row0 + s.tokens.len();
-                if !s.ok() {
-                    end..end
-                } else if s.all_logits {
-                    s.row0..end
-                } else {
-                    end - 1..end
+                match s.logits {
+                    _ if !s.ok() => end..end,
+                    Logits::Every => s.row0..end,
+                    Logits::Last => end - 1..end,
+                    Logits::Skip => end..end,
                 }
             })
             .collect();

@@ -20,7 +20,7 @@ use crate::gguf::{Contents, GgufError, GgufFile};
 use crate::logprobs::TokenLogprobs;
 use crate::tokenizer::Tokenizer;
 use crate::weights::LlamaWeights;
-use forward::SeqWork;
+use forward::{Logits, SeqWork};
 
 /// How to load and run a model.
 #[derive(Clone, Debug)]
@@ -187,7 +187,23 @@ impl Model {
         seq: &mut ReadablePages,
         tokens: &[u32],
     ) -> Result<Vec<f32>, ModelError> {
-        self.run_prefill(prefix, seq, tokens, None)
+        self.run_prefill(prefix, seq, tokens, None, None)
+            .map(|(logits, _)| logits)
+    }
+
+    /// As [`Model::prefill_after`] for a part of a prompt whose positions end at `prompt_end`:
+    /// the part is split into passes as llama-server splits
+    /// that whole prompt ([`prefill_chunks`]), and the last position's logits are computed and
+    /// returned only when the part reaches the prompt's end (else an empty vector: an earlier
+    /// part only fills the cache).
+    pub fn prefill_part(
+        &self,
+        prefix: Option<&SharedPages>,
+        seq: &mut ReadablePages,
+        tokens: &[u32],
+        prompt_end: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.run_prefill(prefix, seq, tokens, Some(prompt_end), None)
             .map(|(logits, _)| logits)
     }
 
@@ -203,7 +219,7 @@ impl Model {
         next: Option<u32>,
         top: usize,
     ) -> Result<(Vec<f32>, Vec<TokenLogprobs>), ModelError> {
-        self.run_prefill(prefix, seq, tokens, Some((next, top)))
+        self.run_prefill(prefix, seq, tokens, None, Some((next, top)))
     }
 
     /// The prefill of both: the last position's logits, and with `score` (the token after
@@ -213,6 +229,7 @@ impl Model {
         prefix: Option<&SharedPages>,
         seq: &mut ReadablePages,
         tokens: &[u32],
+        prompt_end: Option<usize>,
         score: Option<(Option<u32>, usize)>,
     ) -> Result<(Vec<f32>, Vec<TokenLogprobs>), ModelError> {
         if tokens.is_empty() {
@@ -250,11 +267,20 @@ impl Model {
             None => self.opts.prefill_chunk,
         };
         let start = before + seq.len();
+        // Where the prompt ends: this call's end unless the caller runs it in parts.
+        let prompt_end = prompt_end.map_or(start + tokens.len(), |e| e.max(start + tokens.len()));
         let split_tail = self.weights.layers.iter().any(|l| l.attn.window.is_some());
-        for range in prefill_chunks(start, tokens.len(), chunk_size, split_tail) {
+        let chunks = prefill_chunks(start, tokens.len(), prompt_end, chunk_size, split_tail);
+        for range in chunks {
+            let final_chunk = start + range.end == prompt_end;
             let chunk = &tokens[range];
             let mut work = [SeqWork::after(prefix, &mut *seq, chunk)];
-            work[0].all_logits = score.is_some();
+            work[0].logits = match (score, final_chunk) {
+                (Some(_), _) => Logits::Every,
+                (None, true) => Logits::Last,
+                // Only the prompt's last position's logits are returned.
+                (None, false) => Logits::Skip,
+            };
             let logits = self.forward(&mut work).pop().expect("one sequence")?;
             at += chunk.len();
             let Some((_, top)) = score else {
@@ -343,15 +369,17 @@ fn pack_for_cpu(weights: &mut LlamaWeights<'static>, file: &GgufFile) -> Vec<Pac
 const SERVER_TAIL_SPLITS: [usize; 2] = [4 + 512, 4];
 
 /// The chunks one prefill of `len` tokens at positions `start..` runs in, as ranges of those
-/// tokens: at most `chunk` tokens each, counted from the start of each run between the
-/// splits. With `split_tail` (a model with sliding-window layers) a chunk also ends where
-/// llama-server ends a batch before the prompt's last tokens ([`SERVER_TAIL_SPLITS`]): the
-/// row count of a product picks llama.cpp's kernel and so its float order (a Q4_K row's
-/// repacked `gemm` or `gemv`, a Q6_K product's tiled or `vec_dot` order), so a prompt split as
-/// the reference server splits it gets the reference's logits bit for bit.
+/// tokens, when the prompt they belong to ends at position `prompt_end`: at most `chunk`
+/// tokens each, counted from the start of each run between the splits. With `split_tail` (a
+/// model with sliding-window layers) a chunk also ends where llama-server ends a batch before
+/// the prompt's last tokens ([`SERVER_TAIL_SPLITS`]): the row count of a product picks
+/// llama.cpp's kernel and so its float order (a Q4_K row's repacked `gemm` or `gemv`, a Q6_K
+/// product's tiled or `vec_dot` order), so a prompt split as the reference server splits it
+/// gets the reference's logits bit for bit.
 pub(crate) fn prefill_chunks(
     start: usize,
     len: usize,
+    prompt_end: usize,
     chunk: usize,
     split_tail: bool,
 ) -> Vec<std::ops::Range<usize>> {
@@ -359,8 +387,8 @@ pub(crate) fn prefill_chunks(
     let mut cuts: Vec<usize> = if split_tail {
         SERVER_TAIL_SPLITS
             .iter()
-            .filter_map(|&k| end.checked_sub(k))
-            .filter(|&at| at > start)
+            .filter_map(|&k| prompt_end.checked_sub(k))
+            .filter(|&at| at > start && at < end)
             .map(|at| at - start)
             .collect()
     } else {
@@ -384,22 +412,27 @@ mod tests {
     use super::prefill_chunks;
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // One chunk is one range.
     fn prefill_chunks_split_where_llama_server_ends_a_batch_for_sliding_window_models() {
         // Plain models: chunks from the start.
-        assert_eq!(prefill_chunks(0, 7, 256, false), [0..7]);
+        assert_eq!(prefill_chunks(0, 7, 7, 256, false), [0..7]);
         assert_eq!(
-            prefill_chunks(0, 600, 256, false),
+            prefill_chunks(0, 600, 600, 256, false),
             [0..256, 256..512, 512..600]
         );
         // Sliding-window models: the last 4 tokens, and from 516 tokens before the end.
-        assert_eq!(prefill_chunks(0, 7, 256, true), [0..3, 3..7]);
-        assert_eq!(prefill_chunks(0, 4, 256, true), [0..4]);
+        assert_eq!(prefill_chunks(0, 7, 7, 256, true), [0..3, 3..7]);
+        assert_eq!(prefill_chunks(0, 4, 4, 256, true), [0..4]);
         assert_eq!(
-            prefill_chunks(0, 600, 256, true),
+            prefill_chunks(0, 600, 600, 256, true),
             [0..84, 84..340, 340..596, 596..600]
         );
         // A prompt continuing cached positions splits by its absolute end.
-        assert_eq!(prefill_chunks(10, 3, 256, true), [0..3]);
-        assert_eq!(prefill_chunks(10, 8, 256, true), [0..4, 4..8]);
+        assert_eq!(prefill_chunks(10, 3, 13, 256, true), [0..3]);
+        assert_eq!(prefill_chunks(10, 8, 18, 256, true), [0..4, 4..8]);
+        // A part of a longer prompt splits where that prompt's splits fall inside it.
+        assert_eq!(prefill_chunks(0, 100, 600, 256, true), [0..84, 84..100]);
+        assert_eq!(prefill_chunks(0, 50, 600, 256, true), [0..50]);
+        assert_eq!(prefill_chunks(500, 98, 600, 256, true), [0..96, 96..98]);
     }
 }

@@ -13,51 +13,20 @@ mod incidents;
 mod probes;
 mod records;
 
-use std::borrow::Cow;
 use std::str::FromStr;
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
-use sqlx::{AnyPool, Row, SqlSafeStr};
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::{AnyPool, Row};
 
 pub use records::*;
 
 use crate::domain::{IncidentId, IncidentStatus, UnknownValue};
 
-const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
-    (
-        1,
-        "init",
-        include_str!("../../../../migrations/sqlite/0001_init.sql"),
-    ),
-    (
-        2,
-        "routine_pages_sweeps",
-        include_str!("../../../../migrations/sqlite/0002_routine_pages_sweeps.sql"),
-    ),
-    (
-        3,
-        "cache_events",
-        include_str!("../../../../migrations/sqlite/0003_cache_events.sql"),
-    ),
-];
-const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
-    (
-        1,
-        "init",
-        include_str!("../../../../migrations/postgres/0001_init.sql"),
-    ),
-    (
-        2,
-        "routine_pages_sweeps",
-        include_str!("../../../../migrations/postgres/0002_routine_pages_sweeps.sql"),
-    ),
-    (
-        3,
-        "cache_events",
-        include_str!("../../../../migrations/postgres/0003_cache_events.sql"),
-    ),
-];
+/// The schema of each backend, embedded at build time from `migrations/{sqlite,postgres}/`
+/// (`build.rs` rebuilds when a file there changes).
+static SQLITE_MIGRATIONS: Migrator = sqlx_macros::migrate!("../../migrations/sqlite");
+static POSTGRES_MIGRATIONS: Migrator = sqlx_macros::migrate!("../../migrations/postgres");
 
 /// How long a query waits for a connection before it fails. While the database is down sqlx
 /// keeps trying to connect until then, so this bounds how long a report waits for its
@@ -121,23 +90,14 @@ impl Backend {
 
     /// The backend's migrations up to `through` (inclusive).
     fn migrator(self, through: i64) -> Migrator {
-        let files = match self {
-            Backend::Sqlite => SQLITE_MIGRATIONS,
-            Backend::Postgres => POSTGRES_MIGRATIONS,
+        let all = match self {
+            Backend::Sqlite => &SQLITE_MIGRATIONS,
+            Backend::Postgres => &POSTGRES_MIGRATIONS,
         };
         Migrator::with_migrations(
-            files
-                .iter()
-                .filter(|(v, _, _)| *v <= through)
-                .map(|(v, desc, sql)| {
-                    Migration::new(
-                        *v,
-                        Cow::Borrowed(*desc),
-                        MigrationType::Simple,
-                        sql.into_sql_str(),
-                        false,
-                    )
-                })
+            all.iter()
+                .filter(|m| m.version <= through)
+                .cloned()
                 .collect(),
         )
     }
