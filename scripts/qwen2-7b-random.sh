@@ -43,7 +43,7 @@ ask() { # url key model -> prints the reply's text and usage, and the wall time
 }
 
 dir=$(mktemp -d)
-trap 'kill $up_pid 2>/dev/null; kill ${ls_pid:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill $up_pid 2>/dev/null || true; kill ${ls_pid:-} 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
 echo "== pagewarden up (context $ctx)"
 t0=$(date +%s.%N)
 target/release/pagewarden up --no-build --dir "$dir/pw" --router-addr "127.0.0.1:$(free_port)" \
