@@ -96,49 +96,52 @@ unsafe impl Sync for Ptrs {}
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_blocks_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    use std::arch::x86_64::*;
-    assert!(x.len() == qs.len() && x.len() == d.len() * QK && d.len() == s.len());
-    let sign = _mm256_set1_ps(-0.0);
-    let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for b in 0..d.len() {
-        let p = x.as_ptr().add(b * QK);
-        let v = [
-            _mm256_loadu_ps(p),
-            _mm256_loadu_ps(p.add(8)),
-            _mm256_loadu_ps(p.add(16)),
-            _mm256_loadu_ps(p.add(24)),
-        ];
-        let m = _mm256_max_ps(
-            _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
-        );
-        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
-        let dv = amax / 127.0;
-        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
-        let i = [
-            round8(v[0], id),
-            round8(v[1], id),
-            round8(v[2], id),
-            round8(v[3], id),
-        ];
-        let sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-        let s4 = _mm_add_epi32(
-            _mm256_castsi256_si128(sum),
-            _mm256_extracti128_si256::<1>(sum),
-        );
-        let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-        let total = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)));
-        // Values are within -127..=127: the saturating packs are exact.
-        let packed = _mm256_packs_epi16(
-            _mm256_packs_epi32(i[0], i[1]),
-            _mm256_packs_epi32(i[2], i[3]),
-        );
-        let packed = _mm256_permutevar8x32_epi32(packed, perm);
-        _mm256_storeu_si256(qs.as_mut_ptr().add(b * QK) as *mut __m256i, packed);
-        d[b] = round_f16(dv);
-        s[b] = round_f16(dv * total as f32);
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use std::arch::x86_64::*;
+        assert!(x.len() == qs.len() && x.len() == d.len() * QK && d.len() == s.len());
+        let sign = _mm256_set1_ps(-0.0);
+        let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for b in 0..d.len() {
+            let p = x.as_ptr().add(b * QK);
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let m = _mm256_max_ps(
+                _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
+            );
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+            let dv = amax / 127.0;
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let i = [
+                round8(v[0], id),
+                round8(v[1], id),
+                round8(v[2], id),
+                round8(v[3], id),
+            ];
+            let sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+            let s4 = _mm_add_epi32(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256::<1>(sum),
+            );
+            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            let total = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)));
+            // Values are within -127..=127: the saturating packs are exact.
+            let packed = _mm256_packs_epi16(
+                _mm256_packs_epi32(i[0], i[1]),
+                _mm256_packs_epi32(i[2], i[3]),
+            );
+            let packed = _mm256_permutevar8x32_epi32(packed, perm);
+            _mm256_storeu_si256(qs.as_mut_ptr().add(b * QK) as *mut __m256i, packed);
+            d[b] = round_f16(dv);
+            s[b] = round_f16(dv * total as f32);
+        }
     }
 }
 
@@ -147,26 +150,29 @@ unsafe fn quantize_blocks_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
 unsafe fn quantize_blocks_avx512(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    use std::arch::x86_64::*;
-    assert!(x.len() == qs.len() && x.len() == d.len() * QK && d.len() == s.len());
-    for b in 0..d.len() {
-        let p = x.as_ptr().add(b * QK);
-        let (v0, v1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
-        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        let dv = amax / 127.0;
-        let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
-        // Conversion in the default rounding mode: to nearest, ties to even.
-        let (i0, i1) = (
-            _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)),
-            _mm512_cvtps_epi32(_mm512_mul_ps(v1, id)),
-        );
-        let total = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
-        // Values are within -127..=127: the truncating narrowings are exact.
-        let out = qs.as_mut_ptr().add(b * QK);
-        _mm_storeu_si128(out as *mut __m128i, _mm512_cvtepi32_epi8(i0));
-        _mm_storeu_si128(out.add(16) as *mut __m128i, _mm512_cvtepi32_epi8(i1));
-        d[b] = round_f16(dv);
-        s[b] = round_f16(dv * total as f32);
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use std::arch::x86_64::*;
+        assert!(x.len() == qs.len() && x.len() == d.len() * QK && d.len() == s.len());
+        for b in 0..d.len() {
+            let p = x.as_ptr().add(b * QK);
+            let (v0, v1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            let dv = amax / 127.0;
+            let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            // Conversion in the default rounding mode: to nearest, ties to even.
+            let (i0, i1) = (
+                _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)),
+                _mm512_cvtps_epi32(_mm512_mul_ps(v1, id)),
+            );
+            let total = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+            // Values are within -127..=127: the truncating narrowings are exact.
+            let out = qs.as_mut_ptr().add(b * QK);
+            _mm_storeu_si128(out as *mut __m128i, _mm512_cvtepi32_epi8(i0));
+            _mm_storeu_si128(out.add(16) as *mut __m128i, _mm512_cvtepi32_epi8(i1));
+            d[b] = round_f16(dv);
+            s[b] = round_f16(dv * total as f32);
+        }
     }
 }
 
@@ -177,10 +183,13 @@ unsafe fn round8(
     x: std::arch::x86_64::__m256,
     id: std::arch::x86_64::__m256,
 ) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    _mm256_cvtps_epi32(_mm256_round_ps::<
-        { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
-    >(_mm256_mul_ps(x, id)))
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use std::arch::x86_64::*;
+        _mm256_cvtps_epi32(_mm256_round_ps::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(_mm256_mul_ps(x, id)))
+    }
 }
 
 /// ggml's `quantize_row_q8_1` (x86): `d = amax / 127`, `q = round_even(x * (127 / amax))`.

@@ -76,6 +76,7 @@ const ROWS_PER_TASK: usize = 16;
 struct Ptrs(*mut i8, *mut f32, *mut i16);
 // SAFETY: see `quantize_acts_k_with`.
 unsafe impl Send for Ptrs {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Ptrs {}
 
 /// Quantizes whole blocks: `xs` into `qs`, a scale per 256 values into `d`, the sums of

@@ -96,17 +96,20 @@ fn swiglu_body(gate: &mut [f32], up: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
-    use std::arch::x86_64::*;
-    debug_assert_eq!(gate.len() % 8, 0);
-    let one = _mm256_set1_ps(1.0);
-    for (g, u) in gate.chunks_exact_mut(8).zip(up.chunks_exact(8)) {
-        let x = _mm256_loadu_ps(g.as_ptr());
-        let e = crate::expf::x86::expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
-        let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(
-            g.as_mut_ptr(),
-            _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr())),
-        );
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use std::arch::x86_64::*;
+        debug_assert_eq!(gate.len() % 8, 0);
+        let one = _mm256_set1_ps(1.0);
+        for (g, u) in gate.chunks_exact_mut(8).zip(up.chunks_exact(8)) {
+            let x = _mm256_loadu_ps(g.as_ptr());
+            let e = crate::expf::x86::expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(
+                g.as_mut_ptr(),
+                _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr())),
+            );
+        }
     }
 }
 
@@ -114,17 +117,20 @@ unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f")]
 unsafe fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
-    use std::arch::x86_64::*;
-    debug_assert_eq!(gate.len() % LANES, 0);
-    let one = _mm512_set1_ps(1.0);
-    for (g, u) in gate.chunks_exact_mut(LANES).zip(up.chunks_exact(LANES)) {
-        let x = _mm512_loadu_ps(g.as_ptr());
-        let e = crate::expf::x86::expf16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
-        _mm512_storeu_ps(
-            g.as_mut_ptr(),
-            _mm512_mul_ps(s, _mm512_loadu_ps(u.as_ptr())),
-        );
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use std::arch::x86_64::*;
+        debug_assert_eq!(gate.len() % LANES, 0);
+        let one = _mm512_set1_ps(1.0);
+        for (g, u) in gate.chunks_exact_mut(LANES).zip(up.chunks_exact(LANES)) {
+            let x = _mm512_loadu_ps(g.as_ptr());
+            let e = crate::expf::x86::expf16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
+            _mm512_storeu_ps(
+                g.as_mut_ptr(),
+                _mm512_mul_ps(s, _mm512_loadu_ps(u.as_ptr())),
+            );
+        }
     }
 }
 
@@ -207,45 +213,48 @@ pub(crate) fn softmax_padded(isa: Isa, x: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f")]
 pub(crate) unsafe fn softmax_blocks_avx512(x: &mut [f32], padded: bool) {
-    use crate::expf::x86::{expf16, reduce16_zmm};
-    use std::arch::x86_64::*;
-    let n = x.len();
-    let body = n / LANES * LANES;
-    let p = x.as_mut_ptr();
-    // A masked tail loads -inf, which neither raises the maximum nor adds to the sum.
-    let tail_mask: __mmask16 = ((1u32 << (n - body)) - 1) as __mmask16;
-    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut mv = ninf;
-    for i in (0..body).step_by(LANES) {
-        mv = _mm512_max_ps(mv, _mm512_loadu_ps(p.add(i)));
-    }
-    mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, tail_mask, p.add(body)));
-    let max = _mm512_reduce_max_ps(mv);
-    let m = _mm512_set1_ps(max);
-    let mut sum = 0f64;
-    for i in (0..body).step_by(LANES) {
-        let e = expf16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), m));
-        _mm512_storeu_ps(p.add(i), e);
-        sum += reduce16_zmm(e) as f64;
-    }
-    let tail = &mut x[body..];
-    if padded && !tail.is_empty() {
-        let v = _mm512_mask_loadu_ps(ninf, tail_mask, tail.as_ptr());
-        let e = expf16(_mm512_sub_ps(v, m));
-        _mm512_mask_storeu_ps(tail.as_mut_ptr(), tail_mask, e);
-        sum += reduce16_zmm(e) as f64;
-    } else {
-        for v in tail.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v as f64;
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use crate::expf::x86::{expf16, reduce16_zmm};
+        use std::arch::x86_64::*;
+        let n = x.len();
+        let body = n / LANES * LANES;
+        let p = x.as_mut_ptr();
+        // A masked tail loads -inf, which neither raises the maximum nor adds to the sum.
+        let tail_mask: __mmask16 = ((1u32 << (n - body)) - 1) as __mmask16;
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut mv = ninf;
+        for i in (0..body).step_by(LANES) {
+            mv = _mm512_max_ps(mv, _mm512_loadu_ps(p.add(i)));
         }
+        mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, tail_mask, p.add(body)));
+        let max = _mm512_reduce_max_ps(mv);
+        let m = _mm512_set1_ps(max);
+        let mut sum = 0f64;
+        for i in (0..body).step_by(LANES) {
+            let e = expf16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), m));
+            _mm512_storeu_ps(p.add(i), e);
+            sum += reduce16_zmm(e) as f64;
+        }
+        let tail = &mut x[body..];
+        if padded && !tail.is_empty() {
+            let v = _mm512_mask_loadu_ps(ninf, tail_mask, tail.as_ptr());
+            let e = expf16(_mm512_sub_ps(v, m));
+            _mm512_mask_storeu_ps(tail.as_mut_ptr(), tail_mask, e);
+            sum += reduce16_zmm(e) as f64;
+        } else {
+            for v in tail.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v as f64;
+            }
+        }
+        let inv = _mm512_set1_ps((1.0 / sum) as f32);
+        for i in (0..body).step_by(LANES) {
+            _mm512_storeu_ps(p.add(i), _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), inv));
+        }
+        let t = _mm512_mask_loadu_ps(_mm512_setzero_ps(), tail_mask, p.add(body));
+        _mm512_mask_storeu_ps(p.add(body), tail_mask, _mm512_mul_ps(t, inv));
     }
-    let inv = _mm512_set1_ps((1.0 / sum) as f32);
-    for i in (0..body).step_by(LANES) {
-        _mm512_storeu_ps(p.add(i), _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), inv));
-    }
-    let t = _mm512_mask_loadu_ps(_mm512_setzero_ps(), tail_mask, p.add(body));
-    _mm512_mask_storeu_ps(p.add(body), tail_mask, _mm512_mul_ps(t, inv));
 }
 
 /// [`softmax_blocks`] with each block's `exp` computed eight lanes at a time (same bits).
@@ -255,35 +264,38 @@ pub(crate) unsafe fn softmax_blocks_avx512(x: &mut [f32], padded: bool) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn softmax_blocks_avx2(x: &mut [f32], padded: bool) {
-    use crate::expf::x86::expf8;
-    use std::arch::x86_64::*;
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let m = _mm256_set1_ps(max);
-    let mut sum = 0f64;
-    let mut blocks = x.chunks_exact_mut(LANES);
-    for b in &mut blocks {
-        let p = b.as_mut_ptr();
-        _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(p), m)));
-        _mm256_storeu_ps(p.add(8), expf8(_mm256_sub_ps(_mm256_loadu_ps(p.add(8)), m)));
-        let e: &[f32; LANES] = (&*b).try_into().expect("16 lanes");
-        sum += reduce16(e) as f64;
-    }
-    let tail = blocks.into_remainder();
-    if padded && !tail.is_empty() {
-        // Masked lanes: exp(-inf) = 0.
-        let mut e = [f32::NEG_INFINITY; LANES];
-        e[..tail.len()].copy_from_slice(tail);
-        let p = e.as_mut_ptr();
-        _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(p), m)));
-        _mm256_storeu_ps(p.add(8), expf8(_mm256_sub_ps(_mm256_loadu_ps(p.add(8)), m)));
-        tail.copy_from_slice(&e[..tail.len()]);
-        sum += reduce16(&e) as f64;
-    } else {
-        for v in tail.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v as f64;
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use crate::expf::x86::expf8;
+        use std::arch::x86_64::*;
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m = _mm256_set1_ps(max);
+        let mut sum = 0f64;
+        let mut blocks = x.chunks_exact_mut(LANES);
+        for b in &mut blocks {
+            let p = b.as_mut_ptr();
+            _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(p), m)));
+            _mm256_storeu_ps(p.add(8), expf8(_mm256_sub_ps(_mm256_loadu_ps(p.add(8)), m)));
+            let e: &[f32; LANES] = (&*b).try_into().expect("16 lanes");
+            sum += reduce16(e) as f64;
         }
+        let tail = blocks.into_remainder();
+        if padded && !tail.is_empty() {
+            // Masked lanes: exp(-inf) = 0.
+            let mut e = [f32::NEG_INFINITY; LANES];
+            e[..tail.len()].copy_from_slice(tail);
+            let p = e.as_mut_ptr();
+            _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(p), m)));
+            _mm256_storeu_ps(p.add(8), expf8(_mm256_sub_ps(_mm256_loadu_ps(p.add(8)), m)));
+            tail.copy_from_slice(&e[..tail.len()]);
+            sum += reduce16(&e) as f64;
+        } else {
+            for v in tail.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v as f64;
+            }
+        }
+        let inv = (1.0 / sum) as f32;
+        x.iter_mut().for_each(|v| *v *= inv);
     }
-    let inv = (1.0 / sum) as f32;
-    x.iter_mut().for_each(|v| *v *= inv);
 }

@@ -319,15 +319,18 @@ pub(crate) fn widen(
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let n = src.len().min(dst.len());
-    let body = n / 8 * 8;
-    for i in (0..body).step_by(8) {
-        let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
-        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-    }
-    for i in body..n {
-        dst[i] = src[i].to_f32();
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use std::arch::x86_64::*;
+        let n = src.len().min(dst.len());
+        let body = n / 8 * 8;
+        for i in (0..body).step_by(8) {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        for i in body..n {
+            dst[i] = src[i].to_f32();
+        }
     }
 }
 

@@ -36,6 +36,7 @@ const SUM_KEYS: usize = 8 * VEC_STEP;
 struct Shared(*mut f32);
 // SAFETY: each task writes only its own elements and the buffer outlives the pass.
 unsafe impl Send for Shared {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Shared {}
 
 /// Attention of one query token at position `keys - 1` over keys `0..keys`.
@@ -276,6 +277,7 @@ impl SumTask<'_, '_> {
                         weighted_add_vec_lanes_avx2(j0, p, vb, cols, a)
                     },
                     #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as for the arm above.
                     Isa::Avx2 | Isa::Avx512 if cols.is_multiple_of(8) => unsafe {
                         weighted_add_avx2(Order::Vec, j0, p, vb, cols, a)
                     },

@@ -67,33 +67,36 @@ pub(crate) fn dot_vec(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) unsafe fn dot_vec_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len().min(b.len());
-    let body = n / VEC_STEP * VEC_STEP;
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 8];
-    for i in (0..body).step_by(VEC_STEP) {
-        for (k, ak) in acc.iter_mut().enumerate() {
-            let (x, y) = (
-                _mm256_loadu_ps(pa.add(i + 8 * k)),
-                _mm256_loadu_ps(pb.add(i + 8 * k)),
-            );
-            *ak = _mm256_fmadd_ps(x, y, *ak);
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use std::arch::x86_64::*;
+        let n = a.len().min(b.len());
+        let body = n / VEC_STEP * VEC_STEP;
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for i in (0..body).step_by(VEC_STEP) {
+            for (k, ak) in acc.iter_mut().enumerate() {
+                let (x, y) = (
+                    _mm256_loadu_ps(pa.add(i + 8 * k)),
+                    _mm256_loadu_ps(pb.add(i + 8 * k)),
+                );
+                *ak = _mm256_fmadd_ps(x, y, *ak);
+            }
         }
+        // folded[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]), l < 16.
+        let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+        // reduce16: t3 = hi + lo, t6 = t3[4..8] + t3[0..4], (t6[0] + t6[2]) + (t6[1] + t6[3]).
+        let t3 = _mm256_add_ps(hi, lo);
+        let t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+        let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+        let r = _mm_add_ss(u, _mm_movehdup_ps(u));
+        let mut sum = _mm_cvtss_f32(r) as f64;
+        for i in body..n {
+            sum += (a[i] * b[i]) as f64;
+        }
+        sum as f32
     }
-    // folded[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]), l < 16.
-    let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
-    let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
-    // reduce16: t3 = hi + lo, t6 = t3[4..8] + t3[0..4], (t6[0] + t6[2]) + (t6[1] + t6[3]).
-    let t3 = _mm256_add_ps(hi, lo);
-    let t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
-    let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
-    let r = _mm_add_ss(u, _mm_movehdup_ps(u));
-    let mut sum = _mm_cvtss_f32(r) as f64;
-    for i in body..n {
-        sum += (a[i] * b[i]) as f64;
-    }
-    sum as f32
 }
 
 // A weighted sum `o[d] = sum_j p[j] * v[j * hd + d]` in `order` is `weighted_start`, then
@@ -153,17 +156,20 @@ pub(crate) unsafe fn weighted_add_avx2(
     hd: usize,
     acc: &mut [f32],
 ) {
-    use std::arch::x86_64::*;
-    debug_assert_eq!(hd % 8, 0);
-    let mask = lanes(order) - 1;
-    assert!(v.len() >= p.len() * hd && acc.len() >= lanes(order) * hd);
-    for (jj, pj) in p.iter().enumerate() {
-        let w = _mm256_set1_ps(*pj);
-        let a = acc.as_mut_ptr().add(((j0 + jj) & mask) * hd);
-        let x = v.as_ptr().add(jj * hd);
-        for d in (0..hd).step_by(8) {
-            let r = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(d)), w, _mm256_loadu_ps(a.add(d)));
-            _mm256_storeu_ps(a.add(d), r);
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use std::arch::x86_64::*;
+        debug_assert_eq!(hd % 8, 0);
+        let mask = lanes(order) - 1;
+        assert!(v.len() >= p.len() * hd && acc.len() >= lanes(order) * hd);
+        for (jj, pj) in p.iter().enumerate() {
+            let w = _mm256_set1_ps(*pj);
+            let a = acc.as_mut_ptr().add(((j0 + jj) & mask) * hd);
+            let x = v.as_ptr().add(jj * hd);
+            for d in (0..hd).step_by(8) {
+                let r = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(d)), w, _mm256_loadu_ps(a.add(d)));
+                _mm256_storeu_ps(a.add(d), r);
+            }
         }
     }
 }
@@ -185,28 +191,31 @@ pub(crate) unsafe fn weighted_add_vec_lanes_avx2(
     hd: usize,
     acc: &mut [f32],
 ) {
-    use std::arch::x86_64::*;
-    assert!(j0.is_multiple_of(VEC_STEP) && hd.is_multiple_of(8) && hd <= 32);
-    assert!(v.len() >= p.len() * hd && acc.len() >= VEC_STEP * hd);
-    let n = p.len();
-    let vecs = hd / 8;
-    for l in 0..VEC_STEP.min(n) {
-        let a = acc.as_mut_ptr().add(l * hd);
-        let mut r = [_mm256_setzero_ps(); 4];
-        for (c, x) in r.iter_mut().enumerate().take(vecs) {
-            *x = _mm256_loadu_ps(a.add(8 * c));
-        }
-        let mut jj = l;
-        while jj < n {
-            let w = _mm256_set1_ps(*p.get_unchecked(jj));
-            let x = v.as_ptr().add(jj * hd);
-            for (c, rc) in r.iter_mut().enumerate().take(vecs) {
-                *rc = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(8 * c)), w, *rc);
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        use std::arch::x86_64::*;
+        assert!(j0.is_multiple_of(VEC_STEP) && hd.is_multiple_of(8) && hd <= 32);
+        assert!(v.len() >= p.len() * hd && acc.len() >= VEC_STEP * hd);
+        let n = p.len();
+        let vecs = hd / 8;
+        for l in 0..VEC_STEP.min(n) {
+            let a = acc.as_mut_ptr().add(l * hd);
+            let mut r = [_mm256_setzero_ps(); 4];
+            for (c, x) in r.iter_mut().enumerate().take(vecs) {
+                *x = _mm256_loadu_ps(a.add(8 * c));
             }
-            jj += VEC_STEP;
-        }
-        for (c, x) in r.iter().enumerate().take(vecs) {
-            _mm256_storeu_ps(a.add(8 * c), *x);
+            let mut jj = l;
+            while jj < n {
+                let w = _mm256_set1_ps(*p.get_unchecked(jj));
+                let x = v.as_ptr().add(jj * hd);
+                for (c, rc) in r.iter_mut().enumerate().take(vecs) {
+                    *rc = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(8 * c)), w, *rc);
+                }
+                jj += VEC_STEP;
+            }
+            for (c, x) in r.iter().enumerate().take(vecs) {
+                _mm256_storeu_ps(a.add(8 * c), *x);
+            }
         }
     }
 }

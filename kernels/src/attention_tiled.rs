@@ -81,140 +81,148 @@ impl TiledTask<'_> {
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C, and for `Isa::Avx512` AVX-512 F.
     pub(crate) unsafe fn run(&self) -> Vec<f32> {
-        match self.isa {
-            Isa::Avx512 => self.run_avx512(),
-            _ => self.run_avx2(),
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            match self.isa {
+                Isa::Avx512 => self.run_avx512(),
+                _ => self.run_avx2(),
+            }
         }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_avx2(&self) -> Vec<f32> {
-        self.body::<false>()
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe { self.body::<false>() }
     }
 
     /// One 16-lane accumulator per register: the same sums as the AVX2 pairs, half the
     /// instructions.
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     unsafe fn run_avx512(&self) -> Vec<f32> {
-        self.body::<true>()
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe { self.body::<true>() }
     }
 
     #[inline(always)]
     unsafe fn body<const W512: bool>(&self) -> Vec<f32> {
-        let geo = self.geo;
-        let hd = geo.head_dim;
-        assert!(supports(geo));
-        let group = geo.heads / geo.kv_heads;
-        let qw = geo.heads * hd;
-        let rows = (self.i1 - self.i0) * group;
-        let rows_pad = rows.next_multiple_of(RB);
-        // Keys are counted from `base` below (scores, K and V rows, lanes): a multiple of 16,
-        // so each key keeps its lane.
-        let base = self.first(0);
-        assert!(base >= self.kbase && base.is_multiple_of(16) && self.kbase.is_multiple_of(16));
-        let (kr, vr) = (
-            &self.k[(base - self.kbase) * hd..],
-            &self.v[(base - self.kbase) * hd..],
-        );
-        let lim = |r: usize| self.limit(r) - base;
-        let first = |r: usize| self.first(r) - base;
-        let kmax = lim(rows - 1);
-        let stride = kmax.next_multiple_of(16);
-        assert!(kr.len() >= stride * hd && vr.len() >= stride * hd);
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            let geo = self.geo;
+            let hd = geo.head_dim;
+            assert!(supports(geo));
+            let group = geo.heads / geo.kv_heads;
+            let qw = geo.heads * hd;
+            let rows = (self.i1 - self.i0) * group;
+            let rows_pad = rows.next_multiple_of(RB);
+            // Keys are counted from `base` below (scores, K and V rows, lanes): a multiple of 16,
+            // so each key keeps its lane.
+            let base = self.first(0);
+            assert!(base >= self.kbase && base.is_multiple_of(16) && self.kbase.is_multiple_of(16));
+            let (kr, vr) = (
+                &self.k[(base - self.kbase) * hd..],
+                &self.v[(base - self.kbase) * hd..],
+            );
+            let lim = |r: usize| self.limit(r) - base;
+            let first = |r: usize| self.first(r) - base;
+            let kmax = lim(rows - 1);
+            let stride = kmax.next_multiple_of(16);
+            assert!(kr.len() >= stride * hd && vr.len() >= stride * hd);
 
-        // Query rows, rounded to f16 as llama.cpp's f16 cache has them; padding rows are zero.
-        let mut qh = vec![0f32; rows_pad * hd];
-        for t in 0..self.i1 - self.i0 {
-            let src = &self.q[(self.i0 + t) * qw + self.g * group * hd..][..group * hd];
-            qh[t * group * hd..(t + 1) * group * hd].copy_from_slice(src);
-        }
-        let mut half = vec![f16::ZERO; stride.max(rows * hd)];
-        round_f16(&mut qh[..rows * hd], &mut half);
+            // Query rows, rounded to f16 as llama.cpp's f16 cache has them; padding rows are zero.
+            let mut qh = vec![0f32; rows_pad * hd];
+            for t in 0..self.i1 - self.i0 {
+                let src = &self.q[(self.i0 + t) * qw + self.g * group * hd..][..group * hd];
+                qh[t * group * hd..(t + 1) * group * hd].copy_from_slice(src);
+            }
+            let mut half = vec![f16::ZERO; stride.max(rows * hd)];
+            round_f16(&mut qh[..rows * hd], &mut half);
 
-        let scale = geo.scale();
-        let mut s = vec![0f32; rows_pad * stride];
-        for kt in (0..kmax).step_by(KEY_TILE) {
-            for rb in (0..rows_pad).step_by(RB) {
-                let lim = lim((rb + RB - 1).min(rows - 1));
-                let end = (kt + KEY_TILE).min(lim.next_multiple_of(2));
-                for j in (kt.max(first(rb))..end).step_by(2) {
-                    let at = rb * stride + j;
-                    let (q2, k2) = (&qh[rb * hd..(rb + RB) * hd], &kr[j * hd..]);
-                    let sc = if W512 {
-                        scores_2x2_512(q2, k2, hd)
-                    } else {
-                        scores_2x2(q2, k2, hd)
-                    };
-                    s[at] = sc[0] * scale;
-                    s[at + 1] = sc[1] * scale;
-                    s[at + stride] = sc[2] * scale;
-                    s[at + stride + 1] = sc[3] * scale;
+            let scale = geo.scale();
+            let mut s = vec![0f32; rows_pad * stride];
+            for kt in (0..kmax).step_by(KEY_TILE) {
+                for rb in (0..rows_pad).step_by(RB) {
+                    let lim = lim((rb + RB - 1).min(rows - 1));
+                    let end = (kt + KEY_TILE).min(lim.next_multiple_of(2));
+                    for j in (kt.max(first(rb))..end).step_by(2) {
+                        let at = rb * stride + j;
+                        let (q2, k2) = (&qh[rb * hd..(rb + RB) * hd], &kr[j * hd..]);
+                        let sc = if W512 {
+                            scores_2x2_512(q2, k2, hd)
+                        } else {
+                            scores_2x2(q2, k2, hd)
+                        };
+                        s[at] = sc[0] * scale;
+                        s[at + 1] = sc[1] * scale;
+                        s[at + stride] = sc[2] * scale;
+                        s[at + stride + 1] = sc[3] * scale;
+                    }
                 }
             }
-        }
-        for r in 0..rows {
-            let (f, lim) = (first(r), lim(r));
-            let row = &mut s[r * stride..(r + 1) * stride];
-            let (p, rest) = row.split_at_mut(lim);
-            let (before, p) = p.split_at_mut(f);
-            geo.mask_window_from(base + f, p);
-            softmax_padded(self.isa, p);
-            round_f16(p, &mut half);
-            // Keys this row does not visit weigh zero in the tiles it shares with other rows.
-            before.fill(0.0);
-            rest.fill(0.0);
-        }
+            for r in 0..rows {
+                let (f, lim) = (first(r), lim(r));
+                let row = &mut s[r * stride..(r + 1) * stride];
+                let (p, rest) = row.split_at_mut(lim);
+                let (before, p) = p.split_at_mut(f);
+                geo.mask_window_from(base + f, p);
+                softmax_padded(self.isa, p);
+                round_f16(p, &mut half);
+                // Keys this row does not visit weigh zero in the tiles it shares with other rows.
+                before.fill(0.0);
+                rest.fill(0.0);
+            }
 
-        let mut acc = vec![0f32; rows_pad * 16 * hd];
-        for vt in (0..kmax).step_by(V_TILE) {
-            for rb in (0..rows_pad).step_by(RB) {
-                let lim = lim((rb + RB - 1).min(rows - 1));
-                let end = (vt + V_TILE).min(lim.next_multiple_of(16));
-                // A multiple of 16 at or after `vt`: every key keeps its accumulator lane.
-                let start = vt.max(first(rb));
-                if start >= end {
-                    continue;
-                }
-                let pv = PvTile {
-                    s: &s,
-                    stride,
-                    v: vr,
-                    hd,
-                    rb,
-                    vt: start,
-                    end,
-                };
-                if W512 {
-                    // Up to 64 columns per pass: 8 accumulators and 4 V registers.
-                    if hd.is_multiple_of(64) {
-                        for c0 in (0..hd).step_by(64) {
-                            pv.run512::<4>(c0, &mut acc);
+            let mut acc = vec![0f32; rows_pad * 16 * hd];
+            for vt in (0..kmax).step_by(V_TILE) {
+                for rb in (0..rows_pad).step_by(RB) {
+                    let lim = lim((rb + RB - 1).min(rows - 1));
+                    let end = (vt + V_TILE).min(lim.next_multiple_of(16));
+                    // A multiple of 16 at or after `vt`: every key keeps its accumulator lane.
+                    let start = vt.max(first(rb));
+                    if start >= end {
+                        continue;
+                    }
+                    let pv = PvTile {
+                        s: &s,
+                        stride,
+                        v: vr,
+                        hd,
+                        rb,
+                        vt: start,
+                        end,
+                    };
+                    if W512 {
+                        // Up to 64 columns per pass: 8 accumulators and 4 V registers.
+                        if hd.is_multiple_of(64) {
+                            for c0 in (0..hd).step_by(64) {
+                                pv.run512::<4>(c0, &mut acc);
+                            }
+                        } else if hd.is_multiple_of(32) {
+                            for c0 in (0..hd).step_by(32) {
+                                pv.run512::<2>(c0, &mut acc);
+                            }
+                        } else {
+                            for c0 in (0..hd).step_by(16) {
+                                pv.run512::<1>(c0, &mut acc);
+                            }
                         }
                     } else if hd.is_multiple_of(32) {
                         for c0 in (0..hd).step_by(32) {
-                            pv.run512::<2>(c0, &mut acc);
+                            pv.run::<4>(c0, &mut acc);
                         }
                     } else {
                         for c0 in (0..hd).step_by(16) {
-                            pv.run512::<1>(c0, &mut acc);
+                            pv.run::<2>(c0, &mut acc);
                         }
-                    }
-                } else if hd.is_multiple_of(32) {
-                    for c0 in (0..hd).step_by(32) {
-                        pv.run::<4>(c0, &mut acc);
-                    }
-                } else {
-                    for c0 in (0..hd).step_by(16) {
-                        pv.run::<2>(c0, &mut acc);
                     }
                 }
             }
+            let mut out = vec![0f32; rows * hd];
+            for (r, o) in out.chunks_exact_mut(hd).enumerate() {
+                weighted_finish(Order::Gemm, hd, &mut acc[r * 16 * hd..(r + 1) * 16 * hd], o);
+            }
+            out
         }
-        let mut out = vec![0f32; rows * hd];
-        for (r, o) in out.chunks_exact_mut(hd).enumerate() {
-            weighted_finish(Order::Gemm, hd, &mut acc[r * 16 * hd..(r + 1) * 16 * hd], o);
-        }
-        out
     }
 }
 
@@ -223,56 +231,62 @@ impl TiledTask<'_> {
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn scores_2x2(q: &[f32], k: &[f32], hd: usize) -> [f32; 4] {
-    assert!(q.len() >= 2 * hd && k.len() >= 2 * hd);
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
-    // acc[s] is (lanes 0..8, lanes 8..16) of score s = 2 * row + key.
-    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-    for c in (0..hd).step_by(16) {
-        for h in 0..2 {
-            let q0 = _mm256_loadu_ps(qp.add(c + 8 * h));
-            let q1 = _mm256_loadu_ps(qp.add(hd + c + 8 * h));
-            let k0 = _mm256_loadu_ps(kp.add(c + 8 * h));
-            let k1 = _mm256_loadu_ps(kp.add(hd + c + 8 * h));
-            acc[0][h] = _mm256_fmadd_ps(k0, q0, acc[0][h]);
-            acc[1][h] = _mm256_fmadd_ps(k1, q0, acc[1][h]);
-            acc[2][h] = _mm256_fmadd_ps(k0, q1, acc[2][h]);
-            acc[3][h] = _mm256_fmadd_ps(k1, q1, acc[3][h]);
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        assert!(q.len() >= 2 * hd && k.len() >= 2 * hd);
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        // acc[s] is (lanes 0..8, lanes 8..16) of score s = 2 * row + key.
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        for c in (0..hd).step_by(16) {
+            for h in 0..2 {
+                let q0 = _mm256_loadu_ps(qp.add(c + 8 * h));
+                let q1 = _mm256_loadu_ps(qp.add(hd + c + 8 * h));
+                let k0 = _mm256_loadu_ps(kp.add(c + 8 * h));
+                let k1 = _mm256_loadu_ps(kp.add(hd + c + 8 * h));
+                acc[0][h] = _mm256_fmadd_ps(k0, q0, acc[0][h]);
+                acc[1][h] = _mm256_fmadd_ps(k1, q0, acc[1][h]);
+                acc[2][h] = _mm256_fmadd_ps(k0, q1, acc[2][h]);
+                acc[3][h] = _mm256_fmadd_ps(k1, q1, acc[3][h]);
+            }
         }
+        let f = reduce16x4(&acc);
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), f);
+        // Lane 4h + m holds input 2m + h.
+        [lanes[0], lanes[4], lanes[1], lanes[5]]
     }
-    let f = reduce16x4(&acc);
-    let mut lanes = [0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), f);
-    // Lane 4h + m holds input 2m + h.
-    [lanes[0], lanes[4], lanes[1], lanes[5]]
 }
 
 /// [`scores_2x2`] with each 16-lane chain in one 512-bit register; the halves then go
 /// through the same reduction, so the bits are the same.
 #[inline(always)]
 unsafe fn scores_2x2_512(q: &[f32], k: &[f32], hd: usize) -> [f32; 4] {
-    assert!(q.len() >= 2 * hd && k.len() >= 2 * hd);
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); 4];
-    for c in (0..hd).step_by(16) {
-        let q0 = _mm512_loadu_ps(qp.add(c));
-        let q1 = _mm512_loadu_ps(qp.add(hd + c));
-        let k0 = _mm512_loadu_ps(kp.add(c));
-        let k1 = _mm512_loadu_ps(kp.add(hd + c));
-        acc[0] = _mm512_fmadd_ps(k0, q0, acc[0]);
-        acc[1] = _mm512_fmadd_ps(k1, q0, acc[1]);
-        acc[2] = _mm512_fmadd_ps(k0, q1, acc[2]);
-        acc[3] = _mm512_fmadd_ps(k1, q1, acc[3]);
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        assert!(q.len() >= 2 * hd && k.len() >= 2 * hd);
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for c in (0..hd).step_by(16) {
+            let q0 = _mm512_loadu_ps(qp.add(c));
+            let q1 = _mm512_loadu_ps(qp.add(hd + c));
+            let k0 = _mm512_loadu_ps(kp.add(c));
+            let k1 = _mm512_loadu_ps(kp.add(hd + c));
+            acc[0] = _mm512_fmadd_ps(k0, q0, acc[0]);
+            acc[1] = _mm512_fmadd_ps(k1, q0, acc[1]);
+            acc[2] = _mm512_fmadd_ps(k0, q1, acc[2]);
+            acc[3] = _mm512_fmadd_ps(k1, q1, acc[3]);
+        }
+        // (No closure: it would not inherit the target features.)
+        let mut halves = [[_mm256_setzero_ps(); 2]; 4];
+        for (h, a) in halves.iter_mut().zip(acc) {
+            h[0] = _mm512_castps512_ps256(a);
+            h[1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+        }
+        let f = reduce16x4(&halves);
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), f);
+        [lanes[0], lanes[4], lanes[1], lanes[5]]
     }
-    // (No closure: it would not inherit the target features.)
-    let mut halves = [[_mm256_setzero_ps(); 2]; 4];
-    for (h, a) in halves.iter_mut().zip(acc) {
-        h[0] = _mm512_castps512_ps256(a);
-        h[1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
-    }
-    let f = reduce16x4(&halves);
-    let mut lanes = [0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), f);
-    [lanes[0], lanes[4], lanes[1], lanes[5]]
 }
 
 /// Four `reduce16`s at once (each input a 16-lane accumulator as two 8-lane halves), with
@@ -280,30 +294,33 @@ unsafe fn scores_2x2_512(q: &[f32], k: &[f32], hd: usize) -> [f32; 4] {
 /// result is the sum of input `2m + h` (lanes 2, 3, 6, 7 repeat 0, 1, 4, 5).
 #[inline(always)]
 pub(crate) unsafe fn reduce16x4(v: &[[__m256; 2]; 4]) -> __m256 {
-    // Halves: `a[i] + a[i + 8]`. (No closures: they would not inherit the target features.)
-    let mut t3 = [_mm256_setzero_ps(); 4];
-    for (t, vs) in t3.iter_mut().zip(v) {
-        *t = _mm256_add_ps(vs[0], vs[1]);
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        // Halves: `a[i] + a[i + 8]`. (No closures: they would not inherit the target features.)
+        let mut t3 = [_mm256_setzero_ps(); 4];
+        for (t, vs) in t3.iter_mut().zip(v) {
+            *t = _mm256_add_ps(vs[0], vs[1]);
+        }
+        // Quarters: z0 = [inputs 0 | 1], z1 = [inputs 2 | 3], four partial sums each.
+        let z0 = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(t3[0], t3[1]),
+            _mm256_permute2f128_ps::<0x31>(t3[0], t3[1]),
+        );
+        let z1 = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(t3[2], t3[3]),
+            _mm256_permute2f128_ps::<0x31>(t3[2], t3[3]),
+        );
+        // Pairs (0 + 2, 1 + 3): half h holds inputs h and 2 + h.
+        let x = _mm256_add_ps(
+            _mm256_shuffle_ps::<0x44>(z0, z1),
+            _mm256_shuffle_ps::<0xEE>(z0, z1),
+        );
+        // The last addition.
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0x88>(x, x),
+            _mm256_shuffle_ps::<0xDD>(x, x),
+        )
     }
-    // Quarters: z0 = [inputs 0 | 1], z1 = [inputs 2 | 3], four partial sums each.
-    let z0 = _mm256_add_ps(
-        _mm256_permute2f128_ps::<0x20>(t3[0], t3[1]),
-        _mm256_permute2f128_ps::<0x31>(t3[0], t3[1]),
-    );
-    let z1 = _mm256_add_ps(
-        _mm256_permute2f128_ps::<0x20>(t3[2], t3[3]),
-        _mm256_permute2f128_ps::<0x31>(t3[2], t3[3]),
-    );
-    // Pairs (0 + 2, 1 + 3): half h holds inputs h and 2 + h.
-    let x = _mm256_add_ps(
-        _mm256_shuffle_ps::<0x44>(z0, z1),
-        _mm256_shuffle_ps::<0xEE>(z0, z1),
-    );
-    // The last addition.
-    _mm256_add_ps(
-        _mm256_shuffle_ps::<0x88>(x, x),
-        _mm256_shuffle_ps::<0xDD>(x, x),
-    )
 }
 
 /// The weighted sum of V rows `vt..end` for rows `rb..rb + 2`, accumulated in
@@ -323,36 +340,39 @@ impl PvTile<'_> {
     /// element takes the same fused multiply-adds in the same order.
     #[inline(always)]
     unsafe fn run512<const NZ: usize>(&self, c0: usize, acc: &mut [f32]) {
-        let hd = self.hd;
-        assert!(acc.len() >= (self.rb + RB) * 16 * hd);
-        assert!(self.v.len() >= self.end * hd && c0 + 16 * NZ <= hd);
-        assert!(self.s.len() >= (self.rb + RB - 1) * self.stride + self.end);
-        let (ap, vp, sp) = (acc.as_mut_ptr(), self.v.as_ptr(), self.s.as_ptr());
-        for lane in 0..16 {
-            let at = |r: usize, c: usize| ((self.rb + r) * 16 + lane) * hd + c0 + 16 * c;
-            let mut a = [[_mm512_setzero_ps(); NZ]; RB];
-            for (r, ar) in a.iter_mut().enumerate() {
-                for (c, x) in ar.iter_mut().enumerate() {
-                    *x = _mm512_loadu_ps(ap.add(at(r, c)));
-                }
-            }
-            let mut j = self.vt + lane;
-            while j < self.end {
-                let mut vv = [_mm512_setzero_ps(); NZ];
-                for (c, x) in vv.iter_mut().enumerate() {
-                    *x = _mm512_loadu_ps(vp.add(j * hd + c0 + 16 * c));
-                }
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            let hd = self.hd;
+            assert!(acc.len() >= (self.rb + RB) * 16 * hd);
+            assert!(self.v.len() >= self.end * hd && c0 + 16 * NZ <= hd);
+            assert!(self.s.len() >= (self.rb + RB - 1) * self.stride + self.end);
+            let (ap, vp, sp) = (acc.as_mut_ptr(), self.v.as_ptr(), self.s.as_ptr());
+            for lane in 0..16 {
+                let at = |r: usize, c: usize| ((self.rb + r) * 16 + lane) * hd + c0 + 16 * c;
+                let mut a = [[_mm512_setzero_ps(); NZ]; RB];
                 for (r, ar) in a.iter_mut().enumerate() {
-                    let p = _mm512_set1_ps(*sp.add((self.rb + r) * self.stride + j));
-                    for (x, vc) in ar.iter_mut().zip(&vv) {
-                        *x = _mm512_fmadd_ps(*vc, p, *x);
+                    for (c, x) in ar.iter_mut().enumerate() {
+                        *x = _mm512_loadu_ps(ap.add(at(r, c)));
                     }
                 }
-                j += 16;
-            }
-            for (r, ar) in a.iter().enumerate() {
-                for (c, x) in ar.iter().enumerate() {
-                    _mm512_storeu_ps(ap.add(at(r, c)), *x);
+                let mut j = self.vt + lane;
+                while j < self.end {
+                    let mut vv = [_mm512_setzero_ps(); NZ];
+                    for (c, x) in vv.iter_mut().enumerate() {
+                        *x = _mm512_loadu_ps(vp.add(j * hd + c0 + 16 * c));
+                    }
+                    for (r, ar) in a.iter_mut().enumerate() {
+                        let p = _mm512_set1_ps(*sp.add((self.rb + r) * self.stride + j));
+                        for (x, vc) in ar.iter_mut().zip(&vv) {
+                            *x = _mm512_fmadd_ps(*vc, p, *x);
+                        }
+                    }
+                    j += 16;
+                }
+                for (r, ar) in a.iter().enumerate() {
+                    for (c, x) in ar.iter().enumerate() {
+                        _mm512_storeu_ps(ap.add(at(r, c)), *x);
+                    }
                 }
             }
         }
@@ -361,36 +381,39 @@ impl PvTile<'_> {
     /// Columns `c0..c0 + 8 * NC`.
     #[inline(always)]
     unsafe fn run<const NC: usize>(&self, c0: usize, acc: &mut [f32]) {
-        let hd = self.hd;
-        assert!(acc.len() >= (self.rb + RB) * 16 * hd);
-        assert!(self.v.len() >= self.end * hd && c0 + 8 * NC <= hd);
-        assert!(self.s.len() >= (self.rb + RB - 1) * self.stride + self.end);
-        let (ap, vp, sp) = (acc.as_mut_ptr(), self.v.as_ptr(), self.s.as_ptr());
-        for lane in 0..16 {
-            let at = |r: usize, c: usize| ((self.rb + r) * 16 + lane) * hd + c0 + 8 * c;
-            let mut a = [[_mm256_setzero_ps(); NC]; RB];
-            for (r, ar) in a.iter_mut().enumerate() {
-                for (c, x) in ar.iter_mut().enumerate() {
-                    *x = _mm256_loadu_ps(ap.add(at(r, c)));
-                }
-            }
-            let mut j = self.vt + lane;
-            while j < self.end {
-                let mut vv = [_mm256_setzero_ps(); NC];
-                for (c, x) in vv.iter_mut().enumerate() {
-                    *x = _mm256_loadu_ps(vp.add(j * hd + c0 + 8 * c));
-                }
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            let hd = self.hd;
+            assert!(acc.len() >= (self.rb + RB) * 16 * hd);
+            assert!(self.v.len() >= self.end * hd && c0 + 8 * NC <= hd);
+            assert!(self.s.len() >= (self.rb + RB - 1) * self.stride + self.end);
+            let (ap, vp, sp) = (acc.as_mut_ptr(), self.v.as_ptr(), self.s.as_ptr());
+            for lane in 0..16 {
+                let at = |r: usize, c: usize| ((self.rb + r) * 16 + lane) * hd + c0 + 8 * c;
+                let mut a = [[_mm256_setzero_ps(); NC]; RB];
                 for (r, ar) in a.iter_mut().enumerate() {
-                    let p = _mm256_broadcast_ss(&*sp.add((self.rb + r) * self.stride + j));
-                    for (x, vc) in ar.iter_mut().zip(&vv) {
-                        *x = _mm256_fmadd_ps(*vc, p, *x);
+                    for (c, x) in ar.iter_mut().enumerate() {
+                        *x = _mm256_loadu_ps(ap.add(at(r, c)));
                     }
                 }
-                j += 16;
-            }
-            for (r, ar) in a.iter().enumerate() {
-                for (c, x) in ar.iter().enumerate() {
-                    _mm256_storeu_ps(ap.add(at(r, c)), *x);
+                let mut j = self.vt + lane;
+                while j < self.end {
+                    let mut vv = [_mm256_setzero_ps(); NC];
+                    for (c, x) in vv.iter_mut().enumerate() {
+                        *x = _mm256_loadu_ps(vp.add(j * hd + c0 + 8 * c));
+                    }
+                    for (r, ar) in a.iter_mut().enumerate() {
+                        let p = _mm256_broadcast_ss(&*sp.add((self.rb + r) * self.stride + j));
+                        for (x, vc) in ar.iter_mut().zip(&vv) {
+                            *x = _mm256_fmadd_ps(*vc, p, *x);
+                        }
+                    }
+                    j += 16;
+                }
+                for (r, ar) in a.iter().enumerate() {
+                    for (c, x) in ar.iter().enumerate() {
+                        _mm256_storeu_ps(ap.add(at(r, c)), *x);
+                    }
                 }
             }
         }

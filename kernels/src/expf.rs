@@ -86,36 +86,39 @@ pub(crate) mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn expf8(x: __m256) -> __m256 {
-        let r = _mm256_set1_ps(SHIFT);
-        let z = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), r);
-        let n = _mm256_sub_ps(z, r);
-        let b = _mm256_fnmadd_ps(
-            n,
-            _mm256_set1_ps(LN2_LO),
-            _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x),
-        );
-        let u = _mm256_mul_ps(b, b);
-        let j = _mm256_fmadd_ps(
-            _mm256_fmadd_ps(
-                _mm256_fmadd_ps(_mm256_set1_ps(C4), b, _mm256_set1_ps(C3)),
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            let r = _mm256_set1_ps(SHIFT);
+            let z = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), r);
+            let n = _mm256_sub_ps(z, r);
+            let b = _mm256_fnmadd_ps(
+                n,
+                _mm256_set1_ps(LN2_LO),
+                _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x),
+            );
+            let u = _mm256_mul_ps(b, b);
+            let j = _mm256_fmadd_ps(
+                _mm256_fmadd_ps(
+                    _mm256_fmadd_ps(_mm256_set1_ps(C4), b, _mm256_set1_ps(C3)),
+                    u,
+                    _mm256_fmadd_ps(_mm256_set1_ps(C2), b, _mm256_set1_ps(C1)),
+                ),
                 u,
-                _mm256_fmadd_ps(_mm256_set1_ps(C2), b, _mm256_set1_ps(C1)),
-            ),
-            u,
-            _mm256_fmadd_ps(_mm256_set1_ps(C0), b, _mm256_set1_ps(1.0)),
-        );
-        let an = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
-        let out_of_range = _mm256_cmp_ps::<_CMP_GT_OQ>(an, _mm256_set1_ps(126.0));
-        if _mm256_movemask_ps(out_of_range) == 0 {
-            let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-            return _mm256_mul_ps(j, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e)));
+                _mm256_fmadd_ps(_mm256_set1_ps(C0), b, _mm256_set1_ps(1.0)),
+            );
+            let an = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+            let out_of_range = _mm256_cmp_ps::<_CMP_GT_OQ>(an, _mm256_set1_ps(126.0));
+            if _mm256_movemask_ps(out_of_range) == 0 {
+                let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+                return _mm256_mul_ps(j, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e)));
+            }
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), x);
+            for v in lanes.iter_mut() {
+                *v = expf(*v);
+            }
+            _mm256_loadu_ps(lanes.as_ptr())
         }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), x);
-        for v in lanes.iter_mut() {
-            *v = expf(*v);
-        }
-        _mm256_loadu_ps(lanes.as_ptr())
     }
 
     /// [`expf`] on sixteen lanes: ggml's `ggml_v_expf` itself, `vscalefps` included, so no

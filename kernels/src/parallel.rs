@@ -317,10 +317,10 @@ impl Pool {
             return;
         }
         let s = &*self.shared;
-        // SAFETY: erases the closure's lifetime; it outlives the region (we wait for
-        // the region closed with `active == 0` below before returning, even when an item
-        // panics).
         let job = JobRef {
+            // SAFETY: erases the closure's lifetime; it outlives the region (we wait for
+            // the region closed with `active == 0` below before returning, even when an item
+            // panics).
             f: unsafe {
                 std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
             },

@@ -318,6 +318,7 @@ fn check_secrets(up: &Up, state: &Path) {
         assert_eq!(mode(f) & 0o077, 0, "{} is readable by others", f.display());
     }
     // As root, try it as another user: nothing under the state dir can be read.
+    // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     let runuser = Path::new("/usr/sbin/runuser");
     if root && runuser.exists() {

@@ -206,8 +206,10 @@ impl PoolInner {
     fn rehash(&self, grant: &WriteGrant) -> Vec<u64> {
         // SAFETY (both closures): the caller holds the page's lock (no writer can copy into
         // it), and readers only read.
-        let hash =
-            |(page, _): &(PageId, Generation)| page_checksum(unsafe { self.store.bytes(*page) });
+        let hash = |(page, _): &(PageId, Generation)| {
+            // SAFETY: as above (the page's lock is held).
+            page_checksum(unsafe { self.store.bytes(*page) })
+        };
         if grant.pages.len() * self.store.page_bytes() < PARALLEL_REHASH_BYTES {
             grant.pages.iter().map(hash).collect()
         } else {

@@ -72,14 +72,17 @@ mod x86 {
         a: &QuantizedActs,
         t: usize,
     ) -> [f32; PACKED_GROUP] {
-        let [r] = match pk.ty() {
-            WeightType::Q4_0 => packed_ty::<Q4_0, 1>(pk, g, a, t),
-            WeightType::Q4_1 => packed_ty::<Q4_1, 1>(pk, g, a, t),
-            WeightType::Q8_0 => packed_ty::<Q8_0, 1>(pk, g, a, t),
-            WeightType::Q5_0 => packed_ty::<Q5_0, 1>(pk, g, a, t),
-            other => unreachable!("{other:?} is never packed"),
-        };
-        r
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            let [r] = match pk.ty() {
+                WeightType::Q4_0 => packed_ty::<Q4_0, 1>(pk, g, a, t),
+                WeightType::Q4_1 => packed_ty::<Q4_1, 1>(pk, g, a, t),
+                WeightType::Q8_0 => packed_ty::<Q8_0, 1>(pk, g, a, t),
+                WeightType::Q5_0 => packed_ty::<Q5_0, 1>(pk, g, a, t),
+                other => unreachable!("{other:?} is never packed"),
+            };
+            r
+        }
     }
 
     /// [`packed_group`] for tokens `t` and `t + 1` at once: each record is loaded and
@@ -91,12 +94,15 @@ mod x86 {
         a: &QuantizedActs,
         t: usize,
     ) -> [[f32; PACKED_GROUP]; 2] {
-        match pk.ty() {
-            WeightType::Q4_0 => packed_ty::<Q4_0, 2>(pk, g, a, t),
-            WeightType::Q4_1 => packed_ty::<Q4_1, 2>(pk, g, a, t),
-            WeightType::Q8_0 => packed_ty::<Q8_0, 2>(pk, g, a, t),
-            WeightType::Q5_0 => packed_ty::<Q5_0, 2>(pk, g, a, t),
-            other => unreachable!("{other:?} is never packed"),
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            match pk.ty() {
+                WeightType::Q4_0 => packed_ty::<Q4_0, 2>(pk, g, a, t),
+                WeightType::Q4_1 => packed_ty::<Q4_1, 2>(pk, g, a, t),
+                WeightType::Q8_0 => packed_ty::<Q8_0, 2>(pk, g, a, t),
+                WeightType::Q5_0 => packed_ty::<Q5_0, 2>(pk, g, a, t),
+                other => unreachable!("{other:?} is never packed"),
+            }
         }
     }
 
@@ -104,18 +110,21 @@ mod x86 {
     /// 4, the rest cleared: the high bits of one quant line's low or high nibbles.
     #[inline(always)]
     unsafe fn high_bit(qh: __m512i, s: usize) -> __m512i {
-        // 16-bit shifts by at most 4: bit 4 of each byte comes from the same byte.
-        let v = match s {
-            0 => _mm512_slli_epi16::<4>(qh),
-            1 => _mm512_slli_epi16::<3>(qh),
-            2 => _mm512_slli_epi16::<2>(qh),
-            3 => _mm512_slli_epi16::<1>(qh),
-            4 => qh,
-            5 => _mm512_srli_epi16::<1>(qh),
-            6 => _mm512_srli_epi16::<2>(qh),
-            _ => _mm512_srli_epi16::<3>(qh),
-        };
-        _mm512_and_si512(v, _mm512_set1_epi8(0x10))
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            // 16-bit shifts by at most 4: bit 4 of each byte comes from the same byte.
+            let v = match s {
+                0 => _mm512_slli_epi16::<4>(qh),
+                1 => _mm512_slli_epi16::<3>(qh),
+                2 => _mm512_slli_epi16::<2>(qh),
+                3 => _mm512_slli_epi16::<1>(qh),
+                4 => qh,
+                5 => _mm512_srli_epi16::<1>(qh),
+                6 => _mm512_srli_epi16::<2>(qh),
+                _ => _mm512_srli_epi16::<3>(qh),
+            };
+            _mm512_and_si512(v, _mm512_set1_epi8(0x10))
+        }
     }
 
     /// [`packed_group`] for the weight type `TY` and tokens `t0..t0 + NT`. `acc[j][k]`
@@ -128,96 +137,99 @@ mod x86 {
         a: &QuantizedActs,
         t0: usize,
     ) -> [[f32; PACKED_GROUP]; NT] {
-        let nb = a.blocks();
-        let mut acc = [[_mm512_setzero_ps(); 8]; NT];
-        let mut msum = [_mm512_setzero_ps(); NT];
-        let low = _mm512_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi8(1);
-        let mut qy = [a.qs.as_ptr(); NT];
-        for (j, p) in qy.iter_mut().enumerate() {
-            *p = a.qs.as_ptr().add((t0 + j) * a.cols);
-        }
-        for b in 0..nb {
-            let rec = pk.record(g, b);
-            let dw = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
-            let q = rec.add(64) as *const __m512i;
-            // The record's quants as unsigned lanes, once for every token: Q8_0's eight
-            // lines, or the low and high nibbles (Q5_0: with their high bits) of four.
-            let mut w = [_mm512_setzero_si512(); 8];
-            if TY == Q8_0 {
-                for (k, x) in w.iter_mut().enumerate() {
-                    *x = _mm512_load_si512(q.add(k));
-                }
-            } else {
-                let qh = if TY == Q5_0 {
-                    _mm512_load_si512(q.add(PACKED_Q5_0_HIGH_LINE - 1))
-                } else {
-                    _mm512_setzero_si512()
-                };
-                for j in 0..4 {
-                    let v = _mm512_load_si512(q.add(j));
-                    let mut lo = _mm512_and_si512(v, low);
-                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                    if TY == Q5_0 {
-                        lo = _mm512_or_si512(lo, high_bit(qh, 2 * j));
-                        hi = _mm512_or_si512(hi, high_bit(qh, 2 * j + 1));
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            let nb = a.blocks();
+            let mut acc = [[_mm512_setzero_ps(); 8]; NT];
+            let mut msum = [_mm512_setzero_ps(); NT];
+            let low = _mm512_set1_epi8(0x0F);
+            let ones = _mm256_set1_epi8(1);
+            let mut qy = [a.qs.as_ptr(); NT];
+            for (j, p) in qy.iter_mut().enumerate() {
+                *p = a.qs.as_ptr().add((t0 + j) * a.cols);
+            }
+            for b in 0..nb {
+                let rec = pk.record(g, b);
+                let dw = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
+                let q = rec.add(64) as *const __m512i;
+                // The record's quants as unsigned lanes, once for every token: Q8_0's eight
+                // lines, or the low and high nibbles (Q5_0: with their high bits) of four.
+                let mut w = [_mm512_setzero_si512(); 8];
+                if TY == Q8_0 {
+                    for (k, x) in w.iter_mut().enumerate() {
+                        *x = _mm512_load_si512(q.add(k));
                     }
-                    w[j] = lo;
-                    w[j + 4] = hi;
-                }
-            }
-            for j in 0..NT {
-                let yb = qy[j].add(b * QK);
-                let k = (t0 + j) * nb + b;
-                let dy = *a.d.get_unchecked(k);
-                // Each row's `dw * dy`, one f32 product as in the scalar-broadcast kernels.
-                let sc = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
-                if TY == Q4_1 {
-                    let mw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(32) as *const __m256i));
-                    let s = *a.s.get_unchecked(k);
-                    msum[j] = _mm512_add_ps(msum[j], _mm512_mul_ps(mw, _mm512_set1_ps(s)));
-                }
-                // The lanes' starting values: 0, or `-offset * sum(y)` over the lane's four
-                // activations for the offset-stored signed quants.
-                let mut init = [0i32; 8];
-                if TY != Q4_1 {
-                    let y = _mm256_loadu_si256(yb as *const __m256i);
-                    let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, y);
-                    let shift = match TY {
-                        Q4_0 => 3,
-                        Q5_0 => 4,
-                        _ => 7,
+                } else {
+                    let qh = if TY == Q5_0 {
+                        _mm512_load_si512(q.add(PACKED_Q5_0_HIGH_LINE - 1))
+                    } else {
+                        _mm512_setzero_si512()
                     };
-                    let c = _mm256_sub_epi32(
-                        _mm256_setzero_si256(),
-                        _mm256_sllv_epi32(sums, _mm256_set1_epi32(shift)),
-                    );
-                    _mm256_storeu_si256(init.as_mut_ptr() as *mut __m256i, c);
+                    for j in 0..4 {
+                        let v = _mm512_load_si512(q.add(j));
+                        let mut lo = _mm512_and_si512(v, low);
+                        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                        if TY == Q5_0 {
+                            lo = _mm512_or_si512(lo, high_bit(qh, 2 * j));
+                            hi = _mm512_or_si512(hi, high_bit(qh, 2 * j + 1));
+                        }
+                        w[j] = lo;
+                        w[j + 4] = hi;
+                    }
                 }
-                // Lane k takes the activations of elements 4k..4k + 4 (Q8_0: line k; Q4_x
-                // and Q5_0: the low nibbles of line k, or the high ones of line k - 4).
-                for (k, wk) in w.iter().enumerate() {
-                    let y4 = _mm512_set1_epi32((yb.add(4 * k) as *const i32).read_unaligned());
-                    let p = _mm512_dpbusd_epi32(_mm512_set1_epi32(init[k]), *wk, y4);
-                    acc[j][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[j][k]);
+                for j in 0..NT {
+                    let yb = qy[j].add(b * QK);
+                    let k = (t0 + j) * nb + b;
+                    let dy = *a.d.get_unchecked(k);
+                    // Each row's `dw * dy`, one f32 product as in the scalar-broadcast kernels.
+                    let sc = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
+                    if TY == Q4_1 {
+                        let mw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(32) as *const __m256i));
+                        let s = *a.s.get_unchecked(k);
+                        msum[j] = _mm512_add_ps(msum[j], _mm512_mul_ps(mw, _mm512_set1_ps(s)));
+                    }
+                    // The lanes' starting values: 0, or `-offset * sum(y)` over the lane's four
+                    // activations for the offset-stored signed quants.
+                    let mut init = [0i32; 8];
+                    if TY != Q4_1 {
+                        let y = _mm256_loadu_si256(yb as *const __m256i);
+                        let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, y);
+                        let shift = match TY {
+                            Q4_0 => 3,
+                            Q5_0 => 4,
+                            _ => 7,
+                        };
+                        let c = _mm256_sub_epi32(
+                            _mm256_setzero_si256(),
+                            _mm256_sllv_epi32(sums, _mm256_set1_epi32(shift)),
+                        );
+                        _mm256_storeu_si256(init.as_mut_ptr() as *mut __m256i, c);
+                    }
+                    // Lane k takes the activations of elements 4k..4k + 4 (Q8_0: line k; Q4_x
+                    // and Q5_0: the low nibbles of line k, or the high ones of line k - 4).
+                    for (k, wk) in w.iter().enumerate() {
+                        let y4 = _mm512_set1_epi32((yb.add(4 * k) as *const i32).read_unaligned());
+                        let p = _mm512_dpbusd_epi32(_mm512_set1_epi32(init[k]), *wk, y4);
+                        acc[j][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[j][k]);
+                    }
                 }
             }
-        }
-        // ggml's horizontal sum, for sixteen rows at once: lanes k and k + 4, then the
-        // pairs (0, 2) and (1, 3), then the two; Q4_1 adds its `sum(m * s)` last.
-        let mut out = [[0f32; PACKED_GROUP]; NT];
-        for j in 0..NT {
-            let acc = &acc[j];
-            let s0 = _mm512_add_ps(acc[0], acc[4]);
-            let s1 = _mm512_add_ps(acc[1], acc[5]);
-            let s2 = _mm512_add_ps(acc[2], acc[6]);
-            let s3 = _mm512_add_ps(acc[3], acc[7]);
-            let mut r = _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
-            if TY == Q4_1 {
-                r = _mm512_add_ps(r, msum[j]);
+            // ggml's horizontal sum, for sixteen rows at once: lanes k and k + 4, then the
+            // pairs (0, 2) and (1, 3), then the two; Q4_1 adds its `sum(m * s)` last.
+            let mut out = [[0f32; PACKED_GROUP]; NT];
+            for j in 0..NT {
+                let acc = &acc[j];
+                let s0 = _mm512_add_ps(acc[0], acc[4]);
+                let s1 = _mm512_add_ps(acc[1], acc[5]);
+                let s2 = _mm512_add_ps(acc[2], acc[6]);
+                let s3 = _mm512_add_ps(acc[3], acc[7]);
+                let mut r = _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
+                if TY == Q4_1 {
+                    r = _mm512_add_ps(r, msum[j]);
+                }
+                _mm512_storeu_ps(out[j].as_mut_ptr(), r);
             }
-            _mm512_storeu_ps(out[j].as_mut_ptr(), r);
+            out
         }
-        out
     }
 }

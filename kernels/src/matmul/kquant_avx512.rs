@@ -40,69 +40,74 @@ pub(crate) unsafe fn run_groups(
     tokens: usize,
     out: &mut [f32],
 ) -> usize {
-    let Some(pk) = w.packed.filter(|p| {
-        r0.is_multiple_of(GROUP) && matches!(p.ty(), WeightType::Q4_K | WeightType::Q6_K)
-    }) else {
-        return 0;
-    };
-    let tiled = super::kquant_tiled::applies(w, tokens);
-    if tiled && pk.ty() == WeightType::Q4_K {
-        // Only a Q4_K matrix llama.cpp does not repack takes the tiled order; the unpacked
-        // kernels have it.
-        return 0;
-    }
-    assert!(pk.packs(w), "packing of another matrix");
-    assert_eq!(a.qs.len(), tokens * w.cols, "activation shape");
-    assert_eq!(a.d.len(), tokens * a.blocks());
-    assert_eq!(a.bsums.len(), tokens * a.blocks() * 16);
-    let mut done = 0;
-    while done + GROUP <= n {
-        let g = (r0 + done) / GROUP;
-        let mut t0 = 0;
-        while t0 < tokens {
-            let nt = (tokens - t0).min(TILE);
-            let mut res = [[0f32; GROUP]; TILE];
-            // SAFETY: the caller vouches for the CPU; `pk` packs `w` (checked), so group `g`
-            // exists, and the activations hold `tokens` rows (checked).
-            match pk.ty() {
-                WeightType::Q4_K => {
-                    let route = Route::of(t0, tokens);
-                    match nt {
-                        4 => q4_k::<4>(pk, g, a, t0, route, &mut res),
-                        3 => q4_k::<3>(pk, g, a, t0, route, &mut res),
-                        2 => q4_k::<2>(pk, g, a, t0, route, &mut res),
-                        _ => q4_k::<1>(pk, g, a, t0, route, &mut res),
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        let Some(pk) = w.packed.filter(|p| {
+            r0.is_multiple_of(GROUP) && matches!(p.ty(), WeightType::Q4_K | WeightType::Q6_K)
+        }) else {
+            return 0;
+        };
+        let tiled = super::kquant_tiled::applies(w, tokens);
+        if tiled && pk.ty() == WeightType::Q4_K {
+            // Only a Q4_K matrix llama.cpp does not repack takes the tiled order; the unpacked
+            // kernels have it.
+            return 0;
+        }
+        assert!(pk.packs(w), "packing of another matrix");
+        assert_eq!(a.qs.len(), tokens * w.cols, "activation shape");
+        assert_eq!(a.d.len(), tokens * a.blocks());
+        assert_eq!(a.bsums.len(), tokens * a.blocks() * 16);
+        let mut done = 0;
+        while done + GROUP <= n {
+            let g = (r0 + done) / GROUP;
+            let mut t0 = 0;
+            while t0 < tokens {
+                let nt = (tokens - t0).min(TILE);
+                let mut res = [[0f32; GROUP]; TILE];
+                // SAFETY: the caller vouches for the CPU; `pk` packs `w` (checked), so group `g`
+                // exists, and the activations hold `tokens` rows (checked).
+                match pk.ty() {
+                    WeightType::Q4_K => {
+                        let route = Route::of(t0, tokens);
+                        match nt {
+                            4 => q4_k::<4>(pk, g, a, t0, route, &mut res),
+                            3 => q4_k::<3>(pk, g, a, t0, route, &mut res),
+                            2 => q4_k::<2>(pk, g, a, t0, route, &mut res),
+                            _ => q4_k::<1>(pk, g, a, t0, route, &mut res),
+                        }
+                    }
+                    _ => match nt {
+                        4 => q6_k::<4>(pk, g, a, t0, tiled, &mut res),
+                        3 => q6_k::<3>(pk, g, a, t0, tiled, &mut res),
+                        2 => q6_k::<2>(pk, g, a, t0, tiled, &mut res),
+                        _ => q6_k::<1>(pk, g, a, t0, tiled, &mut res),
+                    },
+                }
+                for (j, row) in res.iter().take(nt).enumerate() {
+                    for (r, v) in row.iter().enumerate() {
+                        out[(done + r) * tokens + t0 + j] = *v;
                     }
                 }
-                _ => match nt {
-                    4 => q6_k::<4>(pk, g, a, t0, tiled, &mut res),
-                    3 => q6_k::<3>(pk, g, a, t0, tiled, &mut res),
-                    2 => q6_k::<2>(pk, g, a, t0, tiled, &mut res),
-                    _ => q6_k::<1>(pk, g, a, t0, tiled, &mut res),
-                },
+                t0 += nt;
             }
-            for (j, row) in res.iter().take(nt).enumerate() {
-                for (r, v) in row.iter().enumerate() {
-                    out[(done + r) * tokens + t0 + j] = *v;
-                }
-            }
-            t0 += nt;
+            done += GROUP;
         }
-        done += GROUP;
+        done
     }
-    done
 }
 
 /// Four activation bytes at `p`, broadcast to every 32-bit lane.
 #[inline(always)]
 unsafe fn y4(p: *const i8) -> __m512i {
-    _mm512_set1_epi32((p as *const i32).read_unaligned())
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe { _mm512_set1_epi32((p as *const i32).read_unaligned()) }
 }
 
 /// Sixteen bytes at `p` widened to sixteen i32 lanes (unsigned).
 #[inline(always)]
 unsafe fn u8x16(p: *const u8) -> __m512i {
-    _mm512_cvtepu8_epi32(_mm_load_si128(p as *const __m128i))
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe { _mm512_cvtepu8_epi32(_mm_load_si128(p as *const __m128i)) }
 }
 
 /// Q4_K, group `g`, tokens `t0..t0 + NT`, in `route`'s float order.
@@ -115,89 +120,94 @@ unsafe fn q4_k<const NT: usize>(
     route: Route,
     res: &mut [[f32; GROUP]; TILE],
 ) {
-    let nb = a.blocks();
-    let m4 = _mm512_set1_epi8(0x0F);
-    let zero = _mm512_setzero_si512();
-    let mut acc = [_mm512_setzero_ps(); NT];
-    let mut acc_min = [_mm512_setzero_ps(); NT];
-    let ys: [*const i8; NT] = std::array::from_fn(|j| a.qs.as_ptr().add((t0 + j) * a.cols));
-    for b in 0..nb {
-        let rec = pk.record(g, b);
-        let d = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
-        let dmin = _mm512_cvtph_ps(_mm256_load_si256(rec.add(32) as *const __m256i));
-        // (No closures with intrinsics: they would not inherit the target features.)
-        let mut da = [_mm512_setzero_ps(); NT];
-        for (j, v) in da.iter_mut().enumerate() {
-            *v = _mm512_set1_ps(a.d[(t0 + j) * nb + b]);
-        }
-        let bs: [&[i16]; NT] = std::array::from_fn(|j| {
-            let k = (t0 + j) * nb + b;
-            &a.bsums[k * 16..(k + 1) * 16]
-        });
-        let q = rec.add(64 * Q4_K_QUANTS) as *const __m512i;
-        // Gemv: the super-block's exact sums, to floats once.
-        let mut sum = [zero; NT];
-        let mut mins = [zero; NT];
-        for c in 0..4 {
-            let mut lo_dot = [zero; NT];
-            let mut hi_dot = [zero; NT];
-            for i in 0..8 {
-                let v = _mm512_load_si512(q.add(8 * c + i));
-                let lo = _mm512_and_si512(v, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        let nb = a.blocks();
+        let m4 = _mm512_set1_epi8(0x0F);
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); NT];
+        let mut acc_min = [_mm512_setzero_ps(); NT];
+        let ys: [*const i8; NT] = std::array::from_fn(|j| a.qs.as_ptr().add((t0 + j) * a.cols));
+        for b in 0..nb {
+            let rec = pk.record(g, b);
+            let d = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
+            let dmin = _mm512_cvtph_ps(_mm256_load_si256(rec.add(32) as *const __m256i));
+            // (No closures with intrinsics: they would not inherit the target features.)
+            let mut da = [_mm512_setzero_ps(); NT];
+            for (j, v) in da.iter_mut().enumerate() {
+                *v = _mm512_set1_ps(a.d[(t0 + j) * nb + b]);
+            }
+            let bs: [&[i16]; NT] = std::array::from_fn(|j| {
+                let k = (t0 + j) * nb + b;
+                &a.bsums[k * 16..(k + 1) * 16]
+            });
+            let q = rec.add(64 * Q4_K_QUANTS) as *const __m512i;
+            // Gemv: the super-block's exact sums, to floats once.
+            let mut sum = [zero; NT];
+            let mut mins = [zero; NT];
+            for c in 0..4 {
+                let mut lo_dot = [zero; NT];
+                let mut hi_dot = [zero; NT];
+                for i in 0..8 {
+                    let v = _mm512_load_si512(q.add(8 * c + i));
+                    let lo = _mm512_and_si512(v, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                    for j in 0..NT {
+                        let y = ys[j].add(b * QK_K + 64 * c + 4 * i);
+                        lo_dot[j] = _mm512_dpbusd_epi32(lo_dot[j], lo, y4(y));
+                        hi_dot[j] = _mm512_dpbusd_epi32(hi_dot[j], hi, y4(y.add(32)));
+                    }
+                }
+                // Sub-blocks 2c and 2c + 1: their scales and minimums.
+                let (sc_lo, sc_hi) = (
+                    u8x16(rec.add(64 + 32 * c)),
+                    u8x16(rec.add(64 + 32 * c + 16)),
+                );
+                let (m_lo, m_hi) = (
+                    u8x16(rec.add(3 * 64 + 32 * c)),
+                    u8x16(rec.add(3 * 64 + 32 * c + 16)),
+                );
                 for j in 0..NT {
-                    let y = ys[j].add(b * QK_K + 64 * c + 4 * i);
-                    lo_dot[j] = _mm512_dpbusd_epi32(lo_dot[j], lo, y4(y));
-                    hi_dot[j] = _mm512_dpbusd_epi32(hi_dot[j], hi, y4(y.add(32)));
-                }
-            }
-            // Sub-blocks 2c and 2c + 1: their scales and minimums.
-            let (sc_lo, sc_hi) = (
-                u8x16(rec.add(64 + 32 * c)),
-                u8x16(rec.add(64 + 32 * c + 16)),
-            );
-            let (m_lo, m_hi) = (
-                u8x16(rec.add(3 * 64 + 32 * c)),
-                u8x16(rec.add(3 * 64 + 32 * c + 16)),
-            );
-            for j in 0..NT {
-                let pair = _mm512_add_epi32(
-                    _mm512_mullo_epi32(lo_dot[j], sc_lo),
-                    _mm512_mullo_epi32(hi_dot[j], sc_hi),
-                );
-                let b = bs[j];
-                let (s0, s1) = (
-                    b[4 * c] as i32 + b[4 * c + 1] as i32,
-                    b[4 * c + 2] as i32 + b[4 * c + 3] as i32,
-                );
-                let m = _mm512_add_epi32(
-                    _mm512_mullo_epi32(m_lo, _mm512_set1_epi32(s0)),
-                    _mm512_mullo_epi32(m_hi, _mm512_set1_epi32(s1)),
-                );
-                match route {
-                    Route::Gemm => {
-                        let (scale, min_scale) =
-                            (_mm512_mul_ps(d, da[j]), _mm512_mul_ps(dmin, da[j]));
-                        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pair), scale, acc[j]);
-                        acc_min[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), min_scale, acc_min[j]);
-                    }
-                    Route::Gemv => {
-                        sum[j] = _mm512_add_epi32(sum[j], pair);
-                        mins[j] = _mm512_add_epi32(mins[j], m);
+                    let pair = _mm512_add_epi32(
+                        _mm512_mullo_epi32(lo_dot[j], sc_lo),
+                        _mm512_mullo_epi32(hi_dot[j], sc_hi),
+                    );
+                    let b = bs[j];
+                    let (s0, s1) = (
+                        b[4 * c] as i32 + b[4 * c + 1] as i32,
+                        b[4 * c + 2] as i32 + b[4 * c + 3] as i32,
+                    );
+                    let m = _mm512_add_epi32(
+                        _mm512_mullo_epi32(m_lo, _mm512_set1_epi32(s0)),
+                        _mm512_mullo_epi32(m_hi, _mm512_set1_epi32(s1)),
+                    );
+                    match route {
+                        Route::Gemm => {
+                            let (scale, min_scale) =
+                                (_mm512_mul_ps(d, da[j]), _mm512_mul_ps(dmin, da[j]));
+                            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pair), scale, acc[j]);
+                            acc_min[j] =
+                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), min_scale, acc_min[j]);
+                        }
+                        Route::Gemv => {
+                            sum[j] = _mm512_add_epi32(sum[j], pair);
+                            mins[j] = _mm512_add_epi32(mins[j], m);
+                        }
                     }
                 }
             }
-        }
-        if route == Route::Gemv {
-            for j in 0..NT {
-                let (scale, min_scale) = (_mm512_mul_ps(d, da[j]), _mm512_mul_ps(dmin, da[j]));
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j]), scale, acc[j]);
-                acc_min[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins[j]), min_scale, acc_min[j]);
+            if route == Route::Gemv {
+                for j in 0..NT {
+                    let (scale, min_scale) = (_mm512_mul_ps(d, da[j]), _mm512_mul_ps(dmin, da[j]));
+                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j]), scale, acc[j]);
+                    acc_min[j] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins[j]), min_scale, acc_min[j]);
+                }
             }
         }
-    }
-    for j in 0..NT {
-        _mm512_storeu_ps(res[j].as_mut_ptr(), _mm512_sub_ps(acc[j], acc_min[j]));
+        for j in 0..NT {
+            _mm512_storeu_ps(res[j].as_mut_ptr(), _mm512_sub_ps(acc[j], acc_min[j]));
+        }
     }
 }
 
@@ -212,89 +222,92 @@ unsafe fn q6_k<const NT: usize>(
     tiled: bool,
     res: &mut [[f32; GROUP]; TILE],
 ) {
-    let nb = a.blocks();
-    let flip = _mm512_set1_epi8(0x80u8 as i8);
-    let low16 = _mm512_set1_epi32(0xFFFF);
-    // acc[j][m]: token j's ggml lane m, sixteen rows.
-    let mut acc = [[_mm512_setzero_ps(); 8]; NT];
-    // With `tiled`, token j's `kquant_tiled` sum, sixteen rows.
-    let mut tacc = [_mm512_setzero_ps(); NT];
-    let ys: [*const i8; NT] = std::array::from_fn(|j| a.qs.as_ptr().add((t0 + j) * a.cols));
-    for b in 0..nb {
-        let rec = pk.record(g, b);
-        let d = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
-        // Each scale as an i16 pair per row, the form `vpdpwssd` multiplies by.
-        let mut sc = [_mm512_setzero_si512(); 16];
-        let mut sc32 = [_mm512_setzero_si512(); 16];
-        for s in 0..16 {
-            let x = _mm512_cvtepi8_epi32(_mm_load_si128(
-                rec.add(64 * Q6_K_SCALES + 16 * s) as *const __m128i
-            ));
-            sc32[s] = x;
-            sc[s] = _mm512_or_si512(_mm512_and_si512(x, low16), _mm512_slli_epi32::<16>(x));
-        }
-        let q = rec.add(64 * Q6_K_QUANTS) as *const __m512i;
-        let starts = rec.add(64 * Q6_K_STARTS) as *const __m512i;
-        let mut dd = [_mm512_setzero_ps(); NT];
-        for (j, v) in dd.iter_mut().enumerate() {
-            *v = _mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + j) * nb + b]), d);
-        }
-        let mut s1 = [_mm512_setzero_si512(); NT];
-        for m in 0..8 {
-            // Lane m: line 8 run + m of every 32-element run, scale `(8 run + m) / 4`.
-            let start = _mm512_load_si512(starts.add(m));
-            let mut lane = [start; NT];
-            for run in 0..QK_K / 32 {
-                let line = 8 * run + m;
-                let w = _mm512_load_si512(q.add(line));
-                let s = sc[line / 4];
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        let nb = a.blocks();
+        let flip = _mm512_set1_epi8(0x80u8 as i8);
+        let low16 = _mm512_set1_epi32(0xFFFF);
+        // acc[j][m]: token j's ggml lane m, sixteen rows.
+        let mut acc = [[_mm512_setzero_ps(); 8]; NT];
+        // With `tiled`, token j's `kquant_tiled` sum, sixteen rows.
+        let mut tacc = [_mm512_setzero_ps(); NT];
+        let ys: [*const i8; NT] = std::array::from_fn(|j| a.qs.as_ptr().add((t0 + j) * a.cols));
+        for b in 0..nb {
+            let rec = pk.record(g, b);
+            let d = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
+            // Each scale as an i16 pair per row, the form `vpdpwssd` multiplies by.
+            let mut sc = [_mm512_setzero_si512(); 16];
+            let mut sc32 = [_mm512_setzero_si512(); 16];
+            for s in 0..16 {
+                let x = _mm512_cvtepi8_epi32(_mm_load_si128(
+                    rec.add(64 * Q6_K_SCALES + 16 * s) as *const __m128i
+                ));
+                sc32[s] = x;
+                sc[s] = _mm512_or_si512(_mm512_and_si512(x, low16), _mm512_slli_epi32::<16>(x));
+            }
+            let q = rec.add(64 * Q6_K_QUANTS) as *const __m512i;
+            let starts = rec.add(64 * Q6_K_STARTS) as *const __m512i;
+            let mut dd = [_mm512_setzero_ps(); NT];
+            for (j, v) in dd.iter_mut().enumerate() {
+                *v = _mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + j) * nb + b]), d);
+            }
+            let mut s1 = [_mm512_setzero_si512(); NT];
+            for m in 0..8 {
+                // Lane m: line 8 run + m of every 32-element run, scale `(8 run + m) / 4`.
+                let start = _mm512_load_si512(starts.add(m));
+                let mut lane = [start; NT];
+                for run in 0..QK_K / 32 {
+                    let line = 8 * run + m;
+                    let w = _mm512_load_si512(q.add(line));
+                    let s = sc[line / 4];
+                    for j in 0..NT {
+                        let y = _mm512_xor_si512(y4(ys[j].add(b * QK_K + 4 * line)), flip);
+                        lane[j] = _mm512_dpwssd_epi32(lane[j], _mm512_maddubs_epi16(y, w), s);
+                    }
+                }
                 for j in 0..NT {
-                    let y = _mm512_xor_si512(y4(ys[j].add(b * QK_K + 4 * line)), flip);
-                    lane[j] = _mm512_dpwssd_epi32(lane[j], _mm512_maddubs_epi16(y, w), s);
+                    // The values were packed plus 32: take 32 * (sc[2m] * bsums[2m] +
+                    // sc[2m + 1] * bsums[2m + 1]) back from this lane, as `q6_k_take_offset`.
+                    let bs = &a.bsums[((t0 + j) * nb + b) * 16..][..16];
+                    let off = _mm512_add_epi32(
+                        _mm512_mullo_epi32(sc32[2 * m], _mm512_set1_epi32(32 * bs[2 * m] as i32)),
+                        _mm512_mullo_epi32(
+                            sc32[2 * m + 1],
+                            _mm512_set1_epi32(32 * bs[2 * m + 1] as i32),
+                        ),
+                    );
+                    let l = _mm512_sub_epi32(lane[j], off);
+                    if tiled {
+                        s1[j] = _mm512_add_epi32(s1[j], l);
+                    } else {
+                        acc[j][m] = _mm512_fmadd_ps(dd[j], _mm512_cvtepi32_ps(l), acc[j][m]);
+                    }
                 }
             }
-            for j in 0..NT {
-                // The values were packed plus 32: take 32 * (sc[2m] * bsums[2m] +
-                // sc[2m + 1] * bsums[2m + 1]) back from this lane, as `q6_k_take_offset`.
-                let bs = &a.bsums[((t0 + j) * nb + b) * 16..][..16];
-                let off = _mm512_add_epi32(
-                    _mm512_mullo_epi32(sc32[2 * m], _mm512_set1_epi32(32 * bs[2 * m] as i32)),
-                    _mm512_mullo_epi32(
-                        sc32[2 * m + 1],
-                        _mm512_set1_epi32(32 * bs[2 * m + 1] as i32),
-                    ),
-                );
-                let l = _mm512_sub_epi32(lane[j], off);
-                if tiled {
-                    s1[j] = _mm512_add_epi32(s1[j], l);
-                } else {
-                    acc[j][m] = _mm512_fmadd_ps(dd[j], _mm512_cvtepi32_ps(l), acc[j][m]);
+            if tiled {
+                for j in 0..NT {
+                    let r = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[j]), d);
+                    let da = _mm512_set1_ps(a.d[(t0 + j) * nb + b]);
+                    tacc[j] = _mm512_fmadd_ps(r, da, tacc[j]);
                 }
             }
         }
         if tiled {
             for j in 0..NT {
-                let r = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[j]), d);
-                let da = _mm512_set1_ps(a.d[(t0 + j) * nb + b]);
-                tacc[j] = _mm512_fmadd_ps(r, da, tacc[j]);
+                _mm512_storeu_ps(res[j].as_mut_ptr(), tacc[j]);
             }
+            return;
         }
-    }
-    if tiled {
         for j in 0..NT {
-            _mm512_storeu_ps(res[j].as_mut_ptr(), tacc[j]);
+            let a = &acc[j];
+            let mut r = [_mm512_setzero_ps(); 4];
+            for (i, v) in r.iter_mut().enumerate() {
+                *v = _mm512_add_ps(a[i + 4], a[i]);
+            }
+            let sum = _mm512_add_ps(_mm512_add_ps(r[0], r[2]), _mm512_add_ps(r[1], r[3]));
+            // `KAcc::finish` adds the (zero) minimum lanes last: the same +0 here.
+            let sum = _mm512_add_ps(sum, _mm512_setzero_ps());
+            _mm512_storeu_ps(res[j].as_mut_ptr(), sum);
         }
-        return;
-    }
-    for j in 0..NT {
-        let a = &acc[j];
-        let mut r = [_mm512_setzero_ps(); 4];
-        for (i, v) in r.iter_mut().enumerate() {
-            *v = _mm512_add_ps(a[i + 4], a[i]);
-        }
-        let sum = _mm512_add_ps(_mm512_add_ps(r[0], r[2]), _mm512_add_ps(r[1], r[3]));
-        // `KAcc::finish` adds the (zero) minimum lanes last: the same +0 here.
-        let sum = _mm512_add_ps(sum, _mm512_setzero_ps());
-        _mm512_storeu_ps(res[j].as_mut_ptr(), sum);
     }
 }

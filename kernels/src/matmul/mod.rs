@@ -123,6 +123,7 @@ struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint elements (each owns a range of weight rows) and the slices
 // outlive the parallel pass.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for OutPtr {}
 
 /// [`matmul_many`] with an explicit instruction set.

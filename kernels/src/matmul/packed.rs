@@ -271,6 +271,7 @@ pub(crate) unsafe fn run_groups(
         // group `g` exists, and the activations hold `tokens` rows (checked).
         if let Some(pair) = pair {
             while t + 2 <= tokens {
+                // SAFETY: see above.
                 let two = unsafe { pair(pk, g, a, t) };
                 for (j, group) in two.iter().enumerate() {
                     for (r, v) in group.iter().enumerate() {
@@ -281,6 +282,7 @@ pub(crate) unsafe fn run_groups(
             }
         }
         for t in t..tokens {
+            // SAFETY: see above.
             let group = unsafe { kernel(pk, g, a, t) };
             for (r, v) in group.iter().enumerate() {
                 out[(done + r) * tokens + t] = *v;

@@ -27,6 +27,7 @@ pub struct Device {
 // SAFETY: ibverbs objects may be used from any thread; calls on one QP/CQ are serialized by
 // the owner of the `Device`.
 unsafe impl Send for Device {}
+// SAFETY: as for `Send`, shared references only read the handle.
 unsafe impl Sync for Device {}
 
 impl Device {
@@ -186,6 +187,7 @@ pub struct Region {
 
 // SAFETY: the registration is a handle; the bytes are owned by `buf`.
 unsafe impl Send for Region {}
+// SAFETY: as for `Send`, shared references only read the handle.
 unsafe impl Sync for Region {}
 
 impl Region {
@@ -226,6 +228,7 @@ pub struct Window {
 
 // SAFETY: a handle to a device object.
 unsafe impl Send for Window {}
+// SAFETY: as for `Send`, shared references only read the handle.
 unsafe impl Sync for Window {}
 
 impl Window {
@@ -312,7 +315,8 @@ pub unsafe fn post_bind_window(
     wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
     // SAFETY: plain arithmetic on the key (an inline helper of libibverbs).
     let rkey = unsafe { rdma_sys::ibv_inc_rkey(window.rkey()) };
-    let b = &mut wr.bind_mw_tso_union.bind_mw;
+    // SAFETY: a bind request's union member; `zeroed_wr` initialized every member.
+    let b = unsafe { &mut wr.bind_mw_tso_union.bind_mw };
     b.mw = window.mw;
     b.rkey = rkey;
     b.bind_info.mr = region.mr;
