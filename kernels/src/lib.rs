@@ -27,6 +27,7 @@
 //! - `device`: backend selection, `Device { Cpu, Cuda(n) }` from `cpu|cuda:N` (file
 //!   `cuda/device.rs`, always compiled).
 //! - `cuda` (feature `cuda`): the CUDA backend, the same kernels on the GPU (`cuda/mod.rs`).
+#![warn(missing_docs)]
 
 pub mod act;
 pub mod act_k;

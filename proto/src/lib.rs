@@ -3,6 +3,7 @@
 //! - `build.rs`: compiles every `pagewarden/v1/*.proto` with protox + tonic-prost-build.
 //! - `v1`: the generated messages, clients (`*_client`) and servers (`*_server`).
 //! - `convert`: the shared vocabulary (`pagewarden-types`) to and from the wire, each once.
+#![warn(missing_docs)]
 
 /// Messages, clients and servers of package `pagewarden.v1`.
 #[allow(clippy::all, missing_docs)]

@@ -4,6 +4,7 @@
 //!   `listening` line, killing it on drop; the reference-json and model locations.
 //! - `driver.rs`: a client that drives decode + prefill over gRPC the way the router does.
 //! - `reference.rs`: single-process greedy outputs from `pagewarden_model::Engine`.
+#![warn(missing_docs)]
 
 pub mod driver;
 pub mod reference;

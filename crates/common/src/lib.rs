@@ -18,6 +18,7 @@
 //! - `test_switches` (feature `unsafe-test-switches`, TEST-ONLY): `TestSwitches`, which
 //!   defenses a test build of the binaries runs without.
 //! - `vllm_metrics`: the `vllm:*` metrics (vLLM's names and labels) beside Pagewarden's own.
+#![warn(missing_docs)]
 
 pub mod auditor_client;
 pub mod config;

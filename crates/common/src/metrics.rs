@@ -61,6 +61,7 @@ pub struct TenantLabel {
     pub tenant: String,
 }
 
+/// The `kind` label of an integrity metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     /// e.g. `generation_mismatch`, `checksum_mismatch`.

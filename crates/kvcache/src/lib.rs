@@ -62,6 +62,7 @@
 //! Loom test of the free list: `RUSTFLAGS="--cfg pagewarden_loom" cargo test -p
 //! pagewarden-kvcache --test loom --release`. (Not `--cfg loom`: that also switches tokio,
 //! which `pagewarden-common` pulls in, to its loom mode, where `tokio::net` does not exist.)
+#![warn(missing_docs)]
 
 mod checks;
 mod error;

@@ -41,6 +41,7 @@
 //! - `tokenizer_stream.rs`: `StreamDecoder`, UTF-8-safe incremental detokenizing
 //! - `tool_calls.rs`: `ToolCallFormat` (how a template's model calls tools), parsing a reply into calls, `ToolCallStream`
 //! - `token_output.rs`: `TokenOutput`, sampled tokens to a completion's text and end (end tokens, stop strings, `max_tokens`), for the engine and decode
+#![warn(missing_docs)]
 
 #[cfg(feature = "engine")]
 pub mod arch;

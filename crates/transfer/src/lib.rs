@@ -23,6 +23,7 @@
 //! - `tcp/`: the default TCP backend (listener and sender), under mutual TLS or sealed frames.
 //! - `rdma/`: RDMA backend over ibverbs (feature `rdma`; without a device it reports
 //!   `Unsupported`; never run on a NIC: see its docs).
+#![warn(missing_docs)]
 
 mod backend;
 pub mod batch;

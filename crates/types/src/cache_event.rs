@@ -21,17 +21,23 @@ pub enum CacheEventKind {
 /// One prefix-cache event on one worker.
 #[derive(Clone, Debug)]
 pub struct CacheEvent {
+    /// Hit, miss or eviction.
     pub kind: CacheEventKind,
+    /// The worker's node id.
     pub node_id: String,
     /// `prefill` or `decode`.
     pub role: &'static str,
     /// Hit, miss: whose prompt it was. Eviction: whose request last used the namespace here.
     pub tenant: Option<TenantId>,
+    /// The prefix namespace looked up or evicted.
     pub namespace: Namespace,
     /// Hit, miss: the request.
     pub request: Option<RequestId>,
+    /// Prompt tokens looked up.
     pub prompt_tokens: usize,
+    /// Of those, found cached.
     pub cached_tokens: usize,
+    /// Pages hit or evicted.
     pub pages: usize,
 }
 

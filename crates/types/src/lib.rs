@@ -11,6 +11,7 @@
 //! - `finish_reason`: why a generation ended.
 //! - `seal_mode`: what a sealed KV transfer frame protects (integrity, or confidentiality too).
 //! - `unknown_value`: the error of parsing a text that names none of an enum's values.
+#![warn(missing_docs)]
 
 pub mod admission;
 pub mod cache_event;

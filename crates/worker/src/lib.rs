@@ -17,6 +17,7 @@
 //! - `fair_queue.rs`: `FairQueue`, both workers' waiting line (FIFO per tenant, tenants in turn).
 //! - `prefix_log.rs`: `PrefixCacheLog`, what both say of their prefix cache (metrics, and hits,
 //!   misses and evictions to the auditor).
+#![warn(missing_docs)]
 
 // The defense switches are for the system tests' debug build only, never a release build.
 #[cfg(all(feature = "unsafe-test-switches", not(debug_assertions)))]

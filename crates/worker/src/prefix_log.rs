@@ -29,6 +29,8 @@ pub struct PrefixCacheLog {
 }
 
 impl PrefixCacheLog {
+    /// A log for worker `node_id` (`role` prefill or decode) over `pool`'s prefix cache,
+    /// counting into `metrics` and reporting each event to `sink`.
     pub fn new(
         node_id: &str,
         role: &'static str,

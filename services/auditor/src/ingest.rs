@@ -182,15 +182,23 @@ impl TryFrom<pb::PreflightReport> for ValidPreflight {
 /// A prefix-cache event from a worker.
 #[derive(Clone, Debug)]
 pub struct ValidCacheEvent {
+    /// Hit, miss or eviction.
     pub kind: CacheEventKind,
+    /// The reporting worker's node id.
     pub node: String,
+    /// Prefill or decode.
     pub role: NodeRole,
+    /// Hit, miss: whose prompt it was; eviction: whose request last used the namespace.
     pub tenant: Option<TenantId>,
     /// The namespace's tag: 8 lowercase hex digits.
     pub namespace: String,
+    /// Hit, miss: the request.
     pub request: Option<RequestId>,
+    /// Prompt tokens looked up.
     pub prompt_tokens: u32,
+    /// Of those, found cached.
     pub cached_tokens: u32,
+    /// Pages hit or evicted.
     pub pages: u32,
 }
 

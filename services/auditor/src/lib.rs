@@ -17,6 +17,7 @@
 //! - `store`: sqlx persistence over both backends.
 //! - `tokens`: the `TokenCounter` used for probe token-count checks.
 //! - `web`: HTML pages, JSON API, `/metrics`, `/health`.
+#![warn(missing_docs)]
 
 pub mod accounts;
 pub mod client;

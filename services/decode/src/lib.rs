@@ -11,6 +11,7 @@
 //! - `sink.rs`: the transfer sink (the pool) remembering drains of live grants.
 //!
 //! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
+#![warn(missing_docs)]
 
 mod events;
 mod pool_metrics;
@@ -57,6 +58,7 @@ const ROLE: Role = Role {
 // second check here would misread the keys `WorkerFlags` takes as unknown).
 #[serde(default)]
 pub struct Cli {
+    /// The flags every worker takes.
     #[command(flatten)]
     #[serde(flatten)]
     pub flags: WorkerFlags,

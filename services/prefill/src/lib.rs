@@ -10,6 +10,7 @@
 //! - `turns.rs`: the engine's turn, one chunk at a time, tenants in rotation.
 //!
 //! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
+#![warn(missing_docs)]
 
 mod gate;
 mod grant;
@@ -56,6 +57,7 @@ const ROLE: Role = Role {
 // second check here would misread the keys `WorkerFlags` takes as unknown).
 #[serde(default)]
 pub struct Cli {
+    /// The flags every worker takes.
     #[command(flatten)]
     #[serde(flatten)]
     pub flags: WorkerFlags,

@@ -31,6 +31,7 @@
 //! - `telemetry.rs`: trace context into gRPC metadata
 //! - `sample.rs`: `SampleSink`, the auditor's sampling hook (no-op default)
 //! - `auditor_sink.rs`: `AuditorSampleSink`, the `SampleSink` that reports to the auditor
+#![warn(missing_docs)]
 
 // The defense switches are for the system tests' debug build only, never a release build.
 #[cfg(all(feature = "unsafe-test-switches", not(debug_assertions)))]

@@ -10,6 +10,7 @@
 //! (`<scheme:…>`), ATX headings (`## Title`) and fenced code blocks (```` ``` ```` or `~~~`).
 //! A construct outside it fails closed: a setext heading produces no anchor, so a link to it is
 //! reported.
+#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::fmt;

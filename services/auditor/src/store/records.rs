@@ -175,16 +175,23 @@ pub struct RoutineCount {
 /// A prefix-cache event to record.
 #[derive(Clone, Debug)]
 pub struct NewCacheEvent {
+    /// Hit, miss or eviction.
     pub kind: CacheEventKind,
+    /// The worker's node id.
     pub node: String,
+    /// Prefill or decode.
     pub role: NodeRole,
+    /// Hit, miss: whose prompt it was; eviction: whose request last used the namespace.
     pub tenant: Option<String>,
     /// The namespace's tag.
     pub namespace: String,
     /// The request, hex.
     pub request_id: Option<String>,
+    /// Prompt tokens looked up.
     pub prompt_tokens: i64,
+    /// Of those, found cached.
     pub cached_tokens: i64,
+    /// Pages hit or evicted.
     pub pages: i64,
     /// When it was received.
     pub at: UnixMs,
@@ -193,14 +200,19 @@ pub struct NewCacheEvent {
 /// A tenant's prefix-cache events on one role, for the cache summary.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CacheTotals {
+    /// Prefill or decode.
     pub role: NodeRole,
     /// Empty for evictions whose last user was unknown.
     pub tenant: String,
+    /// Lookups that found a cached prefix.
     pub hits: i64,
+    /// Lookups that found none.
     pub misses: i64,
+    /// Namespaces evicted.
     pub evictions: i64,
-    /// Prompt tokens looked up, and those found cached.
+    /// Prompt tokens looked up.
     pub prompt_tokens: i64,
+    /// Of those, found cached.
     pub cached_tokens: i64,
     /// Pages evicted.
     pub evicted_pages: i64,
