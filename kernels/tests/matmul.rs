@@ -484,3 +484,71 @@ fn only_whole_groups_of_packable_types_are_packed() {
     let f = make(&mut rng, WeightType::F16, 16, 64);
     assert!(PackedRows::pack(&QMatrix::new(WeightType::F16, 16, 64, &f).unwrap()).is_none());
 }
+
+/// From `kquant_tiled::MIN_TOKENS` activation rows on, Q5_K / Q6_K products (and Q4_K ones
+/// llama.cpp does not repack) take llama.cpp's tiled float order, below it `vec_dot`'s, on
+/// every ISA and packed or not; the two orders differ on some element of these shapes, so
+/// each assertion can fail.
+#[test]
+fn k_quants_take_the_tiled_order_from_eight_rows() {
+    use pagewarden_kernels::act_k::quantize_acts_k;
+    use pagewarden_kernels::matmul::kquant_portable::{dot_q45_k, dot_q6_k};
+    use pagewarden_kernels::matmul::kquant_tiled::{self, MIN_TOKENS};
+    use pagewarden_kernels::matmul::packed::PackedRows;
+    let mut rng = Rng::new(0x7173);
+    // Q4_K with 36 rows (not a multiple of 8): llama.cpp does not repack it.
+    for (ty, rows) in [
+        (WeightType::Q6_K, 32),
+        (WeightType::Q5_K, 32),
+        (WeightType::Q4_K, 36),
+    ] {
+        let cols = 1024;
+        let data = random_k_blocks(&mut rng, ty, rows, cols);
+        let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+        let packed = PackedRows::pack(&w);
+        let mut orders_differ = false;
+        // llama.cpp's `ggml_tiled_min_batch`: `rows >= 8`.
+        assert_eq!(MIN_TOKENS, 8);
+        for tokens in [7, 8, 11] {
+            let x = rng.vec(tokens * cols, 3.0);
+            let a = quantize_acts_k(&x, tokens, cols);
+            let want: Vec<f32> = (0..tokens * rows)
+                .map(|i| {
+                    let (t, r) = (i / rows, i % rows);
+                    let row = w.row(r);
+                    let vec_dot = match ty {
+                        WeightType::Q6_K => dot_q6_k(row, &a, t),
+                        _ => dot_q45_k(ty == WeightType::Q5_K, row, &a, t),
+                    };
+                    let tiled = kquant_tiled::dot(ty, row, &a, t);
+                    orders_differ |= vec_dot.to_bits() != tiled.to_bits();
+                    if kquant_tiled::applies(&w, tokens) {
+                        tiled
+                    } else {
+                        vec_dot
+                    }
+                })
+                .collect();
+            assert_eq!(kquant_tiled::applies(&w, tokens), tokens >= 8);
+            for isa in Isa::available() {
+                for wm in [Some(w), packed.as_ref().map(|p| w.with_packed(p))]
+                    .into_iter()
+                    .flatten()
+                {
+                    let mut got = vec![0f32; tokens * rows];
+                    matmul_with(isa, &wm, &x, tokens, &mut got, &Parallel::new(2));
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(g, w)| g.to_bits() == w.to_bits());
+                    assert!(
+                        same,
+                        "{ty:?} {isa:?} tokens {tokens} packed {}",
+                        wm.packed.is_some()
+                    );
+                }
+            }
+        }
+        assert!(orders_differ, "{ty:?}: the two orders never differed");
+    }
+}
