@@ -7,7 +7,8 @@
 //! `ggml_gemm_q4_K_8x8_q8_K` on the activation rows in groups of four and
 //! `ggml_gemv_q4_K_8x8_q8_K` on the leftover rows (`forward_mul_mat_one_chunk`: the first
 //! `tokens - tokens % 4` rows, then one at a time; decode is all gemv). No other type of
-//! Gemma's Q4_K_M mix (Q5_0, Q6_K, Q8_0) has an x86 repacked kernel in that version.
+//! Gemma's Q4_K_M mix (Q5_0, Q6_K, Q8_0) has an x86 repacked kernel in that version (Q6_K
+//! takes its tiled kernel from 8 rows on: `kquant_tiled`).
 //!
 //! Both kernels form exact integer sums and differ only in how often they go to floats; with
 //! `da` the activation block's scale and `d`, `dmin` the row's f16 scales:
