@@ -11,7 +11,7 @@
 //! quantization: the vectorized `exp` in SiLU and softmax, fused multiply-adds in RoPE and
 //! the f16 attention sums in ggml's lane order (see `pagewarden_kernels::expf`). Before that,
 //! one-ulp differences flipped an 8-bit activation rounding every few layers and two prompts
-//! diverged at near-ties. The bars below are the (9 of 10 prompts, 8 tokens) with a
+//! diverged at near-ties. The bars below are the project's parity bar (9 of 10 prompts, 8 tokens) with a
 //! logit tolerance that only allows for the reference's rounding to 4 decimals.
 
 mod reference;
