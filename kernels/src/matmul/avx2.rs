@@ -5,24 +5,12 @@
 //! for signed weights); both give the same 32-bit lane sums, so both paths have the same bits.
 
 use super::packed::{GROUP as PACKED_GROUP, Q5_0_HIGH_LINE as PACKED_Q5_0_HIGH_LINE};
-use super::q4k_repacked::Route;
-use super::{portable, Acts, QMatrix};
+use super::{portable, Acts, KOrder, QMatrix};
 use crate::act::QuantizedActs;
 use crate::quant::{WeightType, QK};
 
 /// Tokens per tile: each weight block is unpacked once for this many tokens.
 const TILE: usize = 4;
-
-/// Which of llama.cpp's float orders a K-quant tile takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum KOrder {
-    /// `ggml_vec_dot_*_q8_K` (`kquant_portable`).
-    VecDot,
-    /// A repacked Q4_K matrix's `gemm` or `gemv` (`q4k_repacked`).
-    Repacked(Route),
-    /// The tiled kernel of 8 or more rows (`kquant_tiled`).
-    Tiled,
-}
 
 pub(super) fn rows(
     vnni: bool,
@@ -64,19 +52,12 @@ pub(super) fn rows(
             };
             return;
         }
-        // Repacked Q4_K: a whole tile goes through one of llama.cpp's kernels (tiles start at
-        // multiples of four, so only the last, short one is gemv).
-        let repacked = super::q4k_repacked::applies(w);
+        // A whole tile takes one K-quant order (tiles start at multiples of four, so only the
+        // last, short one of a repacked Q4_K matrix is gemv).
         let mut t0 = 0;
         while t0 < tokens {
             let nt = (tokens - t0).min(TILE);
-            let order = if repacked {
-                KOrder::Repacked(Route::of(t0, tokens))
-            } else if super::kquant_tiled::applies(w, tokens) {
-                KOrder::Tiled
-            } else {
-                KOrder::VecDot
-            };
+            let order = KOrder::of(w, t0, tokens);
             for i in 0..n {
                 let row = w.row(r0 + i);
                 let o = &mut out[i * tokens + t0..i * tokens + t0 + nt];

@@ -26,6 +26,30 @@ use crate::parallel::Parallel;
 use crate::quant::{ActKind, WeightType};
 use packed::PackedRows;
 
+/// Which of llama.cpp's float orders a K-quant product takes for one activation row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KOrder {
+    /// `ggml_vec_dot_*_q8_K` (`kquant_portable`).
+    VecDot,
+    /// A repacked Q4_K matrix's `gemm` or `gemv` (`q4k_repacked`).
+    Repacked(q4k_repacked::Route),
+    /// The tiled kernel of 8 or more rows (`kquant_tiled`).
+    Tiled,
+}
+
+impl KOrder {
+    /// The order of row `t` of a `tokens`-row product with `w` (any type; only K-quants read it).
+    pub(crate) fn of(w: &QMatrix<'_>, t: usize, tokens: usize) -> KOrder {
+        if q4k_repacked::applies(w) {
+            KOrder::Repacked(q4k_repacked::Route::of(t, tokens))
+        } else if kquant_tiled::applies(w, tokens) {
+            KOrder::Tiled
+        } else {
+            KOrder::VecDot
+        }
+    }
+}
+
 /// A borrowed row-major weight matrix in one of the supported storage types.
 #[derive(Clone, Copy, Debug)]
 pub struct QMatrix<'a> {

@@ -1,9 +1,8 @@
 //! Reference dot products: plain Rust, one (row, token) pair at a time.
 
 use super::kquant_portable::{dot_q45_k, dot_q6_k};
-use super::kquant_tiled;
-use super::q4k_repacked::{self, Route};
-use super::{Acts, QMatrix};
+use super::{kquant_tiled, q4k_repacked};
+use super::{Acts, KOrder, QMatrix};
 use crate::act::QuantizedActs;
 use crate::quant::{f16_at, q5_0_values, WeightType, QK};
 
@@ -97,30 +96,28 @@ pub(super) fn rows(
     tokens: usize,
     out: &mut [f32],
 ) {
-    let repacked = q4k_repacked::applies(w);
-    let tiled = kquant_tiled::applies(w, tokens);
     for i in 0..n {
         let row = w.row(r0 + i);
         for t in 0..tokens {
-            out[i * tokens + t] = match (w.ty, acts) {
-                (WeightType::Q4_K, Acts::QuantK(a)) if repacked => {
-                    q4k_repacked::dot_q4_k(Route::of(t, tokens), row, a, t)
+            out[i * tokens + t] = match (w.ty, acts, KOrder::of(w, t, tokens)) {
+                (WeightType::Q4_K, Acts::QuantK(a), KOrder::Repacked(route)) => {
+                    q4k_repacked::dot_q4_k(route, row, a, t)
                 }
-                (WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K, Acts::QuantK(a))
-                    if tiled =>
-                {
-                    kquant_tiled::dot(w.ty, row, a, t)
-                }
-                (WeightType::Q4_0, Acts::Quant(a)) => dot_q4_0(row, a, t),
-                (WeightType::Q4_1, Acts::Quant(a)) => dot_q4_1(row, a, t),
-                (WeightType::Q5_0, Acts::Quant(a)) => dot_q5_0(row, a, t),
-                (WeightType::Q8_0, Acts::Quant(a)) => dot_q8_0(row, a, t),
-                (WeightType::Q4_K, Acts::QuantK(a)) => dot_q45_k(false, row, a, t),
-                (WeightType::Q5_K, Acts::QuantK(a)) => dot_q45_k(true, row, a, t),
-                (WeightType::Q6_K, Acts::QuantK(a)) => dot_q6_k(row, a, t),
-                (WeightType::F32, Acts::Float(x)) => dot_f32(row, &x[t * w.cols..][..w.cols]),
-                (WeightType::F16, Acts::Float(x)) => dot_f16(row, &x[t * w.cols..][..w.cols]),
-                (ty, _) => unreachable!("activations prepared for the wrong type {ty:?}"),
+                (
+                    WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K,
+                    Acts::QuantK(a),
+                    KOrder::Tiled,
+                ) => kquant_tiled::dot(w.ty, row, a, t),
+                (WeightType::Q4_0, Acts::Quant(a), _) => dot_q4_0(row, a, t),
+                (WeightType::Q4_1, Acts::Quant(a), _) => dot_q4_1(row, a, t),
+                (WeightType::Q5_0, Acts::Quant(a), _) => dot_q5_0(row, a, t),
+                (WeightType::Q8_0, Acts::Quant(a), _) => dot_q8_0(row, a, t),
+                (WeightType::Q4_K, Acts::QuantK(a), _) => dot_q45_k(false, row, a, t),
+                (WeightType::Q5_K, Acts::QuantK(a), _) => dot_q45_k(true, row, a, t),
+                (WeightType::Q6_K, Acts::QuantK(a), _) => dot_q6_k(row, a, t),
+                (WeightType::F32, Acts::Float(x), _) => dot_f32(row, &x[t * w.cols..][..w.cols]),
+                (WeightType::F16, Acts::Float(x), _) => dot_f16(row, &x[t * w.cols..][..w.cols]),
+                (ty, _, _) => unreachable!("activations prepared for the wrong type {ty:?}"),
             };
         }
     }
