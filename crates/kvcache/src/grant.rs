@@ -107,10 +107,25 @@ pub(crate) enum GrantStatus {
     Quarantined,
 }
 
+/// How a grant's write stream ended, as the transfer receiver reported it while the grant was
+/// still live (`KvPool::mark_drained`, `KvPool::peer_gone`). Read once, when the grant itself
+/// ends without a commit: a stream that already ended can land nothing more, so the grant's
+/// pages are freed then instead of waiting for a drain that will not come again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StreamEnd {
+    /// The sender drained: every write it sent was processed.
+    Drained,
+    /// The connection that carried the grant's writes is gone.
+    PeerGone,
+}
+
+/// The one record of a grant's life: its pages, its status, and how its stream ended.
 #[derive(Debug)]
 pub(crate) struct GrantRecord {
     pub(crate) pages: Vec<(PageId, Generation)>,
     pub(crate) status: GrantStatus,
+    /// What the transfer said of the grant's stream while it was live; `None`: still open.
+    pub(crate) stream: Option<StreamEnd>,
     /// When the grant was issued or its last write landed: its idle lifetime counts from here.
     pub(crate) progress_at: Instant,
 }

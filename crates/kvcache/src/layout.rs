@@ -97,6 +97,13 @@ pub struct PoolConfig {
     /// over the rayon pool for large grants (`cargo bench -p pagewarden-transfer --bench
     /// goodput` measures both settings). Off trusts the fence alone for that window.
     pub commit_rehash: bool,
+    /// Revoking a grant is its drain: every write into this pool lands through
+    /// `KvPool::write_page`, which copies under the page's lock and only into a page reserved
+    /// for a live grant, and revoking takes each page's lock, so once a grant is revoked no
+    /// write of it is mid-copy and none can land later. Its pages are then freed at once when
+    /// it ends without a commit. Off (the default) waits for the transfer's drain confirmation
+    /// or the drain timeout, as a pool that a NIC writes without that copy must.
+    pub revocation_drains: bool,
     /// Prefix cache: pages each namespace may keep cached (LRU within it beyond that). 0 (the
     /// default) turns the cache off: `publish_prefix` frees every page.
     pub prefix_pages_per_namespace: usize,
@@ -107,7 +114,8 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     /// A pool of exactly `pages` pages, defaults elsewhere (no zeroing, 5 s drain timeout,
-    /// 60 s grant lifetime, re-hash on commit, no prefix cache).
+    /// 60 s grant lifetime, re-hash on commit, revocation not taken as the drain, no prefix
+    /// cache).
     pub fn with_pages(layout: KvLayout, pages: usize) -> Self {
         Self {
             layout,
@@ -116,6 +124,7 @@ impl PoolConfig {
             drain_timeout: Duration::from_secs(5),
             grant_ttl: Duration::from_secs(60),
             commit_rehash: true,
+            revocation_drains: false,
             prefix_pages_per_namespace: 0,
             #[cfg(any(test, feature = "unsafe-test-switches"))]
             defenses: Defenses::default(),

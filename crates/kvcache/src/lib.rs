@@ -15,7 +15,8 @@
 //! - `receive`: `KvPool::write_page`, the grant fence.
 //! - `reserved`: `ReservedPages` and `commit` (I2).
 //! - `readable`: `ReadablePages`, generation-checked reads (I1), RAII release.
-//! - `release`: revoke, `mark_drained`, `sweep_expired`, `release_quarantined` (I4).
+//! - `release`: a grant's end without a commit: revoke, `mark_drained`, `peer_gone`,
+//!   `sweep_expired` (I4), all reading the one grant record.
 //! - `prefix`: the prefix cache: hash-chained index per namespace, publish, pin, LRU
 //!   eviction within quotas, reclaim under allocation pressure (I10).
 //! - `shared`: `SharedPages`, read-only pins on cached pages, generation-checked reads.
@@ -36,15 +37,18 @@
 //!       │        abort / drop / commit err (revoke: writes fenced)
 //!       │                     ▼
 //!       ├──mark_drained── Draining(grant) ──sweep_expired (drain_timeout)──▶ Quarantined(grant)
-//!       │                                                                        │
-//!       └──────────────────release_quarantined (peer gone) / mark_drained────────┘
+//!       │  (or at once:                                                          │
+//!       │   stream ended)                                                        │
+//!       └──────────────────────────peer_gone / mark_drained──────────────────────┘
 //! ```
 //!
 //! Every move to Reserved or Readable bumps the page's `Generation`, and so does eviction
 //! from Shared. A page reaches Free only when no write can still land on it and nobody reads
 //! it: Readable pages have no grant; Draining pages wait for the transfer layer's drain
 //! confirmation; Quarantined ones for their peer to be gone; Shared ones for their last
-//! reader (a Shared page is never written: see `prefix`).
+//! reader (a Shared page is never written: see `prefix`). A drain or a lost peer reported
+//! while the grant is still live is kept in its record, so the grant's end frees its pages at
+//! once; so does a pool that takes revocation as the drain (`PoolConfig::revocation_drains`).
 //!
 //! # Safety model
 //!

@@ -165,6 +165,7 @@ impl KvPool {
             GrantRecord {
                 pages: table.clone(),
                 status: GrantStatus::Live,
+                stream: None,
                 progress_at: Instant::now(),
             },
         );

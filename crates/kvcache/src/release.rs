@@ -1,22 +1,25 @@
-//! Deferred release: revoke (fence), drain confirmation, timeout to quarantine, and release
-//! of quarantine when the peer is gone.
+//! A grant's end without a commit: revoke (fence), then free its pages once nothing of it can
+//! land (its stream already ended, the pool takes revocation as the drain, or the drain is
+//! confirmed later), else timeout to quarantine, released when the peer is gone. Every path
+//! reads the one grant record (`GrantRecord`): the transfer receiver writes how the stream
+//! ended, the reservation's end reads it.
 
 use std::time::Instant;
 
-use crate::grant::GrantStatus;
+use crate::grant::{GrantStatus, StreamEnd};
 use crate::ids::{GrantKey, PageId};
 use crate::page::PageState;
 use crate::pool::{KvPool, PoolInner};
 
 impl KvPool {
-    /// The transfer layer confirms no write of `key` can still land: the draining (or
-    /// quarantined) pages of that revoked grant go to the free list, zeroed if configured.
-    /// No-op for a live, committed or unknown grant.
+    /// The transfer layer confirms no write of `key` can still land. For a live grant this is
+    /// recorded, and acted on when the grant ends (`ReservedPages::abort`, a failed commit);
+    /// a revoked grant's draining (or quarantined) pages go to the free list at once, zeroed
+    /// if configured. No-op for a committed or unknown grant.
     pub fn mark_drained(&self, key: GrantKey) {
-        let n = self.inner.finish_revoked(key, |s| {
-            matches!(s, GrantStatus::Revoked { .. } | GrantStatus::Quarantined)
-        });
-        self.inner.metrics.add(|m| &m.deferred_drained, n);
+        if !self.inner.note_stream_end(key, StreamEnd::Drained) {
+            self.inner.finish_revoked(key, StreamEnd::Drained);
+        }
     }
 
     /// Draining grants whose drain was not confirmed within `drain_timeout` of their
@@ -55,14 +58,12 @@ impl KvPool {
     }
 
     /// The peer that held `key` is gone (connection torn down), so none of its writes can
-    /// land: its quarantined (or still draining) pages are freed. No-op for a live grant.
-    pub fn release_quarantined(&self, key: GrantKey) {
-        let n = self.inner.finish_revoked(key, |s| {
-            matches!(s, GrantStatus::Revoked { .. } | GrantStatus::Quarantined)
-        });
-        self.inner
-            .metrics
-            .add(|m| &m.deferred_quarantine_released, n);
+    /// land. For a live grant this is recorded (see `mark_drained`); a revoked grant's
+    /// quarantined (or still draining) pages are freed at once.
+    pub fn peer_gone(&self, key: GrantKey) {
+        if !self.inner.note_stream_end(key, StreamEnd::PeerGone) {
+            self.inner.finish_revoked(key, StreamEnd::PeerGone);
+        }
     }
 
     /// Whether `key` is a live grant (issued, not yet committed or revoked).
@@ -72,14 +73,27 @@ impl KvPool {
 }
 
 impl PoolInner {
-    /// Revokes a live grant: from now on its writes are refused, and each page, once its lock
-    /// is taken here (so no write to it is mid-copy), is Draining.
-    pub(crate) fn revoke(&self, key: GrantKey, pages: &[(PageId, crate::Generation)]) {
-        if let Some(rec) = self.grants.lock().get_mut(&key) {
-            rec.status = GrantStatus::Revoked {
-                since: Instant::now(),
-            };
+    /// Records how a live grant's stream ended; `false` when `key` is not live (revoked,
+    /// committed or unknown). A lost peer outranks a drain seen before it.
+    fn note_stream_end(&self, key: GrantKey, end: StreamEnd) -> bool {
+        let mut grants = self.grants.lock();
+        match grants.get_mut(&key) {
+            Some(rec) if rec.status == GrantStatus::Live => {
+                if rec.stream != Some(StreamEnd::PeerGone) {
+                    rec.stream = Some(end);
+                }
+                true
+            }
+            Some(_) | None => false,
         }
+    }
+
+    /// Ends a live grant that will not be committed (abort, drop): fences it, then frees its
+    /// pages if nothing of it can land any more (`after_revoke`). Each page turns Draining
+    /// under its lock (so no write to it is mid-copy, and every later one is refused) before
+    /// the record says Revoked, so a drain reported meanwhile is recorded on the live grant
+    /// and read here, never lost.
+    pub(crate) fn revoke(&self, key: GrantKey, pages: &[(PageId, crate::Generation)]) {
         for (page, _) in pages {
             let mut meta = self.slots[page.index()].meta.lock();
             if meta.state == (PageState::Reserved { grant: key }) {
@@ -87,16 +101,45 @@ impl PoolInner {
                     .transition(&mut meta, PageState::Draining { grant: key });
             }
         }
+        let stream = self.mark_revoked(key);
+        self.after_revoke(key, stream);
     }
 
-    /// Removes a revoked grant whose status passes `ok` and frees its draining/quarantined
-    /// pages. Returns how many pages were freed.
-    fn finish_revoked(&self, key: GrantKey, ok: impl Fn(GrantStatus) -> bool) -> usize {
+    /// Marks `key` revoked in the registry; returns how its stream had ended, if it had.
+    pub(crate) fn mark_revoked(&self, key: GrantKey) -> Option<StreamEnd> {
+        let mut grants = self.grants.lock();
+        let rec = grants.get_mut(&key)?;
+        rec.status = GrantStatus::Revoked {
+            since: Instant::now(),
+        };
+        rec.stream
+    }
+
+    /// A revoked grant's pages are freed now when its stream had already ended, or when the
+    /// pool takes revocation as the drain (`PoolConfig::revocation_drains`); otherwise they
+    /// drain: `mark_drained`, or quarantine at the drain timeout. Call with no page lock held.
+    pub(crate) fn after_revoke(&self, key: GrantKey, stream: Option<StreamEnd>) {
+        match stream {
+            Some(end) => {
+                self.finish_revoked(key, end);
+            }
+            None if self.cfg.revocation_drains => {
+                self.finish_revoked(key, StreamEnd::Drained);
+            }
+            None => {}
+        }
+    }
+
+    /// Removes a revoked grant and frees its draining/quarantined pages, counting them by how
+    /// its stream ended. No-op for a live or unknown grant. Returns how many pages were freed.
+    fn finish_revoked(&self, key: GrantKey, end: StreamEnd) -> usize {
         let pages = {
             let mut grants = self.grants.lock();
-            match grants.get(&key) {
-                Some(rec) if ok(rec.status) => grants.remove(&key).map(|r| r.pages),
-                Some(_) | None => None,
+            match grants.get(&key).map(|r| r.status) {
+                Some(GrantStatus::Revoked { .. } | GrantStatus::Quarantined) => {
+                    grants.remove(&key).map(|r| r.pages)
+                }
+                Some(GrantStatus::Live) | None => None,
             }
         };
         let Some(pages) = pages else { return 0 };
@@ -119,7 +162,12 @@ impl PoolInner {
             }
         }
         self.put_free(&freed);
-        freed.len()
+        let n = freed.len();
+        match end {
+            StreamEnd::Drained => self.metrics.add(|m| &m.deferred_drained, n),
+            StreamEnd::PeerGone => self.metrics.add(|m| &m.deferred_quarantine_released, n),
+        }
+        n
     }
 
     /// Frees pages owned by a dropped `ReadablePages` (no grant can write them).

@@ -7,7 +7,7 @@ use parking_lot::MutexGuard;
 use rayon::prelude::*;
 
 use crate::error::CommitError;
-use crate::grant::{manifest_digest, page_checksum, CommitManifest, GrantStatus, WriteGrant};
+use crate::grant::{manifest_digest, page_checksum, CommitManifest, WriteGrant};
 use crate::ids::{Generation, PageId};
 use crate::page::{PageMeta, PageState};
 use crate::pool::PoolInner;
@@ -52,7 +52,8 @@ impl ReservedPages {
     /// page was written exactly once under this grant, the manifest's checksums match the
     /// landed bytes, guard words are intact, and the digest matches. All page locks are held
     /// during the check, so nothing lands in between. On `Err` the grant is revoked and the
-    /// pages are draining: they wait for `mark_drained` or go to quarantine.
+    /// pages drain (freed at once when nothing of the grant can land any more; see
+    /// `KvPool::mark_drained`).
     pub fn commit(mut self, m: &CommitManifest) -> Result<ReadablePages, CommitError> {
         self.finished = true;
         let pool = self.pool.clone();
@@ -91,24 +92,23 @@ impl ReservedPages {
             Err(e) => {
                 pool.metrics.commit_failed(&e);
                 // Revoke with the page locks still held: no write lands between check and fence.
-                if let Some(rec) = pool.grants.lock().get_mut(&grant.key) {
-                    rec.status = GrantStatus::Revoked {
-                        since: Instant::now(),
-                    };
-                }
                 for meta in metas.iter_mut() {
                     if meta.state == (PageState::Reserved { grant: grant.key }) {
                         pool.gauges
                             .transition(meta, PageState::Draining { grant: grant.key });
                     }
                 }
+                let stream = pool.mark_revoked(grant.key);
+                drop(metas);
+                pool.after_revoke(grant.key, stream);
                 Err(e)
             }
         }
     }
 
-    /// Revokes the grant (fences later writes); the pages wait for `mark_drained` or go to
-    /// quarantine on `sweep_expired`.
+    /// Revokes the grant (fences later writes). The pages are freed at once when the grant's
+    /// stream already ended or the pool takes revocation as the drain; otherwise they wait for
+    /// `mark_drained`, or go to quarantine on `sweep_expired`.
     pub fn abort(mut self) {
         self.finished = true;
         self.pool.revoke(self.grant.key, &self.grant.pages);

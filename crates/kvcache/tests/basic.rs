@@ -295,7 +295,7 @@ fn failed_commit(
         2
     );
     assert_eq!(pool.stats().quarantined, 2);
-    pool.release_quarantined(g.key);
+    pool.peer_gone(g.key);
     assert_eq!(pool.stats().free, 4);
     assert_eq!(pool.metrics().snapshot().commit_failures(), 1);
     pool

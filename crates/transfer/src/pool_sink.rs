@@ -24,7 +24,7 @@ impl PageSink for KvPool {
     }
 
     fn peer_gone(&self, key: GrantKey) {
-        self.release_quarantined(key);
+        KvPool::peer_gone(self, key);
     }
 
     fn grant_is_live(&self, key: GrantKey) -> bool {

@@ -136,6 +136,9 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
     pc.drain_timeout = cfg.drain_timeout;
     pc.grant_ttl = cfg.grant_ttl;
     pc.commit_rehash = opts.commit_rehash;
+    // The transfer receivers (TCP, and RDMA through its staging copy) write only through
+    // `KvPool::write_page`: revoking a grant fences every write of it.
+    pc.revocation_drains = true;
     if opts.prefix_cache {
         let tokens = cfg.prefix_cache_tokens.unwrap_or(report.advertised_context);
         pc.prefix_pages_per_namespace = tokens.div_ceil(cfg.page_size);

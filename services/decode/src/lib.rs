@@ -8,7 +8,6 @@
 //! - `events.rs`: `TokenEvent` construction.
 //! - `service.rs`: the `Decode` gRPC service.
 //! - `pool_metrics.rs`: pool figures mirrored into `/metrics`.
-//! - `sink.rs`: the transfer sink (the pool) remembering drains of live grants.
 //!
 //! Start-up (model, preflight, pool), the listeners and the gRPC server are `pagewarden-worker`'s.
 #![warn(missing_docs)]
@@ -18,7 +17,6 @@ mod pool_metrics;
 mod rotation;
 mod scheduler;
 mod service;
-mod sink;
 mod state;
 
 use std::sync::Arc;
@@ -130,8 +128,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         None => Arc::new(LogIntegritySink),
     };
 
-    let decode_sink = sink::DecodeSink::new(loaded.pool.clone());
-    let sink: Arc<dyn PageSink> = Arc::new(decode_sink.clone());
+    // The pool checks every write; the drains and lost peers the receiver reports are kept in
+    // each grant's record, which the grant's end reads.
+    let sink: Arc<dyn PageSink> = Arc::new(loaded.pool.clone());
     let counters = Arc::new(ReceiverCounters::default());
     // Under mutual TLS only prefill certificates may write; refusals reach the auditor (I11).
     let security = pagewarden_worker::receiver_options(&cfg, integrity.clone(), ROLE.name)?;
@@ -148,7 +147,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             compute,
             tokenizer,
             pool: loaded.pool.clone(),
-            sink: decode_sink,
             admission,
             metrics: metrics.clone(),
             prefix_log: PrefixCacheLog::new(

@@ -1,6 +1,6 @@
 //! One prefill job: the forward pass over local pages chunk by chunk, taking turns with other
 //! jobs' chunks, the pages each chunk completes streamed into decode's granted pages while the
-//! next computes ([`Outbound`]), first-token sampling, and the final drain; cancellation is
+//! next computes ([`GrantWriter`]), first-token sampling, and the final drain; cancellation is
 //! checked between chunks and batches.
 //!
 //! ```text
@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gate::{Entered, Gate};
 use crate::grant::ValidPrefill;
-use crate::outbound::{abandon_grant, Outbound};
+use crate::grant_writer::GrantWriter;
 use crate::segments::Segments;
 use crate::turns::Turns;
 
@@ -68,7 +68,7 @@ pub async fn run(
     let Entered { pages, slot } = match admitted {
         Ok(a) => a,
         Err(refused) => {
-            abandon_grant(&deps, &job).await;
+            GrantWriter::abandon(&deps, &job).await;
             return Err(refused.into());
         }
     };
@@ -126,13 +126,7 @@ async fn compute_and_send(
 ) -> Result<pb::PrefillReply, WorkerError> {
     let started = Instant::now();
     let cached = prefix.as_ref().map_or(0, |p| p.len());
-    let mut out = match Outbound::open(deps, job, prefix.clone()).await {
-        Ok(out) => out,
-        Err(s) => {
-            abandon_grant(deps, job).await;
-            return Err(s);
-        }
-    };
+    let mut out = GrantWriter::open(deps, job, prefix.clone()).await?;
     let (pages, first, scored) =
         match compute(deps, job, prefix.clone(), pages, &mut out, cancel).await {
             Ok(done) => done,
@@ -196,7 +190,7 @@ async fn compute(
     job: &ValidPrefill,
     prefix: Option<Arc<SharedPages>>,
     mut pages: ReadablePages,
-    out: &mut Outbound<'_>,
+    out: &mut GrantWriter<'_>,
     cancel: &CancellationToken,
 ) -> Result<(ReadablePages, Sampled, Vec<TokenLogprobs>), Failure> {
     let page_size = deps.pool.layout().page_size;

@@ -4,7 +4,8 @@
 //! - `grant.rs`: parsing the request and decode's write grant.
 //! - `gate.rs`: the bounded fair queue for a compute slot and the prompt's pages (I9).
 //! - `job.rs`: one job: chunked forward pass taking turns with other jobs, first token.
-//! - `outbound.rs`: one job's pages streamed to decode as chunks complete them; drain, manifest.
+//! - `grant_writer.rs`: `GrantWriter`, the one owner of a grant's end on this side: one job's
+//!   pages streamed to decode as chunks complete them; drain and manifest, or cancel.
 //! - `segments.rs`: the transfer backend and its open segments.
 //! - `service.rs`: the `Prefill` gRPC service (admission, cancellation).
 //! - `turns.rs`: the engine's turn, one chunk at a time, tenants in rotation.
@@ -14,8 +15,8 @@
 
 mod gate;
 mod grant;
+mod grant_writer;
 mod job;
-mod outbound;
 mod segments;
 mod service;
 mod turns;

@@ -22,6 +22,7 @@ use pagewarden_kvcache::{
     PageId, PageWrite, PoolConfig, PoolStats, ReadError, ReadablePages, ReserveError,
     ReservedPages, WriteError,
 };
+use proptest::sample::Index;
 use proptest::test_runner::Config;
 use proptest_state_machine::{prop_state_machine, StateMachineTest};
 use support::{fill, owner};
@@ -56,6 +57,17 @@ impl Sut {
     fn req(&mut self) -> u8 {
         self.next_req = self.next_req.wrapping_add(1);
         self.next_req
+    }
+
+    /// Files a grant that ended without a commit where the model says its pages went:
+    /// draining, or freed at once (retired) when nothing of it could land any more.
+    fn end_without_commit(&mut self, before: &Model, res: Index, grant: (GrantKey, Table)) {
+        let r = &before.reserved[res.index(before.reserved.len())];
+        if r.stream_ended || before.revocation_drains {
+            self.retired.push(grant);
+        } else {
+            self.revoked.push(grant);
+        }
     }
 }
 
@@ -113,6 +125,7 @@ impl StateMachineTest for PoolTest {
     fn init_test(m: &Model) -> Sut {
         let mut cfg = PoolConfig::with_pages(LAYOUT, m.capacity);
         cfg.zero_on_release = m.zero_on_release;
+        cfg.revocation_drains = m.revocation_drains;
         Sut {
             pool: KvPool::new(cfg),
             next_req: 0,
@@ -277,7 +290,7 @@ impl StateMachineTest for PoolTest {
                         };
                         assert_eq!(predicted, Err(name), "{kind:?}");
                         assert!(!s.pool.grant_is_live(g.key));
-                        s.revoked.push((g.key, g.pages.clone()));
+                        s.end_without_commit(&before, res, (g.key, g.pages.clone()));
                     }
                 }
             }
@@ -290,13 +303,13 @@ impl StateMachineTest for PoolTest {
                     r.abort();
                 }
                 assert!(!s.pool.grant_is_live(g.key));
-                s.revoked.push((g.key, g.pages));
+                s.end_without_commit(&before, res, (g.key, g.pages));
             }
             Transition::DrainLive { res } => {
                 let key = s.reserved[res.index(s.reserved.len())].1.grant().key;
                 let before = s.pool.stats();
                 s.pool.mark_drained(key);
-                s.pool.release_quarantined(key);
+                s.pool.peer_gone(key);
                 assert_eq!(s.pool.stats(), before);
                 assert!(s.pool.grant_is_live(key));
             }
@@ -307,7 +320,7 @@ impl StateMachineTest for PoolTest {
             }
             Transition::ReleaseQuarantined { rev } => {
                 let (key, table) = s.revoked.remove(rev.index(s.revoked.len()));
-                s.pool.release_quarantined(key);
+                s.pool.peer_gone(key);
                 s.retired.push((key, table));
             }
             Transition::Sweep => {
@@ -434,12 +447,14 @@ fn model_predicts_both_outcomes() {
     let full = model::Res {
         tokens: 5,
         written: vec![Some(model::Landed::Good); 2],
+        stream_ended: false,
     };
     assert_eq!(predict_commit(&full, ManifestKind::Good), Ok(()));
     assert!(predict_commit(&full, ManifestKind::BadChecksum).is_err());
     let half = model::Res {
         tokens: 5,
         written: vec![Some(model::Landed::Good), None],
+        stream_ended: false,
     };
     assert_eq!(
         predict_commit(&half, ManifestKind::Good),

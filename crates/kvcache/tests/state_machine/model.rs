@@ -69,7 +69,8 @@ pub enum Transition {
         res: Index,
         by_drop: bool,
     },
-    /// mark_drained / release_quarantined on a live grant: must do nothing.
+    /// mark_drained / peer_gone on a live grant: changes no page; recorded on the grant, whose
+    /// end then frees its pages at once.
     DrainLive {
         res: Index,
     },
@@ -108,6 +109,8 @@ pub enum Landed {
 pub struct Res {
     pub tokens: usize,
     pub written: Vec<Option<Landed>>,
+    /// The transfer reported the grant's stream ended (drained, peer gone) while it was live.
+    pub stream_ended: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -125,6 +128,8 @@ pub struct Rev {
 pub struct Model {
     pub capacity: usize,
     pub zero_on_release: bool,
+    /// `PoolConfig::revocation_drains`: a grant's end frees its pages at once.
+    pub revocation_drains: bool,
     pub free: usize,
     pub reserved: Vec<Res>,
     pub readable: Vec<Read>,
@@ -150,6 +155,20 @@ impl Model {
             Err("exhausted")
         } else {
             Ok(tokens.div_ceil(PAGE_SIZE))
+        }
+    }
+
+    /// A reservation ends without a commit: its pages drain, or are freed at once when
+    /// nothing of the grant can land any more.
+    fn end_without_commit(&mut self, r: Res) {
+        if r.stream_ended || self.revocation_drains {
+            self.free += r.written.len();
+            self.retired += 1;
+        } else {
+            self.revoked.push(Rev {
+                pages: r.written.len(),
+                quarantined: false,
+            });
         }
     }
 
@@ -257,10 +276,11 @@ impl ReferenceStateMachine for PoolModel {
     type Transition = Transition;
 
     fn init_state() -> BoxedStrategy<Model> {
-        (3usize..=8, any::<bool>())
-            .prop_map(|(capacity, zero_on_release)| Model {
+        (3usize..=8, any::<bool>(), any::<bool>())
+            .prop_map(|(capacity, zero_on_release, revocation_drains)| Model {
                 capacity,
                 zero_on_release,
+                revocation_drains,
                 free: capacity,
                 reserved: vec![],
                 readable: vec![],
@@ -393,6 +413,7 @@ impl ReferenceStateMachine for PoolModel {
                     s.reserved.push(Res {
                         tokens: *tokens,
                         written: vec![None; n],
+                        stream_ended: false,
                     });
                 }
             }
@@ -423,18 +444,16 @@ impl ReferenceStateMachine for PoolModel {
                         });
                         s.retired += 1;
                     }
-                    Err(_) => s.revoked.push(Rev {
-                        pages: r.written.len(),
-                        quarantined: false,
-                    }),
+                    Err(_) => s.end_without_commit(r),
                 }
             }
             Transition::Abort { res, .. } => {
                 let r = s.reserved.remove(res.index(s.reserved.len()));
-                s.revoked.push(Rev {
-                    pages: r.written.len(),
-                    quarantined: false,
-                });
+                s.end_without_commit(r);
+            }
+            Transition::DrainLive { res } => {
+                let n = s.reserved.len();
+                s.reserved[res.index(n)].stream_ended = true;
             }
             Transition::Drain { rev } | Transition::ReleaseQuarantined { rev } => {
                 let r = s.revoked.remove(rev.index(s.revoked.len()));
@@ -464,7 +483,6 @@ impl ReferenceStateMachine for PoolModel {
             Transition::WriteRevoked { .. }
             | Transition::WriteRetired { .. }
             | Transition::WriteUnknown
-            | Transition::DrainLive { .. }
             | Transition::Read { .. } => {}
         }
         s

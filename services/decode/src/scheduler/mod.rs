@@ -49,7 +49,6 @@ use tokio::task::JoinHandle;
 
 use crate::events;
 use crate::rotation::Rotation;
-use crate::sink::{DecodeSink, StreamEnd};
 use crate::state::{Entry, GenerateArgs, GrantReply, Queued, RequestState, Running};
 
 /// How long terminal tombstones are remembered (to recognise stale messages, I5).
@@ -106,7 +105,6 @@ pub struct SchedulerDeps {
     pub compute: Compute,
     pub tokenizer: Arc<Tokenizer>,
     pub pool: KvPool,
-    pub sink: DecodeSink,
     pub admission: Admission,
     pub metrics: Arc<WorkerMetrics>,
     pub integrity: Arc<dyn IntegritySink>,
@@ -388,15 +386,14 @@ impl Scheduler {
             }
         };
         let tenant = reservation.owner.tenant.clone();
-        let key = reservation.pages.grant().key;
         let first = Sampled {
             token: args.first_token,
             logprobs: args.first_logprobs.clone(),
         };
         // The pages' generations, to tag a refusal that names one of them.
         let granted = reservation.pages.grant().pages.clone();
+        // On a refusal the grant ends inside `commit`: the pool frees its pages (`KvPool`).
         let committed = reservation.commit(args, self.deps.tokenizer.clone());
-        let ended = self.deps.sink.take(key);
         match committed {
             Ok(running) => {
                 // Pages for generated tokens come as they are needed (`preempt.rs`).
@@ -407,11 +404,6 @@ impl Scheduler {
                 Ok(())
             }
             Err((e, _tx)) => {
-                match ended {
-                    Some(StreamEnd::Drained) => self.deps.pool.mark_drained(key),
-                    Some(StreamEnd::PeerGone) => self.deps.pool.release_quarantined(key),
-                    None => self.deps.pool.mark_drained(key),
-                }
                 entry.ended_at = Some(Instant::now());
                 self.deps.metrics.request("commit_refused");
                 self.deps.integrity.report(IntegrityEvent {
@@ -434,14 +426,11 @@ impl Scheduler {
         }
     }
 
-    /// Ends a request. A reserved request's grant is revoked, and its pages are freed at once
-    /// even when no drain was seen: every write into this pool lands through
-    /// `KvPool::write_page`, which copies under the page's lock and only into a page reserved
-    /// for a live grant, and revoking took each page's lock. So once revoked, no write of the
-    /// grant is mid-copy and none can land later (the TCP receiver refuses frames of a revoked
-    /// key; the RDMA receiver stages and copies through the same call): the revocation is the
-    /// drain. Waiting instead left grants whose prefill died before it ever connected to time
-    /// out into quarantine for good.
+    /// Ends a request. A reserved request's grant is revoked, and the pool frees its pages at
+    /// once even when no drain was seen: decode's pool takes revocation as the drain
+    /// (`PoolConfig::revocation_drains`: the TCP receiver refuses frames of a revoked key, the
+    /// RDMA receiver stages and copies through the same checked write). Waiting instead left
+    /// grants whose prefill died before it ever connected to time out into quarantine.
     fn abort(&mut self, req: RequestId, attempt: AttemptId, reason: &str) -> bool {
         let Some(current) = self.table.get(&req).map(|e| e.attempt) else {
             return false;
@@ -469,13 +458,7 @@ impl Scheduler {
                 true
             }
             RequestState::Reserved(r) => {
-                let key = r.pages.grant().key;
                 r.abort();
-                match self.deps.sink.take(key) {
-                    Some(StreamEnd::Drained) => self.deps.pool.mark_drained(key),
-                    Some(StreamEnd::PeerGone) => self.deps.pool.release_quarantined(key),
-                    None => self.deps.pool.mark_drained(key),
-                }
                 true
             }
             RequestState::Running(r) | RequestState::Recomputing(r) => {

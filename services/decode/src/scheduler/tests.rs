@@ -14,7 +14,6 @@ use pagewarden_worker::{Compute, PrefixCacheLog, QueueRefusal, WorkerError};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{run, Command, SchedulerDeps};
-use crate::sink::DecodeSink;
 use crate::state::Granted;
 
 const PAGE: usize = 16;
@@ -42,7 +41,9 @@ fn deps(pages: usize, max_queue: usize, queue_timeout: Duration) -> SchedulerDep
     let file = GgufFile::from_bytes(pagewarden_model::tiny_llama_gguf(7)).unwrap();
     let model = Arc::new(Model::from_gguf(file, &LoadOptions::default()).unwrap());
     let tokenizer = Arc::new(Tokenizer::from_gguf(model.gguf()).unwrap());
-    let pool = KvPool::new(PoolConfig::with_pages(model.kv_layout(PAGE), pages));
+    let mut cfg = PoolConfig::with_pages(model.kv_layout(PAGE), pages);
+    cfg.revocation_drains = true;
+    let pool = KvPool::new(cfg);
     let metrics = Arc::new(WorkerMetrics::new("decode", "tiny"));
     let integrity: Arc<dyn IntegritySink> = Arc::new(NoopIntegritySink);
     SchedulerDeps {
@@ -55,7 +56,6 @@ fn deps(pages: usize, max_queue: usize, queue_timeout: Duration) -> SchedulerDep
         ),
         compute: Compute::Cpu(model),
         tokenizer,
-        sink: DecodeSink::new(pool.clone()),
         admission: Admission::new(pages * PAGE, pages * PAGE),
         pool,
         metrics,

@@ -1,12 +1,15 @@
-//! `Outbound`: one job's KV pages on their way into decode's granted pages. Pages are sent as
-//! soon as a chunk of the forward pass completes them (a token's KV never changes once
-//! written), in bounded batches, while the next chunk computes; the last, partial page goes at
-//! the end. The grant then ends with a drain, or with a cancel (which also drains) when the job
-//! is aborted or fails.
+//! `GrantWriter`: the one owner of a write grant's end on the sending side. It carries one
+//! job's KV pages into decode's granted pages: pages are sent as soon as a chunk of the
+//! forward pass completes them (a token's KV never changes once written), in bounded batches,
+//! while the next chunk computes; the last, partial page goes at the end. The grant then ends
+//! here and only here: with a drain (`finish`), with a cancel, which also drains (`abort`, a
+//! failed batch, a writer dropped mid-way), or by dropping the connection when decode does not
+//! acknowledge in time (decode then frees the grant as its peer is gone). A grant refused
+//! before its writer opened ends with `GrantWriter::abandon`.
 //!
 //! ```text
 //! open ──submit(pages 0..k)──▶ … ──finish: rest, settle, drain──▶ (manifest, bytes)
-//!   └──────── abort / failure: cancel the grant (decode frees what it reserved) ────────┘
+//!   └──── abort / failure / drop: cancel the grant (decode frees what it reserved) ────┘
 //! ```
 
 use std::collections::VecDeque;
@@ -22,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::grant::{ReceivedGrant, ValidPrefill};
 use crate::job::{cancelled, JobDeps};
+use crate::segments::Segments;
 
 /// How long a drain or cancel waits for decode's acknowledgement (and an unused grant's
 /// connection for its set-up) before the job gives up: the connection is then dropped, decode
@@ -37,7 +41,7 @@ const MAX_IN_FLIGHT: usize = 4;
 /// then its own); the grant starts after the pages decode already holds
 /// (`grant.prefix_tokens`), so sequence page `j` is grant page `j - held`, and pages before
 /// `held` are never sent.
-pub struct Outbound<'a> {
+pub struct GrantWriter<'a> {
     deps: &'a JobDeps,
     job: &'a ValidPrefill,
     prefix: Option<Arc<SharedPages>>,
@@ -50,16 +54,25 @@ pub struct Outbound<'a> {
     held: usize,
     /// Submitted batches, oldest first; confirmed ones join the manifest in this order.
     in_flight: VecDeque<BatchHandle>,
+    /// The grant has ended (drained, cancelled or its connection dropped): `Drop` does nothing.
+    ended: bool,
 }
 
-impl<'a> Outbound<'a> {
-    /// Connects to the grant's decode transfer listener (an open connection is reused).
+impl<'a> GrantWriter<'a> {
+    /// Connects to the grant's decode transfer listener (an open connection is reused). When
+    /// that fails the grant is abandoned before the error returns.
     pub async fn open(
         deps: &'a JobDeps,
         job: &'a ValidPrefill,
         prefix: Option<Arc<SharedPages>>,
     ) -> Result<Self, WorkerError> {
-        let seg = open_grant(deps, &job.grant).await?;
+        let seg = match open_grant(deps, &job.grant).await {
+            Ok(seg) => seg,
+            Err(e) => {
+                Self::abandon(deps, job).await;
+                return Err(e);
+            }
+        };
         Ok(Self {
             deps,
             job,
@@ -70,7 +83,26 @@ impl<'a> Outbound<'a> {
             submitted: 0,
             held: job.grant.prefix_tokens / job.grant.page_size,
             in_flight: VecDeque::new(),
+            ended: false,
         })
+    }
+
+    /// Ends a grant under which no page was sent and no connection is open (the job was
+    /// refused or failed before its transfer began): a cancel, which drains, tells decode that
+    /// nothing of it can still land, so decode frees the reserved pages now instead of
+    /// quarantining them when its drain timeout passes. Best effort: if decode is unreachable
+    /// its pages stay fenced until it declares this peer gone.
+    pub async fn abandon(deps: &JobDeps, job: &ValidPrefill) {
+        let g = &job.grant;
+        match tokio::time::timeout(ACK_TIMEOUT, open_grant(deps, g)).await {
+            Ok(Ok(seg)) => cancel_grant(&deps.segments, &g.transfer_addr, seg, g.key).await,
+            Ok(Err(e)) => {
+                tracing::warn!(request = %job.req, error = %e, "could not end the unused KV grant")
+            }
+            Err(_) => {
+                tracing::warn!(request = %job.req, "connecting to end the unused KV grant timed out")
+            }
+        }
     }
 
     /// Sends the sequence's pages up to (not including) page `upto` that are not sent yet (nor
@@ -92,7 +124,7 @@ impl<'a> Outbound<'a> {
         self.send(None, shared, cancel).await
     }
 
-    /// [`Outbound::send_upto`], the job's own pages given when `upto` reaches past the prefix.
+    /// [`GrantWriter::send_upto`], the job's own pages given when `upto` reaches past the prefix.
     async fn send(
         &mut self,
         pages: Option<&ReadablePages>,
@@ -129,6 +161,7 @@ impl<'a> Outbound<'a> {
         )
         .await?;
         self.settle(0, cancel).await?;
+        self.ended = true;
         let addr = &self.job.grant.transfer_addr;
         let drained = tokio::time::timeout(
             ACK_TIMEOUT,
@@ -157,14 +190,10 @@ impl<'a> Outbound<'a> {
 
     /// Ends the grant after an abort or a failure elsewhere (a cancel drains: nothing of it
     /// can land afterwards, so decode frees its pages at once).
-    pub async fn abort(self) {
-        cancel_grant(
-            self.deps,
-            &self.job.grant.transfer_addr,
-            self.seg,
-            self.job.grant.key,
-        )
-        .await;
+    pub async fn abort(mut self) {
+        self.ended = true;
+        let g = &self.job.grant;
+        cancel_grant(&self.deps.segments, &g.transfer_addr, self.seg, g.key).await;
     }
 
     /// Submits the grant pages `batch` (generation-checked bytes: host memory on the CPU,
@@ -222,6 +251,7 @@ impl<'a> Outbound<'a> {
                 Ok(())
             }
             Err(e) => {
+                self.ended = true;
                 self.deps.segments.forget(&g.transfer_addr, self.seg);
                 Err(WorkerError::Unavailable(format!("KV transfer failed: {e}")))
             }
@@ -250,27 +280,49 @@ impl<'a> Outbound<'a> {
                     WorkerError::Unavailable(format!("KV transfer failed: {f:?}"))
                 }
             };
+            self.ended = true;
             let g = &self.job.grant;
-            cancel_grant(self.deps, &g.transfer_addr, self.seg, g.key).await;
+            cancel_grant(&self.deps.segments, &g.transfer_addr, self.seg, g.key).await;
             return Err(failure);
         }
         Ok(())
     }
 }
 
+impl Drop for GrantWriter<'_> {
+    /// A writer dropped before its grant ended (its job's future was dropped mid-way, or a
+    /// path returned without ending it): the grant is cancelled in the background, bounded
+    /// like every other end, so decode never waits on a writer that is gone.
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let segments = self.deps.segments.clone();
+        let addr = self.job.grant.transfer_addr.clone();
+        let (seg, key) = (self.seg, self.job.grant.key);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move { cancel_grant(&segments, &addr, seg, key).await });
+            }
+            // No runtime left to cancel on: dropping the connection ends the grant.
+            Err(_) => segments.forget(&addr, seg),
+        }
+    }
+}
+
 /// Cancels `key` (which drains it); if decode does not acknowledge in time, drops the
 /// connection so the job ends and decode releases the grant's pages as its peer is gone.
-async fn cancel_grant(deps: &JobDeps, addr: &str, seg: SegmentId, key: GrantKey) {
-    let acked = tokio::time::timeout(ACK_TIMEOUT, deps.segments.backend().cancel(seg, key)).await;
+async fn cancel_grant(segments: &Segments, addr: &str, seg: SegmentId, key: GrantKey) {
+    let acked = tokio::time::timeout(ACK_TIMEOUT, segments.backend().cancel(seg, key)).await;
     match acked {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "KV grant cancel failed: dropping the connection");
-            deps.segments.forget(addr, seg);
+            segments.forget(addr, seg);
         }
         Err(_) => {
             tracing::warn!("KV grant cancel not acknowledged in time: dropping the connection");
-            deps.segments.forget(addr, seg);
+            segments.forget(addr, seg);
         }
     }
 }
@@ -288,22 +340,4 @@ async fn open_grant(deps: &JobDeps, g: &ReceivedGrant) -> Result<SegmentId, Work
             .map_err(|e| WorkerError::Unavailable(format!("KV transfer failed: {e}")))?;
     }
     Ok(seg)
-}
-
-/// Ends a grant under which no page was sent and no connection is open (the job was refused
-/// or failed before its transfer began): a cancel, which drains, tells decode that nothing of
-/// it can still land, so decode frees the reserved pages now instead of quarantining them when
-/// its drain timeout passes. Best effort: if decode is unreachable its pages stay fenced until
-/// it declares this peer gone.
-pub async fn abandon_grant(deps: &JobDeps, job: &ValidPrefill) {
-    let g = &job.grant;
-    match tokio::time::timeout(ACK_TIMEOUT, open_grant(deps, g)).await {
-        Ok(Ok(seg)) => cancel_grant(deps, &g.transfer_addr, seg, g.key).await,
-        Ok(Err(e)) => {
-            tracing::warn!(request = %job.req, error = %e, "could not end the unused KV grant")
-        }
-        Err(_) => {
-            tracing::warn!(request = %job.req, "connecting to end the unused KV grant timed out")
-        }
-    }
 }
