@@ -16,9 +16,9 @@ cd "$root"
 out="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/pagewarden/qwen2-7b-random-q4_k_m.gguf}"
 ctx="${CONTEXT:-4096}"
 threads="${THREADS:-$(nproc)}"
-header=$(scripts/fetch-model.sh qwen2-7b-header)
 cargo build -q --release --bins -p pagewarden-router -p pagewarden-prefill -p pagewarden-decode \
   -p pagewarden-auditor -p pagewarden
+header=$(target/release/pagewarden fetch qwen2-7b-header)
 if [ ! -s "$out" ]; then
   mkdir -p "$(dirname "$out")"
   echo "== writing $out (random weights in the layout of $header)"

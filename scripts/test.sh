@@ -3,8 +3,9 @@
 # (PostgreSQL server binaries, ibverbs headers and clang for the rdma feature, Chromium and
 # ChromeDriver for the auditor UI test, debootstrap for the compose test's base image, NVRTC
 # for the CUDA compile test, Python's Prometheus text parser for the metrics scrape test,
-# kubernetes-validate for the Kubernetes manifests' schema test, the default model), then checks
-# formatting, lints every feature, and runs every test of the workspace. The compose test also
+# kubernetes-validate for the Kubernetes manifests' schema test), then checks
+# formatting, lints every feature, builds every binary, fetches the models the tests run, and
+# runs every test of the workspace. The compose test also
 # needs Docker Engine with Compose, which it does not install.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -76,11 +77,6 @@ if [ ${#kv_need[@]} -gt 0 ]; then
   python3 -m pip install -q --no-deps "${kv_need[@]}"
 fi
 
-PAGEWARDEN_MODEL=$(scripts/fetch-model.sh)
-PAGEWARDEN_GEMMA_MODEL=$(scripts/fetch-model.sh gemma3-270m)
-PAGEWARDEN_QWEN2_HEADER=$(scripts/fetch-model.sh qwen2-7b-header)
-export PAGEWARDEN_MODEL PAGEWARDEN_GEMMA_MODEL PAGEWARDEN_QWEN2_HEADER
-
 # A one-off build (CI's fresh clone) gains nothing from incremental caches, which double the
 # size of target/; keep them for developers' repeated runs.
 if [ -n "${CI:-}" ]; then
@@ -101,5 +97,11 @@ cargo clippy --workspace --all-targets --features "$features" -- -D warnings
 scripts/build-switched.sh "$features"
 echo "== cargo build (every binary: the system tests start them)"
 cargo build --workspace --bins --features "$features"
+# The models the tests run (fetched into models/ when missing, sha256-checked), by the
+# launcher just built: the one fetch `pagewarden up` uses too.
+PAGEWARDEN_MODEL=$(target/debug/pagewarden fetch smollm2)
+PAGEWARDEN_GEMMA_MODEL=$(target/debug/pagewarden fetch gemma3-270m)
+PAGEWARDEN_QWEN2_HEADER=$(target/debug/pagewarden fetch qwen2-7b-header)
+export PAGEWARDEN_MODEL PAGEWARDEN_GEMMA_MODEL PAGEWARDEN_QWEN2_HEADER
 echo "== cargo test"
 cargo test --workspace --features "$features"

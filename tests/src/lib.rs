@@ -67,7 +67,7 @@ pub fn model_path() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     assert!(
         p.exists(),
-        "model file {} not found: set PAGEWARDEN_MODEL (scripts/fetch-model.sh downloads it)",
+        "model file {} not found: set PAGEWARDEN_MODEL (`cargo run -p pagewarden -- fetch smollm2` downloads it)",
         p.display()
     );
     p
@@ -80,8 +80,8 @@ pub fn gemma_model_path() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("models/gemma-3-270m-q4_k_m.gguf"));
     assert!(
         p.exists(),
-        "model file {} not found: set PAGEWARDEN_GEMMA_MODEL (scripts/fetch-model.sh \
-         gemma3-270m downloads it)",
+        "model file {} not found: set PAGEWARDEN_GEMMA_MODEL (`cargo run -p pagewarden -- \
+         fetch gemma3-270m` downloads it)",
         p.display()
     );
     p

@@ -1,6 +1,6 @@
 //! Writes a GGUF with another file's metadata and tensor layout and seeded random weights
 //! (`gguf::write_random_like`): a complete model of a real model's shapes, vocabulary and chat
-//! template, e.g. Qwen2-7B Q4_K_M from the header `scripts/fetch-model.sh qwen2-7b-header`
+//! template, e.g. Qwen2-7B Q4_K_M from the header `cargo run -p pagewarden -- fetch qwen2-7b-header`
 //! cuts out (`scripts/qwen2-7b-random.sh` drives it).
 //!
 //! `cargo run --release -p pagewarden-model --example random_like -- LIKE.gguf OUT.gguf [SEED]`

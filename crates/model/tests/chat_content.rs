@@ -18,7 +18,7 @@ fn path(env: &str, default: &str, fetch: &str) -> PathBuf {
     });
     assert!(
         p.is_file(),
-        "{} is missing: run scripts/fetch-model.sh {fetch} or set {env}",
+        "{} is missing: run cargo run -p pagewarden -- fetch {fetch} or set {env}",
         p.display()
     );
     p
@@ -114,7 +114,7 @@ fn smollm2() -> GgufFile {
     GgufFile::open(&path(
         "PAGEWARDEN_MODEL",
         "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "",
+        "smollm2",
     ))
     .unwrap()
 }

@@ -15,7 +15,7 @@ fn model_path() -> PathBuf {
         });
     assert!(
         p.is_file(),
-        "model file {} is missing: run scripts/fetch-model.sh or set PAGEWARDEN_MODEL",
+        "model file {} is missing: run `cargo run -p pagewarden -- fetch smollm2` or set PAGEWARDEN_MODEL",
         p.display()
     );
     p

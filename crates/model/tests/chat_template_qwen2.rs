@@ -2,7 +2,7 @@
 //! `<｜User｜>` / `<｜Assistant｜>` turns, reasoning cut from earlier answers, tool outputs)
 //! rendered as llama.cpp's server renders it (tests/data/reference/qwen2-chat-template.json,
 //! from `qwen2_template_reference.py` beside it). Needs the header: PAGEWARDEN_QWEN2_HEADER or
-//! `scripts/fetch-model.sh qwen2-7b-header`; fails, never skips, without it.
+//! `cargo run -p pagewarden -- fetch qwen2-7b-header`; fails, never skips, without it.
 
 use std::path::PathBuf;
 
@@ -19,7 +19,7 @@ fn qwen2_template_renders_as_llama_cpp_does() {
         .unwrap_or_else(|| workspace().join("models/qwen2-7b-q4_k_m.header.gguf"));
     assert!(
         p.is_file(),
-        "{} is missing: run scripts/fetch-model.sh qwen2-7b-header or set \
+        "{} is missing: run cargo run -p pagewarden -- fetch qwen2-7b-header or set \
          PAGEWARDEN_QWEN2_HEADER",
         p.display()
     );

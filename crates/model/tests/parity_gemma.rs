@@ -3,7 +3,7 @@
 //! `gemma3_reference.py` (llama-server, `-fa off`): tests/data/reference/gemma3-270m-q4_k_m.json
 //! (the prompts used while fixing the differences) and gemma3-270m-q4_k_m-heldout.json (ten
 //! prompts written after the fixes, never used to tune anything). Needs the model
-//! (PAGEWARDEN_GEMMA_MODEL, or scripts/fetch-model.sh gemma3-270m); fails, never skips, without
+//! (PAGEWARDEN_GEMMA_MODEL, or cargo run -p pagewarden -- fetch gemma3-270m); fails, never skips, without
 //! it.
 //!
 //! The default path (no flash attention) computes llama.cpp's bits: its prompt ids, every

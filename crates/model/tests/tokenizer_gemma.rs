@@ -1,6 +1,6 @@
 //! Gemma 3's SentencePiece tokenizer (`tokenizer.ggml.model = llama`, vocabulary of 262,144,
 //! byte fallback) against llama.cpp's ids. Fails (does not skip) when the model is missing:
-//! `scripts/fetch-model.sh gemma3-270m` or PAGEWARDEN_GEMMA_MODEL.
+//! `cargo run -p pagewarden -- fetch gemma3-270m` or PAGEWARDEN_GEMMA_MODEL.
 
 use std::path::PathBuf;
 
@@ -16,7 +16,7 @@ fn tokenizer() -> Tokenizer {
         .unwrap_or_else(|| workspace().join("models/gemma-3-270m-q4_k_m.gguf"));
     assert!(
         p.is_file(),
-        "model file {} is missing: run scripts/fetch-model.sh gemma3-270m or set \
+        "model file {} is missing: run cargo run -p pagewarden -- fetch gemma3-270m or set \
          PAGEWARDEN_GEMMA_MODEL",
         p.display()
     );

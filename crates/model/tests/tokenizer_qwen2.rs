@@ -2,7 +2,7 @@
 //! header of DeepSeek-R1-Distill-Qwen-7B Q4_K_M, against llama.cpp's ids in
 //! tests/data/reference/qwen2-tokenizer.json (`qwen2_tokenizer_reference.py` beside it).
 //! The header is a truncated GGUF (its tensors lie past its end): it opens for its metadata
-//! only. Fails, never skips, without it: `scripts/fetch-model.sh qwen2-7b-header` or
+//! only. Fails, never skips, without it: `cargo run -p pagewarden -- fetch qwen2-7b-header` or
 //! PAGEWARDEN_QWEN2_HEADER.
 
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ fn header_path() -> PathBuf {
         .unwrap_or_else(|| workspace().join("models/qwen2-7b-q4_k_m.header.gguf"));
     assert!(
         p.is_file(),
-        "Qwen2 header {} is missing: run scripts/fetch-model.sh qwen2-7b-header or set \
+        "Qwen2 header {} is missing: run cargo run -p pagewarden -- fetch qwen2-7b-header or set \
          PAGEWARDEN_QWEN2_HEADER",
         p.display()
     );

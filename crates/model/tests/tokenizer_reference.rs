@@ -17,7 +17,7 @@ fn model_path() -> PathBuf {
         .unwrap_or_else(|| workspace().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     assert!(
         p.is_file(),
-        "model file {} is missing: run scripts/fetch-model.sh or set PAGEWARDEN_MODEL",
+        "model file {} is missing: run `cargo run -p pagewarden -- fetch smollm2` or set PAGEWARDEN_MODEL",
         p.display()
     );
     p

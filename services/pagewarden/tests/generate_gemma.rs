@@ -23,8 +23,8 @@ fn generate_matches_llama_cpp_on_gemma3() {
     let model = std::env::var_os("PAGEWARDEN_GEMMA_MODEL")
         .map(PathBuf::from)
         .expect(
-            "PAGEWARDEN_GEMMA_MODEL is not set: run scripts/test.sh, or scripts/fetch-model.sh \
-             gemma3-270m and export PAGEWARDEN_GEMMA_MODEL=<its output>",
+            "PAGEWARDEN_GEMMA_MODEL is not set: run scripts/test.sh, or `cargo run -p pagewarden -- \
+             fetch gemma3-270m` and export PAGEWARDEN_GEMMA_MODEL=<its output>",
         );
     let reference = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/data/reference/gemma3-270m-q4_k_m.json");

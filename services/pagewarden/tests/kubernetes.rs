@@ -2,7 +2,7 @@
 //! services: every port, probe, URL, NetworkPolicy, disruption budget, grace period, secret path
 //! and the model fetch is checked against what the services listen on, the design's links, what
 //! `pagewarden init-secrets` writes, the drain deadlines in the services' source and
-//! `scripts/fetch-model.sh`. No service binary is needed. Flags and environment names are
+//! `pagewarden fetch` (`src/fetch.rs`). No service binary is needed. Flags and environment names are
 //! `kubernetes_flags.rs`'s, the schemas `kubernetes_schemas.rs`'s.
 
 mod deploy;
@@ -356,7 +356,7 @@ fn wiring_problems(texts: &BTreeMap<String, String>, facts: &Facts) -> Vec<Strin
     ] {
         if !fetch.contains(&want) {
             p.push(format!(
-                "the model fetch script lacks {want} (scripts/fetch-model.sh)"
+                "the model fetch script lacks {want} (src/fetch.rs)"
             ));
         }
     }

@@ -25,8 +25,8 @@ fn real_model() -> PathBuf {
     let p = std::env::var_os("PAGEWARDEN_MODEL")
         .map(PathBuf::from)
         .expect(
-        "PAGEWARDEN_MODEL is not set: run scripts/test.sh, or scripts/fetch-model.sh and export \
-         PAGEWARDEN_MODEL=<its output>",
+        "PAGEWARDEN_MODEL is not set: run scripts/test.sh, or `cargo run -p pagewarden -- fetch \
+         smollm2` and export PAGEWARDEN_MODEL=<its output>",
     );
     assert!(
         p.is_file(),

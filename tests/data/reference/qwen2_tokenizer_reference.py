@@ -5,7 +5,7 @@ deepseek-r1-qwen`). Run once by hand; the tests only read its output.
 
     python3 qwen2_tokenizer_reference.py HEADER.gguf LLAMA_BIN_DIR
 
-HEADER.gguf is `scripts/fetch-model.sh qwen2-7b-header`; LLAMA_BIN_DIR holds llama.cpp's
+HEADER.gguf is `cargo run -p pagewarden -- fetch qwen2-7b-header`; LLAMA_BIN_DIR holds llama.cpp's
 `llama-tokenize` (llama-cpp-python 0.3.36's vendored llama.cpp, target llama-tokenize).
 llama.cpp will not open a file whose tensors lie past its end, even for its vocabulary, so the
 header is rewritten without tensor entries (the metadata bytes are copied as they are).

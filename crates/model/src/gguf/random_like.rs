@@ -1,7 +1,7 @@
 //! `write_random_like`: a GGUF with another file's metadata and tensor entries (names, shapes,
 //! types, in order) and seeded random weights: a model of real shapes, vocabulary and chat
 //! template where its weights cannot be had. The Qwen2-7B Q4_K_M header cut from its first
-//! published part (`scripts/fetch-model.sh qwen2-7b-header`) becomes a complete 7B file this
+//! published part (`cargo run -p pagewarden -- fetch qwen2-7b-header`) becomes a complete 7B file this
 //! way, written to disk a tensor at a time (never held in memory).
 //!
 //! Quantized blocks are random bytes with their scales set so that every matrix's weights

@@ -25,7 +25,7 @@ pub fn model_path(env: &str, default: &str) -> PathBuf {
         .unwrap_or_else(|| workspace().join("models").join(default));
     assert!(
         p.exists(),
-        "model file {} is missing: set {env} or run scripts/fetch-model.sh",
+        "model file {} is missing: set {env} or run `cargo run -p pagewarden -- fetch NAME`",
         p.display()
     );
     p

@@ -1,5 +1,5 @@
 //! What the manifests are checked against, read from the rest of the repository: the files
-//! `pagewarden init-secrets` writes, the default model of `scripts/fetch-model.sh`, and the
+//! `pagewarden init-secrets` writes, the default model of `pagewarden fetch`, and the
 //! drain deadlines in the services' source.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,26 +15,30 @@ pub fn repo() -> PathBuf {
 pub struct Facts {
     /// Role → the files `pagewarden init-secrets` writes into its directory.
     pub secrets: BTreeMap<String, BTreeSet<String>>,
-    /// The default model of `scripts/fetch-model.sh`: its package pin, sha256 and file name.
+    /// The default model of `pagewarden fetch`: its package pin, sha256 and file name.
     pub model: (String, String, String),
     /// Least grace period (s) each component's drain needs after SIGTERM.
     pub drains: BTreeMap<&'static str, u64>,
 }
 
-/// `VAR=value` (quotes and `${…:-…}` kept) of the `smollm2)` case of scripts/fetch-model.sh.
-fn fetch_script_value(var: &str) -> String {
-    let text = std::fs::read_to_string(repo().join("scripts/fetch-model.sh")).unwrap();
-    let case = text
-        .split("smollm2)")
+/// The quoted value of `field: "…"` (or `field: &["…"]`) in `DEFAULT_MODEL` of the launcher's
+/// `src/fetch.rs`, the one table of fetchable models.
+fn default_model_value(field: &str) -> String {
+    let text = std::fs::read_to_string(repo().join("services/pagewarden/src/fetch.rs")).unwrap();
+    let block = text
+        .split("pub const DEFAULT_MODEL: KnownModel = KnownModel {")
         .nth(1)
-        .expect("fetch-model.sh: smollm2 case");
-    let case = case.split(";;").next().unwrap();
-    let line = case
+        .expect("fetch.rs: DEFAULT_MODEL");
+    let block = block.split("};").next().unwrap();
+    let line = block
         .lines()
         .map(str::trim)
-        .find_map(|l| l.strip_prefix(&format!("{var}=")))
-        .unwrap_or_else(|| panic!("fetch-model.sh: no {var}= for smollm2"));
-    line.to_string()
+        .find_map(|l| l.strip_prefix(&format!("{field}: ")))
+        .unwrap_or_else(|| panic!("fetch.rs: no {field} in DEFAULT_MODEL"));
+    line.trim_start_matches(['&', '['])
+        .trim_end_matches([',', ']'])
+        .trim_matches('"')
+        .to_string()
 }
 
 /// Reads them (runs `pagewarden init-secrets` in a temporary directory).
@@ -55,17 +59,9 @@ pub fn facts() -> Facts {
             .collect();
         secrets.insert(e.file_name().to_string_lossy().into_owned(), files);
     }
-    let dest = fetch_script_value("dest");
-    let file = dest
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .trim_end_matches(['}', '"'])
-        .to_string();
-    let package = fetch_script_value("packages")
-        .trim_matches(['(', ')'])
-        .to_string();
-    let sha = fetch_script_value("want");
+    let file = default_model_value("file");
+    let package = default_model_value("packages");
+    let sha = default_model_value("sha256");
     Facts {
         secrets,
         model: (package, sha, file),
