@@ -1,12 +1,15 @@
 //! Conversions between the shared vocabulary (`pagewarden-types`) and the wire messages, each
-//! once: integrity kinds (pinned to the wire enum by the tests below), cache events, finish
-//! reasons and request references. A value the wire may carry but the vocabulary cannot name
-//! is an error (`INVALID_ARGUMENT`), never a default.
+//! once: integrity kinds and reject reasons (each pinned to its wire enum by the tests below),
+//! a refusing status's details, cache events, finish reasons and request references. A value
+//! the wire may carry but the vocabulary cannot name is an error (`INVALID_ARGUMENT`), never a
+//! default.
 
 use pagewarden_types::cache_event::{CacheEvent, CacheEventKind};
 use pagewarden_types::integrity::IntegrityKind;
+use pagewarden_types::reject_reason::RejectReason;
 use pagewarden_types::{AttemptId, FinishReason, RequestId};
-use tonic::Status;
+use prost::Message;
+use tonic::{Code, Status};
 
 use crate::v1 as pb;
 
@@ -37,6 +40,38 @@ pub fn integrity_kind(v: i32) -> Option<IntegrityKind> {
         .iter()
         .copied()
         .find(|k| pb::IntegrityKind::from(*k) == wire)
+}
+
+impl From<RejectReason> for pb::RejectReason {
+    fn from(r: RejectReason) -> Self {
+        match r {
+            RejectReason::EmptyPrompt => pb::RejectReason::EmptyPrompt,
+            RejectReason::ZeroMaxTokens => pb::RejectReason::ZeroMaxTokens,
+            RejectReason::ContextLengthExceeded => pb::RejectReason::ContextLengthExceeded,
+            RejectReason::QueueFull => pb::RejectReason::QueueFull,
+            RejectReason::QueueTimeout => pb::RejectReason::QueueTimeout,
+        }
+    }
+}
+
+/// A worker's refusal of a request: `code` and `message`, with `reason` in the status's
+/// details as `RejectDetails`.
+pub fn rejected(code: Code, message: impl Into<String>, reason: RejectReason) -> Status {
+    let details = pb::RejectDetails {
+        reason: pb::RejectReason::from(reason) as i32,
+    };
+    Status::with_details(code, message, details.encode_to_vec().into())
+}
+
+/// Why a worker refused a request, from its status's details; `None` when the status carries
+/// no `RejectDetails`, or a reason this build does not know.
+pub fn reject_reason(status: &Status) -> Option<RejectReason> {
+    let details = pb::RejectDetails::decode(status.details()).ok()?;
+    let wire = pb::RejectReason::try_from(details.reason).ok()?;
+    RejectReason::ALL
+        .iter()
+        .copied()
+        .find(|r| pb::RejectReason::from(*r) == wire)
 }
 
 impl From<&CacheEvent> for pb::CacheReport {
@@ -132,6 +167,41 @@ mod tests {
         assert_eq!(v - 1, IntegrityKind::ALL.len() as i32);
         assert_eq!(integrity_kind(0), None);
         assert_eq!(integrity_kind(999), None);
+    }
+
+    #[test]
+    fn every_reject_reason_round_trips_and_keeps_its_wire_name() {
+        for r in RejectReason::ALL {
+            let status = rejected(Code::ResourceExhausted, "refused", *r);
+            assert_eq!(reject_reason(&status), Some(*r));
+            assert_eq!(status.code(), Code::ResourceExhausted);
+            assert_eq!(status.message(), "refused");
+            // REJECT_REASON_QUEUE_FULL is queue_full: the metrics' label is the wire's name.
+            let name = pb::RejectReason::from(*r)
+                .as_str_name()
+                .to_ascii_lowercase();
+            assert_eq!(name.strip_prefix("reject_reason_"), Some(r.as_str()));
+        }
+        // Every wire value but UNSPECIFIED names a reason, so none can go unmapped.
+        let mut v = 1;
+        while pb::RejectReason::try_from(v).is_ok() {
+            v += 1;
+        }
+        assert_eq!(v - 1, RejectReason::ALL.len() as i32);
+    }
+
+    #[test]
+    fn a_status_without_known_reject_details_has_no_reason() {
+        let details = |reason: i32| pb::RejectDetails { reason }.encode_to_vec().into();
+        let unknown = [
+            Status::invalid_argument("no details"),
+            Status::with_details(Code::InvalidArgument, "x", details(0)),
+            Status::with_details(Code::InvalidArgument, "x", details(999)),
+            Status::with_details(Code::InvalidArgument, "x", vec![0xff, 0xff, 0xff].into()),
+        ];
+        for s in unknown {
+            assert_eq!(reject_reason(&s), None, "{s:?}");
+        }
     }
 
     #[test]

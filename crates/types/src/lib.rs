@@ -6,6 +6,7 @@
 //! - `namespace`: prefix-cache namespaces, HMAC-SHA256 of a tenant (or a named shared
 //!   namespace) under the suite secret (I10).
 //! - `admission`: prompt + max_tokens against the effective context, before allocation (I3).
+//! - `reject_reason`: why a worker refused a request (admission, or its bounded queue).
 //! - `integrity`: the kinds of integrity event a worker reports and the auditor files (I8).
 //! - `cache_event`: prefix-cache events a worker reports to the auditor (I10).
 //! - `finish_reason`: why a generation ended.
@@ -19,6 +20,7 @@ pub mod finish_reason;
 pub mod ids;
 pub mod integrity;
 pub mod namespace;
+pub mod reject_reason;
 pub mod seal_mode;
 pub mod unknown_value;
 

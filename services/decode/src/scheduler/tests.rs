@@ -6,6 +6,7 @@ use std::time::Duration;
 use pagewarden_common::admission::Admission;
 use pagewarden_common::integrity::{IntegritySink, NoopIntegritySink};
 use pagewarden_common::metrics::WorkerMetrics;
+use pagewarden_common::reject_reason::RejectReason;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{KvPool, PoolConfig};
@@ -138,7 +139,7 @@ async fn a_request_past_the_context_is_rejected_before_any_page() {
     handled(&tx).await;
     match over.try_recv() {
         Ok(Err(WorkerError::Rejected(r))) => {
-            assert_eq!(r.reason(), "context_length_exceeded")
+            assert_eq!(r.reason(), RejectReason::ContextLengthExceeded)
         }
         other => panic!("want a rejection, got {other:?}"),
     }
