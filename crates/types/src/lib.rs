@@ -9,6 +9,7 @@
 //! - `reject_reason`: why a worker refused a request (admission, or its bounded queue).
 //! - `integrity`: the kinds of integrity event a worker reports and the auditor files (I8).
 //! - `cache_event`: prefix-cache events a worker reports to the auditor (I10).
+//! - `sampling`: `SamplingParams` and its `Grammar`, their limits and their one range check.
 //! - `finish_reason`: why a generation ended.
 //! - `seal_mode`: what a sealed KV transfer frame protects (integrity, or confidentiality too).
 //! - `unknown_value`: the error of parsing a text that names none of an enum's values.
@@ -21,6 +22,7 @@ pub mod ids;
 pub mod integrity;
 pub mod namespace;
 pub mod reject_reason;
+pub mod sampling;
 pub mod seal_mode;
 pub mod unknown_value;
 

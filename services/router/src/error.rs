@@ -7,6 +7,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pagewarden_common::reject_reason::RejectReason;
+use pagewarden_model::SamplingError;
 use pagewarden_proto::convert::reject_reason;
 use serde::Serialize;
 
@@ -46,6 +47,14 @@ impl ValidationError {
             param: param.into(),
             message: message.into(),
         }
+    }
+}
+
+impl From<SamplingError> for ValidationError {
+    /// A sampling parameter out of range, named as the rule names it.
+    fn from(e: SamplingError) -> Self {
+        let message = e.to_string();
+        ValidationError::new(e.param, message)
     }
 }
 

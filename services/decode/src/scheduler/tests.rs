@@ -83,7 +83,7 @@ async fn reserve(tx: &mpsc::Sender<Command>, tenant: &str, prompt_tokens: usize)
         tenant: TenantId::new(tenant),
         weight: 1,
         prompt: vec![20; prompt_tokens],
-        sampling,
+        sampling: Box::new(sampling),
         namespace: None,
         reply,
     })
@@ -205,10 +205,10 @@ async fn a_draining_decode_finishes_what_it_holds_and_takes_nothing_new() {
         tenant: TenantId::new("a"),
         weight: 1,
         prompt: vec![20; 3 * PAGE - 1],
-        sampling: SamplingParams {
+        sampling: Box::new(SamplingParams {
             max_tokens: 4,
             ..SamplingParams::default()
-        },
+        }),
         namespace: None,
         reply: req,
     })
