@@ -583,7 +583,12 @@ fn choice(f: &Fields<'_>, field: &str, v: &Value) -> Result<Grammar, ValidationE
             ))
         }
     };
-    let texts = items
+    checked(f, field, Grammar::Choice(strings(f, field, items)?))
+}
+
+/// Every item of the array `field` as a string, an error naming the first that is not.
+fn strings(f: &Fields<'_>, field: &str, items: &[Value]) -> Result<Vec<String>, ValidationError> {
+    items
         .iter()
         .enumerate()
         .map(|(i, item)| match item {
@@ -593,8 +598,7 @@ fn choice(f: &Fields<'_>, field: &str, v: &Value) -> Result<Grammar, ValidationE
                 format!("must be a string, found {}", kind_of(v)),
             )),
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    checked(f, field, Grammar::Choice(texts))
+        .collect()
 }
 
 /// `g`, when within its limits ([`Grammar::check`]), an error naming `field` otherwise.
@@ -699,18 +703,7 @@ fn parse_stop(f: &Fields<'_>) -> Result<(Vec<String>, bool), ValidationError> {
             ))
         }
     };
-    let stop = items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Value::String(s) => Ok(s.clone()),
-            other => Err(f.err(
-                &format!("stop[{i}]"),
-                format!("must be a string, found {}", kind_of(other)),
-            )),
-        })
-        .collect::<Result<_, _>>()?;
-    Ok((stop, false))
+    Ok((strings(f, "stop", items)?, false))
 }
 
 /// A completions `prompt`: one (as [`parse_prompt`]) or a batch, an array of several strings
