@@ -1,14 +1,20 @@
 //! Conversions between the shared vocabulary (`pagewarden-types`) and the wire messages, each
-//! once: integrity kinds (pinned to the wire enum by the tests below), cache events, finish
-//! reasons and request references. A value the wire may carry but the vocabulary cannot name
-//! is an error (`INVALID_ARGUMENT`), never a default.
+//! once: integrity kinds and reject reasons (each pinned to its wire enum by the tests below),
+//! a refusing status's details, sampling parameters (parsed by the same range check the router
+//! applies, `SamplingParams::check`), cache events, finish reasons and request references. A value
+//! the wire may carry but the vocabulary cannot name is an error (`INVALID_ARGUMENT`), never a
+//! default.
 
 use pagewarden_types::cache_event::{CacheEvent, CacheEventKind};
 use pagewarden_types::integrity::IntegrityKind;
+use pagewarden_types::reject_reason::RejectReason;
+use pagewarden_types::sampling::{Grammar, SamplingParams};
 use pagewarden_types::{AttemptId, FinishReason, RequestId};
-use tonic::Status;
+use prost::Message;
+use tonic::{Code, Status};
 
 use crate::v1 as pb;
+use crate::v1::sampling_params::Grammar as WireGrammar;
 
 impl From<IntegrityKind> for pb::IntegrityKind {
     fn from(k: IntegrityKind) -> Self {
@@ -37,6 +43,38 @@ pub fn integrity_kind(v: i32) -> Option<IntegrityKind> {
         .iter()
         .copied()
         .find(|k| pb::IntegrityKind::from(*k) == wire)
+}
+
+impl From<RejectReason> for pb::RejectReason {
+    fn from(r: RejectReason) -> Self {
+        match r {
+            RejectReason::EmptyPrompt => pb::RejectReason::EmptyPrompt,
+            RejectReason::ZeroMaxTokens => pb::RejectReason::ZeroMaxTokens,
+            RejectReason::ContextLengthExceeded => pb::RejectReason::ContextLengthExceeded,
+            RejectReason::QueueFull => pb::RejectReason::QueueFull,
+            RejectReason::QueueTimeout => pb::RejectReason::QueueTimeout,
+        }
+    }
+}
+
+/// A worker's refusal of a request: `code` and `message`, with `reason` in the status's
+/// details as `RejectDetails`.
+pub fn rejected(code: Code, message: impl Into<String>, reason: RejectReason) -> Status {
+    let details = pb::RejectDetails {
+        reason: pb::RejectReason::from(reason) as i32,
+    };
+    Status::with_details(code, message, details.encode_to_vec().into())
+}
+
+/// Why a worker refused a request, from its status's details; `None` when the status carries
+/// no `RejectDetails`, or a reason this build does not know.
+pub fn reject_reason(status: &Status) -> Option<RejectReason> {
+    let details = pb::RejectDetails::decode(status.details()).ok()?;
+    let wire = pb::RejectReason::try_from(details.reason).ok()?;
+    RejectReason::ALL
+        .iter()
+        .copied()
+        .find(|r| pb::RejectReason::from(*r) == wire)
 }
 
 impl From<&CacheEvent> for pb::CacheReport {
@@ -93,6 +131,87 @@ pub fn finish_reason(v: i32) -> Result<Option<FinishReason>, Status> {
     }
 }
 
+impl From<&SamplingParams> for pb::SamplingParams {
+    /// The parameters for the wire: a repetition penalty of 1 (off) is absent, counts above
+    /// `u32::MAX` saturate.
+    fn from(s: &SamplingParams) -> Self {
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        pb::SamplingParams {
+            temperature: s.temperature,
+            top_k: count(s.top_k),
+            top_p: s.top_p,
+            seed: s.seed,
+            max_tokens: count(s.max_tokens),
+            stop: s.stop.clone(),
+            min_p: s.min_p,
+            repetition_penalty: (s.repetition_penalty != 1.0).then_some(s.repetition_penalty),
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            ignore_eos: s.ignore_eos,
+            min_tokens: count(s.min_tokens),
+            stop_token_ids: s.stop_token_ids.clone(),
+            logprobs: s.logprobs.map(count),
+            grammar: s.grammar.as_ref().map(|g| match g {
+                Grammar::JsonObject => WireGrammar::JsonObject(true),
+                Grammar::JsonSchema(schema) => WireGrammar::JsonSchema(schema.to_string()),
+                Grammar::Regex(rx) => WireGrammar::Regex(rx.clone()),
+                Grammar::Choice(choices) => WireGrammar::Choice(pb::Choices {
+                    choices: choices.clone(),
+                }),
+            }),
+            logit_bias: s.logit_bias.iter().copied().collect(),
+            prompt_logprobs: s.prompt_logprobs.map(count),
+        }
+    }
+}
+
+/// Parses sampling parameters (required) and checks their ranges
+/// ([`SamplingParams::check`], the router's rule): any error is `INVALID_ARGUMENT`.
+pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status> {
+    let s = s.ok_or_else(|| Status::invalid_argument("sampling is required"))?;
+    let grammar = match &s.grammar {
+        None => None,
+        Some(WireGrammar::JsonObject(true)) => Some(Grammar::JsonObject),
+        Some(WireGrammar::JsonObject(false)) => {
+            return Err(Status::invalid_argument(
+                "sampling.json_object: must be true when set",
+            ))
+        }
+        Some(WireGrammar::JsonSchema(text)) => {
+            Some(Grammar::JsonSchema(serde_json::from_str(text).map_err(
+                |e| Status::invalid_argument(format!("sampling.json_schema: not JSON: {e}")),
+            )?))
+        }
+        Some(WireGrammar::Regex(rx)) => Some(Grammar::Regex(rx.clone())),
+        Some(WireGrammar::Choice(c)) => Some(Grammar::Choice(c.choices.clone())),
+    };
+    let mut logit_bias: Vec<(u32, f32)> = s.logit_bias.iter().map(|(&t, &b)| (t, b)).collect();
+    logit_bias.sort_unstable_by_key(|&(t, _)| t);
+    let params = SamplingParams {
+        temperature: s.temperature,
+        top_k: s.top_k as usize,
+        top_p: s.top_p,
+        seed: s.seed,
+        max_tokens: s.max_tokens as usize,
+        stop: s.stop.clone(),
+        min_p: s.min_p,
+        repetition_penalty: s.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        ignore_eos: s.ignore_eos,
+        min_tokens: s.min_tokens as usize,
+        stop_token_ids: s.stop_token_ids.clone(),
+        logprobs: s.logprobs.map(|n| n as usize),
+        grammar,
+        logit_bias,
+        prompt_logprobs: s.prompt_logprobs.map(|n| n as usize),
+    };
+    params
+        .check()
+        .map_err(|e| Status::invalid_argument(format!("sampling: {e}")))?;
+    Ok(params)
+}
+
 /// A request attempt's reference for the wire (attempt 0: a report about the request as a
 /// whole).
 pub fn request_ref(req: RequestId, attempt: AttemptId) -> pb::RequestRef {
@@ -132,6 +251,41 @@ mod tests {
         assert_eq!(v - 1, IntegrityKind::ALL.len() as i32);
         assert_eq!(integrity_kind(0), None);
         assert_eq!(integrity_kind(999), None);
+    }
+
+    #[test]
+    fn every_reject_reason_round_trips_and_keeps_its_wire_name() {
+        for r in RejectReason::ALL {
+            let status = rejected(Code::ResourceExhausted, "refused", *r);
+            assert_eq!(reject_reason(&status), Some(*r));
+            assert_eq!(status.code(), Code::ResourceExhausted);
+            assert_eq!(status.message(), "refused");
+            // REJECT_REASON_QUEUE_FULL is queue_full: the metrics' label is the wire's name.
+            let name = pb::RejectReason::from(*r)
+                .as_str_name()
+                .to_ascii_lowercase();
+            assert_eq!(name.strip_prefix("reject_reason_"), Some(r.as_str()));
+        }
+        // Every wire value but UNSPECIFIED names a reason, so none can go unmapped.
+        let mut v = 1;
+        while pb::RejectReason::try_from(v).is_ok() {
+            v += 1;
+        }
+        assert_eq!(v - 1, RejectReason::ALL.len() as i32);
+    }
+
+    #[test]
+    fn a_status_without_known_reject_details_has_no_reason() {
+        let details = |reason: i32| pb::RejectDetails { reason }.encode_to_vec().into();
+        let unknown = [
+            Status::invalid_argument("no details"),
+            Status::with_details(Code::InvalidArgument, "x", details(0)),
+            Status::with_details(Code::InvalidArgument, "x", details(999)),
+            Status::with_details(Code::InvalidArgument, "x", vec![0xff, 0xff, 0xff].into()),
+        ];
+        for s in unknown {
+            assert_eq!(reject_reason(&s), None, "{s:?}");
+        }
     }
 
     #[test]

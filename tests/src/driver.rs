@@ -216,11 +216,3 @@ impl Driver {
             .found
     }
 }
-
-/// The `pagewarden-reason` of a rejection, if any.
-pub fn reason(s: &Status) -> Option<String> {
-    s.metadata()
-        .get("pagewarden-reason")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-}

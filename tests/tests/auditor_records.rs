@@ -15,9 +15,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use pagewarden_proto::convert::reject_reason;
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient;
-use pagewarden_system_tests::driver::{fresh_ref, greedy, reason, Driver};
+use pagewarden_system_tests::driver::{fresh_ref, greedy, Driver};
 use pagewarden_system_tests::{
     api_key, get_json, start_auditor, start_decode, start_prefill, start_router_with, ModelArg,
     Service,
@@ -129,7 +130,11 @@ async fn reserve_and_prefill(
 async fn refused_commit(d: &mut Driver, req: &pb::RequestRef, reply: pb::PrefillReply) {
     match d.generate(req, reply).await {
         Ok(c) => panic!("decode accepted a forged manifest and generated {c:?}"),
-        Err(s) => eprintln!("refused as expected: {:?} {:?}", s.code(), reason(&s)),
+        Err(s) => eprintln!(
+            "refused as expected: {:?} {:?}",
+            s.code(),
+            reject_reason(&s)
+        ),
     }
 }
 

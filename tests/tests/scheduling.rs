@@ -10,9 +10,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pagewarden_common::reject_reason::RejectReason;
 use pagewarden_model::{GgufFile, Tokenizer};
+use pagewarden_proto::convert::reject_reason;
 use pagewarden_proto::v1 as pb;
-use pagewarden_system_tests::driver::{fresh_ref, greedy, reason, Driver};
+use pagewarden_system_tests::driver::{fresh_ref, greedy, Driver};
 use pagewarden_system_tests::{
     api_key, model_path, start_decode, start_prefill, start_router_with, ModelArg,
 };
@@ -127,10 +129,10 @@ async fn a_full_queue_and_a_passed_queue_deadline_answer_typed_statuses() {
         .await
         .expect_err("the queue holds one");
     assert_eq!(full.code(), tonic::Code::ResourceExhausted, "{full:?}");
-    assert_eq!(reason(&full).as_deref(), Some("queue_full"));
+    assert_eq!(reject_reason(&full), Some(RejectReason::QueueFull));
     let late = call3.await.unwrap().expect_err("its queue deadline passes");
     assert_eq!(late.code(), tonic::Code::ResourceExhausted, "{late:?}");
-    assert_eq!(reason(&late).as_deref(), Some("queue_timeout"));
+    assert_eq!(reject_reason(&late), Some(RejectReason::QueueTimeout));
     let info = d.decode_info().await;
     assert_eq!((info.queue_depth, info.free_pages), (0, total - HELD));
     // Admission (I3) still comes first: an over-context request is rejected, never queued.
@@ -138,7 +140,10 @@ async fn a_full_queue_and_a_passed_queue_deadline_answer_typed_statuses() {
         .reserve(&fresh_ref(), "t", &prompt(200), 57)
         .await
         .expect_err("over the context");
-    assert_eq!(reason(&over).as_deref(), Some("context_length_exceeded"));
+    assert_eq!(
+        reject_reason(&over),
+        Some(RejectReason::ContextLengthExceeded)
+    );
     assert!(d.abort_decode(&r1).await && d.abort_decode(&r2).await);
     wait_info(&mut d, "pool all free", |i| i.free_pages == total).await;
 }

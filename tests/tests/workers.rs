@@ -5,8 +5,10 @@
 
 use std::time::Duration;
 
+use pagewarden_common::reject_reason::RejectReason;
+use pagewarden_proto::convert::reject_reason;
 use pagewarden_proto::v1 as pb;
-use pagewarden_system_tests::driver::{fresh_ref, greedy, reason, Driver};
+use pagewarden_system_tests::driver::{fresh_ref, greedy, Driver};
 use pagewarden_system_tests::{reference, start_decode, start_prefill, ModelArg, Service};
 use pagewarden_testkit::{eventually, poll_until, Polling};
 
@@ -109,7 +111,10 @@ async fn over_length_requests_are_rejected_before_any_allocation() {
         }
         let err = grant.expect_err("over-length reserve must be rejected");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert_eq!(reason(&err).as_deref(), Some("context_length_exceeded"));
+        assert_eq!(
+            reject_reason(&err),
+            Some(RejectReason::ContextLengthExceeded)
+        );
         // Prefill re-checks admission even with a (bogus) grant: rejected before any allocation.
         let bogus = pb::WriteGrant {
             key: vec![0; 16],
@@ -125,7 +130,10 @@ async fn over_length_requests_are_rejected_before_any_allocation() {
             .prefill(&req, "tenant-a", &prompt, bogus, greedy(max_tokens))
             .await
             .expect_err("prefill rejects");
-        assert_eq!(reason(&err).as_deref(), Some("context_length_exceeded"));
+        assert_eq!(
+            reject_reason(&err),
+            Some(RejectReason::ContextLengthExceeded)
+        );
         rejected += 1.0;
         let di = d.decode_info().await;
         let pi = d.prefill_info().await;
@@ -183,7 +191,10 @@ async fn a_pool_smaller_than_the_context_refuses_to_start_or_lowers_the_context(
         .reserve(&fresh_ref(), "t", &[30; 100], 40)
         .await
         .expect_err("over the pool");
-    assert_eq!(reason(&err).as_deref(), Some("context_length_exceeded"));
+    assert_eq!(
+        reject_reason(&err),
+        Some(RejectReason::ContextLengthExceeded)
+    );
     assert_eq!(d.decode_info().await.free_pages, info.total_pages);
     assert!(d.complete("t", &[30, 31, 32], greedy(8)).await.is_ok());
 }

@@ -36,5 +36,5 @@ pub mod tls;
 pub mod vllm_metrics;
 pub mod worker_config;
 
-pub use pagewarden_types::{admission, cache_event, ids, namespace, seal_mode};
+pub use pagewarden_types::{admission, cache_event, ids, namespace, reject_reason, seal_mode};
 pub use pagewarden_types::{AttemptId, RequestId, TenantId};

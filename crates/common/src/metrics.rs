@@ -19,6 +19,7 @@ use prometheus_client::registry::Registry;
 
 use crate::auditor_client::ClientStats;
 use crate::edge::{serve_edge, EdgeCounters, EdgeLimits};
+use crate::reject_reason::RejectReason;
 use crate::vllm_metrics::VllmMetrics;
 use crate::TenantId;
 
@@ -263,9 +264,13 @@ impl WorkerMetrics {
         self.requests.get_or_create(&OutcomeLabel { outcome }).inc();
     }
 
-    /// Counts an admission rejection.
-    pub fn rejection(&self, reason: &'static str) {
-        self.rejections.get_or_create(&ReasonLabel { reason }).inc();
+    /// Counts a refused request, labelled with its reason's spelling.
+    pub fn rejection(&self, reason: RejectReason) {
+        self.rejections
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
     }
 
     /// Counts an integrity violation.
@@ -524,7 +529,7 @@ mod tests {
     #[test]
     fn names_are_prefixed_and_values_render() {
         let m = WorkerMetrics::new("decode", "smol");
-        m.rejection("context_length_exceeded");
+        m.rejection(RejectReason::ContextLengthExceeded);
         m.set_pool(PoolGauges {
             free: 7,
             used: 1,

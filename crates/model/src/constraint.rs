@@ -14,21 +14,9 @@ use std::sync::Arc;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
+use pagewarden_types::sampling::Grammar;
 
 use crate::tokenizer::{TokenKind, Tokenizer};
-
-/// What the output must be.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Grammar {
-    /// Any JSON object (`response_format: {"type": "json_object"}`).
-    JsonObject,
-    /// A document valid under this JSON schema (`{"type": "json_schema", ...}`).
-    JsonSchema(serde_json::Value),
-    /// Text the whole of which matches this regular expression (vLLM's `regex`).
-    Regex(String),
-    /// Exactly one of these texts (vLLM's `choice`).
-    Choice(Vec<String>),
-}
 
 /// `text` as a regular expression matching exactly itself.
 fn regex_literal(text: &str) -> String {
@@ -42,32 +30,30 @@ fn regex_literal(text: &str) -> String {
     out
 }
 
-impl Grammar {
-    /// The llguidance grammar. Unless the schema says otherwise (its `x-guidance` key), JSON is
-    /// written with `", "` and `": "` between items and no other whitespace: with free
-    /// whitespace a small model can spend its whole budget on newlines and never close the
-    /// document.
-    fn top_level(&self) -> TopLevelGrammar {
-        let mut schema = match self {
-            Grammar::JsonObject => serde_json::json!({"type": "object"}),
-            Grammar::JsonSchema(s) => s.clone(),
-            Grammar::Regex(rx) => return TopLevelGrammar::from_regex(rx),
-            Grammar::Choice(choices) => {
-                let alternatives: Vec<String> = choices.iter().map(|c| regex_literal(c)).collect();
-                return TopLevelGrammar::from_regex(&format!("({})", alternatives.join("|")));
-            }
-        };
-        if let Some(o) = schema.as_object_mut() {
-            o.entry("x-guidance").or_insert_with(|| {
-                serde_json::json!({
-                    "whitespace_flexible": false,
-                    "item_separator": ", ",
-                    "key_separator": ": ",
-                })
-            });
+/// The llguidance grammar of `grammar`. Unless the schema says otherwise (its `x-guidance` key), JSON is
+/// written with `", "` and `": "` between items and no other whitespace: with free
+/// whitespace a small model can spend its whole budget on newlines and never close the
+/// document.
+fn top_level(grammar: &Grammar) -> TopLevelGrammar {
+    let mut schema = match grammar {
+        Grammar::JsonObject => serde_json::json!({"type": "object"}),
+        Grammar::JsonSchema(s) => s.clone(),
+        Grammar::Regex(rx) => return TopLevelGrammar::from_regex(rx),
+        Grammar::Choice(choices) => {
+            let alternatives: Vec<String> = choices.iter().map(|c| regex_literal(c)).collect();
+            return TopLevelGrammar::from_regex(&format!("({})", alternatives.join("|")));
         }
-        TopLevelGrammar::from_json_schema(schema)
+    };
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+            })
+        });
     }
+    TopLevelGrammar::from_json_schema(schema)
 }
 
 /// Why a grammar cannot be used.
@@ -131,7 +117,7 @@ impl Grammars {
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, ConstraintError> {
         let parser = self
             .factory
-            .create_parser(grammar.top_level())
+            .create_parser(top_level(grammar))
             .map_err(|e| ConstraintError::Schema(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {

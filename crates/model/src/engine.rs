@@ -7,9 +7,10 @@ use pagewarden_kvcache::{KvPool, Owner, RequestId, TenantId};
 
 use crate::llama::{Model, ModelError};
 use crate::logprobs::TokenLogprobs;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::Sampler;
 use crate::token_output::TokenOutput;
 use crate::FinishReason;
+use crate::SamplingParams;
 
 /// The result of one generation.
 #[derive(Clone, Debug, PartialEq)]

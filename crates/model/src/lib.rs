@@ -29,7 +29,7 @@
 //! - `llama/`: `Model` (load, prefill, batched decode over paged KV), `ModelError`
 //! - `chat.rs`: `ChatTemplate` (minijinja, HF-compatible), `ChatMessage`
 //! - `chat_guard.rs`: message content is text: control-token texts in content are guarded through rendering
-//! - `sampling.rs`: `SamplingParams`, `Sampler` (penalties, min_tokens, greedy, temperature, min-p, top-k, top-p, seeded), `EndTokens`
+//! - `sampling.rs`: `Sampler` (penalties, min_tokens, greedy, temperature, min-p, top-k, top-p, seeded), `EndTokens`; the parameters, `Grammar` and their limits are `pagewarden_types::sampling`'s, re-exported here
 //! - `penalties.rs`: `Penalties`, repetition (vLLM/HF) and presence/frequency (OpenAI) over a sequence's history
 //! - `logprobs.rs`: `TokenLogprobs`, the log-softmax of raw logits at the chosen and top tokens
 //! - `stop.rs`: `StopMatcher`, stop sequences across streamed text
@@ -79,7 +79,7 @@ pub use arch::Arch;
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
 #[cfg(feature = "engine")]
 pub use config::LlamaConfig;
-pub use constraint::{Constraint, ConstraintError, Grammar, Grammars};
+pub use constraint::{Constraint, ConstraintError, Grammars};
 #[cfg(feature = "engine")]
 pub use engine::{Engine, GenerationOutput};
 pub use gguf::{
@@ -87,11 +87,13 @@ pub use gguf::{
 };
 #[cfg(feature = "engine")]
 pub use llama::{LoadOptions, Model, ModelError};
-pub use logprobs::{Logprob, TokenLogprobs, LOGPROB_FLOOR, MAX_TOP_LOGPROBS};
-pub use pagewarden_types::FinishReason;
-pub use sampling::{
-    argmax, EndTokens, Sampled, Sampler, SamplingParams, LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS,
+pub use logprobs::{Logprob, TokenLogprobs, LOGPROB_FLOOR};
+pub use pagewarden_types::sampling::{
+    Grammar, SamplingError, SamplingParams, GREEDY_BELOW, LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS,
+    MAX_STOP, MAX_STOP_BYTES, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS,
 };
+pub use pagewarden_types::FinishReason;
+pub use sampling::{argmax, EndTokens, Sampled, Sampler};
 pub use stop::{StopMatcher, StopOutcome};
 pub use token_output::{Emitted, TokenOutput};
 pub use tokenizer::{TokenKind, Tokenizer, TokenizerError};

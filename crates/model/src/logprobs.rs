@@ -3,9 +3,6 @@
 //! truncation: vLLM's default (`logprobs_mode = raw_logprobs`), so a logprob describes the
 //! model, not the request's sampling settings.
 
-/// The most top logprobs a request may ask for per token (vLLM's default `max_logprobs`).
-pub const MAX_TOP_LOGPROBS: usize = 20;
-
 /// Logprobs are reported no lower than this (vLLM's floor): `-inf` has no JSON spelling.
 pub const LOGPROB_FLOOR: f32 = -9999.0;
 

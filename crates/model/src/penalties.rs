@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::sampling::SamplingParams;
+use crate::SamplingParams;
 
 /// One sequence's penalties and the tokens they look at.
 #[derive(Debug, Clone)]

@@ -1,6 +1,7 @@
-//! `SamplingParams` and `Sampler`: penalties, `min_tokens`, then greedy (argmax, ties to the
+//! `Sampler`: penalties, `min_tokens`, then greedy (argmax, ties to the
 //! lowest id) or temperature, min-p, top-k, top-p, with a seeded RNG so a seeded request replays
-//! token for token; `EndTokens`, the sampled ids that end a generation.
+//! token for token; `EndTokens`, the sampled ids that end a generation. The parameters
+//! themselves, their limits and their range check are `pagewarden_types::sampling`'s.
 //!
 //! Order per step (vLLM's): logprobs of the raw logits; penalties; the grammar's mask
 //! (`response_format`, see `constraint.rs`); end tokens masked while fewer than `min_tokens`
@@ -9,104 +10,12 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::constraint::{Constraint, Grammar};
+use pagewarden_types::sampling::SamplingParams;
+
+use crate::constraint::Constraint;
 use crate::logprobs::TokenLogprobs;
 use crate::penalties::Penalties;
 use crate::tokenizer::Tokenizer;
-
-/// How to pick each next token, and when to stop.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// Softmax temperature; `<= 0` means greedy.
-    pub temperature: f32,
-    /// Keep only the `top_k` most likely tokens; 0 disables.
-    pub top_k: usize,
-    /// Keep the smallest set of most likely tokens whose probability reaches `top_p`;
-    /// `>= 1` disables.
-    pub top_p: f32,
-    /// RNG seed; `None` draws one from the OS.
-    pub seed: Option<u64>,
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// Stop sequences; generation ends before the first one (see `StopMatcher`).
-    pub stop: Vec<String>,
-    /// Drop tokens less likely than `min_p` times the most likely one; 0 disables.
-    pub min_p: f32,
-    /// Repetition penalty over prompt and generated tokens (vLLM/HF); 1 disables.
-    pub repetition_penalty: f32,
-    /// Subtracted once from the logit of every token generated so far; 0 disables.
-    pub presence_penalty: f32,
-    /// Subtracted from a token's logit per time it was generated; 0 disables.
-    pub frequency_penalty: f32,
-    /// The model's end-of-generation tokens do not end generation (they are then ordinary
-    /// tokens); `stop_token_ids` still do.
-    pub ignore_eos: bool,
-    /// End tokens (see [`EndTokens`]) cannot be sampled before this many tokens were generated.
-    pub min_tokens: usize,
-    /// Token ids that end generation like an end-of-generation token (not part of the output).
-    pub stop_token_ids: Vec<u32>,
-    /// Report each chosen token's logprob and this many top logprobs; `None`: no logprobs.
-    pub logprobs: Option<usize>,
-    /// What the output must be (`response_format`); `None`: free text.
-    pub grammar: Option<Grammar>,
-    /// Added to these tokens' logits before sampling (OpenAI's `logit_bias`: −100 bans a
-    /// token in practice, 100 all but forces it), after penalties and before a grammar's or
-    /// `min_tokens`' masks, which therefore still hold. Ids outside the vocabulary are ignored
-    /// (the router refuses them).
-    pub logit_bias: Vec<(u32, f32)>,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: None,
-            max_tokens: 256,
-            stop: Vec::new(),
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            ignore_eos: false,
-            min_tokens: 0,
-            stop_token_ids: Vec::new(),
-            logprobs: None,
-            grammar: None,
-            logit_bias: Vec::new(),
-        }
-    }
-}
-
-impl SamplingParams {
-    /// Greedy decoding of at most `max_tokens` tokens.
-    pub fn greedy(max_tokens: usize) -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            max_tokens,
-            ..SamplingParams::default()
-        }
-    }
-
-    /// Whether sampling reduces to argmax: no temperature, a temperature so small that
-    /// `logit / temperature` would overflow (it tends to argmax anyway; left to the arithmetic
-    /// it picked the least likely token), or `top_k == 1`.
-    pub fn is_greedy(&self) -> bool {
-        self.temperature < GREEDY_BELOW || self.top_k == 1
-    }
-}
-
-/// At most this many `logit_bias` entries (OpenAI's limit), checked by the router and the
-/// workers.
-pub const MAX_LOGIT_BIAS: usize = 300;
-
-/// The largest `logit_bias` value either way (OpenAI's range).
-pub const LOGIT_BIAS_RANGE: f32 = 100.0;
-
-/// Temperatures below this sample greedily: `1 / t` times any logit stays far from `f32`
-/// overflow above it.
-pub const GREEDY_BELOW: f32 = 1e-4;
 
 /// The sampled ids that end a generation and are not part of it: the model's
 /// end-of-generation tokens (unless `ignore_eos`) and `stop_token_ids`.

@@ -7,10 +7,11 @@
 
 use std::ops::Deref;
 
-use crate::sampling::{EndTokens, SamplingParams};
+use crate::sampling::EndTokens;
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer_stream::StreamDecoder;
+use crate::SamplingParams;
 use pagewarden_types::FinishReason;
 
 /// What one accepted token produced.

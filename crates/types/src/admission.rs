@@ -3,6 +3,8 @@
 //!
 //! The effective context is the smaller of the advertised context and the KV pool's capacity.
 
+use crate::reject_reason::RejectReason;
+
 /// Why a request was refused at admission.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
@@ -28,12 +30,12 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    /// Stable label for metrics and wire errors.
-    pub fn reason(&self) -> &'static str {
+    /// The reason a refusing status carries and metrics count.
+    pub fn reason(&self) -> RejectReason {
         match self {
-            Rejection::EmptyPrompt => "empty_prompt",
-            Rejection::ZeroMaxTokens => "zero_max_tokens",
-            Rejection::ContextLengthExceeded { .. } => "context_length_exceeded",
+            Rejection::EmptyPrompt => RejectReason::EmptyPrompt,
+            Rejection::ZeroMaxTokens => RejectReason::ZeroMaxTokens,
+            Rejection::ContextLengthExceeded { .. } => RejectReason::ContextLengthExceeded,
         }
     }
 }
@@ -115,7 +117,7 @@ mod tests {
         assert!(a.check(1, 127).is_ok());
         for over in 1..=16 * 16 {
             let err = a.check(64 + over, 64).unwrap_err();
-            assert_eq!(err.reason(), "context_length_exceeded");
+            assert_eq!(err.reason(), RejectReason::ContextLengthExceeded);
         }
         assert!(a.check(1, usize::MAX).is_err());
     }

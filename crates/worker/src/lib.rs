@@ -11,7 +11,7 @@
 //! - `boot.rs`: `start_up` (a failure is reported to the auditor) and `auditor_client`.
 //! - `serve.rs`: the gRPC and metrics listeners, pool gauges, and serving until shutdown.
 //! - `transfer_security.rs`: the KV transfer connection's TLS, role check and refusal reports.
-//! - `wire.rs`: the request reference, sampling parameters and logprobs at the gRPC boundary.
+//! - `wire.rs`: the write grant, the commit manifest and logprobs at the gRPC boundary.
 //! - `worker_error.rs`: `WorkerError`, why a worker refused or ended a request, and its one
 //!   mapping to a gRPC status; `QueueRefusal`.
 //! - `fair_queue.rs`: `FairQueue`, both workers' waiting line (FIFO per tenant, tenants in turn).

@@ -1,7 +1,7 @@
-//! The workers' proto ↔ domain conversions of the internal plane, once: the sampling
-//! parameters, the write grant (decode sends it, prefill parses it), the commit
-//! manifest (prefill sends it, decode parses it) and the logprobs. The request reference and
-//! the finish reason, which the router needs too, are `pagewarden_proto::convert`'s.
+//! The workers' proto ↔ domain conversions of the internal plane, once: the write grant
+//! (decode sends it, prefill parses it), the commit manifest (prefill sends it, decode parses
+//! it) and the logprobs. The request reference, the finish reason and the sampling parameters,
+//! which the router needs too, are `pagewarden_proto::convert`'s.
 //! Malformed input becomes `INVALID_ARGUMENT` here, so nothing past the gRPC layer sees an
 //! unparsed message.
 
@@ -10,122 +10,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use pagewarden_common::namespace::Namespace;
 
 use pagewarden_kvcache::{CommitManifest, Generation, GrantKey, PageId, WriteGrant};
-use pagewarden_model::{
-    Grammar, Logprob, SamplingParams, TokenLogprobs, LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS,
-    MAX_TOP_LOGPROBS,
-};
+use pagewarden_model::{Logprob, TokenLogprobs, MAX_TOP_LOGPROBS};
 use pagewarden_proto::v1 as pb;
 use pagewarden_transfer::{GrantSeal, SealMode};
 use tonic::Status;
-
-/// At most this many stop sequences (the router's limit too).
-pub const MAX_STOP: usize = 16;
-/// Longest stop sequence in bytes (the router's limit too).
-pub const MAX_STOP_BYTES: usize = 256;
-
-/// At most this many stop token ids (the router's limit too).
-pub const MAX_STOP_TOKEN_IDS: usize = 64;
-
-/// Parses sampling parameters.
-pub fn sampling(s: Option<&pb::SamplingParams>) -> Result<SamplingParams, Status> {
-    let s = s.ok_or_else(|| Status::invalid_argument("sampling is required"))?;
-    if !s.temperature.is_finite() || s.temperature < 0.0 {
-        return Err(Status::invalid_argument(
-            "sampling.temperature must be >= 0",
-        ));
-    }
-    if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-        return Err(Status::invalid_argument("sampling.top_p must be in (0, 1]"));
-    }
-    if s.stop.len() > MAX_STOP || s.stop.iter().any(|x| x.len() > MAX_STOP_BYTES) {
-        return Err(Status::invalid_argument(format!(
-            "sampling.stop: at most {MAX_STOP} sequences of at most {MAX_STOP_BYTES} bytes"
-        )));
-    }
-    let repetition_penalty = s.repetition_penalty.unwrap_or(1.0);
-    let finite = [
-        s.min_p,
-        repetition_penalty,
-        s.presence_penalty,
-        s.frequency_penalty,
-    ];
-    if finite.iter().any(|x| !x.is_finite()) || !(0.0..=1.0).contains(&s.min_p) {
-        return Err(Status::invalid_argument(
-            "sampling: min_p must be in [0, 1] and every penalty finite",
-        ));
-    }
-    if repetition_penalty <= 0.0 {
-        return Err(Status::invalid_argument(
-            "sampling.repetition_penalty must be > 0",
-        ));
-    }
-    if s.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
-        return Err(Status::invalid_argument(format!(
-            "sampling.stop_token_ids: at most {MAX_STOP_TOKEN_IDS}"
-        )));
-    }
-    if s.logprobs.is_some_and(|n| n as usize > MAX_TOP_LOGPROBS) {
-        return Err(Status::invalid_argument(format!(
-            "sampling.logprobs: at most {MAX_TOP_LOGPROBS} top logprobs"
-        )));
-    }
-    if s.logit_bias.len() > MAX_LOGIT_BIAS
-        || s.logit_bias
-            .values()
-            .any(|b| !(-LOGIT_BIAS_RANGE..=LOGIT_BIAS_RANGE).contains(b))
-    {
-        return Err(Status::invalid_argument(format!(
-            "sampling.logit_bias: at most {MAX_LOGIT_BIAS} entries, each in \
-             [-{LOGIT_BIAS_RANGE}, {LOGIT_BIAS_RANGE}]"
-        )));
-    }
-    let mut logit_bias: Vec<(u32, f32)> = s.logit_bias.iter().map(|(&t, &b)| (t, b)).collect();
-    logit_bias.sort_unstable_by_key(|&(t, _)| t);
-    let grammar = match &s.grammar {
-        None => None,
-        Some(pb::sampling_params::Grammar::JsonObject(true)) => Some(Grammar::JsonObject),
-        Some(pb::sampling_params::Grammar::JsonObject(false)) => {
-            return Err(Status::invalid_argument(
-                "sampling.json_object: must be true when set",
-            ))
-        }
-        Some(pb::sampling_params::Grammar::JsonSchema(text)) => {
-            Some(Grammar::JsonSchema(serde_json::from_str(text).map_err(
-                |e| Status::invalid_argument(format!("sampling.json_schema: not JSON: {e}")),
-            )?))
-        }
-        Some(pb::sampling_params::Grammar::Regex(rx)) if rx.is_empty() => {
-            return Err(Status::invalid_argument(
-                "sampling.regex: must not be empty",
-            ))
-        }
-        Some(pb::sampling_params::Grammar::Regex(rx)) => Some(Grammar::Regex(rx.clone())),
-        Some(pb::sampling_params::Grammar::Choice(c)) if c.choices.is_empty() => {
-            return Err(Status::invalid_argument(
-                "sampling.choice: at least one text is required",
-            ))
-        }
-        Some(pb::sampling_params::Grammar::Choice(c)) => Some(Grammar::Choice(c.choices.clone())),
-    };
-    Ok(SamplingParams {
-        temperature: s.temperature,
-        top_k: s.top_k as usize,
-        top_p: s.top_p,
-        seed: s.seed,
-        max_tokens: s.max_tokens as usize,
-        stop: s.stop.clone(),
-        min_p: s.min_p,
-        repetition_penalty,
-        presence_penalty: s.presence_penalty,
-        frequency_penalty: s.frequency_penalty,
-        ignore_eos: s.ignore_eos,
-        min_tokens: s.min_tokens as usize,
-        stop_token_ids: s.stop_token_ids.clone(),
-        logprobs: s.logprobs.map(|n| n as usize),
-        grammar,
-        logit_bias,
-    })
-}
 
 /// The prompt's ids (see `ReserveRequest.prompt_token_ids`): exactly `prompt_tokens` of them.
 /// Decode needs them to recompute a sequence preempted for pages (and a repetition penalty

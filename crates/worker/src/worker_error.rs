@@ -3,20 +3,22 @@
 //! the parsing of a message (`wire.rs`) makes a status of its own: `INVALID_ARGUMENT`.
 
 use pagewarden_common::admission::Rejection;
-use tonic::Status;
+use pagewarden_common::reject_reason::RejectReason;
+use pagewarden_proto::convert::rejected;
+use tonic::{Code, Status};
 
 /// Why a worker refused or ended a request.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum WorkerError {
     /// Admission refused it (I3): the prompt and `max_tokens` do not fit the context or the
-    /// pool. `INVALID_ARGUMENT`, with the reason in `pagewarden-reason`.
+    /// pool. `INVALID_ARGUMENT`, with the reason in its details.
     #[error("{0}")]
     Rejected(Rejection),
     /// The request is malformed in a way only the worker can see. `INVALID_ARGUMENT`.
     #[error("{0}")]
     Invalid(String),
     /// It fits, but its wait was bounded (`QueueRefusal`). `RESOURCE_EXHAUSTED`, with the
-    /// reason in `pagewarden-reason`.
+    /// reason in its details.
     #[error("{role} {refusal}")]
     Queue {
         /// The worker (`prefill`, `decode`), named in the message.
@@ -47,29 +49,25 @@ pub enum WorkerError {
 impl From<WorkerError> for Status {
     fn from(e: WorkerError) -> Status {
         let message = e.to_string();
-        let (mut status, reason) = match &e {
-            WorkerError::Rejected(r) => (Status::invalid_argument(message), Some(r.reason())),
-            WorkerError::Invalid(_) => (Status::invalid_argument(message), None),
+        match &e {
+            WorkerError::Rejected(r) => rejected(Code::InvalidArgument, message, r.reason()),
+            WorkerError::Invalid(_) => Status::invalid_argument(message),
             WorkerError::Queue { refusal, .. } => {
-                (Status::resource_exhausted(message), Some(refusal.reason()))
+                rejected(Code::ResourceExhausted, message, refusal.reason())
             }
-            WorkerError::NotFound(_) => (Status::not_found(message), None),
-            WorkerError::Stale(_) => (Status::aborted(message), None),
-            WorkerError::CommitRefused(_) => (Status::failed_precondition(message), None),
-            WorkerError::Cancelled(_) => (Status::cancelled(message), None),
-            WorkerError::Unavailable(_) => (Status::unavailable(message), None),
-            WorkerError::Internal(_) => (Status::internal(message), None),
-        };
-        if let Some(v) = reason.and_then(|r| r.parse().ok()) {
-            status.metadata_mut().insert("pagewarden-reason", v);
+            WorkerError::NotFound(_) => Status::not_found(message),
+            WorkerError::Stale(_) => Status::aborted(message),
+            WorkerError::CommitRefused(_) => Status::failed_precondition(message),
+            WorkerError::Cancelled(_) => Status::cancelled(message),
+            WorkerError::Unavailable(_) => Status::unavailable(message),
+            WorkerError::Internal(_) => Status::internal(message),
         }
-        status
     }
 }
 
 /// Why a request that fits the context was refused after all: the wait for pages or compute is
-/// bounded in length and in time. On the wire: `RESOURCE_EXHAUSTED` with `pagewarden-reason`
-/// `queue_full` or `queue_timeout` (the router answers 503 with `Retry-After`).
+/// bounded in length and in time. On the wire: `RESOURCE_EXHAUSTED` with the reason
+/// `QueueFull` or `QueueTimeout` in its details (the router answers 503 with `Retry-After`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueRefusal {
     /// `limit` requests already wait.
@@ -85,11 +83,11 @@ pub enum QueueRefusal {
 }
 
 impl QueueRefusal {
-    /// Label for metrics and the `pagewarden-reason` metadata.
-    pub fn reason(self) -> &'static str {
+    /// The reason the refusing status carries and metrics count.
+    pub fn reason(self) -> RejectReason {
         match self {
-            QueueRefusal::Full { .. } => "queue_full",
-            QueueRefusal::Timeout { .. } => "queue_timeout",
+            QueueRefusal::Full { .. } => RejectReason::QueueFull,
+            QueueRefusal::Timeout { .. } => RejectReason::QueueTimeout,
         }
     }
 
@@ -118,7 +116,7 @@ impl std::fmt::Display for QueueRefusal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::Code;
+    use pagewarden_proto::convert::reject_reason;
 
     /// Every error has its code, and the two a router answers with a reason carry it.
     #[test]
@@ -131,7 +129,7 @@ mod tests {
                     context: 12,
                 }),
                 Code::InvalidArgument,
-                Some("context_length_exceeded"),
+                Some(RejectReason::ContextLengthExceeded),
             ),
             (
                 WorkerError::Invalid("x".into()),
@@ -141,7 +139,7 @@ mod tests {
             (
                 QueueRefusal::Full { limit: 3 }.error("decode"),
                 Code::ResourceExhausted,
-                Some("queue_full"),
+                Some(RejectReason::QueueFull),
             ),
             (WorkerError::NotFound("x".into()), Code::NotFound, None),
             (WorkerError::Stale("x".into()), Code::Aborted, None),
@@ -162,11 +160,7 @@ mod tests {
             let s = Status::from(e.clone());
             assert_eq!(s.code(), code, "{e:?}");
             assert_eq!(s.message(), e.to_string());
-            let got = s
-                .metadata()
-                .get("pagewarden-reason")
-                .map(|v| v.to_str().unwrap().to_string());
-            assert_eq!(got.as_deref(), reason, "{e:?}");
+            assert_eq!(reject_reason(&s), reason, "{e:?}");
         }
         assert_eq!(
             Status::from(QueueRefusal::Full { limit: 3 }.error("prefill")).message(),

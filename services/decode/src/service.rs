@@ -66,7 +66,7 @@ impl Decode for DecodeService {
             if m.tenant.is_empty() {
                 return Err(Status::invalid_argument("tenant is required"));
             }
-            let sampling = convert::sampling(m.sampling.as_ref())?;
+            let sampling = pagewarden_proto::convert::sampling(m.sampling.as_ref())?;
             let prompt = convert::prompt_ids(m.prompt_token_ids, m.prompt_tokens as usize)?;
             let namespace = convert::namespace(&m.namespace)?;
             // The call may wait in the scheduler's queue; if it is dropped meanwhile (the router
@@ -84,7 +84,7 @@ impl Decode for DecodeService {
                     tenant: TenantId::new(m.tenant),
                     weight: m.tenant_weight.max(1),
                     prompt,
-                    sampling,
+                    sampling: Box::new(sampling),
                     namespace,
                     reply,
                 })

@@ -72,7 +72,7 @@ pub struct Queued {
     /// The prompt's ids (recompute after a preemption, repetition penalty).
     pub prompt: Vec<u32>,
     /// The whole generation's parameters (`max_tokens` among them), given once at `Reserve`.
-    pub sampling: SamplingParams,
+    pub sampling: Box<SamplingParams>,
     /// The prefix-cache namespace the router derived; `None`: no caching for this request.
     pub namespace: Option<Namespace>,
     pub reply: GrantReply,
@@ -91,7 +91,7 @@ pub struct Reservation {
     /// The grant covers exactly the prompt's tokens after `prefix`.
     pub pages: ReservedPages,
     pub prompt: Vec<u32>,
-    pub sampling: SamplingParams,
+    pub sampling: Box<SamplingParams>,
     pub namespace: Option<Namespace>,
 }
 

@@ -5,8 +5,9 @@ use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_model::SamplingParams;
 pub use pagewarden_proto::convert::parse_request_ref as request_ref;
+pub use pagewarden_proto::convert::sampling;
 use pagewarden_proto::v1 as pb;
-pub use pagewarden_worker::wire::{received_grant, sampling, ReceivedGrant};
+pub use pagewarden_worker::wire::{received_grant, ReceivedGrant};
 use tonic::Status;
 
 /// A parsed `PrefillRequest`.
@@ -20,11 +21,10 @@ pub struct ValidPrefill {
     pub prompt: Vec<u32>,
     pub grant: ReceivedGrant,
     pub sampling: SamplingParams,
-    /// The prefix-cache namespace the router derived; `None`: no caching for this request.
+    /// The prefix-cache namespace the router derived; `None`: no caching for this request
+    /// (always, when `sampling.prompt_logprobs` scores the prompt: the whole prompt is
+    /// computed, with no held prefix).
     pub namespace: Option<Namespace>,
-    /// Score the prompt: the logprob of each of its tokens after the first, with this many
-    /// top logprobs (the whole prompt is computed: no namespace, no held prefix).
-    pub prompt_logprobs: Option<usize>,
 }
 
 /// Parses the whole request. `admit` runs (I3) as soon as the lengths are known, before the
@@ -74,22 +74,12 @@ pub fn parse(
         )));
     }
     let namespace = pagewarden_worker::wire::namespace(&m.namespace)?;
-    let prompt_logprobs = match m.sampling.as_ref().and_then(|s| s.prompt_logprobs) {
-        None => None,
-        Some(n) if n as usize > pagewarden_model::MAX_TOP_LOGPROBS => {
-            return Err(Status::invalid_argument(format!(
-                "sampling.prompt_logprobs {n} is above {}",
-                pagewarden_model::MAX_TOP_LOGPROBS
-            )))
-        }
-        Some(_) if namespace.is_some() || grant.prefix_tokens > 0 => {
-            return Err(Status::invalid_argument(
-                "sampling.prompt_logprobs needs the whole prompt computed: send no namespace \
-                 and a grant with no held prefix",
-            ))
-        }
-        Some(n) => Some(n as usize),
-    };
+    if sampling.prompt_logprobs.is_some() && (namespace.is_some() || grant.prefix_tokens > 0) {
+        return Err(Status::invalid_argument(
+            "sampling.prompt_logprobs needs the whole prompt computed: send no namespace \
+             and a grant with no held prefix",
+        ));
+    }
     Ok(ValidPrefill {
         req,
         attempt,
@@ -99,6 +89,5 @@ pub fn parse(
         grant,
         sampling,
         namespace,
-        prompt_logprobs,
     })
 }

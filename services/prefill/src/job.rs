@@ -222,6 +222,7 @@ async fn compute(
         let chunk = job.prompt[done..end].to_vec();
         // Scoring: the prompt's token after the chunk is scored after its last position.
         let score = job
+            .sampling
             .prompt_logprobs
             .map(|top| (top, job.prompt.get(end).copied()));
         let prompt_end = job.prompt.len();

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
-use pagewarden_model::{FinishReason, Grammar};
+use pagewarden_model::{FinishReason, SamplingParams};
 use pagewarden_proto::convert::{finish_reason, request_ref};
-use pagewarden_proto::v1::sampling_params::Grammar as WireGrammar;
+use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::{
-    Choices, GenerateRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef, ReserveRequest,
-    SamplingParams, TokenEvent, WriteGrant,
+    GenerateRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef, ReserveRequest,
+    TokenEvent, WriteGrant,
 };
 use tonic::Streaming;
 use tracing::Instrument;
@@ -31,7 +31,6 @@ use crate::metrics::{Metrics, Phase};
 use crate::openai::Usage;
 use crate::telemetry::traced;
 use crate::token_rate::TokenMeter;
-use crate::validation::ValidSampling;
 use crate::workers::{Lease, WorkerPool};
 
 /// One generated token relayed to the client; the last one carries `finish`.
@@ -70,8 +69,8 @@ pub struct Job {
     pub tenant: TenantId,
     /// Prompt tokens and completion budget, checked against the context.
     pub admitted: Admitted,
-    /// Sampling.
-    pub sampling: ValidSampling,
+    /// Sampling, its `max_tokens` the admitted one.
+    pub sampling: SamplingParams,
     /// When the HTTP request arrived (for TTFT).
     pub arrived: Instant,
     /// The tenant's weight in the workers' queues (the tenants file's `weight`).
@@ -407,34 +406,8 @@ impl Flight {
         }
     }
 
-    fn sampling(&self) -> SamplingParams {
-        let s = &self.job.sampling;
-        SamplingParams {
-            temperature: s.temperature,
-            top_k: s.top_k,
-            top_p: s.top_p,
-            seed: s.seed,
-            max_tokens: self.job.admitted.max_tokens,
-            stop: s.stop.clone(),
-            min_p: s.min_p,
-            repetition_penalty: (s.repetition_penalty != 1.0).then_some(s.repetition_penalty),
-            presence_penalty: s.presence_penalty,
-            frequency_penalty: s.frequency_penalty,
-            ignore_eos: s.ignore_eos,
-            min_tokens: s.min_tokens,
-            stop_token_ids: s.stop_token_ids.clone(),
-            logprobs: s.logprobs,
-            grammar: s.grammar.as_ref().map(|c| match &c.grammar {
-                Grammar::JsonObject => WireGrammar::JsonObject(true),
-                Grammar::JsonSchema(schema) => WireGrammar::JsonSchema(schema.to_string()),
-                Grammar::Regex(rx) => WireGrammar::Regex(rx.clone()),
-                Grammar::Choice(choices) => WireGrammar::Choice(Choices {
-                    choices: choices.clone(),
-                }),
-            }),
-            logit_bias: s.logit_bias.iter().copied().collect(),
-            prompt_logprobs: s.prompt_logprobs,
-        }
+    fn sampling(&self) -> pb::SamplingParams {
+        pb::SamplingParams::from(&self.job.sampling)
     }
 
     async fn reserve(&mut self) -> Result<WriteGrant, RouterError> {

@@ -6,6 +6,9 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use pagewarden_common::reject_reason::RejectReason;
+use pagewarden_model::SamplingError;
+use pagewarden_proto::convert::reject_reason;
 use serde::Serialize;
 
 /// Which half of the disaggregated pair a worker error came from.
@@ -44,6 +47,14 @@ impl ValidationError {
             param: param.into(),
             message: message.into(),
         }
+    }
+}
+
+impl From<SamplingError> for ValidationError {
+    /// A sampling parameter out of range, named as the rule names it.
+    fn from(e: SamplingError) -> Self {
+        let message = e.to_string();
+        ValidationError::new(e.param, message)
     }
 }
 
@@ -374,18 +385,11 @@ impl IntoResponse for RouterError {
     }
 }
 
-/// gRPC metadata key in which workers name why they rejected a request.
-pub const WORKER_REASON: &str = "pagewarden-reason";
-
 /// Maps a worker's gRPC status to a router error, classified once here.
 pub fn from_status(half: Half, status: &tonic::Status) -> RouterError {
     use tonic::Code;
     let message = status.message().to_string();
-    let reason = status
-        .metadata()
-        .get(WORKER_REASON)
-        .and_then(|v| v.to_str().ok());
-    if reason == Some("context_length_exceeded") {
+    if reject_reason(status) == Some(RejectReason::ContextLengthExceeded) {
         // The worker's own admission check (defense in depth) disagreed with ours, e.g. it
         // lowered its context since the last poll: still the client-facing 400.
         return RouterError::ContextLengthExceeded {
@@ -414,5 +418,47 @@ pub fn from_status(half: Half, status: &tonic::Status) -> RouterError {
             half,
             message: format!("{:?}: {message}", status.code()),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagewarden_proto::convert::rejected;
+    use tonic::{Code, Status};
+
+    /// A worker's own context refusal is the client's 400 whatever its code; other reasons and
+    /// statuses without details are classified by their code.
+    #[test]
+    fn a_worker_context_refusal_is_the_clients_400_and_other_statuses_go_by_code() {
+        let over = rejected(
+            Code::InvalidArgument,
+            "too long",
+            RejectReason::ContextLengthExceeded,
+        );
+        let e = from_status(Half::Prefill, &over);
+        assert!(
+            matches!(
+                e,
+                RouterError::ContextLengthExceeded {
+                    param: "prompt",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(e.to_string(), "the prefill worker: too long");
+
+        let full = rejected(Code::ResourceExhausted, "full", RejectReason::QueueFull);
+        assert!(matches!(
+            from_status(Half::Decode, &full),
+            RouterError::PoolExhausted { .. }
+        ));
+        let plain = Status::invalid_argument("too long");
+        assert!(matches!(
+            from_status(Half::Decode, &plain),
+            RouterError::WorkerRejected { .. }
+        ));
     }
 }

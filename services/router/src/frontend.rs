@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
-use pagewarden_model::{ChatMessage, ChatTemplate, GgufFile, Tokenizer, ToolCallFormat};
+use pagewarden_model::{ChatMessage, ChatTemplate, GgufFile, Grammar, Tokenizer, ToolCallFormat};
 use serde_json::Value;
 
 use crate::error::{RouterError, ValidationError};
-use crate::validation::{OutputConstraint, Prompt};
+use crate::validation::Prompt;
 
 /// Why the model's text side could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -130,8 +130,8 @@ impl Frontend {
     /// Refuses an output constraint whose schema or regular expression does not compile
     /// against this vocabulary, naming its field, with the grammar library's reason (the first
     /// such request also builds the vocabulary index).
-    pub fn check_grammar(&self, constraint: Option<&OutputConstraint>) -> Result<(), RouterError> {
-        let Some(OutputConstraint { grammar: g, field }) = constraint else {
+    pub fn check_grammar(&self, constraint: Option<&(Grammar, &str)>) -> Result<(), RouterError> {
+        let Some((g, field)) = constraint else {
             return Ok(());
         };
         self.tokenizer

@@ -36,7 +36,7 @@ pub async fn completions(
         let frontend = state.frontend.clone();
         let prompts = req.prompts;
         let mut common = req.common;
-        let grammar = common.sampling.grammar.clone();
+        let grammar = common.sampling.grammar.clone().zip(common.grammar_field);
         let (prompts, texts) = blocking(move || {
             frontend.check_grammar(grammar.as_ref())?;
             let tokens = prompts
@@ -98,7 +98,12 @@ pub async fn chat(
             .check_logit_bias(&req.common.sampling.logit_bias)?;
         let frontend = state.frontend.clone();
         let messages = req.messages;
-        let grammar = req.common.sampling.grammar.clone();
+        let grammar = req
+            .common
+            .sampling
+            .grammar
+            .clone()
+            .zip(req.common.grammar_field);
         let tools = req.tools;
         let definitions = tools.as_ref().map(|t| t.tools.clone()).unwrap_or_default();
         let tokens = blocking(move || {

@@ -272,6 +272,7 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
             (0..n)
                 .map(|i| {
                     let mut sampling = p.common.sampling.clone();
+                    sampling.max_tokens = a.max_tokens as usize;
                     sampling.seed = sampling.seed.map(|s| s.wrapping_add((k * n + i) as u64));
                     Job {
                         id: RequestId::random(),

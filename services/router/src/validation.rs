@@ -1,7 +1,11 @@
 //! Parse, don't validate: request bodies become [`ValidCompletionRequest`] / [`ValidChatRequest`]
 //! here, and nothing downstream accepts anything else. Every error names its field.
+//!
+//! The sampling fields are parsed into the one [`SamplingParams`] (OpenAI's and vLLM's
+//! spellings and shapes are this module's); their ranges are [`SamplingParams::check`]'s,
+//! the rule the workers apply too.
 
-use pagewarden_model::{ChatMessage, Grammar, LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS};
+use pagewarden_model::{ChatMessage, Grammar, SamplingError, SamplingParams, LOGIT_BIAS_RANGE};
 use serde_json::{json, Map, Value};
 
 use crate::error::ValidationError;
@@ -9,20 +13,9 @@ use crate::extract::kind_of;
 use crate::params::Fields;
 use crate::tools::{parse_message_calls, ToolRequest};
 
-/// Largest `max_tokens` accepted before the context check (which is tighter).
+/// Largest `max_tokens` accepted before the context check (which is tighter); also the
+/// largest count a sampling field may spell (their own limits are `SamplingParams::check`'s).
 pub const MAX_TOKENS_LIMIT: i64 = u32::MAX as i64;
-/// At most this many stop sequences.
-pub const MAX_STOP: usize = 16;
-/// Longest stop sequence, in UTF-8 bytes (every generated token is matched against them all).
-pub const MAX_STOP_BYTES: usize = 256;
-/// At most this many `stop_token_ids` (the workers' limit too).
-pub const MAX_STOP_TOKEN_IDS: usize = 64;
-/// Largest `repetition_penalty` (1 is off; values above a few already forbid any repeat).
-pub const MAX_REPETITION_PENALTY: f64 = 10.0;
-/// The most top logprobs per token (vLLM's default `max_logprobs`).
-pub const MAX_TOP_LOGPROBS: i64 = pagewarden_model::MAX_TOP_LOGPROBS as i64;
-/// At most this many texts in a `choice`.
-pub const MAX_CHOICES: usize = 256;
 /// Most prompts one `/v1/completions` request may hold (a batch, each its own choices).
 pub const MAX_PROMPTS: usize = 64;
 /// Most sequences one request may start (prompts × `n`): one request holds one concurrency
@@ -30,8 +23,6 @@ pub const MAX_PROMPTS: usize = 64;
 pub const MAX_SEQUENCES: usize = 64;
 /// Most choices (`n`) one request may ask for: each is a sequence of its own on decode.
 pub const MAX_N: i64 = 16;
-/// Longest `choice` text or regular expression, in bytes.
-pub const MAX_PATTERN_BYTES: usize = 4096;
 
 /// A completion prompt: text to tokenize, or token ids given by the client.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,46 +31,6 @@ pub enum Prompt {
     Text(String),
     /// Token ids; checked against the vocabulary when tokenized.
     Tokens(Vec<u32>),
-}
-
-/// Sampling parameters, in range.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ValidSampling {
-    /// 0 = greedy; at most 2.
-    pub temperature: f32,
-    /// In (0, 1]; 1 = off.
-    pub top_p: f32,
-    /// 0 = off.
-    pub top_k: u32,
-    /// Seed for reproducible sampling.
-    pub seed: Option<u64>,
-    /// Stop sequences, each non-empty.
-    pub stop: Vec<String>,
-    /// In [0, 1]; 0 = off.
-    pub min_p: f32,
-    /// In (0, 10]; 1 = off.
-    pub repetition_penalty: f32,
-    /// In [-2, 2]; 0 = off.
-    pub presence_penalty: f32,
-    /// In [-2, 2]; 0 = off.
-    pub frequency_penalty: f32,
-    /// End-of-generation tokens do not end generation.
-    pub ignore_eos: bool,
-    /// End tokens are masked until this many tokens were generated.
-    pub min_tokens: u32,
-    /// Token ids that end generation.
-    pub stop_token_ids: Vec<u32>,
-    /// Logprobs of each generated token and this many top logprobs; `None`: no logprobs.
-    pub logprobs: Option<u32>,
-    /// Logprobs of the prompt's own tokens (`echo` with `logprobs`), this many top each;
-    /// such a request computes its whole prompt (no prefix cache).
-    pub prompt_logprobs: Option<u32>,
-    /// `response_format` beyond text, or vLLM's structured outputs: the output is constrained
-    /// to it.
-    pub grammar: Option<OutputConstraint>,
-    /// `logit_bias`, by token id (ascending); each id is checked against the vocabulary at
-    /// admission (`Frontend::check_logit_bias`).
-    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// A request's one output constraint and the field it came from (`response_format`,
@@ -99,8 +50,12 @@ pub struct ValidCommon {
     pub model: Option<String>,
     /// `max_tokens` as given; `None` means "default" (decided at admission).
     pub max_tokens: Option<u32>,
-    /// Sampling.
-    pub sampling: ValidSampling,
+    /// Sampling, in range. Its `max_tokens` is admission's, set when a job is made (0 until
+    /// then); its `prompt_logprobs` is set by `echo` with `logprobs`.
+    pub sampling: SamplingParams,
+    /// The request field `sampling.grammar` came from (`response_format`, `guided_json`,
+    /// `tool_choice`, ...), which an error about the grammar names.
+    pub grammar_field: Option<&'static str>,
     /// Choices to generate (`n`), each its own sequence over the shared prompt.
     pub n: u32,
     /// Server-sent events instead of one JSON body.
@@ -141,9 +96,9 @@ impl ValidCompletionRequest {
         f.only_default("best_of", &[json!(1)])?;
         f.only_default("suffix", &[json!("")])?;
         let logprobs = f
-            .integer("logprobs", 0, MAX_TOP_LOGPROBS)?
-            .map(|n| n as u32);
-        let mut common = parse_common(&f, "max_tokens", logprobs, echo)?;
+            .integer("logprobs", 0, MAX_TOKENS_LIMIT)?
+            .map(|n| n as usize);
+        let mut common = parse_common(&f, "max_tokens", (logprobs, "logprobs"), echo)?;
         if prompts.len() * common.n as usize > MAX_SEQUENCES {
             return Err(f.err(
                 "n",
@@ -175,9 +130,9 @@ impl ValidChatRequest {
     pub fn parse(body: &Map<String, Value>) -> Result<Self, ValidationError> {
         let f = Fields::new(body);
         let messages = parse_messages(&f)?;
-        let top = f.integer("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+        let top = f.integer("top_logprobs", 0, MAX_TOKENS_LIMIT)?;
         let logprobs = match (f.bool("logprobs")?.unwrap_or(false), top) {
-            (true, top) => Some(top.unwrap_or(0) as u32),
+            (true, top) => Some(top.unwrap_or(0) as usize),
             (false, None) => None,
             (false, Some(_)) => {
                 return Err(f.err("top_logprobs", "requires `logprobs: true`"));
@@ -196,15 +151,14 @@ impl ValidChatRequest {
             (Some(_), None) => "max_completion_tokens",
             (None, _) => "max_tokens",
         };
-        let mut common = parse_common(&f, max_field, logprobs, false)?;
+        let mut common = parse_common(&f, max_field, (logprobs, "top_logprobs"), false)?;
         if let Some(forced) = tools.as_ref().and_then(ToolRequest::constraint) {
-            if let Some(other) = &common.sampling.grammar {
+            if let Some(other) = common.grammar_field {
                 return Err(f.err(
                     "tool_choice",
                     format!(
-                        "forces a call and cannot be combined with `{}`: a request takes one \
-                         output constraint",
-                        other.field
+                        "forces a call and cannot be combined with `{other}`: a request takes \
+                         one output constraint"
                     ),
                 ));
             }
@@ -215,7 +169,8 @@ impl ValidChatRequest {
                      arguments are complete",
                 ));
             }
-            common.sampling.grammar = Some(forced);
+            common.sampling.grammar = Some(forced.grammar);
+            common.grammar_field = Some(forced.field);
         }
         f.reject_unknown()?;
         Ok(Self {
@@ -360,11 +315,12 @@ fn parse_response_format(f: &Fields<'_>) -> Result<Option<Grammar>, ValidationEr
 }
 
 /// The fields both endpoints take; `max_tokens` may be 0 only with `zero_tokens` (an echo that
-/// generates nothing).
+/// generates nothing). `logprobs` is the endpoint's own reading of its logprobs fields, with
+/// the field a client fixes when it is out of range.
 fn parse_common(
     f: &Fields<'_>,
     max_field: &str,
-    logprobs: Option<u32>,
+    (logprobs, logprobs_field): (Option<usize>, &str),
     zero_tokens: bool,
 ) -> Result<ValidCommon, ValidationError> {
     let model = f.string("model")?.map(str::to_owned);
@@ -382,27 +338,20 @@ fn parse_common(
     f.only_default("service_tier", &[json!("auto"), json!("default")])?;
     f.string("user")?;
     parse_metadata(f)?;
-    let temperature = f.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
-    let top_p = match f.number("top_p", 0.0, 1.0)? {
-        Some(p) if p <= 0.0 => return Err(f.err("top_p", "must be greater than 0")),
-        Some(p) => p as f32,
-        None => 1.0,
-    };
-    let top_k = match f.integer("top_k", -1, i64::from(u32::MAX))? {
+    let d = SamplingParams::default();
+    let temperature = float(f, "temperature", d.temperature)?;
+    let top_p = float(f, "top_p", d.top_p)?;
+    let top_k = match f.integer("top_k", -1, MAX_TOKENS_LIMIT)? {
         None | Some(-1) => 0,
-        Some(k) => k as u32,
+        Some(k) => k as usize,
     };
     // OpenAI seeds are any 64-bit integer; negative ones keep their bits.
     let seed = f.integer("seed", i64::MIN, i64::MAX)?.map(|s| s as u64);
-    let stop = parse_stop(f)?;
-    let min_p = f.number("min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32;
-    let repetition_penalty = match f.number("repetition_penalty", 0.0, MAX_REPETITION_PENALTY)? {
-        Some(r) if r <= 0.0 => return Err(f.err("repetition_penalty", "must be greater than 0")),
-        Some(r) => r as f32,
-        None => 1.0,
-    };
-    let presence_penalty = f.number("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32;
-    let frequency_penalty = f.number("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32;
+    let (stop, single_stop) = parse_stop(f)?;
+    let min_p = float(f, "min_p", d.min_p)?;
+    let repetition_penalty = float(f, "repetition_penalty", d.repetition_penalty)?;
+    let presence_penalty = float(f, "presence_penalty", d.presence_penalty)?;
+    let frequency_penalty = float(f, "frequency_penalty", d.frequency_penalty)?;
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     let min_tokens = f.integer("min_tokens", 0, MAX_TOKENS_LIMIT)?.unwrap_or(0) as u32;
     if let Some(max) = max_tokens.filter(|&m| min_tokens > m) {
@@ -413,12 +362,6 @@ fn parse_common(
     }
     let stop_token_ids = match f.get("stop_token_ids") {
         None => Vec::new(),
-        Some(Value::Array(ids)) if ids.len() > MAX_STOP_TOKEN_IDS => {
-            return Err(f.err(
-                "stop_token_ids",
-                format!("may hold at most {MAX_STOP_TOKEN_IDS} ids"),
-            ))
-        }
         Some(Value::Array(ids)) if ids.is_empty() => Vec::new(),
         Some(Value::Array(ids)) => token_ids(f, "stop_token_ids", ids)?,
         Some(v) => {
@@ -429,8 +372,8 @@ fn parse_common(
         }
     };
     let logit_bias = parse_logit_bias(f)?;
-    let grammar = parse_output_constraint(f)?;
-    if let Some(c) = grammar.as_ref().filter(|_| ignore_eos) {
+    let constraint = parse_output_constraint(f)?;
+    if let Some(c) = constraint.as_ref().filter(|_| ignore_eos) {
         return Err(f.err(
             "ignore_eos",
             format!(
@@ -456,31 +399,50 @@ fn parse_common(
             ))
         }
     };
+    let grammar_field = constraint.as_ref().map(|c| c.field);
+    let sampling = SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        max_tokens: 0,
+        stop,
+        min_p,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+        ignore_eos,
+        min_tokens: min_tokens as usize,
+        stop_token_ids,
+        logprobs,
+        grammar: constraint.map(|c| c.grammar),
+        logit_bias,
+        prompt_logprobs: None,
+    };
+    sampling.check().map_err(|e| {
+        // The rule names the engine's parameter; the client fixes the field it sent.
+        let param = match e.param.as_str() {
+            "logprobs" | "prompt_logprobs" => logprobs_field,
+            "stop[0]" if single_stop => "stop",
+            _ => return ValidationError::from(e),
+        };
+        ValidationError::from(SamplingError::new(param, e.message))
+    })?;
     Ok(ValidCommon {
         model,
         max_tokens,
-        sampling: ValidSampling {
-            temperature,
-            top_p,
-            top_k,
-            seed,
-            stop,
-            min_p,
-            repetition_penalty,
-            presence_penalty,
-            frequency_penalty,
-            ignore_eos,
-            min_tokens,
-            stop_token_ids,
-            logprobs,
-            prompt_logprobs: None,
-            grammar,
-            logit_bias,
-        },
+        sampling,
+        grammar_field,
         n,
         stream,
         include_usage,
     })
+}
+
+/// A number (its range is [`SamplingParams::check`]'s), `default` when absent.
+fn float(f: &Fields<'_>, field: &str, default: f32) -> Result<f32, ValidationError> {
+    Ok(f.number(field, f64::MIN, f64::MAX)?
+        .map_or(default, |x| x as f32))
 }
 
 /// The one output constraint a request may carry: OpenAI's `response_format`, vLLM's
@@ -596,15 +558,10 @@ fn json_schema(f: &Fields<'_>, field: &str, v: &Value) -> Result<Grammar, Valida
     Ok(Grammar::JsonSchema(schema))
 }
 
-/// A non-empty regular expression the whole output must match.
+/// A regular expression the whole output must match, within the grammar's limits.
 fn regex(f: &Fields<'_>, field: &str, v: &Value) -> Result<Grammar, ValidationError> {
     match v {
-        Value::String(rx) if rx.is_empty() => Err(f.err(field, "must not be empty")),
-        Value::String(rx) if rx.len() > MAX_PATTERN_BYTES => Err(f.err(
-            field,
-            format!("may be at most {MAX_PATTERN_BYTES} bytes long"),
-        )),
-        Value::String(rx) => Ok(Grammar::Regex(rx.clone())),
+        Value::String(rx) => checked(f, field, Grammar::Regex(rx.clone())),
         v => Err(f.err(
             field,
             format!(
@@ -615,15 +572,9 @@ fn regex(f: &Fields<'_>, field: &str, v: &Value) -> Result<Grammar, ValidationEr
     }
 }
 
-/// The texts one of which the output must be.
+/// The texts one of which the output must be, within the grammar's limits.
 fn choice(f: &Fields<'_>, field: &str, v: &Value) -> Result<Grammar, ValidationError> {
     let items = match v {
-        Value::Array(items) if items.is_empty() => {
-            return Err(f.err(field, "must hold at least one text"))
-        }
-        Value::Array(items) if items.len() > MAX_CHOICES => {
-            return Err(f.err(field, format!("may hold at most {MAX_CHOICES} texts")))
-        }
         Value::Array(items) => items,
         v => {
             return Err(f.err(
@@ -632,29 +583,32 @@ fn choice(f: &Fields<'_>, field: &str, v: &Value) -> Result<Grammar, ValidationE
             ))
         }
     };
-    let mut texts = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        match item {
-            Value::String(s) if s.is_empty() || s.len() > MAX_PATTERN_BYTES => {
-                return Err(f.err(
-                    &format!("{field}[{i}]"),
-                    format!("must be 1 to {MAX_PATTERN_BYTES} bytes long"),
-                ))
-            }
-            Value::String(s) => texts.push(s.clone()),
-            v => {
-                return Err(f.err(
-                    &format!("{field}[{i}]"),
-                    format!("must be a string, found {}", kind_of(v)),
-                ))
-            }
-        }
-    }
-    Ok(Grammar::Choice(texts))
+    checked(f, field, Grammar::Choice(strings(f, field, items)?))
 }
 
-/// OpenAI's `logit_bias`: an object from token ids (as strings, JSON's keys) to a bias in
-/// [−100, 100], at most 300 of them; returned by ascending id.
+/// Every item of the array `field` as a string, an error naming the first that is not.
+fn strings(f: &Fields<'_>, field: &str, items: &[Value]) -> Result<Vec<String>, ValidationError> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            Value::String(s) => Ok(s.clone()),
+            v => Err(f.err(
+                &format!("{field}[{i}]"),
+                format!("must be a string, found {}", kind_of(v)),
+            )),
+        })
+        .collect()
+}
+
+/// `g`, when within its limits ([`Grammar::check`]), an error naming `field` otherwise.
+fn checked(f: &Fields<'_>, field: &str, g: Grammar) -> Result<Grammar, ValidationError> {
+    g.check(&f.name(field))?;
+    Ok(g)
+}
+
+/// OpenAI's `logit_bias`: an object from token ids (as strings, JSON's keys) to a number;
+/// returned by ascending id (how many, and their range, are [`SamplingParams::check`]'s).
 fn parse_logit_bias(f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ValidationError> {
     let map = match f.get("logit_bias") {
         None => return Ok(Vec::new()),
@@ -669,13 +623,6 @@ fn parse_logit_bias(f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ValidationError> 
             ))
         }
     };
-    if map.len() > MAX_LOGIT_BIAS {
-        return Err(f.err(
-            "logit_bias",
-            format!("may hold at most {MAX_LOGIT_BIAS} tokens"),
-        ));
-    }
-    let range = f64::from(LOGIT_BIAS_RANGE);
     let mut bias = Vec::with_capacity(map.len());
     for (key, v) in map {
         let id: u32 = match key.parse() {
@@ -687,23 +634,18 @@ fn parse_logit_bias(f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ValidationError> 
                 ))
             }
         };
-        let b = match v.as_f64() {
-            Some(b) if (-range..=range).contains(&b) => b as f32,
-            _ => {
-                return Err(f.err(
-                    "logit_bias",
-                    format!(
-                    "values must be numbers between -{range} and {range}, got {v} for token {id}"
+        let Some(b) = v.as_f64() else {
+            return Err(f.err(
+                "logit_bias",
+                format!(
+                    "values must be numbers between -{LOGIT_BIAS_RANGE} and {LOGIT_BIAS_RANGE}, \
+                     got {v} for token {id}"
                 ),
-                ))
-            }
+            ));
         };
-        bias.push((id, b));
+        bias.push((id, b as f32));
     }
     bias.sort_unstable_by_key(|&(id, _)| id);
-    if let Some(w) = bias.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(f.err("logit_bias", format!("names token {} twice", w[0].0)));
-    }
     Ok(bias)
 }
 
@@ -743,20 +685,14 @@ fn parse_metadata(f: &Fields<'_>) -> Result<(), ValidationError> {
     Ok(())
 }
 
-fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ValidationError> {
-    let items: Vec<&Value> = match f.get("stop") {
-        None => return Ok(Vec::new()),
-        Some(Value::String(s)) if s.is_empty() => {
-            return Err(f.err("stop", "must not be an empty string"))
-        }
-        Some(Value::String(s)) if s.len() > MAX_STOP_BYTES => {
-            return Err(f.err(
-                "stop",
-                format!("may be at most {MAX_STOP_BYTES} bytes long"),
-            ))
-        }
-        Some(Value::String(s)) => return Ok(vec![s.clone()]),
-        Some(Value::Array(a)) => a.iter().collect(),
+/// `stop`: one string or an array of them (their number and length are
+/// [`SamplingParams::check`]'s); with whether it was one string, which an error then names
+/// `stop`.
+fn parse_stop(f: &Fields<'_>) -> Result<(Vec<String>, bool), ValidationError> {
+    let items = match f.get("stop") {
+        None => return Ok((Vec::new(), false)),
+        Some(Value::String(s)) => return Ok((vec![s.clone()], true)),
+        Some(Value::Array(a)) => a,
         Some(v) => {
             return Err(f.err(
                 "stop",
@@ -767,25 +703,7 @@ fn parse_stop(f: &Fields<'_>) -> Result<Vec<String>, ValidationError> {
             ))
         }
     };
-    if items.len() > MAX_STOP {
-        return Err(f.err("stop", format!("may hold at most {MAX_STOP} sequences")));
-    }
-    items
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Value::String(s) if s.len() > MAX_STOP_BYTES => Err(f.err(
-                &format!("stop[{i}]"),
-                format!("may be at most {MAX_STOP_BYTES} bytes long"),
-            )),
-            Value::String(s) if !s.is_empty() => Ok(s.clone()),
-            Value::String(_) => Err(f.err(&format!("stop[{i}]"), "must not be empty")),
-            other => Err(f.err(
-                &format!("stop[{i}]"),
-                format!("must be a string, found {}", kind_of(other)),
-            )),
-        })
-        .collect()
+    Ok((strings(f, "stop", items)?, false))
 }
 
 /// A completions `prompt`: one (as [`parse_prompt`]) or a batch, an array of several strings

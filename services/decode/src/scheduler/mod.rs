@@ -65,7 +65,7 @@ pub enum Command {
         weight: u32,
         /// The prompt's ids (the grant covers them after the cached prefix decode holds).
         prompt: Vec<u32>,
-        sampling: SamplingParams,
+        sampling: Box<SamplingParams>,
         /// The request's prefix-cache namespace (the router's); `None`: no caching.
         namespace: Option<Namespace>,
         reply: GrantReply,

@@ -225,8 +225,8 @@ impl Scheduler {
             return;
         };
         self.deps.metrics.rejection(refusal.reason());
-        self.deps.metrics.request(refusal.reason());
-        tracing::info!(request = %req, reason = refusal.reason(), "refused from the queue");
+        self.deps.metrics.request(refusal.reason().as_str());
+        tracing::info!(request = %req, reason = %refusal.reason(), "refused from the queue");
         let _ = q.reply.send(Err(refusal.error("decode")));
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use pagewarden_common::admission::Admission;
 use pagewarden_common::integrity::{IntegritySink, NoopIntegritySink};
 use pagewarden_common::metrics::WorkerMetrics;
+use pagewarden_common::reject_reason::RejectReason;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{KvPool, PoolConfig};
@@ -82,7 +83,7 @@ async fn reserve(tx: &mpsc::Sender<Command>, tenant: &str, prompt_tokens: usize)
         tenant: TenantId::new(tenant),
         weight: 1,
         prompt: vec![20; prompt_tokens],
-        sampling,
+        sampling: Box::new(sampling),
         namespace: None,
         reply,
     })
@@ -138,7 +139,7 @@ async fn a_request_past_the_context_is_rejected_before_any_page() {
     handled(&tx).await;
     match over.try_recv() {
         Ok(Err(WorkerError::Rejected(r))) => {
-            assert_eq!(r.reason(), "context_length_exceeded")
+            assert_eq!(r.reason(), RejectReason::ContextLengthExceeded)
         }
         other => panic!("want a rejection, got {other:?}"),
     }
@@ -204,10 +205,10 @@ async fn a_draining_decode_finishes_what_it_holds_and_takes_nothing_new() {
         tenant: TenantId::new("a"),
         weight: 1,
         prompt: vec![20; 3 * PAGE - 1],
-        sampling: SamplingParams {
+        sampling: Box::new(SamplingParams {
             max_tokens: 4,
             ..SamplingParams::default()
-        },
+        }),
         namespace: None,
         reply: req,
     })
