@@ -2,13 +2,13 @@
 # Builds the local compose image from binaries built on this host (no registry, no compiler in
 # a container): on the base from Debian's packages (scripts/compose-base.sh: PostgreSQL, curl,
 # the `pagewarden` user and the secrets mount points), the five binaries (debug info stripped)
-# in /usr/local/bin and PostgreSQL's entry point (compose/local/postgres.sh) as
+# in /usr/local/bin and PostgreSQL's entry point (deploy/compose/local/postgres.sh) as
 # /usr/local/bin/pagewarden-postgres; runs as `pagewarden` in /var/lib/pagewarden. Prints the
 # image's name.
 #
 #   cargo build --workspace --bins && scripts/compose-images.sh [--bin-dir target/debug] [--tag pagewarden-local:dev]
-#   PAGEWARDEN_LOCAL_IMAGE=pagewarden-local:dev docker compose -f compose/docker-compose.yml \
-#     -f compose/local/local-images.yml up --no-build
+#   PAGEWARDEN_LOCAL_IMAGE=pagewarden-local:dev docker compose -f deploy/compose/docker-compose.yml \
+#     -f deploy/compose/local/local-images.yml up --no-build
 #
 # One `docker create` + `docker cp` + `docker commit` instead of a Dockerfile: the legacy
 # builder commits a layer per instruction, several times slower for the same image.
@@ -40,7 +40,7 @@ for b in pagewarden pagewarden-router pagewarden-prefill pagewarden-decode pagew
   }
   strip --strip-debug -o "$tree/usr/local/bin/$b" "$bin_dir/$b"
 done
-install -m 0755 "$root/compose/local/postgres.sh" "$tree/usr/local/bin/pagewarden-postgres"
+install -m 0755 "$root/deploy/compose/local/postgres.sh" "$tree/usr/local/bin/pagewarden-postgres"
 echo "== $image: host binaries on $base" >&2
 container=$(docker create "$base" true)
 # Only /usr/local/bin's contents: a copied directory entry would also bring its mode along.

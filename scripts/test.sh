@@ -39,7 +39,7 @@ if ! python3 -c 'import nvidia.cuda_nvrtc' >/dev/null 2>&1; then
   echo "== installing NVRTC (nvidia-cuda-nvrtc-cu12)"
   python3 -m pip install -q --no-deps 'nvidia-cuda-nvrtc-cu12==12.*'
 fi
-. kernels/nvrtc-env.sh
+. scripts/nvrtc-env.sh
 
 # The metrics scrape test parses every service's /metrics with Prometheus' Python parser.
 if ! python3 -c 'import prometheus_client' >/dev/null 2>&1; then

@@ -1,8 +1,8 @@
 //! The compose file, run for real. Builds the images here from the binaries this
 //! build made, on a base made from Debian's packages (`scripts/compose-images.sh`, which calls
 //! `scripts/compose-base.sh`: debootstrap from the host's own apt mirror, `docker import`,
-//! cached by a content tag), starts `compose/docker-compose.yml` with the overrides in
-//! `compose/local/` (local images instead of public ones, small workers), and on that one
+//! cached by a content tag), starts `deploy/compose/docker-compose.yml` with the overrides in
+//! `deploy/compose/local/` (local images instead of public ones, small workers), and on that one
 //! stack:
 //!
 //! - the `init` service drew the keys: a dev tenant's key from its admin volume opens the
@@ -96,7 +96,7 @@ struct Stack {
 
 impl Stack {
     fn cmd(&self, args: &[&str]) -> Command {
-        let dir = repo().join("compose");
+        let dir = repo().join("deploy/compose");
         let mut c = Command::new(&self.program[0]);
         c.args(&self.program[1..]).args(["-p", &self.project]);
         for f in [
@@ -281,7 +281,7 @@ async fn completions(router: &str, alice: &str, bob: &str) {
     let model = models["data"][0]["id"].as_str().unwrap().to_string();
     assert_eq!(
         models["data"][0]["max_model_len"], 256,
-        "compose/local/small-worker.toml's context reaches the router: {models}"
+        "deploy/compose/local/small-worker.toml's context reaches the router: {models}"
     );
     let mut sent = Vec::new();
     for (i, key) in [alice, bob, alice, bob].into_iter().enumerate() {
@@ -343,7 +343,7 @@ fn auditor_probe_run(stack: &Stack) -> (String, String, i64) {
     })
 }
 
-/// The router's deadline on every request under `compose/local/small.yml`.
+/// The router's deadline on every request under `deploy/compose/local/small.yml`.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
 /// How long each fault lasts before it heals.
 const FAULT_FOR: Duration = Duration::from_secs(8);

@@ -1,6 +1,6 @@
 //! Metrics under vLLM's names and labels (`vllm:*`, labelled `model_name`), beside Pagewarden's
 //! own `pagewarden_*` ones, so that dashboards and alerts written for vLLM work unchanged
-//! (`compose/grafana/` holds one).
+//! (`deploy/compose/grafana/` holds one).
 //!
 //! vLLM splits them between its API server and its engines, and so does Pagewarden:
 //! - the router records what a request sees end to end ([`VllmMetrics::first_token`],

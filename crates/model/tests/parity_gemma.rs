@@ -15,8 +15,8 @@
 //! - llama-server ends a batch 4 and 516 tokens before a prompt's end for a sliding-window
 //!   model (`llama::prefill_chunks`), and a product's row count picks llama.cpp's kernel;
 //! - from 8 rows on, llama.cpp's Q6_K (and unrepacked Q4_K/Q5_K) products take its tiled
-//!   kernel's float order (`kernels/src/matmul/kquant_tiled.rs`), and the last layer's FFN runs
-//!   on the output rows only;
+//!   kernel's float order (`kernels/src/cpu/matmul/kquant_tiled.rs`), and the last layer's FFN
+//!   runs on the output rows only;
 //! - queries are scaled before their f16 rounding, not the scores after (`score_scale`).
 
 mod reference;

@@ -5,6 +5,10 @@
 //! completion, and ends the grant with a drain (or a cancel). The receiver hands every write to
 //! the pool, which checks grant, page, generation, length and checksum before writing.
 //!
+//! The workers move KV over the TCP backend. The RDMA backend is experimental until it has run
+//! on a real NIC: it builds and its device-free parts are tested, but its device paths have run
+//! on no RDMA device, not even Soft-RoCE (rxe).
+//!
 //! - `types.rs`: page, generation, grant and checksum types re-used from `pagewarden-kvcache`.
 //! - `frame.rs`: the versioned binary wire format, with lengths checked before allocation.
 //! - `receiver.rs`: sans-IO receiver session (checks via the sink, drain, acks, counters).
@@ -21,8 +25,8 @@
 //! - `seal.rs`: sealed frames (per-grant secret, AES-GCM tag per frame, page bytes optionally
 //!   encrypted), the alternative to TLS on the transfer stream.
 //! - `tcp/`: the default TCP backend (listener and sender), under mutual TLS or sealed frames.
-//! - `rdma/`: RDMA backend over ibverbs (feature `rdma`; without a device it reports
-//!   `Unsupported`; never run on a NIC: see its docs).
+//! - `rdma/`: RDMA backend over ibverbs (feature `rdma`, experimental; without a device it
+//!   reports `Unsupported`).
 #![warn(missing_docs)]
 
 mod backend;

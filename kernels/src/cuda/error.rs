@@ -33,7 +33,7 @@ pub enum CudaError {
     /// NVRTC rejected a kernel source.
     #[error("NVRTC failed to compile kernel module {module} for {arch}:\n{log}")]
     Compile {
-        /// Module name (file stem under kernels/cuda).
+        /// Module name (file stem under kernels/src/cuda).
         module: &'static str,
         /// Target architecture (e.g. compute_90).
         arch: String,

@@ -1,12 +1,13 @@
 //! CUDA backend (feature `cuda`): the same kernels as the CPU reference, on an NVIDIA GPU.
 //!
-//! Kernel sources live in `kernels/cuda/*.cu`, are embedded in the binary and compiled with
-//! NVRTC on first use (or read as precompiled PTX from `PAGEWARDEN_PTX_DIR` on machines with only
-//! the driver). cudarc loads libcuda and libnvrtc at run time, so a build with this feature runs
-//! anywhere and reports a clear [`CudaError`] where there is no GPU.
+//! Kernel sources live in this directory, each `.cu` beside the Rust wrapper that launches it
+//! (`prelude.cuh` beside `source.rs`, which prepends it), are embedded in the binary and
+//! compiled with NVRTC on first use (or read as precompiled PTX from `PAGEWARDEN_PTX_DIR` on
+//! machines with only the driver). cudarc loads libcuda and libnvrtc at run time, so a build
+//! with this feature runs anywhere and reports a clear [`CudaError`] where there is no GPU.
 //!
-//! (`device.rs` in this directory is the crate-level `device` module, compiled without the
-//! feature too: `Device { Cpu, Cuda(n) }` parsed from `cpu|cuda:N`.)
+//! (The crate-level `device` module, `Device { Cpu, Cuda(n) }` parsed from `cpu|cuda:N`, is
+//! compiled without the feature too.)
 //!
 //! - `error`: [`CudaError`].
 //! - `loader`: finding libcuda / libnvrtc without panicking.

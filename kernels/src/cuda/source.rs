@@ -1,7 +1,8 @@
-//! The CUDA kernel sources (kernels/cuda/*.cu), embedded in the binary, one NVRTC module each.
+//! The CUDA kernel sources (the `.cu` files in this directory, each beside its launch wrapper),
+//! embedded in the binary, one NVRTC module each.
 
 /// Helpers prepended to every module (NVRTC gets no include path).
-const PRELUDE: &str = include_str!("../../cuda/prelude.cuh");
+const PRELUDE: &str = include_str!("prelude.cuh");
 
 /// One compilation unit of kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -31,7 +32,7 @@ impl Module {
         Module::Pages,
     ];
 
-    /// File stem under kernels/cuda (also the PTX file stem).
+    /// File stem under kernels/src/cuda (also the PTX file stem).
     pub fn name(self) -> &'static str {
         match self {
             Module::Matmul => "matmul",
@@ -46,12 +47,12 @@ impl Module {
     /// The .cu file without the prelude.
     fn body(self) -> &'static str {
         match self {
-            Module::Matmul => include_str!("../../cuda/matmul.cu"),
-            Module::Norm => include_str!("../../cuda/norm.cu"),
-            Module::Rope => include_str!("../../cuda/rope.cu"),
-            Module::Activation => include_str!("../../cuda/activation.cu"),
-            Module::Attention => include_str!("../../cuda/attention.cu"),
-            Module::Pages => include_str!("../../cuda/pages.cu"),
+            Module::Matmul => include_str!("matmul.cu"),
+            Module::Norm => include_str!("norm.cu"),
+            Module::Rope => include_str!("rope.cu"),
+            Module::Activation => include_str!("activation.cu"),
+            Module::Attention => include_str!("attention.cu"),
+            Module::Pages => include_str!("pages.cu"),
         }
     }
 

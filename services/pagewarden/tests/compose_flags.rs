@@ -1,5 +1,5 @@
 //! The deployment files cannot drift from the binaries: every flag, environment name and port
-//! in `compose/docker-compose.yml` and `compose/systemd/` is checked against what the built
+//! in `deploy/compose/docker-compose.yml` and `deploy/systemd/` is checked against what the built
 //! binaries say in `--help`, and the example config files are loaded by the services' own
 //! config loaders. The binaries must be built first (`scripts/test.sh` builds them); a missing
 //! one fails the test with the command to run.
@@ -224,8 +224,8 @@ fn check_target(
 #[test]
 fn compose_matches_the_binaries() {
     let clis = clis();
-    let yaml = std::fs::read_to_string(repo().join("compose/docker-compose.yml")).unwrap();
-    let prometheus = std::fs::read_to_string(repo().join("compose/prometheus.yml")).unwrap();
+    let yaml = std::fs::read_to_string(repo().join("deploy/compose/docker-compose.yml")).unwrap();
+    let prometheus = std::fs::read_to_string(repo().join("deploy/compose/prometheus.yml")).unwrap();
     let problems = compose_problems(&yaml, &prometheus, &clis);
     assert!(
         problems.is_empty(),
@@ -237,8 +237,8 @@ fn compose_matches_the_binaries() {
 #[test]
 fn the_compose_check_catches_drift() {
     let clis = clis();
-    let yaml = std::fs::read_to_string(repo().join("compose/docker-compose.yml")).unwrap();
-    let prometheus = std::fs::read_to_string(repo().join("compose/prometheus.yml")).unwrap();
+    let yaml = std::fs::read_to_string(repo().join("deploy/compose/docker-compose.yml")).unwrap();
+    let prometheus = std::fs::read_to_string(repo().join("deploy/compose/prometheus.yml")).unwrap();
     let bad_prometheus = prometheus.replace("decode-0:7202", "decode-0:7299");
     assert_ne!(bad_prometheus, prometheus, "the mutation must apply");
     let bad = yaml
@@ -402,7 +402,7 @@ fn systemd_problems(dir: &Path, clis: &BTreeMap<&'static str, Cli>) -> Vec<Strin
 #[test]
 fn systemd_units_and_env_files_match_the_binaries() {
     let clis = clis();
-    let problems = systemd_problems(&repo().join("compose/systemd"), &clis);
+    let problems = systemd_problems(&repo().join("deploy/systemd"), &clis);
     assert!(
         problems.is_empty(),
         "systemd files drifted:\n{}",
@@ -413,7 +413,7 @@ fn systemd_units_and_env_files_match_the_binaries() {
 #[test]
 fn the_systemd_check_catches_drift() {
     let clis = clis();
-    let src = repo().join("compose/systemd");
+    let src = repo().join("deploy/systemd");
     let tmp = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(&src).unwrap() {
         let e = e.unwrap();
@@ -477,13 +477,13 @@ fn load_credentials(unit: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// `compose/systemd/<role>.toml` as its unit sees it once installed under `root` instead of `/`:
+/// `deploy/systemd/<role>.toml` as its unit sees it once installed under `root` instead of `/`:
 /// every `/run/credentials/pagewarden-<role>.service/NAME` becomes the file the unit's
 /// `LoadCredential=NAME:SOURCE` hands over (`SOURCE` under `root`). A credential path the unit
 /// does not hand over, or one whose source the install steps in docs/deploy.md do not write, is
 /// a problem.
 fn as_installed(role: &str, root: &Path, problems: &mut Vec<String>) -> PathBuf {
-    let dir = repo().join("compose/systemd");
+    let dir = repo().join("deploy/systemd");
     let creds = load_credentials(&dir.join(format!("pagewarden-{role}.service")));
     let prefix = format!("/run/credentials/pagewarden-{role}.service/");
     let mut text = std::fs::read_to_string(dir.join(format!("{role}.toml"))).unwrap();
@@ -532,12 +532,12 @@ fn install_credentials(root: &Path) {
     assert!(out.status.success(), "init-secrets: {out:?}");
     let etc = root.join("etc/pagewarden");
     std::fs::copy(
-        repo().join("compose/tenants.example.toml"),
+        repo().join("deploy/compose/tenants.example.toml"),
         etc.join("tenants.toml"),
     )
     .unwrap();
     std::fs::copy(
-        repo().join("compose/systemd/auditor.toml"),
+        repo().join("deploy/systemd/auditor.toml"),
         etc.join("auditor.toml"),
     )
     .unwrap();
@@ -547,7 +547,7 @@ fn install_credentials(root: &Path) {
 fn example_config_files_load_with_the_services_own_loaders() {
     use pagewarden_common::worker_config::{WorkerConfig, WorkerDefaults, WorkerFlags};
     let clis = clis();
-    let dir = repo().join("compose/systemd");
+    let dir = repo().join("deploy/systemd");
     let root = tempfile::tempdir().unwrap();
     install_credentials(root.path());
     let mut problems = Vec::new();
@@ -648,7 +648,7 @@ fn help_parsing_reads_flags_and_env_names() {
 #[test]
 fn compose_ships_no_working_key() {
     use pagewarden_common::tenants::{KeyTable, TenantsFile};
-    let path = repo().join("compose/tenants.example.toml");
+    let path = repo().join("deploy/compose/tenants.example.toml");
     let example = TenantsFile::load(&path).expect("the example tenants file loads");
     let table = KeyTable::new(&example.tenants).expect("a key table");
     assert!(

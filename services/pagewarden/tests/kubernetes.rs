@@ -1,4 +1,4 @@
-//! The Kubernetes manifests (`compose/kubernetes/`) cannot drift from the design or from the
+//! The Kubernetes manifests (`deploy/kubernetes/`) cannot drift from the design or from the
 //! services: every port, probe, URL, NetworkPolicy, disruption budget, grace period, secret path
 //! and the model fetch is checked against what the services listen on, the design's links, what
 //! `pagewarden init-secrets` writes, the drain deadlines in the services' source and
@@ -420,7 +420,7 @@ fn manifests_are_wired_as_the_design_says() {
     let problems = wiring_problems(&kube::texts(&kube::dir()), &facts());
     assert!(
         problems.is_empty(),
-        "compose/kubernetes/ drifted:\n{}",
+        "deploy/kubernetes/ drifted:\n{}",
         problems.join("\n")
     );
 }

@@ -1,4 +1,4 @@
-//! The Kubernetes manifests (`compose/kubernetes/`) pass only flags and environment names the
+//! The Kubernetes manifests (`deploy/kubernetes/`) pass only flags and environment names the
 //! binaries have: each is checked against the built binaries' `--help`, which must be built
 //! first (`scripts/test.sh` builds them, as for `compose_flags.rs`); a missing one fails the test
 //! with the command to run. The rest of the wiring is `kubernetes.rs`'s, the schemas
@@ -74,7 +74,7 @@ fn manifests_match_the_binaries() {
     let problems = flag_problems(&kube::texts(&kube::dir()), &clis());
     assert!(
         problems.is_empty(),
-        "compose/kubernetes/ drifted:\n{}",
+        "deploy/kubernetes/ drifted:\n{}",
         problems.join("\n")
     );
 }

@@ -1,4 +1,4 @@
-//! Every manifest of `compose/kubernetes/` passes the Kubernetes API's schemas, strictly (an
+//! Every manifest of `deploy/kubernetes/` passes the Kubernetes API's schemas, strictly (an
 //! unknown field is an error), for the oldest and the newest Kubernetes release this repository
 //! supports. The schemas come offline with the Python package `kubernetes-validate`, which
 //! `scripts/test.sh` installs; without it the test fails and says so.
@@ -30,7 +30,7 @@ fn require_validator() {
     };
     assert!(
         version == VALIDATOR_VERSION,
-        "kubernetes-validate {VALIDATOR_VERSION} is needed to check compose/kubernetes/ against \
+        "kubernetes-validate {VALIDATOR_VERSION} is needed to check deploy/kubernetes/ against \
          the Kubernetes schemas (`python3 -m kubernetes_validate --version` gave {version:?}, \
          {out:?}): run scripts/test.sh, which installs it"
     );
@@ -76,7 +76,7 @@ fn validate(dir: &Path) -> Result<usize, String> {
 fn manifests_pass_the_kubernetes_schemas() {
     match validate(&kube::dir()) {
         Ok(passes) => assert!(passes >= 20, "only {passes} documents validated"),
-        Err(e) => panic!("compose/kubernetes/ does not validate: {e}"),
+        Err(e) => panic!("deploy/kubernetes/ does not validate: {e}"),
     }
 }
 

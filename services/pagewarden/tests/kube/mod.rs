@@ -1,4 +1,4 @@
-//! The manifests of `compose/kubernetes/`, read for the tests that check them: every YAML
+//! The manifests of `deploy/kubernetes/`, read for the tests that check them: every YAML
 //! document of every file but `kustomization.yaml`, and the few views of them the checks need
 //! (workloads, their containers, Services, the text of a container's command).
 
@@ -16,7 +16,7 @@ use serde_yaml::Value;
 
 /// The directory of the manifests.
 pub fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../compose/kubernetes")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
 }
 
 /// `name.yaml` → its text, for every manifest file (not `kustomization.yaml`).

@@ -6,17 +6,17 @@
 # streams, then PASS/FAIL and every process killed. About a minute on an H200.
 #
 # Build (on the build machine; no GPU needed, NVRTC from pip only for the PTX):
-#   kernels/gpu-services-check.sh build
+#   scripts/gpu-services-check.sh build
 # which runs
 #   cargo build --release -p pagewarden-router -p pagewarden-prefill -p pagewarden-decode \
 #     --features pagewarden-prefill/cuda,pagewarden-decode/cuda
 #   strip -> target-gpu/bin/{pagewarden-router,pagewarden-prefill,pagewarden-decode}
 #   PAGEWARDEN_PTX_DIR=target-gpu/ptx cargo test -p pagewarden-kernels --features cuda --test cuda_ptx
-#   (target-gpu/ptx-model/model_kv.ptx comes from `kernels/gpu-engine-check.sh build`; kept if there)
+#   (target-gpu/ptx-model/model_kv.ptx comes from `scripts/gpu-engine-check.sh build`; kept if there)
 #
 # Run (repository root; the GPU machine needs only the NVIDIA driver):
-#   DEVICE=cuda:0 kernels/gpu-services-check.sh MODEL.gguf REFERENCE.json
-#   DEVICE=cpu    kernels/gpu-services-check.sh MODEL.gguf REFERENCE.json   # the same check on CPU
+#   DEVICE=cuda:0 scripts/gpu-services-check.sh MODEL.gguf REFERENCE.json
+#   DEVICE=cpu    scripts/gpu-services-check.sh MODEL.gguf REFERENCE.json   # the same check on CPU
 # Env: DEVICE (cuda:0), BIN_DIR (target-gpu/bin), PAGEWARDEN_PTX_DIR (target-gpu/ptx),
 # PAGEWARDEN_MODEL_PTX_DIR (target-gpu/ptx-model), LOG_DIR (a temp dir; worker logs),
 # STREAMS (32), GEN_TOKENS (64), MIN_FIRST8 (10: cases whose first 8 tokens must match to PASS).
@@ -25,7 +25,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out="$root/target-gpu"
 
 if [ "${1:-}" = "build" ]; then
-  . "$root/kernels/nvrtc-env.sh"
+  . "$root/scripts/nvrtc-env.sh"
   cd "$root"
   cargo build --release -p pagewarden-router -p pagewarden-prefill -p pagewarden-decode \
     --features pagewarden-prefill/cuda,pagewarden-decode/cuda
@@ -37,7 +37,7 @@ if [ "${1:-}" = "build" ]; then
   done
   rm -rf "$out/ptx"
   PAGEWARDEN_PTX_DIR="$out/ptx" cargo test -p pagewarden-kernels --features cuda --test cuda_ptx
-  [ -f "$out/ptx-model/model_kv.ptx" ] || echo "note: $out/ptx-model is missing; run 'kernels/gpu-engine-check.sh build' too" >&2
+  [ -f "$out/ptx-model/model_kv.ptx" ] || echo "note: $out/ptx-model is missing; run 'scripts/gpu-engine-check.sh build' too" >&2
   du -sh "$out/bin" "$out/ptx" "$out/ptx-model" 2>/dev/null || true
   exit 0
 fi

@@ -1,5 +1,5 @@
 // Rotary position embedding, llama "normal" style (ggml GGML_ROPE_TYPE_NORM), mirroring
-// kernels/src/rope.rs: pair (x[2i], x[2i+1]) of every head is rotated by theta_i, where
+// kernels/src/cpu/rope.rs: pair (x[2i], x[2i+1]) of every head is rotated by theta_i, where
 // theta_0 = pos and theta_{i+1} = theta_i * scale, multiplied in f32 exactly as the CPU does
 // (scale = base^(-2 / n_dims) is computed on the host, so both sides use the same bits).
 // Pairs at or past n_dims / 2 are left alone.

@@ -1,6 +1,6 @@
-// Shared helpers, prepended by the Rust loader to every kernels/cuda/*.cu module before NVRTC
-// compiles it (so each module is one self-contained translation unit and needs no include path,
-// not even cuda_fp16.h, which the NVRTC wheel does not ship).
+// Shared helpers, prepended by the Rust loader to every kernels/src/cuda/*.cu module before
+// NVRTC compiles it (so each module is one self-contained translation unit and needs no include
+// path, not even cuda_fp16.h, which the NVRTC wheel does not ship).
 
 typedef unsigned char u8;
 typedef signed char i8;

@@ -1,4 +1,4 @@
-// Row-wise reductions, mirroring kernels/src/{norm,activation}.rs (sums in f64, as the CPU
+// Row-wise reductions, mirroring kernels/src/cpu/{norm,activation}.rs (sums in f64, as the CPU
 // reference does, so the two agree to a few ulps).
 //
 // rmsnorm_f32: y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w. Launch: grid (rows),

@@ -1,11 +1,11 @@
-// Elementwise ops, mirroring kernels/src/activation.rs.
+// Elementwise ops, mirroring kernels/src/cpu/activation.rs.
 //
 // swiglu_f32: gate[i] = silu(gate[i]) * up[i] in place, silu(x) = x / (1 + exp(-x)).
 // add_f32: a[i] += b[i] (the residual connection).
-// q8_roundtrip_f32: out[i] = x[i] as the CPU's quantized matmuls see it (kernels/src/act.rs, like
-//   llama.cpp's Q8 activations): per 32-element block, d = amax / 127 kept as f16 and
-//   q = round-half-even(x * 127 / amax), out = q * d. n must be a multiple of 32 (one warp per
-//   block: warps are whole or absent under the bounds check).
+// q8_roundtrip_f32: out[i] = x[i] as the CPU's quantized matmuls see it
+//   (kernels/src/cpu/act.rs, like llama.cpp's Q8 activations): per 32-element block,
+//   d = amax / 127 kept as f16 and q = round-half-even(x * 127 / amax), out = q * d. n must be
+//   a multiple of 32 (one warp per block: warps are whole or absent under the bounds check).
 // Launch: block (256), grid (ceil(n / 256)).
 
 extern "C" __global__ void swiglu_f32(float* __restrict__ gate, const float* __restrict__ up, u32 n) {

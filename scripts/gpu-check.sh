@@ -2,9 +2,9 @@
 # GPU check of the CUDA kernels: every kernel against the CPU reference on random inputs, the
 # attention generation-mismatch check, and decode-shaped matvec benchmarks (about a minute).
 #
-#   kernels/gpu-check.sh build        # on a build machine (no GPU needed): builds the release
+#   scripts/gpu-check.sh build        # on a build machine (no GPU needed): builds the release
 #                                     # binary and the PTX files into target-gpu/
-#   kernels/gpu-check.sh [cuda:N]     # on the GPU machine, from the repository root
+#   scripts/gpu-check.sh [cuda:N]     # on the GPU machine, from the repository root
 #
 # The GPU machine needs only the NVIDIA driver: the binary loads libcuda at run time and, when
 # target-gpu/ptx exists, takes the kernels from those PTX files (the driver JIT-compiles them)
@@ -14,7 +14,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out="$root/target-gpu"
 
 if [ "${1:-}" = "build" ]; then
-  . "$root/kernels/nvrtc-env.sh"
+  . "$root/scripts/nvrtc-env.sh"
   cd "$root"
   rm -rf "$out/ptx"
   PAGEWARDEN_PTX_DIR="$out/ptx" cargo test -p pagewarden-kernels --features cuda --test cuda_ptx

@@ -1,5 +1,5 @@
 // Causal grouped-query attention over the paged f16 KV pool, with the page-generation check
-// (invariant I1) done on the device, mirroring kernels/src/attention.rs for the arithmetic.
+// (invariant I1) done on the device, mirroring kernels/src/cpu/attention.rs for the arithmetic.
 //
 // KV pool: `kv` holds every page back to back, `page_elems = layers * 2 * page_size * kv_heads
 // * head_dim` f16 each, laid out as KvLayout::block_offset says: [layer][K|V][slot][head][dim].
