@@ -6,9 +6,10 @@ use pagewarden_common::admission::{Admission, Rejection};
 
 use crate::error::{RouterError, ValidationError};
 
-/// A request that fits: its tokens, its completion budget, and the context it was checked against.
+/// A prompt that fits: its tokens, its completion budget (the workers' `Admitted` rule, with
+/// the budget chosen here when the client named none), and the context it was checked against.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Admitted {
+pub struct AdmittedPrompt {
     /// The prompt's token ids (non-empty).
     pub prompt: Vec<u32>,
     /// Completion budget; `prompt.len() + max_tokens <= context`.
@@ -26,10 +27,10 @@ pub fn admit(
     requested: Option<u32>,
     context: u32,
     prompt_param: &'static str,
-) -> Result<Admitted, RouterError> {
+) -> Result<AdmittedPrompt, RouterError> {
     #[cfg(feature = "unsafe-test-switches")]
     if let Some(unchecked) = switched_off(&prompt, requested, context) {
-        return Ok(Admitted {
+        return Ok(AdmittedPrompt {
             prompt,
             max_tokens: unchecked,
             context,
@@ -43,7 +44,7 @@ pub fn admit(
     let rule = Admission::new(context as usize, context as usize);
     let max_tokens = requested.unwrap_or(room.max(1) as u32);
     match rule.check(prompt.len(), max_tokens as usize) {
-        Ok(_) => Ok(Admitted {
+        Ok(_) => Ok(AdmittedPrompt {
             prompt,
             max_tokens,
             context,
@@ -92,7 +93,7 @@ fn switched_off(prompt: &[u32], requested: Option<u32>, context: u32) -> Option<
 mod tests {
     use super::*;
 
-    fn code(r: Result<Admitted, RouterError>) -> &'static str {
+    fn code(r: Result<AdmittedPrompt, RouterError>) -> &'static str {
         match r {
             Ok(_) => "ok",
             Err(e) => e.reason(),

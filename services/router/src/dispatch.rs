@@ -24,7 +24,7 @@ use pagewarden_proto::v1::{
 use tonic::Streaming;
 use tracing::Instrument;
 
-use crate::admission::Admitted;
+use crate::admission::AdmittedPrompt;
 use crate::error::{from_status, Half, RouterError};
 use crate::guard::{AbortGuard, AbortReason};
 use crate::metrics::{Metrics, Phase};
@@ -68,7 +68,7 @@ pub struct Job {
     /// Who asked.
     pub tenant: TenantId,
     /// Prompt tokens and completion budget, checked against the context.
-    pub admitted: Admitted,
+    pub admitted: AdmittedPrompt,
     /// Sampling, its `max_tokens` the admitted one.
     pub sampling: SamplingParams,
     /// When the HTTP request arrived (for TTFT).
