@@ -2,7 +2,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use pagewarden_common::admission::Admission;
 use pagewarden_common::telemetry::accept_trace_context;

@@ -31,7 +31,7 @@
 //! `Finished` and `Aborted` are terminal and hold no pages (tombstones, kept so a late or
 //! repeated message is recognised as stale, I5).
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{AttemptId, TenantId};

@@ -137,6 +137,8 @@ impl Drop for Waiting<'_> {
 
 #[cfg(test)]
 mod tests {
+    //! On the paused clock: each short sleep lets the spawned waiters reach their place in
+    //! the line, with no real time spent.
     use super::*;
     use std::sync::Arc;
     use std::time::Duration;
@@ -168,7 +170,7 @@ mod tests {
         out
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn tenants_take_turns_and_each_is_fifo() {
         let got = order(
             Arc::new(Turns::default()),
@@ -184,7 +186,7 @@ mod tests {
         assert_eq!(got, ["a1", "b1", "a2", "b2", "a3"]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_turn_is_contended_only_by_another_tenants_waiter() {
         let turns = Arc::new(Turns::default());
         let held = turns.take(&t("a"), 1).await;
@@ -206,7 +208,7 @@ mod tests {
         a2.await.unwrap();
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn only_an_idle_tenants_job_overtakes_and_one_at_a_time() {
         let turns = Arc::new(Turns::default());
         assert!(
@@ -237,7 +239,7 @@ mod tests {
         c_waits.await.unwrap();
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_waiter_that_leaves_does_not_keep_the_turn() {
         let turns = Arc::new(Turns::default());
         let held = turns.take(&t("a"), 1).await;

@@ -31,7 +31,9 @@ mod tests;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use pagewarden_common::admission::Admission;
 use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind, IntegritySink, PageTag};
@@ -490,11 +492,14 @@ impl Scheduler {
     }
 
     fn housekeeping(&mut self) {
+        // The scheduler's deadlines run on tokio's clock (tests pause it); the pool stamps its
+        // grants on the wall clock, so its checks get that one.
         let now = Instant::now();
+        let pool_now = std::time::Instant::now();
         let expired: Vec<(RequestId, AttemptId)> = self
             .table
             .iter()
-            .filter(|(_, e)| matches!(&e.state, RequestState::Reserved(r) if r.pages.expired(now)))
+            .filter(|(_, e)| matches!(&e.state, RequestState::Reserved(r) if r.pages.expired(pool_now)))
             .map(|(r, e)| (*r, e.attempt))
             .collect();
         for (req, attempt) in expired {
@@ -511,7 +516,7 @@ impl Scheduler {
             let waited = self.deps.queue_timeout;
             self.refuse_queued(req, attempt, QueueRefusal::Timeout { waited });
         }
-        let moved = self.deps.pool.sweep_expired(now);
+        let moved = self.deps.pool.sweep_expired(pool_now);
         if moved > 0 {
             tracing::warn!(
                 pages = moved,

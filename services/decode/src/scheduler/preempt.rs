@@ -180,7 +180,7 @@ impl Scheduler {
             };
             if seq.tx.is_closed() {
                 // Nobody is reading: no recompute for it.
-                entry.ended_at = Some(std::time::Instant::now());
+                entry.ended_at = Some(tokio::time::Instant::now());
                 self.preempted.remove(&arrival);
                 self.deps.metrics.request("client_gone");
                 continue;

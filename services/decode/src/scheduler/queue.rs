@@ -3,7 +3,7 @@
 //! and refusals when the queue is full or a wait passes its deadline.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use pagewarden_common::{AttemptId, RequestId, TenantId};
 use pagewarden_kvcache::{ReserveError, SharedPages};

@@ -1,7 +1,7 @@
 //! The batching half of the scheduler: which running sequences go into the next step (the
 //! fair rotation), and what each one's sampled token does when the step returns.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use pagewarden_common::integrity::{IntegrityEvent, IntegrityKind};
 use pagewarden_common::RequestId;

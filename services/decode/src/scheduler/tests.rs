@@ -148,7 +148,7 @@ async fn a_request_past_the_context_is_rejected_before_any_page() {
 
 /// A request that fits waits; past the queue's bound or its deadline it is refused with the
 /// queue's reason, and the waiting ones hold no pages.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_queue_refuses_past_its_bound_and_its_deadline() {
     let (tx, pool) = scheduler_with(4, 1, Duration::from_millis(200));
     let mut holder = reserve(&tx, "a", 3 * PAGE - 1).await;
@@ -167,7 +167,8 @@ async fn the_queue_refuses_past_its_bound_and_its_deadline() {
         waiting.try_recv(),
         Err(oneshot::error::TryRecvError::Empty)
     ));
-    // The scheduler checks deadlines on its 50 ms tick.
+    // The scheduler checks deadlines on its 50 ms tick (the paused clock moves when every
+    // task waits).
     tokio::time::sleep(Duration::from_millis(400)).await;
     handled(&tx).await;
     match waiting.try_recv() {
@@ -187,7 +188,7 @@ async fn the_queue_refuses_past_its_bound_and_its_deadline() {
 /// SIGTERM drains: a queued reservation and a new one are refused as unavailable (the router
 /// takes them elsewhere), while the reservation holding pages keeps them; the scheduler stops
 /// only once that one has ended.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_draining_decode_finishes_what_it_holds_and_takes_nothing_new() {
     let (tx, rx) = mpsc::channel(64);
     let (drain, stop) = (Shutdown::new(), Shutdown::new());
