@@ -525,7 +525,8 @@ mod tests {
                 strict.store(true, Ordering::SeqCst);
                 for _ in 0..20 {
                     par.for_each_index(2, |_| {});
-                    // Room for the other caller to take the pool, were it not waiting.
+                    // Real time (real threads): room for the other caller to take the pool,
+                    // were it not waiting.
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 strict.store(false, Ordering::SeqCst);
@@ -574,6 +575,7 @@ mod tests {
             par.for_each_index(2, |_| {
                 meet.wait();
                 if std::thread::current().id() != caller {
+                    // Real time: a worker thread held busy while the caller goes on.
                     std::thread::sleep(Duration::from_millis(50));
                 }
             });
@@ -659,6 +661,7 @@ mod tests {
     fn workers_wake_after_parking() {
         let par = Parallel::new(2);
         par.for_each_index(4, |_| {});
+        // Real time: long enough for the worker threads to stop spinning and park.
         std::thread::sleep(SPIN * 3);
         let n = AtomicUsize::new(0);
         par.for_each_index(1000, |_| {

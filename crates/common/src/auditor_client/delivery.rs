@@ -266,6 +266,7 @@ mod tests {
                 started.elapsed() < Duration::from_secs(10),
                 "stuck at {s:?}"
             );
+            // Real time: the reports travel over a real connection to the fake auditor.
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }

@@ -130,6 +130,7 @@ mod tests {
             .count()
     }
 
+    /// Real time: the hashing helper is a real thread, polled until it caught up.
     fn settle(pages: &[OutPage], want: usize) -> usize {
         for _ in 0..500 {
             if hashed(pages) >= want {

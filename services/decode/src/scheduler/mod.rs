@@ -499,7 +499,9 @@ impl Scheduler {
         let expired: Vec<(RequestId, AttemptId)> = self
             .table
             .iter()
-            .filter(|(_, e)| matches!(&e.state, RequestState::Reserved(r) if r.pages.expired(pool_now)))
+            .filter(
+                |(_, e)| matches!(&e.state, RequestState::Reserved(r) if r.pages.expired(pool_now)),
+            )
             .map(|(r, e)| (*r, e.attempt))
             .collect();
         for (req, attempt) in expired {
