@@ -1,6 +1,9 @@
 //! Page shape (`KvLayout`) and pool configuration (`PoolConfig`, test-only `Defenses`).
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::clock::{Clock, WallClock};
 
 /// Shape of one page. A page holds `page_size` tokens of K and V for ALL layers, f16,
 /// contiguous: `[layer][K|V][slot][head][dim]`.
@@ -104,6 +107,9 @@ pub struct PoolConfig {
     /// it ends without a commit. Off (the default) waits for the transfer's drain confirmation
     /// or the drain timeout, as a pool that a NIC writes without that copy must.
     pub revocation_drains: bool,
+    /// The pool's clock: grants' idle lifetimes and drain timeouts count on it (the wall
+    /// clock by default; a test moves a `ManualClock`).
+    pub clock: Arc<dyn Clock>,
     /// Prefix cache: pages each namespace may keep cached (LRU within it beyond that). 0 (the
     /// default) turns the cache off: `publish_prefix` frees every page.
     pub prefix_pages_per_namespace: usize,
@@ -125,6 +131,7 @@ impl PoolConfig {
             grant_ttl: Duration::from_secs(60),
             commit_rehash: true,
             revocation_drains: false,
+            clock: Arc::new(WallClock),
             prefix_pages_per_namespace: 0,
             #[cfg(any(test, feature = "unsafe-test-switches"))]
             defenses: Defenses::default(),

@@ -20,6 +20,7 @@
 //! - `prefix`: the prefix cache: hash-chained index per namespace, publish, pin, LRU
 //!   eviction within quotas, reclaim under allocation pressure (I10).
 //! - `shared`: `SharedPages`, read-only pins on cached pages, generation-checked reads.
+//! - `clock`: the pool's clock (`WallClock`; `ManualClock` for tests).
 //! - `checks`: which defenses run (constant `true` outside tests).
 //!
 //! # Page lifecycle
@@ -69,6 +70,7 @@
 #![warn(missing_docs)]
 
 mod checks;
+mod clock;
 mod error;
 mod free_list;
 mod grant;
@@ -86,6 +88,7 @@ mod shared;
 mod store;
 mod sync;
 
+pub use clock::{Clock, ManualClock, WallClock};
 pub use error::{CommitError, ReadError, ReserveError, WriteError};
 pub use free_list::FreeList;
 pub use grant::{manifest_digest, page_checksum, CommitManifest, PageWrite, WriteGrant};

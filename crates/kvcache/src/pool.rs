@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -166,7 +165,7 @@ impl KvPool {
                 pages: table.clone(),
                 status: GrantStatus::Live,
                 stream: None,
-                progress_at: Instant::now(),
+                progress_at: self.inner.cfg.clock.now(),
             },
         );
         let grant = WriteGrant {

@@ -105,7 +105,7 @@ impl PoolInner {
     /// A write landed under `key`: its idle lifetime starts again.
     fn progressed(&self, key: GrantKey) {
         if let Some(rec) = self.grants.lock().get_mut(&key) {
-            rec.progress_at = Instant::now();
+            rec.progress_at = self.cfg.clock.now();
         }
     }
 

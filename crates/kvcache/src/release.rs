@@ -66,6 +66,12 @@ impl KvPool {
         }
     }
 
+    /// Now, on the pool's clock (`PoolConfig::clock`): what `sweep_expired` and
+    /// `ReservedPages::expired` compare with.
+    pub fn now(&self) -> Instant {
+        self.inner.cfg.clock.now()
+    }
+
     /// Whether `key` is a live grant (issued, not yet committed or revoked).
     pub fn grant_is_live(&self, key: GrantKey) -> bool {
         self.inner.grant_is_live(key)
@@ -110,7 +116,7 @@ impl PoolInner {
         let mut grants = self.grants.lock();
         let rec = grants.get_mut(&key)?;
         rec.status = GrantStatus::Revoked {
-            since: Instant::now(),
+            since: self.cfg.clock.now(),
         };
         rec.stream
     }

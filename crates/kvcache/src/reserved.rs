@@ -143,7 +143,7 @@ impl PoolInner {
         if m.key != grant.key {
             return Err(CommitError::KeyMismatch);
         }
-        if self.grant_expired(grant.key, grant.idle_ttl, Instant::now()) {
+        if self.grant_expired(grant.key, grant.idle_ttl, self.cfg.clock.now()) {
             return Err(CommitError::Expired);
         }
         if self.check_commit_tokens() && m.tokens_written != grant.tokens {

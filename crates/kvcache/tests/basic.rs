@@ -3,13 +3,13 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pagewarden_kvcache::{
-    page_checksum, CommitError, CommitManifest, Generation, KvLayout, KvPool, PageState, PageWrite,
-    PoolConfig, PoolStats, ReadError, ReserveError, WriteError,
+    page_checksum, CommitError, CommitManifest, Generation, KvLayout, KvPool, ManualClock,
+    PageState, PageWrite, PoolConfig, PoolStats, ReadError, ReserveError, WriteError,
 };
-use pagewarden_testkit::eventually_blocking;
 use support::{fill, owner, pool, write_all, LAYOUT};
 
 fn states(pool: &KvPool) -> Vec<(Option<PageState>, Option<Generation>)> {
@@ -449,33 +449,36 @@ fn commit_with_a_short_page_fails() {
 
 #[test]
 fn expired_grant_cannot_commit() {
+    let clock = ManualClock::new();
     let mut cfg = PoolConfig::with_pages(LAYOUT, 2);
-    cfg.grant_ttl = Duration::ZERO;
+    cfg.grant_ttl = Duration::from_secs(1);
+    cfg.clock = Arc::new(clock.clone());
     let pool = KvPool::new(cfg);
     let r = pool.reserve(owner(1), 4).unwrap();
     let m = write_all(&pool, &r, 1);
-    eventually_blocking(Duration::from_secs(1), "the grant to expire", || {
-        r.expired(Instant::now())
-    });
+    assert!(!r.expired(pool.now()), "a write just landed");
+    clock.advance(Duration::from_secs(1));
+    assert!(r.expired(pool.now()), "no write landed for its lifetime");
     assert_eq!(r.commit(&m).unwrap_err(), CommitError::Expired);
 }
 
 #[test]
 fn a_grant_whose_writes_keep_landing_outlives_its_idle_ttl_and_an_idle_one_does_not() {
-    // Real time: the grant's lifetime is measured by the pool's clock. Gaps of 400 ms under a
-    // 1 s idle lifetime leave 600 ms for a slow machine's oversleep; the three gaps add up to
-    // more than the lifetime, so a lifetime counted from the issue would expire.
+    // On the pool's clock, moved by hand: three gaps of 400 ms under a 1 s idle lifetime add
+    // up to more than the lifetime, so a lifetime counted from the issue would expire.
+    let clock = ManualClock::new();
     let ttl = Duration::from_secs(1);
     let mut cfg = PoolConfig::with_pages(LAYOUT, 4);
     cfg.grant_ttl = ttl;
+    cfg.clock = Arc::new(clock.clone());
     let pool = KvPool::new(cfg);
     let busy = pool.reserve(owner(1), 12).unwrap();
     let idle = pool.reserve(owner(2), 4).unwrap();
     let g = busy.grant().clone();
-    let issued = Instant::now();
+    let issued = pool.now();
     let mut sums = Vec::new();
     for (i, &(page, generation)) in g.pages.iter().enumerate() {
-        std::thread::sleep(Duration::from_millis(400));
+        clock.advance(Duration::from_millis(400));
         let data = fill(pool.layout(), 1, page, generation);
         sums.push(page_checksum(&data));
         pool.write_page(PageWrite {
@@ -489,23 +492,24 @@ fn a_grant_whose_writes_keep_landing_outlives_its_idle_ttl_and_an_idle_one_does_
         .expect("valid write lands");
     }
     assert!(
-        issued.elapsed() > ttl,
+        pool.now() - issued > ttl,
         "the writes took longer than the lifetime"
     );
     assert!(
-        !busy.expired(Instant::now()),
+        !busy.expired(pool.now()),
         "each landed write renews the grant"
     );
     assert!(
-        idle.expired(Instant::now()),
+        idle.expired(pool.now()),
         "no write landed on this one for its lifetime"
     );
     let m = CommitManifest::new(g.key, g.tokens, sums);
     assert_eq!(busy.commit(&m).unwrap().len(), 12);
+    // Writes renew the idle one too, until it goes a lifetime without one.
     let m = write_all(&pool, &idle, 2);
-    eventually_blocking(ttl * 5, "the idle grant to expire again", || {
-        idle.expired(Instant::now())
-    });
+    assert!(!idle.expired(pool.now()), "a write just landed");
+    clock.advance(ttl);
+    assert!(idle.expired(pool.now()));
     assert_eq!(idle.commit(&m).unwrap_err(), CommitError::Expired);
 }
 

@@ -492,10 +492,10 @@ impl Scheduler {
     }
 
     fn housekeeping(&mut self) {
-        // The scheduler's deadlines run on tokio's clock (tests pause it); the pool stamps its
-        // grants on the wall clock, so its checks get that one.
+        // The scheduler's deadlines run on tokio's clock (tests pause it); the pool's grants
+        // on the pool's own clock.
         let now = Instant::now();
-        let pool_now = std::time::Instant::now();
+        let pool_now = self.deps.pool.now();
         let expired: Vec<(RequestId, AttemptId)> = self
             .table
             .iter()
