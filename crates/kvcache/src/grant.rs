@@ -99,8 +99,9 @@ pub struct PageWrite<'a> {
 /// Where a grant is in its life, as far as the registry knows. Committed grants are removed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GrantStatus {
-    /// Writes may land.
-    Live,
+    /// Writes may land. `ended`: how the transfer said its stream ended meanwhile (`None`:
+    /// still open), read when the grant ends without a commit.
+    Live { ended: Option<StreamEnd> },
     /// Revoked at `since`; its pages drain.
     Revoked { since: Instant },
     /// Drain timed out; its pages are quarantined.
@@ -119,13 +120,11 @@ pub(crate) enum StreamEnd {
     PeerGone,
 }
 
-/// The one record of a grant's life: its pages, its status, and how its stream ended.
+/// The one record of a grant's life: its pages and its status.
 #[derive(Debug)]
 pub(crate) struct GrantRecord {
     pub(crate) pages: Vec<(PageId, Generation)>,
     pub(crate) status: GrantStatus,
-    /// What the transfer said of the grant's stream while it was live; `None`: still open.
-    pub(crate) stream: Option<StreamEnd>,
     /// When the grant was issued or its last write landed: its idle lifetime counts from here.
     pub(crate) progress_at: Instant,
 }

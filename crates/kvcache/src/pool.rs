@@ -163,8 +163,7 @@ impl KvPool {
             key,
             GrantRecord {
                 pages: table.clone(),
-                status: GrantStatus::Live,
-                stream: None,
+                status: GrantStatus::Live { ended: None },
                 progress_at: self.inner.cfg.clock.now(),
             },
         );

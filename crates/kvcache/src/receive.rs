@@ -93,7 +93,7 @@ impl PoolInner {
         };
         match rec.status {
             GrantStatus::Revoked { .. } | GrantStatus::Quarantined => WriteError::RevokedGrant,
-            GrantStatus::Live => match rec.pages.iter().find(|(p, _)| *p == w.page) {
+            GrantStatus::Live { .. } => match rec.pages.iter().find(|(p, _)| *p == w.page) {
                 None => WriteError::WrongPage,
                 Some((_, g)) if *g != w.generation => WriteError::StaleGeneration,
                 // Raced with a commit of this grant: the page was already taken over.
@@ -113,7 +113,8 @@ impl PoolInner {
     /// at `now`. A revoked, quarantined or retired grant has ended otherwise: false.
     pub(crate) fn grant_expired(&self, key: GrantKey, ttl: Duration, now: Instant) -> bool {
         self.grants.lock().get(&key).is_some_and(|r| {
-            r.status == GrantStatus::Live && now.saturating_duration_since(r.progress_at) >= ttl
+            matches!(r.status, GrantStatus::Live { .. })
+                && now.saturating_duration_since(r.progress_at) >= ttl
         })
     }
 
@@ -121,7 +122,7 @@ impl PoolInner {
     pub(crate) fn grant_is_live(&self, key: GrantKey) -> bool {
         matches!(
             self.grants.lock().get(&key).map(|r| r.status),
-            Some(GrantStatus::Live)
+            Some(GrantStatus::Live { .. })
         )
     }
 }

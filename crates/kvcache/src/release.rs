@@ -2,7 +2,7 @@
 //! land (its stream already ended, the pool takes revocation as the drain, or the drain is
 //! confirmed later), else timeout to quarantine, released when the peer is gone. Every path
 //! reads the one grant record (`GrantRecord`): the transfer receiver writes how the stream
-//! ended, the reservation's end reads it.
+//! ended into its live status, the reservation's end reads it.
 
 use std::time::Instant;
 
@@ -37,7 +37,9 @@ impl KvPool {
                         rec.status = GrantStatus::Quarantined;
                         expired.push((*key, rec.pages.clone()));
                     }
-                    GrantStatus::Live | GrantStatus::Revoked { .. } | GrantStatus::Quarantined => {}
+                    GrantStatus::Live { .. }
+                    | GrantStatus::Revoked { .. }
+                    | GrantStatus::Quarantined => {}
                 }
             }
         }
@@ -83,14 +85,14 @@ impl PoolInner {
     /// committed or unknown). A lost peer outranks a drain seen before it.
     fn note_stream_end(&self, key: GrantKey, end: StreamEnd) -> bool {
         let mut grants = self.grants.lock();
-        match grants.get_mut(&key) {
-            Some(rec) if rec.status == GrantStatus::Live => {
-                if rec.stream != Some(StreamEnd::PeerGone) {
-                    rec.stream = Some(end);
+        match grants.get_mut(&key).map(|rec| &mut rec.status) {
+            Some(GrantStatus::Live { ended }) => {
+                if *ended != Some(StreamEnd::PeerGone) {
+                    *ended = Some(end);
                 }
                 true
             }
-            Some(_) | None => false,
+            Some(GrantStatus::Revoked { .. } | GrantStatus::Quarantined) | None => false,
         }
     }
 
@@ -115,10 +117,13 @@ impl PoolInner {
     pub(crate) fn mark_revoked(&self, key: GrantKey) -> Option<StreamEnd> {
         let mut grants = self.grants.lock();
         let rec = grants.get_mut(&key)?;
-        rec.status = GrantStatus::Revoked {
+        let revoked = GrantStatus::Revoked {
             since: self.cfg.clock.now(),
         };
-        rec.stream
+        match std::mem::replace(&mut rec.status, revoked) {
+            GrantStatus::Live { ended } => ended,
+            GrantStatus::Revoked { .. } | GrantStatus::Quarantined => None,
+        }
     }
 
     /// A revoked grant's pages are freed now when its stream had already ended, or when the
@@ -145,7 +150,7 @@ impl PoolInner {
                 Some(GrantStatus::Revoked { .. } | GrantStatus::Quarantined) => {
                     grants.remove(&key).map(|r| r.pages)
                 }
-                Some(GrantStatus::Live) | None => None,
+                Some(GrantStatus::Live { .. }) | None => None,
             }
         };
         let Some(pages) = pages else { return 0 };
