@@ -1,12 +1,13 @@
-//! GPU engine check (run by scripts/gpu-engine-check.sh on a machine with an NVIDIA GPU):
+//! GPU engine check (run by scripts/gpu/engine.sh on a machine with an NVIDIA GPU):
 //!
 //! 1. parity: for every reference case, GPU prefill vs llama.cpp's top-5 logits and top-1, GPU
-//!    vs CPU logits, and 24 greedy GPU tokens vs llama.cpp's;
+//!    vs CPU logits, and 24 greedy GPU tokens vs llama.cpp's and the CPU engine's (with
+//!    `--prompts`, a file whose llama.cpp figures are not this model's, only the CPU engine's);
 //! 2. a generation-mismatch step: one sequence's page is revoked behind its back, so the next
 //!    batched decode step must fail that sequence with an error while its batch mate proceeds;
-//! 3. prefill tok/s (512-token prompt) and decode tok/s at batch 1 and 32.
+//! 3. prefill tok/s (512-token prompt) and decode tok/s at batch 1, 8 and 32.
 //!
-//! `gpu_engine --model PATH --reference JSON [--device cuda:N]`, or
+//! `gpu_engine --model PATH (--reference JSON | --prompts JSON) [--device cuda:N]`, or
 //! `gpu_engine --write-ptx DIR [--arch compute_90]` to precompile the model's own kernel (needs
 //! NVRTC; the GPU machine then needs only the driver). Exits non-zero when a check fails.
 
@@ -29,6 +30,8 @@ const MIN_PREFIX: usize = 8;
 struct Args {
     model: Option<PathBuf>,
     reference: Option<PathBuf>,
+    /// The cases' llama.cpp figures are not this model's: compare with the CPU engine only.
+    cpu_only: bool,
     device: Device,
     write_ptx: Option<PathBuf>,
     arch: String,
@@ -38,6 +41,7 @@ fn parse_args() -> Result<Args> {
     let mut a = Args {
         model: None,
         reference: None,
+        cpu_only: false,
         device: Device::Cuda(0),
         write_ptx: None,
         arch: "compute_90".into(),
@@ -48,12 +52,16 @@ fn parse_args() -> Result<Args> {
         match flag.as_str() {
             "--model" => a.model = Some(val()?.into()),
             "--reference" => a.reference = Some(val()?.into()),
+            "--prompts" => {
+                a.reference = Some(val()?.into());
+                a.cpu_only = true;
+            }
             "--device" => a.device = val()?.parse()?,
             "--write-ptx" => a.write_ptx = Some(val()?.into()),
             "--arch" => a.arch = val()?,
             other => bail!(
-                "unknown argument {other:?}; usage: gpu_engine --model PATH --reference JSON \
-                 [--device cuda:N] | --write-ptx DIR [--arch compute_90]"
+                "unknown argument {other:?}; usage: gpu_engine --model PATH (--reference JSON | \
+                 --prompts JSON) [--device cuda:N] | --write-ptx DIR [--arch compute_90]"
             ),
         }
     }
@@ -108,39 +116,61 @@ fn ok(r: Result<Result<Vec<f32>, GpuError>, GpuError>, what: &str) -> Result<Vec
         .with_context(|| format!("{what}: sequence failed"))
 }
 
-fn cpu_logits(model: &Model, pool: &KvPool, prompt: &[u32]) -> Result<Vec<f32>> {
+/// The CPU engine's logits after `prompt` and its first `n` greedy tokens.
+fn cpu_greedy(model: &Model, pool: &KvPool, prompt: &[u32], n: usize) -> Result<(Vec<f32>, Vec<u32>)> {
     let owner = Owner {
         request: RequestId::random(),
         tenant: TenantId::new("gpu-parity"),
     };
     let mut seq = pool.allocate(owner, prompt.len())?;
-    Ok(model.prefill(&mut seq, prompt)?)
+    let first = model.prefill(&mut seq, prompt)?;
+    let mut tokens = vec![argmax(&first)];
+    while tokens.len() < n {
+        let t = *tokens.last().expect("one token");
+        let logits = model
+            .decode_step(&mut [(&mut seq, t)])
+            .pop()
+            .expect("one result")?;
+        tokens.push(argmax(&logits));
+    }
+    Ok((first, tokens))
 }
 
-fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case]) -> Result<bool> {
+fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> Result<bool> {
     let pool = KvPool::new(PoolConfig::with_pages(model.kv_layout(16), 256));
-    println!("== parity: GPU vs llama.cpp reference and vs the CPU engine");
+    if cpu_only {
+        println!("== parity: GPU vs the CPU engine (the prompts' llama.cpp figures are not this model's)");
+    } else {
+        println!("== parity: GPU vs llama.cpp reference and vs the CPU engine");
+    }
     println!(
-        "{:>4} {:>6} {:>10} {:>6} {:>12} {:>10}",
-        "case", "prompt", "top5 |d|", "top1", "GPU-CPU |d|", "greedy"
+        "{:>4} {:>6} {:>10} {:>6} {:>12} {:>10} {:>10}",
+        "case", "prompt", "top5 |d|", "top1", "GPU-CPU |d|", "greedy", "vs CPU"
     );
-    let (mut top1_all, mut prefix_ok, mut worst) = (true, 0, 0f32);
+    let (mut top1_all, mut prefix_ok, mut worst, mut worst_cpu) = (true, 0, 0f32, 0f32);
     for (ci, c) in cases.iter().enumerate() {
         let mut seq = gpu.new_sequence();
         let mut logits = ok(gpu.prefill(&mut seq, &c.prompt), "prefill")?;
-        let top5_d = c
-            .top5
-            .iter()
-            .map(|&(t, want)| (logits[t as usize] - want).abs())
-            .fold(0f32, f32::max);
-        let top1 = c.top5.first().map(|t| t.0) == Some(argmax(&logits));
-        let cpu = cpu_logits(model, &pool, &c.prompt)?;
+        let n = if cpu_only { GREEDY } else { GREEDY.min(c.greedy.len()) };
+        let (cpu, cpu_tokens) = cpu_greedy(model, &pool, &c.prompt, n)?;
+        let top5_d = match cpu_only {
+            true => f32::NAN,
+            false => c
+                .top5
+                .iter()
+                .map(|&(t, want)| (logits[t as usize] - want).abs())
+                .fold(0f32, f32::max),
+        };
+        let want_top1 = match cpu_only {
+            true => Some(argmax(&cpu)),
+            false => c.top5.first().map(|t| t.0),
+        };
+        let top1 = want_top1 == Some(argmax(&logits));
         let cpu_d = cpu
             .iter()
             .zip(&logits)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        let n = GREEDY.min(c.greedy.len());
         let mut ours = Vec::with_capacity(n);
         while ours.len() < n {
             let t = argmax(&logits);
@@ -154,27 +184,29 @@ fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case]) -> Result<bool> {
             }
         }
         gpu.release(seq);
-        let matched = ours
-            .iter()
-            .zip(&c.greedy)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let run = |want: &[u32]| ours.iter().zip(want).take_while(|(a, b)| a == b).count();
+        let (matched, matched_cpu) = (run(if cpu_only { &cpu_tokens } else { &c.greedy }), run(&cpu_tokens));
         println!(
-            "{ci:>4} {:>6} {top5_d:>10.4} {:>6} {cpu_d:>12.4} {:>7}/{n}",
+            "{ci:>4} {:>6} {top5_d:>10.4} {:>6} {cpu_d:>12.4} {:>7}/{n} {:>7}/{n}",
             c.prompt.len(),
             if top1 { "ok" } else { "DIFF" },
-            matched
+            matched,
+            matched_cpu
         );
         top1_all &= top1;
         prefix_ok += usize::from(matched >= MIN_PREFIX.min(n));
-        worst = worst.max(top5_d);
+        if !cpu_only {
+            worst = worst.max(top5_d);
+        }
+        worst_cpu = worst_cpu.max(cpu_d);
     }
     let pass = top1_all && prefix_ok + 1 >= cases.len();
     println!(
         "parity: top-1 {} on all cases; {prefix_ok}/{} cases match the first {MIN_PREFIX} greedy \
-         tokens; worst top-5 logit |d| {worst:.4}  => {}",
+         tokens of {}; worst top-5 logit |d| {worst:.4}; worst GPU-CPU logit |d| {worst_cpu:.4}  => {}",
         if top1_all { "matches" } else { "DIFFERS" },
         cases.len(),
+        if cpu_only { "the CPU engine" } else { "llama.cpp" },
         if pass { "PASS" } else { "FAIL" }
     );
     Ok(pass)
@@ -276,7 +308,7 @@ fn bench(gpu: &mut GpuModel, base: &[u32]) -> Result<()> {
         secs * 1e3,
         512.0 / secs
     );
-    for batch in [1usize, 32] {
+    for batch in [1usize, 8, 32] {
         let total = decode_bench(gpu, base, batch, 64, 128)?;
         println!(
             "decode batch {batch:>2} (64-token prompts, 128 steps): {:.1} tok/s per sequence, \
@@ -306,7 +338,9 @@ fn main() -> Result<()> {
         }
     };
     let model_path = args.model.context("--model PATH is required")?;
-    let ref_path = args.reference.context("--reference JSON is required")?;
+    let ref_path = args
+        .reference
+        .context("--reference JSON or --prompts JSON is required")?;
     let cases = load_cases(&ref_path)?;
     if cases.is_empty() {
         bail!("{} has no cases", ref_path.display());
@@ -336,7 +370,7 @@ fn main() -> Result<()> {
         opts.pages,
         opts.page_size
     );
-    let parity_ok = parity(&model, &mut gpu, &cases)?;
+    let parity_ok = parity(&model, &mut gpu, &cases, args.cpu_only)?;
     let mismatch_ok = mismatch_check(&mut gpu, &cases[0].prompt)?;
     let base: Vec<u32> = cases
         .iter()

@@ -2,15 +2,15 @@
 # GPU check of the CUDA kernels: every kernel against the CPU reference on random inputs, the
 # attention generation-mismatch check, and decode-shaped matvec benchmarks (about a minute).
 #
-#   scripts/gpu-check.sh build        # on a build machine (no GPU needed): builds the release
+#   scripts/gpu/kernels.sh build        # on a build machine (no GPU needed): builds the release
 #                                     # binary and the PTX files into target-gpu/
-#   scripts/gpu-check.sh [cuda:N]     # on the GPU machine, from the repository root
+#   scripts/gpu/kernels.sh [cuda:N]     # on the GPU machine, from the repository root
 #
 # The GPU machine needs only the NVIDIA driver: the binary loads libcuda at run time and, when
 # target-gpu/ptx exists, takes the kernels from those PTX files (the driver JIT-compiles them)
 # instead of compiling them with NVRTC. Override with GPU_CHECK_BIN / PAGEWARDEN_PTX_DIR.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out="$root/target-gpu"
 
 if [ "${1:-}" = "build" ]; then

@@ -6,22 +6,25 @@
 # streams, then PASS/FAIL and every process killed. About a minute on an H200.
 #
 # Build (on the build machine; no GPU needed, NVRTC from pip only for the PTX):
-#   scripts/gpu-services-check.sh build
+#   scripts/gpu/services.sh build
 # which runs
 #   cargo build --release -p pagewarden-router -p pagewarden-prefill -p pagewarden-decode \
 #     --features pagewarden-prefill/cuda,pagewarden-decode/cuda
 #   strip -> target-gpu/bin/{pagewarden-router,pagewarden-prefill,pagewarden-decode}
 #   PAGEWARDEN_PTX_DIR=target-gpu/ptx cargo test -p pagewarden-kernels --features cuda --test cuda_ptx
-#   (target-gpu/ptx-model/model_kv.ptx comes from `scripts/gpu-engine-check.sh build`; kept if there)
+#   (target-gpu/ptx-model/model_kv.ptx comes from `scripts/gpu/engine.sh build`; kept if there)
 #
 # Run (repository root; the GPU machine needs only the NVIDIA driver):
-#   DEVICE=cuda:0 scripts/gpu-services-check.sh MODEL.gguf REFERENCE.json
-#   DEVICE=cpu    scripts/gpu-services-check.sh MODEL.gguf REFERENCE.json   # the same check on CPU
+#   DEVICE=cuda:0 scripts/gpu/services.sh MODEL.gguf REFERENCE.json
+#   DEVICE=cpu    scripts/gpu/services.sh MODEL.gguf REFERENCE.json   # the same check on CPU
 # Env: DEVICE (cuda:0), BIN_DIR (target-gpu/bin), PAGEWARDEN_PTX_DIR (target-gpu/ptx),
 # PAGEWARDEN_MODEL_PTX_DIR (target-gpu/ptx-model), LOG_DIR (a temp dir; worker logs),
-# STREAMS (32), GEN_TOKENS (64), MIN_FIRST8 (10: cases whose first 8 tokens must match to PASS).
+# STREAMS ("8 32": the throughput runs after one stream), GEN_TOKENS (64), MIN_FIRST8 (10: cases
+# whose first 8 tokens must match to PASS), PARITY (1; 0 skips the parity and over-length checks),
+# WRITE_REFERENCE (a path: this run's greedy texts are written there as the reference of a later
+# run, e.g. DEVICE=cpu for a model llama.cpp's reference is not for).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out="$root/target-gpu"
 
 if [ "${1:-}" = "build" ]; then
@@ -37,7 +40,7 @@ if [ "${1:-}" = "build" ]; then
   done
   rm -rf "$out/ptx"
   PAGEWARDEN_PTX_DIR="$out/ptx" cargo test -p pagewarden-kernels --features cuda --test cuda_ptx
-  [ -f "$out/ptx-model/model_kv.ptx" ] || echo "note: $out/ptx-model is missing; run 'scripts/gpu-engine-check.sh build' too" >&2
+  [ -f "$out/ptx-model/model_kv.ptx" ] || echo "note: $out/ptx-model is missing; run 'scripts/gpu/engine.sh build' too" >&2
   du -sh "$out/bin" "$out/ptx" "$out/ptx-model" 2>/dev/null || true
   exit 0
 fi
@@ -103,14 +106,14 @@ echo "started in $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
 grep -h "model on the GPU\|pool sized" "$logs"/pagewarden-{decode,prefill}.err | sed 's/\x1b\[[0-9;]*m//g' || true
 
 set +e
-URL=$url REFERENCE=$reference DEVICE=$device STREAMS=${STREAMS:-32} GEN_TOKENS=${GEN_TOKENS:-64} \
-  MIN_FIRST8=${MIN_FIRST8:-10} \
+URL=$url REFERENCE=$reference DEVICE=$device STREAMS=${STREAMS:-8 32} GEN_TOKENS=${GEN_TOKENS:-64} \
+  MIN_FIRST8=${MIN_FIRST8:-10} PARITY=${PARITY:-1} WRITE_REFERENCE=${WRITE_REFERENCE:-} \
   timeout 240 python3 - <<'EOF'
 import json, os, sys, threading, time, urllib.error, urllib.request
 
 url, device = os.environ["URL"], os.environ["DEVICE"]
-streams, gen = int(os.environ["STREAMS"]), int(os.environ["GEN_TOKENS"])
-min8 = int(os.environ["MIN_FIRST8"])
+streams, gen = [int(n) for n in os.environ["STREAMS"].split()], int(os.environ["GEN_TOKENS"])
+min8, parity, write_ref = int(os.environ["MIN_FIRST8"]), os.environ["PARITY"] != "0", os.environ["WRITE_REFERENCE"]
 cases = json.load(open(os.environ["REFERENCE"]))["cases"]
 
 def post(body, timeout=120):
@@ -134,11 +137,13 @@ while True:
         sys.exit("router never became healthy")
     time.sleep(0.2)
 
-print("== parity: 10 reference prompts at temperature 0 (%s)" % device)
-first8 = full = 0
-for i, c in enumerate(cases):
-    ref = c["greedy_text"]
-    n8 = min(8, len(c["greedy_tokens"]))
+def parity_check():
+  print("== parity: 10 reference prompts at temperature 0 (%s)" % device)
+  first8 = full = 0
+  written = []
+  for i, c in enumerate(cases):
+    ref = c.get("greedy_text", "")
+    n8 = min(8, c.get("greedy_count", len(c.get("greedy_tokens", []))))
     s8, v8 = post({"model": "m", "prompt": c["prompt_tokens"], "max_tokens": 8, "temperature": 0})
     s24, v24 = post({"model": "m", "prompt": c["prompt_tokens"], "max_tokens": 24, "temperature": 0})
     t8 = v8.get("choices", [{}])[0].get("text") if s8 == 200 else None
@@ -152,14 +157,23 @@ for i, c in enumerate(cases):
     print("case %d: prompt %3d tok  first-8 %s  24-token text %s  %r" % (
         i, len(c["prompt_tokens"]), "match" if ok8 else "DIFF ", "match" if ok24 else "diff ",
         (t8 if s8 == 200 else "HTTP %d %s" % (s8, v8))[:60]))
-print("first 8 greedy tokens: %d/%d cases match; whole 24-token text: %d/%d" % (
+    if write_ref and s24 == 200:
+        written.append({"prompt_tokens": c["prompt_tokens"], "greedy_text": t24,
+                        "greedy_count": v24["usage"]["completion_tokens"]})
+  print("first 8 greedy tokens: %d/%d cases match; whole 24-token text: %d/%d" % (
     first8, len(cases), full, len(cases)))
+  if write_ref:
+    json.dump({"written_by": "scripts/gpu/services.sh on " + device, "cases": written},
+              open(write_ref, "w"))
+    print("wrote %d cases to %s" % (len(written), write_ref))
 
-print("== over-length prompt")
-s, v = post({"model": "m", "prompt": [504] * 9000, "max_tokens": 16, "temperature": 0})
-code = (v.get("error") or {}).get("code") or (v.get("error") or {}).get("type")
-over_ok = s == 400
-print("9000-token prompt: HTTP %d %s => %s" % (s, code, "ok" if over_ok else "WRONG (want 400)"))
+  print("== over-length prompt")
+  s, v = post({"model": "m", "prompt": [504] * 9000, "max_tokens": 16, "temperature": 0})
+  code = (v.get("error") or {}).get("code") or (v.get("error") or {}).get("type")
+  over_ok = s == 400
+  print("9000-token prompt: HTTP %d %s => %s" % (s, code, "ok" if over_ok else "WRONG (want 400)"))
+  return first8, full, over_ok
+
 
 def run(n):
     done, lock = [], threading.Lock()
@@ -180,13 +194,14 @@ def run(n):
         n, gen, toks, dt, toks / dt, fails))
     return fails == 0
 
+first8, full, over_ok = parity_check() if parity else (len(cases), len(cases), True)
 print("== throughput (prefill + decode through the router; includes HTTP and gRPC)")
-thr_ok = run(1) and run(streams)
+thr_ok = all([run(n) for n in [1] + streams])
 
-ok = first8 >= min8 and over_ok and thr_ok
-print("%s: %s, first-8 %d/10, 24-token %d/10, over-length %s, throughput runs %s" % (
-    "PASS" if ok else "FAIL", device, first8, full, "400" if over_ok else "not 400",
-    "ok" if thr_ok else "had failures"))
+ok = (bool(write_ref) or first8 >= min8) and over_ok and thr_ok
+print("%s: %s, first-8 %d/%d, 24-token %d/%d, over-length %s, throughput runs %s" % (
+    "PASS" if ok else "FAIL", device, first8, len(cases), full, len(cases),
+    "400" if over_ok else "not 400", "ok" if thr_ok else "had failures"))
 sys.exit(0 if ok else 1)
 EOF
 rc=$?

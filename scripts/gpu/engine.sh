@@ -3,16 +3,16 @@
 # reference and the CPU engine, a generation-mismatch step that must fail one sequence of a
 # batch, and prefill / decode tok/s at batch 1 and 32 (well under two minutes on an H200).
 #
-#   scripts/gpu-engine-check.sh build                          # build machine (NVRTC, no GPU):
+#   scripts/gpu/engine.sh build                          # build machine (NVRTC, no GPU):
 #       # release binary -> target-gpu/gpu_engine, model kernel PTX -> target-gpu/ptx-model/
-#   scripts/gpu-engine-check.sh MODEL.gguf REFERENCE.json [cuda:N]   # GPU machine, repo root
+#   scripts/gpu/engine.sh MODEL.gguf REFERENCE.json [cuda:N]   # GPU machine, repo root
 #
 # The GPU machine needs only the NVIDIA driver: kernels come from target-gpu/ptx (written by
-# `scripts/gpu-check.sh build`) and target-gpu/ptx-model. REFERENCE.json may also be given
+# `scripts/gpu/kernels.sh build`) and target-gpu/ptx-model. REFERENCE.json may also be given
 # relative to target-gpu/. Override with GPU_ENGINE_BIN / PAGEWARDEN_PTX_DIR /
 # PAGEWARDEN_MODEL_PTX_DIR.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out="$root/target-gpu"
 
 if [ "${1:-}" = "build" ]; then
@@ -24,7 +24,7 @@ if [ "${1:-}" = "build" ]; then
   cp "$target/release/examples/gpu_engine" "$out/gpu_engine"
   rm -rf "$out/ptx-model"
   "$out/gpu_engine" --write-ptx "$out/ptx-model" --arch compute_90
-  [ -d "$out/ptx" ] || echo "note: $out/ptx is missing; run 'scripts/gpu-check.sh build' too" >&2
+  [ -d "$out/ptx" ] || echo "note: $out/ptx is missing; run 'scripts/gpu/kernels.sh build' too" >&2
   echo "built $out/gpu_engine and $out/ptx-model"
   exit 0
 fi
