@@ -116,15 +116,20 @@ fn ok(r: Result<Result<Vec<f32>, GpuError>, GpuError>, what: &str) -> Result<Vec
         .with_context(|| format!("{what}: sequence failed"))
 }
 
-/// The CPU engine's logits after `prompt` and its first `n` greedy tokens.
-fn cpu_greedy(model: &Model, pool: &KvPool, prompt: &[u32], n: usize) -> Result<(Vec<f32>, Vec<u32>)> {
+/// The CPU engine's logits before each of its first `n` greedy tokens, and those tokens.
+fn cpu_greedy(
+    model: &Model,
+    pool: &KvPool,
+    prompt: &[u32],
+    n: usize,
+) -> Result<(Vec<Vec<f32>>, Vec<u32>)> {
     let owner = Owner {
         request: RequestId::random(),
         tenant: TenantId::new("gpu-parity"),
     };
     let mut seq = pool.allocate(owner, prompt.len())?;
-    let first = model.prefill(&mut seq, prompt)?;
-    let mut tokens = vec![argmax(&first)];
+    let mut steps = vec![model.prefill(&mut seq, prompt)?];
+    let mut tokens = vec![argmax(&steps[0])];
     while tokens.len() < n {
         let t = *tokens.last().expect("one token");
         let logits = model
@@ -132,8 +137,9 @@ fn cpu_greedy(model: &Model, pool: &KvPool, prompt: &[u32], n: usize) -> Result<
             .pop()
             .expect("one result")?;
         tokens.push(argmax(&logits));
+        steps.push(logits);
     }
-    Ok((first, tokens))
+    Ok((steps, tokens))
 }
 
 fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> Result<bool> {
@@ -152,7 +158,8 @@ fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> 
         let mut seq = gpu.new_sequence();
         let mut logits = ok(gpu.prefill(&mut seq, &c.prompt), "prefill")?;
         let n = if cpu_only { GREEDY } else { GREEDY.min(c.greedy.len()) };
-        let (cpu, cpu_tokens) = cpu_greedy(model, &pool, &c.prompt, n)?;
+        let (cpu_steps, cpu_tokens) = cpu_greedy(model, &pool, &c.prompt, n)?;
+        let cpu = &cpu_steps[0];
         let top5_d = match cpu_only {
             true => f32::NAN,
             false => c
@@ -162,7 +169,7 @@ fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> 
                 .fold(0f32, f32::max),
         };
         let want_top1 = match cpu_only {
-            true => Some(argmax(&cpu)),
+            true => Some(argmax(cpu)),
             false => c.top5.first().map(|t| t.0),
         };
         let top1 = want_top1 == Some(argmax(&logits));
@@ -195,6 +202,18 @@ fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> 
         );
         top1_all &= top1;
         prefix_ok += usize::from(matched >= MIN_PREFIX.min(n));
+        if matched_cpu < n {
+            // Where the GPU's greedy path leaves the CPU's: how far apart the two picks were in
+            // the CPU's own logits (a near-tie is what arithmetic differences can flip).
+            let step = &cpu_steps[matched_cpu];
+            let (mine, theirs) = (cpu_tokens[matched_cpu], ours[matched_cpu]);
+            println!(
+                "      case {ci} leaves the CPU's path at token {matched_cpu}: CPU picks {mine}, \
+                 GPU {theirs}; their CPU logits differ by {:.4} (the CPU's top logit {:.2})",
+                step[mine as usize] - step[theirs as usize],
+                step[mine as usize]
+            );
+        }
         if !cpu_only {
             worst = worst.max(top5_d);
         }

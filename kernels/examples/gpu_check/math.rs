@@ -6,7 +6,7 @@ use anyhow::Result;
 use pagewarden_kernels::activation::{softmax, swiglu};
 use pagewarden_kernels::cuda::CudaBackend;
 use pagewarden_kernels::norm::rms_norm;
-use pagewarden_kernels::quant::{dequantize_row, quantize_row};
+use pagewarden_kernels::quant::{dequantize_row, quantize_row, ActKind};
 use pagewarden_kernels::rope::Rope;
 use pagewarden_kernels::{matmul, Parallel, QMatrix, WeightType};
 
@@ -102,11 +102,25 @@ pub fn matmuls(
             matmul(&w, &x, tokens, &mut cpu, par);
             rows_out.push(compare(
                 &format!("{name} vs CPU"),
-                shape,
+                shape.clone(),
                 &y,
                 &cpu,
                 cpu_tol(ty),
             ));
+            if ty.act_kind() != ActKind::Float {
+                // The integer kernel over the CPU's 8-bit activations: the CPU's function, up
+                // to the order of the blocks' sum.
+                let mut acts = gpu.q8_acts(tokens * cols)?;
+                gpu.quantize_q8(&dx, tokens * cols, &mut acts)?;
+                gpu.matmul_q8(&dw, &acts, tokens, &mut dy)?;
+                rows_out.push(compare(
+                    &format!("matmul_q8 {ty:?} vs CPU"),
+                    shape,
+                    &gpu.download(&dy)?,
+                    &cpu,
+                    1e-5,
+                ));
+            }
         }
         // Embedding rows: exact dequantization.
         let (rows, cols) = (64, 576);
@@ -216,23 +230,14 @@ pub fn elementwise(gpu: &CudaBackend, rng: &mut Rng, rows_out: &mut Vec<Row>) ->
         &cpu,
         1e-5,
     ));
-    // The CPU's activation quantization, dequantized: what a quantized weight row meets.
+    // The CPU's activation quantization, bit for bit: what a quantized weight row meets.
     let acts = pagewarden_kernels::act::quantize_acts(&g, 32, n / 32);
-    let cpu: Vec<f32> = acts
-        .qs
-        .iter()
-        .enumerate()
-        .map(|(i, &q)| q as f32 * acts.d[i / 32])
-        .collect();
-    let (mut dq, dx) = (gpu.upload(&vec![0f32; n])?, gpu.upload(&g)?);
-    gpu.q8_roundtrip(&mut dq, &dx, n)?;
-    rows_out.push(compare(
-        "q8_roundtrip",
-        format!("{n}"),
-        &gpu.download(&dq)?,
-        &cpu,
-        1e-6,
-    ));
+    let mut dq = gpu.q8_acts(n)?;
+    gpu.quantize_q8(&gpu.upload(&g)?, n, &mut dq)?;
+    let same = gpu.download(&dq.qs)? == acts.qs
+        && gpu.download(&dq.d)? == acts.d
+        && gpu.download(&dq.s)? == acts.s;
+    rows_out.push(verdict("quantize_q8 (qs, d, s)", format!("{n}"), same, String::new()));
     let cpu: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b).collect();
     let mut da = gpu.upload(&g)?;
     gpu.add(&mut da, &du, n)?;

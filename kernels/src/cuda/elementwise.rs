@@ -158,21 +158,6 @@ impl CudaBackend {
         self.binary("add", "add_f32", a, b, n)
     }
 
-    /// `out[..n] = x[..n]` rounded through Q8 per 32-element block exactly as the CPU's
-    /// quantized matmuls quantize their activations ([`crate::act::quantize_acts`]), so a
-    /// quantized weight meets the same activation values on both backends. `n % 32 == 0`.
-    pub fn q8_roundtrip(
-        &self,
-        out: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        ensure(n.is_multiple_of(32), "q8_roundtrip", || {
-            format!("{n} elements is not a whole number of 32-element blocks")
-        })?;
-        self.binary("q8_roundtrip", "q8_roundtrip_f32", out, x, n)
-    }
-
     fn binary(
         &self,
         op: &'static str,

@@ -13,6 +13,15 @@
 // row, dequantizes them once into registers and dots them with up to 8 activation rows
 // (blockIdx.y picks which 8). Launch: block (128, 1, 1) = 4 rows, grid (ceil(rows / 4),
 // ceil(batch / 8), 1).
+//
+// The quantized formats also have integer kernels (matmul_q8_*), which is what the forward pass
+// runs: the activations are first quantized per 32-element block exactly as the CPU's quantized
+// matmuls quantize them (quantize_q8_f32, the bits of kernels/src/cpu/act.rs: d and s rounded
+// through f16), and each block's term is the CPU reference's (kernels/src/cpu/matmul/portable.rs)
+// in the same rounding order: (d_w * d_x) * sumi, plus m_w * s_x for Q4_1. Only the order in
+// which the blocks' terms are summed differs from the CPU's (per lane, then across the warp),
+// so the two backends agree to a few ulps of the sum instead of to the 8-bit activation error
+// the float kernels show against the CPU. Same launch shape as the float kernels.
 
 #define MM_ROWS_PER_BLOCK 4
 #define MM_BATCH_TILE 8
@@ -185,3 +194,145 @@ PW_MATMUL(q4_1, FmtQ4_1)
 PW_MATMUL(q8_0, FmtQ8_0)
 PW_MATMUL(f16, FmtF16)
 PW_MATMUL(f32, FmtF32)
+
+// ---- 8-bit activations and the integer kernels ----
+
+// x (n = rows * cols floats, n % 32 == 0) -> qs (n i8), d and s (n / 32 floats each):
+// d = f16(amax / 127), q = round-half-even(x * (127 / amax)), s = f16((amax / 127) * sum(q)).
+// One thread per element, one warp per block. Launch: block (256), grid (ceil(n / 256)).
+extern "C" __global__ void quantize_q8_f32(const float* __restrict__ x, i8* __restrict__ qs,
+                                           float* __restrict__ d, float* __restrict__ s, u32 n) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;  // whole warps only: n is a multiple of 32
+    const float v = x[i];
+    const float amax = warp_max(fabsf(v));
+    const float dq = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const int q = (int)rintf(__fmul_rn(v, id));
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    qs[i] = (i8)q;
+    if ((threadIdx.x & 31) == 0) {
+        d[i / 32] = h2f(f2h(dq));
+        s[i / 32] = h2f(f2h(__fmul_rn(dq, (float)sum)));
+    }
+}
+
+// Four signed bytes dotted with four, added to c.
+__device__ __forceinline__ int dot4(int a, int b, int c) {
+#if __CUDA_ARCH__ >= 610
+    return __dp4a(a, b, c);
+#else
+    const char4 x = *(const char4*)&a, y = *(const char4*)&b;
+    return c + x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+#endif
+}
+
+// Two-byte aligned loads of four bytes (Q4_0 and Q8_0 blocks are 18 and 34 bytes long).
+__device__ __forceinline__ u32 load4_u16(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+// Each format's block as eight ints of four signed bytes (elements 4k..4k+3 in int k), its
+// scale and (Q4_1) its minimum.
+struct IntQ4_0 {
+    static constexpr u32 bytes = 18;
+    static constexpr bool has_min = false;
+    __device__ static void load(const u8* b, int* v, float* dw, float* mw) {
+        *dw = h2f(*(const u16*)b);
+        *mw = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 q = load4_u16(b + 2 + 4 * k);
+            v[k] = (int)__vsubss4(q & 0x0f0f0f0fu, 0x08080808u);
+            v[4 + k] = (int)__vsubss4((q >> 4) & 0x0f0f0f0fu, 0x08080808u);
+        }
+    }
+};
+
+struct IntQ4_1 {
+    static constexpr u32 bytes = 20;
+    static constexpr bool has_min = true;
+    __device__ static void load(const u8* b, int* v, float* dw, float* mw) {
+        const u32 dm = *(const u32*)b;
+        *dw = h2f((u16)(dm & 0xffff));
+        *mw = h2f((u16)(dm >> 16));
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 q = *(const u32*)(b + 4 + 4 * k);
+            v[k] = (int)(q & 0x0f0f0f0fu);
+            v[4 + k] = (int)((q >> 4) & 0x0f0f0f0fu);
+        }
+    }
+};
+
+struct IntQ8_0 {
+    static constexpr u32 bytes = 34;
+    static constexpr bool has_min = false;
+    __device__ static void load(const u8* b, int* v, float* dw, float* mw) {
+        *dw = h2f(*(const u16*)b);
+        *mw = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = (int)load4_u16(b + 2 + 4 * k);
+    }
+};
+
+template <typename F>
+__device__ void matmul_q8_body(const u8* __restrict__ w, const i8* __restrict__ qs,
+                               const float* __restrict__ d, const float* __restrict__ s,
+                               float* __restrict__ y, u32 rows, u32 cols, u32 batch) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 row = blockIdx.x * MM_ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    const u32 b0 = blockIdx.y * MM_BATCH_TILE;
+    if (row >= rows || b0 >= batch) return;
+    const u32 nb = min((u32)MM_BATCH_TILE, batch - b0);
+    const u32 blocks = cols / 32;
+
+    float acc[MM_BATCH_TILE];
+#pragma unroll
+    for (int i = 0; i < MM_BATCH_TILE; i++) acc[i] = 0.0f;
+
+    for (u32 blk = lane; blk < blocks; blk += 32) {
+        int wv[8];
+        float dw, mw;
+        F::load(w + ((size_t)row * blocks + blk) * F::bytes, wv, &dw, &mw);
+#pragma unroll
+        for (int i = 0; i < MM_BATCH_TILE; i++) {
+            if (i < nb) {
+                const size_t at = (size_t)(b0 + i) * blocks + blk;
+                // 32-byte aligned: cols is a multiple of 32 and the buffer starts aligned.
+                const int4* xq = (const int4*)(qs + at * 32);
+                const int4 lo = xq[0], hi = xq[1];
+                int si = dot4(wv[0], lo.x, 0);
+                si = dot4(wv[1], lo.y, si);
+                si = dot4(wv[2], lo.z, si);
+                si = dot4(wv[3], lo.w, si);
+                si = dot4(wv[4], hi.x, si);
+                si = dot4(wv[5], hi.y, si);
+                si = dot4(wv[6], hi.z, si);
+                si = dot4(wv[7], hi.w, si);
+                float t = __fmul_rn(__fmul_rn(dw, d[at]), (float)si);
+                if (F::has_min) t = __fadd_rn(t, __fmul_rn(mw, s[at]));
+                acc[i] = __fadd_rn(acc[i], t);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MM_BATCH_TILE; i++) {
+        const float v = warp_sum(acc[i]);
+        if (lane == 0 && i < nb) y[(size_t)(b0 + i) * rows + row] = v;
+    }
+}
+
+#define PW_MATMUL_Q8(NAME, FMT)                                                                 \
+    extern "C" __global__ void matmul_q8_##NAME(const u8* __restrict__ w, const i8* __restrict__ qs, \
+                                                const float* __restrict__ d, const float* __restrict__ s, \
+                                                float* __restrict__ y, u32 rows, u32 cols, u32 batch) { \
+        matmul_q8_body<FMT>(w, qs, d, s, y, rows, cols, batch);                                 \
+    }
+
+PW_MATMUL_Q8(q4_0, IntQ4_0)
+PW_MATMUL_Q8(q4_1, IntQ4_1)
+PW_MATMUL_Q8(q8_0, IntQ8_0)

@@ -41,7 +41,7 @@ pub use context::{device_count, CudaBackend, PtxSource};
 pub use error::CudaError;
 pub use jit::{driver_version, load_ptx, lower_ptx_isa, max_ptx_isa, ptx_isa, PtxIsa};
 pub use loader::{driver_present, ensure_nvrtc, nvrtc_present};
-pub use matmul::DeviceMatrix;
+pub use matmul::{DeviceMatrix, DeviceQ8Acts};
 pub use pool::{DeviceKvPool, PageShape};
 pub use ptx::{compile, ptx_path, read_ptx, write_ptx, DEFAULT_PTX_ARCH, PTX_DIR_ENV};
 pub use source::Module;

@@ -4,7 +4,7 @@
 //! Only the logits (one row per sequence) come back to the host.
 
 use pagewarden_kernels::cuda::cudarc::driver::CudaSlice;
-use pagewarden_kernels::cuda::{AttentionBatch, CudaBackend, DeviceMatrix};
+use pagewarden_kernels::cuda::{AttentionBatch, CudaBackend, DeviceMatrix, DeviceQ8Acts};
 use pagewarden_kernels::quant::ActKind;
 use pagewarden_kernels::rope::Rope;
 
@@ -42,31 +42,32 @@ struct Acts {
     proj: CudaSlice<f32>,
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
-    /// A matmul input as the CPU's Q8 activation rounding leaves it.
-    xq: CudaSlice<f32>,
+    /// A quantized weight's matmul input, quantized to 8 bits as the CPU quantizes it.
+    xq: DeviceQ8Acts,
 }
 
-/// The Q8 scratch buffer when activations are rounded like the CPU's, else none.
-fn q8(exact: bool, buf: &mut CudaSlice<f32>) -> Option<&mut CudaSlice<f32>> {
+/// The 8-bit scratch buffer when activations are quantized like the CPU's, else none.
+fn q8(exact: bool, buf: &mut DeviceQ8Acts) -> Option<&mut DeviceQ8Acts> {
     exact.then_some(buf)
 }
 
-/// `out = w · x` for `rows` rows. A quantized `w` gets `x` through the CPU's Q8 activation
-/// rounding (as llama.cpp and `pagewarden_kernels::matmul` do) unless `exact_acts` is off, so
-/// both backends multiply the same numbers and pick the same tokens.
+/// `out = w · x` for `rows` rows. A quantized `w` multiplies `x` quantized to 8 bits as the
+/// CPU quantizes it, with the CPU's integer dot products (as llama.cpp and
+/// `pagewarden_kernels::matmul` do) unless `exact_acts` is off, so both backends multiply the
+/// same numbers and pick the same tokens.
 fn mm(
     b: &CudaBackend,
     w: &DeviceMatrix,
     x: &CudaSlice<f32>,
     rows: usize,
-    exact_acts: Option<&mut CudaSlice<f32>>,
+    exact_acts: Option<&mut DeviceQ8Acts>,
     out: &mut CudaSlice<f32>,
 ) -> Result<(), GpuError> {
     let quantized = w.ty.act_kind() != ActKind::Float;
     match exact_acts {
         Some(xq) if quantized => {
-            b.q8_roundtrip(xq, x, rows * w.cols)?;
-            b.matmul(w, xq, rows, out)?;
+            b.quantize_q8(x, rows * w.cols, xq)?;
+            b.matmul_q8(w, xq, rows, out)?;
         }
         Some(_) | None => b.matmul(w, x, rows, out)?,
     }
@@ -139,7 +140,7 @@ impl GpuModel {
             proj: b.zeros(rows * dim)?,
             gate: b.zeros(rows * ffn)?,
             up: b.zeros(rows * ffn)?,
-            xq: b.zeros(rows * dim.max(ffn))?,
+            xq: b.q8_acts(rows * dim.max(ffn))?,
         })
     }
 
