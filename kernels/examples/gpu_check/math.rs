@@ -237,7 +237,12 @@ pub fn elementwise(gpu: &CudaBackend, rng: &mut Rng, rows_out: &mut Vec<Row>) ->
     let same = gpu.download(&dq.qs)? == acts.qs
         && gpu.download(&dq.d)? == acts.d
         && gpu.download(&dq.s)? == acts.s;
-    rows_out.push(verdict("quantize_q8 (qs, d, s)", format!("{n}"), same, String::new()));
+    rows_out.push(verdict(
+        "quantize_q8 (qs, d, s)",
+        format!("{n}"),
+        same,
+        String::new(),
+    ));
     let cpu: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b).collect();
     let mut da = gpu.upload(&g)?;
     gpu.add(&mut da, &du, n)?;

@@ -139,7 +139,10 @@ impl CudaBackend {
             as_u32(OP, "cols", w.cols)?,
             as_u32(OP, "tokens", tokens)?,
         );
-        let f = self.func(Module::Matmul, kernels(w.ty).expect("checked at upload").matmul)?;
+        let f = self.func(
+            Module::Matmul,
+            kernels(w.ty).expect("checked at upload").matmul,
+        )?;
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(ROWS_PER_BLOCK), batch.div_ceil(BATCH_TILE), 1),
             block_dim: (32 * ROWS_PER_BLOCK, 1, 1),
@@ -183,7 +186,11 @@ impl CudaBackend {
             format!("{n} elements is not a whole number of 32-element blocks")
         })?;
         ensure(x.len() >= n && out.qs.len() >= n, OP, || {
-            format!("x holds {}, out {} values, {n} needed", x.len(), out.qs.len())
+            format!(
+                "x holds {}, out {} values, {n} needed",
+                x.len(),
+                out.qs.len()
+            )
         })?;
         if n == 0 {
             return Ok(());
@@ -241,7 +248,15 @@ impl CudaBackend {
         ensure(
             w.ty.row_bytes(w.cols).map(|b| b * w.rows) == Some(w.data.len()),
             OP,
-            || format!("{:?} {}x{} does not match {} bytes", w.ty, w.rows, w.cols, w.data.len()),
+            || {
+                format!(
+                    "{:?} {}x{} does not match {} bytes",
+                    w.ty,
+                    w.rows,
+                    w.cols,
+                    w.data.len()
+                )
+            },
         )?;
         if tokens == 0 || w.rows == 0 {
             return Ok(());
@@ -300,7 +315,10 @@ impl CudaBackend {
         let cols = as_u32(OP, "cols", w.cols)?;
         let n = as_u32(OP, "ids", ids.len())?;
         let dev_ids = self.upload(ids)?;
-        let f = self.func(Module::Matmul, kernels(w.ty).expect("checked at upload").get_rows)?;
+        let f = self.func(
+            Module::Matmul,
+            kernels(w.ty).expect("checked at upload").get_rows,
+        )?;
         let cfg = LaunchConfig {
             grid_dim: (cols.div_ceil(16).div_ceil(128), n, 1),
             block_dim: (128, 1, 1),
