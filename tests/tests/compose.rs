@@ -788,6 +788,26 @@ fn probe(router: &str, alice: &str, bob: &str, model: &Path) {
         "pagewarden probe failed:\n{}",
         output_text(&out)
     );
+    // One row per tenant and step, each printed once (the second tenant's steps sort between
+    // the first's in the store: a printer that skipped by count printed the first's last row
+    // again for each of them).
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<(&str, &str)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            match (w.next(), w.next()) {
+                (Some(t @ ("dev-alice" | "dev-bob")), Some(step)) => Some((t, step)),
+                _ => None,
+            }
+        })
+        .collect();
+    let distinct: std::collections::BTreeSet<_> = rows.iter().collect();
+    assert_eq!(distinct.len(), rows.len(), "a step printed twice:\n{stdout}");
+    assert!(
+        rows.iter().any(|r| r.0 == "dev-bob"),
+        "no row of the second tenant:\n{stdout}"
+    );
 }
 
 #[test]

@@ -88,7 +88,8 @@ pub struct Args {
     /// First probe length in words, one KV page (default 16).
     #[arg(long)]
     pub probe_page_size: Option<u32>,
-    /// Longest plausible time to first token of a probe (default `60s`).
+    /// The least first-token limit of a probe step (default `60s`): a step whose prompt takes
+    /// longer at the pace the prober measured on its recent steps gets 4× that time instead.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
     pub probe_max_ttft: Option<Duration>,
@@ -153,7 +154,7 @@ pub struct Config {
     pub probe_max_tokens: u32,
     /// First probe length in words (one KV page).
     pub probe_page_size: u32,
-    /// Upper TTFT bound.
+    /// The least first-token limit of a step (the pace may raise it).
     pub probe_max_ttft: Duration,
     /// Lower prefill bound per prompt token (µs; 0 = none).
     pub probe_min_prefill_us_per_token: u64,

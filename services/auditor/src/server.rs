@@ -168,7 +168,8 @@ pub async fn start(
                 max_tokens: cfg.probe_max_tokens,
                 page_size: cfg.probe_page_size,
                 latency: LatencyBounds {
-                    max_ttft_ms: cfg
+                    pace_tokens_per_s: None,
+                    floor_ttft_ms: cfg
                         .probe_max_ttft
                         .as_millis()
                         .try_into()

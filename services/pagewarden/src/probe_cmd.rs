@@ -4,6 +4,7 @@
 //! `max_model_len`; every answer must be a clean 4xx `context_length_exceeded` or a 200 without
 //! another probe tenant's marker. Prints every step; exits non-zero when any step failed.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +34,8 @@ pub struct ProbeArgs {
     /// First step length in filler words (one KV page).
     #[arg(long, default_value_t = 16)]
     pub page_size: u32,
-    /// Upper bound on first-token latency (ms).
+    /// The least first-token limit of a step (ms); a longer prompt gets more when the sweep's
+    /// own earlier steps show the suite needs it (4× its time at their pace).
     #[arg(long, default_value_t = 120_000)]
     pub max_ttft_ms: u64,
     /// Per-request timeout (seconds).
@@ -97,8 +99,9 @@ async fn sweep(args: ProbeArgs) -> anyhow::Result<()> {
         max_tokens: args.max_tokens,
         page_size: args.page_size,
         latency: LatencyBounds {
-            max_ttft_ms: args.max_ttft_ms,
+            floor_ttft_ms: args.max_ttft_ms,
             min_prefill_us_per_token: 0,
+            pace_tokens_per_s: None,
         },
         request_timeout: Duration::from_secs(args.timeout_s),
         tokens,
@@ -114,20 +117,20 @@ async fn sweep(args: ProbeArgs) -> anyhow::Result<()> {
     // own: the in-memory store has one connection, and a sweep polled only inside this loop
     // would hold it, unpolled, while the printer waits for it.
     let mut sweep = tokio::spawn(async move { prober.run_once().await });
-    let mut printed = 0;
+    let mut printed = HashSet::new();
     let run = loop {
         let done = tokio::select! {
             r = &mut sweep => Some(r),
             _ = tokio::time::sleep(Duration::from_millis(300)) => None,
         };
         if let Some(r) = engine.store().probe_runs(1).await?.first() {
-            printed = print_new_steps(&engine, r.id, printed).await?;
+            print_new_steps(&engine, r.id, &mut printed).await?;
         }
         if let Some(r) = done {
             let run = r
                 .context("the probe sweep's task")?
                 .context("running the probe sweep")?;
-            print_new_steps(&engine, run, printed).await?;
+            print_new_steps(&engine, run, &mut printed).await?;
             break run;
         }
     };
@@ -153,15 +156,19 @@ async fn sweep(args: ProbeArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Prints the steps of `run` past the first `printed`; returns how many are printed now.
+/// Prints the steps of `run` not in `printed` (by tenant and step: the store lists a run's
+/// steps by step number, so a second tenant's steps land between the first's) and adds them.
 async fn print_new_steps(
     engine: &Engine,
     run: pagewarden_auditor::domain::ProbeRunId,
-    printed: usize,
-) -> anyhow::Result<usize> {
+    printed: &mut HashSet<(String, i64)>,
+) -> anyhow::Result<()> {
     let results = engine.store().probe_results(run).await?;
     let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
-    for r in results.iter().skip(printed) {
+    for r in &results {
+        if !printed.insert((r.tenant.clone(), r.step)) {
+            continue;
+        }
         println!(
             "{:<14} {:>4} {:>7} {:>6} {:>8} {:>8}  {:<20} {}",
             r.tenant,
@@ -174,7 +181,7 @@ async fn print_new_steps(
             r.detail
         );
     }
-    Ok(results.len().max(printed))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The prober's HTTP side: the router's advertised context limit, and one completion request
 //! read as a stream so first-token latency is measured where the client would see it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -56,10 +56,12 @@ pub async fn complete(
     model: &str,
     prompt: &str,
     max_tokens: u32,
+    timeout: Duration,
 ) -> Result<Answer, ProbeHttpError> {
     let started = Instant::now();
     let resp = http
         .post(format!("{router}/v1/completions"))
+        .timeout(timeout)
         .bearer_auth(api_key)
         .json(&json!({
             "model": model,

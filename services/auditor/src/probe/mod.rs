@@ -7,9 +7,11 @@
 //! a run waits for its turn, an on-demand start is refused while one is under way.
 //!
 //! - `plan`: step lengths, prompts and verdicts (pure).
+//! - `pace`: the suite's measured prefill pace, which a step's first-token limit follows.
 //! - `http`: `/v1/models` and one streamed `/v1/completions`.
 
 pub mod http;
+pub mod pace;
 pub mod plan;
 
 use std::sync::Arc;
@@ -45,7 +47,7 @@ pub struct ProbeSettings {
     pub max_tokens: u32,
     /// First step length, in filler words (one KV page).
     pub page_size: u32,
-    /// First-token latency bounds.
+    /// First-token latency bounds (their pace is the prober's own measure, set per step).
     pub latency: LatencyBounds,
     /// Per-request timeout.
     pub request_timeout: Duration,
@@ -69,6 +71,9 @@ pub struct SweepBusy;
 
 /// How long [`Prober::run_every`] waits for the router's `/ready` before its first run.
 pub const READY_GRACE: Duration = Duration::from_secs(600);
+/// How much longer than its first-token limit a step's request may last (the rest of a short
+/// answer after its first token).
+const LIMIT_SLACK: Duration = Duration::from_secs(30);
 /// How often the router's `/ready` is asked meanwhile (and how long each ask may take).
 const READY_POLL: Duration = Duration::from_secs(2);
 
@@ -79,6 +84,8 @@ pub struct Prober {
     http: reqwest::Client,
     /// Held by the run under way.
     turn: Arc<Mutex<()>>,
+    /// The pace of recent accepted steps, across runs.
+    pace: std::sync::Mutex<pace::Pace>,
 }
 
 impl Prober {
@@ -92,6 +99,7 @@ impl Prober {
             settings,
             http,
             turn: Arc::default(),
+            pace: std::sync::Mutex::default(),
         })
     }
 
@@ -298,10 +306,10 @@ impl Prober {
             Ok(Answer::Completed { cached_tokens, .. }) => Some(cached_tokens.unwrap_or(0)),
             _ => None,
         };
-        let (client, url) = (&self.http, &s.router_url);
-        let first = http::complete(client, url, &owner.api_key, model, &prompt, 1).await;
-        let again = http::complete(client, url, &owner.api_key, model, &prompt, 1).await;
-        let crossed = http::complete(client, url, &other.api_key, model, &prompt, 1).await;
+        let (client, url, wait) = (&self.http, &s.router_url, s.request_timeout);
+        let first = http::complete(client, url, &owner.api_key, model, &prompt, 1, wait).await;
+        let again = http::complete(client, url, &owner.api_key, model, &prompt, 1, wait).await;
+        let crossed = http::complete(client, url, &other.api_key, model, &prompt, 1, wait).await;
         let (outcome, detail) = match (cached(&first), cached(&again), cached(&crossed)) {
             (_, _, Some(n)) if n > 0 => (
                 ProbeOutcome::Leak,
@@ -387,6 +395,16 @@ impl Prober {
             max_tokens: s.max_tokens,
             limit,
         };
+        // The request may last as long as the step's limit allows (a filler word is at least a
+        // token, so the words bound the prompt from below when no tokenizer counts it), so a
+        // slow suite's answer is judged by the limit, not cut off by the client.
+        let paced = LatencyBounds {
+            pace_tokens_per_s: self.pace_lock().tokens_per_s(),
+            ..s.latency
+        };
+        let timeout = s
+            .request_timeout
+            .max(Duration::from_millis(paced.limit_ms(expected.unwrap_or(words))) + LIMIT_SLACK);
         let answer = http::complete(
             &self.http,
             &s.router_url,
@@ -394,6 +412,7 @@ impl Prober {
             model,
             &prompt,
             s.max_tokens,
+            timeout,
         )
         .await;
         let mut leaked = Vec::new();
@@ -406,7 +425,18 @@ impl Prober {
                 None,
             ),
             Ok(a) => {
-                let (mut outcome, mut detail) = plan::judge(&spec, a, s.latency);
+                let (mut outcome, mut detail) = plan::judge(&spec, a, paced);
+                if let (
+                    ProbeOutcome::Accepted,
+                    Answer::Completed {
+                        prompt_tokens: Some(pt),
+                        ttft_ms,
+                        ..
+                    },
+                ) = (outcome, a)
+                {
+                    self.pace_lock().observe(*pt, *ttft_ms);
+                }
                 let (status, pt, ttft) = match a {
                     Answer::Completed {
                         text,
@@ -457,6 +487,13 @@ impl Prober {
         });
         let other = leaked.first().map(|f| f.owner.as_str().to_string());
         self.record(run, result, other, details).await
+    }
+
+    fn pace_lock(&self) -> std::sync::MutexGuard<'_, pace::Pace> {
+        // A panic elsewhere cannot leave the window half-written: take it as it is.
+        self.pace
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Stores one step's result under `run` and, when its outcome is a finding, opens the

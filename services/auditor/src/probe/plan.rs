@@ -125,11 +125,34 @@ pub enum Answer {
 /// Latency bounds a first token must fall in.
 #[derive(Clone, Copy, Debug)]
 pub struct LatencyBounds {
-    /// Upper bound on TTFT.
-    pub max_ttft_ms: u64,
+    /// The least upper bound on TTFT: a step answered within it is never too slow.
+    pub floor_ttft_ms: u64,
     /// Lower bound per prompt token in microseconds (0: none). Prefill cannot be free: a long
     /// prompt answered instantly was not prefilled for this request.
     pub min_prefill_us_per_token: u64,
+    /// The suite's measured prefill pace in tokens per second (`pace::Pace`), when known.
+    pub pace_tokens_per_s: Option<f64>,
+}
+
+/// How many times its expected time (at the measured pace) a step may take. Measured on a
+/// 2-core CPU with SmolLM2: prefill's rate falls by about a quarter from 4,096 to 8,192 tokens
+/// (attention grows with the context), and a busy neighbour taking one of the two cores
+/// halves it again; 4 leaves room for both with a margin, while a worker frozen for several
+/// times a step's normal time is still caught.
+pub const PACE_FACTOR: f64 = 4.0;
+
+impl LatencyBounds {
+    /// The first-token limit for a prompt of `prompt_tokens`: the floor, or [`PACE_FACTOR`]
+    /// times its time at the measured pace when that is longer.
+    pub fn limit_ms(&self, prompt_tokens: u32) -> u64 {
+        let paced = self
+            .pace_tokens_per_s
+            .filter(|r| *r > 0.0)
+            .map_or(0, |rate| {
+                (PACE_FACTOR * f64::from(prompt_tokens) * 1000.0 / rate).ceil() as u64
+            });
+        self.floor_ttft_ms.max(paced)
+    }
 }
 
 /// The verdict for a step, with a detail line for a failure (or the code of a clean 4xx).
@@ -199,13 +222,15 @@ pub fn judge(spec: &StepSpec, answer: &Answer, latency: LatencyBounds) -> (Probe
                 }
             }
             let floor_ms = u64::from(pt) * latency.min_prefill_us_per_token / 1000;
-            if *ttft_ms > latency.max_ttft_ms || *ttft_ms < floor_ms {
+            let limit_ms = latency.limit_ms(pt);
+            if *ttft_ms > limit_ms || *ttft_ms < floor_ms {
+                let pace = match latency.pace_tokens_per_s {
+                    Some(r) => format!("; the suite's measured pace {r:.0} tokens/s"),
+                    None => String::new(),
+                };
                 return (
                     ProbeOutcome::LatencyImplausible,
-                    format!(
-                        "ttft {ttft_ms} ms for {pt} tokens outside [{floor_ms}, {}] ms",
-                        latency.max_ttft_ms
-                    ),
+                    format!("ttft {ttft_ms} ms for {pt} tokens outside [{floor_ms}, {limit_ms}] ms{pace}"),
                 );
             }
             (ProbeOutcome::Accepted, String::new())
@@ -218,9 +243,46 @@ mod tests {
     use super::*;
 
     const LAT: LatencyBounds = LatencyBounds {
-        max_ttft_ms: 1000,
+        floor_ttft_ms: 1000,
         min_prefill_us_per_token: 0,
+        pace_tokens_per_s: None,
     };
+
+    #[test]
+    fn a_step_s_limit_follows_the_measured_pace_above_the_floor() {
+        let at = |pace| LatencyBounds {
+            pace_tokens_per_s: pace,
+            ..LAT
+        };
+        assert_eq!(at(None).limit_ms(8000), 1000);
+        // 8,000 tokens at 100 tokens/s: 80 s expected, 320 s allowed.
+        assert_eq!(at(Some(100.0)).limit_ms(8000), 320_000);
+        // A fast suite keeps the floor.
+        assert_eq!(at(Some(1e6)).limit_ms(8000), 1000);
+        let spec = StepSpec {
+            words: 8000,
+            expected_tokens: None,
+            max_tokens: 4,
+            limit: 8192,
+        };
+        let done = |ttft_ms| Answer::Completed {
+            text: String::new(),
+            prompt_tokens: Some(8000),
+            ttft_ms,
+            cached_tokens: None,
+        };
+        assert_eq!(
+            judge(&spec, &done(81_000), at(Some(100.0))).0,
+            ProbeOutcome::Accepted
+        );
+        assert_eq!(
+            judge(&spec, &done(81_000), at(None)).0,
+            ProbeOutcome::LatencyImplausible
+        );
+        let (outcome, detail) = judge(&spec, &done(400_000), at(Some(100.0)));
+        assert_eq!(outcome, ProbeOutcome::LatencyImplausible);
+        assert!(detail.contains("pace 100 tokens/s"), "{detail}");
+    }
 
     #[test]
     fn steps_start_at_a_page_and_cross_the_limit() {

@@ -29,11 +29,17 @@ pub struct Faults {
     pub not_ready: bool,
     /// One prefix cache for every tenant, instead of one per tenant.
     pub shared_prefix_cache: bool,
+    /// Prefill's pace: the first token comes this many µs per prompt token after the request.
+    pub us_per_token: u64,
+    /// A stall: a prompt of at least this many tokens takes ten times its time (once).
+    pub stall_at: Option<u32>,
 }
 
 #[derive(Clone)]
 pub struct Fake {
     pub faults: Arc<Mutex<Faults>>,
+    /// The advertised `max_model_len` ([`LIMIT`] unless started with another).
+    limit: u32,
     keys: Arc<HashMap<String, String>>,
     pub seen: Arc<Mutex<Vec<(String, usize)>>>,
     /// `/ready` asks answered 503.
@@ -43,9 +49,9 @@ pub struct Fake {
     cached: Arc<Mutex<std::collections::HashSet<(String, String)>>>,
 }
 
-async fn models() -> Json<Value> {
+async fn models(State(f): State<Fake>) -> Json<Value> {
     Json(
-        json!({"object": "list", "data": [{"id": "smollm2", "object": "model", "max_model_len": LIMIT}]}),
+        json!({"object": "list", "data": [{"id": "smollm2", "object": "model", "max_model_len": f.limit}]}),
     )
 }
 
@@ -83,6 +89,16 @@ async fn completions(
     let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as u32;
     let mut prompt_tokens = prompt.split_whitespace().count() as u32 + 1;
     f.seen.lock().push((tenant.clone(), prompt_tokens as usize));
+    let wait = {
+        let mut faults = f.faults.lock();
+        let stalled = faults.stall_at.is_some_and(|at| prompt_tokens >= at);
+        if stalled {
+            faults.stall_at = None;
+        }
+        let us = faults.us_per_token * u64::from(prompt_tokens);
+        std::time::Duration::from_micros(if stalled { 10 * us } else { us })
+    };
+    tokio::time::sleep(wait).await;
     let faults = f.faults.lock();
     let space = if faults.shared_prefix_cache {
         String::new()
@@ -94,7 +110,7 @@ async fn completions(
     } else {
         prompt_tokens - 1
     };
-    if prompt_tokens + max_tokens > LIMIT && !faults.accept_overlength {
+    if prompt_tokens + max_tokens > f.limit && !faults.accept_overlength {
         return error(StatusCode::BAD_REQUEST, "context_length_exceeded");
     }
     if faults.miscount {
@@ -119,7 +135,13 @@ async fn completions(
 
 /// Starts the fake on a loopback port; `keys` maps API key → tenant.
 pub async fn start(keys: &[(&str, &str)]) -> (SocketAddr, Fake) {
+    start_with_limit(keys, LIMIT).await
+}
+
+/// [`start`] advertising a context of `limit` tokens.
+pub async fn start_with_limit(keys: &[(&str, &str)], limit: u32) -> (SocketAddr, Fake) {
     let fake = Fake {
+        limit,
         faults: Arc::default(),
         keys: Arc::new(
             keys.iter()

@@ -35,7 +35,8 @@ pub fn settings(router: String) -> ProbeSettings {
         max_tokens: 4,
         page_size: 16,
         latency: LatencyBounds {
-            max_ttft_ms: 10_000,
+            floor_ttft_ms: 10_000,
+            pace_tokens_per_s: None,
             min_prefill_us_per_token: 0,
         },
         request_timeout: Duration::from_secs(10),
@@ -113,6 +114,50 @@ async fn a_clean_probe_run_passes_and_crosses_the_limit() {
     let api = get_json(format!("http://{}/api/probes", r.http_addr)).await;
     assert_eq!(api[0]["results"].as_array().unwrap().len(), 15);
     r.shutdown().await;
+}
+
+/// A suite slower than the latency floor passes at its own pace; a step that stalls for ten
+/// times its time at that pace fails, and the stall does not loosen the steps after it.
+#[tokio::test]
+async fn a_slow_suite_is_judged_at_its_pace_and_a_stall_still_fails() {
+    let r = start().await;
+    let (addr, fake) = fake_router::start_with_limit(&[("key-a", "probe-a")], 4096).await;
+    // 0.5 ms a token: the 3,276-word step takes 1.6 s, the floor is 0.3 s.
+    fake.faults.lock().us_per_token = 500;
+    let mut s = settings(format!("http://{addr}"));
+    s.tenants.truncate(1);
+    s.latency.floor_ttft_ms = 300;
+    let prober = Prober::new(r.engine.clone(), s).unwrap();
+    let store = r.engine.store();
+
+    let run = prober.run_once().await.unwrap();
+    let runs = store.probe_runs(1).await.unwrap();
+    assert_eq!(
+        runs[0].status,
+        ProbeRunStatus::Passed,
+        "{}",
+        runs[0].message
+    );
+    let results = store.probe_results(run).await.unwrap();
+    let slowest = results.iter().filter_map(|x| x.ttft_ms).max().unwrap();
+    assert!(
+        slowest > 1000,
+        "the long steps must outlast the floor for this test to show the pace ({slowest} ms)"
+    );
+    assert!(incident_kinds(&r).await.is_empty());
+
+    // The next run's 512-word step stalls; the pace is known from the last run.
+    fake.faults.lock().stall_at = Some(512);
+    let run = prober.run_once().await.unwrap();
+    let results = store.probe_results(run).await.unwrap();
+    let late: Vec<_> = results
+        .iter()
+        .filter(|x| x.outcome == ProbeOutcome::LatencyImplausible)
+        .collect();
+    assert_eq!(late.len(), 1, "{results:#?}");
+    assert!(late[0].prompt_words >= 511, "{:?}", late[0]);
+    assert!(late[0].detail.contains("pace"), "{}", late[0].detail);
+    assert_eq!(incident_kinds(&r).await, ["probe_latency"]);
 }
 
 #[tokio::test]
