@@ -803,7 +803,11 @@ fn probe(router: &str, alice: &str, bob: &str, model: &Path) {
         })
         .collect();
     let distinct: std::collections::BTreeSet<_> = rows.iter().collect();
-    assert_eq!(distinct.len(), rows.len(), "a step printed twice:\n{stdout}");
+    assert_eq!(
+        distinct.len(),
+        rows.len(),
+        "a step printed twice:\n{stdout}"
+    );
     assert!(
         rows.iter().any(|r| r.0 == "dev-bob"),
         "no row of the second tenant:\n{stdout}"

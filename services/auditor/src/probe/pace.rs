@@ -4,17 +4,19 @@
 //! stall (a worker frozen for longer than the limit) still is.
 //!
 //! The pace is the slowest rate among the last [`WINDOW`] accepted steps of at least
-//! [`MIN_TOKENS`] prompt tokens: shorter prompts time the HTTP and scheduling overhead more
-//! than prefill. A sweep's steps lengthen (each about twice the last), so its long steps are
-//! judged at the pace of the shorter ones before them. Only accepted steps feed it: a stalled
-//! step never raises the limits of the steps after it.
+//! [`MIN_TOKENS`] prompt tokens. A short prompt's time is mostly the request's overhead, so its
+//! rate is lower than prefill's: it makes limits larger, never smaller. A sweep's steps
+//! lengthen (each about twice the last), so every step after the first is judged at the pace
+//! of the shorter ones before it. Only accepted steps feed it: a stalled step never raises the
+//! limits of the steps after it.
 
 use std::collections::VecDeque;
 
 /// Accepted steps remembered.
 pub const WINDOW: usize = 16;
-/// The shortest prompt whose first-token time says something about prefill's pace.
-pub const MIN_TOKENS: u32 = 256;
+/// The shortest prompt whose first-token time is taken as a pace (a sweep's first step, one
+/// page of filler words between two markers, is longer).
+pub const MIN_TOKENS: u32 = 32;
 
 /// Recent accepted steps' (prompt tokens, first-token ms).
 #[derive(Debug, Default)]
@@ -51,7 +53,7 @@ mod tests {
     fn the_pace_is_the_slowest_recent_long_step() {
         let mut p = Pace::default();
         assert_eq!(p.tokens_per_s(), None);
-        p.observe(100, 1); // too short to time prefill
+        p.observe(10, 1); // too short to time prefill
         assert_eq!(p.tokens_per_s(), None);
         p.observe(1000, 2000);
         p.observe(4000, 4000);
