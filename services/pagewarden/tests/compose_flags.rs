@@ -371,6 +371,9 @@ fn systemd_problems(dir: &Path, clis: &BTreeMap<&'static str, Cli>) -> Vec<Strin
         if short == "auditor" && get("StateDirectory").next().is_none() {
             problems.push(format!("{bin}.service: no StateDirectory for SQLite"));
         }
+        let pulls_in_postgres = ["Wants", "Requires", "BindsTo"]
+            .iter()
+            .any(|k| get(k).any(|v| v.split_whitespace().any(|u| u == "postgresql.service")));
         let want_env = format!("/etc/pagewarden/{short}.env");
         if !get("EnvironmentFile").any(|v| v.trim_start_matches('-') == want_env) {
             problems.push(format!("{bin}.service: no EnvironmentFile={want_env}"));
@@ -381,6 +384,14 @@ fn systemd_problems(dir: &Path, clis: &BTreeMap<&'static str, Cli>) -> Vec<Strin
             continue;
         };
         for (k, v) in ini(&env) {
+            // A unit started on a host without PostgreSQL must still start: the default is
+            // SQLite in its StateDirectory, and a PostgreSQL URL needs the unit to pull it in.
+            if k.ends_with("_DATABASE_URL") && v.starts_with("postgres") && !pulls_in_postgres {
+                problems.push(format!(
+                    "{short}.env: {k} names PostgreSQL, but {bin}.service does not pull \
+                     postgresql.service in (Wants=)"
+                ));
+            }
             if !cli.envs.contains(&k) && !COMMON_ENV.contains(&k.as_str()) {
                 problems.push(format!(
                     "{short}.env: {bin} reads no environment variable {k}"
@@ -441,8 +452,14 @@ fn the_systemd_check_catches_drift() {
         "TimeoutStopSec=310s",
         "TimeoutStopSec=30s",
     );
+    edit(
+        "auditor.env",
+        "# PAGEWARDEN_AUDITOR_DATABASE_URL=",
+        "PAGEWARDEN_AUDITOR_DATABASE_URL=",
+    );
     let problems = systemd_problems(tmp.path(), &clis).join("\n");
     for expected in [
+        "auditor.env: PAGEWARDEN_AUDITOR_DATABASE_URL names PostgreSQL",
         "reads no environment variable PAGEWARDEN_DECODE_CONFIG",
         "has no flag --conf",
         "pagewarden-auditor.service: missing ProtectSystem=strict",
@@ -541,6 +558,59 @@ fn install_credentials(root: &Path) {
         etc.join("auditor.toml"),
     )
     .unwrap();
+}
+
+/// The binaries the install steps in docs/deploy.md put in /usr/local/bin: each service the
+/// units start and the `pagewarden` launcher the later steps run, named one by one (a
+/// `pagewarden-*` glob also copies cargo's `.d` files and misses the launcher).
+fn install_step_problems(deploy_md: &str) -> Vec<String> {
+    let Some(line) = deploy_md
+        .lines()
+        .find(|l| l.starts_with("install -m755 target/release/"))
+    else {
+        return vec!["docs/deploy.md: no `install -m755 target/release/...` step".into()];
+    };
+    let mut problems = Vec::new();
+    // Each word under target/release/, with the shell's `a{b,c}` expanded.
+    let names: Vec<String> = line
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("target/release/"))
+        .flat_map(|w| match (w.split_once('{'), w.rsplit_once('}')) {
+            (Some((head, rest)), Some((_, tail))) => rest
+                .trim_end_matches(tail)
+                .trim_end_matches('}')
+                .split(',')
+                .map(|alt| format!("{head}{alt}{tail}"))
+                .collect(),
+            _ => vec![w.to_string()],
+        })
+        .collect();
+    for want in std::iter::once("pagewarden").chain(SERVICES.iter().map(|(_, b)| *b)) {
+        if !names.iter().any(|n| n == want) {
+            problems.push(format!("the install step does not install {want}: {line}"));
+        }
+    }
+    if let Some(glob) = names.iter().find(|n| n.contains('*')) {
+        problems.push(format!("the install step copies a glob ({glob}): {line}"));
+    }
+    problems
+}
+
+#[test]
+fn the_install_steps_install_the_launcher_and_every_service() {
+    let md = std::fs::read_to_string(repo().join("docs/deploy.md")).unwrap();
+    let problems = install_step_problems(&md);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // The check fails on the step as it was.
+    let old = md.replace(
+        "install -m755 target/release/pagewarden target/release/pagewarden-{router,prefill,decode,auditor}",
+        "install -m755 target/release/pagewarden-*",
+    );
+    assert_ne!(
+        old, md,
+        "the install step changed: update this test's mutation"
+    );
+    assert!(!install_step_problems(&old).is_empty());
 }
 
 #[test]
