@@ -1,15 +1,17 @@
-// Rotary position embedding, llama "normal" style (ggml GGML_ROPE_TYPE_NORM), mirroring
-// kernels/src/cpu/rope.rs: pair (x[2i], x[2i+1]) of every head is rotated by theta_i, where
-// theta_0 = pos and theta_{i+1} = theta_i * scale, multiplied in f32 exactly as the CPU does
-// (scale = base^(-2 / n_dims) is computed on the host, so both sides use the same bits).
-// Pairs at or past n_dims / 2 are left alone.
+// Rotary position embedding, llama "normal" style (ggml GGML_ROPE_TYPE_NORM), bit for bit as
+// kernels/src/cpu/rope.rs rotates: pair (x[2i], x[2i+1]) of every head is turned by the angle
+// whose cosine and sine the host computed for (pos, i) with `Rope::cos_sin` (the CPU's own
+// bits: its angles come from libm, which the device's sincosf does not reproduce), with the
+// CPU's fused multiply-adds: x0*c - x1*s as fma(x0, c, -(x1*s)), x0*s + x1*c as
+// fma(x0, s, x1*c). Pairs at or past n_dims / 2 are left alone.
 //
-// x: f32 [tokens, heads, head_dim], rotated in place; pos: u32 [tokens].
+// x: f32 [tokens, heads, head_dim], rotated in place; pos: u32 [tokens], each < the table's
+// positions (the host admits no longer sequence); cs: f32 [positions][n_dims / 2][2].
 // Launch: one thread per (token, head, pair < n_dims / 2): block (256), grid (ceil(n / 256)).
 
 extern "C" __global__ void rope_norm_f32(float* __restrict__ x, const u32* __restrict__ pos,
-                                         u32 tokens, u32 heads, u32 head_dim, u32 n_dims,
-                                         float scale) {
+                                         const float* __restrict__ cs, u32 tokens, u32 heads,
+                                         u32 head_dim, u32 n_dims) {
     const u32 pairs = n_dims / 2;
     const size_t n = (size_t)tokens * heads * pairs;
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -17,12 +19,10 @@ extern "C" __global__ void rope_norm_f32(float* __restrict__ x, const u32* __res
     const u32 i = t % pairs;
     const size_t th = t / pairs;  // token * heads + head
     const u32 tok = th / heads;
-    float theta = (float)pos[tok];
-    for (u32 j = 0; j < i; j++) theta *= scale;
-    float s, c;
-    sincosf(theta, &s, &c);
+    const float* at = cs + ((size_t)pos[tok] * pairs + i) * 2;
+    const float c = at[0], s = at[1];
     float* p = x + th * head_dim + 2 * i;
     const float a = p[0], b = p[1];
-    p[0] = a * c - b * s;
-    p[1] = a * s + b * c;
+    p[0] = __fmaf_rn(a, c, -__fmul_rn(b, s));
+    p[1] = __fmaf_rn(a, s, __fmul_rn(b, c));
 }

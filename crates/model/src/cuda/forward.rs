@@ -6,7 +6,6 @@
 use pagewarden_kernels::cuda::cudarc::driver::CudaSlice;
 use pagewarden_kernels::cuda::{AttentionBatch, CudaBackend, DeviceMatrix, DeviceQ8Acts};
 use pagewarden_kernels::quant::ActKind;
-use pagewarden_kernels::rope::Rope;
 
 use super::error::{driver, GpuError};
 use super::kv_store::KvRows;
@@ -193,11 +192,6 @@ impl GpuModel {
         let rows = plan.ids.len();
         let nseq = plan.live.len();
         let (dim, ffn, eps) = (cfg.dim, cfg.ffn, cfg.rms_eps);
-        let rope = Rope {
-            base: cfg.rope_theta,
-            n_dims: cfg.rope_dims,
-            head_dim: cfg.head_dim,
-        };
         let pos = b.upload(&plan.pos)?;
         let (row_seq, row_page) = (b.upload(&plan.row_seq)?, b.upload(&plan.row_page)?);
         let (row_slot, row_gen) = (b.upload(&plan.row_slot)?, b.upload(&plan.row_gen)?);
@@ -225,8 +219,8 @@ impl GpuModel {
             mm(b, &lw.wq, &a.xn, rows, q8(exact, &mut a.xq), &mut a.q)?;
             mm(b, &lw.wk, &a.xn, rows, q8(exact, &mut a.xq), &mut a.k)?;
             mm(b, &lw.wv, &a.xn, rows, q8(exact, &mut a.xq), &mut a.v)?;
-            b.rope(&rope, &mut a.q, &pos, cfg.heads)?;
-            b.rope(&rope, &mut a.k, &pos, cfg.kv_heads)?;
+            b.rope(&self.rope, &mut a.q, &pos, cfg.heads)?;
+            b.rope(&self.rope, &mut a.k, &pos, cfg.kv_heads)?;
             self.kv
                 .store(b, &mut self.pool, l, &a.k, &a.v, &kv_rows, &mut flags)?;
             let att = AttentionBatch {

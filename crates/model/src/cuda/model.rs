@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use pagewarden_kernels::cuda::{CudaBackend, DeviceKvPool, PageShape};
+use pagewarden_kernels::cuda::{CudaBackend, DeviceKvPool, DeviceRopeTable, PageShape};
+use pagewarden_kernels::rope::Rope;
 
 use crate::arch::Arch;
 use crate::config::LlamaConfig;
@@ -49,6 +50,8 @@ pub struct GpuModel {
     pub(crate) pool: DeviceKvPool,
     pub(crate) book: PageBook,
     pub(crate) kv: KvStore,
+    /// RoPE's cosines and sines for every position of the context, the CPU's bits.
+    pub(crate) rope: DeviceRopeTable,
     pub(crate) opts: GpuOptions,
     /// Quantized matmuls see activations through the CPU's Q8 rounding (off with
     /// `PAGEWARDEN_GPU_FLOAT_ACTS=1`, to measure what that rounding is worth).
@@ -100,6 +103,12 @@ impl GpuModel {
         backend.load_all()?;
         let weights = GpuWeights::upload(&backend, model.weights())?;
         let pool = backend.kv_pool(shape, opts.pages)?;
+        let rope = Rope {
+            base: cfg.rope_theta,
+            n_dims: cfg.rope_dims,
+            head_dim: cfg.head_dim,
+        };
+        let rope = backend.rope_table(&rope, cfg.context_length)?;
         backend.synchronize()?;
         Ok(GpuModel {
             backend,
@@ -108,6 +117,7 @@ impl GpuModel {
             pool,
             book: PageBook::new(opts.pages),
             kv,
+            rope,
             opts,
             exact_acts: std::env::var_os(FLOAT_ACTS_ENV).is_none_or(|v| v != "1"),
         })
