@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 use crate::auditor_client::ClientStats;
 use crate::edge::{serve_edge, EdgeCounters, EdgeLimits};
 use crate::reject_reason::RejectReason;
-use crate::vllm_metrics::VllmMetrics;
+use crate::vllm_metrics::{CacheConfig, VllmMetrics};
 use crate::TenantId;
 
 /// The OpenMetrics text of `registries`, one after another, ended by one `# EOF`.
@@ -256,6 +256,7 @@ impl WorkerMetrics {
         );
         m.edge
             .register(registry.sub_registry_with_prefix("metrics_listener"));
+        m.vllm.show_engine_series();
         Self { registry, ..m }
     }
 
@@ -317,6 +318,16 @@ impl WorkerMetrics {
         self.prefill_chunks.inc();
     }
 
+    /// One engine step (a batched decode step, a prefill or recompute chunk) computed `tokens`.
+    pub fn iteration(&self, tokens: usize) {
+        self.vllm.iteration(tokens);
+    }
+
+    /// The KV cache this worker runs with, for `vllm:cache_config_info`.
+    pub fn set_cache_config(&self, c: CacheConfig) {
+        self.vllm.set_cache_config(c);
+    }
+
     /// Counts generated tokens.
     pub fn generated(&self, n: u64) {
         self.generated_tokens.inc_by(n);
@@ -325,6 +336,7 @@ impl WorkerMetrics {
     /// Counts a sequence preempted for pages.
     pub fn preempted(&self) {
         self.preemptions.inc();
+        self.vllm.preempted();
     }
 
     /// Counts a sequence preempted for another tenant's share of the pool (also counted by
