@@ -7,10 +7,12 @@
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use pagewarden_system_tests::{
     api_key, start_auditor, start_decode, start_prefill, start_router, ModelArg, Service,
 };
+use pagewarden_testkit::eventually;
 use serde_json::{json, Value};
 
 const TINY: ModelArg = ModelArg::Tiny(11);
@@ -121,8 +123,10 @@ async fn complete(router: &Service, body: Value) -> Value {
 async fn every_service_scrapes_and_parses_with_vllm_names() {
     let dir = tempfile::tempdir().expect("tempdir");
     let auditor = start_auditor(dir.path());
-    let decode = start_decode(&TINY, &[]);
-    let prefill = start_prefill(&TINY, &[]);
+    // The workers report to the auditor, whose prefix-cache counts the dashboard reads.
+    let grpc = auditor.grpc_url();
+    let decode = start_decode(&TINY, &["--auditor", &grpc]);
+    let prefill = start_prefill(&TINY, &["--auditor", &grpc]);
     let router = start_router(&TINY, &[&decode], &[&prefill]).await;
 
     let a = complete(&router, json!({"prompt": "hello there", "max_tokens": 5})).await;
@@ -205,12 +209,148 @@ async fn every_service_scrapes_and_parses_with_vllm_names() {
         );
     }
 
-    // The auditor: its own counters parse too.
-    let s = scrape(&format!("{}/metrics", auditor.http_url())).await;
+    // A refused request, which the dashboard's rejections panel counts.
+    let refused = reqwest::Client::new()
+        .post(format!("{}/v1/completions", router.http_url()))
+        .bearer_auth("not-a-key")
+        .json(&json!({"prompt": "hello", "max_tokens": 1}))
+        .send()
+        .await
+        .expect("router request");
+    assert_eq!(refused.status().as_u16(), 401);
+    let r = scrape(&format!("{}/metrics", router.http_url())).await;
+
+    // The auditor: its own counters parse too, once the workers' prefix-cache reports are in.
+    let auditor_metrics = format!("{}/metrics", auditor.http_url());
+    eventually(
+        Duration::from_secs(10),
+        "the workers' prefix-cache events counted by the auditor",
+        || async {
+            let text = reqwest::get(&auditor_metrics).await.ok()?.text().await.ok()?;
+            text.contains("pagewarden_auditor_prefix_cache_events_total{")
+                .then_some(())
+        },
+    )
+    .await;
+    let s = scrape(&auditor_metrics).await;
     assert!(
         s.iter().any(|x| x.family.starts_with("pagewarden_")),
         "{s:#?}"
     );
+
+    // Every name vLLM documents (and Pagewarden serves), somewhere in the suite's scrapes.
+    let mut scraped = names(&r);
+    for w in [&decode, &prefill] {
+        scraped.extend(names(
+            &scrape(&format!("http://{}/metrics", w.addrs["metrics"])).await,
+        ));
+    }
+    scraped.extend(names(&s));
+    let missing: Vec<&str> = VLLM_DOCUMENTED
+        .iter()
+        .copied()
+        .filter(|n| !scraped.contains(*n))
+        .collect();
+    assert!(missing.is_empty(), "vLLM's names not served: {missing:?}");
+
+    // The shipped dashboard reads only names that exist.
+    let exprs = dashboard_queries();
+    let mut unknown = Vec::new();
+    for expr in &exprs {
+        let used = metric_names(expr);
+        assert!(!used.is_empty(), "no metric name found in {expr}");
+        unknown.extend(used.into_iter().filter(|n| !scraped.contains(n)));
+    }
+    assert!(
+        unknown.is_empty(),
+        "the dashboard queries names no service serves: {unknown:?}"
+    );
+}
+
+/// vLLM's metric names, from its documentation: the list of metrics in "Metrics" (the V1
+/// metrics design page, docs.vllm.ai/en/latest/design/v1/metrics.html, section "v0 Metrics")
+/// and the V1 names its "Production Metrics" page (docs.vllm.ai/en/stable/usage/metrics/)
+/// adds. Left out, as vLLM V1 itself leaves them out: `num_requests_swapped`,
+/// `cpu_cache_usage_perc`, `gpu_prefix_cache_hit_rate` and `cpu_prefix_cache_hit_rate` (no CPU
+/// swap or offload; hit rates became the two counters below), and `lora_requests_info` (no
+/// LoRA). Samples as a scrape names them: counters with `_total`, histograms by family name.
+const VLLM_DOCUMENTED: &[&str] = &[
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:time_to_first_token_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_max_num_generation_tokens",
+    "vllm:num_preemptions_total",
+    "vllm:cache_config_info",
+    "vllm:iteration_tokens_total",
+    // V1's names.
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:inter_token_latency_seconds",
+];
+
+/// Family and sample names of a scrape.
+fn names(samples: &[Sample]) -> std::collections::BTreeSet<String> {
+    samples
+        .iter()
+        .flat_map(|s| [s.family.clone(), s.name.clone()])
+        .collect()
+}
+
+/// Every PromQL expression of the shipped Grafana dashboard: its panels' targets and its
+/// variables' queries.
+fn dashboard_queries() -> Vec<String> {
+    let path = pagewarden_system_tests::workspace_root()
+        .join("deploy/compose/grafana/dashboards/pagewarden-vllm.json");
+    let text = std::fs::read_to_string(&path).expect("the dashboard");
+    let d: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut out: Vec<String> = d["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_string))
+        .collect();
+    out.extend(
+        d["templating"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["definition"].as_str().map(str::to_string)),
+    );
+    assert!(out.len() > 10, "{out:?}");
+    out
+}
+
+/// The metric names in a PromQL expression: Pagewarden's all start `vllm:` or `pagewarden_`.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = ["vllm:", "pagewarden_"]
+        .iter()
+        .filter_map(|p| rest.find(p))
+        .min()
+    {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        out.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
