@@ -10,7 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use pagewarden_system_tests::{
-    api_key, start_auditor, start_decode, start_prefill, start_router, ModelArg, Service,
+    api_key, start_auditor, start_decode, start_prefill, start_router, worker_args, ModelArg,
+    Service,
 };
 use pagewarden_testkit::eventually;
 use serde_json::{json, Value};
@@ -351,6 +352,49 @@ fn metric_names(expr: &str) -> Vec<String> {
         rest = &tail[end..];
     }
     out
+}
+
+/// A worker's `/metrics` off loopback: refused at start without a metrics token; with one,
+/// served to scrapes that present it and to no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_metrics_off_loopback_need_a_token() {
+    let mut args = worker_args(&TINY, &[]);
+    let i = args
+        .iter()
+        .position(|a| a == "--metrics-addr")
+        .expect("metrics flag");
+    args[i + 1] = "0.0.0.0:0".into();
+    let err = match Service::try_start("pagewarden-decode", &args) {
+        Ok(_) => panic!("decode served /metrics on 0.0.0.0 without a token"),
+        Err(e) => e,
+    };
+    assert!(err.contains("--metrics-token"), "{err}");
+
+    let token = "metrics-token-0123456789";
+    args.extend(["--metrics-token".to_string(), token.to_string()]);
+    let decode = Service::start("pagewarden-decode", &args);
+    let port = decode.addrs["metrics"]
+        .rsplit(':')
+        .next()
+        .expect("a port")
+        .to_string();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let client = reqwest::Client::new();
+    let status = |r: reqwest::Response| r.status().as_u16();
+    let bare = client.get(&url).send().await.expect("scrape");
+    assert_eq!(status(bare), 401);
+    let wrong = client.get(&url).bearer_auth("not-the-token-at-all").send();
+    assert_eq!(status(wrong.await.expect("scrape")), 401);
+    let right = client.get(&url).bearer_auth(token).send().await.expect("scrape");
+    assert_eq!(right.status().as_u16(), 200);
+    let text = right.text().await.expect("body");
+    assert!(text.contains("vllm:kv_cache_usage_perc"), "{text}");
+    let live = client
+        .get(format!("http://127.0.0.1:{port}/live"))
+        .send()
+        .await
+        .expect("live");
+    assert_eq!(status(live), 200, "probes need no token");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
