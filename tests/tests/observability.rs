@@ -227,7 +227,12 @@ async fn every_service_scrapes_and_parses_with_vllm_names() {
         Duration::from_secs(10),
         "the workers' prefix-cache events counted by the auditor",
         || async {
-            let text = reqwest::get(&auditor_metrics).await.ok()?.text().await.ok()?;
+            let text = reqwest::get(&auditor_metrics)
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
             text.contains("pagewarden_auditor_prefix_cache_events_total{")
                 .then_some(())
         },
@@ -385,7 +390,12 @@ async fn worker_metrics_off_loopback_need_a_token() {
     assert_eq!(status(bare), 401);
     let wrong = client.get(&url).bearer_auth("not-the-token-at-all").send();
     assert_eq!(status(wrong.await.expect("scrape")), 401);
-    let right = client.get(&url).bearer_auth(token).send().await.expect("scrape");
+    let right = client
+        .get(&url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("scrape");
     assert_eq!(right.status().as_u16(), 200);
     let text = right.text().await.expect("body");
     assert!(text.contains("vllm:kv_cache_usage_perc"), "{text}");

@@ -90,8 +90,8 @@ const TOKEN_GAP_BUCKETS: [f64; 19] = [
 
 /// vLLM's buckets of a request's latencies: end to end, queue, prefill, decode, inference.
 const REQUEST_LATENCY_BUCKETS: [f64; 21] = [
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
 
 /// vLLM's buckets of tokens per engine step.

@@ -19,10 +19,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use rand::Rng;
 use pagewarden_auditor::probe::ProbeTenant;
 use pagewarden_common::tenants::write_private;
 use pagewarden_common::tls::{write_dev_suite, SuiteRole};
+use rand::Rng;
 
 use crate::devsecrets::{self, PROBE_TENANT};
 

@@ -373,10 +373,7 @@ pub fn prompt_finished(s: &Streaming, prompt: usize) {
     let Some(most) = ended.and_then(|e| e.iter().map(|x| x.completion_tokens).max()) else {
         return;
     };
-    s.state
-        .metrics
-        .vllm
-        .request_finished(u64::from(most));
+    s.state.metrics.vllm.request_finished(u64::from(most));
 }
 
 /// `completed` for stop/length/tool calls, `aborted` when a worker aborted.
