@@ -117,7 +117,12 @@ fn ok(r: Result<Result<Vec<f32>, GpuError>, GpuError>, what: &str) -> Result<Vec
 }
 
 /// The CPU engine's logits after `prompt` and its first `n` greedy tokens.
-fn cpu_greedy(model: &Model, pool: &KvPool, prompt: &[u32], n: usize) -> Result<(Vec<f32>, Vec<u32>)> {
+fn cpu_greedy(
+    model: &Model,
+    pool: &KvPool,
+    prompt: &[u32],
+    n: usize,
+) -> Result<(Vec<f32>, Vec<u32>)> {
     let owner = Owner {
         request: RequestId::random(),
         tenant: TenantId::new("gpu-parity"),
@@ -151,7 +156,11 @@ fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> 
     for (ci, c) in cases.iter().enumerate() {
         let mut seq = gpu.new_sequence();
         let mut logits = ok(gpu.prefill(&mut seq, &c.prompt), "prefill")?;
-        let n = if cpu_only { GREEDY } else { GREEDY.min(c.greedy.len()) };
+        let n = if cpu_only {
+            GREEDY
+        } else {
+            GREEDY.min(c.greedy.len())
+        };
         let (cpu, cpu_tokens) = cpu_greedy(model, &pool, &c.prompt, n)?;
         let top5_d = match cpu_only {
             true => f32::NAN,
@@ -185,7 +194,10 @@ fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> 
         }
         gpu.release(seq);
         let run = |want: &[u32]| ours.iter().zip(want).take_while(|(a, b)| a == b).count();
-        let (matched, matched_cpu) = (run(if cpu_only { &cpu_tokens } else { &c.greedy }), run(&cpu_tokens));
+        let (matched, matched_cpu) = (
+            run(if cpu_only { &cpu_tokens } else { &c.greedy }),
+            run(&cpu_tokens),
+        );
         println!(
             "{ci:>4} {:>6} {top5_d:>10.4} {:>6} {cpu_d:>12.4} {:>7}/{n} {:>7}/{n}",
             c.prompt.len(),

@@ -52,7 +52,9 @@ fn main() -> anyhow::Result<()> {
     let part = out.with_extension("gguf.part");
     let mut sink = BufWriter::with_capacity(1 << 22, std::fs::File::create(&part)?);
     w.write_streamed(&mut sink, &entries, |i, buf| {
-        let view = file.tensor(&kept[i].name).expect("a listed tensor has its data");
+        let view = file
+            .tensor(&kept[i].name)
+            .expect("a listed tensor has its data");
         buf.extend_from_slice(view.data);
     })?;
     sink.flush()?;
