@@ -176,11 +176,50 @@ async fn every_service_scrapes_and_parses_with_vllm_names() {
         value(&r, "vllm:request_prompt_tokens_sum", &model),
         Some(prompt_tokens)
     );
+    // vLLM's phases of each request: inference is prefill (grant to first token) plus decode
+    // (first token to last); time per output token is each gap after the first token.
+    let sum_of = |name: &str| value(&r, name, &model).expect(name);
+    for phase in ["prefill", "decode", "inference"] {
+        let count = format!("vllm:request_{phase}_time_seconds_count");
+        assert_eq!(sum_of(&count), 2.0, "{phase}");
+    }
+    let (prefill_s, decode_s, inference_s) = (
+        sum_of("vllm:request_prefill_time_seconds_sum"),
+        sum_of("vllm:request_decode_time_seconds_sum"),
+        sum_of("vllm:request_inference_time_seconds_sum"),
+    );
+    assert!(
+        (prefill_s + decode_s - inference_s).abs() < 1e-9 && prefill_s > 0.0,
+        "prefill {prefill_s} + decode {decode_s} != inference {inference_s}"
+    );
+    assert_eq!(
+        value(&r, "vllm:time_per_output_token_seconds_count", &model),
+        value(&r, "vllm:inter_token_latency_seconds_count", &model)
+    );
+    // One request per prompt, n = 1: the most one choice generated is what each generated.
+    assert_eq!(
+        value(&r, "vllm:request_max_num_generation_tokens_sum", &model),
+        Some(generated)
+    );
 
     // The workers: engine state, labelled with their model and role.
     for (w, engine) in [(&decode, "decode"), (&prefill, "prefill")] {
         let s = scrape(&format!("http://{}/metrics", w.addrs["metrics"])).await;
         let labels = [("engine", engine)];
+        assert!(
+            value(&s, "vllm:iteration_tokens_total_count", &labels) >= Some(1.0),
+            "{engine}: engine steps counted"
+        );
+        assert_eq!(
+            value(&s, "vllm:gpu_cache_usage_perc", &labels),
+            value(&s, "vllm:kv_cache_usage_perc", &labels),
+            "{engine}: the older name of the same value"
+        );
+        assert_eq!(
+            value(&s, "vllm:cache_config_info", &[("engine", engine), ("block_size", "16")]),
+            Some(1.0),
+            "{engine}"
+        );
         assert_eq!(
             kind_of(&s, "vllm:kv_cache_usage_perc"),
             Some("gauge"),
@@ -209,6 +248,21 @@ async fn every_service_scrapes_and_parses_with_vllm_names() {
             "{engine}: one inter-token name across the suite"
         );
     }
+
+    // n = 2: two finished choices, one request, whose largest choice is what vLLM's
+    // request_max_num_generation_tokens observes.
+    let before = value(&r, "vllm:request_max_num_generation_tokens_count", &model);
+    let c = complete(
+        &router,
+        json!({"prompt": "two choices", "max_tokens": 3, "n": 2, "temperature": 1.0, "seed": 5}),
+    )
+    .await;
+    let r = scrape(&format!("{}/metrics", router.http_url())).await;
+    assert_eq!(
+        value(&r, "vllm:request_max_num_generation_tokens_count", &model),
+        before.map(|b| b + 1.0),
+        "{c}"
+    );
 
     // A refused request, which the dashboard's rejections panel counts.
     let refused = reqwest::Client::new()
