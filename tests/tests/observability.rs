@@ -216,7 +216,11 @@ async fn every_service_scrapes_and_parses_with_vllm_names() {
             "{engine}: the older name of the same value"
         );
         assert_eq!(
-            value(&s, "vllm:cache_config_info", &[("engine", engine), ("block_size", "16")]),
+            value(
+                &s,
+                "vllm:cache_config_info",
+                &[("engine", engine), ("block_size", "16")]
+            ),
             Some(1.0),
             "{engine}"
         );
