@@ -81,6 +81,14 @@ async fn preempted_sequences_are_recomputed_and_say_what_they_say_alone() {
         preempted >= 1.0,
         "no sequence was preempted: the test does not fill the pool"
     );
+    // vLLM's name counts the same preemptions.
+    let text = decode.metrics().await;
+    let vllm: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("vllm:num_preemptions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(vllm, preempted, "{text}");
 
     // Every page comes back; a request after all that is served as before.
     eventually(Duration::from_secs(20), "free pools", || {

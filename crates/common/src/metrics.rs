@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -20,7 +21,8 @@ use prometheus_client::registry::Registry;
 use crate::auditor_client::ClientStats;
 use crate::edge::{serve_edge, EdgeCounters, EdgeLimits};
 use crate::reject_reason::RejectReason;
-use crate::vllm_metrics::VllmMetrics;
+use crate::secret::SecretHash;
+use crate::vllm_metrics::{CacheConfig, VllmMetrics};
 use crate::TenantId;
 
 /// The OpenMetrics text of `registries`, one after another, ended by one `# EOF`.
@@ -256,6 +258,7 @@ impl WorkerMetrics {
         );
         m.edge
             .register(registry.sub_registry_with_prefix("metrics_listener"));
+        m.vllm.show_engine_series();
         Self { registry, ..m }
     }
 
@@ -317,6 +320,16 @@ impl WorkerMetrics {
         self.prefill_chunks.inc();
     }
 
+    /// One engine step (a batched decode step, a prefill or recompute chunk) computed `tokens`.
+    pub fn iteration(&self, tokens: usize) {
+        self.vllm.iteration(tokens);
+    }
+
+    /// The KV cache this worker runs with, for `vllm:cache_config_info`.
+    pub fn set_cache_config(&self, c: CacheConfig) {
+        self.vllm.set_cache_config(c);
+    }
+
     /// Counts generated tokens.
     pub fn generated(&self, n: u64) {
         self.generated_tokens.inc_by(n);
@@ -325,6 +338,7 @@ impl WorkerMetrics {
     /// Counts a sequence preempted for pages.
     pub fn preempted(&self) {
         self.preemptions.inc();
+        self.vllm.preempted();
     }
 
     /// Counts a sequence preempted for another tenant's share of the pool (also counted by
@@ -449,10 +463,14 @@ pub type RefreshHook = Arc<dyn Fn(&WorkerMetrics) + Send + Sync>;
 
 /// Serves `GET /metrics`, `/live` and `/ready` on `listener` until `shutdown` resolves, behind
 /// the same edge as every client-facing listener (a scraper's idle sockets cannot pile up).
+/// With `token`, `/metrics` answers 401 to a scrape without `Authorization: Bearer` and the
+/// token whose hash it is; `/live` and `/ready` (which tell nothing but that the worker is up)
+/// stay open to probes.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     metrics: Arc<WorkerMetrics>,
     refresh: RefreshHook,
+    token: Option<SecretHash>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     // `/live` and `/ready`: the listener binds only once the model is loaded and the preflight
@@ -464,10 +482,21 @@ pub async fn serve_metrics(
             "/metrics",
             get({
                 let metrics = metrics.clone();
-                move || {
+                move |headers: axum::http::HeaderMap| {
                     let metrics = metrics.clone();
                     let refresh = refresh.clone();
                     async move {
+                        if !scrape_allowed(token, &headers) {
+                            return (
+                                axum::http::StatusCode::UNAUTHORIZED,
+                                [(
+                                    axum::http::header::WWW_AUTHENTICATE,
+                                    "Bearer realm=\"metrics\"",
+                                )],
+                                "this /metrics needs the worker's metrics token as a bearer token",
+                            )
+                                .into_response();
+                        }
                         refresh(&metrics);
                         (
                             [(
@@ -476,12 +505,26 @@ pub async fn serve_metrics(
                             )],
                             metrics.render(),
                         )
+                            .into_response()
                     }
                 }
             }),
         );
     let counters = metrics.edge.clone();
     serve_edge(listener, app, EdgeLimits::default(), counters, shutdown).await
+}
+
+/// Whether a scrape with `headers` may read `/metrics`: always without a token, else only with
+/// `Authorization: Bearer` and the token hashing to `token`.
+fn scrape_allowed(token: Option<SecretHash>, headers: &axum::http::HeaderMap) -> bool {
+    let Some(want) = token else {
+        return true;
+    };
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| SecretHash::of(given) == want)
 }
 
 /// Reads one sample's value out of Prometheus text (`name{labels} value`); labels must match
@@ -570,5 +613,21 @@ mod tests {
             ),
             Some(5.0)
         );
+    }
+
+    #[test]
+    fn a_metrics_token_admits_only_its_bearer() {
+        use axum::http::{header::AUTHORIZATION, HeaderMap, HeaderValue};
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(AUTHORIZATION, HeaderValue::from_static(v));
+            h
+        };
+        let token = Some(SecretHash::of("0123456789abcdef"));
+        assert!(scrape_allowed(None, &HeaderMap::new()), "no token: open");
+        assert!(!scrape_allowed(token, &HeaderMap::new()));
+        assert!(!scrape_allowed(token, &with("Bearer wrong-token-wrong!")));
+        assert!(!scrape_allowed(token, &with("Basic 0123456789abcdef")));
+        assert!(scrape_allowed(token, &with("Bearer 0123456789abcdef")));
     }
 }

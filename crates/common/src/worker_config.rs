@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{is_false, layered, nonzero, ConfigError, ModelSource};
 use crate::seal_mode::SealMode;
+use crate::secret::SecretHash;
 use crate::tls::{InternalTls, TlsFlags};
 
 /// Settings shared by the prefill and decode workers, as flags and as the keys of the TOML file
@@ -27,9 +28,19 @@ pub struct WorkerFlags {
     /// gRPC listen address (port 0 picks a free port).
     #[arg(long)]
     pub grpc_addr: Option<SocketAddr>,
-    /// Prometheus `/metrics` listen address.
+    /// Prometheus `/metrics` listen address. Off loopback only with a metrics token.
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
+    /// A bearer token every `/metrics` scrape must present (`Authorization: Bearer TOKEN`; at
+    /// least 16 characters); required to serve metrics on a non-loopback address. Better given
+    /// as `PAGEWARDEN_PREFILL_METRICS_TOKEN` / `PAGEWARDEN_DECODE_METRICS_TOKEN` than on the
+    /// command line, where other users of the host can read it.
+    #[arg(long, value_name = "TOKEN")]
+    pub metrics_token: Option<String>,
+    /// A file holding the metrics token (surrounding whitespace ignored), instead of
+    /// `--metrics-token`: what a container mounts from a secret.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_token_file: Option<PathBuf>,
     /// KV transfer listener address (decode only).
     #[arg(long)]
     pub transfer_addr: Option<SocketAddr>,
@@ -190,6 +201,8 @@ pub struct WorkerConfig {
     pub grpc_addr: SocketAddr,
     /// Metrics listen address.
     pub metrics_addr: SocketAddr,
+    /// The hash of the bearer token `/metrics` requires, if any.
+    pub metrics_token: Option<SecretHash>,
     /// Transfer listen address (decode).
     pub transfer_addr: SocketAddr,
     /// The model.
@@ -262,10 +275,29 @@ impl WorkerConfig {
         let page_size = nonzero("page_size", s.page_size.unwrap_or(16))?;
         let max_concurrency = nonzero("max_concurrency", s.max_concurrency.unwrap_or(8))?;
         let chunk_tokens = nonzero("chunk_tokens", s.chunk_tokens.unwrap_or(256))?;
+        let metrics_token = match (s.metrics_token.as_deref(), &s.metrics_token_file) {
+            (None, None) => None,
+            (Some(token), None) => Some(metrics_token(token)?),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError::Invalid(format!(
+                        "cannot read metrics_token_file {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                Some(metrics_token(text.trim())?)
+            }
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Invalid(
+                    "give at most one of --metrics-token and --metrics-token-file".into(),
+                ))
+            }
+        };
         Ok(Self {
             role: defaults.role,
             grpc_addr: s.grpc_addr.unwrap_or(defaults.grpc_addr),
             metrics_addr: s.metrics_addr.unwrap_or(defaults.metrics_addr),
+            metrics_token,
             transfer_addr: s.transfer_addr.unwrap_or(defaults.transfer_addr),
             model,
             pool,
@@ -294,9 +326,63 @@ impl WorkerConfig {
     }
 }
 
+/// Fewest characters of a metrics token.
+pub const METRICS_TOKEN_MIN_CHARS: usize = 16;
+
+/// The hash of a metrics token given in settings, refused when too short to resist guessing.
+fn metrics_token(token: &str) -> Result<SecretHash, ConfigError> {
+    if token.chars().count() < METRICS_TOKEN_MIN_CHARS {
+        return Err(ConfigError::Invalid(format!(
+            "metrics_token must be at least {METRICS_TOKEN_MIN_CHARS} characters (a random \
+             string, e.g. `openssl rand -hex 16`)"
+        )));
+    }
+    Ok(SecretHash::of(token))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_short_metrics_token_is_refused_and_a_long_one_kept_as_its_hash() {
+        let with = |token: &str| WorkerFlags {
+            tiny_test_model: Some(1),
+            metrics_token: Some(token.into()),
+            ..Default::default()
+        };
+        let err = WorkerConfig::from_settings(with("short"), WorkerDefaults::decode())
+            .expect_err("a 5-character token");
+        assert!(err.to_string().contains("at least 16 characters"), "{err}");
+        let token = "0123456789abcdef";
+        let cfg = WorkerConfig::from_settings(with(token), WorkerDefaults::decode()).unwrap();
+        assert_eq!(cfg.metrics_token, Some(SecretHash::of(token)));
+    }
+
+    #[test]
+    fn a_metrics_token_file_is_read_and_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics-token");
+        std::fs::write(&path, "0123456789abcdef\n").unwrap();
+        let flags = |file: &Path, token: Option<&str>| WorkerFlags {
+            tiny_test_model: Some(1),
+            metrics_token_file: Some(file.to_path_buf()),
+            metrics_token: token.map(str::to_string),
+            ..Default::default()
+        };
+        let cfg = WorkerConfig::from_settings(flags(&path, None), WorkerDefaults::prefill());
+        assert_eq!(
+            cfg.unwrap().metrics_token,
+            Some(SecretHash::of("0123456789abcdef"))
+        );
+        let both = flags(&path, Some("0123456789abcdef"));
+        let err = WorkerConfig::from_settings(both, WorkerDefaults::prefill()).unwrap_err();
+        assert!(err.to_string().contains("at most one"), "{err}");
+        let missing = flags(&dir.path().join("none"), None);
+        let err = WorkerConfig::from_settings(missing, WorkerDefaults::prefill()).unwrap_err();
+        assert!(err.to_string().contains("none"), "{err}");
+    }
 
     #[test]
     fn flags_win_over_file_and_defaults_fill_the_rest() {

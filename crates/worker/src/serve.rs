@@ -2,7 +2,8 @@
 //! server with its health service until shutdown. Under mutual TLS every RPC's caller role is
 //! checked by a tower layer before the service sees it (I11): decode and prefill take calls
 //! from routers only. Without TLS the gRPC listener must be on loopback unless
-//! `--insecure-internal`.
+//! `--insecure-internal`. The `/metrics` listener serves a non-loopback address only behind a
+//! metrics token (`--metrics-token`), which every scrape must present.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use pagewarden_common::auditor_client::AuditorClient;
 use pagewarden_common::metrics::{serve_metrics, PoolGauges, RefreshHook, WorkerMetrics};
+use pagewarden_common::secret::SecretHash;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::tls::{
     refuse_plaintext, InternalTls, PlaintextRefused, RequireRole, SuiteRole,
@@ -40,6 +42,20 @@ pub enum BindError {
         #[source]
         source: std::io::Error,
     },
+    /// `/metrics` on a non-loopback address without a metrics token.
+    #[error(
+        "refusing to serve /metrics on {addr} without a metrics token: a non-loopback address is \
+         reachable from other hosts. Set --metrics-token (or PAGEWARDEN_{role}_METRICS_TOKEN) \
+         to a random string of at least 16 characters, which every scrape must then present as \
+         `Authorization: Bearer TOKEN` (Prometheus: `authorization: {{credentials_file: …}}`), \
+         or bind the metrics address to loopback"
+    )]
+    MetricsUnprotected {
+        /// The configured address.
+        addr: SocketAddr,
+        /// The worker's role in capitals, as its environment variables spell it.
+        role: String,
+    },
     /// The metrics listener.
     #[error("binding metrics {addr}")]
     Metrics {
@@ -66,6 +82,8 @@ pub struct Listeners {
     pub transfer_addr: SocketAddr,
     /// How the gRPC listener is secured.
     pub tls: InternalTls,
+    /// The token `/metrics` requires, if any.
+    pub metrics_token: Option<SecretHash>,
 }
 
 impl Listeners {
@@ -76,6 +94,12 @@ impl Listeners {
         transfer_addr: SocketAddr,
     ) -> Result<Listeners, BindError> {
         refuse_plaintext("gRPC", cfg.grpc_addr, &cfg.tls, cfg.insecure_internal)?;
+        if !cfg.metrics_addr.ip().is_loopback() && cfg.metrics_token.is_none() {
+            return Err(BindError::MetricsUnprotected {
+                addr: cfg.metrics_addr,
+                role: cfg.role.to_uppercase(),
+            });
+        }
         let (grpc, grpc_addr) = bind(cfg.grpc_addr)
             .await
             .map_err(|source| BindError::Grpc {
@@ -96,6 +120,7 @@ impl Listeners {
             metrics_addr,
             transfer_addr,
             tls: cfg.tls.clone(),
+            metrics_token: cfg.metrics_token,
         })
     }
 }
@@ -173,6 +198,7 @@ where
         listeners.metrics,
         metrics.metrics,
         refresh,
+        listeners.metrics_token,
         shutdown.clone().cancelled_owned(),
     ));
     let (health, health_service) = tonic_health::server::health_reporter();

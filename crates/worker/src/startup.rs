@@ -7,6 +7,7 @@ use std::sync::Arc;
 use pagewarden_common::admission::Admission;
 use pagewarden_common::config::ModelSource;
 use pagewarden_common::preflight::{preflight, PreflightError, PreflightInput, PreflightReport};
+use pagewarden_common::vllm_metrics::CacheConfig;
 use pagewarden_common::worker_config::{PoolSize, WorkerConfig};
 use pagewarden_kernels::Device;
 use pagewarden_kvcache::{KvPool, PoolConfig};
@@ -22,6 +23,8 @@ pub struct Loaded {
     pub pool: KvPool,
     /// What the preflight decided (advertised context, pool tokens).
     pub preflight: PreflightReport,
+    /// The pool's shape as `vllm:cache_config_info` reports it.
+    pub cache_config: CacheConfig,
 }
 
 impl Loaded {
@@ -165,6 +168,11 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
         model_name,
         pool,
         preflight: report,
+        cache_config: CacheConfig {
+            block_size: layout.page_size,
+            num_blocks: pages,
+            prefix_caching: prefix_cache_pages > 0,
+        },
     })
 }
 

@@ -120,6 +120,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let admission = loaded.admission();
     let metrics = Arc::new(WorkerMetrics::new(ROLE.name, &loaded.model_name));
+    metrics.set_cache_config(loaded.cache_config);
     let auditor = auditor_client(auditor_url, &cfg.node_id, &ROLE, &loaded.preflight)
         .context("auditor client")?;
     let auditor_stats = auditor.clone();

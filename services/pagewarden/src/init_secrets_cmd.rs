@@ -4,10 +4,12 @@
 //! mounted only by that role:
 //!
 //! - `admin/`: the suite CA and its private key (`tls/`), the dev tenants' and the probe
-//!   tenant's API keys in clear (`keys.toml`), the auditor's dev operator password: what an
-//!   operator keeps; no service mounts it.
+//!   tenant's API keys in clear (`keys.toml`), the auditor's dev operator password, the
+//!   workers' metrics token: what an operator keeps; no service mounts it.
 //! - `router/`: `ca.pem`, `router.pem`, `router.key`, `tenants.toml` (SHA-256 of each key).
-//! - `prefill/`, `decode/`: `ca.pem` and the role's certificate and key.
+//! - `prefill/`, `decode/`: `ca.pem`, the role's certificate and key, and `metrics-token`,
+//!   which their `/metrics` (served off loopback) requires of every scrape.
+//! - `prometheus/`: the same `metrics-token`, which Prometheus presents.
 //! - `auditor/`: `ca.pem`, its certificate and key, and `auditor.toml`: the operator's argon2
 //!   hash and the probe tenant's key (the one `router/tenants.toml` holds the hash of).
 //!
@@ -20,6 +22,7 @@ use anyhow::Context;
 use pagewarden_auditor::probe::ProbeTenant;
 use pagewarden_common::tenants::write_private;
 use pagewarden_common::tls::{write_dev_suite, SuiteRole};
+use rand::Rng;
 
 use crate::devsecrets::{self, PROBE_TENANT};
 
@@ -46,6 +49,20 @@ fn place(from: &Path, to: &Path, secret: bool) -> anyhow::Result<bool> {
     }
     Ok(true)
 }
+
+/// The workers' metrics token in `admin/`, drawn (128 random bits, hex) unless there.
+fn ensure_metrics_token(admin: &Path) -> anyhow::Result<PathBuf> {
+    let path = admin.join(METRICS_TOKEN);
+    if !path.exists() {
+        let bits: u128 = rand::rng().random();
+        write_private(&path, &format!("{bits:032x}\n"))?;
+    }
+    Ok(path)
+}
+
+/// The file holding the workers' metrics token, in `admin/`, `prefill/`, `decode/` and
+/// `prometheus/`.
+pub const METRICS_TOKEN: &str = "metrics-token";
 
 /// The auditor's config: the dev operator `devsecrets` wrote, plus the probe tenant's key.
 fn auditor_config(admin: &Path, probe_key: &str) -> anyhow::Result<String> {
@@ -91,6 +108,17 @@ pub fn run(a: InitSecretsArgs) -> anyhow::Result<()> {
             if place(&from, &to, secret)? {
                 written.push(to);
             }
+        }
+    }
+    let token = ensure_metrics_token(&admin)?;
+    // Prometheus runs as a user of its own, which a private file of ours would shut out; its
+    // volume is mounted by it alone.
+    for (dir, private) in [("prefill", true), ("decode", true), ("prometheus", false)] {
+        let dir = a.dir.join(dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let to = dir.join(METRICS_TOKEN);
+        if place(&token, &to, private)? {
+            written.push(to);
         }
     }
     let router_tenants = a.dir.join("router/tenants.toml");
@@ -154,6 +182,15 @@ mod tests {
             PROBE_TENANT
         );
         assert!(config["operators"].as_array().is_some_and(|o| o.len() == 1));
+        let token = std::fs::read_to_string(p("admin/metrics-token")).unwrap();
+        assert_eq!(token.trim().len(), 32, "{token}");
+        for holder in ["prefill", "decode", "prometheus"] {
+            let there = std::fs::read_to_string(p(&format!("{holder}/metrics-token"))).unwrap();
+            assert_eq!(there, token, "{holder}");
+        }
+        for other in ["router", "auditor"] {
+            assert!(!p(&format!("{other}/metrics-token")).exists(), "{other}");
+        }
         // A second start keeps everything, a tenant added to the router's file included.
         let keys = ClientKeys::load(&p("admin/keys.toml")).unwrap();
         let before = std::fs::read(p("router/tenants.toml")).unwrap();

@@ -261,6 +261,7 @@ async fn compute(
         logits = last;
         scored.extend(part_scored);
         deps.metrics.prefill_chunk();
+        deps.metrics.iteration(ran);
         done += ran;
         if cancel.is_cancelled() {
             return Err(Failure::Compute(cancelled()));

@@ -55,6 +55,10 @@ pub struct Summary {
     pub arrived: Instant,
     /// Time to first token, once there was one.
     pub ttft: Option<Duration>,
+    /// From arrival to decode's grant: when the request left the queue and began to run.
+    pub scheduled: Option<Duration>,
+    /// From arrival to the last token, once there was one.
+    pub last_token: Option<Duration>,
 }
 
 /// The suite's workers over gRPC.
@@ -96,6 +100,8 @@ impl Generation for Flight {
             completion_tokens: self.completion_tokens(),
             arrived: self.arrived(),
             ttft: self.ttft(),
+            scheduled: self.scheduled(),
+            last_token: self.last_token(),
         }
     }
 }

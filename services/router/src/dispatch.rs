@@ -220,6 +220,16 @@ impl Flight {
         self.ttft
     }
 
+    /// From arrival to decode's grant, once granted.
+    pub fn scheduled(&self) -> Option<Duration> {
+        self.granted_at.map(|t| t - self.job.arrived)
+    }
+
+    /// From arrival to the last token relayed so far.
+    pub fn last_token(&self) -> Option<Duration> {
+        self.last_token_at.map(|t| t - self.job.arrived)
+    }
+
     /// The request id.
     pub fn id(&self) -> RequestId {
         self.job.id

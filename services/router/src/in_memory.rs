@@ -80,6 +80,8 @@ impl Disagg for InMemoryDisagg {
                 completion_tokens: 0,
                 arrived: job.arrived,
                 ttft: None,
+                scheduled: None,
+                last_token: None,
             },
             texts: texts.into_iter(),
             finish,

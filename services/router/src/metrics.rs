@@ -174,6 +174,8 @@ impl Metrics {
         );
         registry.register("in_flight", "Requests being served", in_flight.clone());
         edge.register(&mut registry);
+        let vllm = VllmMetrics::new(model_name, "router");
+        vllm.show_request_series();
         Self {
             registry,
             requests,
@@ -187,7 +189,7 @@ impl Metrics {
             effective_context,
             in_flight,
             edge,
-            vllm: VllmMetrics::new(model_name, "router"),
+            vllm,
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use pagewarden_common::vllm_metrics::FinishedRequest;
+use pagewarden_common::vllm_metrics::{FinishedRequest, RunningTimes};
 use pagewarden_common::{RequestId, TenantId};
 use pagewarden_proto::v1::Logprobs;
 use serde_json::Value;
@@ -80,6 +80,9 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
             return e.into_response();
         }
     };
+    for prompt in 0..s.prompts.len() {
+        prompt_finished(&s, prompt);
+    }
     let usage = s.usage();
     let mut choices = Vec::with_capacity(s.outs.len());
     for (out, shown) in s.outs.iter_mut().zip(answers) {
@@ -348,6 +351,31 @@ async fn collect(s: &mut Streaming) -> Result<Vec<Shown>, RouterError> {
     Ok(answers)
 }
 
+/// vLLM's phases of a choice that ran to a first token: prefill from decode's grant to the
+/// first token, decode from there to the last.
+fn running_times(summary: &Summary) -> Option<RunningTimes> {
+    let (scheduled, first, last) = (summary.scheduled?, summary.ttft?, summary.last_token?);
+    Some(RunningTimes {
+        prefill_seconds: first.saturating_sub(scheduled).as_secs_f64(),
+        decode_seconds: last.saturating_sub(first).as_secs_f64(),
+    })
+}
+
+/// Once every choice of prompt `prompt` has ended: counts the most tokens one of them
+/// generated (vLLM's `request_max_num_generation_tokens`, observed once per request).
+pub fn prompt_finished(s: &Streaming, prompt: usize) {
+    let ended: Option<Vec<&Summary>> = s
+        .outs
+        .iter()
+        .filter(|o| o.prompt == prompt)
+        .map(|o| o.summary.as_ref())
+        .collect();
+    let Some(most) = ended.and_then(|e| e.iter().map(|x| x.completion_tokens).max()) else {
+        return;
+    };
+    s.state.metrics.vllm.request_finished(u64::from(most));
+}
+
 /// `completed` for stop/length/tool calls, `aborted` when a worker aborted.
 pub fn outcome_of_finish(finish: FinishReason) -> Outcome {
     match finish {
@@ -369,6 +397,7 @@ pub fn finished(
         prompt_tokens: u64::from(summary.prompt_tokens),
         generation_tokens: u64::from(summary.completion_tokens),
         e2e_seconds: summary.arrived.elapsed().as_secs_f64(),
+        running: running_times(summary),
         finished_reason: finish.as_str(),
     });
     state.sink.offer(ResponseSample {

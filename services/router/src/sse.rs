@@ -19,7 +19,7 @@ use crate::choices::ChoiceEvent;
 use crate::dispatch::Token;
 
 use crate::record::Record;
-use crate::respond::{finished, outcome_of_finish, Shown, Streaming};
+use crate::respond::{finished, outcome_of_finish, prompt_finished, Shown, Streaming};
 
 struct State {
     s: Streaming,
@@ -73,6 +73,8 @@ impl State {
         let finish = out.finish.unwrap_or(pagewarden_model::FinishReason::Abort);
         finished(&self.s.state, &summary, &self.s.meta, &out.text, finish);
         out.summary = Some(summary);
+        let prompt = out.prompt;
+        prompt_finished(&self.s, prompt);
         if self.s.outs.iter().all(|o| o.summary.is_some()) {
             if self.s.include_usage {
                 let usage = self.s.usage();

@@ -264,6 +264,7 @@ impl Scheduler {
             let from = r.kv_held();
             let to = (from + self.deps.recompute_chunk).min(r.seq.kv_len());
             let tokens = r.seq.tokens[from..to].to_vec();
+            self.deps.metrics.iteration(tokens.len());
             let compute = self.deps.compute.clone();
             self.step = Some(tokio::task::spawn_blocking(move || {
                 let mut r = r;

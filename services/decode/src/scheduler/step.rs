@@ -117,6 +117,8 @@ impl Scheduler {
         if seqs.is_empty() {
             return false;
         }
+        // One token per sequence in the batch.
+        self.deps.metrics.iteration(seqs.len());
         let compute = self.deps.compute.clone();
         self.step = Some(tokio::task::spawn_blocking(move || {
             let mut seqs = seqs;
