@@ -2,7 +2,7 @@
 //!
 //! NVRTC comes from the `nvidia-cuda-nvrtc-cu12` wheel (scripts/test.sh installs it and puts it
 //! on LD_LIBRARY_PATH). When `PAGEWARDEN_PTX_DIR` is set, the PTX files are written there for
-//! machines that have only the NVIDIA driver (see scripts/gpu/kernels.sh).
+//! machines that have only the NVIDIA driver (scripts/gpu/run.sh builds and runs it).
 #![cfg(feature = "cuda")]
 
 use std::path::PathBuf;

@@ -12,7 +12,7 @@
 #
 # Steps on the GPU host:
 #   1. kernels  every CUDA kernel against the CPU reference, the attention kernel's generation
-#               check, decode-shaped matvec speed (scripts/gpu/kernels.sh)
+#               check, decode-shaped matvec speed (gpu_check)
 #   2. engine   the GPU forward pass against the CPU engine on the real-weight model (logits,
 #               greedy tokens), a revoked page failing one sequence of a batch, prefill and
 #               decode tok/s at batch 1, 8, 32 on the full-size random-weight model

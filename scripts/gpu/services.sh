@@ -2,17 +2,11 @@
 # The suite on a GPU: pagewarden-prefill and pagewarden-decode with `--device $DEVICE` behind the
 # router on 127.0.0.1 (ports picked by the OS), the 10 reference prompts at temperature 0 through
 # the router's HTTP API (first 8 greedy tokens against llama.cpp's reference, and the whole
-# 24-token text), one over-length prompt (must be 400), a short throughput run at 1 and 32
-# streams, then PASS/FAIL and every process killed. About a minute on an H200.
+# 24-token text), one over-length prompt (must be 400), a short throughput run at 1, 8 and 32
+# streams, then PASS/FAIL and every process killed. Seconds on an H200.
 #
-# Build (on the build machine; no GPU needed, NVRTC from pip only for the PTX):
-#   scripts/gpu/services.sh build
-# which runs
-#   cargo build --release -p pagewarden-router -p pagewarden-prefill -p pagewarden-decode \
-#     --features pagewarden-prefill/cuda,pagewarden-decode/cuda
-#   strip -> target-gpu/bin/{pagewarden-router,pagewarden-prefill,pagewarden-decode}
-#   PAGEWARDEN_PTX_DIR=target-gpu/ptx cargo test -p pagewarden-kernels --features cuda --test cuda_ptx
-#   (target-gpu/ptx-model/model_kv.ptx comes from `scripts/gpu/engine.sh build`; kept if there)
+# The binaries and PTX come from `scripts/gpu/run.sh bundle` (on the build machine; no GPU
+# needed), which also runs this script on the GPU host.
 #
 # Run (repository root; the GPU machine needs only the NVIDIA driver):
 #   DEVICE=cuda:0 scripts/gpu/services.sh MODEL.gguf REFERENCE.json
@@ -20,38 +14,21 @@
 # Env: DEVICE (cuda:0), BIN_DIR (target-gpu/bin), PAGEWARDEN_PTX_DIR (target-gpu/ptx),
 # PAGEWARDEN_MODEL_PTX_DIR (target-gpu/ptx-model), LOG_DIR (a temp dir; worker logs),
 # STREAMS ("8 32": the throughput runs after one stream), GEN_TOKENS (64), MIN_FIRST8 (9: cases
-# whose first 8 tokens must match to PASS; one may leave on a near-tie, as gpu_engine allows), PARITY (1; 0 skips the parity and over-length checks),
+# whose first 8 tokens must match to PASS; one may leave on a near-tie, as gpu_engine allows),
+# PARITY (1; 0 skips the parity and over-length checks),
 # WRITE_REFERENCE (a path: this run's greedy texts are written there as the reference of a later
 # run, e.g. DEVICE=cpu for a model llama.cpp's reference is not for).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out="$root/target-gpu"
 
-if [ "${1:-}" = "build" ]; then
-  . "$root/scripts/nvrtc-env.sh"
-  cd "$root"
-  cargo build --release -p pagewarden-router -p pagewarden-prefill -p pagewarden-decode \
-    --features pagewarden-prefill/cuda,pagewarden-decode/cuda
-  target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-  mkdir -p "$out/bin"
-  for b in pagewarden-router pagewarden-prefill pagewarden-decode; do
-    cp "$target/release/$b" "$out/bin/$b"
-    strip "$out/bin/$b"
-  done
-  rm -rf "$out/ptx"
-  PAGEWARDEN_PTX_DIR="$out/ptx" cargo test -p pagewarden-kernels --features cuda --test cuda_ptx
-  [ -f "$out/ptx-model/model_kv.ptx" ] || echo "note: $out/ptx-model is missing; run 'scripts/gpu/engine.sh build' too" >&2
-  du -sh "$out/bin" "$out/ptx" "$out/ptx-model" 2>/dev/null || true
-  exit 0
-fi
-
-[ $# -ge 2 ] || { echo "usage: $0 build | [DEVICE=cuda:N] $0 MODEL.gguf REFERENCE.json" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: [DEVICE=cuda:N] $0 MODEL.gguf REFERENCE.json" >&2; exit 2; }
 model=$1
 reference=$2
 device=${DEVICE:-cuda:0}
 bin=${BIN_DIR:-$out/bin}
 for b in pagewarden-router pagewarden-prefill pagewarden-decode; do
-  [ -x "$bin/$b" ] || { echo "no $bin/$b: run '$0 build' first (or set BIN_DIR)" >&2; exit 1; }
+  [ -x "$bin/$b" ] || { echo "no $bin/$b: run 'scripts/gpu/run.sh bundle MODEL' first (or set BIN_DIR)" >&2; exit 1; }
 done
 [ -f "$model" ] || { echo "no model at $model" >&2; exit 1; }
 [ -f "$reference" ] || { echo "no reference at $reference" >&2; exit 1; }

@@ -1,4 +1,4 @@
-//! GPU engine check (run by scripts/gpu/engine.sh on a machine with an NVIDIA GPU):
+//! GPU engine check (run by scripts/gpu/run.sh on a machine with an NVIDIA GPU):
 //!
 //! 1. parity: for every reference case, GPU prefill vs llama.cpp's top-5 logits and top-1, GPU
 //!    vs CPU logits, and 24 greedy GPU tokens vs llama.cpp's and the CPU engine's (with

@@ -5,7 +5,7 @@
 //! cargo run --release -p pagewarden-kernels --features cuda --example gpu_check [-- cuda:N]
 //! ```
 //!
-//! or from a prebuilt binary with scripts/gpu/kernels.sh. Without NVRTC on the machine, set
+//! or from the prebuilt binary scripts/gpu/run.sh carries. Without NVRTC on the machine, set
 //! `PAGEWARDEN_PTX_DIR` to the PTX files the `cuda_ptx` test wrote (the driver JIT-compiles
 //! them). Exits non-zero if any check fails. Seeded: every run uses the same inputs.
 

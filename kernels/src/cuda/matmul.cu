@@ -128,6 +128,16 @@ __device__ __forceinline__ float dot8(const float* w, const float* x, u32 at, u3
     return s;
 }
 
+// The end of both products: each activation row's sum over the warp's lanes, written by lane 0.
+__device__ __forceinline__ void store_rows(const float* acc, float* __restrict__ y, u32 lane,
+                                           u32 row, u32 rows, u32 b0, u32 nb) {
+#pragma unroll
+    for (int i = 0; i < MM_BATCH_TILE; i++) {
+        const float v = warp_sum(acc[i]);
+        if (lane == 0 && i < nb) y[(size_t)(b0 + i) * rows + row] = v;
+    }
+}
+
 template <typename F>
 __device__ void matmul_body(const u8* __restrict__ w, const float* __restrict__ x,
                             float* __restrict__ y, u32 rows, u32 cols, u32 batch) {
@@ -154,11 +164,7 @@ __device__ void matmul_body(const u8* __restrict__ w, const float* __restrict__ 
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < MM_BATCH_TILE; i++) {
-        const float s = warp_sum(acc[i]);
-        if (lane == 0 && i < nb) y[(size_t)(b0 + i) * rows + row] = s;
-    }
+    store_rows(acc, y, lane, row, rows, b0, nb);
 }
 
 // Embedding lookup: out[i, :] = dequantize(W[ids[i], :]). Launch: block (128), grid
@@ -319,11 +325,7 @@ __device__ void matmul_q8_body(const u8* __restrict__ w, const i8* __restrict__ 
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < MM_BATCH_TILE; i++) {
-        const float v = warp_sum(acc[i]);
-        if (lane == 0 && i < nb) y[(size_t)(b0 + i) * rows + row] = v;
-    }
+    store_rows(acc, y, lane, row, rows, b0, nb);
 }
 
 #define PW_MATMUL_Q8(NAME, FMT)                                                                 \

@@ -73,6 +73,63 @@ fn kernels(ty: WeightType) -> Option<Kernels> {
     }
 }
 
+/// A product's shape as its kernel takes it, and its grid.
+struct Launch {
+    rows: u32,
+    cols: u32,
+    batch: u32,
+    cfg: LaunchConfig,
+}
+
+/// The checks both products share (`out` holds `tokens` rows, `w`'s bytes match its shape) and
+/// their launch; `None` when there is nothing to compute.
+fn launch_shape(
+    op: &'static str,
+    w: &DeviceMatrix,
+    tokens: usize,
+    out: &CudaSlice<f32>,
+) -> Result<Option<Launch>, CudaError> {
+    ensure(out.len() >= tokens * w.rows, op, || {
+        format!(
+            "out holds {} floats, {tokens} x {} needed",
+            out.len(),
+            w.rows
+        )
+    })?;
+    ensure(
+        w.ty.row_bytes(w.cols).map(|b| b * w.rows) == Some(w.data.len()),
+        op,
+        || {
+            format!(
+                "{:?} {}x{} does not match {} bytes",
+                w.ty,
+                w.rows,
+                w.cols,
+                w.data.len()
+            )
+        },
+    )?;
+    if tokens == 0 || w.rows == 0 {
+        return Ok(None);
+    }
+    let (rows, cols, batch) = (
+        as_u32(op, "rows", w.rows)?,
+        as_u32(op, "cols", w.cols)?,
+        as_u32(op, "tokens", tokens)?,
+    );
+    let cfg = LaunchConfig {
+        grid_dim: (rows.div_ceil(ROWS_PER_BLOCK), batch.div_ceil(BATCH_TILE), 1),
+        block_dim: (32 * ROWS_PER_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok(Some(Launch {
+        rows,
+        cols,
+        batch,
+        cfg,
+    }))
+}
+
 fn as_u32(op: &'static str, what: &str, v: usize) -> Result<u32, CudaError> {
     u32::try_from(v).map_err(|_| CudaError::Shape {
         op,
@@ -111,43 +168,19 @@ impl CudaBackend {
         ensure(x.len() >= tokens * w.cols, OP, || {
             format!("x holds {} floats, {tokens} x {} needed", x.len(), w.cols)
         })?;
-        ensure(out.len() >= tokens * w.rows, OP, || {
-            format!(
-                "out holds {} floats, {tokens} x {} needed",
-                out.len(),
-                w.rows
-            )
-        })?;
-        ensure(
-            w.ty.row_bytes(w.cols).map(|b| b * w.rows) == Some(w.data.len()),
-            OP,
-            || {
-                format!(
-                    "{:?} {}x{} does not match {} bytes",
-                    w.ty,
-                    w.rows,
-                    w.cols,
-                    w.data.len()
-                )
-            },
-        )?;
-        if tokens == 0 || w.rows == 0 {
+        let Some(Launch {
+            rows,
+            cols,
+            batch,
+            cfg,
+        }) = launch_shape(OP, w, tokens, out)?
+        else {
             return Ok(());
-        }
-        let (rows, cols, batch) = (
-            as_u32(OP, "rows", w.rows)?,
-            as_u32(OP, "cols", w.cols)?,
-            as_u32(OP, "tokens", tokens)?,
-        );
+        };
         let f = self.func(
             Module::Matmul,
             kernels(w.ty).expect("checked at upload").matmul,
         )?;
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(ROWS_PER_BLOCK), batch.div_ceil(BATCH_TILE), 1),
-            block_dim: (32 * ROWS_PER_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let mut b = self.stream().launch_builder(&f);
         b.arg(&w.data)
             .arg(x)
@@ -238,40 +271,16 @@ impl CudaBackend {
                 w.cols
             )
         })?;
-        ensure(out.len() >= tokens * w.rows, OP, || {
-            format!(
-                "out holds {} floats, {tokens} x {} needed",
-                out.len(),
-                w.rows
-            )
-        })?;
-        ensure(
-            w.ty.row_bytes(w.cols).map(|b| b * w.rows) == Some(w.data.len()),
-            OP,
-            || {
-                format!(
-                    "{:?} {}x{} does not match {} bytes",
-                    w.ty,
-                    w.rows,
-                    w.cols,
-                    w.data.len()
-                )
-            },
-        )?;
-        if tokens == 0 || w.rows == 0 {
+        let Some(Launch {
+            rows,
+            cols,
+            batch,
+            cfg,
+        }) = launch_shape(OP, w, tokens, out)?
+        else {
             return Ok(());
-        }
-        let (rows, cols, batch) = (
-            as_u32(OP, "rows", w.rows)?,
-            as_u32(OP, "cols", w.cols)?,
-            as_u32(OP, "tokens", tokens)?,
-        );
-        let f = self.func(Module::Matmul, name)?;
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(ROWS_PER_BLOCK), batch.div_ceil(BATCH_TILE), 1),
-            block_dim: (32 * ROWS_PER_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
         };
+        let f = self.func(Module::Matmul, name)?;
         let mut b = self.stream().launch_builder(&f);
         b.arg(&w.data)
             .arg(&acts.qs)
