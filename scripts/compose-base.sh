@@ -90,6 +90,9 @@ chroot "$root" useradd --system --uid 10001 --home-dir /var/lib/pagewarden --cre
 for d in admin router prefill decode auditor; do
   chroot "$root" install -d -o pagewarden -g pagewarden -m 0700 "/etc/pagewarden/$d"
 done
+# The workers' metrics token for Prometheus, which runs as a user of its own: its volume is
+# written by `init` and readable by that user (the volume is mounted by Prometheus alone).
+chroot "$root" install -d -o pagewarden -g pagewarden -m 0755 /etc/pagewarden/prometheus
 chroot "$root" install -d -o postgres -g postgres -m 0700 /var/lib/postgresql/data
 echo "== docker import $image" >&2
 tar -C "$root" -c . | docker import \

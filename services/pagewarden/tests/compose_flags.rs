@@ -560,6 +560,64 @@ fn install_credentials(root: &Path) {
     .unwrap();
 }
 
+/// The secrets directories compose mounts under `/etc/pagewarden/` that an image does not
+/// make as a mount point (`image`: compose-base.sh or the Dockerfile). A volume mounted where
+/// the image has no directory is created root-owned, and `init`, which runs as the services'
+/// user, cannot write it.
+fn mount_point_problems(yaml: &str, image_name: &str, image: &str) -> Vec<String> {
+    let doc: serde_yaml::Value = serde_yaml::from_str(yaml).expect("compose file is YAML");
+    let mut problems = Vec::new();
+    let volumes = strs(&doc["services"]["init"]["volumes"]);
+    // Names made in a `for d in a b c; do ... /etc/pagewarden/$d` loop, or one by one.
+    let looped: Vec<&str> = image
+        .lines()
+        .filter_map(|l| l.split_once("for d in ").map(|(_, rest)| rest))
+        .flat_map(|l| l.split(';').next().unwrap_or_default().split_whitespace())
+        .collect();
+    for v in &volumes {
+        let Some(dir) = v
+            .split(':')
+            .nth(1)
+            .and_then(|t| t.strip_prefix("/etc/pagewarden/"))
+        else {
+            continue;
+        };
+        if !looped.contains(&dir) && !image.contains(&format!("/etc/pagewarden/{dir}")) {
+            problems.push(format!(
+                "{image_name} makes no mount point /etc/pagewarden/{dir} for compose's volume"
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_secrets_volume_has_its_mount_point_in_the_images() {
+    let yaml = std::fs::read_to_string(repo().join("deploy/compose/docker-compose.yml")).unwrap();
+    let mut problems = Vec::new();
+    for image in ["scripts/compose-base.sh", "deploy/compose/Dockerfile"] {
+        let text = std::fs::read_to_string(repo().join(image)).unwrap();
+        problems.extend(mount_point_problems(&yaml, image, &text));
+        // The check fails for a volume the image does not prepare.
+        let extra = yaml.replacen(
+            "      - secrets-admin:/etc/pagewarden/admin\n",
+            "      - secrets-admin:/etc/pagewarden/admin\n      - secrets-x:/etc/pagewarden/x\n",
+            1,
+        );
+        assert_ne!(
+            extra, yaml,
+            "the init service's volumes changed: update this mutation"
+        );
+        assert!(
+            mount_point_problems(&extra, image, &text)
+                .iter()
+                .any(|p| p.contains("/etc/pagewarden/x")),
+            "{image}: the check missed an unprepared volume"
+        );
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// The binaries the install steps in docs/deploy.md put in /usr/local/bin: each service the
 /// units start and the `pagewarden` launcher the later steps run, named one by one (a
 /// `pagewarden-*` glob also copies cargo's `.d` files and misses the launcher).
