@@ -478,20 +478,24 @@ async fn wait_all_live(router: &str, what: &str) {
     .await
 }
 
-/// One series of a worker's `/metrics`, read inside its container (0 when absent).
+/// One series of a worker's `/metrics`, read inside its container (0 when absent), with the
+/// metrics token the worker requires (its role's secrets volume holds it).
 fn worker_metric(stack: &Stack, service: &str, series: &str) -> f64 {
-    let port = if service.starts_with("decode") {
-        7202
+    let (role, port) = if service.starts_with("decode") {
+        ("decode", 7202)
     } else {
-        7102
+        ("prefill", 7102)
     };
     let text = stack.ok(&[
         "exec",
         "-T",
         service,
-        "curl",
-        "-fsS",
-        &format!("http://127.0.0.1:{port}/metrics"),
+        "sh",
+        "-c",
+        &format!(
+            "curl -fsS -H \"Authorization: Bearer $(cat /etc/pagewarden/{role}/metrics-token)\" \
+             http://127.0.0.1:{port}/metrics"
+        ),
     ]);
     text.lines()
         .filter(|l| l.starts_with(series))
