@@ -27,6 +27,9 @@ struct Up {
     child: Child,
     api: String,
     keys: BTreeMap<String, String>,
+    /// The auditor UI's base URL and the read-only API token the banner prints.
+    auditor: String,
+    viewer_token: String,
 }
 
 impl Up {
@@ -62,7 +65,8 @@ impl Up {
         });
         let deadline = Instant::now() + Duration::from_secs(300);
         let (mut api, mut keys) = (None, BTreeMap::new());
-        while api.is_none() || keys.len() < 2 {
+        let (mut auditor, mut viewer_token) = (None, None);
+        while api.is_none() || keys.len() < 2 || auditor.is_none() || viewer_token.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = match rx.recv_timeout(left) {
                 Ok(l) => l,
@@ -73,6 +77,12 @@ impl Up {
             };
             if let Some(url) = line.trim().strip_prefix("API (OpenAI-compatible):") {
                 api = Some(url.trim().trim_end_matches("/v1").to_string());
+            }
+            if let Some(url) = line.trim().strip_prefix("auditor UI:") {
+                auditor = Some(url.trim().trim_end_matches('/').to_string());
+            }
+            if let Some(rest) = line.trim().strip_prefix("read-only API token:") {
+                viewer_token = rest.split_whitespace().next().map(str::to_string);
             }
             let words: Vec<&str> = line.split_whitespace().collect();
             if let [tenant @ ("dev-alice" | "dev-bob"), key] = words[..] {
@@ -85,6 +95,8 @@ impl Up {
             child,
             api: api.expect("api"),
             keys,
+            auditor: auditor.expect("auditor"),
+            viewer_token: viewer_token.expect("viewer token"),
         }
     }
 
@@ -366,6 +378,21 @@ async fn up_restarts_killed_workers_and_every_request_in_flight_ends_cleanly() {
         .timeout(Duration::from_secs(120))
         .build()
         .expect("client");
+    // The read-only token the banner prints opens the auditor's JSON API (the prefix cache's
+    // per-tenant view); without it the API refuses.
+    let cache = format!("{}/api/cache", up.auditor);
+    let with = http.get(&cache).bearer_auth(&up.viewer_token).send().await;
+    assert_eq!(
+        with.map(|r| r.status().as_u16()).ok(),
+        Some(200),
+        "{cache} with the token"
+    );
+    let without = http.get(&cache).send().await;
+    assert_eq!(
+        without.map(|r| r.status().as_u16()).ok(),
+        Some(401),
+        "{cache} without a token"
+    );
     let model = served_model(&http, &up.api, up.keys.values().next().expect("a key")).await;
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));

@@ -5,12 +5,14 @@
 //!   the banner, the probe and you; mode 0600), only their SHA-256 in `tenants.toml` (what the
 //!   router reads). Tenants added with `pagewarden keys` are kept when dev keys are redrawn.
 //! - The auditor's dev operator: its password clear in `dev-operator.password` (0600), only
-//!   its argon2 hash in `auditor.toml` (what the auditor reads).
+//!   its argon2 hash in `auditor.toml` (what the auditor reads); and a read-only token of the
+//!   auditor's JSON API (`/api/...`, e.g. the prefix cache's per-tenant view), clear in
+//!   `dev-viewer.token` (0600), only its SHA-256 in `auditor.toml`.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use pagewarden_auditor::accounts::{hash_password, OperatorAccount, Role};
+use pagewarden_auditor::accounts::{hash_password, ApiToken, OperatorAccount, Role};
 use pagewarden_common::secret::{new_secret, SecretHash};
 use pagewarden_common::tenants::{
     create_private_dir, write_private, ClientKey, ClientKeys, KeyTable, TenantsFile,
@@ -24,6 +26,8 @@ pub const DEV_TENANTS: [&str; 2] = ["dev-alice", "dev-bob"];
 pub const PROBE_TENANT: &str = "auditor-probe";
 /// The auditor's dev operator account.
 pub const DEV_OPERATOR: &str = "dev-operator";
+/// The name of the auditor API's read-only dev token.
+pub const DEV_VIEWER: &str = "dev-viewer";
 /// The prefix of API keys drawn here and by `pagewarden keys`.
 pub const KEY_PREFIX: &str = "pw-";
 
@@ -92,10 +96,11 @@ pub fn ensure_tenants(dir: &Path) -> anyhow::Result<(PathBuf, ClientKeys)> {
     Ok((tenants_path, keys))
 }
 
-/// The auditor config `up` writes: only the dev operator account.
+/// The auditor config `up` writes: the dev operator account and the read-only API token.
 #[derive(Debug, Default, Deserialize, Serialize)]
 struct DevAuditorConfig {
     operators: Vec<OperatorAccount>,
+    api_tokens: Vec<ApiToken>,
 }
 
 /// The auditor config `up` writes and starts the auditor with.
@@ -103,50 +108,75 @@ pub fn auditor_config(dir: &Path) -> PathBuf {
     dir.join("auditor.toml")
 }
 
-/// The dev operator's sign-in, as the banner prints it.
+/// The dev operator's sign-in and the read-only API token, as the banner prints them.
 #[derive(Clone, Debug)]
 pub struct DevOperator {
     /// Where the clear password is kept (mode 0600).
     pub password_file: PathBuf,
     /// The password.
     pub password: String,
+    /// Where the clear read-only API token is kept (mode 0600).
+    pub viewer_token_file: PathBuf,
+    /// The read-only API token.
+    pub viewer_token: String,
 }
 
-/// Reads the dev operator's password and `dir/auditor.toml` when both are there; otherwise
-/// draws a new random password and writes it (0600) and its argon2 hash.
+/// Reads the dev operator's password, the read-only API token and `dir/auditor.toml` when all
+/// are there; otherwise draws a new random password and token and writes them (0600) and their
+/// hashes.
 pub fn ensure_operator(dir: &Path) -> anyhow::Result<DevOperator> {
     create_private_dir(dir)?;
     let config = auditor_config(dir);
     let password_file = dir.join("dev-operator.password");
-    let kept = std::fs::read_to_string(&password_file)
-        .ok()
-        .map(|p| p.trim().to_string())
-        .filter(|p| !p.is_empty() && config.is_file());
-    if let Some(password) = kept {
+    let viewer_token_file = dir.join("dev-viewer.token");
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    if let (Some(password), Some(viewer_token), true) = (
+        read(&password_file),
+        read(&viewer_token_file),
+        config.is_file(),
+    ) {
         return Ok(DevOperator {
             password_file,
             password,
+            viewer_token_file,
+            viewer_token,
         });
     }
     let mut rng = rand::rng();
     let password = new_secret("", &mut rng);
+    let viewer_token = new_secret(KEY_PREFIX, &mut rng);
     let file = DevAuditorConfig {
         operators: vec![OperatorAccount {
             name: DEV_OPERATOR.into(),
             role: Role::Operator,
             password_argon2: hash_password(&password, &mut rng),
         }],
+        api_tokens: vec![ApiToken {
+            name: DEV_VIEWER.into(),
+            role: Role::Viewer,
+            token_sha256: SecretHash::of(&viewer_token),
+        }],
     };
     let text = format!(
-        "# The auditor's dev operator, written by `pagewarden up` (its password is in {}).\n{}",
+        "# The auditor's dev operator and read-only API token, written by `pagewarden up` (in \
+         clear in {} and {}).\n{}",
         password_file.display(),
+        viewer_token_file.display(),
         toml::to_string(&file).context("encoding the auditor config")?
     );
     write_private(&password_file, &format!("{password}\n"))?;
+    write_private(&viewer_token_file, &format!("{viewer_token}\n"))?;
     write_private(&config, &text)?;
     Ok(DevOperator {
         password_file,
         password,
+        viewer_token_file,
+        viewer_token,
     })
 }
 
@@ -221,5 +251,30 @@ mod tests {
         let config = std::fs::read_to_string(auditor_config(dir.path())).unwrap();
         assert!(!config.contains(&op.password) && config.contains("$argon2id$"));
         assert_eq!(ensure_operator(dir.path()).unwrap().password, op.password);
+        // The read-only API token: clear only in its private file, its hash a viewer's.
+        let mode = std::fs::metadata(&op.viewer_token_file)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(!config.contains(&op.viewer_token));
+        let parsed: DevAuditorConfig = toml::from_str(&config).unwrap();
+        assert_eq!(parsed.api_tokens.len(), 1);
+        assert_eq!(parsed.api_tokens[0].role, Role::Viewer);
+        assert_eq!(
+            parsed.api_tokens[0].token_sha256,
+            SecretHash::of(&op.viewer_token)
+        );
+        assert_eq!(
+            ensure_operator(dir.path()).unwrap().viewer_token,
+            op.viewer_token
+        );
+        // A dev directory from before the token is drawn anew, token and all.
+        std::fs::remove_file(&op.viewer_token_file).unwrap();
+        let again = ensure_operator(dir.path()).unwrap();
+        assert_ne!(again.viewer_token, op.viewer_token);
+        assert!(std::fs::read_to_string(auditor_config(dir.path()))
+            .unwrap()
+            .contains(SecretHash::of(&again.viewer_token).to_string().as_str()));
     }
 }

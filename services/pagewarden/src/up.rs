@@ -510,6 +510,13 @@ fn print_banner(
         operator.password_file.display()
     );
     println!(
+        "    read-only API token: {} (kept in {}); e.g. curl -H 'Authorization: Bearer {}' {}/api/cache",
+        operator.viewer_token,
+        operator.viewer_token_file.display(),
+        operator.viewer_token,
+        e.auditor
+    );
+    println!(
         "  dev tenants (keys in {}, hashed in {}):",
         dir.join("keys.toml").display(),
         tenants_path.display()
