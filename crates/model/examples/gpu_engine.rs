@@ -164,17 +164,18 @@ fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> 
         };
         let (cpu_steps, cpu_tokens) = cpu_greedy(model, &pool, &c.prompt, n)?;
         let cpu = &cpu_steps[0];
-        let top5_d = match cpu_only {
-            true => f32::NAN,
-            false => c
-                .top5
+        let top5_d = if cpu_only {
+            f32::NAN
+        } else {
+            c.top5
                 .iter()
                 .map(|&(t, want)| (logits[t as usize] - want).abs())
-                .fold(0f32, f32::max),
+                .fold(0f32, f32::max)
         };
-        let want_top1 = match cpu_only {
-            true => Some(argmax(cpu)),
-            false => c.top5.first().map(|t| t.0),
+        let want_top1 = if cpu_only {
+            Some(argmax(cpu))
+        } else {
+            c.top5.first().map(|t| t.0)
         };
         let top1 = want_top1 == Some(argmax(&logits));
         let cpu_d = cpu

@@ -45,29 +45,40 @@ struct Acts {
     xq: DeviceQ8Acts,
 }
 
-/// The 8-bit scratch buffer when activations are quantized like the CPU's, else none.
-fn q8(exact: bool, buf: &mut DeviceQ8Acts) -> Option<&mut DeviceQ8Acts> {
-    exact.then_some(buf)
+/// `x` (`rows` rows of `ws[0].cols`) quantized to 8 bits into `buf` as the CPU quantizes it,
+/// once for every quantized matrix in `ws` that reads it (q, k and v read one input, gate and
+/// up another); `None` when activations stay f32 (`exact` off) or no matrix in `ws` is
+/// quantized.
+fn quantize_once<'a>(
+    b: &CudaBackend,
+    exact: bool,
+    ws: &[&DeviceMatrix],
+    x: &CudaSlice<f32>,
+    rows: usize,
+    buf: &'a mut DeviceQ8Acts,
+) -> Result<Option<&'a DeviceQ8Acts>, GpuError> {
+    let quantized = ws.iter().any(|w| w.ty.act_kind() != ActKind::Float);
+    if !(exact && quantized) {
+        return Ok(None);
+    }
+    b.quantize_q8(x, rows * ws[0].cols, buf)?;
+    Ok(Some(buf))
 }
 
-/// `out = w · x` for `rows` rows. A quantized `w` multiplies `x` quantized to 8 bits as the
-/// CPU quantizes it, with the CPU's integer dot products (as llama.cpp and
-/// `pagewarden_kernels::matmul` do) unless `exact_acts` is off, so both backends multiply the
-/// same numbers and pick the same tokens.
+/// `out = w · x` for `rows` rows. A quantized `w` multiplies `xq`, `x` quantized to 8 bits as
+/// the CPU quantizes it, with the CPU's integer dot products (as llama.cpp and
+/// `pagewarden_kernels::matmul` do), so both backends multiply the same numbers and pick the
+/// same tokens; with no `xq` (`exact_acts` off) it multiplies `x` in f32.
 fn mm(
     b: &CudaBackend,
     w: &DeviceMatrix,
     x: &CudaSlice<f32>,
+    xq: Option<&DeviceQ8Acts>,
     rows: usize,
-    exact_acts: Option<&mut DeviceQ8Acts>,
     out: &mut CudaSlice<f32>,
 ) -> Result<(), GpuError> {
-    let quantized = w.ty.act_kind() != ActKind::Float;
-    match exact_acts {
-        Some(xq) if quantized => {
-            b.quantize_q8(x, rows * w.cols, xq)?;
-            b.matmul_q8(w, xq, rows, out)?;
-        }
+    match xq {
+        Some(xq) if w.ty.act_kind() != ActKind::Float => b.matmul_q8(w, xq, rows, out)?,
         Some(_) | None => b.matmul(w, x, rows, out)?,
     }
     Ok(())
@@ -216,9 +227,10 @@ impl GpuModel {
         b.get_rows(&w.token_embd, &plan.ids, &mut a.x)?;
         for (l, lw) in w.layers.iter().enumerate() {
             b.rms_norm(&a.x, &lw.attn_norm, eps, rows, &mut a.xn)?;
-            mm(b, &lw.wq, &a.xn, rows, q8(exact, &mut a.xq), &mut a.q)?;
-            mm(b, &lw.wk, &a.xn, rows, q8(exact, &mut a.xq), &mut a.k)?;
-            mm(b, &lw.wv, &a.xn, rows, q8(exact, &mut a.xq), &mut a.v)?;
+            let xq = quantize_once(b, exact, &[&lw.wq, &lw.wk, &lw.wv], &a.xn, rows, &mut a.xq)?;
+            mm(b, &lw.wq, &a.xn, xq, rows, &mut a.q)?;
+            mm(b, &lw.wk, &a.xn, xq, rows, &mut a.k)?;
+            mm(b, &lw.wv, &a.xn, xq, rows, &mut a.v)?;
             b.rope(&self.rope, &mut a.q, &pos, cfg.heads)?;
             b.rope(&self.rope, &mut a.k, &pos, cfg.kv_heads)?;
             self.kv
@@ -230,20 +242,16 @@ impl GpuModel {
                 queries: &queries,
             };
             b.paged_attention(&self.pool, &att, &a.q, &mut a.att, &mut flags)?;
-            mm(b, &lw.wo, &a.att, rows, q8(exact, &mut a.xq), &mut a.proj)?;
+            let xq = quantize_once(b, exact, &[&lw.wo], &a.att, rows, &mut a.xq)?;
+            mm(b, &lw.wo, &a.att, xq, rows, &mut a.proj)?;
             b.add(&mut a.x, &a.proj, rows * dim)?;
             b.rms_norm(&a.x, &lw.ffn_norm, eps, rows, &mut a.xn)?;
-            mm(b, &lw.gate, &a.xn, rows, q8(exact, &mut a.xq), &mut a.gate)?;
-            mm(b, &lw.up, &a.xn, rows, q8(exact, &mut a.xq), &mut a.up)?;
+            let xq = quantize_once(b, exact, &[&lw.gate, &lw.up], &a.xn, rows, &mut a.xq)?;
+            mm(b, &lw.gate, &a.xn, xq, rows, &mut a.gate)?;
+            mm(b, &lw.up, &a.xn, xq, rows, &mut a.up)?;
             b.swiglu(&mut a.gate, &a.up, rows * ffn)?;
-            mm(
-                b,
-                &lw.down,
-                &a.gate,
-                rows,
-                q8(exact, &mut a.xq),
-                &mut a.proj,
-            )?;
+            let xq = quantize_once(b, exact, &[&lw.down], &a.gate, rows, &mut a.xq)?;
+            mm(b, &lw.down, &a.gate, xq, rows, &mut a.proj)?;
             b.add(&mut a.x, &a.proj, rows * dim)?;
         }
         // Logits of each sequence's last row only.
@@ -263,14 +271,8 @@ impl GpuModel {
         let mut lastn: CudaSlice<f32> = b.zeros(nseq * dim)?;
         b.rms_norm(&last, &w.output_norm, eps, nseq, &mut lastn)?;
         let mut logits: CudaSlice<f32> = b.zeros(nseq * cfg.vocab)?;
-        mm(
-            b,
-            w.output(),
-            &lastn,
-            nseq,
-            q8(exact, &mut a.xq),
-            &mut logits,
-        )?;
+        let xq = quantize_once(b, exact, &[w.output()], &lastn, nseq, &mut a.xq)?;
+        mm(b, w.output(), &lastn, xq, nseq, &mut logits)?;
         let host = b.download(&logits)?;
         let faults = b.read_faults(&flags)?;
         Ok((host, faults))

@@ -1,7 +1,7 @@
 //! The pace the suite has shown the prober: prefill tokens per second over its recent accepted
 //! steps. A step's first-token limit follows it (`LatencyBounds::limit_ms`), so a slow machine
-//! (a 2-core CPU takes 81 s for an 8,183-token prompt) is not taken for a stalled one, while a
-//! stall (a worker frozen for longer than the limit) still is.
+//! (on a 2-core CPU an 8,183-token prompt was seen to take 81 s, over a fixed 60 s limit) is not
+//! taken for a stalled one, while a stall (a worker frozen for longer than the limit) still is.
 //!
 //! The pace is the slowest rate among the last [`WINDOW`] accepted steps of at least
 //! [`MIN_TOKENS`] prompt tokens. A short prompt's time is mostly the request's overhead, so its

@@ -134,11 +134,12 @@ pub struct LatencyBounds {
     pub pace_tokens_per_s: Option<f64>,
 }
 
-/// How many times its expected time (at the measured pace) a step may take. Measured on a
-/// 2-core CPU with SmolLM2: prefill's rate falls by about a quarter from 4,096 to 8,192 tokens
-/// (attention grows with the context), and a busy neighbour taking one of the two cores
-/// halves it again; 4 leaves room for both with a margin, while a worker frozen for several
-/// times a step's normal time is still caught.
+/// How many times its expected time (at the measured pace) a step may take. A step is judged at
+/// the pace of the shorter steps before it, and prefill's rate falls as the context grows
+/// (attention): on a 2-core AMD EPYC with SmolLM2 (debug-built services beside a compiler),
+/// 161 tokens/s at 1,065 tokens and 132 at 2,038, a fifth less for twice the prompt; a busy
+/// neighbour taking one of the two cores can halve it again. 4 leaves room for both with a
+/// margin, while a worker frozen for several times a step's normal time is still caught.
 pub const PACE_FACTOR: f64 = 4.0;
 
 impl LatencyBounds {
