@@ -15,7 +15,7 @@ use std::io::{self, Write};
 use half::f16;
 
 use super::tiny::Rng;
-use super::{GgmlType, GgufFile, GgufWriter, TensorInfo};
+use super::{GgmlType, GgufFile, GgufWriter, TensorEntry};
 
 /// Writes to `out` a GGUF with `like`'s metadata and tensor entries and random weights drawn
 /// from `seed` (same seed, same bytes). `like` may be a header without its tensor data
@@ -25,17 +25,6 @@ use super::{GgmlType, GgufFile, GgufWriter, TensorInfo};
 /// An I/O error, or `InvalidInput` naming a tensor whose type has no random block layout
 /// here (the IQ and ternary types, Q2_K, Q3_K, integers).
 pub fn write_random_like<W: Write>(like: &GgufFile, seed: u64, out: &mut W) -> io::Result<()> {
-    let infos = like.tensors();
-    if let Some(t) = infos.iter().find(|t| block_stats(t.ggml_type).is_none()) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "tensor {}: no random weights of type {} (F32, F16, BF16, Q4_0, Q4_1, Q5_0, \
-                 Q8_0, Q4_K, Q5_K, Q6_K are written)",
-                t.name, t.ggml_type
-            ),
-        ));
-    }
     let mut w = GgufWriter::new();
     w.set_version(like.version());
     for (k, v) in like.metadata().entries() {
@@ -44,13 +33,40 @@ pub fn write_random_like<W: Write>(like: &GgufFile, seed: u64, out: &mut W) -> i
         }
     }
     w.set_alignment(like.alignment());
-    let entries: Vec<(String, Vec<u64>, GgmlType)> = infos
+    let entries: Vec<TensorEntry> = like
+        .tensors()
         .iter()
         .map(|t| (t.name.clone(), t.dims.clone(), t.ggml_type))
         .collect();
+    write_random(&w, &entries, seed, out)
+}
+
+/// Writes to `out` `header`'s metadata and the tensors `entries` names (name, ggml dims,
+/// type, in order) with random weights drawn from `seed`, as [`write_random_like`] does for
+/// another file's entries (the shapes of a model described here, e.g.
+/// [`super::llama_3_2_1b_q4_k_m`]).
+///
+/// # Errors
+/// As [`write_random_like`].
+pub fn write_random<W: Write>(
+    header: &GgufWriter,
+    entries: &[TensorEntry],
+    seed: u64,
+    out: &mut W,
+) -> io::Result<()> {
+    if let Some((name, _, ty)) = entries.iter().find(|t| block_stats(t.2).is_none()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "tensor {name}: no random weights of type {ty} (F32, F16, BF16, Q4_0, Q4_1, Q5_0, \
+                 Q8_0, Q4_K, Q5_K, Q6_K are written)"
+            ),
+        ));
+    }
     let mut rng = Rng(seed);
-    w.write_streamed(out, &entries, |i, buf| {
-        random_tensor(&infos[i], &mut rng, buf)
+    header.write_streamed(out, entries, |i, buf| {
+        let (name, dims, ty) = &entries[i];
+        random_tensor(name, dims, *ty, &mut rng, buf)
     })
 }
 
@@ -76,15 +92,14 @@ fn block_stats(ty: GgmlType) -> Option<(usize, f32)> {
     })
 }
 
-fn random_tensor(t: &TensorInfo, rng: &mut Rng, buf: &mut Vec<u8>) {
-    let n = t.n_elements() as usize;
-    let cols = t.dims.first().copied().unwrap_or(1).max(1) as f32;
+fn random_tensor(name: &str, dims: &[u64], ty: GgmlType, rng: &mut Rng, buf: &mut Vec<u8>) {
+    let n = dims.iter().product::<u64>() as usize;
+    let cols = dims.first().copied().unwrap_or(1).max(1) as f32;
     let sigma = 1.0 / cols.sqrt();
     // Uniform in [-a, a) has standard deviation a / sqrt(3).
     let amp = sigma * 3f32.sqrt();
     let sub_seed = rng.next_u64();
     let floats = || -> Vec<f32> {
-        let name = t.name.as_str();
         let mut r = Rng(sub_seed);
         if name.starts_with("rope_freqs") {
             vec![1.0; n]
@@ -96,7 +111,7 @@ fn random_tensor(t: &TensorInfo, rng: &mut Rng, buf: &mut Vec<u8>) {
             r.vec(n, amp, 0.0)
         }
     };
-    match t.ggml_type {
+    match ty {
         GgmlType::F32 => buf.extend(floats().iter().flat_map(|v| v.to_le_bytes())),
         GgmlType::F16 => buf.extend(
             floats()

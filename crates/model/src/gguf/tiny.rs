@@ -126,7 +126,18 @@ impl Rng {
 /// Writes the tiny vocabulary ([`tiny_vocab`]), its special token ids and the ChatML template
 /// as `w`'s tokenizer metadata.
 pub(crate) fn add_tiny_tokenizer(w: &mut GgufWriter) {
-    let (tokens, types, merges) = tiny_vocab();
+    add_tiny_tokenizer_padded(w, tiny_vocab().0.len());
+}
+
+/// [`add_tiny_tokenizer`] with the vocabulary padded to `len` tokens by plain tokens no text
+/// encodes to (`<pad N>`): a tokenizer for a model whose embedding has a real vocabulary's
+/// rows.
+pub(crate) fn add_tiny_tokenizer_padded(w: &mut GgufWriter, len: usize) {
+    let (mut tokens, mut types, merges) = tiny_vocab();
+    for i in tokens.len()..len {
+        tokens.push(format!("<pad {i}>"));
+        types.push(1);
+    }
     w.add_bool("tokenizer.ggml.add_space_prefix", false)
         .add_bool("tokenizer.ggml.add_bos_token", false)
         .add_str("tokenizer.ggml.model", "gpt2")
