@@ -4,10 +4,14 @@
 //!   `listening` line, killing it on drop; the reference-json and model locations.
 //! - `driver.rs`: a client that drives decode + prefill over gRPC the way the router does.
 //! - `reference.rs`: single-process greedy outputs from `pagewarden_model::Engine`.
+//! - `prompts.rs`: long, marked prompts a small model continues with their marker.
+//! - `up.rs`: `pagewarden up` as a user runs it, its banner read.
 #![warn(missing_docs)]
 
 pub mod driver;
+pub mod prompts;
 pub mod reference;
+pub mod up;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};

@@ -15,6 +15,7 @@ use pagewarden_model::{GgufFile, Tokenizer};
 use pagewarden_proto::convert::reject_reason;
 use pagewarden_proto::v1 as pb;
 use pagewarden_system_tests::driver::{fresh_ref, greedy, Driver};
+use pagewarden_system_tests::prompts::marked_prompt;
 use pagewarden_system_tests::{
     api_key, model_path, start_decode, start_prefill, start_router_with, ModelArg,
 };
@@ -279,26 +280,6 @@ fn context() -> usize {
     match std::env::var("PAGEWARDEN_TEST_CONTEXT") {
         Ok(v) => v.parse().expect("PAGEWARDEN_TEST_CONTEXT: a token count"),
         Err(_) => 2048,
-    }
-}
-
-/// A prompt of about `tokens` tokens (never more) whose continuation is `code`: filler, then
-/// the line `code: CODE` repeated, ending with `code:` (a small model copies the pattern).
-fn marked_prompt(tok: &Tokenizer, code: &str, tokens: usize) -> String {
-    const WORDS: [&str; 8] = [
-        "river", "stone", "lamp", "orchard", "violet", "harbor", "meadow", "copper",
-    ];
-    let tail = format!("\ncode: {code}\ncode: {code}\ncode: {code}\ncode: {code}\ncode:");
-    let head = format!("code: {code}\n");
-    let mut words = tokens;
-    loop {
-        let filler: Vec<&str> = (0..words).map(|i| WORDS[i % WORDS.len()]).collect();
-        let text = format!("{head}{}{tail}", filler.join(" "));
-        let n = tok.encode(&text, true).len();
-        if n <= tokens {
-            return text;
-        }
-        words -= (n - tokens).div_ceil(2).max(1).min(words);
     }
 }
 

@@ -6,164 +6,20 @@
 //! within 30 s of each kill.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pagewarden_system_tests::{bin, model_path};
-use pagewarden_testkit::{eventually, eventually_blocking, poll_until_blocking};
+use pagewarden_system_tests::up::{cmdline, send_signal, Up};
+use pagewarden_testkit::{eventually, eventually_blocking};
 use serde_json::json;
 
 const CLIENTS: usize = 4;
 /// How soon after a kill requests must succeed again.
 const RECOVERY: Duration = Duration::from_secs(30);
-
-/// The running `up`; stopped with SIGTERM (then SIGKILL) when dropped.
-struct Up {
-    child: Child,
-    api: String,
-    keys: BTreeMap<String, String>,
-    /// The auditor UI's base URL and the read-only API token the banner prints.
-    auditor: String,
-    viewer_token: String,
-}
-
-impl Up {
-    /// `up` run in `cwd`, with no `--dir`: its state goes to `cwd/.pw`.
-    fn start(cwd: &Path) -> Up {
-        let mut child = Command::new(bin("pagewarden"))
-            .current_dir(cwd)
-            .env("RUST_LOG", "info")
-            .env_remove("PAGEWARDEN_MODEL")
-            .args(["up", "--no-build", "--probe-interval", "0s"])
-            .args([
-                "--router-addr",
-                "127.0.0.1:0",
-                "--auditor-addr",
-                "127.0.0.1:0",
-            ])
-            .arg("--model")
-            .arg(model_path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting pagewarden up");
-        let (tx, rx) = mpsc::channel();
-        let stdout = child.stdout.take().expect("stdout");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                eprintln!("up| {line}");
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(300);
-        let (mut api, mut keys) = (None, BTreeMap::new());
-        let (mut auditor, mut viewer_token) = (None, None);
-        while api.is_none() || keys.len() < 2 || auditor.is_none() || viewer_token.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = match rx.recv_timeout(left) {
-                Ok(l) => l,
-                Err(_) => {
-                    let _ = child.kill();
-                    panic!("`pagewarden up` printed no banner within 300 s");
-                }
-            };
-            if let Some(url) = line.trim().strip_prefix("API (OpenAI-compatible):") {
-                api = Some(url.trim().trim_end_matches("/v1").to_string());
-            }
-            if let Some(url) = line.trim().strip_prefix("auditor UI:") {
-                auditor = Some(url.trim().trim_end_matches('/').to_string());
-            }
-            if let Some(rest) = line.trim().strip_prefix("read-only API token:") {
-                viewer_token = rest.split_whitespace().next().map(str::to_string);
-            }
-            let words: Vec<&str> = line.split_whitespace().collect();
-            if let [tenant @ ("dev-alice" | "dev-bob"), key] = words[..] {
-                keys.insert(tenant.to_string(), key.to_string());
-            }
-        }
-        // Keep draining stdout so that `up` never blocks on a full pipe.
-        std::thread::spawn(move || while rx.recv().is_ok() {});
-        Up {
-            child,
-            api: api.expect("api"),
-            keys,
-            auditor: auditor.expect("auditor"),
-            viewer_token: viewer_token.expect("viewer token"),
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// `up`'s children by program name (`pagewarden-prefill`, ...).
-    fn children(&self) -> BTreeMap<String, u32> {
-        let mut out = BTreeMap::new();
-        for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            // `pid (comm) state ppid ...`: comm may hold spaces, so split after its ')'.
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
-            if ppid != Some(self.pid())
-                || stat
-                    .rsplit_once(')')
-                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-            {
-                continue;
-            }
-            let argv0 = cmdline(pid).into_iter().next().unwrap_or_default();
-            if let Some(name) = Path::new(&argv0).file_name().and_then(|n| n.to_str()) {
-                out.insert(name.to_string(), pid);
-            }
-        }
-        out
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        send_signal(self.pid(), "TERM");
-        let exited = poll_until_blocking(Duration::from_secs(45), || {
-            self.child.try_wait().ok().flatten()
-        });
-        if exited.is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn cmdline(pid: u32) -> Vec<String> {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| {
-            b.split(|c| *c == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn send_signal(pid: u32, signal: &str) {
-    let _ = Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status();
-}
 
 /// How one request ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,23 +45,6 @@ fn tally<'a>(ends: impl Iterator<Item = &'a End>) -> BTreeMap<String, usize> {
         *t.entry(format!("{e:?}")).or_insert(0) += 1;
     }
     t
-}
-
-/// The model the router serves, as `/v1/models` names it.
-async fn served_model(http: &reqwest::Client, api: &str, key: &str) -> String {
-    let models: serde_json::Value = http
-        .get(format!("{api}/v1/models"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .expect("/v1/models")
-        .json()
-        .await
-        .expect("/v1/models json");
-    models["data"][0]["id"]
-        .as_str()
-        .expect("a served model")
-        .to_string()
 }
 
 async fn one_stream(http: &reqwest::Client, api: &str, key: &str, model: &str, n: usize) -> End {
@@ -356,7 +195,7 @@ async fn up_restarts_killed_workers_and_every_request_in_flight_ends_cleanly() {
     // dir's own modes keep other users out.
     let cwd = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(cwd.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let up = Up::start(cwd.path());
+    let up = Up::start(cwd.path(), &[]);
     let state = cwd.path().join(".pw");
     assert!(
         state.join("keys.toml").is_file(),
@@ -393,7 +232,7 @@ async fn up_restarts_killed_workers_and_every_request_in_flight_ends_cleanly() {
         Some(401),
         "{cache} without a token"
     );
-    let model = served_model(&http, &up.api, up.keys.values().next().expect("a key")).await;
+    let (model, _) = up.served_model(&http).await;
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
