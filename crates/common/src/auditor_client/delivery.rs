@@ -99,6 +99,7 @@ async fn send_once(grpc: &mut GrpcClient<Channel>, r: Report) -> Result<(), Stat
             Report::Integrity(e) => grpc.report_integrity(e).await.map(drop),
             Report::Preflight(p) => grpc.report_preflight(p).await.map(drop),
             Report::Cache(c) => grpc.report_cache(c).await.map(drop),
+            Report::Erasure(e) => grpc.report_erasure(e).await.map(drop),
         }
     };
     tokio::time::timeout(SEND_TIMEOUT, call)
