@@ -232,6 +232,12 @@ mod tests {
         ) -> Result<Response<pb::ReportAck>, Status> {
             self.take(r.into_inner().node)
         }
+        async fn report_erasure(
+            &self,
+            r: Request<pb::ErasureReport>,
+        ) -> Result<Response<pb::ReportAck>, Status> {
+            self.take(r.into_inner().tenant)
+        }
         async fn issue_marker(
             &self,
             _: Request<pb::IssueMarkerRequest>,
