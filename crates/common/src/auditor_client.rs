@@ -40,6 +40,8 @@ pub enum Report {
     Preflight(pb::PreflightReport),
     /// A prefix-cache event (prefill, decode).
     Cache(pb::CacheReport),
+    /// A tenant's prefix-cache erasure (router).
+    Erasure(pb::ErasureReport),
 }
 
 /// The client could not be built.
@@ -152,6 +154,11 @@ impl AuditorClient {
     /// Queues a prefix-cache event; false when it was dropped.
     pub fn report_cache(&self, c: pb::CacheReport) -> bool {
         self.report(Report::Cache(c))
+    }
+
+    /// Queues a prefix-cache erasure's certificate; false when it was dropped.
+    pub fn report_erasure(&self, e: pb::ErasureReport) -> bool {
+        self.report(Report::Erasure(e))
     }
 
     /// What happened to reports so far.

@@ -19,6 +19,8 @@
 //!   `sweep_expired` (I4), all reading the one grant record.
 //! - `prefix`: the prefix cache: hash-chained index per namespace, publish, pin, LRU
 //!   eviction within quotas, reclaim under allocation pressure (I10).
+//! - `erase`: `KvPool::erase_namespace`: one namespace's cached pages out of the index and
+//!   zeroed (at once, or at their last reader's unpin), with a digest of what was erased.
 //! - `shared`: `SharedPages`, read-only pins on cached pages, generation-checked reads.
 //! - `clock`: the pool's clock (`WallClock`; `ManualClock` for tests).
 //! - `checks`: which defenses run (constant `true` outside tests).
@@ -34,6 +36,8 @@
 //!       │  │                  │                  publish_prefix (full prompt pages)
 //!       │  │                  │                            ▼
 //!       │  └─evict: zero, generation + 1── Shared{readers} (pin / unpin; evict at 0 only)
+//!       │  │                                          │ erase_namespace with readers > 0
+//!       │  └─last unpin: zero, generation + 1── Erased{readers} (no new pins)
 //!       │                     │
 //!       │        abort / drop / commit err (revoke: writes fenced)
 //!       │                     ▼
@@ -46,7 +50,7 @@
 //! Every move to Reserved or Readable bumps the page's `Generation`, and so does eviction
 //! from Shared. A page reaches Free only when no write can still land on it and nobody reads
 //! it: Readable pages have no grant; Draining pages wait for the transfer layer's drain
-//! confirmation; Quarantined ones for their peer to be gone; Shared ones for their last
+//! confirmation; Quarantined ones for their peer to be gone; Shared and Erased ones for their last
 //! reader (a Shared page is never written: see `prefix`). A drain or a lost peer reported
 //! while the grant is still live is kept in its record, so the grant's end frees its pages at
 //! once; so does a pool that takes revocation as the drain (`PoolConfig::revocation_drains`).
@@ -71,6 +75,7 @@
 
 mod checks;
 mod clock;
+mod erase;
 mod error;
 mod free_list;
 mod grant;
@@ -89,6 +94,7 @@ mod store;
 mod sync;
 
 pub use clock::{Clock, ManualClock, WallClock};
+pub use erase::{erasure_digest, Erasure};
 pub use error::{CommitError, ReadError, ReserveError, WriteError};
 pub use free_list::FreeList;
 pub use grant::{manifest_digest, page_checksum, CommitManifest, PageWrite, WriteGrant};

@@ -13,7 +13,7 @@ pub struct PoolStats {
     pub reserved: usize,
     /// Owned by a `ReadablePages`.
     pub readable: usize,
-    /// In the prefix cache (pinned or not).
+    /// In the prefix cache (pinned or not), or erased from it and still read (`Erased`).
     pub shared: usize,
     /// Grant revoked, waiting for drain confirmation.
     pub draining: usize,
@@ -93,6 +93,9 @@ counters! {
     prefix_pins,
     /// Prefix cache: pages evicted (zeroed, generation bumped, freed).
     prefix_evictions,
+    /// Prefix cache: pages taken out by `KvPool::erase_namespace` (each also counts in
+    /// `prefix_evictions` when it is zeroed, at once or at its last unpin).
+    prefix_pages_erased,
 }
 
 fn bump(c: &AtomicU64, n: u64) {

@@ -26,6 +26,14 @@ pub enum PageState {
         /// Pins held on the page right now.
         readers: u32,
     },
+    /// Was Shared; its namespace was erased (`KvPool::erase_namespace`) while `readers`
+    /// requests still held pins. Out of the index, so no new pin can be taken; still
+    /// read-only for those readers. The last unpin zeroes it, bumps its generation and frees
+    /// it.
+    Erased {
+        /// Pins still held on the page (at least 1).
+        readers: u32,
+    },
     /// `grant` was revoked; waiting until no write of it can still land.
     Draining {
         /// The revoked grant.
@@ -92,7 +100,8 @@ impl Gauges {
             PageState::Free => None,
             PageState::Reserved { .. } => Some(&self.reserved),
             PageState::Readable => Some(&self.readable),
-            PageState::Shared { .. } => Some(&self.shared),
+            // Erased pages are still shared pages being read; they count as pinned below.
+            PageState::Shared { .. } | PageState::Erased { .. } => Some(&self.shared),
             PageState::Draining { .. } => Some(&self.draining),
             PageState::Quarantined { .. } => Some(&self.quarantined),
         }
@@ -106,7 +115,15 @@ impl Gauges {
         if let Some(c) = self.counter(to) {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        let pinned = |s: PageState| matches!(s, PageState::Shared { readers } if readers > 0);
+        let pinned = |s: PageState| match s {
+            PageState::Shared { readers } => readers > 0,
+            PageState::Erased { .. } => true,
+            PageState::Free
+            | PageState::Reserved { .. }
+            | PageState::Readable
+            | PageState::Draining { .. }
+            | PageState::Quarantined { .. } => false,
+        };
         match (pinned(meta.state), pinned(to)) {
             (true, false) => {
                 self.pinned.fetch_sub(1, Ordering::Relaxed);

@@ -173,6 +173,9 @@ impl Space {
 pub(crate) struct PrefixIndex {
     spaces: HashMap<Namespace, Space>,
     clock: u64,
+    /// The clock at each namespace's last erasure: a request that pinned (looked up) at or
+    /// before it publishes nothing, so no prompt computed before an erasure is cached after it.
+    erased_at: HashMap<Namespace, u64>,
 }
 
 impl PrefixIndex {
@@ -181,6 +184,29 @@ impl PrefixIndex {
         let base = self.clock;
         self.clock += n as u64;
         base
+    }
+
+    /// Takes `namespace`'s entries out of the index, `(page, generation)` each as cached, and
+    /// records the erasure's time on the clock (see `erased_at`).
+    pub(crate) fn remove_space(&mut self, namespace: &Namespace) -> Vec<(PageId, Generation)> {
+        let at = self.stamps(1);
+        self.erased_at.insert(*namespace, at);
+        self.spaces
+            .remove(namespace)
+            .map(|s| {
+                s.entries
+                    .into_values()
+                    .map(|e| (e.page, e.generation))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether `namespace` was erased at or after `pinned_at` (a `SharedPages`' clock).
+    fn erased_since(&self, namespace: &Namespace, pinned_at: u64) -> bool {
+        self.erased_at
+            .get(namespace)
+            .is_some_and(|&at| at >= pinned_at)
     }
 }
 
@@ -203,6 +229,7 @@ impl KvPool {
         let inner = &self.inner;
         let ps = inner.cfg.layout.page_size;
         let mut table = Vec::new();
+        let pinned_at;
         {
             let mut idx = inner.prefix.lock();
             let chain = idx
@@ -211,6 +238,7 @@ impl KvPool {
                 .map(|s| s.walk(namespace, tokens, ps))
                 .unwrap_or_default();
             let base = idx.stamps(chain.len());
+            pinned_at = base;
             if let Some(space) = idx.spaces.get_mut(namespace) {
                 for (i, h) in chain.iter().enumerate() {
                     let Some(e) = space.entries.get(h) else { break };
@@ -225,7 +253,7 @@ impl KvPool {
         }
         inner.metrics.add(|m| &m.prefix_pins, 1);
         inner.metrics.add(|m| &m.prefix_pages_hit, table.len());
-        SharedPages::new(inner.clone(), *namespace, table)
+        SharedPages::new(inner.clone(), *namespace, table, pinned_at)
     }
 
     /// Pages cached under `namespace` right now (pinned or not).
@@ -268,6 +296,12 @@ impl ReadablePages {
         let mut linked = 0;
         if full > 0 {
             let mut idx = pool.prefix.lock();
+            // Pinned before its namespace was erased: the pages stay uncached, freed below.
+            let full = if idx.erased_since(namespace, prefix.pinned_at()) {
+                0
+            } else {
+                full
+            };
             let base = idx.stamps(full);
             let space = idx.spaces.entry(*namespace).or_default();
             let mut parent = PrefixHash::chain(namespace, &tokens[..skip], ps).pop();
@@ -353,6 +387,7 @@ impl PoolInner {
             | PageState::Reserved { .. }
             | PageState::Readable
             | PageState::Shared { .. }
+            | PageState::Erased { .. }
             | PageState::Draining { .. }
             | PageState::Quarantined { .. } => false,
         }
@@ -375,6 +410,7 @@ impl PoolInner {
             | PageState::Reserved { .. }
             | PageState::Readable
             | PageState::Shared { .. }
+            | PageState::Erased { .. }
             | PageState::Draining { .. }
             | PageState::Quarantined { .. } => false,
         }
@@ -385,6 +421,20 @@ impl PoolInner {
     pub(crate) fn unpin_page(&self, page: PageId) {
         let mut meta = self.slots[page.index()].meta.lock();
         match meta.state {
+            // The namespace was erased while this page was read: the last reader frees it.
+            PageState::Erased { readers } if readers <= 1 => {
+                self.evict_locked(page, &mut meta);
+                drop(meta);
+                self.put_free(&[page]);
+            }
+            PageState::Erased { readers } => {
+                self.gauges.transition(
+                    &mut meta,
+                    PageState::Erased {
+                        readers: readers - 1,
+                    },
+                );
+            }
             PageState::Shared { readers } => {
                 debug_assert!(
                     readers > 0 || std::thread::panicking(),
@@ -439,6 +489,7 @@ impl PoolInner {
             | PageState::Reserved { .. }
             | PageState::Readable
             | PageState::Shared { .. }
+            | PageState::Erased { .. }
             | PageState::Draining { .. }
             | PageState::Quarantined { .. } => false,
         }
@@ -447,7 +498,7 @@ impl PoolInner {
     /// Zeroes a locked, unread page, bumps its generation (with its guard word) and moves it
     /// to Free. The zeroing is unconditional, whatever `zero_on_release` says: cached bytes
     /// were another request's prompt.
-    fn evict_locked(&self, page: PageId, meta: &mut PageMeta) {
+    pub(crate) fn evict_locked(&self, page: PageId, meta: &mut PageMeta) {
         let slot = &self.slots[page.index()];
         self.store.zero(page);
         let next = Generation(slot.generation.load(Ordering::Relaxed) + 1);

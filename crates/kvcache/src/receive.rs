@@ -71,6 +71,7 @@ impl PoolInner {
             | PageState::Reserved { .. }
             | PageState::Readable
             | PageState::Shared { .. }
+            | PageState::Erased { .. }
             | PageState::Draining { .. }
             | PageState::Quarantined { .. } => {
                 if !self.check_grant_fencing() && length_ok {

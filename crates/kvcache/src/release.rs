@@ -168,6 +168,7 @@ impl PoolInner {
                 | PageState::Reserved { .. }
                 | PageState::Readable
                 | PageState::Shared { .. }
+                | PageState::Erased { .. }
                 | PageState::Draining { .. }
                 | PageState::Quarantined { .. } => {}
             }

@@ -16,6 +16,8 @@ pub struct SharedPages {
     pool: Arc<PoolInner>,
     namespace: Namespace,
     table: Vec<(PageId, Generation)>,
+    /// The prefix index's clock when the pins were taken (see `PrefixIndex::erased_at`).
+    pinned_at: u64,
 }
 
 impl SharedPages {
@@ -23,12 +25,18 @@ impl SharedPages {
         pool: Arc<PoolInner>,
         namespace: Namespace,
         table: Vec<(PageId, Generation)>,
+        pinned_at: u64,
     ) -> Self {
         Self {
             pool,
             namespace,
             table,
+            pinned_at,
         }
+    }
+
+    pub(crate) fn pinned_at(&self) -> u64 {
+        self.pinned_at
     }
 
     pub(crate) fn pool(&self) -> &Arc<PoolInner> {

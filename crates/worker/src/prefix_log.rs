@@ -1,6 +1,6 @@
 //! What a worker says about its prefix cache (I10): per-tenant metrics, and each hit, miss and
 //! eviction to the auditor, which keeps them per namespace. Prefill and decode both report
-//! through it.
+//! through it, and erase a tenant's namespace through it (`DELETE /v1/cache`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use pagewarden_common::integrity::IntegritySink;
 use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{RequestId, TenantId};
-use pagewarden_kvcache::{KvPool, Published};
+use pagewarden_kvcache::{Erasure, KvPool, Published};
 use parking_lot::Mutex;
 
 /// Namespaces whose last user is remembered; beyond it the memory starts over (an eviction
@@ -79,6 +79,24 @@ impl PrefixCacheLog {
             .prefix_cached(tenant, self.pool.cached_pages(namespace));
         self.evicted(Some(tenant.clone()), namespace, published.evicted);
         self.report_reclaimed();
+    }
+
+    /// Erases `namespace` (the calling `tenant`'s) from the pool's prefix cache
+    /// ([`KvPool::erase_namespace`]): its pages gauge goes to 0 and the erased pages are
+    /// reported as an eviction of the namespace.
+    pub fn erase(&self, tenant: &TenantId, namespace: &Namespace) -> Erasure {
+        let erasure = self.pool.erase_namespace(namespace);
+        self.metrics.prefix_cached(tenant, 0);
+        self.evicted(Some(tenant.clone()), namespace, erasure.entries);
+        tracing::info!(
+            tenant = %tenant,
+            namespace = %namespace,
+            entries = erasure.entries,
+            pages_zeroed = erasure.pages_zeroed,
+            pages_deferred = erasure.pages_deferred,
+            "prefix cache erased"
+        );
+        erasure
     }
 
     fn used_by(&self, namespace: &Namespace, tenant: &TenantId) {

@@ -1,6 +1,6 @@
 //! The workers' proto ↔ domain conversions of the internal plane, once: the write grant
 //! (decode sends it, prefill parses it), the commit manifest (prefill sends it, decode parses
-//! it) and the logprobs. The request reference, the finish reason and the sampling parameters,
+//! it), the logprobs, and a prefix-cache erasure (both parse the request, answer the reply). The request reference, the finish reason and the sampling parameters,
 //! which the router needs too, are `pagewarden_proto::convert`'s.
 //! Malformed input becomes `INVALID_ARGUMENT` here, so nothing past the gRPC layer sees an
 //! unparsed message.
@@ -8,8 +8,9 @@
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pagewarden_common::namespace::Namespace;
+use pagewarden_common::TenantId;
 
-use pagewarden_kvcache::{CommitManifest, Generation, GrantKey, PageId, WriteGrant};
+use pagewarden_kvcache::{CommitManifest, Erasure, Generation, GrantKey, PageId, WriteGrant};
 use pagewarden_model::{Logprob, TokenLogprobs, MAX_TOP_LOGPROBS};
 use pagewarden_proto::v1 as pb;
 use pagewarden_transfer::{GrantSeal, SealMode};
@@ -178,6 +179,29 @@ pub fn namespace(bytes: &[u8]) -> Result<Option<Namespace>, Status> {
             bytes.len()
         ))
     })
+}
+
+/// Parses an `EraseCache` call: the tenant and its namespace, both required.
+pub fn erase_request(m: pb::EraseCacheRequest) -> Result<(TenantId, Namespace), Status> {
+    if m.tenant.is_empty() {
+        return Err(Status::invalid_argument("tenant is required"));
+    }
+    let namespace = namespace(&m.namespace)?
+        .ok_or_else(|| Status::invalid_argument("namespace is required"))?;
+    Ok((TenantId::new(m.tenant), namespace))
+}
+
+/// What worker `node_id` (`role`) erased, for the wire.
+pub fn erase_reply(node_id: &str, role: &str, e: &Erasure) -> pb::EraseCacheReply {
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    pb::EraseCacheReply {
+        node_id: node_id.to_string(),
+        role: role.to_string(),
+        entries: count(e.entries),
+        pages_zeroed: count(e.pages_zeroed),
+        pages_deferred: count(e.pages_deferred),
+        digest: e.digest.to_vec(),
+    }
 }
 
 /// `at` as Unix milliseconds (a grant's expiry on the wire).

@@ -1,8 +1,10 @@
 //! The request parts both workers parse: malformed ones become `INVALID_ARGUMENT` with a
 //! message for the client.
 
+use pagewarden_kvcache::Erasure;
 use pagewarden_model::{Logprob, TokenLogprobs};
-use pagewarden_worker::wire::{logprobs, parse_logprobs, prompt_ids};
+use pagewarden_proto::v1 as pb;
+use pagewarden_worker::wire::{erase_reply, erase_request, logprobs, parse_logprobs, prompt_ids};
 use tonic::Code;
 
 #[test]
@@ -37,4 +39,57 @@ fn logprobs_round_trip_and_refuse_positive_values() {
     assert!(parse_logprobs(Some(&bad)).is_err());
     bad.chosen = None;
     assert!(parse_logprobs(Some(&bad)).is_err());
+}
+
+#[test]
+fn an_erasure_needs_a_tenant_and_a_whole_namespace() {
+    let ok = pb::EraseCacheRequest {
+        namespace: vec![7; 32],
+        tenant: "acme".into(),
+    };
+    let (tenant, namespace) = erase_request(ok.clone()).unwrap();
+    assert_eq!((tenant.as_str(), namespace.as_bytes()), ("acme", &[7; 32]));
+    for (bad, says) in [
+        (
+            pb::EraseCacheRequest {
+                tenant: String::new(),
+                ..ok.clone()
+            },
+            "tenant",
+        ),
+        (
+            pb::EraseCacheRequest {
+                namespace: vec![],
+                ..ok.clone()
+            },
+            "namespace is required",
+        ),
+        (
+            pb::EraseCacheRequest {
+                namespace: vec![7; 31],
+                ..ok.clone()
+            },
+            "31 bytes",
+        ),
+    ] {
+        let e = erase_request(bad).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains(says), "{}", e.message());
+    }
+    let reply = erase_reply(
+        "decode-0",
+        "decode",
+        &Erasure {
+            entries: 3,
+            pages_zeroed: 2,
+            pages_deferred: 1,
+            digest: [9; 32],
+        },
+    );
+    assert_eq!(
+        (reply.node_id.as_str(), reply.role.as_str(), reply.entries),
+        ("decode-0", "decode", 3)
+    );
+    assert_eq!((reply.pages_zeroed, reply.pages_deferred), (2, 1));
+    assert_eq!(reply.digest, vec![9; 32]);
 }

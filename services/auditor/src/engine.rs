@@ -8,12 +8,14 @@ use pagewarden_common::TenantId;
 use serde_json::json;
 
 use crate::domain::{IncidentId, IncidentKind, IntegrityKind, UnixMs};
-use crate::ingest::{SampleBody, ValidCacheEvent, ValidIntegrity, ValidPreflight, ValidSample};
+use crate::ingest::{
+    SampleBody, ValidCacheEvent, ValidErasure, ValidIntegrity, ValidPreflight, ValidSample,
+};
 use crate::markers::{new_marker, ForeignMarker, MarkerRegistry};
 use crate::metrics::Metrics;
 use crate::store::{
-    MarkerRecord, NewCacheEvent, NewIncident, NewIntegrityEvent, NewPreflight, NewSample, Store,
-    StoreError,
+    ErasedWorker, MarkerRecord, NewCacheEvent, NewErasure, NewIncident, NewIntegrityEvent,
+    NewPreflight, NewSample, Store, StoreError,
 };
 
 /// Shared state of a running auditor: the store, the marker index, the counters.
@@ -164,6 +166,31 @@ impl Engine {
             at: UnixMs::now(),
         };
         self.store.insert_cache_event(&rec).await?;
+        Ok(())
+    }
+
+    /// Logs a tenant's prefix-cache erasure with its certificate (counts and digests only).
+    pub async fn ingest_erasure(&self, e: ValidErasure) -> Result<(), StoreError> {
+        let rec = NewErasure {
+            tenant: e.tenant.as_str().to_string(),
+            namespace: e.namespace,
+            digest: e.digest,
+            workers: e
+                .workers
+                .into_iter()
+                .map(|w| ErasedWorker {
+                    node: w.node,
+                    role: w.role,
+                    entries: i64::from(w.entries),
+                    pages_zeroed: i64::from(w.pages_zeroed),
+                    pages_deferred: i64::from(w.pages_deferred),
+                    digest: w.digest,
+                })
+                .collect(),
+            at: UnixMs::now(),
+        };
+        self.store.insert_erasure(&rec).await?;
+        tracing::info!(tenant = %rec.tenant, namespace = %rec.namespace, digest = %rec.digest, "prefix cache erasure logged");
         Ok(())
     }
 

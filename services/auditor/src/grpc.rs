@@ -13,16 +13,18 @@ use pagewarden_proto::v1::auditor_server::Auditor;
 use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
-use crate::ingest::{InvalidReport, ValidCacheEvent, ValidIntegrity, ValidPreflight, ValidSample};
+use crate::ingest::{
+    InvalidReport, ValidCacheEvent, ValidErasure, ValidIntegrity, ValidPreflight, ValidSample,
+};
 use crate::store::{MarkerRecord, StoreError};
 
-/// Which roles may call each RPC: samples come from routers, integrity events, preflight
+/// Which roles may call each RPC: samples and cache erasures come from routers, integrity events, preflight
 /// reports and prefix-cache events from workers, and canary markers (which name every tenant's secrets) are issued and
 /// listed only for routers and the auditor itself. Anything else is refused.
 pub fn caller_policy(path: &str) -> &'static [SuiteRole] {
     const SVC: &str = "/pagewarden.v1.Auditor/";
     match path.strip_prefix(SVC) {
-        Some("ReportSample") => &[SuiteRole::Router],
+        Some("ReportSample") | Some("ReportErasure") => &[SuiteRole::Router],
         Some("ReportIntegrity") | Some("ReportPreflight") | Some("ReportCache") => {
             &[SuiteRole::Prefill, SuiteRole::Decode]
         }
@@ -115,6 +117,18 @@ impl Auditor for AuditorService {
         let e = ValidCacheEvent::try_from(req.into_inner()).map_err(invalid)?;
         self.engine
             .ingest_cache(e)
+            .await
+            .map_err(|e| self.store_failed(e))?;
+        Ok(ack(0))
+    }
+
+    async fn report_erasure(
+        &self,
+        req: Request<pb::ErasureReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let e = ValidErasure::try_from(req.into_inner()).map_err(invalid)?;
+        self.engine
+            .ingest_erasure(e)
             .await
             .map_err(|e| self.store_failed(e))?;
         Ok(ack(0))

@@ -26,6 +26,13 @@ fn request_id(r: Option<&pb::RequestRef>) -> Result<Option<RequestId>, InvalidRe
     }
 }
 
+/// Whether `s` is `len` lowercase hex digits.
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 fn non_empty(s: String) -> Option<String> {
     if s.is_empty() {
         None
@@ -212,11 +219,7 @@ impl TryFrom<pb::CacheReport> for ValidCacheEvent {
             .role
             .parse::<NodeRole>()
             .map_err(|_| bad("role must be \"prefill\" or \"decode\""))?;
-        let tag = m.namespace.len() == 8
-            && m.namespace
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        if !tag {
+        if !is_hex(&m.namespace, 8) {
             return Err(bad(
                 "namespace must be a namespace tag: 8 lowercase hex digits",
             ));
@@ -250,6 +253,96 @@ impl TryFrom<pb::CacheReport> for ValidCacheEvent {
             prompt_tokens: m.prompt_tokens,
             cached_tokens: m.cached_tokens,
             pages: m.pages,
+        })
+    }
+}
+
+/// A tenant's prefix-cache erasure, as the router certified it (`DELETE /v1/cache`).
+#[derive(Clone, Debug)]
+pub struct ValidErasure {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Its namespace's tag: 8 lowercase hex digits.
+    pub namespace: String,
+    /// The certificate's digest: 64 lowercase hex digits.
+    pub digest: String,
+    /// Each worker's part (at least one).
+    pub workers: Vec<ValidErasedWorker>,
+}
+
+/// One worker's part of a [`ValidErasure`].
+#[derive(Clone, Debug)]
+pub struct ValidErasedWorker {
+    /// Its node id.
+    pub node: String,
+    /// Prefill or decode.
+    pub role: NodeRole,
+    /// Cached pages taken out of its index.
+    pub entries: u32,
+    /// Of them, zeroed at once.
+    pub pages_zeroed: u32,
+    /// Of them, zeroed when their last reader lets go.
+    pub pages_deferred: u32,
+    /// Its digest: 64 lowercase hex digits.
+    pub digest: String,
+}
+
+impl TryFrom<pb::ErasureReport> for ValidErasure {
+    type Error = InvalidReport;
+    fn try_from(m: pb::ErasureReport) -> Result<Self, InvalidReport> {
+        if m.tenant.is_empty() {
+            return Err(bad("tenant is required"));
+        }
+        if !is_hex(&m.namespace, 8) {
+            return Err(bad(
+                "namespace must be a namespace tag: 8 lowercase hex digits",
+            ));
+        }
+        if !is_hex(&m.digest, 64) {
+            return Err(bad("digest must be 64 lowercase hex digits"));
+        }
+        if m.workers.is_empty() {
+            return Err(bad("workers: an erasure names at least one worker"));
+        }
+        let workers = m
+            .workers
+            .into_iter()
+            .enumerate()
+            .map(|(i, w)| {
+                if w.node.is_empty() {
+                    return Err(bad(format!("workers[{i}].node is required")));
+                }
+                let role = w.role.parse::<NodeRole>().map_err(|_| {
+                    bad(format!(
+                        "workers[{i}].role must be \"prefill\" or \"decode\""
+                    ))
+                })?;
+                if !is_hex(&w.digest, 64) {
+                    return Err(bad(format!(
+                        "workers[{i}].digest must be 64 lowercase hex digits"
+                    )));
+                }
+                if u64::from(w.entries) != u64::from(w.pages_zeroed) + u64::from(w.pages_deferred) {
+                    return Err(bad(format!(
+                        "workers[{i}]: {} entries but {} pages zeroed and {} deferred",
+                        w.entries, w.pages_zeroed, w.pages_deferred
+                    )));
+                }
+                Ok(ValidErasedWorker {
+                    node: w.node,
+                    role,
+                    entries: w.entries,
+                    pages_zeroed: w.pages_zeroed,
+                    pages_deferred: w.pages_deferred,
+                    digest: w.digest,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ValidErasure {
+            tenant: TenantId::new(m.tenant),
+            namespace: m.namespace,
+            digest: m.digest,
+            workers,
         })
     }
 }

@@ -163,6 +163,25 @@ impl Decode for DecodeService {
         Ok(Response::new(pb::AbortReply { found }))
     }
 
+    async fn erase_cache(
+        &self,
+        request: Request<pb::EraseCacheRequest>,
+    ) -> Result<Response<pb::EraseCacheReply>, Status> {
+        let (tenant, namespace) = convert::erase_request(request.into_inner())?;
+        let erasure = self
+            .ask(|reply| Command::EraseCache {
+                tenant,
+                namespace,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(convert::erase_reply(
+            &self.info.node_id,
+            "decode",
+            &erasure,
+        )))
+    }
+
     async fn info(
         &self,
         _request: Request<pb::InfoRequest>,

@@ -10,7 +10,7 @@ use pagewarden_common::telemetry::accept_trace_context;
 use pagewarden_common::{AttemptId, RequestId};
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::prefill_server::Prefill;
-use pagewarden_worker::WorkerError;
+use pagewarden_worker::{wire, WorkerError};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -155,6 +155,19 @@ impl Prefill for PrefillService {
             tracing::info!(request = %req, reason = %m.reason, "prefill aborted");
         }
         Ok(Response::new(pb::AbortReply { found }))
+    }
+
+    async fn erase_cache(
+        &self,
+        request: Request<pb::EraseCacheRequest>,
+    ) -> Result<Response<pb::EraseCacheReply>, Status> {
+        let (tenant, namespace) = wire::erase_request(request.into_inner())?;
+        let erasure = self.deps.prefix_log.erase(&tenant, &namespace);
+        Ok(Response::new(wire::erase_reply(
+            &self.info.node_id,
+            "prefill",
+            &erasure,
+        )))
     }
 
     async fn info(

@@ -1,11 +1,13 @@
-//! `AuditorSampleSink`: sends every finished response to the auditor through
-//! [`AuditorClient`] (bounded buffer, never blocks; drops and counts when full).
+//! `AuditorSampleSink`: sends every finished response, and every cache erasure's certificate,
+//! to the auditor through [`AuditorClient`] (bounded buffer, never blocks; drops and counts
+//! when full).
 
 use pagewarden_common::auditor_client::AuditorClient;
 use pagewarden_common::AttemptId;
 use pagewarden_proto::convert::request_ref;
 use pagewarden_proto::v1 as pb;
 
+use crate::erasure::CacheErasure;
 use crate::sample::{ResponseSample, SampleSink};
 
 /// Reports each offered sample to the auditor.
@@ -51,9 +53,34 @@ pub fn sample_report(s: ResponseSample) -> pb::SampleReport {
     }
 }
 
+/// The wire form of an erasure's certificate.
+pub fn erasure_report(c: &CacheErasure) -> pb::ErasureReport {
+    pb::ErasureReport {
+        tenant: c.tenant.clone(),
+        namespace: c.namespace.clone(),
+        workers: c
+            .workers
+            .iter()
+            .map(|w| pb::ErasedWorker {
+                node: w.worker.clone(),
+                role: w.role.to_string(),
+                entries: w.entries,
+                pages_zeroed: w.pages_zeroed,
+                pages_deferred: w.pages_deferred,
+                digest: w.digest.clone(),
+            })
+            .collect(),
+        digest: c.digest.clone(),
+    }
+}
+
 impl SampleSink for AuditorSampleSink {
     fn offer(&self, sample: ResponseSample) {
         self.client.report_sample(sample_report(sample));
+    }
+
+    fn erased(&self, certificate: &CacheErasure) {
+        self.client.report_erasure(erasure_report(certificate));
     }
 }
 

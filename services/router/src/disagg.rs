@@ -3,7 +3,8 @@
 //! the [`Generation`] it returns; a generation dropped before its end aborts whatever it holds.
 //!
 //! [`GrpcDisagg`] is the suite's: each choice a [`Flight`] (decode's `Reserve`, prefill's
-//! `Prefill`, decode's `Generate`, the abort guard) over the worker pool. Tests serve the
+//! `Prefill`, decode's `Generate`, the abort guard) over the worker pool, and a tenant's
+//! cache erasure on every worker ([`crate::erasure`]). Tests serve the
 //! router over [`InMemoryDisagg`](crate::in_memory::InMemoryDisagg) instead: no gRPC server, no
 //! model.
 
@@ -11,9 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use pagewarden_common::namespace::Namespace;
 use pagewarden_common::{RequestId, TenantId};
 
 use crate::dispatch::{DispatchConfig, Flight, Job, Token};
+use crate::erasure::{erase_everywhere, WorkerErasure};
 use crate::error::RouterError;
 use crate::metrics::Metrics;
 use crate::workers::WorkerPool;
@@ -26,6 +29,14 @@ pub trait Disagg: Send + Sync {
 
     /// Dispatches one choice. Sends nothing yet: the first [`Generation::next`] does.
     fn dispatch(&self, job: Job) -> Result<Box<dyn Generation>, RouterError>;
+
+    /// Erases `tenant`'s `namespace` from every worker's prefix cache; each worker's part of
+    /// the certificate, or an error naming a worker that did not confirm.
+    fn erase_cache<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        namespace: Namespace,
+    ) -> BoxFuture<'a, Result<Vec<WorkerErasure>, RouterError>>;
 }
 
 /// One dispatched choice.
@@ -83,6 +94,14 @@ impl Disagg for GrpcDisagg {
     fn dispatch(&self, job: Job) -> Result<Box<dyn Generation>, RouterError> {
         let flight = Flight::start(&self.pool, self.cfg, self.metrics.clone(), job)?;
         Ok(Box::new(flight))
+    }
+
+    fn erase_cache<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        namespace: Namespace,
+    ) -> BoxFuture<'a, Result<Vec<WorkerErasure>, RouterError>> {
+        Box::pin(async move { erase_everywhere(&self.pool, tenant, &namespace).await })
     }
 }
 

@@ -146,6 +146,24 @@ pub enum RouterError {
         /// What happened.
         message: String,
     },
+    /// A worker did not confirm the erasure of the tenant's prefix cache (`DELETE /v1/cache`).
+    #[error(
+        "the cache erasure is incomplete: the {half} worker {worker} did not confirm it \
+         ({message}){more}; the workers that answered have erased, and erasing again is \
+         harmless: retry",
+        half = .half.as_str(),
+        more = if *.others > 0 { format!(", nor did {} other worker(s)", .others) } else { String::new() }
+    )]
+    EraseIncomplete {
+        /// Its half.
+        half: Half,
+        /// Its node id and URL (or URL alone, when no poll has told its id).
+        worker: String,
+        /// Why.
+        message: String,
+        /// How many other workers did not confirm either.
+        others: usize,
+    },
     /// The request ran past `--request-timeout`.
     #[error("the request did not finish within {0:?}")]
     Timeout(Duration),
@@ -281,6 +299,12 @@ impl RouterError {
                 StatusCode::BAD_GATEWAY,
                 "server_error",
                 Some("worker_failed"),
+                None,
+            ),
+            E::EraseIncomplete { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                Some("erasure_incomplete"),
                 None,
             ),
             E::Timeout(_) => (

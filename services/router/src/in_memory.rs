@@ -1,15 +1,19 @@
 //! [`InMemoryDisagg`]: a [`Disagg`] without workers, for tests of the router (and of what is
 //! built on it) that need no gRPC server and no model. Every choice replies with the same
 //! scripted token texts, then ends with `stop`; `max_tokens` cuts it with `length`, as the
-//! workers would. Every job it was given is kept for the test to read.
+//! workers would. Every job it was given is kept for the test to read, and so is every cache
+//! erasure (which erases nothing: it answers one empty part per half).
 
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
+use pagewarden_common::namespace::Namespace;
+use pagewarden_common::TenantId;
 use pagewarden_model::FinishReason;
 
 use crate::disagg::{Disagg, Generation, Summary};
 use crate::dispatch::{Job, Token};
+use crate::erasure::WorkerErasure;
 use crate::error::RouterError;
 
 /// What one dispatched choice was asked, as the test reads it.
@@ -30,6 +34,7 @@ pub struct InMemoryDisagg {
     context: u32,
     reply: Vec<String>,
     seen: Arc<Mutex<Vec<SeenJob>>>,
+    erased: Arc<Mutex<Vec<(TenantId, Namespace)>>>,
 }
 
 impl InMemoryDisagg {
@@ -40,7 +45,16 @@ impl InMemoryDisagg {
             context,
             reply: reply.iter().map(|s| s.to_string()).collect(),
             seen: Arc::default(),
+            erased: Arc::default(),
         }
+    }
+
+    /// Every cache erasure asked so far: the tenant and the namespace the router derived.
+    pub fn erased(&self) -> Vec<(TenantId, Namespace)> {
+        self.erased
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Every job dispatched so far, in order.
@@ -52,6 +66,26 @@ impl InMemoryDisagg {
 impl Disagg for InMemoryDisagg {
     fn effective_context(&self) -> Result<u32, RouterError> {
         Ok(self.context)
+    }
+
+    fn erase_cache<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        namespace: Namespace,
+    ) -> BoxFuture<'a, Result<Vec<WorkerErasure>, RouterError>> {
+        self.erased
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((tenant.clone(), namespace));
+        let part = |role| WorkerErasure {
+            worker: format!("in-memory-{role}"),
+            role,
+            entries: 0,
+            pages_zeroed: 0,
+            pages_deferred: 0,
+            digest: "00".repeat(32),
+        };
+        Box::pin(async move { Ok(vec![part("prefill"), part("decode")]) })
     }
 
     fn dispatch(&self, job: Job) -> Result<Box<dyn Generation>, RouterError> {

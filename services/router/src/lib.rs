@@ -16,6 +16,7 @@
 //! - `disagg.rs`: the seam to the workers: `trait Disagg` (effective context, dispatch of one choice) and `GrpcDisagg`
 //! - `in_memory.rs`: `InMemoryDisagg`, the seam without workers or model, for tests
 //! - `dispatch.rs`: the request state enum: Reserve → Prefill → Generate → tokens (`Flight`, `GrpcDisagg`'s generation)
+//! - `erasure.rs`: `DELETE /v1/cache`: the tenant's prefix cache erased on every worker, and its certificate
 //! - `guard.rs`: `AbortGuard`, whose drop aborts both halves
 //! - `choices.rs`: a request's `n` choices, each a `Flight` driven by its own task, the later ones after the first's prompt is cached
 //! - `respond.rs`: the shared path from tokens to a response (full JSON or stream)
@@ -29,8 +30,8 @@
 //! - `error.rs`: `RouterError` and its one mapping to status + OpenAI error body
 //! - `metrics.rs`: `pagewarden_router_*` Prometheus metrics and vLLM's request metrics
 //! - `telemetry.rs`: trace context into gRPC metadata
-//! - `sample.rs`: `SampleSink`, the auditor's sampling hook (no-op default)
-//! - `auditor_sink.rs`: `AuditorSampleSink`, the `SampleSink` that reports to the auditor
+//! - `sample.rs`: `SampleSink`, the auditor's hook for samples and cache erasures (no-op default)
+//! - `auditor_sink.rs`: `AuditorSampleSink`, the `SampleSink` that reports to the auditor (samples, erasures)
 #![warn(missing_docs)]
 
 // The defense switches are for the system tests' debug build only, never a release build.
@@ -48,6 +49,7 @@ pub mod config;
 pub mod disagg;
 pub mod discovery;
 pub mod dispatch;
+pub mod erasure;
 pub mod error;
 pub mod extract;
 pub mod frontend;

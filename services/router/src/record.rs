@@ -143,7 +143,9 @@ impl Drop for Record {
 pub fn outcome_of(e: &RouterError) -> Outcome {
     match e {
         RouterError::Timeout(_) => Outcome::TimedOut,
-        RouterError::Worker { .. } | RouterError::Internal(_) => Outcome::Failed,
+        RouterError::Worker { .. }
+        | RouterError::EraseIncomplete { .. }
+        | RouterError::Internal(_) => Outcome::Failed,
         RouterError::Unauthorized(_)
         | RouterError::PayloadTooLarge { .. }
         | RouterError::InvalidUtf8(_)

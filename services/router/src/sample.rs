@@ -1,9 +1,12 @@
-//! The auditor's sampling hook: every finished response is offered to a [`SampleSink`]; the
-//! default does nothing. The launcher wires the auditor's client in.
+//! The auditor's hook: every finished response is offered to a [`SampleSink`], and every
+//! prefix-cache erasure's certificate told to it; the default does nothing. The launcher wires
+//! the auditor's client in.
 
 use std::time::Duration;
 
 use pagewarden_common::{RequestId, TenantId};
+
+use crate::erasure::CacheErasure;
 
 /// One finished response, as the auditor scans it for other tenants' canary markers.
 #[derive(Clone, Debug)]
@@ -31,6 +34,11 @@ pub trait SampleSink: Send + Sync + 'static {
     /// Offered every finished response; the sink decides whether to keep it.
     fn offer(&self, sample: ResponseSample) {
         let _ = sample;
+    }
+
+    /// Told every completed cache erasure (`DELETE /v1/cache`), to be logged.
+    fn erased(&self, certificate: &CacheErasure) {
+        let _ = certificate;
     }
 }
 

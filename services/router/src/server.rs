@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -17,6 +17,7 @@ use crate::access;
 use crate::config::{ModelSource, RouterConfig};
 use crate::disagg::{Disagg, GrpcDisagg};
 use crate::dispatch::DispatchConfig;
+use crate::erasure;
 use crate::error::{Half, RouterError};
 use crate::frontend::{Frontend, FrontendError};
 use crate::handlers;
@@ -164,6 +165,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/models", get(handlers::models))
+        .route("/v1/cache", delete(erasure::erase_cache))
         .route("/v1/models/{*id}", get(handlers::model))
         .route("/v1/embeddings", any(handlers::embeddings))
         .route("/v1/responses", any(handlers::responses))

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::fakes::{fake_text, FakeOpts};
 use common::{expect_error, sse_data, Harness, Opts, KEY, OTHER_KEY};
+use pagewarden_common::TenantId;
 use pagewarden_router::discovery::Resolve;
 use pagewarden_testkit::{eventually, poll_until};
 use serde_json::{json, Value};
@@ -926,4 +927,104 @@ async fn a_stream_opens_before_prefill_ends() {
     assert_eq!(h.decode[0].calls.lock().generate.len(), 0, "no token yet");
     drop(r);
     assert!(h.prefill[0].wait_abort().await.is_some());
+}
+
+async fn delete_cache(h: &Harness, key: Option<&str>) -> reqwest::Response {
+    let mut req = h.client.delete(h.url("/v1/cache"));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn erasing_the_cache_asks_every_worker_for_the_callers_own_namespace() {
+    let h = Harness::start(Opts {
+        prefill: vec![FakeOpts::default(), FakeOpts::default()],
+        ..Opts::default()
+    })
+    .await;
+    let r = delete_cache(&h, Some(KEY)).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "cache.erasure");
+    assert_eq!(v["tenant"], "alpha");
+    let alpha = h.state.tenants.namespace(&TenantId::new("alpha"));
+    assert_eq!(v["namespace"], alpha.tag());
+    let workers = v["workers"].as_array().unwrap();
+    let roles: Vec<&str> = workers
+        .iter()
+        .map(|w| w["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["prefill", "prefill", "decode"]);
+    for w in workers {
+        assert_eq!(w["worker"], format!("fake-{}", w["role"].as_str().unwrap()));
+        assert_eq!(
+            (&w["entries"], &w["pages_zeroed"], &w["pages_deferred"]),
+            (&json!(3), &json!(2), &json!(1))
+        );
+        assert_eq!(w["digest"].as_str().unwrap().len(), 64);
+    }
+    assert_eq!(v["digest"].as_str().unwrap().len(), 64);
+    for fake in h.prefill.iter().chain(&h.decode) {
+        let asked = fake.erasures();
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].tenant, "alpha");
+        assert_eq!(asked[0].namespace, alpha.as_bytes().to_vec());
+    }
+
+    // Beta erases its own namespace, never alpha's.
+    let r = delete_cache(&h, Some(OTHER_KEY)).await;
+    assert_eq!(r.status(), 200);
+    let beta = h.state.tenants.namespace(&TenantId::new("beta"));
+    assert_ne!(alpha, beta);
+    let asked = h.decode[0].erasures();
+    assert_eq!(asked[1].tenant, "beta");
+    assert_eq!(asked[1].namespace, beta.as_bytes().to_vec());
+}
+
+#[tokio::test]
+async fn erasing_the_cache_needs_a_key_and_the_delete_method() {
+    let h = Harness::start(Opts::default()).await;
+    let err = expect_error(delete_cache(&h, None).await, 401).await;
+    assert_eq!(err["code"], "invalid_api_key");
+    let err = expect_error(delete_cache(&h, Some("sk-nobody")).await, 401).await;
+    assert_eq!(err["code"], "invalid_api_key");
+    let err = expect_error(h.get("/v1/cache").await, 405).await;
+    assert_eq!(err["code"], "method_not_allowed");
+    assert!(h.decode[0].erasures().is_empty() && h.prefill[0].erasures().is_empty());
+}
+
+#[tokio::test]
+async fn a_worker_that_does_not_confirm_fails_the_erasure_and_is_named() {
+    // A decode worker nobody listens on.
+    let dead = "http://127.0.0.1:9".to_string();
+    let h = Harness::start(Opts {
+        dead_decode: vec![dead.clone()],
+        ..Opts::default()
+    })
+    .await;
+    let err = expect_error(delete_cache(&h, Some(KEY)).await, 503).await;
+    assert_eq!(err["code"], "erasure_incomplete");
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("the decode worker {dead}")),
+        "{message}"
+    );
+    // The live ones were asked (and erased) all the same.
+    assert_eq!(h.decode[0].erasures().len(), 1);
+
+    // A worker that answers with an error is named by its node id.
+    let h = Harness::start(Opts {
+        prefill: vec![FakeOpts {
+            fail_erase: Some(tonic::Code::Internal),
+            ..FakeOpts::default()
+        }],
+        ..Opts::default()
+    })
+    .await;
+    let err = expect_error(delete_cache(&h, Some(KEY)).await, 503).await;
+    let message = err["message"].as_str().unwrap();
+    assert!(message.contains("prefill worker fake-prefill"), "{message}");
+    assert!(message.contains("fake erase fails"), "{message}");
 }

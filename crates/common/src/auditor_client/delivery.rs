@@ -99,6 +99,7 @@ async fn send_once(grpc: &mut GrpcClient<Channel>, r: Report) -> Result<(), Stat
             Report::Integrity(e) => grpc.report_integrity(e).await.map(drop),
             Report::Preflight(p) => grpc.report_preflight(p).await.map(drop),
             Report::Cache(c) => grpc.report_cache(c).await.map(drop),
+            Report::Erasure(e) => grpc.report_erasure(e).await.map(drop),
         }
     };
     tokio::time::timeout(SEND_TIMEOUT, call)
@@ -230,6 +231,12 @@ mod tests {
             r: Request<pb::CacheReport>,
         ) -> Result<Response<pb::ReportAck>, Status> {
             self.take(r.into_inner().node)
+        }
+        async fn report_erasure(
+            &self,
+            r: Request<pb::ErasureReport>,
+        ) -> Result<Response<pb::ReportAck>, Status> {
+            self.take(r.into_inner().tenant)
         }
         async fn issue_marker(
             &self,

@@ -7,7 +7,9 @@
 //! - `events`: samples, integrity events (routine counts included), preflight reports, markers,
 //!   the integrity series.
 //! - `probes`: probe runs and their per-step results.
+//! - `erasures`: tenants' prefix-cache erasures and their certificates.
 
+mod erasures;
 mod events;
 mod incidents;
 mod probes;
@@ -19,6 +21,7 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::{AnyPool, Row};
 
+pub use erasures::{ErasedWorker, ErasureRecord, NewErasure};
 pub use records::*;
 
 use crate::domain::{IncidentId, IncidentStatus, UnknownValue};

@@ -12,8 +12,8 @@ use super::{AppState, SignoffAction, WebError};
 use crate::accounts::Principal;
 use crate::domain::{IncidentId, SweepKind, UnixMs};
 use crate::store::{
-    CacheTotals, Incident, IncidentPoint, NodeStatus, ProbeResult, ProbeRun, RoutineCount,
-    SamplePoint, SampleTotals, SeriesPoint,
+    CacheTotals, ErasureRecord, Incident, IncidentPoint, NodeStatus, ProbeResult, ProbeRun,
+    RoutineCount, SamplePoint, SampleTotals, SeriesPoint,
 };
 
 /// How far back the prompt-length charts (probe steps, sampled traffic) look.
@@ -80,6 +80,16 @@ pub async fn nodes(State(st): State<AppState>) -> Result<Json<Vec<NodeStatus>>, 
 /// Prefix-cache events per role and tenant (the workers' hits, misses and evictions).
 pub async fn cache(State(st): State<AppState>) -> Result<Json<Vec<CacheTotals>>, WebError> {
     Ok(Json(st.engine.store().cache_totals().await?))
+}
+
+/// `GET /api/erasures?limit=`: the newest tenants' prefix-cache erasures (default 50, at most
+/// 500), each with its certificate: per-worker counts and digests.
+pub async fn erasures(
+    State(st): State<AppState>,
+    Query(q): Query<LimitQuery>,
+) -> Result<Json<Vec<ErasureRecord>>, WebError> {
+    let limit = q.limit.unwrap_or(50).clamp(1, 500);
+    Ok(Json(st.engine.store().erasures(limit).await?))
 }
 
 /// A run with its steps.

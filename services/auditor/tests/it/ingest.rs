@@ -566,3 +566,79 @@ async fn health_answers_503_while_the_database_is_down() {
     let body = resp.text().await.unwrap();
     assert!(body.contains("database unavailable"), "{body}");
 }
+
+#[tokio::test]
+async fn cache_erasures_are_logged_with_their_certificates() {
+    let r = start().await;
+    let mut g = grpc(&r).await;
+    let part = |node: &str, role: &str, entries, zeroed, deferred| pb::ErasedWorker {
+        node: node.into(),
+        role: role.into(),
+        entries,
+        pages_zeroed: zeroed,
+        pages_deferred: deferred,
+        digest: "0f".repeat(32),
+    };
+    let report = pb::ErasureReport {
+        tenant: "alice".into(),
+        namespace: "a1b2c3d4".into(),
+        workers: vec![
+            part("p-0", "prefill", 4, 4, 0),
+            part("d-0", "decode", 5, 3, 2),
+        ],
+        digest: "e5".repeat(32),
+    };
+    let ack = g.report_erasure(report.clone()).await.unwrap().into_inner();
+    assert_eq!(ack.incidents_opened, 0);
+    let logged = get_json(format!("http://{}/api/erasures", r.http_addr)).await;
+    let rows = logged.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{logged}");
+    let e = &rows[0];
+    assert_eq!(
+        (&e["tenant"], &e["namespace"], &e["digest"]),
+        (&json!("alice"), &json!("a1b2c3d4"), &json!("e5".repeat(32)))
+    );
+    assert!(e["at"].as_i64().is_some_and(|at| at > 0), "{e}");
+    assert_eq!(
+        e["workers"],
+        json!([
+            {"node": "p-0", "role": "prefill", "entries": 4, "pages_zeroed": 4, "pages_deferred": 0, "digest": "0f".repeat(32)},
+            {"node": "d-0", "role": "decode", "entries": 5, "pages_zeroed": 3, "pages_deferred": 2, "digest": "0f".repeat(32)},
+        ])
+    );
+
+    // No tenant, a namespace key instead of its tag, no worker, counts that do not add up, an
+    // unknown role, a short digest: each is refused and nothing is logged.
+    for bad in [
+        pb::ErasureReport {
+            tenant: String::new(),
+            ..report.clone()
+        },
+        pb::ErasureReport {
+            namespace: "a1b2c3d4".repeat(8),
+            ..report.clone()
+        },
+        pb::ErasureReport {
+            workers: vec![],
+            ..report.clone()
+        },
+        pb::ErasureReport {
+            workers: vec![part("d-0", "decode", 5, 3, 1)],
+            ..report.clone()
+        },
+        pb::ErasureReport {
+            workers: vec![part("x-0", "router", 0, 0, 0)],
+            ..report.clone()
+        },
+        pb::ErasureReport {
+            digest: "e5".into(),
+            ..report.clone()
+        },
+    ] {
+        let err = g.report_erasure(bad).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    }
+    let logged = get_json(format!("http://{}/api/erasures", r.http_addr)).await;
+    assert_eq!(logged.as_array().map(Vec::len), Some(1), "{logged}");
+    r.shutdown().await;
+}

@@ -5,9 +5,9 @@ use pagewarden_auditor::domain::{
     ProbeRunStatus, SampleStatus, Severity, SweepKind, UnixMs,
 };
 use pagewarden_auditor::store::{
-    Backend, CacheTotals, IncidentFilter, MarkerRecord, NewCacheEvent, NewIncident,
-    NewIntegrityEvent, NewPreflight, NewSample, ProbeResult, ProbeRunEnd, Store, StoreError,
-    Window,
+    Backend, CacheTotals, ErasedWorker, IncidentFilter, MarkerRecord, NewCacheEvent, NewErasure,
+    NewIncident, NewIntegrityEvent, NewPreflight, NewSample, ProbeResult, ProbeRunEnd, Store,
+    StoreError, Window,
 };
 
 use crate::pg::TempPostgres;
@@ -355,7 +355,57 @@ async fn suite(store: Store) {
 
     issue_19(&store).await;
     cache_events(&store).await;
+    erasures(&store).await;
     store.close().await;
+}
+
+/// Cache erasures: stored with their workers' parts and read back newest first; a part whose
+/// counts do not add up, or a digest of another length, is refused by the schema, and
+/// nothing of that erasure is stored.
+async fn erasures(store: &Store) {
+    let part = |node: &str, role, entries, zeroed, deferred| ErasedWorker {
+        node: node.into(),
+        role,
+        entries,
+        pages_zeroed: zeroed,
+        pages_deferred: deferred,
+        digest: "ab".repeat(32),
+    };
+    let erasure = |tenant: &str, at, workers| NewErasure {
+        tenant: tenant.into(),
+        namespace: "a1b2c3d4".into(),
+        digest: "cd".repeat(32),
+        workers,
+        at: UnixMs(at),
+    };
+    let first = erasure(
+        "t",
+        10_000,
+        vec![
+            part("p-0", NodeRole::Prefill, 5, 5, 0),
+            part("d-0", NodeRole::Decode, 6, 4, 2),
+        ],
+    );
+    let id = store.insert_erasure(&first).await.unwrap();
+    let second = erasure("u", 11_000, vec![part("d-0", NodeRole::Decode, 0, 0, 0)]);
+    store.insert_erasure(&second).await.unwrap();
+    let bad = erasure("v", 12_000, vec![part("d-0", NodeRole::Decode, 3, 1, 1)]);
+    assert!(store.insert_erasure(&bad).await.is_err());
+    let mut short = erasure("w", 12_000, vec![]);
+    short.digest = "cd".into();
+    assert!(store.insert_erasure(&short).await.is_err());
+
+    let got = store.erasures(10).await.unwrap();
+    let tenants: Vec<&str> = got.iter().map(|e| e.tenant.as_str()).collect();
+    assert_eq!(tenants, ["u", "t"]);
+    let t = &got[1];
+    assert_eq!(
+        (t.id, t.at, t.digest.as_str()),
+        (id, UnixMs(10_000), first.digest.as_str())
+    );
+    assert_eq!(t.namespace, "a1b2c3d4");
+    assert_eq!(t.workers, first.workers);
+    assert_eq!(store.erasures(1).await.unwrap().len(), 1);
 }
 
 /// Prefix-cache events: every kind the CHECK accepts, totals per role and tenant (sums as

@@ -41,7 +41,7 @@ use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::namespace::Namespace;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
-use pagewarden_kvcache::{CommitError, KvPool, Owner};
+use pagewarden_kvcache::{CommitError, Erasure, KvPool, Owner};
 use pagewarden_model::{Sampled, SamplingParams, Tokenizer};
 use pagewarden_worker::{
     Compute, ComputeError, FairQueue, PrefixCacheLog, QueueRefusal, WorkerError,
@@ -89,6 +89,13 @@ pub enum Command {
     Withdraw { req: RequestId, attempt: AttemptId },
     /// Requests holding pages, and requests waiting.
     Load { reply: oneshot::Sender<Load> },
+    /// Erases `tenant`'s namespace from the prefix cache (pages its running sequences read
+    /// are zeroed when they let go).
+    EraseCache {
+        tenant: TenantId,
+        namespace: Namespace,
+        reply: oneshot::Sender<Erasure>,
+    },
 }
 
 /// What `Info` reports about the scheduler.
@@ -330,6 +337,13 @@ impl Scheduler {
                     queued: self.queue.len(),
                     draining: self.draining.is_some(),
                 });
+            }
+            Command::EraseCache {
+                tenant,
+                namespace,
+                reply,
+            } => {
+                let _ = reply.send(self.deps.prefix_log.erase(&tenant, &namespace));
             }
         }
         self.admit_waiting();

@@ -10,9 +10,9 @@ use futures::Stream;
 use pagewarden_proto::v1::decode_server::{Decode, DecodeServer};
 use pagewarden_proto::v1::prefill_server::{Prefill, PrefillServer};
 use pagewarden_proto::v1::{
-    AbortReply, AbortRequest, CommitManifest, FinishReason, GenerateRequest, GrantPage,
-    InfoRequest, PrefillReply, PrefillRequest, RequestRef, ReserveReply, ReserveRequest,
-    TokenEvent, WorkerInfo, WriteGrant,
+    AbortReply, AbortRequest, CommitManifest, EraseCacheReply, EraseCacheRequest, FinishReason,
+    GenerateRequest, GrantPage, InfoRequest, PrefillReply, PrefillRequest, RequestRef,
+    ReserveReply, ReserveRequest, TokenEvent, WorkerInfo, WriteGrant,
 };
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -42,6 +42,8 @@ pub struct FakeOpts {
     /// Decode: the reply's token texts, then an end-of-generation marker (finish STOP), in
     /// place of `fake_text` (`max_tokens` still cuts it, finish LENGTH).
     pub script: Option<Vec<String>>,
+    /// EraseCache fails with this status.
+    pub fail_erase: Option<tonic::Code>,
 }
 
 impl Default for FakeOpts {
@@ -58,6 +60,7 @@ impl Default for FakeOpts {
             hang_prefill: false,
             info_fails: false,
             script: None,
+            fail_erase: None,
         }
     }
 }
@@ -69,6 +72,7 @@ pub struct Calls {
     pub prefill: Vec<PrefillRequest>,
     pub generate: Vec<GenerateRequest>,
     pub abort: Vec<AbortRequest>,
+    pub erase: Vec<EraseCacheRequest>,
     pub info: usize,
 }
 
@@ -89,6 +93,9 @@ impl Fake {
     }
     pub fn prefills(&self) -> usize {
         self.calls.lock().prefill.len()
+    }
+    pub fn erasures(&self) -> Vec<EraseCacheRequest> {
+        self.calls.lock().erase.clone()
     }
     pub fn aborts(&self) -> Vec<AbortRequest> {
         self.calls.lock().abort.clone()
@@ -135,6 +142,22 @@ impl Inner {
     fn abort(&self, req: Request<AbortRequest>) -> Result<Response<AbortReply>, Status> {
         self.calls.lock().abort.push(req.into_inner());
         Ok(Response::new(AbortReply { found: true }))
+    }
+
+    /// Erases "3 pages, 1 still read" whatever the namespace, unless told to fail.
+    fn erase(&self, req: Request<EraseCacheRequest>) -> Result<Response<EraseCacheReply>, Status> {
+        self.calls.lock().erase.push(req.into_inner());
+        if let Some(code) = self.opts.lock().fail_erase {
+            return Err(Status::new(code, "fake erase fails"));
+        }
+        Ok(Response::new(EraseCacheReply {
+            node_id: format!("fake-{}", self.role),
+            role: self.role.into(),
+            entries: 3,
+            pages_zeroed: 2,
+            pages_deferred: 1,
+            digest: vec![self.role.len() as u8; 32],
+        }))
     }
 }
 
@@ -203,6 +226,13 @@ impl Decode for Inner {
 
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<WorkerInfo>, Status> {
         Inner::info(self)
+    }
+
+    async fn erase_cache(
+        &self,
+        req: Request<EraseCacheRequest>,
+    ) -> Result<Response<EraseCacheReply>, Status> {
+        Inner::erase(self, req)
     }
 }
 
@@ -305,6 +335,13 @@ impl Prefill for Inner {
 
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<WorkerInfo>, Status> {
         Inner::info(self)
+    }
+
+    async fn erase_cache(
+        &self,
+        req: Request<EraseCacheRequest>,
+    ) -> Result<Response<EraseCacheReply>, Status> {
+        Inner::erase(self, req)
     }
 }
 
