@@ -7,9 +7,9 @@ mod support;
 
 use pagewarden_kvcache::{
     erasure_digest, Erasure, Generation, KvPool, Namespace, NamespaceSecret, PageId, PageState,
-    Placement, PoolConfig, ReadablePages, SharedPages, TenantId,
+    Placement, PoolConfig, SharedPages, TenantId,
 };
-use support::{fill, owner, write_all, LAYOUT};
+use support::{fill, finished, owner, prompt, LAYOUT};
 
 const PS: usize = LAYOUT.page_size;
 
@@ -25,16 +25,6 @@ fn cache_pool(pages: usize) -> KvPool {
     cfg.prefix_pages_per_namespace = pages;
     assert!(!cfg.zero_on_release);
     KvPool::new(cfg)
-}
-
-fn finished(pool: &KvPool, req: u8, tokens: usize) -> ReadablePages {
-    let r = pool.reserve(owner(req), tokens).unwrap();
-    let m = write_all(pool, &r, req);
-    r.commit(&m).unwrap()
-}
-
-fn prompt(from: u32, n: usize) -> Vec<u32> {
-    (from..from + n as u32).collect()
 }
 
 /// Request `req` computes all of `tokens` and publishes them under `namespace`; returns the

@@ -10,7 +10,7 @@ use pagewarden_kvcache::{
     Published, ReadError, ReadablePages, ReserveError, SharedPages, TenantId,
 };
 use proptest::prelude::*;
-use support::{fill, owner, write_all, LAYOUT};
+use support::{fill, finished, owner, prompt, write_all, LAYOUT};
 
 const PS: usize = LAYOUT.page_size;
 
@@ -26,18 +26,6 @@ fn cache_pool(pages: usize, per_namespace: usize) -> KvPool {
     let mut cfg = PoolConfig::with_pages(LAYOUT, pages);
     cfg.prefix_pages_per_namespace = per_namespace;
     KvPool::new(cfg)
-}
-
-/// A finished request of `tokens` tokens whose pages hold KV written for request `req`.
-fn finished(pool: &KvPool, req: u8, tokens: usize) -> ReadablePages {
-    let r = pool.reserve(owner(req), tokens).unwrap();
-    let m = write_all(pool, &r, req);
-    r.commit(&m).unwrap()
-}
-
-/// Prompt token ids `from..from + n`.
-fn prompt(from: u32, n: usize) -> Vec<u32> {
-    (from..from + n as u32).collect()
 }
 
 /// Publishes request `req`'s KV of all of `tokens` (no cached prefix) under `namespace`;

@@ -3,7 +3,7 @@
 
 use pagewarden_kvcache::{
     page_checksum, CommitManifest, Generation, KvLayout, KvPool, Owner, PageId, PageWrite,
-    PoolConfig, RequestId, ReservedPages, TenantId,
+    PoolConfig, ReadablePages, RequestId, ReservedPages, TenantId,
 };
 
 /// A tiny page: 2 layers, 1 head of 4, 4 tokens per page = 128 bytes.
@@ -60,4 +60,16 @@ pub fn write_all(pool: &KvPool, r: &ReservedPages, request: u8) -> CommitManifes
         sums.push(checksum);
     }
     CommitManifest::new(g.key, g.tokens, sums)
+}
+
+/// A finished request of `tokens` tokens whose pages hold KV written for request `req`.
+pub fn finished(pool: &KvPool, req: u8, tokens: usize) -> ReadablePages {
+    let r = pool.reserve(owner(req), tokens).unwrap();
+    let m = write_all(pool, &r, req);
+    r.commit(&m).unwrap()
+}
+
+/// Prompt token ids `from..from + n`.
+pub fn prompt(from: u32, n: usize) -> Vec<u32> {
+    (from..from + n as u32).collect()
 }
