@@ -12,6 +12,7 @@
 //! - `shutdown`: SIGTERM / Ctrl-C as a cancellation token.
 //! - `auditor_client`: `AuditorClient`, the bounded never-blocking sender of reports to the auditor.
 //! - `integrity`: the `IntegritySink` hook through which workers report violations (I8).
+//! - `receipt`: signing and verifying isolation receipts (Ed25519 over canonical JSON).
 //! - `secret`: bearer secrets (API keys, tokens) and their SHA-256, the only form servers keep.
 //! - `tenants`: the tenants file (hashed API keys → tenants) and clients' clear keys files.
 //! - `tls`: the suite CA, per-role certificates, mutual TLS and per-RPC role checks (I11).
@@ -26,6 +27,7 @@ pub mod edge;
 pub mod integrity;
 pub mod metrics;
 pub mod preflight;
+pub mod receipt;
 pub mod secret;
 pub mod shutdown;
 pub mod telemetry;
@@ -36,5 +38,5 @@ pub mod tls;
 pub mod vllm_metrics;
 pub mod worker_config;
 
-pub use pagewarden_types::{admission, cache_event, ids, namespace, reject_reason, seal_mode};
+pub use pagewarden_types::{admission, cache_event, hex, ids, namespace, reject_reason, seal_mode};
 pub use pagewarden_types::{AttemptId, RequestId, TenantId};

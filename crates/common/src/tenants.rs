@@ -11,6 +11,8 @@
 //! tokens_per_minute = 100000           # optional: prompt + completion tokens a minute (429 above)
 //! shared_namespace = "acme-org"        # optional: share cached prompt prefixes with the tenants
 //!                                      # placed in the same named namespace (else: private)
+//! receipts = true                      # optional: every response carries a signed isolation
+//!                                      # receipt, as with `X-Pagewarden-Receipt: 1`
 //! ```
 //!
 //! Plain `keys = [...]` are refused with a message that says how to hash them: a copy of this
@@ -52,6 +54,9 @@ pub struct TenantEntry {
     /// `None`: its own namespace, shared with nobody (I10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_namespace: Option<String>,
+    /// Every response to it carries a signed isolation receipt, asked for or not.
+    #[serde(default, skip_serializing_if = "crate::config::is_false")]
+    pub receipts: bool,
 }
 
 impl TenantEntry {
@@ -73,6 +78,8 @@ pub struct TenantLimits {
     pub weight: u32,
     /// Tokens a minute, at most (`None`: no limit).
     pub tokens_per_minute: Option<u64>,
+    /// Every response carries a signed isolation receipt.
+    pub receipts: bool,
 }
 
 impl Default for TenantLimits {
@@ -81,6 +88,7 @@ impl Default for TenantLimits {
             max_concurrent: None,
             weight: 1,
             tokens_per_minute: None,
+            receipts: false,
         }
     }
 }
@@ -97,6 +105,8 @@ struct RawEntry {
     weight: Option<u32>,
     tokens_per_minute: Option<u64>,
     shared_namespace: Option<String>,
+    #[serde(default)]
+    receipts: bool,
 }
 
 /// Whether `name` may name a shared namespace: 1 to 64 of `A-Z a-z 0-9 . _ -`.
@@ -155,6 +165,7 @@ impl TryFrom<RawEntry> for TenantEntry {
             weight: r.weight,
             tokens_per_minute: r.tokens_per_minute,
             shared_namespace: r.shared_namespace,
+            receipts: r.receipts,
         })
     }
 }
@@ -279,6 +290,7 @@ impl TenantsFile {
                     weight: None,
                     tokens_per_minute: None,
                     shared_namespace: None,
+                    receipts: false,
                 });
                 self.tenants.len() - 1
             }
@@ -339,6 +351,7 @@ impl KeyTable {
                     max_concurrent: t.max_concurrent,
                     weight: t.weight.unwrap_or(1).max(1),
                     tokens_per_minute: t.tokens_per_minute,
+                    receipts: t.receipts,
                 },
             );
             for h in &t.key_sha256 {
@@ -442,6 +455,7 @@ mod tests {
             weight: None,
             tokens_per_minute: None,
             shared_namespace: None,
+            receipts: false,
         }
     }
 

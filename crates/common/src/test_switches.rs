@@ -34,11 +34,15 @@ pub enum Switch {
     GrantFencing,
     /// Write and commit checksums, one per granted page.
     Checksums,
+    /// Prefix-cache namespaces per tenant (I10): off, the router derives one namespace for
+    /// every tenant, so any tenant's cached prefix serves any other (the leaky build the
+    /// auditor's side-channel audit must catch). Not one of the incident's defenses.
+    NamespaceIsolation,
 }
 
 impl Switch {
     /// Every switch, in a fixed order.
-    pub const ALL: [Switch; 7] = [
+    pub const ALL: [Switch; 8] = [
         Switch::PoolPreflight,
         Switch::RouterRejection,
         Switch::WorkerAdmission,
@@ -46,13 +50,15 @@ impl Switch {
         Switch::ReadGeneration,
         Switch::GrantFencing,
         Switch::Checksums,
+        Switch::NamespaceIsolation,
     ];
 
-    /// The six defenses of the incident: every switch but the set-up's `PoolPreflight`.
+    /// The six defenses of the incident: every switch but the set-up's `PoolPreflight` and
+    /// the prefix cache's `NamespaceIsolation`.
     pub fn defenses() -> impl Iterator<Item = Switch> {
         Switch::ALL
             .into_iter()
-            .filter(|s| *s != Switch::PoolPreflight)
+            .filter(|s| !matches!(s, Switch::PoolPreflight | Switch::NamespaceIsolation))
     }
 
     /// The name used in [`ENV`].
@@ -65,6 +71,7 @@ impl Switch {
             Switch::ReadGeneration => "read_generation",
             Switch::GrantFencing => "grant_fencing",
             Switch::Checksums => "checksums",
+            Switch::NamespaceIsolation => "namespace_isolation",
         }
     }
 
@@ -75,7 +82,7 @@ impl Switch {
 
 /// A name in [`ENV`] that is no switch.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("PAGEWARDEN_UNSAFE_TEST_SWITCHES: unknown switch {name:?} (known: pool_preflight, router_rejection, worker_admission, commit_token_count, read_generation, grant_fencing, checksums)")]
+#[error("PAGEWARDEN_UNSAFE_TEST_SWITCHES: unknown switch {name:?} (known: pool_preflight, router_rejection, worker_admission, commit_token_count, read_generation, grant_fencing, checksums, namespace_isolation)")]
 pub struct UnknownSwitch {
     /// The name given.
     pub name: String,

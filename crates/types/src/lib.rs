@@ -11,6 +11,7 @@
 //! - `cache_event`: prefix-cache events a worker reports to the auditor (I10).
 //! - `sampling`: `SamplingParams` and its `Grammar`, their limits and their one range check.
 //! - `finish_reason`: why a generation ended.
+//! - `hex`: the one hex rendering of bytes.
 //! - `seal_mode`: what a sealed KV transfer frame protects (integrity, or confidentiality too).
 //! - `unknown_value`: the error of parsing a text that names none of an enum's values.
 #![warn(missing_docs)]
@@ -18,6 +19,7 @@
 pub mod admission;
 pub mod cache_event;
 pub mod finish_reason;
+pub mod hex;
 pub mod ids;
 pub mod integrity;
 pub mod namespace;

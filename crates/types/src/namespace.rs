@@ -85,7 +85,7 @@ impl Namespace {
     /// Eight hex digits that tell namespaces apart in logs and audit records without
     /// revealing the rest; metrics label by tenant name instead.
     pub fn tag(&self) -> String {
-        self.0[..4].iter().map(|b| format!("{b:02x}")).collect()
+        crate::hex::encode(&self.0[..4])
     }
 }
 
@@ -105,10 +105,6 @@ impl fmt::Debug for Namespace {
 mod tests {
     use super::*;
 
-    fn hex(b: &[u8]) -> String {
-        b.iter().map(|x| format!("{x:02x}")).collect()
-    }
-
     #[test]
     fn derivation_is_hmac_sha256_of_domain_and_name() {
         // RFC 4231 test case 2 (key "Jefe"), with our 32-byte key zero-padded: HMAC pads a
@@ -118,7 +114,7 @@ mod tests {
         let s = NamespaceSecret::from_bytes(&key);
         let mac = hmac::sign(&s.0, b"what do ya want for nothing?");
         assert_eq!(
-            hex(mac.as_ref()),
+            crate::hex::encode(mac.as_ref()),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
         let t = TenantId::new("acme");
@@ -141,6 +137,8 @@ mod tests {
             ns(Placement::Private(&a)),
             Namespace::derive(&other, Placement::Private(&a))
         );
-        assert!(!format!("{s:?}").contains(&hex(ns(Placement::Private(&a)).as_bytes())));
+        assert!(
+            !format!("{s:?}").contains(&crate::hex::encode(ns(Placement::Private(&a)).as_bytes()))
+        );
     }
 }

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use pagewarden_common::config::ConfigError;
 use pagewarden_common::config::{is_false, layered};
+use pagewarden_common::receipt::{BadPublicKey, PublicKey};
 use pagewarden_common::tenants::ClientKeys;
 use pagewarden_common::tls::{InternalTls, TlsFlags};
 
@@ -123,6 +124,10 @@ pub struct Args {
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
     pub log_json: bool,
+    /// The public half of the routers' receipt key (64 hex digits), served unauthenticated at
+    /// `/api/receipt-key` for `pagewarden verify-receipt`.
+    #[arg(long, value_name = "HEX")]
+    pub receipt_public_key: Option<String>,
     /// File only: web UI accounts (see `accounts`).
     #[arg(skip)]
     #[serde(skip_serializing)]
@@ -174,6 +179,8 @@ pub struct Config {
     pub sign_in: ThrottleLimits,
     /// Log JSON lines instead of text.
     pub log_json: bool,
+    /// The routers' receipt verification key, when receipts are signed.
+    pub receipt_public_key: Option<PublicKey>,
 }
 
 fn parse_probe_key(s: &str) -> Result<ProbeTenant, ConfigError> {
@@ -260,6 +267,14 @@ impl Config {
                 ..ThrottleLimits::default()
             },
             log_json: s.log_json,
+            receipt_public_key: s
+                .receipt_public_key
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(|e: BadPublicKey| {
+                    ConfigError::Invalid(format!("receipt_public_key: {e}"))
+                })?,
         })
     }
 

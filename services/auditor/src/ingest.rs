@@ -89,12 +89,7 @@ impl TryFrom<pb::SampleReport> for ValidSample {
         let body = if !m.response_text.is_empty() {
             SampleBody::Text(m.response_text)
         } else {
-            SampleBody::Digest(
-                m.response_digest
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect(),
-            )
+            SampleBody::Digest(pagewarden_common::hex::encode(&m.response_digest))
         };
         Ok(ValidSample {
             tenant: TenantId::new(m.tenant),

@@ -10,6 +10,7 @@
 //! - `engine`: reports → records + incidents.
 //! - `grpc`: the `Auditor` gRPC service.
 //! - `ingest`: wire messages → `Valid*` reports.
+//! - `ks`: the two-sample Kolmogorov–Smirnov test of timing samples.
 //! - `markers`: canary markers, scanning, the marker → tenant registry.
 //! - `metrics`: Prometheus counters.
 //! - `probe`: canary probe runs against the router.
@@ -26,6 +27,7 @@ pub mod domain;
 pub mod engine;
 pub mod grpc;
 pub mod ingest;
+pub mod ks;
 pub mod markers;
 pub mod metrics;
 pub mod probe;

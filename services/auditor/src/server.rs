@@ -210,6 +210,7 @@ pub async fn start(
         )),
         prober,
         edge: edge.clone(),
+        receipt_key: cfg.receipt_public_key,
     });
     let stop = shutdown.clone();
     tasks.spawn(async move {

@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use pagewarden_common::receipt::ReceiptKey;
 use pagewarden_common::tenants::create_private_dir;
 use pagewarden_common::tls::{write_dev_suite, DevSuite, SuiteRole};
 
 use crate::children::Spec;
+use crate::devsecrets::receipt_key_path;
 
 /// The dev config dir when `--dir` names none: `.pw/` in the directory the launcher runs in
 /// (in a checkout's root, the checkout's own, which git ignores).
@@ -117,6 +119,10 @@ impl Plan {
             "--model-path",
             &self.model.display().to_string(),
         ]));
+        // The public half of the router's receipt key, when `up` drew one.
+        if let Ok(key) = ReceiptKey::load(&receipt_key_path(&self.dir)) {
+            a.extend(strings(["--receipt-public-key", &key.public().to_string()]));
+        }
         self.spec("auditor", a)
     }
 
@@ -154,7 +160,7 @@ impl Plan {
     /// The router, pointed at the workers' gRPC addresses. Each tenant gets a share of its
     /// concurrency ([`TENANT_SHARE`]), so one tenant at any load leaves the others served.
     pub fn router(&self, decode_grpc: &str, prefill_grpc: &str) -> Spec {
-        let a = strings([
+        let mut a = strings([
             "--tenant-max-concurrency",
             &TENANT_SHARE.to_string(),
             "--http-addr",
@@ -168,6 +174,11 @@ impl Plan {
             "--prefill",
             &format!("http://{prefill_grpc}"),
         ]);
+        // It signs isolation receipts with the key `up` drew.
+        let key = receipt_key_path(&self.dir);
+        if key.exists() {
+            a.extend(strings(["--receipt-key", &key.display().to_string()]));
+        }
         self.spec("router", a)
     }
 }

@@ -8,11 +8,14 @@
 //!   its argon2 hash in `auditor.toml` (what the auditor reads); and a read-only token of the
 //!   auditor's JSON API (`/api/...`, e.g. the prefix cache's per-tenant view), clear in
 //!   `dev-viewer.token` (0600), only its SHA-256 in `auditor.toml`.
+//! - The router's receipt signing key (Ed25519, PKCS#8 PEM) in `receipt-key.pem` (0600); the
+//!   auditor gets only its public half, on its command line.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use pagewarden_auditor::accounts::{hash_password, ApiToken, OperatorAccount, Role};
+use pagewarden_common::receipt::ReceiptKey;
 use pagewarden_common::secret::{new_secret, SecretHash};
 use pagewarden_common::tenants::{
     create_private_dir, write_private, ClientKey, ClientKeys, KeyTable, TenantsFile,
@@ -106,6 +109,21 @@ struct DevAuditorConfig {
 /// The auditor config `up` writes and starts the auditor with.
 pub fn auditor_config(dir: &Path) -> PathBuf {
     dir.join("auditor.toml")
+}
+
+/// Where the router's receipt signing key lives under `up`'s `dir`.
+pub fn receipt_key_path(dir: &Path) -> PathBuf {
+    dir.join("receipt-key.pem")
+}
+
+/// The receipt signing key under `dir`, drawn (0600) when missing or unreadable as a key.
+pub fn ensure_receipt_key(dir: &Path) -> anyhow::Result<ReceiptKey> {
+    let path = receipt_key_path(dir);
+    if let Ok(key) = ReceiptKey::load(&path) {
+        return Ok(key);
+    }
+    write_private(&path, &ReceiptKey::generate_pem()?)?;
+    Ok(ReceiptKey::load(&path)?)
 }
 
 /// The dev operator's sign-in and the read-only API token, as the banner prints them.

@@ -34,6 +34,7 @@ mod preflight_cmd;
 mod probe_cmd;
 mod supervise;
 mod up;
+mod verify_receipt_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -75,6 +76,8 @@ enum Command {
     InitSecrets(init_secrets_cmd::InitSecretsArgs),
     /// Run one canary sweep against a running router and print the result.
     Probe(probe_cmd::ProbeArgs),
+    /// Check a signed isolation receipt against the deployment's public key and print it.
+    VerifyReceipt(verify_receipt_cmd::VerifyReceiptArgs),
     /// Generate text from a prompt in this process (no services).
     Generate(generate::GenerateArgs),
     /// Bounded abort storm + cross-tenant marker check against a staging router.
@@ -118,6 +121,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Preflight(a) => preflight_cmd::run(a),
         Command::Probe(a) => probe_cmd::run(a),
+        Command::VerifyReceipt(a) => verify_receipt_cmd::run(a),
         Command::Keys { what } => keys_cmd::run(what),
         Command::HashPassword => hash_password_cmd::run(),
         Command::InitSecrets(a) => init_secrets_cmd::run(a),

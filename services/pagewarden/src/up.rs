@@ -217,6 +217,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let operator = devsecrets::ensure_operator(&dir)?;
     // Mutual TLS on every internal link, with a dev CA kept in `.pw/tls/`.
     devconfig::ensure_tls(&dir)?;
+    devsecrets::ensure_receipt_key(&dir)?;
     let mut group = Group::default();
     let started = tokio::select! {
         r = start_all(&args, &bin_dir, &dir, &model, &tenants_path, &tenants, &mut group) => r,

@@ -106,6 +106,10 @@ pub struct Args {
     /// The auditor's gRPC URL; when set, every finished response is sent to it as a sample.
     #[arg(long, env = "PAGEWARDEN_AUDITOR")]
     pub auditor: Option<String>,
+    /// Ed25519 private key (PKCS#8 PEM, e.g. `openssl genpkey -algorithm ed25519`) that signs
+    /// isolation receipts (`X-Pagewarden-Receipt: 1`); without it a request for one is a 400.
+    #[arg(long, value_name = "FILE")]
+    pub receipt_key: Option<PathBuf>,
     /// Internal mutual TLS towards workers and the auditor (this router's identity).
     #[command(flatten)]
     #[serde(flatten)]
@@ -188,6 +192,8 @@ pub struct RouterConfig {
     pub abort_timeout: Duration,
     /// The auditor's gRPC URL (samples are sent there when set).
     pub auditor: Option<String>,
+    /// The isolation receipts' signing key file, when receipts are served.
+    pub receipt_key: Option<PathBuf>,
     /// Internal mutual TLS (this router's client identity), or plaintext.
     pub tls: InternalTls,
     /// Deadlines and connection caps of the HTTP edge.
@@ -280,6 +286,7 @@ impl RouterConfig {
             connect_timeout: Duration::from_secs(1),
             abort_timeout: s.abort_timeout.unwrap_or(Duration::from_secs(2)),
             auditor: s.auditor.map(with_scheme),
+            receipt_key: s.receipt_key,
             tls,
             edge,
         })

@@ -19,6 +19,7 @@ use crate::dispatch::{DispatchConfig, Flight, Job, Token};
 use crate::erasure::{erase_everywhere, WorkerErasure};
 use crate::error::RouterError;
 use crate::metrics::Metrics;
+use crate::provenance::Provenance;
 use crate::workers::WorkerPool;
 
 /// Where a request's choices are served.
@@ -70,6 +71,8 @@ pub struct Summary {
     pub scheduled: Option<Duration>,
     /// From arrival to the last token, once there was one.
     pub last_token: Option<Duration>,
+    /// What it was computed over, as its workers reported it.
+    pub provenance: Provenance,
 }
 
 /// The suite's workers over gRPC.
@@ -121,6 +124,7 @@ impl Generation for Flight {
             ttft: self.ttft(),
             scheduled: self.scheduled(),
             last_token: self.last_token(),
+            provenance: self.provenance().clone(),
         }
     }
 }

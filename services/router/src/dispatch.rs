@@ -29,6 +29,7 @@ use crate::error::{from_status, Half, RouterError};
 use crate::guard::{AbortGuard, AbortReason};
 use crate::metrics::{Metrics, Phase};
 use crate::openai::Usage;
+use crate::provenance::Provenance;
 use crate::telemetry::traced;
 use crate::token_rate::TokenMeter;
 use crate::workers::{Lease, WorkerPool};
@@ -122,6 +123,8 @@ pub struct Flight {
     /// When decode granted the reservation and when prefill replied (the TTFT's phases).
     granted_at: Option<Instant>,
     prefilled_at: Option<Instant>,
+    /// What the choice is computed over, as the workers report it.
+    provenance: Provenance,
 }
 
 impl Flight {
@@ -175,6 +178,7 @@ impl Flight {
             ttft: None,
             granted_at: None,
             prefilled_at: None,
+            provenance: Provenance::default(),
         })
     }
 
@@ -238,6 +242,11 @@ impl Flight {
     /// The tenant.
     pub fn tenant(&self) -> &TenantId {
         &self.job.tenant
+    }
+
+    /// What the choice was computed over, so far.
+    pub fn provenance(&self) -> &Provenance {
+        &self.provenance
     }
 
     /// Drives the request to its next token. `None` after the last token or after an error.
@@ -440,7 +449,10 @@ impl Flight {
             .await?;
         self.check_ref(Half::Decode, reply.req.as_ref())?;
         self.granted_at = Some(Instant::now());
-        reply.grant.ok_or_else(|| missing(Half::Decode, "grant"))
+        let grant = reply.grant.ok_or_else(|| missing(Half::Decode, "grant"))?;
+        self.provenance.decode_worker = worker_name(self.decode.worker());
+        self.provenance.granted(&grant);
+        Ok(grant)
     }
 
     async fn prefill(&mut self, grant: WriteGrant) -> Result<PrefillReply, RouterError> {
@@ -466,6 +478,8 @@ impl Flight {
             return Err(missing(Half::Prefill, "manifest"));
         }
         self.cached_tokens = reply.cached_tokens.min(self.prompt_tokens());
+        self.provenance.prefill_worker = worker_name(self.prefill.worker());
+        self.provenance.prefilled(&reply);
         if self.job.sampling.prompt_logprobs.is_some() {
             let want = self.job.admitted.prompt.len() - 1;
             if reply.prompt_logprobs.len() != want {
@@ -548,6 +562,10 @@ impl Flight {
         if !event.marker_only {
             self.completion_tokens += 1;
             self.job.meter.charge(1);
+            self.provenance.output_ids.push(event.token);
+        }
+        if event.account.is_some() {
+            self.provenance.account = event.account;
         }
         if self.completion_tokens > self.job.admitted.max_tokens {
             self.guard.set_reason(AbortReason::DecodeFailed);
@@ -610,6 +628,12 @@ async fn within<T>(
             .map_err(|_| Elapsed(d.within)),
         None => Ok(fut.await),
     }
+}
+
+/// How a provenance names a worker: its node id once a poll has told it, else its URL.
+fn worker_name(w: &crate::workers::Worker) -> String {
+    w.live_info()
+        .map_or_else(|| w.url().to_string(), |info| info.node_id)
 }
 
 fn failed(half: Half) -> AbortReason {

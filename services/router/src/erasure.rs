@@ -78,7 +78,7 @@ impl CacheErasure {
             tenant: tenant.as_str().to_string(),
             namespace: namespace.tag(),
             workers,
-            digest: hex(&h.finalize()),
+            digest: pagewarden_common::hex::encode(&h.finalize()),
         }
     }
 }
@@ -190,7 +190,7 @@ fn erasure(w: &Worker, r: pb::EraseCacheReply) -> Result<WorkerErasure, String> 
         entries: r.entries,
         pages_zeroed: r.pages_zeroed,
         pages_deferred: r.pages_deferred,
-        digest: hex(&r.digest),
+        digest: pagewarden_common::hex::encode(&r.digest),
     })
 }
 
@@ -200,10 +200,6 @@ fn name(w: &Worker) -> String {
         Some(info) => format!("{} ({})", info.node_id, w.url()),
         None => w.url().to_string(),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -167,6 +167,12 @@ pub enum RouterError {
     /// The request ran past `--request-timeout`.
     #[error("the request did not finish within {0:?}")]
     Timeout(Duration),
+    /// A receipt was asked for and the router has no receipt key.
+    #[error(
+        "this deployment signs no isolation receipts (its router has no receipt key): ask \
+         without X-Pagewarden-Receipt, or have the operator set receipt_key"
+    )]
+    ReceiptsNotConfigured,
     /// The route does not exist.
     #[error("no route for {0}")]
     NotFound(String),
@@ -246,6 +252,12 @@ impl RouterError {
                 BAD,
                 Some("invalid_value"),
                 Some(v.param.clone()),
+            ),
+            E::ReceiptsNotConfigured => (
+                StatusCode::BAD_REQUEST,
+                BAD,
+                Some("receipts_not_configured"),
+                None,
             ),
             E::ModelNotFound(_) => (
                 StatusCode::NOT_FOUND,

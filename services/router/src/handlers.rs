@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use axum::extract::{Extension, Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pagewarden_common::TenantId;
@@ -13,6 +13,7 @@ use serde_json::json;
 use crate::error::{Half, RouterError, RETRY_AFTER_SECS};
 use crate::extract::JsonObject;
 use crate::openai::{model_list, model_object, Endpoint};
+use crate::receipt;
 use crate::record::{Limits, Record, Slot};
 use crate::respond::{respond, Echo, Prepared};
 use crate::server::AppState;
@@ -22,12 +23,14 @@ use crate::validation::{Prompt, ValidChatRequest, ValidCompletionRequest};
 pub async fn completions(
     State(state): State<AppState>,
     Extension(tenant): Extension<TenantId>,
+    headers: HeaderMap,
     body: Result<JsonObject, RouterError>,
 ) -> Response {
     let arrived = Instant::now();
     let mut record = Record::new(Endpoint::Completions, state.metrics.clone());
     let prepared = async {
         let slot = state.slot(&tenant)?;
+        let receipt = receipt::requested(&headers)?;
         let req = ValidCompletionRequest::parse(&body?.0)?;
         check_model(&state, req.common.model.as_deref())?;
         state
@@ -70,6 +73,7 @@ pub async fn completions(
             slot,
             tools: None,
             echo,
+            receipt,
         })
     };
     match prepared.await {
@@ -85,12 +89,14 @@ pub async fn completions(
 pub async fn chat(
     State(state): State<AppState>,
     Extension(tenant): Extension<TenantId>,
+    headers: HeaderMap,
     body: Result<JsonObject, RouterError>,
 ) -> Response {
     let arrived = Instant::now();
     let mut record = Record::new(Endpoint::Chat, state.metrics.clone());
     let prepared = async {
         let slot = state.slot(&tenant)?;
+        let receipt = receipt::requested(&headers)?;
         let req = ValidChatRequest::parse(&body?.0)?;
         check_model(&state, req.common.model.as_deref())?;
         state
@@ -120,6 +126,7 @@ pub async fn chat(
             slot,
             tools,
             echo: None,
+            receipt,
         })
     };
     match prepared.await {

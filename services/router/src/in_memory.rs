@@ -15,6 +15,7 @@ use crate::disagg::{Disagg, Generation, Summary};
 use crate::dispatch::{Job, Token};
 use crate::erasure::WorkerErasure;
 use crate::error::RouterError;
+use crate::provenance::Provenance;
 
 /// What one dispatched choice was asked, as the test reads it.
 #[derive(Clone, Debug)]
@@ -116,6 +117,7 @@ impl Disagg for InMemoryDisagg {
                 ttft: None,
                 scheduled: None,
                 last_token: None,
+                provenance: Provenance::default(),
             },
             texts: texts.into_iter(),
             finish,
@@ -194,6 +196,10 @@ mod tests {
 
     /// The router over `disagg`: the tiny test vocabulary, one tenant, no worker at all.
     fn app(disagg: Arc<InMemoryDisagg>) -> axum::Router {
+        router(state(disagg))
+    }
+
+    fn state(disagg: Arc<InMemoryDisagg>) -> AppState {
         let tenants = Tenants::new(&[TenantEntry {
             name: "alpha".into(),
             key_sha256: vec![SecretHash::of(KEY)],
@@ -201,6 +207,7 @@ mod tests {
             weight: None,
             tokens_per_minute: None,
             shared_namespace: None,
+            receipts: false,
         }])
         .expect("tenants");
         let frontend = Frontend::tiny(7, "tiny".into()).expect("tiny vocabulary");
@@ -220,13 +227,24 @@ mod tests {
             },
             info_interval: Duration::from_millis(100),
         };
-        let state = AppState::new(settings, tenants, frontend, pool, Arc::new(NoSampling))
-            .with_disagg(disagg);
-        router(state)
+        AppState::new(settings, tenants, frontend, pool, Arc::new(NoSampling)).with_disagg(disagg)
     }
 
     async fn post(app: axum::Router, path: &str, body: Value) -> (StatusCode, String) {
-        let req = Request::post(path)
+        post_with(app, path, body, &[]).await
+    }
+
+    async fn post_with(
+        app: axum::Router,
+        path: &str,
+        body: Value,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, String) {
+        let mut req = Request::post(path);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req
             .header(header::AUTHORIZATION, format!("Bearer {KEY}"))
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(body.to_string()))
@@ -282,6 +300,58 @@ mod tests {
             "length"
         );
         assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_receipt_is_signed_for_every_choice_and_refused_without_a_key() {
+        use pagewarden_common::receipt::{ReceiptKey, VerifyError};
+
+        use crate::receipt::Receipts;
+
+        let ask = [("x-pagewarden-receipt", "1")];
+        let body = json!({"prompt": "hi", "n": 2, "max_tokens": 4});
+        // Without a key: a 400 naming the cause, and nothing dispatched.
+        let disagg = Arc::new(InMemoryDisagg::new(512, &["a", "b"]));
+        let (status, text) =
+            post_with(app(disagg.clone()), "/v1/completions", body.clone(), &ask).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert!(text.contains("receipts_not_configured"), "{text}");
+        let bad = [("x-pagewarden-receipt", "yes please")];
+        let (status, text) =
+            post_with(app(disagg.clone()), "/v1/completions", body.clone(), &bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert!(text.contains("X-Pagewarden-Receipt"), "{text}");
+        assert!(disagg.seen().is_empty(), "nothing was dispatched");
+
+        let key = ReceiptKey::generate_pem().unwrap();
+        let public = ReceiptKey::from_pem(&key).unwrap().public();
+        let signing = || Receipts::new(ReceiptKey::from_pem(&key).unwrap());
+        let with_key = router(state(disagg.clone()).with_receipts(signing()));
+        let (status, text) = post_with(with_key, "/v1/completions", body.clone(), &ask).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let signed = &v["pagewarden_receipt"];
+        let receipt = public.verify(signed).expect("verifies");
+        assert_eq!(receipt["tenant"], "alpha");
+        assert_eq!(receipt["response_id"], v["id"]);
+        assert_eq!(receipt["choices"].as_array().map(Vec::len), Some(2));
+        let mut tampered = signed.clone();
+        tampered["receipt"]["choices"][1]["index"] = json!(0);
+        assert_eq!(public.verify(&tampered), Err(VerifyError::BadSignature));
+
+        // Streamed: the last chunk before [DONE] carries it; without the header, none.
+        let stream = json!({"prompt": "hi", "max_tokens": 2, "stream": true});
+        let with_key = router(state(disagg.clone()).with_receipts(signing()));
+        let (_, text) = post_with(with_key, "/v1/completions", stream, &ask).await;
+        let data: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        let last: Value = serde_json::from_str(data[data.len() - 2]).expect("last chunk");
+        assert!(public.verify(&last["pagewarden_receipt"]).is_ok(), "{text}");
+        let with_key = router(state(disagg).with_receipts(signing()));
+        let (_, text) = post(with_key, "/v1/completions", body).await;
+        assert!(!text.contains("pagewarden_receipt"), "{text}");
     }
 
     #[tokio::test]

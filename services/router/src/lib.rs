@@ -20,6 +20,8 @@
 //! - `guard.rs`: `AbortGuard`, whose drop aborts both halves
 //! - `choices.rs`: a request's `n` choices, each a `Flight` driven by its own task, the later ones after the first's prompt is cached
 //! - `respond.rs`: the shared path from tokens to a response (full JSON or stream)
+//! - `provenance.rs`: what one choice was computed over, as its workers reported it
+//! - `receipt.rs`: signed isolation receipts (`X-Pagewarden-Receipt: 1`) built from the provenance
 //! - `sse.rs`: OpenAI chunks as server-sent events, `[DONE]`
 //! - `openai.rs`: response bodies, usage, model list
 //! - `logprobs.rs`: token logprobs in the chat and legacy completions shapes
@@ -60,6 +62,8 @@ pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod params;
+pub mod provenance;
+pub mod receipt;
 pub mod record;
 pub mod respond;
 pub mod sample;

@@ -190,6 +190,14 @@ impl ResponseMeta {
         self.chunk_with(Vec::new(), Some(usage))
     }
 
+    /// A stream's last chunk before `[DONE]` when the request asked for a receipt: no
+    /// choices, the signed receipt as `pagewarden_receipt`.
+    pub fn receipt_chunk(&self, receipt: Value) -> Value {
+        let mut v = self.chunk_with(Vec::new(), None);
+        v["pagewarden_receipt"] = receipt;
+        v
+    }
+
     fn chunk_with(&self, choices: Vec<Value>, usage: Option<Usage>) -> Value {
         let mut v = json!({
             "id": self.id,

@@ -162,6 +162,7 @@ pub fn outcome_of(e: &RouterError) -> Outcome {
         | RouterError::WorkerRejected { .. }
         | RouterError::NotFound(_)
         | RouterError::ApiNotServed(_)
+        | RouterError::ReceiptsNotConfigured
         | RouterError::MethodNotAllowed(_) => Outcome::Rejected,
     }
 }

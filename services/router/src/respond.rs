@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use pagewarden_common::namespace::Namespace;
 use pagewarden_common::vllm_metrics::{FinishedRequest, RunningTimes};
 use pagewarden_common::{RequestId, TenantId};
 use pagewarden_proto::v1::Logprobs;
@@ -47,6 +48,8 @@ pub struct Prepared {
     pub tools: Option<ToolRequest>,
     /// `echo` (completions): the prompt comes back before each choice's completion.
     pub echo: Option<Echo>,
+    /// The client asked for a signed isolation receipt (`X-Pagewarden-Receipt: 1`).
+    pub receipt: bool,
 }
 
 /// A completions request's `echo`.
@@ -117,7 +120,16 @@ pub async fn respond(state: &AppState, p: Prepared, mut record: Record) -> Respo
         };
         choices.push(s.meta.choice(out.index, &content, &calls, finish, logprobs));
     }
-    Json(s.meta.full(choices, usage)).into_response()
+    let mut body = s.meta.full(choices, usage);
+    match s.receipt() {
+        Ok(Some(receipt)) => body["pagewarden_receipt"] = receipt,
+        Ok(None) => {}
+        Err(e) => {
+            record.fail(&e);
+            return e.into_response();
+        }
+    }
+    Json(body).into_response()
 }
 
 /// What one choice has produced, and how its tokens are read.
@@ -208,6 +220,12 @@ pub struct Streaming {
     pub prompts: Vec<Vec<u32>>,
     /// `echo` (completions).
     pub echo: Option<Echo>,
+    /// Who asked, and the prefix-cache namespace its choices ran under.
+    pub tenant: TenantId,
+    /// The tenant's namespace.
+    pub namespace: Namespace,
+    /// Attach a signed isolation receipt at the end.
+    pub receipt: bool,
     /// The app (for the sample sink).
     pub state: AppState,
     /// Held until the stream ends.
@@ -235,9 +253,24 @@ impl Streaming {
             .sum();
         Usage::new(self.prompt_tokens, completion, cached)
     }
+
+    /// The signed isolation receipt, once every choice has ended, when the request asked for
+    /// one.
+    pub fn receipt(&self) -> Result<Option<Value>, RouterError> {
+        match (&self.state.receipts, self.receipt) {
+            (Some(r), true) => r.issue(self).map(Some),
+            (None, true) => Err(RouterError::ReceiptsNotConfigured),
+            (_, false) => Ok(None),
+        }
+    }
 }
 
 fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
+    let limits = state.tenants.limits(&p.tenant);
+    let receipt = p.receipt || limits.receipts;
+    if receipt && state.receipts.is_none() {
+        return Err(RouterError::ReceiptsNotConfigured);
+    }
     let context = state.disagg.effective_context()?;
     let admitted = p
         .prompts
@@ -251,7 +284,6 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let limits = state.tenants.limits(&p.tenant);
     let prompt_tokens: usize = admitted.iter().map(|a| a.prompt.len()).sum();
     state.token_rates.admit(
         &p.tenant,
@@ -328,6 +360,9 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
         prompt_tokens: prompt_tokens as u32,
         prompts,
         echo: p.echo,
+        tenant: p.tenant,
+        namespace,
+        receipt,
         state: state.clone(),
         slot: p.slot,
     })

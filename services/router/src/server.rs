@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use pagewarden_common::edge::{serve_edge, EdgeLimits};
+use pagewarden_common::receipt::ReceiptKeyError;
 
 use crate::access;
 use crate::config::{ModelSource, RouterConfig};
@@ -22,6 +23,7 @@ use crate::error::{Half, RouterError};
 use crate::frontend::{Frontend, FrontendError};
 use crate::handlers;
 use crate::metrics::{Metrics, RoleLabels};
+use crate::receipt::Receipts;
 use crate::record::TenantSlots;
 use crate::sample::SampleSink;
 use crate::tenants::{require_tenant, Tenants, TenantsError};
@@ -67,6 +69,8 @@ pub struct AppState {
     pub token_rates: Arc<TokenRates>,
     /// The auditor's sampling hook.
     pub sink: Arc<dyn SampleSink>,
+    /// The receipt signing key, when the operator gave one.
+    pub receipts: Option<Arc<Receipts>>,
 }
 
 /// Why the router could not start.
@@ -81,6 +85,9 @@ pub enum StartError {
     /// Worker URLs.
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// The receipt signing key.
+    #[error(transparent)]
+    ReceiptKey(#[from] ReceiptKeyError),
 }
 
 impl AppState {
@@ -110,6 +117,15 @@ impl AppState {
             tenant_slots: Arc::default(),
             token_rates: Arc::default(),
             sink,
+            receipts: None,
+        }
+    }
+
+    /// The same state signing isolation receipts with `receipts`.
+    pub fn with_receipts(self, receipts: Receipts) -> Self {
+        Self {
+            receipts: Some(Arc::new(receipts)),
+            ..self
         }
     }
 
@@ -139,7 +155,11 @@ impl AppState {
             },
             cfg.info_timeout,
         )?;
-        Ok(Self::new(cfg.settings(), tenants, frontend, pool, sink))
+        let state = Self::new(cfg.settings(), tenants, frontend, pool, sink);
+        Ok(match &cfg.receipt_key {
+            Some(path) => state.with_receipts(Receipts::load(path)?),
+            None => state,
+        })
     }
 
     /// Polls every worker once and updates the worker gauges.

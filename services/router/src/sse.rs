@@ -81,6 +81,14 @@ impl State {
                 self.queue
                     .push_back(json_event(&self.s.meta.usage_chunk(usage)));
             }
+            match self.s.receipt() {
+                Ok(Some(receipt)) => {
+                    let chunk = self.s.meta.receipt_chunk(receipt);
+                    self.queue.push_back(json_event(&chunk));
+                }
+                Ok(None) => {}
+                Err(e) => return self.fail(&e),
+            }
             self.finish();
         }
     }

@@ -95,6 +95,14 @@ impl Tenants {
     /// The tenant's prefix-cache namespace: the shared one the tenants file places it in,
     /// else its own. Derived here, never taken from a request (I10).
     pub fn namespace(&self, tenant: &TenantId) -> Namespace {
+        #[cfg(feature = "unsafe-test-switches")]
+        {
+            use pagewarden_common::namespace::Placement;
+            use pagewarden_common::test_switches::{Switch, TestSwitches};
+            if TestSwitches::current().is_off(Switch::NamespaceIsolation) {
+                return Namespace::derive(&self.secret, Placement::Shared("unsafe-test-switch"));
+            }
+        }
         self.current().namespace(tenant, &self.secret)
     }
 

@@ -35,6 +35,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pagewarden_common::edge::EdgeCounters;
+use pagewarden_common::receipt::PublicKey;
 use serde_json::json;
 
 use crate::domain::{IncidentId, UnixMs};
@@ -55,6 +56,8 @@ pub struct AppState {
     pub prober: Option<Arc<Prober>>,
     /// The HTTP edge's counts of refused and closed connections.
     pub edge: EdgeCounters,
+    /// The routers' receipt verification key, served to anyone.
+    pub receipt_key: Option<PublicKey>,
 }
 
 /// The one error type of the HTTP layer, mapped once to a status and an OpenAI-shaped body.
@@ -222,6 +225,23 @@ async fn live() -> &'static str {
     "ok"
 }
 
+/// The routers' receipt verification key, unauthenticated (a public key): `{alg, key_id,
+/// public_key}`; 404 when this deployment signs no receipts.
+async fn receipt_key(axum::extract::State(st): axum::extract::State<AppState>) -> Response {
+    match st.receipt_key {
+        Some(k) => Json(json!({
+            "alg": "ed25519",
+            "key_id": k.key_id(),
+            "public_key": k.to_string(),
+        }))
+        .into_response(),
+        None => WebError::NotFound(
+            "this deployment signs no isolation receipts (no receipt_public_key)".into(),
+        )
+        .into_response(),
+    }
+}
+
 /// Every route of the auditor's HTTP listener.
 pub fn router(state: AppState) -> Router {
     let pages = Router::new()
@@ -259,6 +279,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/ready", get(health))
         .route("/live", get(live))
+        .route("/api/receipt-key", get(receipt_key))
         .layer(from_fn(session::same_origin_posts))
         .layer(axum::middleware::map_response(errors_as_json))
         // No page of the auditor may be framed by another site (clickjacking), and no script

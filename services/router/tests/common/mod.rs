@@ -97,6 +97,7 @@ impl Harness {
                 weight: Some(2),
                 tokens_per_minute: opts.alpha_tokens_per_minute,
                 shared_namespace: None,
+                receipts: false,
             },
             TenantEntry {
                 name: "beta".into(),
@@ -105,6 +106,7 @@ impl Harness {
                 weight: None,
                 tokens_per_minute: None,
                 shared_namespace: None,
+                receipts: false,
             },
         ])
         .unwrap();
