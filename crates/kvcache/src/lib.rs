@@ -21,7 +21,8 @@
 //!   eviction within quotas, reclaim under allocation pressure (I10).
 //! - `erase`: `KvPool::erase_namespace`: one namespace's cached pages out of the index and
 //!   zeroed (at once, or at their last reader's unpin), with a digest of what was erased.
-//! - `shared`: `SharedPages`, read-only pins on cached pages, generation-checked reads.
+//! - `shared`: `SharedPages`, read-only pins on cached pages, generation-checked reads, and
+//!   `PinnedRun`s: which request published each run of them.
 //! - `clock`: the pool's clock (`WallClock`; `ManualClock` for tests).
 //! - `checks`: which defenses run (constant `true` outside tests).
 //!
@@ -111,7 +112,7 @@ pub use pool::KvPool;
 pub use prefix::{PrefixHash, Published};
 pub use readable::ReadablePages;
 pub use reserved::ReservedPages;
-pub use shared::SharedPages;
+pub use shared::{PinnedRun, SharedPages};
 
 /// Who owns an allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -16,11 +16,13 @@
 //!   scheduling); pins nothing.
 //! - (b) [`KvPool::pin_prefix`]: pins the longest cached chain of full pages as
 //!   [`SharedPages`], read-only inputs to attention. Lookup and pin are one step under the
-//!   index lock, so nothing is evicted between them.
+//!   index lock, so nothing is evicted between them; each pin also takes the page's producer
+//!   (the request that published it), so the pins can say whose computation they reuse.
 //! - (c) [`ReadablePages::publish_prefix`]: a finished request hands over the pages it
 //!   computed after its pinned prefix; its full prompt pages not yet cached become Shared,
-//!   chained after that prefix, and the rest (partial last page, generated tokens, pages
-//!   another request cached first) are freed as on drop.
+//!   chained after that prefix, each recording that request as its producer, and the rest
+//!   (partial last page, generated tokens, pages another request cached first) are freed as
+//!   on drop.
 //! - (d) dropping [`SharedPages`] releases its pins.
 //!
 //! # Page states
@@ -55,6 +57,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pagewarden_types::namespace::Namespace;
+use pagewarden_types::RequestId;
 use sha2::{Digest, Sha256};
 
 use crate::ids::{Generation, PageId};
@@ -127,6 +130,8 @@ struct Entry {
     generation: Generation,
     parent: Option<PrefixHash>,
     tokens: Box<[u32]>,
+    /// The request whose `publish_prefix` cached the page (what a pin reports as its origin).
+    producer: RequestId,
     /// Position in the namespace's LRU order (larger: used more recently).
     stamp: u64,
 }
@@ -229,6 +234,7 @@ impl KvPool {
         let inner = &self.inner;
         let ps = inner.cfg.layout.page_size;
         let mut table = Vec::new();
+        let mut producers = Vec::new();
         let pinned_at;
         {
             let mut idx = inner.prefix.lock();
@@ -246,6 +252,7 @@ impl KvPool {
                         break;
                     }
                     table.push((e.page, e.generation));
+                    producers.push(e.producer);
                     // Deepest oldest: the chain's leaves are evicted before its root.
                     space.touch(h, base + (chain.len() - 1 - i) as u64);
                 }
@@ -253,7 +260,7 @@ impl KvPool {
         }
         inner.metrics.add(|m| &m.prefix_pins, 1);
         inner.metrics.add(|m| &m.prefix_pages_hit, table.len());
-        SharedPages::new(inner.clone(), *namespace, table, pinned_at)
+        SharedPages::new(inner.clone(), *namespace, table, producers, pinned_at)
     }
 
     /// Pages cached under `namespace` right now (pinned or not).
@@ -275,8 +282,15 @@ impl ReadablePages {
     /// `prefix`, read-only from now on; every other page is freed. The caller vouches that
     /// the pages hold the KV of exactly these tokens (a wrong claim can only poison its own
     /// namespace). Beyond the namespace's quota its least recently used unpinned pages are
-    /// evicted; when all are pinned, the rest of the chain is not cached.
-    pub fn publish_prefix(self, prefix: &SharedPages, tokens: &[u32]) -> Published {
+    /// evicted; when all are pinned, the rest of the chain is not cached. Each newly cached
+    /// page records `producer`, the request that computed it, which later pins report
+    /// ([`SharedPages::runs`]); a page already cached keeps its first producer.
+    pub fn publish_prefix(
+        self,
+        prefix: &SharedPages,
+        tokens: &[u32],
+        producer: RequestId,
+    ) -> Published {
         let pool = self.pool().clone();
         let (table, len) = self.into_table();
         let namespace = prefix.namespace();
@@ -347,6 +361,7 @@ impl ReadablePages {
                                 generation,
                                 parent,
                                 tokens: chunk.into(),
+                                producer,
                                 stamp,
                             },
                         );

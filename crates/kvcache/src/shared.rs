@@ -1,10 +1,13 @@
 //! `SharedPages`: pins on cached prefix pages (see `prefix`), read-only inputs to attention.
 //! Reads are generation-checked like `ReadablePages`' (I1); dropping it releases the pins.
+//! The pins also remember who published each page, as [`PinnedRun`]s: what a worker reports
+//! as reused, for isolation receipts.
 
 use std::sync::Arc;
 
 use half::f16;
 use pagewarden_types::namespace::Namespace;
+use pagewarden_types::RequestId;
 
 use crate::error::ReadError;
 use crate::ids::{Generation, PageId};
@@ -16,8 +19,23 @@ pub struct SharedPages {
     pool: Arc<PoolInner>,
     namespace: Namespace,
     table: Vec<(PageId, Generation)>,
+    /// The request that published each page of `table` (read under the index lock at pin
+    /// time, beside the page it names).
+    producers: Vec<RequestId>,
     /// The prefix index's clock when the pins were taken (see `PrefixIndex::erased_at`).
     pinned_at: u64,
+}
+
+/// Consecutive pinned pages all published by one request: a run of cached KV reused instead
+/// of computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinnedRun<'a> {
+    /// The request whose computation published the pages.
+    pub producer: RequestId,
+    /// Tokens of KV in the run (`pages.len() * page_size`: cached pages are full).
+    pub tokens: usize,
+    /// `(page, generation)` of each page of the run, in token order.
+    pub pages: &'a [(PageId, Generation)],
 }
 
 impl SharedPages {
@@ -25,12 +43,15 @@ impl SharedPages {
         pool: Arc<PoolInner>,
         namespace: Namespace,
         table: Vec<(PageId, Generation)>,
+        producers: Vec<RequestId>,
         pinned_at: u64,
     ) -> Self {
+        debug_assert_eq!(table.len(), producers.len(), "one producer per pinned page");
         Self {
             pool,
             namespace,
             table,
+            producers,
             pinned_at,
         }
     }
@@ -61,6 +82,26 @@ impl SharedPages {
     /// `(page, generation)` for each pinned page in token order.
     pub fn table(&self) -> &[(PageId, Generation)] {
         &self.table
+    }
+
+    /// The pinned pages as runs of consecutive pages with the same producer, in token order
+    /// (empty when nothing was cached). Every pinned page is in exactly one run.
+    pub fn runs(&self) -> Vec<PinnedRun<'_>> {
+        let ps = self.pool.cfg.layout.page_size;
+        let mut runs = Vec::new();
+        let mut start = 0;
+        for same in self.producers.chunk_by(|a, b| a == b) {
+            let end = start + same.len();
+            if let (Some(pages), Some(&producer)) = (self.table.get(start..end), same.first()) {
+                runs.push(PinnedRun {
+                    producer,
+                    tokens: pages.len() * ps,
+                    pages,
+                });
+            }
+            start = end;
+        }
+        runs
     }
 
     /// The K and V blocks of `layer` in pinned page `page_index`, as
@@ -109,6 +150,7 @@ impl std::fmt::Debug for SharedPages {
         f.debug_struct("SharedPages")
             .field("namespace", &self.namespace)
             .field("table", &self.table)
+            .field("producers", &self.producers)
             .finish()
     }
 }

@@ -38,7 +38,7 @@ fn publish(
     let none = pool.pin_prefix(namespace, &[]);
     let pages = finished(pool, req, tokens.len());
     let table = pages.table()[..tokens.len() / PS].to_vec();
-    let out = pages.publish_prefix(&none, tokens);
+    let out = pages.publish_prefix(&none, tokens, owner(req).request);
     assert_eq!(out.cached, table.len());
     table
 }
@@ -206,9 +206,9 @@ fn a_request_that_looked_up_before_the_erasure_caches_nothing_after_it() {
     let h_pages = finished(&pool, 3, 2 * PS);
 
     pool.erase_namespace(&a);
-    let out = m_pages.publish_prefix(&missed, &prompt(900, 2 * PS));
+    let out = m_pages.publish_prefix(&missed, &prompt(900, 2 * PS), owner(2).request);
     assert_eq!((out.cached, out.freed), (0, 2));
-    let out = h_pages.publish_prefix(&hit, &x);
+    let out = h_pages.publish_prefix(&hit, &x, owner(3).request);
     assert_eq!((out.cached, out.freed), (0, 2));
     drop((missed, hit));
     assert_eq!(pool.cached_pages(&a), 0);

@@ -39,7 +39,10 @@ fn publish(
     let none = pool.pin_prefix(namespace, &[]);
     let pages = finished(pool, req, tokens.len());
     let table = pages.table().to_vec();
-    (table, pages.publish_prefix(&none, tokens))
+    (
+        table,
+        pages.publish_prefix(&none, tokens, owner(req).request),
+    )
 }
 
 /// Each pinned page reads as written for its request in `reqs`.
@@ -121,7 +124,7 @@ fn a_request_caches_the_pages_after_its_pinned_prefix() {
     assert_eq!(pins.table(), &first[..]);
     let suffix = finished(&pool, 2, long.len() - pins.len());
     let st = suffix.table().to_vec();
-    let out = suffix.publish_prefix(&pins, &long);
+    let out = suffix.publish_prefix(&pins, &long, owner(2).request);
     assert_eq!((out.cached, out.already_cached, out.freed), (2, 0, 1));
     drop(pins);
     let all = pool.pin_prefix(&a, &long);
@@ -131,9 +134,53 @@ fn a_request_caches_the_pages_after_its_pinned_prefix() {
     // Pages published after pins of other tokens are not chained on: nothing is cached.
     let other = pool.pin_prefix(&a, &long[..PS]);
     let wrong = finished(&pool, 3, 2 * PS);
-    let out = wrong.publish_prefix(&other, &prompt(500, 3 * PS));
+    let out = wrong.publish_prefix(&other, &prompt(500, 3 * PS), owner(3).request);
     assert_eq!((out.cached, out.freed), (0, 2));
     assert_eq!(pool.stats().shared, 3);
+}
+
+/// A chain published in two parts by two requests is pinned as two runs, each naming the
+/// request that computed it, with the pages and generations it cached.
+#[test]
+fn pins_report_each_run_with_the_request_that_published_it() {
+    let pool = cache_pool(8, 8);
+    let a = ns("a");
+    let long = prompt(0, 4 * PS + 1);
+    let (first, _) = publish(&pool, 1, &a, &long[..2 * PS]);
+    // Request 2 pins request 1's two pages, computes two more and publishes them after.
+    let pins = pool.pin_prefix(&a, &long[..4 * PS]);
+    assert_eq!(pins.table(), &first[..2]);
+    let suffix = finished(&pool, 2, 2 * PS);
+    let second = suffix.table().to_vec();
+    let out = suffix.publish_prefix(&pins, &long[..4 * PS], owner(2).request);
+    assert_eq!(out.cached, 2);
+    // A pin taken before the second publish saw only request 1's run.
+    let runs = pins.runs();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        (runs[0].producer, runs[0].tokens, runs[0].pages),
+        (owner(1).request, 2 * PS, &first[..2])
+    );
+    drop(pins);
+
+    let all = pool.pin_prefix(&a, &long);
+    assert_eq!(all.len(), 4 * PS);
+    let runs: Vec<_> = all
+        .runs()
+        .iter()
+        .map(|r| (r.producer, r.tokens, r.pages.to_vec()))
+        .collect();
+    assert_eq!(
+        runs,
+        vec![
+            (owner(1).request, 2 * PS, first[..2].to_vec()),
+            (owner(2).request, 2 * PS, second),
+        ]
+    );
+    assert_reads_each(&all, &[1, 1, 2, 2]);
+    assert_eq!(all.namespace(), &a);
+    // Nothing pinned, no run.
+    assert!(pool.pin_prefix(&a, &prompt(900, 4 * PS)).runs().is_empty());
 }
 
 #[test]
@@ -379,7 +426,7 @@ fn run(ops: Vec<Op>) {
                     // Reused: whatever it was cached as before, it is not any more.
                     cached.remove(page);
                 }
-                pages.publish_prefix(&pinned, &p[..tokens]);
+                pages.publish_prefix(&pinned, &p[..tokens], owner(next_req).request);
                 for (i, &(page, generation)) in table.iter().enumerate() {
                     if let Some(PageState::Shared { .. }) = pool.page_state(page) {
                         let prefix = p[..skip + (i + 1) * PS].to_vec();
@@ -405,6 +452,18 @@ fn run(ops: Vec<Op>) {
                     let want = fill(LAYOUT, c.req, *page, *generation);
                     assert_eq!(got.page_bytes(i).unwrap(), &want[..]);
                 }
+                // The runs name each page's publisher and cover the pins exactly, in order.
+                let from_runs: Vec<_> = got
+                    .runs()
+                    .iter()
+                    .flat_map(|r| r.pages.iter().map(move |p| (*p, r.producer)))
+                    .collect();
+                let want: Vec<_> = got
+                    .table()
+                    .iter()
+                    .map(|p| (*p, owner(cached[&p.0].req).request))
+                    .collect();
+                assert_eq!(from_runs, want);
                 pins.push(got);
             }
             Op::Unpin(i) => {

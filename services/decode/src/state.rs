@@ -201,7 +201,11 @@ impl Running {
     pub fn finish(self) -> Option<Published> {
         let Running { prefix, pages, seq } = self;
         let prefix = prefix?;
-        Some(pages.publish_prefix(&prefix, &seq.tokens[..seq.prompt_len]))
+        Some(pages.publish_prefix(
+            &prefix,
+            &seq.tokens[..seq.prompt_len],
+            seq.owner.request,
+        ))
     }
 }
 

@@ -142,7 +142,7 @@ async fn compute_and_send(
     tracing::debug!(request = %job.req, compute_ms = started.elapsed().as_secs_f64() * 1e3, "computed");
     let (manifest, bytes) = out.finish(&pages, cancel).await?;
     if let Some(prefix) = prefix {
-        let published = pages.publish_prefix(&prefix, &job.prompt);
+        let published = pages.publish_prefix(&prefix, &job.prompt, job.req);
         deps.prefix_log
             .published(&job.tenant, prefix.namespace(), &published);
     } else {

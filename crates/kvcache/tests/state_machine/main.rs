@@ -379,7 +379,8 @@ impl StateMachineTest for PoolTest {
                     let tokens: Vec<u32> = (0..p.len() as u32).map(|t| t + req as u32).collect();
                     let pages = p.table().len();
                     let none = s.pool.pin_prefix(&namespace(req), &[]);
-                    let out = p.publish_prefix(&none, &tokens);
+                    let producer = p.owner().request;
+                    let out = p.publish_prefix(&none, &tokens, producer);
                     assert_eq!((out.cached, out.freed), (0, pages));
                 }
             }
