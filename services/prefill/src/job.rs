@@ -141,6 +141,7 @@ async fn compute_and_send(
     let t0 = Instant::now();
     tracing::debug!(request = %job.req, compute_ms = started.elapsed().as_secs_f64() * 1e3, "computed");
     let (manifest, bytes) = out.finish(&pages, cancel).await?;
+    let reused = reused_runs(prefix.as_deref());
     if let Some(prefix) = prefix {
         let published = pages.publish_prefix(&prefix, &job.prompt, job.req);
         deps.prefix_log
@@ -160,7 +161,35 @@ async fn compute_and_send(
         first_logprobs: first.logprobs.as_ref().map(wire::logprobs),
         cached_tokens: cached as u32,
         prompt_logprobs: scored.iter().map(wire::logprobs).collect(),
+        reused,
     })
+}
+
+/// The runs of the pinned prefix behind `cached_tokens`, for the reply (an isolation receipt
+/// names them): each run's tokens, namespace, producing request and pages. Empty when nothing
+/// came from the cache.
+fn reused_runs(prefix: Option<&SharedPages>) -> Vec<pb::ReusedRun> {
+    let Some(prefix) = prefix else {
+        return Vec::new();
+    };
+    let namespace = prefix.namespace().as_bytes();
+    prefix
+        .runs()
+        .iter()
+        .map(|run| pb::ReusedRun {
+            tokens: run.tokens as u32,
+            namespace: namespace.to_vec(),
+            producer_request_id: run.producer.as_bytes().to_vec(),
+            pages: run
+                .pages
+                .iter()
+                .map(|&(page, generation)| pb::GrantPage {
+                    page: page.0,
+                    generation: generation.0,
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 pub(crate) fn cancelled() -> WorkerError {
@@ -328,3 +357,6 @@ fn passes(
     }
     (ran, result.map(|(last, _)| (last, scored)))
 }
+
+#[cfg(test)]
+mod tests;
