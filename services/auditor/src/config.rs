@@ -32,6 +32,7 @@ use pagewarden_common::tls::{InternalTls, TlsFlags};
 
 use crate::accounts::{Accounts, ApiToken, OperatorAccount};
 use crate::domain::SweepKind;
+use crate::probe::side_channel::SideChannelSettings;
 use crate::probe::ProbeTenant;
 use crate::web::throttle::ThrottleLimits;
 
@@ -101,6 +102,12 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
     pub probe_request_timeout: Option<Duration>,
+    /// Rounds of the side-channel audit each probe run ends with (4 requests each; 0: off).
+    #[arg(long)]
+    pub side_channel_rounds: Option<u32>,
+    /// The side-channel audit's p-value below which an incident opens.
+    #[arg(long)]
+    pub side_channel_threshold: Option<f64>,
     /// GGUF model whose tokenizer gives exact prompt token counts for probes.
     #[arg(long, env = "PAGEWARDEN_MODEL")]
     pub model_path: Option<PathBuf>,
@@ -165,6 +172,8 @@ pub struct Config {
     pub probe_min_prefill_us_per_token: u64,
     /// Per-request timeout.
     pub probe_request_timeout: Duration,
+    /// The side-channel audit of every probe run.
+    pub side_channel: SideChannelSettings,
     /// Tokenizer source.
     pub model_path: Option<PathBuf>,
     /// Internal mutual TLS of the gRPC listener, or plaintext.
@@ -181,6 +190,25 @@ pub struct Config {
     pub log_json: bool,
     /// The routers' receipt verification key, when receipts are signed.
     pub receipt_public_key: Option<PublicKey>,
+}
+
+/// The side-channel audit's settings: the defaults, where not given; a threshold must be a
+/// probability above 0 and below 1.
+fn side_channel(
+    rounds: Option<u32>,
+    threshold: Option<f64>,
+) -> Result<SideChannelSettings, ConfigError> {
+    let d = SideChannelSettings::default();
+    let threshold = threshold.unwrap_or(d.threshold);
+    if !(threshold > 0.0 && threshold < 1.0) {
+        return Err(ConfigError::Invalid(format!(
+            "side_channel_threshold must be between 0 and 1 (exclusive), got {threshold}"
+        )));
+    }
+    Ok(SideChannelSettings {
+        rounds: rounds.unwrap_or(d.rounds),
+        threshold,
+    })
 }
 
 fn parse_probe_key(s: &str) -> Result<ProbeTenant, ConfigError> {
@@ -253,6 +281,7 @@ impl Config {
             probe_page_size: s.probe_page_size.unwrap_or(16),
             probe_max_ttft: s.probe_max_ttft.unwrap_or(Duration::from_secs(60)),
             probe_min_prefill_us_per_token: s.probe_min_prefill_us_per_token.unwrap_or(0),
+            side_channel: side_channel(s.side_channel_rounds, s.side_channel_threshold)?,
             probe_request_timeout: s.probe_request_timeout.unwrap_or(Duration::from_secs(120)),
             model_path: s.model_path,
             tls: InternalTls::load(&s.tls)?,

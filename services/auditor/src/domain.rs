@@ -111,18 +111,23 @@ pub enum IncidentKind {
     ProbeOverlengthAccepted,
     /// The router could not be reached by the prober.
     ProbeUnreachable,
+    /// The side-channel audit: another tenant's first-token times on a prompt one tenant had
+    /// cached are distinguishable from cold ones (a Kolmogorov–Smirnov p-value below the
+    /// threshold), so the cache's timing is visible across tenants.
+    SideChannel,
     /// A worker reported an integrity event that is not routine.
     Integrity(IntegrityKind),
 }
 
 /// The auditor's own kinds, in the order [`IncidentKind::ALL`] lists them first.
-const OWN_KINDS: [IncidentKind; 6] = [
+const OWN_KINDS: [IncidentKind; 7] = [
     IncidentKind::CrossTenantMarker,
     IncidentKind::ProbeBadStatus,
     IncidentKind::ProbeTokenCount,
     IncidentKind::ProbeLatency,
     IncidentKind::ProbeOverlengthAccepted,
     IncidentKind::ProbeUnreachable,
+    IncidentKind::SideChannel,
 ];
 
 const KIND_COUNT: usize = OWN_KINDS.len() + IntegrityKind::ALL.len();
@@ -194,6 +199,7 @@ impl IncidentKind {
             IncidentKind::ProbeLatency => "probe_latency",
             IncidentKind::ProbeOverlengthAccepted => "probe_overlength_accepted",
             IncidentKind::ProbeUnreachable => "probe_unreachable",
+            IncidentKind::SideChannel => "side_channel",
             IncidentKind::Integrity(k) => k.as_str(),
         }
     }
@@ -203,7 +209,8 @@ impl IncidentKind {
         match self {
             IncidentKind::CrossTenantMarker
             | IncidentKind::ProbeTokenCount
-            | IncidentKind::ProbeOverlengthAccepted => Severity::Critical,
+            | IncidentKind::ProbeOverlengthAccepted
+            | IncidentKind::SideChannel => Severity::Critical,
             IncidentKind::ProbeBadStatus
             | IncidentKind::ProbeLatency
             | IncidentKind::ProbeUnreachable => Severity::Warning,

@@ -23,6 +23,8 @@ pub struct Metrics {
     incidents: Vec<AtomicU64>,
     /// Prefix-cache events and the tokens their hits reused, per (role, kind, tenant).
     cache: Mutex<BTreeMap<CacheKey, (u64, u64)>>,
+    /// The side-channel audit's last p-values per worker: (other tenant vs cold, warm vs cold).
+    isolation: Mutex<BTreeMap<String, (f64, f64)>>,
 }
 
 impl Default for Metrics {
@@ -47,6 +49,7 @@ impl Default for Metrics {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             cache: Mutex::new(BTreeMap::new()),
+            isolation: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -102,6 +105,14 @@ impl Metrics {
         let e = m.entry((role, kind, tenant.to_string())).or_default();
         e.0 += 1;
         e.1 += cached_tokens;
+    }
+
+    /// The side-channel audit measured `worker`: the Kolmogorov–Smirnov p-value of another
+    /// tenant's first-token times on a cached prompt against cold ones (`cross`), and of the
+    /// owner's own warm times against cold ones (`control`, the positive control).
+    pub fn isolation(&self, worker: &str, cross: f64, control: f64) {
+        let mut m = self.isolation.lock().unwrap_or_else(|p| p.into_inner());
+        m.insert(worker.to_string(), (cross, control));
     }
 
     /// A preflight report was ingested.
@@ -188,6 +199,29 @@ impl Metrics {
         for (k, c) in IncidentKind::ALL.iter().zip(&self.incidents) {
             let _ = writeln!(out, "{name}{{kind=\"{k}\"}} {}", c.load(Ordering::Relaxed));
         }
+        let isolation = self.isolation.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, help, pick) in [
+            (
+                "pagewarden_auditor_isolation_ks_p",
+                "Side-channel audit: Kolmogorov-Smirnov p-value of another tenant's first-token \
+                 times on a cached prompt against cold ones (low: the cache is visible across \
+                 tenants)",
+                0,
+            ),
+            (
+                "pagewarden_auditor_isolation_control_ks_p",
+                "Side-channel audit's positive control: p-value of the owner's warm first-token \
+                 times against cold ones (low: the audit can see a cache hit)",
+                1,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (worker, ps) in isolation.iter() {
+                let p = if pick == 0 { ps.0 } else { ps.1 };
+                let _ = writeln!(out, "{name}{{worker=\"{}\"}} {p}", label(worker));
+            }
+        }
+        drop(isolation);
         let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let (events, tokens) = (
             "pagewarden_auditor_prefix_cache_events_total",

@@ -178,6 +178,7 @@ pub async fn start(
                 },
                 request_timeout: cfg.probe_request_timeout,
                 tokens,
+                side_channel: cfg.side_channel,
             },
         )?)),
         None => None,

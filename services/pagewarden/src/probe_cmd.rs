@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use pagewarden_auditor::domain::ProbeRunStatus;
 use pagewarden_auditor::probe::plan::LatencyBounds;
+use pagewarden_auditor::probe::side_channel::SideChannelSettings;
 use pagewarden_auditor::probe::{ProbeSettings, ProbeTenant, Prober};
 use pagewarden_auditor::store::Store;
 use pagewarden_auditor::tokens::TokenCounter;
@@ -41,6 +42,9 @@ pub struct ProbeArgs {
     /// Per-request timeout (seconds).
     #[arg(long, default_value_t = 300)]
     pub timeout_s: u64,
+    /// Rounds of the side-channel audit after the sweep, with two keys or more (0: none).
+    #[arg(long, default_value_t = SideChannelSettings::default().rounds)]
+    pub side_channel_rounds: u32,
     /// GGUF model whose tokenizer checks `usage.prompt_tokens` (the router's model).
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -105,6 +109,10 @@ async fn sweep(args: ProbeArgs) -> anyhow::Result<()> {
         },
         request_timeout: Duration::from_secs(args.timeout_s),
         tokens,
+        side_channel: SideChannelSettings {
+            rounds: args.side_channel_rounds,
+            ..SideChannelSettings::default()
+        },
     };
     let prober = Prober::new(engine.clone(), settings)?;
     println!("probing {router}");

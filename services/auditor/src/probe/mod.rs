@@ -9,10 +9,12 @@
 //! - `plan`: step lengths, prompts and verdicts (pure).
 //! - `pace`: the suite's measured prefill pace, which a step's first-token limit follows.
 //! - `http`: `/v1/models` and one streamed `/v1/completions`.
+//! - `side_channel`: the paired timing audit of the prefix cache across tenants.
 
 pub mod http;
 pub mod pace;
 pub mod plan;
+pub mod side_channel;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +28,7 @@ use crate::engine::Engine;
 use crate::store::{NewIncident, ProbeResult, ProbeRunEnd, StoreError};
 use crate::tokens::TokenCounter;
 use plan::{Answer, LatencyBounds, StepSpec};
+use side_channel::{SideChannelSettings, Timings};
 
 /// One probe tenant: the name the router knows it by, and its API key.
 #[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
@@ -53,6 +56,8 @@ pub struct ProbeSettings {
     pub request_timeout: Duration,
     /// Exact prompt token counts, when a tokenizer is available.
     pub tokens: Option<Arc<dyn TokenCounter>>,
+    /// The side-channel audit each run ends with (with two probe tenants or more).
+    pub side_channel: SideChannelSettings,
 }
 
 /// When scheduled runs happen, and which sweep they are.
@@ -244,6 +249,13 @@ impl Prober {
             if r.outcome.incident_kind().is_some() {
                 failures += 1;
             }
+            if s.side_channel.rounds > 0 {
+                let r = self.side_channel(run, owner, other, steps, &model).await?;
+                steps += 1;
+                if r.outcome != ProbeOutcome::Accepted {
+                    failures += 1;
+                }
+            }
         }
         let status = if failures == 0 {
             ProbeRunStatus::Passed
@@ -372,6 +384,149 @@ impl Prober {
         });
         self.record(run, result, Some(owner.tenant.clone()), details)
             .await
+    }
+
+    /// The side-channel audit (see [`side_channel`]): `s.side_channel.rounds` rounds of the
+    /// owner's prompt warm, the other tenant on it, and the other tenant cold. Recorded as one
+    /// step (its first-token time the cross requests' median); a leak opens a `side_channel`
+    /// incident; the p-values go to the metrics.
+    async fn side_channel(
+        &self,
+        run: ProbeRunId,
+        owner: &ProbeTenant,
+        other: &ProbeTenant,
+        step: i64,
+        model: &str,
+    ) -> Result<ProbeResult, StoreError> {
+        let s = &self.settings;
+        let words = side_channel::PROMPT_PAGES * s.page_size;
+        let (client, url, wait) = (&self.http, &s.router_url, s.request_timeout);
+        let ttft = |a: Result<Answer, http::ProbeHttpError>| match a {
+            Ok(Answer::Completed { ttft_ms, .. }) => Some(ttft_ms as f64),
+            _ => None,
+        };
+        let mut t = Timings::default();
+        let mut failed = 0u32;
+        for round in 0..s.side_channel.rounds {
+            let mine = self.marked_prompt(owner, words).await?;
+            let fresh = self.marked_prompt(other, words).await?;
+            let send = |tenant: &ProbeTenant, prompt: &str| {
+                let (key, prompt) = (tenant.api_key.clone(), prompt.to_string());
+                async move { http::complete(client, url, &key, model, &prompt, 1, wait).await }
+            };
+            let primed = ttft(send(owner, &mine).await);
+            let warm = ttft(send(owner, &mine).await);
+            // Alternate which of the other tenant's two goes first, so neither always follows
+            // the owner's warm request.
+            let (cross, cold) = if round % 2 == 0 {
+                let c = ttft(send(other, &mine).await);
+                (c, ttft(send(other, &fresh).await))
+            } else {
+                let c = ttft(send(other, &fresh).await);
+                (ttft(send(other, &mine).await), c)
+            };
+            match (primed, warm, cross, cold) {
+                (Some(_), Some(w), Some(x), Some(c)) => {
+                    t.warm.push(w);
+                    t.cross.push(x);
+                    t.cold.push(c);
+                }
+                _ => failed += 1,
+            }
+        }
+        let v = side_channel::judge(&t, s.side_channel.threshold);
+        // The router does not say which worker served a probe: one series for the suite.
+        let worker = "all";
+        self.engine
+            .metrics()
+            .isolation(worker, v.cross_p, v.control_p);
+        let median = |x: &[f64]| {
+            let mut x = x.to_vec();
+            x.sort_by(f64::total_cmp);
+            x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        let detail = format!(
+            "side channel: {} on {}'s cached prompt vs cold: KS D = {:.2}, p = {:.2e} (threshold \
+             {:.0e}); control (warm vs cold) p = {:.2e}; medians warm {:.0} / cross {:.0} / \
+             cold {:.0} ms over {} rounds{}",
+            other.tenant,
+            owner.tenant,
+            v.cross_d,
+            v.cross_p,
+            s.side_channel.threshold,
+            v.control_p,
+            median(&t.warm),
+            median(&t.cross),
+            median(&t.cold),
+            t.cold.len(),
+            match (v.conclusive, failed) {
+                (_, f) if f > 0 => format!(", {f} rounds failed"),
+                (false, _) => ": inconclusive, the control saw no cache hit".to_string(),
+                (true, _) => String::new(),
+            }
+        );
+        let outcome = if v.leak {
+            ProbeOutcome::Leak
+        } else if failed > 0 && t.cold.is_empty() {
+            ProbeOutcome::TransportError
+        } else {
+            ProbeOutcome::Accepted
+        };
+        let result = ProbeResult {
+            tenant: other.tenant.clone(),
+            step,
+            prompt_words: i64::from(words),
+            expected_tokens: None,
+            outcome,
+            http_status: (!t.cross.is_empty()).then_some(200),
+            prompt_tokens: None,
+            ttft_ms: (!t.cross.is_empty()).then(|| median(&t.cross) as i64),
+            detail: detail.clone(),
+            at: UnixMs::now(),
+        };
+        self.engine
+            .store()
+            .insert_probe_result(run, &result)
+            .await?;
+        if v.leak {
+            let kind = IncidentKind::SideChannel;
+            self.engine
+                .open_incident(NewIncident {
+                    kind,
+                    severity: kind.severity(),
+                    node: None,
+                    request_id: None,
+                    tenant: Some(other.tenant.clone()),
+                    other_tenant: Some(owner.tenant.clone()),
+                    page: None,
+                    generation: None,
+                    details: json!({
+                        "source": "probe",
+                        "check": "side_channel",
+                        "run_id": run.0,
+                        "step": step,
+                        "worker": worker,
+                        "detail": detail,
+                        "ks_d": v.cross_d,
+                        "ks_p": v.cross_p,
+                        "control_p": v.control_p,
+                        "threshold": s.side_channel.threshold,
+                        "ttft_ms": {"warm": t.warm, "cross": t.cross, "cold": t.cold},
+                    })
+                    .to_string(),
+                    at: result.at,
+                })
+                .await?;
+        }
+        Ok(result)
+    }
+
+    /// A prompt of `words` filler words between two fresh markers issued to `tenant`.
+    async fn marked_prompt(&self, tenant: &ProbeTenant, words: u32) -> Result<String, StoreError> {
+        let tid = TenantId::new(tenant.tenant.clone());
+        let start = self.engine.issue_marker(&tid).await?;
+        let end = self.engine.issue_marker(&tid).await?;
+        Ok(plan::prompt(&start.marker, &end.marker, words))
     }
 
     async fn step(

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use pagewarden_auditor::domain::{ProbeOutcome, ProbeRunStatus, SweepKind};
 use pagewarden_auditor::probe::plan::LatencyBounds;
+use pagewarden_auditor::probe::side_channel::SideChannelSettings;
 use pagewarden_auditor::probe::{ProbeSettings, ProbeTenant, Prober, Schedule};
 use pagewarden_auditor::tokens::WordCounter;
 use pagewarden_auditor::Running;
@@ -41,6 +42,11 @@ pub fn settings(router: String) -> ProbeSettings {
         },
         request_timeout: Duration::from_secs(10),
         tokens: Some(Arc::new(WordCounter)),
+        // The fake router has no cache to time: the audit's logic is tested on its own.
+        side_channel: SideChannelSettings {
+            rounds: 0,
+            ..SideChannelSettings::default()
+        },
     }
 }
 
