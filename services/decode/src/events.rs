@@ -1,10 +1,13 @@
-//! Building the `TokenEvent`s of a `Generate` stream.
+//! Building the `TokenEvent`s of a `Generate` stream, and the account its last one carries.
 
 use pagewarden_common::{AttemptId, RequestId};
+use pagewarden_kvcache::{Generation, PageId, SharedPages};
 use pagewarden_model::{Emitted, FinishReason, TokenLogprobs};
 use pagewarden_proto::convert::request_ref;
 use pagewarden_proto::v1::{self as pb, TokenEvent};
 use pagewarden_worker::wire::logprobs as wire_logprobs;
+
+use crate::state::Running;
 
 /// One emitted token (or the end marker, which carries no logprobs: it is not part of the
 /// completion).
@@ -26,6 +29,51 @@ pub fn token(
         finish: pb::FinishReason::from(e.finish) as i32,
         marker_only: e.end_of_generation,
         logprobs,
+        account: None,
+    }
+}
+
+/// What a sequence that ended with `finish` was computed over, for its last event: its page
+/// table in token order (the pinned cached prefix, then its own pages: prompt pages prefill
+/// wrote, generated-token pages, recomputed ones after a preemption), the runs of that prefix
+/// with their producers, and its preemptions. `None` for an abort, which carries none.
+pub fn account(finish: FinishReason, r: &Running) -> Option<pb::SequenceAccount> {
+    match finish {
+        FinishReason::Stop | FinishReason::Length | FinishReason::ToolCalls => {}
+        FinishReason::Abort => return None,
+    }
+    let prefix = r.prefix.as_ref().map_or(&[][..], SharedPages::table);
+    let pages = prefix
+        .iter()
+        .chain(r.pages.table())
+        .map(|&entry| grant_page(entry))
+        .collect();
+    Some(pb::SequenceAccount {
+        pages,
+        reused: r.prefix.as_ref().map(reused_runs).unwrap_or_default(),
+        preemptions: r.seq.preemptions,
+    })
+}
+
+/// The runs of a pinned prefix, each with its tokens, namespace, producing request and pages.
+fn reused_runs(prefix: &SharedPages) -> Vec<pb::ReusedRun> {
+    let namespace = prefix.namespace().as_bytes();
+    prefix
+        .runs()
+        .iter()
+        .map(|run| pb::ReusedRun {
+            tokens: run.tokens as u32,
+            namespace: namespace.to_vec(),
+            producer_request_id: run.producer.as_bytes().to_vec(),
+            pages: run.pages.iter().map(|&entry| grant_page(entry)).collect(),
+        })
+        .collect()
+}
+
+fn grant_page((page, generation): (PageId, Generation)) -> pb::GrantPage {
+    pb::GrantPage {
+        page: page.0,
+        generation: generation.0,
     }
 }
 
@@ -38,5 +86,6 @@ pub fn abort(req: RequestId, attempt: AttemptId) -> TokenEvent {
         finish: pb::FinishReason::from(Some(FinishReason::Abort)) as i32,
         marker_only: true,
         logprobs: None,
+        account: None,
     }
 }

@@ -136,6 +136,7 @@ impl Reservation {
                 tx: args.tx,
                 received_at: args.received_at,
                 last_emit: None,
+                preemptions: 0,
             },
         })
     }
@@ -164,6 +165,8 @@ pub struct Sequence {
     pub tx: EventTx,
     pub received_at: Instant,
     pub last_emit: Option<Instant>,
+    /// Times it was preempted (its pages freed, then recomputed): its account says so.
+    pub preemptions: u32,
 }
 
 impl Sequence {
@@ -201,11 +204,7 @@ impl Running {
     pub fn finish(self) -> Option<Published> {
         let Running { prefix, pages, seq } = self;
         let prefix = prefix?;
-        Some(pages.publish_prefix(
-            &prefix,
-            &seq.tokens[..seq.prompt_len],
-            seq.owner.request,
-        ))
+        Some(pages.publish_prefix(&prefix, &seq.tokens[..seq.prompt_len], seq.owner.request))
     }
 }
 

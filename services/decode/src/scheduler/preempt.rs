@@ -135,8 +135,9 @@ impl Scheduler {
         let Running {
             prefix: _,
             pages,
-            seq,
+            mut seq,
         } = *r;
+        seq.preemptions = seq.preemptions.saturating_add(1);
         let freed = pages.table().len();
         drop(pages);
         tracing::info!(

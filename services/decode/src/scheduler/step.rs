@@ -43,16 +43,10 @@ impl Scheduler {
             self.deps.metrics.generated(1);
         }
         let finish = emitted.finish;
-        let sent = r
-            .seq
-            .tx
-            .send(Ok(events::token(
-                req,
-                entry.attempt,
-                emitted,
-                sampled.logprobs,
-            )))
-            .is_ok();
+        let mut event = events::token(req, entry.attempt, emitted, sampled.logprobs);
+        // The last event says what the sequence was computed over: built once, at its end.
+        event.account = finish.and_then(|f| events::account(f, &r));
+        let sent = r.seq.tx.send(Ok(event)).is_ok();
         match (finish, sent) {
             (Some(f), _) => {
                 entry.state = RequestState::Finished;

@@ -9,13 +9,17 @@ use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::reject_reason::RejectReason;
 use pagewarden_common::shutdown::Shutdown;
 use pagewarden_common::{AttemptId, RequestId, TenantId};
-use pagewarden_kvcache::{KvPool, PoolConfig};
+use pagewarden_kvcache::{
+    page_checksum, CommitManifest, KvPool, Namespace, NamespaceSecret, PageWrite, Placement,
+    PoolConfig,
+};
 use pagewarden_model::{GgufFile, LoadOptions, Model, SamplingParams, Tokenizer};
+use pagewarden_proto::v1::{self as pb, TokenEvent};
 use pagewarden_worker::{Compute, PrefixCacheLog, QueueRefusal, WorkerError};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{run, Command, SchedulerDeps};
-use crate::state::Granted;
+use crate::state::{GenerateArgs, Granted};
 
 const PAGE: usize = 16;
 
@@ -44,6 +48,8 @@ fn deps(pages: usize, max_queue: usize, queue_timeout: Duration) -> SchedulerDep
     let tokenizer = Arc::new(Tokenizer::from_gguf(model.gguf()).unwrap());
     let mut cfg = PoolConfig::with_pages(model.kv_layout(PAGE), pages);
     cfg.revocation_drains = true;
+    // Only a request with a namespace caches (none of the queue tests has one).
+    cfg.prefix_pages_per_namespace = pages;
     let pool = KvPool::new(cfg);
     let metrics = Arc::new(WorkerMetrics::new("decode", "tiny"));
     let integrity: Arc<dyn IntegritySink> = Arc::new(NoopIntegritySink);
@@ -247,4 +253,140 @@ async fn a_draining_decode_finishes_what_it_holds_and_takes_nothing_new() {
         .await
         .expect("the drained scheduler stops")
         .unwrap();
+}
+
+/// Reserves `prompt` as `req` in `namespace`, writes the grant's pages as prefill would
+/// (zeros: any KV will do), generates greedily until the sequence ends, and returns its
+/// events; with the grant's `prefix_tokens`.
+async fn generate(
+    tx: &mpsc::Sender<Command>,
+    pool: &KvPool,
+    req: RequestId,
+    namespace: Namespace,
+    prompt: &[u32],
+) -> (Vec<TokenEvent>, usize) {
+    let (reply, granted) = oneshot::channel();
+    let sampling = SamplingParams {
+        max_tokens: 4,
+        temperature: 0.0,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    tx.send(Command::Reserve {
+        req,
+        attempt: AttemptId(1),
+        tenant: TenantId::new("t"),
+        weight: 1,
+        prompt: prompt.to_vec(),
+        sampling: Box::new(sampling),
+        namespace: Some(namespace),
+        reply,
+    })
+    .await
+    .unwrap();
+    let Granted {
+        grant,
+        prefix_tokens,
+    } = granted.await.unwrap().unwrap();
+    let data = vec![0u8; pool.layout().page_bytes()];
+    let checksum = page_checksum(&data);
+    for (i, &(page, generation)) in grant.pages.iter().enumerate() {
+        pool.write_page(PageWrite {
+            key: grant.key,
+            page,
+            generation,
+            tokens: grant.tokens_in_page(i) as u32,
+            data: &data,
+            checksum,
+        })
+        .unwrap();
+    }
+    let manifest = CommitManifest::new(grant.key, grant.tokens, vec![checksum; grant.pages.len()]);
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let (reply, done) = oneshot::channel();
+    tx.send(Command::Generate {
+        req,
+        attempt: AttemptId(1),
+        args: GenerateArgs {
+            manifest,
+            first_token: 40,
+            first_logprobs: None,
+            tx: events_tx,
+            received_at: tokio::time::Instant::now(),
+        },
+        reply,
+    })
+    .await
+    .unwrap();
+    done.await.unwrap().unwrap();
+    let mut out = Vec::new();
+    while let Some(event) = events.recv().await {
+        let event = event.unwrap();
+        let last = event.finish != pb::FinishReason::Unspecified as i32;
+        out.push(event);
+        if last {
+            break;
+        }
+    }
+    (out, prefix_tokens)
+}
+
+/// The last event of a finished sequence accounts for what it was computed over: every page
+/// of its table once, covering the tokens whose KV it wrote, and, when its prompt's pages came
+/// from decode's prefix cache, the run it reused with the request that produced it.
+#[tokio::test]
+async fn the_last_event_accounts_for_every_page_and_names_the_producer_of_a_reused_run() {
+    let (tx, pool) = scheduler_with(16, 16, Duration::from_secs(600));
+    let namespace = Namespace::derive(
+        &NamespaceSecret::from_bytes(&[7; 32]),
+        Placement::Private(&TenantId::new("t")),
+    );
+    // 61 tokens and 4 generated: the KV written covers 64 (the last token sampled is never
+    // written), which fills exactly 4 pages; a fifth page would hold nothing.
+    let prompt: Vec<u32> = (0..4 * PAGE as u32 - 3).map(|i| 30 + i % 40).collect();
+    let first_req = RequestId::random();
+    let (first, held) = generate(&tx, &pool, first_req, namespace, &prompt).await;
+    assert_eq!(held, 0, "nothing cached yet");
+    let (last, rest) = first.split_last().unwrap();
+    assert!(
+        rest.iter().all(|e| e.account.is_none()),
+        "only the last event has one"
+    );
+    assert_eq!(last.finish, pb::FinishReason::Length as i32);
+    let completion = first.iter().filter(|e| !e.marker_only).count();
+    assert_eq!(completion, 4);
+    let account = last
+        .account
+        .as_ref()
+        .expect("the last event carries its account");
+    let written = prompt.len() + completion - 1;
+    assert_eq!(account.pages.len(), written.div_ceil(PAGE));
+    assert_eq!(account.pages.len(), 4);
+    let distinct: std::collections::HashSet<u32> = account.pages.iter().map(|p| p.page).collect();
+    assert_eq!(distinct.len(), account.pages.len(), "a page listed twice");
+    assert!(account.reused.is_empty(), "nothing came from the cache");
+    assert_eq!(account.preemptions, 0);
+    // Its three full prompt pages are cached now.
+    handled(&tx).await;
+    assert_eq!(pool.cached_pages(&namespace), 3);
+
+    let (second, held) = generate(&tx, &pool, RequestId::random(), namespace, &prompt).await;
+    assert_eq!(
+        held,
+        3 * PAGE,
+        "the cached prompt pages were held, not sent"
+    );
+    let again = second.last().unwrap().account.as_ref().unwrap();
+    assert_eq!(again.pages.len(), 4);
+    let distinct: std::collections::HashSet<u32> = again.pages.iter().map(|p| p.page).collect();
+    assert_eq!(distinct.len(), 4, "a page listed twice");
+    let [run] = &again.reused[..] else {
+        panic!("want one reused run, got {:?}", again.reused);
+    };
+    assert_eq!(run.tokens as usize, 3 * PAGE);
+    assert_eq!(run.producer_request_id, first_req.as_bytes().to_vec());
+    assert_eq!(run.namespace, namespace.as_bytes().to_vec());
+    // The run is the table's start: the very pages the first sequence wrote its prompt into.
+    assert_eq!(run.pages, again.pages[..3]);
+    assert_eq!(run.pages, account.pages[..3]);
 }
