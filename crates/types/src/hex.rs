@@ -15,7 +15,7 @@ pub fn encode(bytes: &[u8]) -> String {
 /// The bytes of a hex string (either case); `None` for an odd length or a non-hex digit.
 pub fn decode(s: &str) -> Option<Vec<u8>> {
     // `from_str_radix` alone would take a sign ("+1").
-    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..s.len())

@@ -10,7 +10,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use pagewarden_common::namespace::Namespace;
 use pagewarden_common::TenantId;
 
-use pagewarden_kvcache::{CommitManifest, Erasure, Generation, GrantKey, PageId, WriteGrant};
+use pagewarden_kvcache::{
+    CommitManifest, Erasure, Generation, GrantKey, PageId, SharedPages, WriteGrant,
+};
 use pagewarden_model::{Logprob, TokenLogprobs, MAX_TOP_LOGPROBS};
 use pagewarden_proto::v1 as pb;
 use pagewarden_transfer::{GrantSeal, SealMode};
@@ -27,6 +29,30 @@ pub fn prompt_ids(ids: Vec<u32>, prompt_tokens: usize) -> Result<Vec<u32>, Statu
         )));
     }
     Ok(ids)
+}
+
+/// One `(page, generation)` for the wire.
+pub fn grant_page((page, generation): (PageId, Generation)) -> pb::GrantPage {
+    pb::GrantPage {
+        page: page.0,
+        generation: generation.0,
+    }
+}
+
+/// The runs of a pinned prefix for the wire (what a receipt names): each run's tokens, the
+/// namespace, the request that produced it and its pages. Empty when nothing is pinned.
+pub fn reused_runs(prefix: &SharedPages) -> Vec<pb::ReusedRun> {
+    let namespace = prefix.namespace().as_bytes();
+    prefix
+        .runs()
+        .iter()
+        .map(|run| pb::ReusedRun {
+            tokens: run.tokens as u32,
+            namespace: namespace.to_vec(),
+            producer_request_id: run.producer.as_bytes().to_vec(),
+            pages: run.pages.iter().map(|&entry| grant_page(entry)).collect(),
+        })
+        .collect()
 }
 
 /// Parses a grant key (16 bytes).
@@ -81,14 +107,7 @@ pub fn grant(
         seal_secret,
         key: g.key.0.to_vec(),
         tenant: g.owner.tenant.as_str().to_string(),
-        pages: g
-            .pages
-            .iter()
-            .map(|(p, gen)| pb::GrantPage {
-                page: p.0,
-                generation: gen.0,
-            })
-            .collect(),
+        pages: g.pages.iter().map(|&entry| grant_page(entry)).collect(),
         tokens: g.tokens as u32,
         page_size: g.page_size as u32,
         expires_unix_ms: unix_ms(Instant::now() + g.idle_ttl),

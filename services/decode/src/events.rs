@@ -1,11 +1,11 @@
 //! Building the `TokenEvent`s of a `Generate` stream, and the account its last one carries.
 
 use pagewarden_common::{AttemptId, RequestId};
-use pagewarden_kvcache::{Generation, PageId, SharedPages};
+use pagewarden_kvcache::SharedPages;
 use pagewarden_model::{Emitted, FinishReason, TokenLogprobs};
 use pagewarden_proto::convert::request_ref;
 use pagewarden_proto::v1::{self as pb, TokenEvent};
-use pagewarden_worker::wire::logprobs as wire_logprobs;
+use pagewarden_worker::wire::{grant_page, logprobs as wire_logprobs, reused_runs};
 
 use crate::state::Running;
 
@@ -53,28 +53,6 @@ pub fn account(finish: FinishReason, r: &Running) -> Option<pb::SequenceAccount>
         reused: r.prefix.as_ref().map(reused_runs).unwrap_or_default(),
         preemptions: r.seq.preemptions,
     })
-}
-
-/// The runs of a pinned prefix, each with its tokens, namespace, producing request and pages.
-fn reused_runs(prefix: &SharedPages) -> Vec<pb::ReusedRun> {
-    let namespace = prefix.namespace().as_bytes();
-    prefix
-        .runs()
-        .iter()
-        .map(|run| pb::ReusedRun {
-            tokens: run.tokens as u32,
-            namespace: namespace.to_vec(),
-            producer_request_id: run.producer.as_bytes().to_vec(),
-            pages: run.pages.iter().map(|&entry| grant_page(entry)).collect(),
-        })
-        .collect()
-}
-
-fn grant_page((page, generation): (PageId, Generation)) -> pb::GrantPage {
-    pb::GrantPage {
-        page: page.0,
-        generation: generation.0,
-    }
 }
 
 /// The last event of an aborted stream.

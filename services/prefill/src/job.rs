@@ -141,7 +141,7 @@ async fn compute_and_send(
     let t0 = Instant::now();
     tracing::debug!(request = %job.req, compute_ms = started.elapsed().as_secs_f64() * 1e3, "computed");
     let (manifest, bytes) = out.finish(&pages, cancel).await?;
-    let reused = reused_runs(prefix.as_deref());
+    let reused = prefix.as_deref().map(wire::reused_runs).unwrap_or_default();
     if let Some(prefix) = prefix {
         let published = pages.publish_prefix(&prefix, &job.prompt, job.req);
         deps.prefix_log
@@ -163,33 +163,6 @@ async fn compute_and_send(
         prompt_logprobs: scored.iter().map(wire::logprobs).collect(),
         reused,
     })
-}
-
-/// The runs of the pinned prefix behind `cached_tokens`, for the reply (an isolation receipt
-/// names them): each run's tokens, namespace, producing request and pages. Empty when nothing
-/// came from the cache.
-fn reused_runs(prefix: Option<&SharedPages>) -> Vec<pb::ReusedRun> {
-    let Some(prefix) = prefix else {
-        return Vec::new();
-    };
-    let namespace = prefix.namespace().as_bytes();
-    prefix
-        .runs()
-        .iter()
-        .map(|run| pb::ReusedRun {
-            tokens: run.tokens as u32,
-            namespace: namespace.to_vec(),
-            producer_request_id: run.producer.as_bytes().to_vec(),
-            pages: run
-                .pages
-                .iter()
-                .map(|&(page, generation)| pb::GrantPage {
-                    page: page.0,
-                    generation: generation.0,
-                })
-                .collect(),
-        })
-        .collect()
 }
 
 pub(crate) fn cancelled() -> WorkerError {

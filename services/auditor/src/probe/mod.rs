@@ -250,7 +250,9 @@ impl Prober {
                 failures += 1;
             }
             if s.side_channel.rounds > 0 {
-                let r = self.side_channel(run, owner, other, steps, &model).await?;
+                let r = self
+                    .side_channel(run, owner, other, steps, limit, &model)
+                    .await?;
                 steps += 1;
                 if r.outcome != ProbeOutcome::Accepted {
                     failures += 1;
@@ -396,10 +398,14 @@ impl Prober {
         owner: &ProbeTenant,
         other: &ProbeTenant,
         step: i64,
+        limit: u32,
         model: &str,
     ) -> Result<ProbeResult, StoreError> {
         let s = &self.settings;
-        let words = side_channel::PROMPT_PAGES * s.page_size;
+        // Within half the context, whatever the pages (a filler word is a token or more).
+        let words = (side_channel::PROMPT_PAGES * s.page_size)
+            .min(limit / 2)
+            .max(1);
         let (client, url, wait) = (&self.http, &s.router_url, s.request_timeout);
         let ttft = |a: Result<Answer, http::ProbeHttpError>| match a {
             Ok(Answer::Completed { ttft_ms, .. }) => Some(ttft_ms as f64),

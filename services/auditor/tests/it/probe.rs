@@ -403,10 +403,11 @@ async fn operators_start_a_sweep_on_demand() {
     wait_finished_run(&r, SweepKind::Full).await;
     let api = get_json(format!("http://{}/api/probes", r.http_addr)).await;
     assert_eq!(api[0]["sweep"], "full");
-    assert_eq!(api[0]["results"].as_array().unwrap().len(), 15);
+    // Every step of both tenants, the prefix-isolation check and the side-channel audit.
+    assert_eq!(api[0]["results"].as_array().unwrap().len(), 16);
     let html = get_page(format!("http://{}/probes", r.http_addr)).await;
     assert!(html.contains("id=\"probe-chart\"") && html.contains("id=\"run-light\""));
-    assert_eq!(html.matches("class=\"step outcome-").count(), 15);
+    assert_eq!(html.matches("class=\"step outcome-").count(), 16);
 
     // The Probes page's buttons: a form post with the session's CSRF token, operators only.
     let base = format!("http://{}", r.http_addr);
