@@ -120,7 +120,10 @@ async fn receipts_name_what_an_answer_was_computed_over_and_any_change_breaks_th
     for (body, r) in [(&first, r1), (&second, r2)] {
         assert_eq!(r["tenant"], "dev-alice");
         assert_eq!(r["response_id"], body["id"]);
-        assert_eq!(r["choices"][0]["prompt"]["tokens"], body["usage"]["prompt_tokens"]);
+        assert_eq!(
+            r["choices"][0]["prompt"]["tokens"],
+            body["usage"]["prompt_tokens"]
+        );
         assert_eq!(
             r["choices"][0]["output"]["tokens"],
             body["usage"]["completion_tokens"]
@@ -132,7 +135,10 @@ async fn receipts_name_what_an_answer_was_computed_over_and_any_change_breaks_th
 
     // The first computed everything; the second reused pages the first produced, in its own
     // namespace, exactly as many tokens as its usage says came from the cache.
-    assert!(runs(r1, "prefill").is_empty() && runs(r1, "decode").is_empty(), "{r1}");
+    assert!(
+        runs(r1, "prefill").is_empty() && runs(r1, "decode").is_empty(),
+        "{r1}"
+    );
     let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .expect("cached_tokens");
@@ -142,7 +148,9 @@ async fn receipts_name_what_an_answer_was_computed_over_and_any_change_breaks_th
     let decode_runs = runs(r2, "decode");
     assert_eq!(
         run_tokens(&decode_runs),
-        r2["choices"][0]["decode"]["prefix_tokens"].as_u64().unwrap(),
+        r2["choices"][0]["decode"]["prefix_tokens"]
+            .as_u64()
+            .unwrap(),
         "{r2}"
     );
     let first_id = r1["choices"][0]["request_id"].as_str().unwrap();
@@ -152,8 +160,12 @@ async fn receipts_name_what_an_answer_was_computed_over_and_any_change_breaks_th
     }
 
     // Decode's page table: the whole sequence, no page twice, every generation named.
-    let pages = r2["choices"][0]["decode"]["pages"].as_array().expect("pages");
-    let page_size = r2["choices"][0]["decode"]["page_size"].as_u64().expect("page_size");
+    let pages = r2["choices"][0]["decode"]["pages"]
+        .as_array()
+        .expect("pages");
+    let page_size = r2["choices"][0]["decode"]["page_size"]
+        .as_u64()
+        .expect("page_size");
     let tokens = r2["choices"][0]["prompt"]["tokens"].as_u64().unwrap()
         + r2["choices"][0]["output"]["tokens"].as_u64().unwrap();
     assert!(
@@ -166,7 +178,10 @@ async fn receipts_name_what_an_answer_was_computed_over_and_any_change_breaks_th
 
     // Any one changed field breaks the signature.
     let tampered: [(&str, Box<dyn Fn(&mut Value)>); 4] = [
-        ("tenant", Box::new(|v| v["receipt"]["tenant"] = json!("dev-bob"))),
+        (
+            "tenant",
+            Box::new(|v| v["receipt"]["tenant"] = json!("dev-bob")),
+        ),
         (
             "reused tokens",
             Box::new(|v| v["receipt"]["choices"][0]["prefill"]["cached_tokens"] = json!(0)),
@@ -174,7 +189,9 @@ async fn receipts_name_what_an_answer_was_computed_over_and_any_change_breaks_th
         (
             "a page's generation",
             Box::new(|v| {
-                let g = v["receipt"]["choices"][0]["decode"]["pages"][0][1].as_u64().unwrap();
+                let g = v["receipt"]["choices"][0]["decode"]["pages"][0][1]
+                    .as_u64()
+                    .unwrap();
                 v["receipt"]["choices"][0]["decode"]["pages"][0][1] = json!(g + 1);
             }),
         ),

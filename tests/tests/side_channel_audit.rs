@@ -36,18 +36,25 @@ async fn audit(auditor: &Service) -> (Value, f64, f64, Vec<Value>) {
         .await
         .expect("POST /api/probes/run");
     assert_eq!(r.status(), 202);
-    let run = eventually(Duration::from_secs(600), "the probe run to finish", || async {
-        let runs = get_json(auditor, "/api/probes").await;
-        let runs = runs.as_array().cloned().unwrap_or_default();
-        let newest = runs.first().cloned()?;
-        (runs.len() > runs_before && newest["status"] != "running").then_some(newest)
-    })
+    let run = eventually(
+        Duration::from_secs(600),
+        "the probe run to finish",
+        || async {
+            let runs = get_json(auditor, "/api/probes").await;
+            let runs = runs.as_array().cloned().unwrap_or_default();
+            let newest = runs.first().cloned()?;
+            (runs.len() > runs_before && newest["status"] != "running").then_some(newest)
+        },
+    )
     .await;
     let step = run["results"]
         .as_array()
         .and_then(|r| {
-            r.iter()
-                .find(|s| s["detail"].as_str().is_some_and(|d| d.starts_with("side channel")))
+            r.iter().find(|s| {
+                s["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.starts_with("side channel"))
+            })
         })
         .cloned()
         .unwrap_or_else(|| panic!("no side-channel step in {run:#}"));
@@ -108,8 +115,14 @@ async fn the_side_channel_audit_catches_a_shared_namespace_and_passes_isolation(
     let dir = tempfile::tempdir().expect("tempdir");
     let auditor = start_auditing(&dir.path().join("leaky"), &leaky);
     let (step, p, control, incidents) = audit(&auditor).await;
-    eprintln!("leaky build: p = {p:.2e}, control p = {control:.2e}; {}", step["detail"]);
-    assert!(control < 0.05, "the positive control saw no cache hit: {step}");
+    eprintln!(
+        "leaky build: p = {p:.2e}, control p = {control:.2e}; {}",
+        step["detail"]
+    );
+    assert!(
+        control < 0.05,
+        "the positive control saw no cache hit: {step}"
+    );
     assert!(p < THRESHOLD, "a shared namespace passed the audit: {step}");
     assert_eq!(step["outcome"], "leak", "{step}");
     assert_eq!(incidents.len(), 1, "{incidents:?}");
@@ -122,8 +135,14 @@ async fn the_side_channel_audit_catches_a_shared_namespace_and_passes_isolation(
     let router = start_router(&ModelArg::Real, &[&decode], &[&prefill]).await;
     let auditor = start_auditing(&dir.path().join("normal"), &router);
     let (step, p, control, incidents) = audit(&auditor).await;
-    eprintln!("normal build: p = {p:.2e}, control p = {control:.2e}; {}", step["detail"]);
-    assert!(control < 0.05, "the positive control saw no cache hit: {step}");
+    eprintln!(
+        "normal build: p = {p:.2e}, control p = {control:.2e}; {}",
+        step["detail"]
+    );
+    assert!(
+        control < 0.05,
+        "the positive control saw no cache hit: {step}"
+    );
     assert!(p >= THRESHOLD, "isolation failed the audit: {step}");
     assert_eq!(step["outcome"], "accepted", "{step}");
     assert!(incidents.is_empty(), "{incidents:?}");
