@@ -252,6 +252,7 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
         finish: 0,
         marker_only: false,
         logprobs: None,
+        account: None,
     });
     let scripted = o.script.as_ref().map(Vec::len);
     let emit = o
@@ -277,6 +278,7 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
         },
         marker_only: false,
         logprobs: None,
+        account: None,
     });
     // End of generation: a marker-only STOP event that carries no completion token.
     let end = eog.then(|| TokenEvent {
@@ -286,6 +288,7 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
         finish: FinishReason::Stop as i32,
         marker_only: true,
         logprobs: None,
+        account: None,
     });
     let events = events.chain(end);
     let body = futures::stream::iter(stale.into_iter().chain(events)).map(Ok);
@@ -326,6 +329,7 @@ impl Prefill for Inner {
             first_logprobs: None,
             cached_tokens: 0,
             prompt_logprobs: vec![],
+            reused: vec![],
         }))
     }
 
