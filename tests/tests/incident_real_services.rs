@@ -91,6 +91,7 @@ impl Case {
             Switch::Checksums => Some("manifest_mismatch"),
             Switch::ReadGeneration => Some("generation_mismatch"),
             Switch::PoolPreflight
+            | Switch::NamespaceIsolation
             | Switch::RouterRejection
             | Switch::WorkerAdmission
             | Switch::GrantFencing => None,
@@ -367,7 +368,9 @@ async fn the_incident_on_the_real_services_leaks_only_with_every_defense_off() {
                 // served over A's KV.
                 assert_eq!(o.status, 200, "{}: {}", d.name(), o.body);
             }
-            Switch::PoolPreflight => unreachable!("not a defense of the incident"),
+            Switch::PoolPreflight | Switch::NamespaceIsolation => {
+                unreachable!("not a defense of the incident")
+            }
         }
     }
 }

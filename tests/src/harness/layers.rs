@@ -41,10 +41,11 @@ impl Layers {
         }
     }
 
-    /// `self` with the defense `s` set to `on` (the harness has no pool preflight to switch).
+    /// `self` with the defense `s` set to `on` (the harness has no pool preflight and no
+    /// prefix cache to switch).
     pub fn with(mut self, s: Switch, on: bool) -> Self {
         match s {
-            Switch::PoolPreflight => {}
+            Switch::PoolPreflight | Switch::NamespaceIsolation => {}
             Switch::RouterRejection => self.router_rejection = on,
             Switch::WorkerAdmission => self.worker_admission = on,
             Switch::CommitTokenCount => self.pool.commit_token_count = on,
