@@ -527,6 +527,11 @@ fn print_banner(
     println!("  try it:");
     println!("    {}", curl_example(&e.api, &key(a), &e.model_name));
     println!(
+        "  isolation receipts: add -H 'X-Pagewarden-Receipt: 1', save the answer, then \
+         pagewarden verify-receipt FILE --auditor {}",
+        e.auditor
+    );
+    println!(
         "  canary sweep: pagewarden probe --router {} --key {a}={} --key {b}={}",
         e.api,
         key(a),
