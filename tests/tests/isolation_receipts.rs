@@ -73,6 +73,9 @@ fn runs<'a>(receipt: &'a Value, half: &str) -> Vec<&'a Value> {
         .unwrap_or_default()
 }
 
+/// One change made to a signed receipt.
+type Change = Box<dyn Fn(&mut Value)>;
+
 fn run_tokens(runs: &[&Value]) -> u64 {
     runs.iter().map(|r| r["tokens"].as_u64().unwrap()).sum()
 }
@@ -177,7 +180,7 @@ async fn receipts_name_what_an_answer_was_computed_over_and_any_change_breaks_th
     assert_eq!(distinct.len(), pages.len(), "a page twice: {pages:?}");
 
     // Any one changed field breaks the signature.
-    let tampered: [(&str, Box<dyn Fn(&mut Value)>); 4] = [
+    let tampered: [(&str, Change); 4] = [
         (
             "tenant",
             Box::new(|v| v["receipt"]["tenant"] = json!("dev-bob")),

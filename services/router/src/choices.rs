@@ -24,8 +24,9 @@ use crate::error::RouterError;
 pub enum ChoiceEvent {
     /// A token (the last one carries the finish reason).
     Token(Token),
-    /// The choice ended after its last token: its account.
-    Ended(Summary),
+    /// The choice ended after its last token: its account (boxed: it carries the choice's
+    /// provenance, far larger than a token).
+    Ended(Box<Summary>),
     /// The choice failed; the response fails with it.
     Failed(RouterError),
 }
@@ -132,7 +133,7 @@ async fn drive(
                 if !last {
                     continue;
                 }
-                ChoiceEvent::Ended(generation.summary())
+                ChoiceEvent::Ended(Box::new(generation.summary()))
             }
             Some(Err(e)) => ChoiceEvent::Failed(e),
             None => ChoiceEvent::Failed(RouterError::Internal("token stream ended early".into())),

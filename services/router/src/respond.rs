@@ -379,7 +379,7 @@ async fn collect(s: &mut Streaming) -> Result<Vec<Shown>, RouterError> {
                 answers[i].text.push_str(&shown.text);
                 answers[i].calls.extend(shown.calls);
             }
-            ChoiceEvent::Ended(summary) => s.outs[i].summary = Some(summary),
+            ChoiceEvent::Ended(summary) => s.outs[i].summary = Some(*summary),
             ChoiceEvent::Failed(e) => return Err(e),
         }
     }

@@ -183,7 +183,7 @@ fn events(s: Streaming, record: Record) -> impl Stream<Item = Result<Event, Infa
             }
             match st.s.choices.next().await {
                 Some((i, ChoiceEvent::Token(token))) => st.push(i, token),
-                Some((i, ChoiceEvent::Ended(summary))) => st.ended(i, summary),
+                Some((i, ChoiceEvent::Ended(summary))) => st.ended(i, *summary),
                 Some((_, ChoiceEvent::Failed(e))) => st.fail(&e),
                 None => st.fail(&crate::error::RouterError::Internal(
                     "token stream ended early".into(),
