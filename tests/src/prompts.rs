@@ -21,3 +21,17 @@ pub fn marked_prompt(tok: &Tokenizer, code: &str, tokens: usize) -> String {
         words -= (n - tokens).div_ceil(2).max(1).min(words);
     }
 }
+
+/// A prompt of several whole KV pages about `topic` (distinct per topic): `notes` numbered
+/// lines, then `Summary:`.
+pub fn notes_prompt(topic: &str, notes: usize) -> String {
+    let mut p = format!("Notes about {topic}.\n");
+    for i in 0..notes {
+        p.push_str(&format!(
+            "Note {i}: the {topic} number {i} is filed under shelf {}.\n",
+            i % 5
+        ));
+    }
+    p.push_str("Summary:");
+    p
+}

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use pagewarden_system_tests::prompts::notes_prompt;
 use pagewarden_system_tests::{
     api_key, get_json, start_auditor, start_decode, start_prefill, start_router_with, ModelArg,
 };
@@ -14,15 +15,7 @@ use serde_json::{json, Value};
 
 /// A prompt of several whole pages, distinct per `topic`.
 fn prompt(topic: &str) -> String {
-    let mut p = format!("Notes about {topic}.\n");
-    for i in 0..24 {
-        p.push_str(&format!(
-            "Note {i}: the {topic} number {i} is filed under shelf {}.\n",
-            i % 5
-        ));
-    }
-    p.push_str("Summary:");
-    p
+    notes_prompt(topic, 24)
 }
 
 /// The prompt's `cached_tokens` in a completion by tenant `tenant`.

@@ -14,20 +14,13 @@ use std::collections::HashSet;
 use std::process::Command;
 
 use pagewarden_system_tests::bin;
+use pagewarden_system_tests::prompts::notes_prompt;
 use pagewarden_system_tests::up::Up;
 use serde_json::{json, Value};
 
 /// A prompt of several whole pages, distinct per `topic`.
 fn prompt(topic: &str) -> String {
-    let mut p = format!("Notes about {topic}.\n");
-    for i in 0..20 {
-        p.push_str(&format!(
-            "Note {i}: the {topic} number {i} is filed under shelf {}.\n",
-            i % 5
-        ));
-    }
-    p.push_str("Summary:");
-    p
+    notes_prompt(topic, 20)
 }
 
 /// A completion of `prompt` by `key`, asking for a receipt; the whole body.

@@ -200,32 +200,25 @@ impl Prober {
                 )
                 .await;
         };
-        let (limit, model) =
-            match http::context_limit(&self.http, &s.router_url, &first.api_key).await {
-                Ok(v) => v,
-                Err(e) => {
-                    let kind = IncidentKind::ProbeUnreachable;
-                    self.engine
-                        .open_incident(NewIncident {
-                            kind,
-                            severity: kind.severity(),
-                            node: None,
-                            request_id: None,
-                            tenant: Some(first.tenant.clone()),
-                            other_tenant: None,
-                            page: None,
-                            generation: None,
-                            details:
-                                json!({"source": "probe", "run_id": run.0, "error": e.to_string()})
-                                    .to_string(),
-                            at: UnixMs::now(),
-                        })
-                        .await?;
-                    return self
-                        .finish(run, ProbeRunStatus::Error, None, 0, 1, &e.to_string())
-                        .await;
-                }
-            };
+        let (limit, model) = match http::context_limit(&self.http, &s.router_url, &first.api_key)
+            .await
+        {
+            Ok(v) => v,
+            Err(e) => {
+                let details = json!({"source": "probe", "run_id": run.0, "error": e.to_string()});
+                self.open_incident(
+                    IncidentKind::ProbeUnreachable,
+                    &first.tenant,
+                    None,
+                    details,
+                    UnixMs::now(),
+                )
+                .await?;
+                return self
+                    .finish(run, ProbeRunStatus::Error, None, 0, 1, &e.to_string())
+                    .await;
+            }
+        };
         let (mut steps, mut failures) = (0i64, 0i64);
         for tenant in &s.tenants {
             for (i, words) in plan::steps_of(sweep, limit, s.page_size, s.max_tokens)
@@ -446,11 +439,7 @@ impl Prober {
         self.engine
             .metrics()
             .isolation(worker, v.cross_p, v.control_p);
-        let median = |x: &[f64]| {
-            let mut x = x.to_vec();
-            x.sort_by(f64::total_cmp);
-            x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
-        };
+        let median = side_channel::median;
         let detail = format!(
             "side channel: {} on {}'s cached prompt vs cold: KS D = {:.2}, p = {:.2e} (threshold \
              {:.0e}); control (warm vs cold) p = {:.2e}; medians warm {:.0} / cross {:.0} / \
@@ -495,18 +484,7 @@ impl Prober {
             .insert_probe_result(run, &result)
             .await?;
         if v.leak {
-            let kind = IncidentKind::SideChannel;
-            self.engine
-                .open_incident(NewIncident {
-                    kind,
-                    severity: kind.severity(),
-                    node: None,
-                    request_id: None,
-                    tenant: Some(other.tenant.clone()),
-                    other_tenant: Some(owner.tenant.clone()),
-                    page: None,
-                    generation: None,
-                    details: json!({
+            let details = json!({
                         "source": "probe",
                         "check": "side_channel",
                         "run_id": run.0,
@@ -517,11 +495,10 @@ impl Prober {
                         "ks_p": v.cross_p,
                         "control_p": v.control_p,
                         "threshold": s.side_channel.threshold,
-                        "ttft_ms": {"warm": t.warm, "cross": t.cross, "cold": t.cold},
-                    })
-                    .to_string(),
-                    at: result.at,
-                })
+                "ttft_ms": {"warm": t.warm, "cross": t.cross, "cold": t.cold},
+            });
+            let (tenant, owner) = (&other.tenant, Some(owner.tenant.clone()));
+            self.open_incident(IncidentKind::SideChannel, tenant, owner, details, result.at)
                 .await?;
         }
         Ok(result)
@@ -671,21 +648,35 @@ impl Prober {
             .insert_probe_result(run, &result)
             .await?;
         if let Some(kind) = result.outcome.incident_kind() {
-            self.engine
-                .open_incident(NewIncident {
-                    kind,
-                    severity: kind.severity(),
-                    node: None,
-                    request_id: None,
-                    tenant: Some(result.tenant.clone()),
-                    other_tenant,
-                    page: None,
-                    generation: None,
-                    details: details.to_string(),
-                    at: result.at,
-                })
+            self.open_incident(kind, &result.tenant, other_tenant, details, result.at)
                 .await?;
         }
         Ok(result)
+    }
+
+    /// Opens an incident of `kind` about probe tenant `tenant` (and `other_tenant`).
+    async fn open_incident(
+        &self,
+        kind: IncidentKind,
+        tenant: &str,
+        other_tenant: Option<String>,
+        details: serde_json::Value,
+        at: UnixMs,
+    ) -> Result<(), StoreError> {
+        self.engine
+            .open_incident(NewIncident {
+                kind,
+                severity: kind.severity(),
+                node: None,
+                request_id: None,
+                tenant: Some(tenant.to_string()),
+                other_tenant,
+                page: None,
+                generation: None,
+                details: details.to_string(),
+                at,
+            })
+            .await?;
+        Ok(())
     }
 }

@@ -77,11 +77,13 @@ fn sorted(v: &[f64]) -> Vec<f64> {
     v
 }
 
-fn median(sorted: &[f64]) -> f64 {
-    match sorted.len() {
+/// The median of `v` (NaN when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let s = sorted(v);
+    match s.len() {
         0 => f64::NAN,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
     }
 }
 
