@@ -220,9 +220,10 @@ pub struct Streaming {
     pub prompts: Vec<Vec<u32>>,
     /// `echo` (completions).
     pub echo: Option<Echo>,
-    /// Who asked, and the prefix-cache namespace its choices ran under.
+    /// Who asked.
     pub tenant: TenantId,
-    /// The tenant's namespace.
+    /// The tenant's prefix-cache namespace (what a receipt names; a request scoring its
+    /// prompt reads and fills no cache under it).
     pub namespace: Namespace,
     /// Attach a signed isolation receipt at the end.
     pub receipt: bool,
