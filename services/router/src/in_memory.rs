@@ -200,6 +200,11 @@ mod tests {
     }
 
     fn state(disagg: Arc<InMemoryDisagg>) -> AppState {
+        state_with(disagg, false)
+    }
+
+    /// The state with tenant `alpha`'s tenants-file `receipts` setting.
+    fn state_with(disagg: Arc<InMemoryDisagg>, receipts: bool) -> AppState {
         let tenants = Tenants::new(&[TenantEntry {
             name: "alpha".into(),
             key_sha256: vec![SecretHash::of(KEY)],
@@ -207,7 +212,7 @@ mod tests {
             weight: None,
             tokens_per_minute: None,
             shared_namespace: None,
-            receipts: false,
+            receipts,
         }])
         .expect("tenants");
         let frontend = Frontend::tiny(7, "tiny".into()).expect("tiny vocabulary");
@@ -349,9 +354,19 @@ mod tests {
             .collect();
         let last: Value = serde_json::from_str(data[data.len() - 2]).expect("last chunk");
         assert!(public.verify(&last["pagewarden_receipt"]).is_ok(), "{text}");
-        let with_key = router(state(disagg).with_receipts(signing()));
-        let (_, text) = post(with_key, "/v1/completions", body).await;
+        let with_key = router(state(disagg.clone()).with_receipts(signing()));
+        let (_, text) = post(with_key, "/v1/completions", body.clone()).await;
         assert!(!text.contains("pagewarden_receipt"), "{text}");
+
+        // A tenant whose entry says `receipts = true` gets one unasked; without a key, a 400.
+        let always = router(state_with(disagg.clone(), true).with_receipts(signing()));
+        let (status, text) = post(always, "/v1/completions", body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert!(public.verify(&v["pagewarden_receipt"]).is_ok(), "{text}");
+        let (status, text) = post(router(state_with(disagg, true)), "/v1/completions", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert!(text.contains("receipts_not_configured"), "{text}");
     }
 
     #[tokio::test]
