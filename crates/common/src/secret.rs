@@ -43,15 +43,8 @@ impl FromStr for SecretHash {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadSecretHash(s.chars().take(80).collect());
-        let s = s.trim();
-        if s.len() != 64 || !s.is_ascii() {
-            return Err(bad());
-        }
-        let mut out = [0u8; 32];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
-        Ok(Self(out))
+        let bytes = crate::hex::decode(s.trim()).ok_or_else(bad)?;
+        bytes.try_into().map(Self).map_err(|_| bad())
     }
 }
 
