@@ -166,6 +166,13 @@ impl<T: Transport> Backend<T> {
     pub(crate) fn close_segment(&self, seg: SegmentId) {
         self.conns.lock().remove(&seg);
     }
+
+    pub(crate) fn segment_open(&self, seg: SegmentId) -> bool {
+        self.conns
+            .lock()
+            .get(&seg)
+            .is_some_and(|c| c.front().lost().is_none())
+    }
 }
 
 /// `impl TransferBackend for $ty` by delegating to its `.0`, a [`Backend`].
@@ -205,6 +212,10 @@ macro_rules! transfer_backend_via {
 
             fn close_segment(&self, seg: $crate::engine::SegmentId) {
                 self.0.close_segment(seg)
+            }
+
+            fn segment_open(&self, seg: $crate::engine::SegmentId) -> bool {
+                self.0.segment_open(seg)
             }
         }
     };

@@ -219,4 +219,8 @@ pub trait TransferBackend: Send + Sync {
 
     /// Closes a segment: pending batches fail, the receiver sees the connection end.
     fn close_segment(&self, seg: SegmentId);
+
+    /// Whether `seg` is open and its connection has not ended (a peer that restarted closed
+    /// it): a pooled segment is checked before a new grant uses it.
+    fn segment_open(&self, seg: SegmentId) -> bool;
 }

@@ -254,4 +254,12 @@ impl TransferBackend for MemoryBackend {
             s.close(&CloseReason::PeerClosed);
         }
     }
+
+    fn segment_open(&self, seg: SegmentId) -> bool {
+        self.st
+            .lock()
+            .conns
+            .get(&seg)
+            .is_some_and(|c| c.session.is_some())
+    }
 }

@@ -132,6 +132,11 @@ impl SenderFront {
         Ok(handle)
     }
 
+    /// Why the connection ended, once it has (the ack reader saw it close or fail).
+    pub(crate) fn lost(&self) -> Option<String> {
+        self.shared.pending.lock().dead.clone()
+    }
+
     /// Sends DRAIN(key) after everything queued before it and waits for the ack.
     pub(crate) async fn drain(&self, key: GrantKey) -> Result<(), TransferError> {
         let (reply, rx) = oneshot::channel();
