@@ -23,6 +23,12 @@
 //! positions shifted by the prefill pool's length): when it does, the auditor, scanning the
 //! router's samples, must have recorded the cross-tenant marker; no other case may show it.
 //!
+//! The recompute audit sees what the marker misses: the router sends every served request
+//! (`--recompute-rate 1`) to the auditor, which scores its tokens again on a clean pass of its
+//! own (`--recompute-model`). Every B that is served over pages its prompt did not fill (every
+//! defense off; grant fencing alone) must be a `recompute_mismatch`; every other served request
+//! (A's) must match, so a case that stops B records none.
+//!
 //! Also: the normal binaries in `target/<profile>/` carry no switches at all.
 
 use std::collections::BTreeMap;
@@ -32,8 +38,8 @@ use pagewarden_common::test_switches::{Switch, TestSwitches, ENV};
 use pagewarden_proto::v1 as pb;
 use pagewarden_proto::v1::auditor_client::AuditorClient;
 use pagewarden_system_tests::{
-    api_key, bin, get_json, start_auditor, start_switched_router, switched_bin, worker_args,
-    ModelArg, Service,
+    api_key, bin, get_json, model_path, start_auditor_with, start_switched_router, switched_bin,
+    worker_args, ModelArg, Service,
 };
 use pagewarden_testkit::poll_until;
 use serde_json::{json, Value};
@@ -115,6 +121,35 @@ struct Outcome {
     leaked: bool,
     /// Incidents opened during the case, by kind.
     incidents: BTreeMap<String, usize>,
+    /// The recompute audit's verdict on B's request, when B was served.
+    recompute: Option<String>,
+}
+
+/// The request id of a completion (its `id` is `cmpl-<request id>`).
+fn request_id(body: &Value) -> String {
+    let id = body["id"].as_str().expect("a completion id");
+    id.strip_prefix("cmpl-").expect("cmpl- id").to_string()
+}
+
+/// The recompute audit's verdict on each of `ids`, once it has one for all of them.
+async fn recompute_verdicts(auditor: &Service, ids: &[String]) -> Vec<String> {
+    poll_until(Duration::from_secs(60), || async {
+        let rows = get_json(auditor, "/api/recomputes?limit=500").await;
+        let rows = rows.as_array().expect("recompute list").clone();
+        ids.iter()
+            .map(|id| {
+                rows.iter()
+                    .find(|r| r["request_id"].as_str() == Some(id.as_str()))
+                    .map(|r| {
+                        // The verdict, and how far the served logprobs were from the clean ones.
+                        let verdict = r["verdict"].as_str().expect("verdict");
+                        format!("{verdict} ({} µnat)", r["max_diff_micro"])
+                    })
+            })
+            .collect::<Option<Vec<_>>>()
+    })
+    .await
+    .unwrap_or_else(|| panic!("the auditor recomputed not all of {ids:?} within 60 s"))
 }
 
 /// Every incident, any status, by kind.
@@ -220,8 +255,14 @@ async fn replay(
     };
     let decode = Service::start_switched("pagewarden-decode", &worker(DECODE_POOL), &env);
     let prefill = Service::start_switched("pagewarden-prefill", &worker(PREFILL_POOL), &env);
-    let router =
-        start_switched_router(&REAL, &[&decode], &[&prefill], &["--auditor", &grpc], &env).await;
+    let router = start_switched_router(
+        &REAL,
+        &[&decode],
+        &[&prefill],
+        &["--auditor", &grpc, "--recompute-rate", "1"],
+        &env,
+    )
+    .await;
     let mut audit = AuditorClient::connect(grpc.clone())
         .await
         .expect("auditor gRPC");
@@ -238,13 +279,14 @@ async fn replay(
     // A: two requests at once, so that between them they fill every decode page.
     let a = a_prompt(&marker);
     if !a_traffic {
-        return b_request(case, auditor, &router, b_text, &marker, before).await;
+        return b_request(case, auditor, &router, b_text, &marker, before, Vec::new()).await;
     }
     let (a1, a2) = tokio::join!(complete(&router, A, &a, 16), complete(&router, A, &a, 16));
     for (status, body) in [&a1, &a2] {
         assert_eq!(*status, 200, "{}: A's request: {body}", case.name);
     }
-    b_request(case, auditor, &router, b_text, &marker, before).await
+    let served = vec![request_id(&a1.1), request_id(&a2.1)];
+    b_request(case, auditor, &router, b_text, &marker, before, served).await
 }
 
 /// B's request, and what the auditor opened meanwhile.
@@ -255,6 +297,7 @@ async fn b_request(
     b_text: &mut Option<String>,
     marker: &str,
     before: BTreeMap<String, usize>,
+    a_served: Vec<String>,
 ) -> Outcome {
     if b_text.is_none() {
         *b_text = Some(b_prompt(router).await);
@@ -265,11 +308,29 @@ async fn b_request(
         .unwrap_or("")
         .to_string();
     let leaked = text.contains(marker);
+    // Every served request's recompute is done before the case's incidents are read: A's
+    // (which must match), and B's when it was served.
+    let b_id = (status == 200).then(|| request_id(&body));
+    let ids: Vec<String> = a_served.iter().cloned().chain(b_id.clone()).collect();
+    let verdicts = recompute_verdicts(auditor, &ids).await;
+    for (id, v) in a_served.iter().zip(&verdicts) {
+        assert!(
+            v.starts_with("match "),
+            "{}: A's request {id} did not recompute equal: {v}",
+            case.name
+        );
+    }
+    let recompute = b_id.map(|_| verdicts[verdicts.len() - 1].clone());
 
     // The incident this case must show (the cross-tenant marker, from the router's sample of
     // B, or the defense's own) reaches the auditor shortly after B's answer.
     let expected = if leaked {
         Some("cross_tenant_marker")
+    } else if recompute
+        .as_deref()
+        .is_some_and(|v| v.starts_with("mismatch "))
+    {
+        Some("recompute_mismatch")
     } else {
         case.incident
     };
@@ -293,10 +354,11 @@ async fn b_request(
         text,
         leaked,
         incidents,
+        recompute,
     };
     eprintln!(
-        "case {:<18} B: HTTP {} leaked={} text={:?} incidents={:?}",
-        case.name, o.status, o.leaked, o.text, o.incidents
+        "case {:<18} B: HTTP {} leaked={} recompute={:?} text={:?} incidents={:?}",
+        case.name, o.status, o.leaked, o.recompute, o.text, o.incidents
     );
     o
 }
@@ -304,14 +366,18 @@ async fn b_request(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_incident_on_the_real_services_leaks_only_with_every_defense_off() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let auditor = start_auditor(dir.path());
+    let recompute_model = model_path().display().to_string();
+    let auditor = start_auditor_with(dir.path(), &["--recompute-model".into(), recompute_model]);
     let mut b_text = None;
 
     // The positive control first: without it, the other cases prove nothing.
     let off = replay(Case::all_off(), &auditor, &mut b_text, true).await;
     assert_eq!(off.status, 200, "all off: B was not served: {}", off.body);
+    assert_recompute_mismatch("all off", &off);
     let clean = replay(Case::all_off(), &auditor, &mut b_text, false).await;
     assert_eq!(clean.status, 200, "all off, no A: {}", clean.body);
+    // Served over pages no one wrote, B's answer was not computed over its prompt either.
+    assert_recompute_mismatch("all off, no A", &clean);
     assert_ne!(
         off.text, clean.text,
         "all off: B's text is the same over A's KV as over pages no one wrote (the replay is \
@@ -365,8 +431,9 @@ async fn the_incident_on_the_real_services_leaks_only_with_every_defense_off() {
             }
             Switch::GrantFencing => {
                 // Nothing in this chain writes late: fencing alone cannot stop it, and B is
-                // served over A's KV.
+                // served over A's KV, which the recompute audit sees.
                 assert_eq!(o.status, 200, "{}: {}", d.name(), o.body);
+                assert_recompute_mismatch(d.name(), &o);
             }
             Switch::PoolPreflight | Switch::NamespaceIsolation => {
                 unreachable!("not a defense of the incident")
@@ -375,7 +442,30 @@ async fn the_incident_on_the_real_services_leaks_only_with_every_defense_off() {
     }
 }
 
+/// B was served over pages its prompt did not fill: the recompute audit found it.
+fn assert_recompute_mismatch(what: &str, o: &Outcome) {
+    assert!(
+        o.recompute
+            .as_deref()
+            .is_some_and(|v| v.starts_with("mismatch ")),
+        "{what}: B's answer recomputed equal over a clean pass: {o:?}"
+    );
+    assert_eq!(
+        o.incidents.get("recompute_mismatch"),
+        Some(&1),
+        "{what}: no recompute_mismatch incident for B: {:?}",
+        o.incidents
+    );
+}
+
+/// Nothing of A reached B: no marker, and no served request of the case (A's) was computed
+/// over anything but its own prompt.
 fn assert_no_leak(what: &str, o: &Outcome) {
+    assert!(
+        !o.incidents.contains_key("recompute_mismatch"),
+        "{what}: {:?}",
+        o.incidents
+    );
     assert!(!o.leaked, "{what}: A's marker reached B: {:?}", o.text);
     assert!(
         !o.incidents.contains_key("cross_tenant_marker"),

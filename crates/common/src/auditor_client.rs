@@ -42,6 +42,8 @@ pub enum Report {
     Cache(pb::CacheReport),
     /// A tenant's prefix-cache erasure (router).
     Erasure(pb::ErasureReport),
+    /// A served request for the recompute audit (router).
+    Recompute(pb::RecomputeReport),
 }
 
 /// The client could not be built.
@@ -159,6 +161,11 @@ impl AuditorClient {
     /// Queues a prefix-cache erasure's certificate; false when it was dropped.
     pub fn report_erasure(&self, e: pb::ErasureReport) -> bool {
         self.report(Report::Erasure(e))
+    }
+
+    /// Queues a served request for the recompute audit; false if it was dropped.
+    pub fn report_recompute(&self, r: pb::RecomputeReport) -> bool {
+        self.report(Report::Recompute(r))
     }
 
     /// What happened to reports so far.

@@ -13,6 +13,8 @@
 //!                                      # placed in the same named namespace (else: private)
 //! receipts = true                      # optional: every response carries a signed isolation
 //!                                      # receipt, as with `X-Pagewarden-Receipt: 1`
+//! recompute_rate = 0.1                 # optional: the share of its requests the auditor scores
+//!                                      # again (the router's default otherwise; 0 opts out)
 //! ```
 //!
 //! Plain `keys = [...]` are refused with a message that says how to hash them: a copy of this
@@ -57,6 +59,62 @@ pub struct TenantEntry {
     /// Every response to it carries a signed isolation receipt, asked for or not.
     #[serde(default, skip_serializing_if = "crate::config::is_false")]
     pub receipts: bool,
+    /// The share of its requests the auditor's recompute audit scores again; `None`: the
+    /// router's default (`--recompute-rate`); 0: none (the tenant opted out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute_rate: Option<Rate>,
+}
+
+/// A share between 0 and 1, kept in millionths (so that it compares exactly); written as a
+/// number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rate(u32);
+
+impl Rate {
+    /// None at all.
+    pub const ZERO: Rate = Rate(0);
+    /// One in twenty.
+    pub const PERCENT_5: Rate = Rate(50_000);
+
+    /// `share` (0 to 1) rounded to millionths; `None` outside that range or not a number.
+    pub fn new(share: f64) -> Option<Rate> {
+        (0.0..=1.0)
+            .contains(&share)
+            .then(|| Rate((share * 1e6).round() as u32))
+    }
+
+    /// The share, 0 to 1.
+    pub fn share(self) -> f64 {
+        f64::from(self.0) / 1e6
+    }
+
+    /// Whether a draw `u` (uniform in [0, 1)) falls in this share.
+    pub fn picks(self, u: f64) -> bool {
+        u < self.share()
+    }
+}
+
+impl Serialize for Rate {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.share())
+    }
+}
+
+impl<'de> Deserialize<'de> for Rate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        Rate::new(v).ok_or_else(|| {
+            serde::de::Error::custom(format!("a rate must be between 0 and 1, got {v}"))
+        })
+    }
+}
+
+impl std::str::FromStr for Rate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let v: f64 = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+        Rate::new(v).ok_or_else(|| format!("a rate must be between 0 and 1, got {v}"))
+    }
 }
 
 impl TenantEntry {
@@ -80,6 +138,8 @@ pub struct TenantLimits {
     pub tokens_per_minute: Option<u64>,
     /// Every response carries a signed isolation receipt.
     pub receipts: bool,
+    /// The share of its requests the recompute audit scores (`None`: the router's default).
+    pub recompute_rate: Option<Rate>,
 }
 
 impl Default for TenantLimits {
@@ -89,6 +149,7 @@ impl Default for TenantLimits {
             weight: 1,
             tokens_per_minute: None,
             receipts: false,
+            recompute_rate: None,
         }
     }
 }
@@ -107,6 +168,7 @@ struct RawEntry {
     shared_namespace: Option<String>,
     #[serde(default)]
     receipts: bool,
+    recompute_rate: Option<Rate>,
 }
 
 /// Whether `name` may name a shared namespace: 1 to 64 of `A-Z a-z 0-9 . _ -`.
@@ -166,6 +228,7 @@ impl TryFrom<RawEntry> for TenantEntry {
             tokens_per_minute: r.tokens_per_minute,
             shared_namespace: r.shared_namespace,
             receipts: r.receipts,
+            recompute_rate: r.recompute_rate,
         })
     }
 }
@@ -291,6 +354,7 @@ impl TenantsFile {
                     tokens_per_minute: None,
                     shared_namespace: None,
                     receipts: false,
+                    recompute_rate: None,
                 });
                 self.tenants.len() - 1
             }
@@ -352,6 +416,7 @@ impl KeyTable {
                     weight: t.weight.unwrap_or(1).max(1),
                     tokens_per_minute: t.tokens_per_minute,
                     receipts: t.receipts,
+                    recompute_rate: t.recompute_rate,
                 },
             );
             for h in &t.key_sha256 {
@@ -456,6 +521,7 @@ mod tests {
             tokens_per_minute: None,
             shared_namespace: None,
             receipts: false,
+            recompute_rate: None,
         }
     }
 
@@ -496,6 +562,33 @@ mod tests {
                 .to_string();
             assert!(e.contains("shared_namespace"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_tenant_may_set_its_recompute_rate_between_0_and_1() {
+        let f: TenantsFile = toml::from_str(
+            "[[tenants]]\nname = \"a\"\nkey_sha256 = []\nrecompute_rate = 0.2\n\
+             [[tenants]]\nname = \"b\"\nkey_sha256 = []\nrecompute_rate = 0\n\
+             [[tenants]]\nname = \"c\"\nkey_sha256 = []\n",
+        )
+        .unwrap();
+        assert_eq!(
+            toml::from_str::<TenantsFile>(&toml::to_string(&f).unwrap()).unwrap(),
+            f
+        );
+        let rates: Vec<Option<Rate>> = f.tenants.iter().map(|t| t.recompute_rate).collect();
+        assert_eq!(rates, [Rate::new(0.2), Some(Rate::ZERO), None]);
+        assert!(Rate::new(0.2).unwrap().picks(0.19) && !Rate::new(0.2).unwrap().picks(0.2));
+        assert!(!Rate::ZERO.picks(0.0));
+        for bad in ["1.5", "-0.1", "nan"] {
+            let text =
+                format!("[[tenants]]\nname = \"a\"\nkey_sha256 = []\nrecompute_rate = {bad}\n");
+            let e = toml::from_str::<TenantsFile>(&text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("between 0 and 1"), "{bad}: {e}");
+        }
+        assert!("0.05".parse::<Rate>().is_ok() && "2".parse::<Rate>().is_err());
     }
 
     #[test]

@@ -25,6 +25,8 @@ pub struct Loaded {
     pub preflight: PreflightReport,
     /// The pool's shape as `vllm:cache_config_info` reports it.
     pub cache_config: CacheConfig,
+    /// The forward pass's arithmetic, as `Info` reports it (see `Model::arithmetic`).
+    pub arithmetic: String,
 }
 
 impl Loaded {
@@ -163,7 +165,13 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
         context = report.advertised_context,
         "model loaded, pool sized"
     );
+    let arithmetic = match opts.device {
+        Device::Cpu => model.arithmetic(),
+        // Which GPU does not change the arithmetic.
+        Device::Cuda(_) => "cuda".to_string(),
+    };
     Ok(Loaded {
+        arithmetic,
         model: Arc::new(model),
         model_name,
         pool,

@@ -9,6 +9,7 @@
 //! probe_interval = "5m"                                        # "0s" turns probing off
 //! probe_sweep = "full"           # what each scheduled run sends: "light" or "full"
 //! probe_tenants = [{ tenant = "probe-a", api_key = "pw-probe-a" }]
+//! recompute_model = "models/SmolLM2-135M-Instruct.Q4_1.gguf"   # the recompute audit (off without)
 //! probe_keys_file = ".pw/keys.toml"   # every tenant of a client keys file probes too
 //! secure_cookies = true          # the web UI is served under TLS (e.g. by a TLS proxy)
 //! [[operators]]                  # web UI accounts and JSON API tokens: see `accounts`
@@ -34,6 +35,7 @@ use crate::accounts::{Accounts, ApiToken, OperatorAccount};
 use crate::domain::SweepKind;
 use crate::probe::side_channel::SideChannelSettings;
 use crate::probe::ProbeTenant;
+use crate::recompute::{RecomputeSettings, DEFAULT_TOLERANCE};
 use crate::web::throttle::ThrottleLimits;
 
 /// The auditor's settings: command-line flags, and the keys of the TOML file and of the
@@ -111,6 +113,13 @@ pub struct Args {
     /// GGUF model whose tokenizer gives exact prompt token counts for probes.
     #[arg(long, env = "PAGEWARDEN_MODEL")]
     pub model_path: Option<PathBuf>,
+    /// The recompute audit: the GGUF model the workers serve, loaded here to score sampled
+    /// requests again on a clean pass (off without it).
+    #[arg(long, value_name = "PATH")]
+    pub recompute_model: Option<PathBuf>,
+    /// How far (nats) a served token's logprob may be from the clean pass's (default 1).
+    #[arg(long, value_name = "NATS")]
+    pub recompute_tolerance: Option<f32>,
     /// Internal mutual TLS of the gRPC listener.
     #[command(flatten)]
     #[serde(flatten)]
@@ -176,6 +185,8 @@ pub struct Config {
     pub side_channel: SideChannelSettings,
     /// Tokenizer source.
     pub model_path: Option<PathBuf>,
+    /// The recompute audit, when a model is given for it.
+    pub recompute: Option<RecomputeSettings>,
     /// Internal mutual TLS of the gRPC listener, or plaintext.
     pub tls: InternalTls,
     /// Plaintext gRPC allowed on a non-loopback address.
@@ -209,6 +220,21 @@ fn side_channel(
         rounds: rounds.unwrap_or(d.rounds),
         threshold,
     })
+}
+
+/// The recompute audit's settings, when a model is given; a tolerance must be a finite
+/// number of nats above 0.
+fn recompute(
+    model: Option<PathBuf>,
+    tolerance: Option<f32>,
+) -> Result<Option<RecomputeSettings>, ConfigError> {
+    let tolerance = tolerance.unwrap_or(DEFAULT_TOLERANCE);
+    if !(tolerance.is_finite() && tolerance > 0.0) {
+        return Err(ConfigError::Invalid(format!(
+            "recompute_tolerance must be a finite number of nats above 0, got {tolerance}"
+        )));
+    }
+    Ok(model.map(|model| RecomputeSettings { model, tolerance }))
 }
 
 fn parse_probe_key(s: &str) -> Result<ProbeTenant, ConfigError> {
@@ -284,6 +310,7 @@ impl Config {
             side_channel: side_channel(s.side_channel_rounds, s.side_channel_threshold)?,
             probe_request_timeout: s.probe_request_timeout.unwrap_or(Duration::from_secs(120)),
             model_path: s.model_path,
+            recompute: recompute(s.recompute_model, s.recompute_tolerance)?,
             tls: InternalTls::load(&s.tls)?,
             insecure_internal: s.insecure_internal,
             accounts: Accounts::new(&s.operators, &s.api_tokens)

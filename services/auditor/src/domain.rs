@@ -115,12 +115,16 @@ pub enum IncidentKind {
     /// cached are distinguishable from cold ones (a Kolmogorov–Smirnov p-value below the
     /// threshold), so the cache's timing is visible across tenants.
     SideChannel,
+    /// The recompute audit: a served token's logprob, scored again on a clean forward pass
+    /// (fresh pages, no prefix cache, another process than the serving workers), differs
+    /// beyond the tolerance: the answer was computed over something other than its own prompt.
+    RecomputeMismatch,
     /// A worker reported an integrity event that is not routine.
     Integrity(IntegrityKind),
 }
 
 /// The auditor's own kinds, in the order [`IncidentKind::ALL`] lists them first.
-const OWN_KINDS: [IncidentKind; 7] = [
+const OWN_KINDS: [IncidentKind; 8] = [
     IncidentKind::CrossTenantMarker,
     IncidentKind::ProbeBadStatus,
     IncidentKind::ProbeTokenCount,
@@ -128,6 +132,7 @@ const OWN_KINDS: [IncidentKind; 7] = [
     IncidentKind::ProbeOverlengthAccepted,
     IncidentKind::ProbeUnreachable,
     IncidentKind::SideChannel,
+    IncidentKind::RecomputeMismatch,
 ];
 
 const KIND_COUNT: usize = OWN_KINDS.len() + IntegrityKind::ALL.len();
@@ -200,6 +205,7 @@ impl IncidentKind {
             IncidentKind::ProbeOverlengthAccepted => "probe_overlength_accepted",
             IncidentKind::ProbeUnreachable => "probe_unreachable",
             IncidentKind::SideChannel => "side_channel",
+            IncidentKind::RecomputeMismatch => "recompute_mismatch",
             IncidentKind::Integrity(k) => k.as_str(),
         }
     }
@@ -210,7 +216,8 @@ impl IncidentKind {
             IncidentKind::CrossTenantMarker
             | IncidentKind::ProbeTokenCount
             | IncidentKind::ProbeOverlengthAccepted
-            | IncidentKind::SideChannel => Severity::Critical,
+            | IncidentKind::SideChannel
+            | IncidentKind::RecomputeMismatch => Severity::Critical,
             IncidentKind::ProbeBadStatus
             | IncidentKind::ProbeLatency
             | IncidentKind::ProbeUnreachable => Severity::Warning,
@@ -231,6 +238,18 @@ impl IncidentKind {
         }
     }
 }
+
+sql_enum!(
+    /// What a recompute audit found.
+    RecomputeVerdict, "recompute verdict" {
+        /// Every served logprob is within the tolerance of the clean one.
+        Match => "match",
+        /// At least one is not: an incident was opened.
+        Mismatch => "mismatch",
+        /// The clean pass could not run (e.g. the tokens do not fit the model).
+        Failed => "failed",
+    }
+);
 
 sql_enum!(
     /// How a sampled request ended, as the router saw it.

@@ -14,8 +14,10 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
 use crate::ingest::{
-    InvalidReport, ValidCacheEvent, ValidErasure, ValidIntegrity, ValidPreflight, ValidSample,
+    InvalidReport, ValidCacheEvent, ValidErasure, ValidIntegrity, ValidPreflight, ValidRecompute,
+    ValidSample,
 };
+use crate::recompute::Recomputer;
 use crate::store::{MarkerRecord, StoreError};
 
 /// Which roles may call each RPC: samples and cache erasures come from routers, integrity events, preflight
@@ -24,7 +26,9 @@ use crate::store::{MarkerRecord, StoreError};
 pub fn caller_policy(path: &str) -> &'static [SuiteRole] {
     const SVC: &str = "/pagewarden.v1.Auditor/";
     match path.strip_prefix(SVC) {
-        Some("ReportSample") | Some("ReportErasure") => &[SuiteRole::Router],
+        Some("ReportSample") | Some("ReportErasure") | Some("ReportRecompute") => {
+            &[SuiteRole::Router]
+        }
         Some("ReportIntegrity") | Some("ReportPreflight") | Some("ReportCache") => {
             &[SuiteRole::Prefill, SuiteRole::Decode]
         }
@@ -36,12 +40,22 @@ pub fn caller_policy(path: &str) -> &'static [SuiteRole] {
 /// The gRPC face of an [`Engine`].
 pub struct AuditorService {
     engine: Arc<Engine>,
+    recompute: Option<Recomputer>,
 }
 
 impl AuditorService {
     /// Serves `engine`.
     pub fn new(engine: Arc<Engine>) -> Self {
-        AuditorService { engine }
+        AuditorService {
+            engine,
+            recompute: None,
+        }
+    }
+
+    /// Recompute reports go to `recompute` (without one they are counted as dropped).
+    pub fn with_recompute(mut self, recompute: Option<Recomputer>) -> Self {
+        self.recompute = recompute;
+        self
     }
 
     fn store_failed(&self, e: StoreError) -> Status {
@@ -131,6 +145,20 @@ impl Auditor for AuditorService {
             .ingest_erasure(e)
             .await
             .map_err(|e| self.store_failed(e))?;
+        Ok(ack(0))
+    }
+
+    async fn report_recompute(
+        &self,
+        req: Request<pb::RecomputeReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let r = ValidRecompute::try_from(req.into_inner()).map_err(invalid)?;
+        // Never waits: a full queue (or no recompute model) drops the report, counted; the
+        // sender is not asked to send it again.
+        let queued = self.recompute.as_ref().is_some_and(|q| q.submit(r));
+        if !queued {
+            self.engine.metrics().recompute_dropped();
+        }
         Ok(ack(0))
     }
 

@@ -104,6 +104,80 @@ impl TryFrom<pb::SampleReport> for ValidSample {
     }
 }
 
+/// Most tokens (prompt and output together) a recompute report may carry: more than any
+/// model's context the suite serves, small enough that one report cannot exhaust memory.
+pub const MAX_RECOMPUTE_TOKENS: usize = 1 << 20;
+
+/// A served request for the recompute audit (see `recompute`).
+#[derive(Clone, Debug)]
+pub struct ValidRecompute {
+    /// The requesting tenant.
+    pub tenant: TenantId,
+    /// The request.
+    pub request: Option<RequestId>,
+    /// The prompt's token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// The served output's token ids.
+    pub output: Vec<u32>,
+    /// The serving path's raw logprob of each output token (as many).
+    pub served: Vec<f32>,
+    /// The request's temperature (recorded; the audit scores raw logprobs).
+    pub temperature: f32,
+    /// The decode node that served it, when known.
+    pub decode_node: Option<String>,
+    /// The prefill node that computed the prompt, when known.
+    pub prefill_node: Option<String>,
+    /// Decode's page table at the end: (page, generation).
+    pub pages: Vec<(u32, u64)>,
+    /// Leading prompt tokens that came from a prefix cache.
+    pub cached_tokens: u32,
+    /// The serving prefill's and decode's arithmetic (empty where unknown).
+    pub arithmetic: [String; 2],
+}
+
+impl TryFrom<pb::RecomputeReport> for ValidRecompute {
+    type Error = InvalidReport;
+    fn try_from(m: pb::RecomputeReport) -> Result<Self, InvalidReport> {
+        if m.tenant.is_empty() {
+            return Err(bad("tenant is required"));
+        }
+        if m.prompt_tokens.is_empty() {
+            return Err(bad("prompt_tokens must not be empty"));
+        }
+        if m.prompt_tokens.len() + m.output_tokens.len() > MAX_RECOMPUTE_TOKENS {
+            return Err(bad(format!(
+                "prompt_tokens and output_tokens hold more than {MAX_RECOMPUTE_TOKENS} tokens"
+            )));
+        }
+        if m.served_logprobs.len() != m.output_tokens.len() {
+            return Err(bad(format!(
+                "served_logprobs has {} entries for {} output_tokens",
+                m.served_logprobs.len(),
+                m.output_tokens.len()
+            )));
+        }
+        if m.served_logprobs
+            .iter()
+            .any(|l| !(l.is_finite() && *l <= 0.0))
+        {
+            return Err(bad("served_logprobs must be finite and at most 0"));
+        }
+        Ok(ValidRecompute {
+            tenant: TenantId::new(m.tenant),
+            request: request_id(m.req.as_ref())?,
+            prompt: m.prompt_tokens,
+            output: m.output_tokens,
+            served: m.served_logprobs,
+            temperature: m.temperature,
+            decode_node: non_empty(m.decode_node),
+            prefill_node: non_empty(m.prefill_node),
+            pages: m.pages.iter().map(|p| (p.page, p.generation)).collect(),
+            cached_tokens: m.cached_tokens,
+            arithmetic: [m.prefill_arithmetic, m.decode_arithmetic],
+        })
+    }
+}
+
 /// An integrity event from a worker.
 #[derive(Clone, Debug)]
 pub struct ValidIntegrity {

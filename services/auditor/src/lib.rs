@@ -14,6 +14,7 @@
 //! - `markers`: canary markers, scanning, the marker → tenant registry.
 //! - `metrics`: Prometheus counters.
 //! - `probe`: canary probe runs against the router.
+//! - `recompute`: the recompute audit: served tokens scored again on a clean pass.
 //! - `server`: starts everything; `Running` stops it.
 //! - `store`: sqlx persistence over both backends.
 //! - `tokens`: the `TokenCounter` used for probe token-count checks.
@@ -31,6 +32,7 @@ pub mod ks;
 pub mod markers;
 pub mod metrics;
 pub mod probe;
+pub mod recompute;
 pub mod server;
 pub mod store;
 pub mod tokens;

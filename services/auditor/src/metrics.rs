@@ -5,13 +5,31 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::domain::{CacheEventKind, IncidentKind, IntegrityKind, NodeRole};
+use crate::domain::{CacheEventKind, IncidentKind, IntegrityKind, NodeRole, RecomputeVerdict};
 
 /// A prefix-cache counter's labels: role, kind, tenant.
 type CacheKey = (NodeRole, CacheEventKind, String);
 
+/// Upper bounds (nats) of the recompute audit's difference histogram's buckets.
+const DIFF_BUCKETS: [f64; 10] = [0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.5, 1.0];
+
+/// Every recompute verdict, in the order their counters are kept.
+const VERDICTS: [RecomputeVerdict; 3] = [
+    RecomputeVerdict::Match,
+    RecomputeVerdict::Mismatch,
+    RecomputeVerdict::Failed,
+];
+
 /// Monotonic counters; gauges that live in the database are rendered by the caller.
 pub struct Metrics {
+    /// Recomputes by verdict ([`VERDICTS`] order).
+    recomputes: [AtomicU64; 3],
+    /// Recompute reports dropped: the queue was full, or no recompute model is configured.
+    recompute_dropped: AtomicU64,
+    /// Scored recomputes' largest |served − clean| logprob: per bucket of [`DIFF_BUCKETS`]
+    /// (then +Inf), and their sum in millionths of a nat.
+    recompute_diff: [AtomicU64; DIFF_BUCKETS.len() + 1],
+    recompute_diff_micro_sum: AtomicU64,
     samples: AtomicU64,
     samples_unscanned: AtomicU64,
     preflight_reports: AtomicU64,
@@ -30,6 +48,10 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics {
+            recomputes: Default::default(),
+            recompute_dropped: AtomicU64::new(0),
+            recompute_diff: Default::default(),
+            recompute_diff_micro_sum: AtomicU64::new(0),
             samples: AtomicU64::new(0),
             samples_unscanned: AtomicU64::new(0),
             preflight_reports: AtomicU64::new(0),
@@ -115,6 +137,33 @@ impl Metrics {
         m.insert(worker.to_string(), (cross, control));
     }
 
+    /// A recompute ended with `verdict`; a scored one's largest logprob difference was
+    /// `max_diff` nats.
+    pub fn recompute(&self, verdict: RecomputeVerdict, max_diff: f32) {
+        bump(&self.recomputes[index_of(&VERDICTS, &verdict)]);
+        if verdict == RecomputeVerdict::Failed {
+            return;
+        }
+        let d = f64::from(max_diff);
+        let bucket = DIFF_BUCKETS
+            .iter()
+            .position(|&b| d <= b)
+            .unwrap_or(DIFF_BUCKETS.len());
+        bump(&self.recompute_diff[bucket]);
+        let micro = if d.is_finite() {
+            (d * 1e6) as u64
+        } else {
+            u64::MAX / 1024
+        };
+        self.recompute_diff_micro_sum
+            .fetch_add(micro, Ordering::Relaxed);
+    }
+
+    /// A recompute report was not queued (queue full, or no recompute model).
+    pub fn recompute_dropped(&self) {
+        bump(&self.recompute_dropped);
+    }
+
     /// A preflight report was ingested.
     pub fn preflight(&self) {
         bump(&self.preflight_reports);
@@ -177,6 +226,45 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let _ = writeln!(out, "{name} {}", c.load(Ordering::Relaxed));
         }
+        let name = "pagewarden_auditor_recomputes_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Recompute audits by verdict\n# TYPE {name} counter"
+        );
+        for (v, c) in VERDICTS.iter().zip(&self.recomputes) {
+            let _ = writeln!(
+                out,
+                "{name}{{verdict=\"{v}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let name = "pagewarden_auditor_recompute_dropped_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Recompute reports not queued (queue full, or no recompute model)\n\
+             # TYPE {name} counter\n{name} {}",
+            self.recompute_dropped.load(Ordering::Relaxed)
+        );
+        let name = "pagewarden_auditor_recompute_max_diff_nats";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Each scored recompute's largest difference between a served and a \
+             clean logprob\n# TYPE {name} histogram"
+        );
+        let mut cumulative = 0;
+        for (i, c) in self.recompute_diff.iter().enumerate() {
+            cumulative += c.load(Ordering::Relaxed);
+            match DIFF_BUCKETS.get(i) {
+                Some(b) => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+                }
+            }
+        }
+        let sum = self.recompute_diff_micro_sum.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
         let name = "pagewarden_auditor_integrity_events_total";
         let _ = writeln!(
             out,

@@ -18,6 +18,7 @@ use crate::engine::Engine;
 use crate::grpc::{caller_policy, AuditorService};
 use crate::probe::plan::LatencyBounds;
 use crate::probe::{ProbeSettings, Prober, Schedule};
+use crate::recompute::Recomputer;
 use crate::store::{Store, StoreError};
 use crate::tokens::TokenCounter;
 use crate::web::{self, AppState};
@@ -40,6 +41,9 @@ pub enum StartError {
     /// The gRPC server's TLS configuration was refused.
     #[error("gRPC TLS: {0}")]
     Tls(#[from] tonic::transport::Error),
+    /// The recompute audit's model could not be loaded or its thread started.
+    #[error("recompute audit: {0}")]
+    Recompute(String),
 }
 
 /// A started auditor.
@@ -123,6 +127,17 @@ pub async fn start(
     refuse_plaintext("gRPC", cfg.grpc_addr, &cfg.tls, cfg.insecure_internal)?;
     let store = Store::connect(&cfg.database_url).await?;
     let engine = Arc::new(Engine::new(store).await?);
+    let recomputer = match &cfg.recompute {
+        Some(settings) => Some(
+            Recomputer::start(
+                settings.clone(),
+                engine.clone(),
+                tokio::runtime::Handle::current(),
+            )
+            .map_err(|e| StartError::Recompute(format!("{e:#}")))?,
+        ),
+        None => None,
+    };
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
 
@@ -144,7 +159,9 @@ pub async fn start(
     let grpc = server
         .layer(RequireRole::new(caller_policy, cfg.tls.is_mutual()))
         .add_service(health_service)
-        .add_service(AuditorServer::new(AuditorService::new(engine.clone())))
+        .add_service(AuditorServer::new(
+            AuditorService::new(engine.clone()).with_recompute(recomputer),
+        ))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),
             shutdown.clone().cancelled_owned(),

@@ -176,6 +176,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             model: loaded.model_name.clone(),
             admission,
             page_size: cfg.page_size,
+            arithmetic: loaded.arithmetic.clone(),
             transfer_addr: transfer_addr.to_string(),
         }),
         seal,

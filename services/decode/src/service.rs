@@ -28,6 +28,8 @@ pub struct Static {
     pub model: String,
     pub admission: Admission,
     pub page_size: usize,
+    /// The forward pass's arithmetic (see `Model::arithmetic`).
+    pub arithmetic: String,
     pub transfer_addr: String,
 }
 
@@ -208,6 +210,7 @@ impl Decode for DecodeService {
             active_requests: active as u32,
             transfer_addr: self.info.transfer_addr.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
+            arithmetic: self.info.arithmetic.clone(),
             queue_depth: queued as u32,
         }))
     }

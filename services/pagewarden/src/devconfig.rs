@@ -118,6 +118,10 @@ impl Plan {
             &self.dir.join("keys.toml").display().to_string(),
             "--model-path",
             &self.model.display().to_string(),
+            // The recompute audit scores the router's sample of served requests again on the
+            // same model, on a thread of its own at the lowest priority.
+            "--recompute-model",
+            &self.model.display().to_string(),
         ]));
         // The public half of the router's receipt key, when `up` drew one.
         if let Ok(key) = ReceiptKey::load(&receipt_key_path(&self.dir)) {

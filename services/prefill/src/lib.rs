@@ -171,6 +171,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             model: loaded.model_name.clone(),
             admission,
             page_size: cfg.page_size,
+            arithmetic: loaded.arithmetic.clone(),
         }),
         active: Arc::new(parking_lot::Mutex::new(HashMap::new())),
     };

@@ -25,6 +25,8 @@ pub struct Static {
     pub model: String,
     pub admission: Admission,
     pub page_size: usize,
+    /// The forward pass's arithmetic (see `Model::arithmetic`).
+    pub arithmetic: String,
 }
 
 /// The service.
@@ -188,6 +190,7 @@ impl Prefill for PrefillService {
             active_requests: self.active.lock().len() as u32,
             transfer_addr: String::new(),
             version: env!("CARGO_PKG_VERSION").into(),
+            arithmetic: self.info.arithmetic.clone(),
             queue_depth: self.deps.gate.queued() as u32,
         }))
     }

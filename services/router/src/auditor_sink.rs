@@ -1,6 +1,6 @@
-//! `AuditorSampleSink`: sends every finished response, and every cache erasure's certificate,
-//! to the auditor through [`AuditorClient`] (bounded buffer, never blocks; drops and counts
-//! when full).
+//! `AuditorSampleSink`: sends every finished response, every cache erasure's certificate and
+//! every choice picked for the recompute audit to the auditor through [`AuditorClient`]
+//! (bounded buffer, never blocks; drops and counts when full).
 
 use pagewarden_common::auditor_client::AuditorClient;
 use pagewarden_common::AttemptId;
@@ -8,7 +8,7 @@ use pagewarden_proto::convert::request_ref;
 use pagewarden_proto::v1 as pb;
 
 use crate::erasure::CacheErasure;
-use crate::sample::{ResponseSample, SampleSink};
+use crate::sample::{RecomputeSample, ResponseSample, SampleSink};
 
 /// Reports each offered sample to the auditor.
 #[derive(Clone)]
@@ -74,6 +74,28 @@ pub fn erasure_report(c: &CacheErasure) -> pb::ErasureReport {
     }
 }
 
+/// The wire form of a choice for the recompute audit.
+pub fn recompute_report(r: RecomputeSample) -> pb::RecomputeReport {
+    pb::RecomputeReport {
+        tenant: r.tenant.as_str().to_string(),
+        req: Some(request_ref(r.request, AttemptId(1))),
+        prompt_tokens: r.prompt,
+        output_tokens: r.output,
+        served_logprobs: r.served_logprobs,
+        temperature: r.temperature,
+        decode_node: r.decode_node,
+        pages: r
+            .pages
+            .into_iter()
+            .map(|(page, generation)| pb::GrantPage { page, generation })
+            .collect(),
+        prefill_node: r.prefill_node,
+        cached_tokens: r.cached_tokens,
+        prefill_arithmetic: r.arithmetic[0].clone(),
+        decode_arithmetic: r.arithmetic[1].clone(),
+    }
+}
+
 impl SampleSink for AuditorSampleSink {
     fn offer(&self, sample: ResponseSample) {
         self.client.report_sample(sample_report(sample));
@@ -81,6 +103,14 @@ impl SampleSink for AuditorSampleSink {
 
     fn erased(&self, certificate: &CacheErasure) {
         self.client.report_erasure(erasure_report(certificate));
+    }
+
+    fn takes_recomputes(&self) -> bool {
+        true
+    }
+
+    fn recompute(&self, sample: RecomputeSample) {
+        self.client.report_recompute(recompute_report(sample));
     }
 }
 

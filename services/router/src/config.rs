@@ -16,12 +16,14 @@ use crate::dispatch::DispatchConfig;
 use crate::server::Settings;
 use crate::tenants::TenantSource;
 use pagewarden_common::edge::EdgeLimits;
-use pagewarden_common::tenants::TenantEntry;
+use pagewarden_common::tenants::{Rate, TenantEntry};
 
 /// Default listen address.
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
 /// Default body limit: 2 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 2 << 20;
+/// Default share of requests the recompute audit scores again (with `--auditor`).
+pub const DEFAULT_RECOMPUTE_RATE: Rate = Rate::PERCENT_5;
 /// Default concurrency limit.
 pub const DEFAULT_MAX_CONCURRENCY: usize = 256;
 /// Default HTTP/2 keep-alive towards the workers: a frozen worker fails its requests within
@@ -110,6 +112,11 @@ pub struct Args {
     /// isolation receipts (`X-Pagewarden-Receipt: 1`); without it a request for one is a 400.
     #[arg(long, value_name = "FILE")]
     pub receipt_key: Option<PathBuf>,
+    /// The share of requests (0 to 1; default 0.05) sent with their tokens and served logprobs
+    /// to the auditor's recompute audit, for tenants whose entry sets no `recompute_rate`.
+    /// Only with `--auditor`.
+    #[arg(long, value_name = "SHARE")]
+    pub recompute_rate: Option<Rate>,
     /// Internal mutual TLS towards workers and the auditor (this router's identity).
     #[command(flatten)]
     #[serde(flatten)]
@@ -194,6 +201,8 @@ pub struct RouterConfig {
     pub auditor: Option<String>,
     /// The isolation receipts' signing key file, when receipts are served.
     pub receipt_key: Option<PathBuf>,
+    /// The recompute audit's default share of requests.
+    pub recompute_rate: Rate,
     /// Internal mutual TLS (this router's client identity), or plaintext.
     pub tls: InternalTls,
     /// Deadlines and connection caps of the HTTP edge.
@@ -287,6 +296,7 @@ impl RouterConfig {
             abort_timeout: s.abort_timeout.unwrap_or(Duration::from_secs(2)),
             auditor: s.auditor.map(with_scheme),
             receipt_key: s.receipt_key,
+            recompute_rate: s.recompute_rate.unwrap_or(DEFAULT_RECOMPUTE_RATE),
             tls,
             edge,
         })
@@ -306,6 +316,7 @@ impl RouterConfig {
                 decode_unresponsive: self.worker_keepalive * 2,
             },
             info_interval: self.info_interval,
+            recompute_rate: self.recompute_rate,
         }
     }
 }

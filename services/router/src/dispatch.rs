@@ -29,7 +29,7 @@ use crate::error::{from_status, Half, RouterError};
 use crate::guard::{AbortGuard, AbortReason};
 use crate::metrics::{Metrics, Phase};
 use crate::openai::Usage;
-use crate::provenance::Provenance;
+use crate::provenance::{Provenance, RecomputeCapture};
 use crate::telemetry::traced;
 use crate::token_rate::TokenMeter;
 use crate::workers::{Lease, WorkerPool};
@@ -80,6 +80,9 @@ pub struct Job {
     pub namespace: Namespace,
     /// Charges the tenant's relayed completion tokens to its tokens-per-minute budget.
     pub meter: TokenMeter,
+    /// Picked for the recompute audit: decode is asked for every token's logprob (the client
+    /// sees them only if it asked), and the choice's prompt and served logprobs are kept.
+    pub recompute: bool,
 }
 
 /// The request's state (see the module diagram). Exactly one of these at any time.
@@ -165,7 +168,6 @@ impl Flight {
                 at: tokio::time::Instant::from_std(job.arrived + within),
                 within,
             }),
-            job,
             decode,
             prefill,
             guard,
@@ -178,7 +180,16 @@ impl Flight {
             ttft: None,
             granted_at: None,
             prefilled_at: None,
-            provenance: Provenance::default(),
+            provenance: Provenance {
+                recompute: job.recompute.then(|| RecomputeCapture {
+                    prompt: job.admitted.prompt.clone(),
+                    served: Vec::new(),
+                    incomplete: false,
+                    temperature: job.sampling.temperature,
+                }),
+                ..Provenance::default()
+            },
+            job,
         })
     }
 
@@ -425,8 +436,14 @@ impl Flight {
         }
     }
 
+    /// The sampling the workers get: the request's, asking for each token's logprob (no top
+    /// ones) when the choice is picked for the recompute audit and the client asked for none.
     fn sampling(&self) -> pb::SamplingParams {
-        pb::SamplingParams::from(&self.job.sampling)
+        let mut wire = pb::SamplingParams::from(&self.job.sampling);
+        if self.job.recompute && wire.logprobs.is_none() {
+            wire.logprobs = Some(0);
+        }
+        wire
     }
 
     async fn reserve(&mut self) -> Result<WriteGrant, RouterError> {
@@ -451,6 +468,7 @@ impl Flight {
         self.granted_at = Some(Instant::now());
         let grant = reply.grant.ok_or_else(|| missing(Half::Decode, "grant"))?;
         self.provenance.decode_worker = worker_name(self.decode.worker());
+        self.provenance.arithmetic[1] = arithmetic(self.decode.worker());
         self.provenance.granted(&grant);
         Ok(grant)
     }
@@ -479,6 +497,7 @@ impl Flight {
         }
         self.cached_tokens = reply.cached_tokens.min(self.prompt_tokens());
         self.provenance.prefill_worker = worker_name(self.prefill.worker());
+        self.provenance.arithmetic[0] = arithmetic(self.prefill.worker());
         self.provenance.prefilled(&reply);
         if self.job.sampling.prompt_logprobs.is_some() {
             let want = self.job.admitted.prompt.len() - 1;
@@ -563,6 +582,12 @@ impl Flight {
             self.completion_tokens += 1;
             self.job.meter.charge(1);
             self.provenance.output_ids.push(event.token);
+            if let Some(r) = &mut self.provenance.recompute {
+                match event.logprobs.as_ref().and_then(|l| l.chosen.as_ref()) {
+                    Some(c) => r.served.push(c.logprob),
+                    None => r.incomplete = true,
+                }
+            }
         }
         if event.account.is_some() {
             self.provenance.account = event.account;
@@ -634,6 +659,13 @@ async fn within<T>(
 fn worker_name(w: &crate::workers::Worker) -> String {
     w.live_info()
         .map_or_else(|| w.url().to_string(), |info| info.node_id)
+}
+
+/// A worker's arithmetic as its last poll told it (empty before one did).
+fn arithmetic(w: &crate::workers::Worker) -> String {
+    w.live_info()
+        .map(|info| info.arithmetic)
+        .unwrap_or_default()
 }
 
 fn failed(half: Half) -> AbortReason {

@@ -213,6 +213,7 @@ mod tests {
             tokens_per_minute: None,
             shared_namespace: None,
             receipts,
+            recompute_rate: None,
         }])
         .expect("tenants");
         let frontend = Frontend::tiny(7, "tiny".into()).expect("tiny vocabulary");
@@ -231,6 +232,7 @@ mod tests {
                 decode_unresponsive: Duration::from_secs(10),
             },
             info_interval: Duration::from_millis(100),
+            recompute_rate: pagewarden_common::tenants::Rate::ZERO,
         };
         AppState::new(settings, tenants, frontend, pool, Arc::new(NoSampling)).with_disagg(disagg)
     }

@@ -12,6 +12,9 @@ pub struct Provenance {
     pub prefill_worker: String,
     /// The decode worker that generated.
     pub decode_worker: String,
+    /// Each worker's arithmetic as its last `Info` said (`prefill`, then `decode`; empty
+    /// before a poll told it).
+    pub arithmetic: [String; 2],
     /// Leading prompt tokens decode took from its own prefix cache (the grant's).
     pub decode_prefix_tokens: u32,
     /// Tokens a page of decode's pool holds.
@@ -26,6 +29,22 @@ pub struct Provenance {
     pub account: Option<SequenceAccount>,
     /// The completion's token ids, in order (end markers excluded).
     pub output_ids: Vec<u32>,
+    /// For a choice picked for the recompute audit: its prompt and each output token's served
+    /// logprob (`None` for every other choice).
+    pub recompute: Option<RecomputeCapture>,
+}
+
+/// What the recompute audit needs of a served choice beyond its provenance.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecomputeCapture {
+    /// The prompt's token ids.
+    pub prompt: Vec<u32>,
+    /// Each output token's raw logprob as decode (or prefill, for the first) computed it.
+    pub served: Vec<f32>,
+    /// An output token came without its logprob: the choice cannot be scored.
+    pub incomplete: bool,
+    /// The request's temperature (recorded with the audit; raw logprobs are scored).
+    pub temperature: f32,
 }
 
 /// The commit manifest's summary.

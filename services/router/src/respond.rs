@@ -7,6 +7,7 @@ use std::time::Instant;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pagewarden_common::namespace::Namespace;
+use pagewarden_common::tenants::Rate;
 use pagewarden_common::vllm_metrics::{FinishedRequest, RunningTimes};
 use pagewarden_common::{RequestId, TenantId};
 use pagewarden_proto::v1::Logprobs;
@@ -23,7 +24,7 @@ use crate::logprobs::LogprobsRenderer;
 use crate::metrics::Outcome;
 use crate::openai::{Endpoint, ResponseMeta, Usage};
 use crate::record::{Record, Slot};
-use crate::sample::ResponseSample;
+use crate::sample::{RecomputeSample, ResponseSample};
 use crate::server::AppState;
 use crate::sse;
 use crate::token_rate::TokenMeter;
@@ -298,6 +299,14 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
         limits.tokens_per_minute,
     );
     let namespace = state.tenants.namespace(&p.tenant);
+    // The share of this tenant's choices the recompute audit scores (its entry's, else the
+    // router's), when the sink takes them.
+    let recompute_rate = match state.sink.takes_recomputes() {
+        true => limits
+            .recompute_rate
+            .unwrap_or(state.settings.recompute_rate),
+        false => Rate::ZERO,
+    };
     let n = p.common.n as usize;
     let prompts: Vec<Vec<u32>> = admitted.iter().map(|a| a.prompt.clone()).collect();
     // Choice `index` (of prompt `index / n`) samples with `seed + index`.
@@ -319,6 +328,7 @@ fn start(state: &AppState, p: Prepared) -> Result<Streaming, RouterError> {
                         weight: limits.weight,
                         namespace,
                         meter: meter.clone(),
+                        recompute: recompute_rate.picks(rand::random::<f64>()),
                     }
                 })
                 .collect()
@@ -420,6 +430,33 @@ pub fn outcome_of_finish(finish: FinishReason) -> Outcome {
     }
 }
 
+/// The recompute audit's sample of a choice picked for it that ran to its end (an aborted one
+/// is not scored: its tokens may stop anywhere) with every token's served logprob.
+fn recompute_sample(summary: &Summary, finish: FinishReason) -> Option<RecomputeSample> {
+    let p = &summary.provenance;
+    let r = p.recompute.as_ref()?;
+    if finish == FinishReason::Abort || r.incomplete || r.served.len() != p.output_ids.len() {
+        return None;
+    }
+    Some(RecomputeSample {
+        request: summary.id,
+        tenant: summary.tenant.clone(),
+        prompt: r.prompt.clone(),
+        output: p.output_ids.clone(),
+        served_logprobs: r.served.clone(),
+        temperature: r.temperature,
+        prefill_node: p.prefill_worker.clone(),
+        decode_node: p.decode_worker.clone(),
+        pages: p
+            .account
+            .as_ref()
+            .map(|a| a.pages.iter().map(|g| (g.page, g.generation)).collect())
+            .unwrap_or_default(),
+        cached_tokens: summary.cached_tokens,
+        arithmetic: p.arithmetic.clone(),
+    })
+}
+
 /// A choice that finished (stop, length, tool calls, or abort by a worker): counted under
 /// vLLM's metrics and offered to the sample sink.
 pub fn finished(
@@ -436,6 +473,9 @@ pub fn finished(
         running: running_times(summary),
         finished_reason: finish.as_str(),
     });
+    if let Some(r) = recompute_sample(summary, finish) {
+        state.sink.recompute(r);
+    }
     state.sink.offer(ResponseSample {
         request: summary.id,
         tenant: summary.tenant.clone(),

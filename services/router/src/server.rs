@@ -30,6 +30,7 @@ use crate::tenants::{require_tenant, Tenants, TenantsError};
 use crate::token_rate::TokenRates;
 use crate::tokenize;
 use crate::workers::{Links, PoolError, WorkerPool};
+use pagewarden_common::tenants::Rate;
 
 /// Runtime settings the handlers read.
 #[derive(Clone, Copy, Debug)]
@@ -44,6 +45,8 @@ pub struct Settings {
     pub dispatch: DispatchConfig,
     /// How often every worker's `Info` is polled.
     pub info_interval: Duration,
+    /// The share of requests sent to the recompute audit, for tenants that set none.
+    pub recompute_rate: Rate,
 }
 
 /// Everything a handler needs, cheap to clone.

@@ -51,6 +51,8 @@ pub struct InfoSnapshot {
     pub active_requests: u32,
     /// Requests waiting in its queue at the last poll.
     pub queue_depth: u32,
+    /// Its forward pass's arithmetic (`cpu:avx512`, `cuda`, ...).
+    pub arithmetic: String,
 }
 
 impl InfoSnapshot {
@@ -69,6 +71,7 @@ impl From<WorkerInfo> for InfoSnapshot {
             free_pages: i.free_pages,
             active_requests: i.active_requests,
             queue_depth: i.queue_depth,
+            arithmetic: i.arithmetic,
         }
     }
 }

@@ -1028,3 +1028,65 @@ async fn a_worker_that_does_not_confirm_fails_the_erasure_and_is_named() {
     assert!(message.contains("prefill worker fake-prefill"), "{message}");
     assert!(message.contains("fake erase fails"), "{message}");
 }
+
+/// Keeps what the router hands the auditor's recompute audit.
+#[derive(Default)]
+struct RecomputeRecorder(parking_lot::Mutex<Vec<pagewarden_router::sample::RecomputeSample>>);
+
+impl pagewarden_router::sample::SampleSink for RecomputeRecorder {
+    fn takes_recomputes(&self) -> bool {
+        true
+    }
+
+    fn recompute(&self, sample: pagewarden_router::sample::RecomputeSample) {
+        self.0.lock().push(sample);
+    }
+}
+
+/// A choice picked for the recompute audit (rate 1) asks decode for every token's logprob and
+/// hands the auditor its prompt, output and served logprobs, while the client, which asked for
+/// none, sees none; at rate 0 nothing is picked and decode is asked for none.
+#[tokio::test]
+async fn a_choice_picked_for_the_recompute_audit_carries_its_served_logprobs() {
+    use pagewarden_common::tenants::Rate;
+    for (rate, picked) in [(Rate::new(1.0).unwrap(), true), (Rate::ZERO, false)] {
+        let sink = Arc::new(RecomputeRecorder::default());
+        let h = Harness::start(Opts {
+            recompute_rate: rate,
+            sink: Some(sink.clone()),
+            ..Opts::default()
+        })
+        .await;
+        let prompt = "the audit scores this again";
+        let body: Value = h
+            .post(
+                "/v1/completions",
+                &json!({"prompt": prompt, "max_tokens": 3, "temperature": 0.7}),
+            )
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(body["choices"][0]["logprobs"], Value::Null, "{body}");
+        let asked = h.decode[0].calls.lock().reserve[0]
+            .sampling
+            .as_ref()
+            .and_then(|s| s.logprobs);
+        let samples = sink.0.lock().clone();
+        if !picked {
+            assert_eq!(asked, None);
+            assert!(samples.is_empty(), "{samples:?}");
+            continue;
+        }
+        assert_eq!(asked, Some(0));
+        let [s] = samples.as_slice() else {
+            panic!("one sample expected: {samples:?}");
+        };
+        assert_eq!(s.tenant, TenantId::new("alpha"));
+        assert_eq!(s.prompt, h.tokens(prompt));
+        assert_eq!(s.output.len(), 3);
+        let want: Vec<f32> = (0..3).map(common::fakes::fake_logprob).collect();
+        assert_eq!(s.served_logprobs, want);
+        assert_eq!(s.temperature, 0.7);
+    }
+}

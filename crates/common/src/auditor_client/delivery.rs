@@ -100,6 +100,7 @@ async fn send_once(grpc: &mut GrpcClient<Channel>, r: Report) -> Result<(), Stat
             Report::Preflight(p) => grpc.report_preflight(p).await.map(drop),
             Report::Cache(c) => grpc.report_cache(c).await.map(drop),
             Report::Erasure(e) => grpc.report_erasure(e).await.map(drop),
+            Report::Recompute(r) => grpc.report_recompute(r).await.map(drop),
         }
     };
     tokio::time::timeout(SEND_TIMEOUT, call)
@@ -235,6 +236,12 @@ mod tests {
         async fn report_erasure(
             &self,
             r: Request<pb::ErasureReport>,
+        ) -> Result<Response<pb::ReportAck>, Status> {
+            self.take(r.into_inner().tenant)
+        }
+        async fn report_recompute(
+            &self,
+            r: Request<pb::RecomputeReport>,
         ) -> Result<Response<pb::ReportAck>, Status> {
             self.take(r.into_inner().tenant)
         }

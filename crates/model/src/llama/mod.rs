@@ -121,6 +121,18 @@ impl Model {
         self.opts.flash_attention
     }
 
+    /// The CPU forward pass's arithmetic: the instruction set its kernels use, and `:flash`
+    /// under llama.cpp's flash-attention arithmetic (`cpu:avx512`, `cpu:avx2:flash`). The same
+    /// model file on the same arithmetic computes bit-equal logits for a sequence, whatever
+    /// the batch it ran in or the chunks its prompt ran in.
+    pub fn arithmetic(&self) -> String {
+        let isa = pagewarden_kernels::Isa::detect().name();
+        match self.opts.flash_attention {
+            true => format!("cpu:{isa}:flash"),
+            false => format!("cpu:{isa}"),
+        }
+    }
+
     /// Bytes of weights repacked for this CPU's kernels (0 where none are).
     pub fn packed_bytes(&self) -> usize {
         self.packed.iter().map(|p| p.bytes()).sum()

@@ -8,11 +8,13 @@
 //!   the integrity series.
 //! - `probes`: probe runs and their per-step results.
 //! - `erasures`: tenants' prefix-cache erasures and their certificates.
+//! - `recomputes`: the recompute audit's verdicts (digests, never tokens).
 
 mod erasures;
 mod events;
 mod incidents;
 mod probes;
+mod recomputes;
 mod records;
 
 use std::str::FromStr;
@@ -22,6 +24,7 @@ use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::{AnyPool, Row};
 
 pub use erasures::{ErasedWorker, ErasureRecord, NewErasure};
+pub use recomputes::{NewRecompute, RecomputeRecord};
 pub use records::*;
 
 use crate::domain::{IncidentId, IncidentStatus, UnknownValue};

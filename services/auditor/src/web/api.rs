@@ -13,7 +13,7 @@ use crate::accounts::Principal;
 use crate::domain::{IncidentId, SweepKind, UnixMs};
 use crate::store::{
     CacheTotals, ErasureRecord, Incident, IncidentPoint, NodeStatus, ProbeResult, ProbeRun,
-    RoutineCount, SamplePoint, SampleTotals, SeriesPoint,
+    RecomputeRecord, RoutineCount, SamplePoint, SampleTotals, SeriesPoint,
 };
 
 /// How far back the prompt-length charts (probe steps, sampled traffic) look.
@@ -90,6 +90,16 @@ pub async fn erasures(
 ) -> Result<Json<Vec<ErasureRecord>>, WebError> {
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
     Ok(Json(st.engine.store().erasures(limit).await?))
+}
+
+/// `GET /api/recomputes?limit=`: the newest recompute audits (default 50, at most 500): the
+/// request, digests of its tokens, the verdict and the largest logprob difference.
+pub async fn recomputes(
+    State(st): State<AppState>,
+    Query(q): Query<LimitQuery>,
+) -> Result<Json<Vec<RecomputeRecord>>, WebError> {
+    let limit = q.limit.unwrap_or(50).clamp(1, 500);
+    Ok(Json(st.engine.store().recomputes(limit).await?))
 }
 
 /// A run with its steps.

@@ -263,6 +263,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/nodes", get(api::nodes))
         .route("/api/cache", get(api::cache))
         .route("/api/erasures", get(api::erasures))
+        .route("/api/recomputes", get(api::recomputes))
         .route("/api/probes", get(api::probes))
         .route("/api/probes/recent", get(api::recent_probe_steps))
         .route("/api/probes/run", post(api::run_probe))

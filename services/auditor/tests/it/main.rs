@@ -9,6 +9,7 @@ mod listing;
 mod pg;
 mod probe;
 mod process;
+mod recompute;
 mod routine;
 mod store_suite;
 mod tokens;

@@ -2,12 +2,12 @@
 
 use pagewarden_auditor::domain::{
     CacheEventKind, IncidentKind, IncidentStatus, IntegrityKind, NodeRole, ProbeOutcome,
-    ProbeRunStatus, SampleStatus, Severity, SweepKind, UnixMs,
+    ProbeRunStatus, RecomputeVerdict, SampleStatus, Severity, SweepKind, UnixMs,
 };
 use pagewarden_auditor::store::{
     Backend, CacheTotals, ErasedWorker, IncidentFilter, MarkerRecord, NewCacheEvent, NewErasure,
-    NewIncident, NewIntegrityEvent, NewPreflight, NewSample, ProbeResult, ProbeRunEnd, Store,
-    StoreError, Window,
+    NewIncident, NewIntegrityEvent, NewPreflight, NewRecompute, NewSample, ProbeResult,
+    ProbeRunEnd, Store, StoreError, Window,
 };
 
 use crate::pg::TempPostgres;
@@ -356,7 +356,64 @@ async fn suite(store: Store) {
     issue_19(&store).await;
     cache_events(&store).await;
     erasures(&store).await;
+    recomputes(&store).await;
     store.close().await;
+}
+
+/// Recompute verdicts: stored with digests only and read back newest first, a NULL first
+/// divergence and request id included; a digest of another length, or a negative difference,
+/// is refused by the schema; a `recompute_mismatch` incident is a kind the schema takes.
+async fn recomputes(store: &Store) {
+    let rec = |verdict, first: Option<i64>, at| NewRecompute {
+        request_id: first.map(|_| "0f".repeat(16)),
+        tenant: "t".into(),
+        decode_node: Some("decode-0".into()),
+        prompt_tokens: 200,
+        output_tokens: 24,
+        prompt_sha256: "ab".repeat(32),
+        output_sha256: "cd".repeat(32),
+        verdict,
+        max_diff_micro: first.map_or(0, |_| 2_662_694),
+        tolerance_micro: 1_000_000,
+        first_divergence: first,
+        recompute_ms: 312,
+        at: UnixMs(at),
+    };
+    let m = store
+        .insert_recompute(&rec(RecomputeVerdict::Mismatch, Some(0), 20_000))
+        .await
+        .unwrap();
+    store
+        .insert_recompute(&rec(RecomputeVerdict::Match, None, 21_000))
+        .await
+        .unwrap();
+    let mut short = rec(RecomputeVerdict::Match, None, 22_000);
+    short.prompt_sha256 = "ab".into();
+    assert!(store.insert_recompute(&short).await.is_err());
+    let mut negative = rec(RecomputeVerdict::Failed, None, 22_000);
+    negative.max_diff_micro = -1;
+    assert!(store.insert_recompute(&negative).await.is_err());
+    let got = store.recomputes(10).await.unwrap();
+    let verdicts: Vec<RecomputeVerdict> = got.iter().map(|r| r.verdict).collect();
+    assert_eq!(
+        verdicts,
+        [RecomputeVerdict::Match, RecomputeVerdict::Mismatch]
+    );
+    let mm = &got[1];
+    assert_eq!(
+        (mm.id, mm.first_divergence, mm.max_diff_micro),
+        (m, Some(0), 2_662_694)
+    );
+    assert_eq!(mm.request_id.as_deref(), Some("0f".repeat(16).as_str()));
+    assert_eq!(
+        (got[0].request_id.as_deref(), got[0].first_divergence),
+        (None, None)
+    );
+    let kind = IncidentKind::RecomputeMismatch;
+    store
+        .insert_incident(&incident(kind, "t", 20_001))
+        .await
+        .unwrap();
 }
 
 /// Cache erasures: stored with their workers' parts and read back newest first; a part whose

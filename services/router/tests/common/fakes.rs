@@ -11,8 +11,8 @@ use pagewarden_proto::v1::decode_server::{Decode, DecodeServer};
 use pagewarden_proto::v1::prefill_server::{Prefill, PrefillServer};
 use pagewarden_proto::v1::{
     AbortReply, AbortRequest, CommitManifest, EraseCacheReply, EraseCacheRequest, FinishReason,
-    GenerateRequest, GrantPage, InfoRequest, PrefillReply, PrefillRequest, RequestRef,
-    ReserveReply, ReserveRequest, TokenEvent, WorkerInfo, WriteGrant,
+    GenerateRequest, GrantPage, InfoRequest, Logprobs, PrefillReply, PrefillRequest, RequestRef,
+    ReserveReply, ReserveRequest, TokenEvent, TokenLogprob, WorkerInfo, WriteGrant,
 };
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -136,6 +136,7 @@ impl Inner {
             transfer_addr: "127.0.0.1:1".into(),
             version: "test".into(),
             queue_depth: o.queue_depth,
+            arithmetic: "fake".into(),
         }))
     }
 
@@ -206,17 +207,18 @@ impl Decode for Inner {
         let o = self.opts.lock().clone();
         let reference = g.req.clone();
         // max_tokens was said once, at Reserve.
-        let max = self
+        let sampling = self
             .calls
             .lock()
             .reserve
             .iter()
             .rev()
             .find(|r| r.req == g.req)
-            .and_then(|r| r.sampling.as_ref())
-            .map_or(1, |s| s.max_tokens) as usize;
+            .and_then(|r| r.sampling.clone());
+        let max = sampling.as_ref().map_or(1, |s| s.max_tokens) as usize;
+        let logprobs = sampling.is_some_and(|s| s.logprobs.is_some());
         let first = g.first_token;
-        let stream = async_stream(reference, first, max, o);
+        let stream = async_stream(reference, first, max, logprobs, o);
         Ok(Response::new(stream))
     }
 
@@ -241,7 +243,18 @@ pub fn fake_text(i: usize) -> String {
     format!("w{i} ")
 }
 
-fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOpts) -> TokenStream {
+/// The fake's logprob of token `i` of a generation, when asked for: distinct per position.
+pub fn fake_logprob(i: usize) -> f32 {
+    -0.125 * (i as f32 + 1.0)
+}
+
+fn async_stream(
+    reference: Option<RequestRef>,
+    first: u32,
+    max: usize,
+    logprobs: bool,
+    o: FakeOpts,
+) -> TokenStream {
     let stale = o.stale_event.then(|| TokenEvent {
         req: Some(RequestRef {
             request_id: vec![0xEE; 16],
@@ -265,20 +278,29 @@ fn async_stream(reference: Option<RequestRef>, first: u32, max: usize, o: FakeOp
     let eog = o.eog_after.or(scripted).is_some_and(|e| e < max);
     let script = o.script.clone();
     let marker = reference.clone();
-    let events = (0..emit).map(move |i| TokenEvent {
-        req: reference.clone(),
-        token: if i == 0 { first } else { 10 + i as u32 },
-        text: script
-            .as_ref()
-            .map_or_else(|| fake_text(i), |s| s[i].clone()),
-        finish: if i + 1 == max {
-            FinishReason::Length as i32
-        } else {
-            0
-        },
-        marker_only: false,
-        logprobs: None,
-        account: None,
+    let events = (0..emit).map(move |i| {
+        let token = if i == 0 { first } else { 10 + i as u32 };
+        TokenEvent {
+            req: reference.clone(),
+            token,
+            text: script
+                .as_ref()
+                .map_or_else(|| fake_text(i), |s| s[i].clone()),
+            finish: if i + 1 == max {
+                FinishReason::Length as i32
+            } else {
+                0
+            },
+            marker_only: false,
+            logprobs: logprobs.then(|| Logprobs {
+                chosen: Some(TokenLogprob {
+                    token,
+                    logprob: fake_logprob(i),
+                }),
+                top: Vec::new(),
+            }),
+            account: None,
+        }
     });
     // End of generation: a marker-only STOP event that carries no completion token.
     let end = eog.then(|| TokenEvent {

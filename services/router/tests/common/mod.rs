@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use fakes::{start_decode, start_prefill, Fake, FakeOpts};
 use pagewarden_common::secret::SecretHash;
-use pagewarden_common::tenants::TenantEntry;
-use pagewarden_router::config::DEFAULT_MAX_BODY_BYTES;
+use pagewarden_common::tenants::{Rate, TenantEntry};
+use pagewarden_router::config::{DEFAULT_MAX_BODY_BYTES, DEFAULT_RECOMPUTE_RATE};
 use pagewarden_router::discovery::Resolve;
 use pagewarden_router::dispatch::DispatchConfig;
 use pagewarden_router::frontend::Frontend;
+use pagewarden_router::sample::SampleSink;
 use pagewarden_router::tenants::Tenants;
 use pagewarden_router::workers::{Links, WorkerPool};
 use pagewarden_router::{serve, AppState, NoSampling, Settings};
@@ -41,6 +42,10 @@ pub struct Opts {
     pub alpha_tokens_per_minute: Option<u64>,
     /// The router's `--request-timeout` (a safety net here: a broken test fails, not hangs).
     pub request_timeout: Option<Duration>,
+    /// The router's `--recompute-rate`.
+    pub recompute_rate: Rate,
+    /// The auditor's hook (none: `NoSampling`).
+    pub sink: Option<Arc<dyn SampleSink>>,
 }
 
 impl Default for Opts {
@@ -56,6 +61,8 @@ impl Default for Opts {
             alpha_max_concurrent: None,
             alpha_tokens_per_minute: None,
             request_timeout: Some(Duration::from_secs(20)),
+            recompute_rate: DEFAULT_RECOMPUTE_RATE,
+            sink: None,
         }
     }
 }
@@ -98,6 +105,7 @@ impl Harness {
                 tokens_per_minute: opts.alpha_tokens_per_minute,
                 shared_namespace: None,
                 receipts: false,
+                recompute_rate: None,
             },
             TenantEntry {
                 name: "beta".into(),
@@ -107,6 +115,7 @@ impl Harness {
                 tokens_per_minute: None,
                 shared_namespace: None,
                 receipts: false,
+                recompute_rate: None,
             },
         ])
         .unwrap();
@@ -139,8 +148,10 @@ impl Harness {
                 decode_unresponsive: Duration::from_secs(20),
             },
             info_interval: Duration::from_millis(100),
+            recompute_rate: opts.recompute_rate,
         };
-        let state = AppState::new(settings, tenants, frontend, pool, Arc::new(NoSampling));
+        let sink = opts.sink.clone().unwrap_or_else(|| Arc::new(NoSampling));
+        let state = AppState::new(settings, tenants, frontend, pool, sink);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
