@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 const REAL: ModelArg = ModelArg::Real;
 /// Requests sent (each `n` = 1 or 2: half again as many choices).
-const REQUESTS: usize = 96;
+const REQUESTS: usize = 136;
 /// Requests in flight at once.
 const AT_ONCE: usize = 8;
 

@@ -8,7 +8,7 @@ use super::{get_enum, Store, StoreError};
 use crate::domain::{RecomputeVerdict, UnixMs};
 
 /// A recompute to record.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct NewRecompute {
     /// The request.
     pub request_id: Option<String>,
@@ -38,37 +38,14 @@ pub struct NewRecompute {
     pub at: UnixMs,
 }
 
-/// A recorded recompute, as `/api/recomputes` shows it.
+/// A recorded recompute, as `/api/recomputes` shows it: its row id and what was recorded.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RecomputeRecord {
     /// Row id.
     pub id: i64,
-    /// The request.
-    pub request_id: Option<String>,
-    /// Who asked.
-    pub tenant: String,
-    /// The decode node that served it.
-    pub decode_node: Option<String>,
-    /// Prompt tokens.
-    pub prompt_tokens: i64,
-    /// Output tokens scored.
-    pub output_tokens: i64,
-    /// SHA-256 of the prompt's token ids.
-    pub prompt_sha256: String,
-    /// SHA-256 of the output's token ids.
-    pub output_sha256: String,
-    /// What it found.
-    pub verdict: RecomputeVerdict,
-    /// The largest |served − clean| logprob, in millionths of a nat.
-    pub max_diff_micro: i64,
-    /// The tolerance, in millionths of a nat.
-    pub tolerance_micro: i64,
-    /// The first output position beyond the tolerance.
-    pub first_divergence: Option<i64>,
-    /// How long the clean pass took.
-    pub recompute_ms: i64,
-    /// When it was recorded.
-    pub at: UnixMs,
+    /// What was recorded.
+    #[serde(flatten)]
+    pub recompute: NewRecompute,
 }
 
 impl Store {
@@ -110,8 +87,7 @@ impl Store {
         .await?;
         rows.iter()
             .map(|r| {
-                Ok(RecomputeRecord {
-                    id: r.try_get("id")?,
+                let recompute = NewRecompute {
                     request_id: r.try_get("request_id")?,
                     tenant: r.try_get("tenant")?,
                     decode_node: r.try_get("decode_node")?,
@@ -125,6 +101,10 @@ impl Store {
                     first_divergence: r.try_get("first_divergence")?,
                     recompute_ms: r.try_get("recompute_ms")?,
                     at: UnixMs(r.try_get("at")?),
+                };
+                Ok(RecomputeRecord {
+                    id: r.try_get("id")?,
+                    recompute,
                 })
             })
             .collect()
