@@ -968,5 +968,14 @@ fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
             "the faults led to a {kind} incident: {incidents:?}"
         );
     }
+    // The recompute audit scored the routers' 5% sample (how many is chance): every one
+    // matched, faults and all.
+    let recomputes =
+        stack.sql("SELECT verdict, count(*) FROM recomputes GROUP BY verdict ORDER BY verdict");
+    eprintln!("   the recompute audit's verdicts: {recomputes:?}");
+    assert!(
+        recomputes.iter().all(|r| r.starts_with("match|")),
+        "{recomputes:?}"
+    );
     phase("compose down (volumes, network, image)", || drop(stack));
 }
