@@ -28,7 +28,7 @@
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pagewarden_kvcache::{KvPool, Owner, PoolConfig, RequestId, TenantId};
 use pagewarden_model::llama::{LoadOptions, Model, ModelError};
@@ -47,6 +47,10 @@ const QUEUE: usize = 1024;
 
 /// Tokens of one KV page of the recompute's own pool.
 const PAGE_SIZE: usize = 16;
+
+/// The first wait before storing a verdict again, and the longest.
+const STORE_RETRY: Duration = Duration::from_millis(500);
+const STORE_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// The recompute audit's settings.
 #[derive(Clone, Debug)]
@@ -94,9 +98,6 @@ impl Recomputer {
         };
         let model = Model::load(&settings.model, &opts)
             .map_err(|e| anyhow::anyhow!("recompute model {}: {e}", settings.model.display()))?;
-        // One sequence at the model's whole context at a time.
-        let pages = model.context_length().div_ceil(PAGE_SIZE);
-        let pool = KvPool::new(PoolConfig::with_pages(model.kv_layout(PAGE_SIZE), pages));
         let (tx, rx) = sync_channel::<ValidRecompute>(QUEUE);
         std::thread::Builder::new()
             .name("recompute".into())
@@ -106,13 +107,23 @@ impl Recomputer {
                 while let Ok(r) = rx.recv() {
                     let started = Instant::now();
                     let tolerance = settings.tolerance;
-                    let scored = score(&model, &pool, &r, tolerance);
+                    let scored = score(&model, &r, tolerance);
                     let took = started.elapsed();
                     let same = r.arithmetic.iter().all(|a| *a == own);
-                    let done = record(&engine, r, scored, tolerance, same, took);
-                    if let Err(e) = rt.block_on(done) {
-                        engine.metrics().ingest_error();
-                        tracing::error!(error = %e, "storing a recompute failed");
+                    // A verdict (a mismatch's incident above all) outlives a database outage:
+                    // the thread waits for the store, as the routers' reports do.
+                    let (mut wait, mut stored) = (STORE_RETRY, None);
+                    loop {
+                        let done = record(&engine, &r, &scored, tolerance, same, took, &mut stored);
+                        match rt.block_on(done) {
+                            Ok(()) => break,
+                            Err(e) => {
+                                engine.metrics().ingest_error();
+                                tracing::warn!(error = %e, "storing a recompute failed; retrying");
+                                std::thread::sleep(wait);
+                                wait = (wait * 2).min(STORE_RETRY_MAX);
+                            }
+                        }
                     }
                 }
             })
@@ -144,14 +155,10 @@ fn lowest_priority() {
 }
 
 /// Scores `r`'s served tokens on a clean pass: the prompt through prefill, then each served
-/// token after a decode step over the one before it, on fresh pages of `pool`; a position
+/// token after a decode step over the one before it, on fresh pages (a pool of its own, sized
+/// to the sequence, dropped after it); a position
 /// diverges when its served logprob is more than `tolerance` nats from the clean one.
-pub fn score(
-    model: &Model,
-    pool: &KvPool,
-    r: &ValidRecompute,
-    tolerance: f32,
-) -> Result<Scored, ModelError> {
+pub fn score(model: &Model, r: &ValidRecompute, tolerance: f32) -> Result<Scored, ModelError> {
     let vocab = model.config().vocab;
     if let Some(&token) = r.output.iter().find(|&&t| t as usize >= vocab) {
         return Err(ModelError::TokenOutOfRange { token, vocab });
@@ -160,7 +167,16 @@ pub fn score(
         request: RequestId::random(),
         tenant: TenantId::new("recompute"),
     };
-    let mut seq = pool.allocate(owner, r.prompt.len() + r.output.len())?;
+    let tokens = r.prompt.len() + r.output.len();
+    if tokens > model.context_length() {
+        return Err(ModelError::ContextExceeded {
+            tokens,
+            context: model.context_length(),
+        });
+    }
+    let pages = tokens.div_ceil(PAGE_SIZE);
+    let pool = KvPool::new(PoolConfig::with_pages(model.kv_layout(PAGE_SIZE), pages));
+    let mut seq = pool.allocate(owner, tokens)?;
     let mut logits = model.prefill(&mut seq, &r.prompt)?;
     let mut clean = Vec::with_capacity(r.output.len());
     for (i, &token) in r.output.iter().enumerate() {
@@ -201,19 +217,21 @@ fn micro(nats: f32) -> i64 {
     }
 }
 
-/// Stores the verdict; a mismatch opens a `recompute_mismatch` incident. `same_arithmetic`:
-/// both serving workers reported the recompute's own arithmetic.
+/// Stores the verdict (once: `stored` keeps its row id across retries); a mismatch opens a
+/// `recompute_mismatch` incident. `same_arithmetic`: both serving workers reported the
+/// recompute's own arithmetic.
 async fn record(
     engine: &Engine,
-    r: ValidRecompute,
-    scored: Result<Scored, ModelError>,
+    r: &ValidRecompute,
+    scored: &Result<Scored, ModelError>,
     tolerance: f32,
     same_arithmetic: bool,
     took: std::time::Duration,
+    stored: &mut Option<i64>,
 ) -> Result<(), crate::store::StoreError> {
     let at = UnixMs::now();
     let request_id = r.request.map(|id| id.to_string());
-    let (verdict, max_diff, first) = match &scored {
+    let (verdict, max_diff, first) = match scored {
         Ok(s) if s.first_divergence.is_some() => {
             (RecomputeVerdict::Mismatch, s.max_diff, s.first_divergence)
         }
@@ -223,26 +241,33 @@ async fn record(
             (RecomputeVerdict::Failed, 0.0, None)
         }
     };
-    engine.metrics().recompute(verdict, max_diff);
-    let id = engine
-        .store()
-        .insert_recompute(&NewRecompute {
-            request_id: request_id.clone(),
-            tenant: r.tenant.as_str().to_string(),
-            decode_node: r.decode_node.clone(),
-            prompt_tokens: r.prompt.len() as i64,
-            output_tokens: r.output.len() as i64,
-            prompt_sha256: ids_sha256(&r.prompt),
-            output_sha256: ids_sha256(&r.output),
-            verdict,
-            max_diff_micro: micro(max_diff).max(0),
-            tolerance_micro: micro(tolerance).max(0),
-            first_divergence: first.map(|p| p as i64),
-            recompute_ms: i64::try_from(took.as_millis()).unwrap_or(i64::MAX),
-            at,
-        })
-        .await?;
-    let (Ok(s), Some(pos)) = (&scored, first) else {
+    let id = match *stored {
+        Some(id) => id,
+        None => {
+            let id = engine
+                .store()
+                .insert_recompute(&NewRecompute {
+                    request_id: request_id.clone(),
+                    tenant: r.tenant.as_str().to_string(),
+                    decode_node: r.decode_node.clone(),
+                    prompt_tokens: r.prompt.len() as i64,
+                    output_tokens: r.output.len() as i64,
+                    prompt_sha256: ids_sha256(&r.prompt),
+                    output_sha256: ids_sha256(&r.output),
+                    verdict,
+                    max_diff_micro: micro(max_diff).max(0),
+                    tolerance_micro: micro(tolerance).max(0),
+                    first_divergence: first.map(|p| p as i64),
+                    recompute_ms: i64::try_from(took.as_millis()).unwrap_or(i64::MAX),
+                    at,
+                })
+                .await?;
+            engine.metrics().recompute(verdict, max_diff);
+            *stored = Some(id);
+            id
+        }
+    };
+    let (Ok(s), Some(pos)) = (scored, first) else {
         return Ok(());
     };
     let kind = IncidentKind::RecomputeMismatch;

@@ -178,3 +178,45 @@ async fn reports_sent_while_postgres_is_down_are_stored_once_it_is_back() {
     assert_eq!(run.status, ProbeRunStatus::Error, "{}", run.message);
     r.shutdown().await;
 }
+
+/// A recompute whose verdict falls in a database outage is stored, with its incident, once the
+/// database is back (the recompute thread waits for the store): a mismatch is never lost.
+#[tokio::test]
+async fn a_recompute_mismatch_during_an_outage_is_stored_once_it_is_back() {
+    let pg = TempPostgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::recompute::with_model(auth::config(&pg.url), dir.path());
+    let r = pagewarden_auditor::start(&cfg, None)
+        .await
+        .expect("auditor starts");
+    let mut g = crate::ingest::grpc(&r).await;
+    let prompt: Vec<u32> = (0..16).map(|i| 12 + (i * 5) % 40).collect();
+    let (output, mut lp) = crate::recompute::served(&prompt);
+    lp[1] -= 2.0;
+    pg.stop();
+    g.report_recompute(crate::recompute::report(&prompt, &output, &lp, 4))
+        .await
+        .unwrap();
+    // The recompute is done (in well under this) while the database is down.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    pg.start_again();
+    let store = r.engine.store();
+    eventually(Duration::from_secs(60), "the recompute stored", || async {
+        let rows = store.recomputes(10).await.map_err(|e| e.to_string())?;
+        let incidents = store
+            .incidents(&IncidentFilter::default(), Window::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        match (rows.len(), incidents.len()) {
+            (1, 1) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let rows = store.recomputes(10).await.unwrap();
+    assert_eq!(rows[0].recompute.first_divergence, Some(1));
+    // Stored once, whatever the retries.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(store.recomputes(10).await.unwrap().len(), 1);
+    r.shutdown().await;
+}

@@ -20,7 +20,7 @@ const SEED: u64 = 5;
 
 /// A generation on the tiny model, as serving computes it: prompt, output, each output token's
 /// raw logprob.
-fn served(prompt: &[u32]) -> (Vec<u32>, Vec<f32>) {
+pub fn served(prompt: &[u32]) -> (Vec<u32>, Vec<f32>) {
     let file = pagewarden_model::GgufFile::from_bytes(tiny_llama_gguf(SEED)).unwrap();
     let model = Arc::new(Model::from_gguf(file, &LoadOptions::default()).unwrap());
     let pool = KvPool::new(PoolConfig::with_pages(model.kv_layout(16), 64));
@@ -33,7 +33,7 @@ fn served(prompt: &[u32]) -> (Vec<u32>, Vec<f32>) {
     (out.tokens, lp)
 }
 
-fn report(prompt: &[u32], output: &[u32], served: &[f32], req: u8) -> pb::RecomputeReport {
+pub fn report(prompt: &[u32], output: &[u32], served: &[f32], req: u8) -> pb::RecomputeReport {
     pb::RecomputeReport {
         tenant: "bob".into(),
         req: Some(pb::RequestRef {
@@ -53,14 +53,22 @@ fn report(prompt: &[u32], output: &[u32], served: &[f32], req: u8) -> pb::Recomp
     }
 }
 
-async fn start_with_model(dir: &std::path::Path) -> Running {
+/// `cfg` with the recompute audit on the tiny model (written into `dir`), tolerance 0.5.
+pub fn with_model(
+    mut cfg: pagewarden_auditor::Config,
+    dir: &std::path::Path,
+) -> pagewarden_auditor::Config {
     let path = dir.join("tiny.gguf");
     std::fs::write(&path, tiny_llama_gguf(SEED)).unwrap();
-    let mut cfg = auth::config("sqlite::memory:");
     cfg.recompute = Some(RecomputeSettings {
         model: path,
         tolerance: 0.5,
     });
+    cfg
+}
+
+async fn start_with_model(dir: &std::path::Path) -> Running {
+    let cfg = with_model(auth::config("sqlite::memory:"), dir);
     pagewarden_auditor::start(&cfg, None)
         .await
         .expect("auditor starts")
