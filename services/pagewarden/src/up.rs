@@ -532,6 +532,12 @@ fn print_banner(
         e.auditor
     );
     println!(
+        "  recompute audit: the auditor scores 5% of served requests again on its own copy of \
+         the model (recompute_rate in {}: 0 to 1 per tenant); verdicts at {}/api/recomputes",
+        tenants_path.display(),
+        e.auditor
+    );
+    println!(
         "  canary sweep: pagewarden probe --router {} --key {a}={} --key {b}={}",
         e.api,
         key(a),
