@@ -1,6 +1,7 @@
 //! The recompute audit on the tiny test model: served logprobs that are the model's own (as a
 //! generation computed them) match; the same tokens with one logprob moved past the tolerance
-//! open a `recompute_mismatch` incident naming that position; malformed reports are refused;
+//! open a `recompute_mismatch` incident naming that position; tokens the model cannot hold are
+//! a `failed` verdict, not an incident; malformed reports are refused;
 //! an auditor without a recompute model counts what it is sent as dropped.
 
 use std::sync::Arc;
@@ -96,12 +97,18 @@ async fn served_logprobs_match_and_a_moved_one_is_a_mismatch() {
     g.report_recompute(report(&prompt, &output, &moved, 2))
         .await
         .unwrap();
+    // Tokens the model cannot hold (out of its vocabulary): recorded as failed, no incident.
+    g.report_recompute(report(&prompt, &[1 << 30], &[-1.0], 3))
+        .await
+        .unwrap();
     let rows = poll_until(std::time::Duration::from_secs(30), || async {
         let rows = recomputes(&r).await;
-        (rows.len() == 2).then_some(rows)
+        (rows.len() == 3).then_some(rows)
     })
     .await
-    .expect("both recomputed");
+    .expect("all three recomputed");
+    assert_eq!(rows[0]["verdict"], "failed", "{rows:?}");
+    let rows = &rows[1..];
     // Newest first: the moved one, then the served one.
     assert_eq!(rows[1]["verdict"], "match", "{rows:?}");
     assert_eq!(rows[1]["max_diff_micro"], 0, "{rows:?}");
@@ -118,6 +125,8 @@ async fn served_logprobs_match_and_a_moved_one_is_a_mismatch() {
     for line in [
         "pagewarden_auditor_recomputes_total{verdict=\"match\"} 1",
         "pagewarden_auditor_recomputes_total{verdict=\"mismatch\"} 1",
+        "pagewarden_auditor_recomputes_total{verdict=\"failed\"} 1",
+        "pagewarden_auditor_incidents_opened_total{kind=\"recompute_mismatch\"} 1",
     ] {
         assert!(metrics.contains(line), "{line} not in:\n{metrics}");
     }
