@@ -31,6 +31,16 @@ use sha2::{Digest, Sha256};
 
 use crate::hex;
 
+/// SHA-256 over token ids, each u32 little-endian (hex): how receipts and the auditor's
+/// recompute log name a prompt or an output without holding it.
+pub fn ids_sha256(ids: &[u32]) -> String {
+    let mut h = Sha256::new();
+    for id in ids {
+        h.update(id.to_le_bytes());
+    }
+    hex::encode(&h.finalize())
+}
+
 /// The receipt format this build writes and verifies.
 pub const RECEIPT_VERSION: &str = "pagewarden-receipt-v1";
 

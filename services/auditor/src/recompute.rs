@@ -30,11 +30,11 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pagewarden_common::receipt::ids_sha256;
 use pagewarden_kvcache::{KvPool, Owner, PoolConfig, RequestId, TenantId};
 use pagewarden_model::llama::{LoadOptions, Model, ModelError};
 use pagewarden_model::logprobs::TokenLogprobs;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use crate::domain::{IncidentKind, RecomputeVerdict, UnixMs};
 use crate::engine::Engine;
@@ -197,15 +197,6 @@ pub fn score(model: &Model, r: &ValidRecompute, tolerance: f32) -> Result<Scored
         max_diff,
         first_divergence,
     })
-}
-
-/// SHA-256 of token ids (u32 little-endian each), hex.
-fn ids_sha256(ids: &[u32]) -> String {
-    let mut h = Sha256::new();
-    for id in ids {
-        h.update(id.to_le_bytes());
-    }
-    pagewarden_common::hex::encode(&h.finalize())
 }
 
 /// Millionths of a nat, for the store (integers on both backends).

@@ -184,7 +184,6 @@ impl Flight {
                 recompute: job.recompute.then(|| RecomputeCapture {
                     prompt: job.admitted.prompt.clone(),
                     served: Vec::new(),
-                    incomplete: false,
                     temperature: job.sampling.temperature,
                 }),
                 ..Provenance::default()
@@ -582,11 +581,9 @@ impl Flight {
             self.completion_tokens += 1;
             self.job.meter.charge(1);
             self.provenance.output_ids.push(event.token);
-            if let Some(r) = &mut self.provenance.recompute {
-                match event.logprobs.as_ref().and_then(|l| l.chosen.as_ref()) {
-                    Some(c) => r.served.push(c.logprob),
-                    None => r.incomplete = true,
-                }
+            let chosen = event.logprobs.as_ref().and_then(|l| l.chosen.as_ref());
+            if let (Some(r), Some(c)) = (&mut self.provenance.recompute, chosen) {
+                r.served.push(c.logprob);
             }
         }
         if event.account.is_some() {

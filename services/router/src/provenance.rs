@@ -39,10 +39,9 @@ pub struct Provenance {
 pub struct RecomputeCapture {
     /// The prompt's token ids.
     pub prompt: Vec<u32>,
-    /// Each output token's raw logprob as decode (or prefill, for the first) computed it.
+    /// Each output token's raw logprob as decode (or prefill, for the first) computed it, as
+    /// long as every one came with its logprob (shorter than the output: it cannot be scored).
     pub served: Vec<f32>,
-    /// An output token came without its logprob: the choice cannot be scored.
-    pub incomplete: bool,
     /// The request's temperature (recorded with the audit; raw logprobs are scored).
     pub temperature: f32,
 }

@@ -20,7 +20,9 @@ use std::sync::{Arc, OnceLock};
 use axum::http::HeaderMap;
 use pagewarden_common::hex;
 use pagewarden_common::namespace::Namespace;
-use pagewarden_common::receipt::{PublicKey, ReceiptKey, ReceiptKeyError, RECEIPT_VERSION};
+use pagewarden_common::receipt::{
+    ids_sha256, PublicKey, ReceiptKey, ReceiptKeyError, RECEIPT_VERSION,
+};
 use pagewarden_proto::v1::ReusedRun;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -175,15 +177,6 @@ fn runs(runs: &[ReusedRun]) -> Vec<Value> {
 
 fn pairs(pages: impl Iterator<Item = (u32, u64)>) -> Vec<Value> {
     pages.map(|(p, g)| json!([p, g])).collect()
-}
-
-/// SHA-256 over token ids, each u32 little-endian.
-pub fn ids_sha256(ids: &[u32]) -> String {
-    let mut h = Sha256::new();
-    for id in ids {
-        h.update(id.to_le_bytes());
-    }
-    hex::encode(&h.finalize())
 }
 
 /// SHA-256 of the running executable's file ("unknown" when it cannot be read).

@@ -435,7 +435,7 @@ pub fn outcome_of_finish(finish: FinishReason) -> Outcome {
 fn recompute_sample(summary: &Summary, finish: FinishReason) -> Option<RecomputeSample> {
     let p = &summary.provenance;
     let r = p.recompute.as_ref()?;
-    if finish == FinishReason::Abort || r.incomplete || r.served.len() != p.output_ids.len() {
+    if finish == FinishReason::Abort || r.served.len() != p.output_ids.len() {
         return None;
     }
     Some(RecomputeSample {
