@@ -135,6 +135,13 @@ pub struct ValidRecompute {
     pub arithmetic: [String; 2],
 }
 
+impl ValidRecompute {
+    /// Its token ids, prompt and output.
+    pub fn tokens(&self) -> usize {
+        self.prompt.len() + self.output.len()
+    }
+}
+
 impl TryFrom<pb::RecomputeReport> for ValidRecompute {
     type Error = InvalidReport;
     fn try_from(m: pb::RecomputeReport) -> Result<Self, InvalidReport> {

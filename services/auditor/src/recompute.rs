@@ -26,6 +26,7 @@
 //! the verdict.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,9 +42,12 @@ use crate::engine::Engine;
 use crate::ingest::ValidRecompute;
 use crate::store::{NewIncident, NewRecompute};
 
-/// Reports waiting for their recompute, at most; more are dropped and counted. A report holds
-/// a request's token ids (a few KiB), so a full queue is a few MiB at most.
+/// Reports waiting for their recompute, at most; more are dropped and counted.
 const QUEUE: usize = 1024;
+
+/// Token ids (prompts and outputs) waiting in the queue, at most (16 MiB of ids): a flood of
+/// long reports is dropped and counted before it can hold more memory than this.
+const QUEUED_TOKENS: usize = 4 << 20;
 
 /// Tokens of one KV page of the recompute's own pool.
 const PAGE_SIZE: usize = 16;
@@ -71,6 +75,8 @@ pub const DEFAULT_TOLERANCE: f32 = 1.0;
 /// The queue in front of the recompute thread.
 pub struct Recomputer {
     tx: SyncSender<ValidRecompute>,
+    /// Token ids of the reports queued and not yet scored.
+    queued: Arc<AtomicUsize>,
 }
 
 /// What one recompute found.
@@ -99,12 +105,15 @@ impl Recomputer {
         let model = Model::load(&settings.model, &opts)
             .map_err(|e| anyhow::anyhow!("recompute model {}: {e}", settings.model.display()))?;
         let (tx, rx) = sync_channel::<ValidRecompute>(QUEUE);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let taken = queued.clone();
         std::thread::Builder::new()
             .name("recompute".into())
             .spawn(move || {
                 lowest_priority();
                 let own = model.arithmetic();
                 while let Ok(r) = rx.recv() {
+                    taken.fetch_sub(r.tokens(), Ordering::Relaxed);
                     let started = Instant::now();
                     let tolerance = settings.tolerance;
                     let scored = score(&model, &r, tolerance);
@@ -128,14 +137,28 @@ impl Recomputer {
                 }
             })
             .map_err(|e| anyhow::anyhow!("cannot start the recompute thread: {e}"))?;
-        Ok(Self { tx })
+        Ok(Self { tx, queued })
     }
 
-    /// Queues `r` for its recompute; false (and nothing queued) when the queue is full.
+    /// Queues `r` for its recompute; false (and nothing queued) when the queue is full, in
+    /// reports or in token ids.
     pub fn submit(&self, r: ValidRecompute) -> bool {
+        let n = r.tokens();
+        let fits = self
+            .queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+                (q + n <= QUEUED_TOKENS).then_some(q + n)
+            })
+            .is_ok();
+        if !fits {
+            return false;
+        }
         match self.tx.try_send(r) {
             Ok(()) => true,
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.queued.fetch_sub(n, Ordering::Relaxed);
+                false
+            }
         }
     }
 }
@@ -295,4 +318,44 @@ async fn record(
         })
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+    use pagewarden_common::TenantId;
+
+    fn report(tokens: usize) -> ValidRecompute {
+        ValidRecompute {
+            tenant: TenantId::new("t"),
+            request: None,
+            prompt: vec![1; tokens - 1],
+            output: vec![2],
+            served: vec![-1.0],
+            temperature: 0.0,
+            decode_node: None,
+            prefill_node: None,
+            pages: Vec::new(),
+            cached_tokens: 0,
+            arithmetic: Default::default(),
+        }
+    }
+
+    /// A report longer than the whole token budget is dropped, never queued; a short one is.
+    #[tokio::test]
+    async fn the_queue_is_bounded_in_token_ids_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("tiny.gguf");
+        std::fs::write(&model, pagewarden_model::tiny_llama_gguf(5)).unwrap();
+        let store = Store::connect("sqlite::memory:").await.unwrap();
+        let engine = Arc::new(Engine::new(store).await.unwrap());
+        let settings = RecomputeSettings {
+            model,
+            tolerance: DEFAULT_TOLERANCE,
+        };
+        let q = Recomputer::start(settings, engine, tokio::runtime::Handle::current()).unwrap();
+        assert!(!q.submit(report(QUEUED_TOKENS + 1)));
+        assert!(q.submit(report(4)));
+    }
 }
