@@ -14,32 +14,37 @@
 //!   nibbles: low nibbles are elements `64c + 4i..`, of sub-block `2c`; high nibbles are
 //!   elements `64c + 32 + 4i..`, of sub-block `2c + 1`.
 //!
-//! Q6_K (77 lines, 47% more than the file's 16 x 210 bytes: the 6-bit values are stored whole,
-//! a signed byte each, so the kernel unpacks nothing; Q6_K is a small share of a Q4_K_M
-//! model's weights):
+//! Q6_K (53 lines, 1% more than the file's 16 x 210 bytes: six bits a value, as in the file,
+//! arranged so that each value line comes out of one nibble line and one high line in three
+//! instructions; decode reads every byte of the matrix once a step, so the record's size is
+//! its time):
 //! - line 0: the sixteen f16 `d`;
-//! - lines 1-8: for ggml lane `m` (elements `4m..4m + 4` of every 32), the sixteen rows'
-//!   i32 starting values `-128 * sum_r sc(r, m) * sum(w + 32)` over the lane's four values `w` of
-//!   each 32-element run `r`: the kernel multiplies the weights with the activations plus 128
-//!   (unsigned, as `vpmaddubsw` wants them) and this takes the 128 back, exactly;
-//! - lines 9-12: the i8 scales, byte `16s + r` (of line `9 + s / 4`) = row `r`'s scale `s`;
-//! - lines 13-76: quant line `L` holds elements `4L..4L + 4` of each row plus 32 (0..=63).
+//! - lines 1-4: the i8 scales, byte `16s + r` (of line `1 + s / 4`) = row `r`'s scale `s`;
+//! - value line `L` (0..64) is elements `4L..4L + 4` of each row plus 32 (0..=63), bytes
+//!   `4r..4r + 4` row `r`'s; it is stored split:
+//!   - lines 5-36, nibble line `N` (0..32): value line `N`'s low four bits in each byte's low
+//!     nibble, value line `N + 32`'s in its high nibble;
+//!   - lines 37-52, high line `H` (0..16): bits `2i, 2i + 1` of each byte are bits 4 and 5 of
+//!     value line `H + 16i` (`i` in 0..4).
+//!
+//! All of one ggml lane's value lines (`8 run + m`, `kquant_avx512::q6_k`) come from nibble
+//! lines `m, m + 8, m + 16, m + 24` and high lines `m, m + 8`.
 
 use super::packed::{Line, GROUP};
 use super::QMatrix;
 use crate::quant::WeightType;
-use crate::quant_k::{q6_k_scales, q6_k_values, scales_mins, Q6_K_D, QK_K};
+use crate::quant_k::{q6_k_scales, q6_k_values, scales_mins, Q6_K_D};
 
 /// Lines of a Q4_K record.
 pub(crate) const Q4_K_LINES: usize = 37;
 /// Lines of a Q6_K record.
-pub(crate) const Q6_K_LINES: usize = 77;
+pub(crate) const Q6_K_LINES: usize = 53;
 /// First quant line of a Q4_K record.
 pub(crate) const Q4_K_QUANTS: usize = 5;
-/// First lane-start, scale and quant line of a Q6_K record.
-pub(crate) const Q6_K_STARTS: usize = 1;
-pub(crate) const Q6_K_SCALES: usize = 9;
-pub(crate) const Q6_K_QUANTS: usize = 13;
+/// First scale, nibble and high line of a Q6_K record.
+pub(crate) const Q6_K_SCALES: usize = 1;
+pub(crate) const Q6_K_NIBBLES: usize = 5;
+pub(crate) const Q6_K_HIGHS: usize = 37;
 
 /// Writes the record of super-block `b` of rows `g * GROUP..` of `w` into `out`.
 pub(crate) fn pack_record(w: &QMatrix<'_>, g: usize, b: usize, out: &mut [Line]) {
@@ -78,27 +83,19 @@ fn pack_q6_k(blk: &[u8], r: usize, rec: &mut [u8]) {
     rec[2 * r..2 * r + 2].copy_from_slice(&blk[Q6_K_D..Q6_K_D + 2]);
     let sc = q6_k_scales(blk);
     // Stored plus 32 (0..=63), as ggml's kernel multiplies them (`kquant_portable`).
-    let q = q6_k_values(blk).map(|v| v + 32);
+    let q = q6_k_values(blk).map(|v| (v + 32) as u8);
     for (s, &v) in sc.iter().enumerate() {
         rec[Q6_K_SCALES * 64 + 16 * s + r] = v as u8;
     }
-    for m in 0..8 {
-        // Runs of 32 elements; the lane's four values in run `run` are line `8 run + m`'s.
-        let start: i32 = (0..QK_K / 32)
-            .map(|run| {
-                let e = 32 * run + 4 * m;
-                let sum: i32 = q[e..e + 4].iter().map(|&v| v as i32).sum();
-                sc[e / 16] as i32 * sum
-            })
-            .sum::<i32>()
-            * -128;
-        let at = (Q6_K_STARTS + m) * 64 + 4 * r;
-        rec[at..at + 4].copy_from_slice(&start.to_le_bytes());
-    }
-    for line in 0..QK_K / 4 {
-        let at = (Q6_K_QUANTS + line) * 64 + 4 * r;
-        for k in 0..4 {
-            rec[at + k] = q[4 * line + k] as u8;
+    // Element `k` of value line `line` for this row.
+    let v = |line: usize, k: usize| q[4 * line + k];
+    for k in 0..4 {
+        for n in 0..32 {
+            rec[(Q6_K_NIBBLES + n) * 64 + 4 * r + k] = (v(n, k) & 0x0F) | (v(n + 32, k) << 4);
+        }
+        for h in 0..16 {
+            rec[(Q6_K_HIGHS + h) * 64 + 4 * r + k] =
+                (0..4).fold(0, |b, i| b | ((v(h + 16 * i, k) >> 4) << (2 * i)));
         }
     }
 }
