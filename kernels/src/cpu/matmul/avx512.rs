@@ -54,7 +54,8 @@ pub(super) fn rows(
 mod x86 {
     use crate::act::QuantizedActs;
     use crate::matmul::packed::{
-        PackedRows, GROUP as PACKED_GROUP, Q5_0_HIGH_LINE as PACKED_Q5_0_HIGH_LINE,
+        prefetch_ahead, record_lines, PackedRows, GROUP as PACKED_GROUP,
+        Q5_0_HIGH_LINE as PACKED_Q5_0_HIGH_LINE,
     };
     use crate::quant::{WeightType, QK};
     use std::arch::x86_64::*;
@@ -148,8 +149,10 @@ mod x86 {
             for (j, p) in qy.iter_mut().enumerate() {
                 *p = a.qs.as_ptr().add((t0 + j) * a.cols);
             }
+            let lines = record_lines(pk.ty()).expect("packed types have records");
             for b in 0..nb {
                 let rec = pk.record(g, b);
+                prefetch_ahead(rec, lines);
                 let dw = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
                 let q = rec.add(64) as *const __m512i;
                 // The record's quants as unsigned lanes, once for every token: Q8_0's eight

@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed::{PackedRows, GROUP};
+use super::packed::{prefetch_ahead, PackedRows, GROUP};
 use super::packed_k::{Q4_K_LINES, Q4_K_QUANTS, Q6_K_HIGHS, Q6_K_LINES, Q6_K_NIBBLES, Q6_K_SCALES};
 use super::q4k_repacked::Route;
 use super::QMatrix;
@@ -25,12 +25,6 @@ use crate::act_k::QuantizedActsK;
 use crate::quant::WeightType;
 use crate::quant_k::QK_K;
 
-/// How many records ahead of the one being read the kernels ask for lines: a group's records
-/// lie one after another and the groups too, so this is the matrix's next few kilobytes. The
-/// hardware prefetcher alone left a one-token product at about 70% of the stream rate from
-/// memory (`examples/kquant_gemv.rs`: Q4_K 7.7 GB/s beside an 11 GB/s plain sum, 9-11 GB/s
-/// with this).
-const PREFETCH_RECORDS: usize = 4;
 /// Tokens per pass over a record.
 const TILE: usize = 4;
 
@@ -101,17 +95,6 @@ pub(crate) unsafe fn run_groups(
             done += GROUP;
         }
         done
-    }
-}
-
-/// Asks for the `lines` lines of the record [`PREFETCH_RECORDS`] records after `rec` (past the
-/// matrix's end a prefetch is a no-op: it never faults).
-#[inline(always)]
-unsafe fn prefetch_ahead(rec: *const u8, lines: usize) {
-    let ahead = rec.wrapping_add(PREFETCH_RECORDS * lines * 64);
-    for l in 0..lines {
-        // SAFETY: a prefetch reads nothing the program sees and does not fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8) };
     }
 }
 

@@ -193,6 +193,27 @@ impl PackedRows {
     }
 }
 
+/// How far ahead of the record being read the kernels ask for lines, in bytes. A group's
+/// records lie one after another and the groups too, so this is the matrix's next few
+/// kilobytes. The hardware prefetcher alone left a one-token product at about 70% of the
+/// stream rate from memory (`examples/gemv_from_memory.rs`: Q4_K at 7.7 GB/s beside an 11 GB/s
+/// plain sum on one core; 9-11 GB/s with this).
+const PREFETCH_BYTES: usize = 8192;
+
+/// Asks for the `lines` lines [`PREFETCH_BYTES`] after `rec`, a record of `lines` lines: as
+/// every record of a pass asks for its own distance ahead, the whole matrix is asked for once.
+/// Past the matrix's end a prefetch does nothing (it never faults).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_ahead(rec: *const u8, lines: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let ahead = rec.wrapping_add(PREFETCH_BYTES);
+    for l in 0..lines {
+        // SAFETY: a prefetch reads nothing the program sees and does not fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8) };
+    }
+}
+
 /// The most lines a record of 32-element blocks takes (Q8_0's).
 const MAX_LINES: usize = 9;
 

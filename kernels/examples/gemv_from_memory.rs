@@ -1,7 +1,8 @@
-//! One-token products (decode's GEMV) with K-quant weights of Llama 3.2 1B's shapes, random
-//! bytes with sane scales, packed as the model packs them at load: a kernels-only timer for
-//! before/after comparisons of the K-quant kernels (prints weight GB/s and ms per call).
-//! `cargo run --release -p pagewarden-kernels --example kquant_gemv -- THREADS REPS`
+//! One-token products (decode's GEMV) from memory, not cache: quantized weights of Llama 3.2
+//! 1B's and Gemma 3 270M's shapes, random bytes with sane scales, packed as the model packs
+//! them at load, several copies walked in turn as decode walks its layers; a kernels-only
+//! timer for before/after comparisons (prints ms per product and the weights' GB/s).
+//! `cargo run --release -p pagewarden-kernels --example gemv_from_memory -- THREADS REPS`
 use pagewarden_kernels::{matmul, PackedRows, Parallel, QMatrix, WeightType};
 use std::time::Instant;
 
@@ -16,18 +17,19 @@ fn bytes(seed: &mut u64, n: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A random K-quant matrix whose f16 scales are small and finite.
+/// A random matrix whose f16 scales are small and finite.
 fn matrix(seed: &mut u64, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
     let mut d = bytes(seed, rows * ty.row_bytes(cols).unwrap());
-    let block = ty.row_bytes(256).unwrap();
+    let block = ty.row_bytes(ty.block_size()).unwrap();
     let scale = half::f16::from_f32(0.001).to_le_bytes();
     for b in d.chunks_exact_mut(block) {
         match ty {
-            WeightType::Q4_K => {
+            WeightType::Q4_K | WeightType::Q4_1 => {
                 b[0..2].copy_from_slice(&scale);
                 b[2..4].copy_from_slice(&scale);
             }
-            _ => b[block - 2..].copy_from_slice(&scale),
+            WeightType::Q6_K => b[block - 2..].copy_from_slice(&scale),
+            _ => b[0..2].copy_from_slice(&scale),
         }
     }
     d
@@ -44,12 +46,15 @@ fn main() {
     );
     let par = Parallel::new(threads);
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    // Llama 3.2 1B: attention q (2048), ffn gate (8192), ffn_down in Q6_K, the tied head.
+    // Llama 3.2 1B: attention q (2048), ffn gate (8192), ffn_down in Q6_K, the tied head;
+    // Gemma 3 270M's Q8_0 head; SmolLM2-135M's Q4_1 ffn gate.
     let shapes = [
         ("q4_k 2048x2048", WeightType::Q4_K, 2048, 2048),
         ("q4_k 8192x2048", WeightType::Q4_K, 8192, 2048),
         ("q6_k 2048x8192", WeightType::Q6_K, 2048, 8192),
         ("q6_k 128256x2048", WeightType::Q6_K, 128_256, 2048),
+        ("q8_0 262144x640", WeightType::Q8_0, 262_144, 640),
+        ("q4_1 1536x576", WeightType::Q4_1, 1536, 576),
     ];
     for (name, ty, rows, cols) in shapes {
         // Copies enough to pass any last-level cache, walked in turn, as decode walks layers.
