@@ -107,6 +107,9 @@ pub struct Args {
     /// Rounds of the side-channel audit each probe run ends with (4 requests each; 0: off).
     #[arg(long)]
     pub side_channel_rounds: Option<u32>,
+    /// Rounds of the side-channel audit's scheduling-order check (6 requests each; 0: off).
+    #[arg(long)]
+    pub side_channel_order_rounds: Option<u32>,
     /// The side-channel audit's p-value below which an incident opens.
     #[arg(long)]
     pub side_channel_threshold: Option<f64>,
@@ -207,6 +210,7 @@ pub struct Config {
 /// probability above 0 and below 1.
 fn side_channel(
     rounds: Option<u32>,
+    order_rounds: Option<u32>,
     threshold: Option<f64>,
 ) -> Result<SideChannelSettings, ConfigError> {
     let d = SideChannelSettings::default();
@@ -218,6 +222,7 @@ fn side_channel(
     }
     Ok(SideChannelSettings {
         rounds: rounds.unwrap_or(d.rounds),
+        order_rounds: order_rounds.unwrap_or(d.order_rounds),
         threshold,
     })
 }
@@ -307,7 +312,11 @@ impl Config {
             probe_page_size: s.probe_page_size.unwrap_or(16),
             probe_max_ttft: s.probe_max_ttft.unwrap_or(Duration::from_secs(60)),
             probe_min_prefill_us_per_token: s.probe_min_prefill_us_per_token.unwrap_or(0),
-            side_channel: side_channel(s.side_channel_rounds, s.side_channel_threshold)?,
+            side_channel: side_channel(
+                s.side_channel_rounds,
+                s.side_channel_order_rounds,
+                s.side_channel_threshold,
+            )?,
             probe_request_timeout: s.probe_request_timeout.unwrap_or(Duration::from_secs(120)),
             model_path: s.model_path,
             recompute: recompute(s.recompute_model, s.recompute_tolerance)?,

@@ -83,6 +83,19 @@ impl IncidentStatus {
 }
 
 sql_enum!(
+    /// Which side channel of the prefix cache the side-channel audit measured.
+    IsolationChannel, "isolation channel" {
+        /// First-token times: another tenant's request on a prompt one tenant had cached
+        /// against a cold one (Kolmogorov–Smirnov).
+        Timing => "timing",
+        /// Scheduling order (PromptPeek): the order in which a mixed batch of another
+        /// tenant's requests, some on a prompt one tenant had cached, gets its first tokens
+        /// (an exact rank test).
+        Order => "order",
+    }
+);
+
+sql_enum!(
     /// How bad an incident is.
     Severity, "severity" {
         /// Expected behaviour worth a record (a deferred release that drained).
@@ -113,7 +126,8 @@ pub enum IncidentKind {
     ProbeUnreachable,
     /// The side-channel audit: another tenant's first-token times on a prompt one tenant had
     /// cached are distinguishable from cold ones (a Kolmogorov–Smirnov p-value below the
-    /// threshold), so the cache's timing is visible across tenants.
+    /// threshold), or the order of its mixed batch depends on that cache (an exact rank
+    /// test), so the cache is visible across tenants.
     SideChannel,
     /// The recompute audit: a served token's logprob, scored again on a clean forward pass
     /// (fresh pages, no prefix cache, another process than the serving workers), differs

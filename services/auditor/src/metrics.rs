@@ -41,8 +41,19 @@ pub struct Metrics {
     incidents: Vec<AtomicU64>,
     /// Prefix-cache events and the tokens their hits reused, per (role, kind, tenant).
     cache: Mutex<BTreeMap<CacheKey, (u64, u64)>>,
-    /// The side-channel audit's last p-values per worker: (other tenant vs cold, warm vs cold).
-    isolation: Mutex<BTreeMap<String, (f64, f64)>>,
+    /// The side-channel audit's last p-values per worker.
+    isolation: Mutex<BTreeMap<String, IsolationGauges>>,
+}
+
+/// The side-channel audit's last p-values of one worker (each set once measured).
+#[derive(Clone, Copy, Debug, Default)]
+struct IsolationGauges {
+    /// Another tenant's first-token times on a cached prompt against cold ones.
+    ks: Option<f64>,
+    /// The owner's warm times against cold ones (the positive control).
+    control: Option<f64>,
+    /// The scheduling order of another tenant's mixed batch.
+    order: Option<f64>,
 }
 
 impl Default for Metrics {
@@ -134,7 +145,17 @@ impl Metrics {
     /// owner's own warm times against cold ones (`control`, the positive control).
     pub fn isolation(&self, worker: &str, cross: f64, control: f64) {
         let mut m = self.isolation.lock().unwrap_or_else(|p| p.into_inner());
-        m.insert(worker.to_string(), (cross, control));
+        let g = m.entry(worker.to_string()).or_default();
+        g.ks = Some(cross);
+        g.control = Some(control);
+    }
+
+    /// The side-channel audit's scheduling-order check measured `worker`: the exact p-value
+    /// of another tenant's mixed batch coming back in an order that favours the requests on
+    /// a prompt one tenant had cached.
+    pub fn isolation_order(&self, worker: &str, p: f64) {
+        let mut m = self.isolation.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(worker.to_string()).or_default().order = Some(p);
     }
 
     /// A recompute ended with `verdict`; a scored one's largest logprob difference was
@@ -302,11 +323,20 @@ impl Metrics {
                  times against cold ones (low: the audit can see a cache hit)",
                 1,
             ),
+            (
+                "pagewarden_auditor_isolation_order_p",
+                "Side-channel audit, scheduling order: exact p-value of another tenant's mixed \
+                 batch coming back with its requests on a cached prompt first (low: the order \
+                 depends on another tenant's cache)",
+                2,
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for (worker, ps) in isolation.iter() {
-                let p = if pick == 0 { ps.0 } else { ps.1 };
-                let _ = writeln!(out, "{name}{{worker=\"{}\"}} {p}", label(worker));
+            for (worker, g) in isolation.iter() {
+                let p = [g.ks, g.control, g.order][pick];
+                if let Some(p) = p {
+                    let _ = writeln!(out, "{name}{{worker=\"{}\"}} {p}", label(worker));
+                }
             }
         }
         drop(isolation);

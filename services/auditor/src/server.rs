@@ -196,6 +196,7 @@ pub async fn start(
                 request_timeout: cfg.probe_request_timeout,
                 tokens,
                 side_channel: cfg.side_channel,
+                receipt_key: cfg.receipt_public_key,
             },
         )?)),
         None => None,

@@ -17,6 +17,7 @@ use pagewarden_auditor::probe::{ProbeSettings, ProbeTenant, Prober};
 use pagewarden_auditor::store::Store;
 use pagewarden_auditor::tokens::TokenCounter;
 use pagewarden_auditor::Engine;
+use pagewarden_common::receipt::PublicKey;
 use pagewarden_model::{GgufFile, Tokenizer};
 
 /// `pagewarden probe` flags.
@@ -45,9 +46,17 @@ pub struct ProbeArgs {
     /// Rounds of the side-channel audit after the sweep, with two keys or more (0: none).
     #[arg(long, default_value_t = SideChannelSettings::default().rounds)]
     pub side_channel_rounds: u32,
+    /// Rounds of the side-channel audit's scheduling-order check (0: none).
+    #[arg(long, default_value_t = SideChannelSettings::default().order_rounds)]
+    pub side_channel_order_rounds: u32,
     /// GGUF model whose tokenizer checks `usage.prompt_tokens` (the router's model).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// The routers' receipt public key (64 hex digits, as the auditor serves it at
+    /// `/api/receipt-key`): the side-channel audit then asks for receipts and reports per
+    /// prefill worker.
+    #[arg(long, value_name = "HEX")]
+    pub receipt_public_key: Option<PublicKey>,
 }
 
 /// Counts prompt tokens the way the router does for `/v1/completions` text.
@@ -111,8 +120,10 @@ async fn sweep(args: ProbeArgs) -> anyhow::Result<()> {
         tokens,
         side_channel: SideChannelSettings {
             rounds: args.side_channel_rounds,
+            order_rounds: args.side_channel_order_rounds,
             ..SideChannelSettings::default()
         },
+        receipt_key: args.receipt_public_key,
     };
     let prober = Prober::new(engine.clone(), settings)?;
     println!("probing {router}");

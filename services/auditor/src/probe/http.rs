@@ -1,9 +1,12 @@
 //! The prober's HTTP side: the router's advertised context limit, and one completion request
-//! read as a stream so first-token latency is measured where the client would see it.
+//! read as a stream so first-token latency is measured where the client would see it; when the
+//! deployment signs isolation receipts, a request may ask for one and learn, from the verified
+//! receipt, which prefill worker computed its prompt.
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use pagewarden_common::receipt::PublicKey;
 use serde_json::{json, Value};
 
 use super::plan::Answer;
@@ -58,11 +61,88 @@ pub async fn complete(
     max_tokens: u32,
     timeout: Duration,
 ) -> Result<Answer, ProbeHttpError> {
+    let r = Request {
+        router,
+        api_key,
+        model,
+        prompt,
+        max_tokens,
+        timeout,
+    };
+    send(http, &r, None).await.map(|(answer, _)| answer)
+}
+
+/// One completion request of the prober.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// Router base URL.
+    pub router: &'a str,
+    /// The probe tenant's key.
+    pub api_key: &'a str,
+    /// Model id.
+    pub model: &'a str,
+    /// The prompt.
+    pub prompt: &'a str,
+    /// `max_tokens`.
+    pub max_tokens: u32,
+    /// Whole-request timeout.
+    pub timeout: Duration,
+}
+
+/// Which prefill worker computed a request's prompt, as its receipt said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attribution {
+    /// No receipt was asked for, or none came back (a refusal, a transport error).
+    Unknown,
+    /// The receipt verified against the deployment's key and names this worker.
+    Worker(String),
+    /// A receipt came back that does not verify (or names no worker): why.
+    Unverified(String),
+}
+
+/// Like [`complete`], asking for a signed isolation receipt when `receipt_key` is given: the
+/// answer and which prefill worker computed the prompt.
+pub async fn complete_attributed(
+    http: &reqwest::Client,
+    r: &Request<'_>,
+    receipt_key: Option<&PublicKey>,
+) -> Result<(Answer, Attribution), ProbeHttpError> {
+    send(http, r, receipt_key).await
+}
+
+/// The worker a signed receipt names for its first choice's prefill, once it verifies.
+fn attribute(signed: &Value, key: &PublicKey) -> Attribution {
+    match key.verify(signed) {
+        Ok(receipt) => match receipt["choices"][0]["prefill"]["worker"].as_str() {
+            Some(w) if !w.is_empty() => Attribution::Worker(w.to_string()),
+            _ => Attribution::Unverified("the receipt names no prefill worker".to_string()),
+        },
+        Err(e) => Attribution::Unverified(e.to_string()),
+    }
+}
+
+async fn send(
+    http: &reqwest::Client,
+    r: &Request<'_>,
+    receipt_key: Option<&PublicKey>,
+) -> Result<(Answer, Attribution), ProbeHttpError> {
+    let Request {
+        router,
+        api_key,
+        model,
+        prompt,
+        max_tokens,
+        timeout,
+    } = *r;
     let started = Instant::now();
-    let resp = http
+    let mut req = http
         .post(format!("{router}/v1/completions"))
         .timeout(timeout)
-        .bearer_auth(api_key)
+        .bearer_auth(api_key);
+    if receipt_key.is_some() {
+        req = req.header("x-pagewarden-receipt", "1");
+    }
+    let resp = req
         .json(&json!({
             "model": model,
             "prompt": prompt,
@@ -80,16 +160,20 @@ pub async fn complete(
             .as_str()
             .or_else(|| body["error"]["type"].as_str())
             .map(str::to_string);
-        return Ok(Answer::Refused { status, code });
+        return Ok((Answer::Refused { status, code }, Attribution::Unknown));
     }
     let is_sse = resp
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
+    let attributed = |v: &Value| match (receipt_key, v.get("pagewarden_receipt")) {
+        (Some(key), Some(signed)) => Some(attribute(signed, key)),
+        _ => None,
+    };
     if !is_sse {
         let body: Value = resp.json().await?;
-        return Ok(Answer::Completed {
+        let answer = Answer::Completed {
             text: body["choices"][0]["text"]
                 .as_str()
                 .unwrap_or_default()
@@ -97,8 +181,10 @@ pub async fn complete(
             prompt_tokens: prompt_tokens_of(&body),
             ttft_ms: started.elapsed().as_millis() as u64,
             cached_tokens: cached_tokens_of(&body),
-        });
+        };
+        return Ok((answer, attributed(&body).unwrap_or(Attribution::Unknown)));
     }
+    let mut attribution = Attribution::Unknown;
     let mut text = String::new();
     let mut prompt_tokens = None;
     let mut cached_tokens = None;
@@ -131,14 +217,18 @@ pub async fn complete(
             if let Some(c) = cached_tokens_of(&ev) {
                 cached_tokens = Some(c);
             }
+            if let Some(a) = attributed(&ev) {
+                attribution = a;
+            }
         }
     }
-    Ok(Answer::Completed {
+    let answer = Answer::Completed {
         text,
         prompt_tokens,
         ttft_ms: ttft_ms.unwrap_or_else(|| started.elapsed().as_millis() as u64),
         cached_tokens,
-    })
+    };
+    Ok((answer, attribution))
 }
 
 fn cached_tokens_of(v: &Value) -> Option<u32> {

@@ -9,26 +9,103 @@
 //! - `plan`: step lengths, prompts and verdicts (pure).
 //! - `pace`: the suite's measured prefill pace, which a step's first-token limit follows.
 //! - `http`: `/v1/models` and one streamed `/v1/completions`.
-//! - `side_channel`: the paired timing audit of the prefix cache across tenants.
+//! - `side_channel`: the paired timing and scheduling-order audits of the prefix cache across
+//!   tenants.
 
 pub mod http;
 pub mod pace;
 pub mod plan;
 pub mod side_channel;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use pagewarden_common::receipt::PublicKey;
 use pagewarden_common::TenantId;
+use rand::seq::SliceRandom;
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use crate::domain::{IncidentKind, ProbeOutcome, ProbeRunId, ProbeRunStatus, SweepKind, UnixMs};
+use crate::domain::{
+    IncidentKind, IsolationChannel, ProbeOutcome, ProbeRunId, ProbeRunStatus, SweepKind, UnixMs,
+};
 use crate::engine::Engine;
-use crate::store::{NewIncident, ProbeResult, ProbeRunEnd, StoreError};
+use crate::store::{NewIncident, NewIsolationAudit, ProbeResult, ProbeRunEnd, StoreError};
 use crate::tokens::TokenCounter;
 use plan::{Answer, LatencyBounds, StepSpec};
-use side_channel::{SideChannelSettings, Timings};
+use side_channel::{Placement, SideChannelSettings};
+
+/// How far apart the requests of an order round's batch are sent: enough that they reach the
+/// router in the order drawn, far less than one prompt's prefill.
+const ORDER_STAGGER: Duration = Duration::from_millis(10);
+
+/// One side-channel channel's findings, as its step records them.
+struct ChannelReport {
+    channel: IsolationChannel,
+    /// Filler words of its prompts.
+    words: u32,
+    /// The step's first-token time (the timing channel's cross median).
+    ttft_ms: Option<i64>,
+    detail: String,
+    /// One object per worker it found a leak on.
+    leaks: Vec<serde_json::Value>,
+    /// Rounds that counted.
+    counted: usize,
+    /// Rounds in which a request did not complete.
+    failed: u32,
+}
+
+/// The rounds of one side-channel channel that did not count, and why.
+#[derive(Default)]
+struct Missed {
+    /// A request did not complete.
+    failed: u32,
+    /// Its requests were computed on different workers.
+    split: u32,
+    /// A receipt was missing or did not verify: how many, and the last reason.
+    unattributed: u32,
+    why: String,
+}
+
+impl Missed {
+    /// The worker a placed round counts for, or `None` (counted here) when it counts for none.
+    fn placed(&mut self, p: Result<Placement, String>) -> Option<String> {
+        match p {
+            Ok(Placement::On(worker)) => Some(worker),
+            Ok(Placement::Split) => {
+                self.split += 1;
+                None
+            }
+            Err(why) => {
+                self.unattributed += 1;
+                self.why = why;
+                None
+            }
+        }
+    }
+
+    /// `, 2 rounds failed, 1 split across workers` (empty when every round counted).
+    fn describe(&self) -> String {
+        let mut out = String::new();
+        if self.failed > 0 {
+            out.push_str(&format!(", {} rounds failed", self.failed));
+        }
+        if self.split > 0 {
+            out.push_str(&format!(
+                ", {} split across workers (no one worker's cache tested)",
+                self.split
+            ));
+        }
+        if self.unattributed > 0 {
+            out.push_str(&format!(
+                ", {} not attributed to a worker ({})",
+                self.unattributed, self.why
+            ));
+        }
+        out
+    }
+}
 
 /// One probe tenant: the name the router knows it by, and its API key.
 #[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
@@ -58,6 +135,9 @@ pub struct ProbeSettings {
     pub tokens: Option<Arc<dyn TokenCounter>>,
     /// The side-channel audit each run ends with (with two probe tenants or more).
     pub side_channel: SideChannelSettings,
+    /// The routers' receipt key: when given, the side-channel audit asks for receipts and
+    /// reports per prefill worker (see [`side_channel`]).
+    pub receipt_key: Option<PublicKey>,
 }
 
 /// When scheduled runs happen, and which sweep they are.
@@ -242,10 +322,10 @@ impl Prober {
             if r.outcome.incident_kind().is_some() {
                 failures += 1;
             }
-            if s.side_channel.rounds > 0 {
-                let r = self
-                    .side_channel(run, owner, other, steps, limit, &model)
-                    .await?;
+            for r in self
+                .side_channel(run, owner, other, steps, limit, &model)
+                .await?
+            {
                 steps += 1;
                 if r.outcome != ProbeOutcome::Accepted {
                     failures += 1;
@@ -382,9 +462,11 @@ impl Prober {
     }
 
     /// The side-channel audit (see [`side_channel`]): `s.side_channel.rounds` rounds of the
-    /// owner's prompt warm, the other tenant on it, and the other tenant cold. Recorded as one
-    /// step (its first-token time the cross requests' median); a leak opens a `side_channel`
-    /// incident; the p-values go to the metrics.
+    /// owner's prompt warm, the other tenant on it, and the other tenant cold, then
+    /// `s.side_channel.order_rounds` rounds of the other tenant's mixed batch. Each channel is
+    /// recorded as one step (the timing step's first-token time the cross requests' median),
+    /// with one verdict per worker in `isolation_audits`; a leak on any worker opens a
+    /// `side_channel` incident naming it; the p-values go to the metrics.
     async fn side_channel(
         &self,
         run: ProbeRunId,
@@ -393,76 +475,331 @@ impl Prober {
         step: i64,
         limit: u32,
         model: &str,
-    ) -> Result<ProbeResult, StoreError> {
+    ) -> Result<Vec<ProbeResult>, StoreError> {
         let s = &self.settings;
         // Within half the context, whatever the pages (a filler word is a token or more).
         let words = (side_channel::PROMPT_PAGES * s.page_size)
             .min(limit / 2)
             .max(1);
-        let (client, url, wait) = (&self.http, &s.router_url, s.request_timeout);
-        let ttft = |a: Result<Answer, http::ProbeHttpError>| match a {
-            Ok(Answer::Completed { ttft_ms, .. }) => Some(ttft_ms as f64),
-            _ => None,
+        let mut results = Vec::new();
+        if s.side_channel.rounds > 0 {
+            let r = self
+                .timing_channel(run, owner, other, step, words, model)
+                .await?;
+            results.push(r);
+        }
+        if s.side_channel.order_rounds > 0 {
+            let step = step + results.len() as i64;
+            let r = self
+                .order_channel(run, owner, other, step, words, model)
+                .await?;
+            results.push(r);
+        }
+        Ok(results)
+    }
+
+    /// One side-channel audit request: its first-token time and, when receipts are signed,
+    /// which prefill worker computed it. `None` when it did not complete.
+    async fn audit_request(
+        &self,
+        tenant: &ProbeTenant,
+        prompt: &str,
+        model: &str,
+    ) -> Option<(f64, http::Attribution)> {
+        let s = &self.settings;
+        let r = http::Request {
+            router: &s.router_url,
+            api_key: &tenant.api_key,
+            model,
+            prompt,
+            max_tokens: 1,
+            timeout: s.request_timeout,
         };
-        let mut t = Timings::default();
-        let mut failed = 0u32;
+        match http::complete_attributed(&self.http, &r, s.receipt_key.as_ref()).await {
+            Ok((Answer::Completed { ttft_ms, .. }, a)) => Some((ttft_ms as f64, a)),
+            _ => None,
+        }
+    }
+
+    /// Where a round's requests were computed: one worker, split, or (with receipts on) not
+    /// known because a receipt was missing or did not verify (the reason).
+    fn placed(&self, attributions: &[&http::Attribution]) -> Result<Placement, String> {
+        if self.settings.receipt_key.is_none() {
+            return Ok(side_channel::placement(attributions.iter().map(|_| None)));
+        }
+        let mut workers = Vec::new();
+        for a in attributions {
+            match a {
+                http::Attribution::Worker(w) => workers.push(Some(w.as_str())),
+                http::Attribution::Unknown => return Err("no receipt came back".to_string()),
+                http::Attribution::Unverified(why) => return Err(format!("a receipt {why}")),
+            }
+        }
+        Ok(side_channel::placement(workers))
+    }
+
+    /// The timing channel: first-token times of warm, cross and cold requests per round.
+    async fn timing_channel(
+        &self,
+        run: ProbeRunId,
+        owner: &ProbeTenant,
+        other: &ProbeTenant,
+        step: i64,
+        words: u32,
+        model: &str,
+    ) -> Result<ProbeResult, StoreError> {
+        let s = &self.settings;
+        let mut rounds = Vec::new();
+        let mut missed = Missed::default();
         for round in 0..s.side_channel.rounds {
             let mine = self.marked_prompt(owner, words).await?;
             let fresh = self.marked_prompt(other, words).await?;
-            let send = |tenant: &ProbeTenant, prompt: &str| {
-                let (key, prompt) = (tenant.api_key.clone(), prompt.to_string());
-                async move { http::complete(client, url, &key, model, &prompt, 1, wait).await }
-            };
-            let primed = ttft(send(owner, &mine).await);
-            let warm = ttft(send(owner, &mine).await);
+            let primed = self.audit_request(owner, &mine, model).await;
+            let warm = self.audit_request(owner, &mine, model).await;
             // Alternate which of the other tenant's two goes first, so neither always follows
             // the owner's warm request.
             let (cross, cold) = if round % 2 == 0 {
-                let c = ttft(send(other, &mine).await);
-                (c, ttft(send(other, &fresh).await))
+                let c = self.audit_request(other, &mine, model).await;
+                (c, self.audit_request(other, &fresh, model).await)
             } else {
-                let c = ttft(send(other, &fresh).await);
-                (ttft(send(other, &mine).await), c)
+                let c = self.audit_request(other, &fresh, model).await;
+                (self.audit_request(other, &mine, model).await, c)
             };
-            match (primed, warm, cross, cold) {
-                (Some(_), Some(w), Some(x), Some(c)) => {
-                    t.warm.push(w);
-                    t.cross.push(x);
-                    t.cold.push(c);
-                }
-                _ => failed += 1,
+            let (Some(p), Some(w), Some(x), Some(c)) = (primed, warm, cross, cold) else {
+                missed.failed += 1;
+                continue;
+            };
+            match missed.placed(self.placed(&[&p.1, &w.1, &x.1, &c.1])) {
+                Some(worker) => rounds.push(side_channel::Round {
+                    worker,
+                    warm: w.0,
+                    cross: x.0,
+                    cold: c.0,
+                }),
+                None => continue,
             }
         }
-        let v = side_channel::judge(&t, s.side_channel.threshold);
-        // The router does not say which worker served a probe: one series for the suite.
-        let worker = "all";
-        self.engine
-            .metrics()
-            .isolation(worker, v.cross_p, v.control_p);
+        let threshold = s.side_channel.threshold;
         let median = side_channel::median;
+        let mut leaks = Vec::new();
+        let mut parts = Vec::new();
+        let all_cross: Vec<f64> = rounds.iter().map(|r| r.cross).collect();
+        for (worker, t) in side_channel::by_worker(&rounds) {
+            let v = side_channel::judge(&t, threshold);
+            self.engine
+                .metrics()
+                .isolation(&worker, v.cross_p, v.control_p);
+            self.engine
+                .store()
+                .insert_isolation_audit(&NewIsolationAudit {
+                    run_id: run,
+                    worker: worker.clone(),
+                    channel: IsolationChannel::Timing,
+                    rounds: t.cold.len() as i64,
+                    p: v.cross_p,
+                    control_p: Some(v.control_p),
+                    threshold,
+                    conclusive: v.conclusive,
+                    leak: v.leak,
+                    at: UnixMs::now(),
+                })
+                .await?;
+            parts.push(format!(
+                "worker {worker}: KS D = {:.2}, p = {:.2e}; control (warm vs cold) p = {:.2e}; \
+                 medians warm {:.0} / cross {:.0} / cold {:.0} ms over {} rounds{}",
+                v.cross_d,
+                v.cross_p,
+                v.control_p,
+                median(&t.warm),
+                median(&t.cross),
+                median(&t.cold),
+                t.cold.len(),
+                if v.conclusive {
+                    ""
+                } else {
+                    " (inconclusive: the control saw no cache hit)"
+                },
+            ));
+            if v.leak {
+                leaks.push(json!({
+                    "worker": worker,
+                    "ks_d": v.cross_d,
+                    "ks_p": v.cross_p,
+                    "control_p": v.control_p,
+                    "ttft_ms": {"warm": t.warm, "cross": t.cross, "cold": t.cold},
+                }));
+            }
+        }
         let detail = format!(
-            "side channel: {} on {}'s cached prompt vs cold: KS D = {:.2}, p = {:.2e} (threshold \
-             {:.0e}); control (warm vs cold) p = {:.2e}; medians warm {:.0} / cross {:.0} / \
-             cold {:.0} ms over {} rounds{}",
+            "side channel: {} on {}'s cached prompt vs cold (threshold {threshold:.0e}): {}{}",
             other.tenant,
             owner.tenant,
-            v.cross_d,
-            v.cross_p,
-            s.side_channel.threshold,
-            v.control_p,
-            median(&t.warm),
-            median(&t.cross),
-            median(&t.cold),
-            t.cold.len(),
-            match (v.conclusive, failed) {
-                (_, f) if f > 0 => format!(", {f} rounds failed"),
-                (false, _) => ": inconclusive, the control saw no cache hit".to_string(),
-                (true, _) => String::new(),
-            }
+            if parts.is_empty() {
+                "no round counted".to_string()
+            } else {
+                parts.join("; ")
+            },
+            missed.describe(),
         );
-        let outcome = if v.leak {
+        let report = ChannelReport {
+            channel: IsolationChannel::Timing,
+            words,
+            ttft_ms: (!all_cross.is_empty()).then(|| median(&all_cross) as i64),
+            detail,
+            leaks,
+            counted: rounds.len(),
+            failed: missed.failed,
+        };
+        self.channel_result(run, (owner, other), step, report).await
+    }
+
+    /// The scheduling-order channel (PromptPeek): the order of the other tenant's mixed batch.
+    async fn order_channel(
+        &self,
+        run: ProbeRunId,
+        owner: &ProbeTenant,
+        other: &ProbeTenant,
+        step: i64,
+        words: u32,
+        model: &str,
+    ) -> Result<ProbeResult, StoreError> {
+        let s = &self.settings;
+        // Per worker: rounds and the cross-first pair count summed over them.
+        let mut per_worker: BTreeMap<String, (usize, u32)> = BTreeMap::new();
+        let mut missed = Missed::default();
+        for _ in 0..s.side_channel.order_rounds {
+            let mut owned = Vec::new();
+            let mut fresh = Vec::new();
+            for _ in 0..side_channel::ORDER_PAIRS {
+                owned.push(self.marked_prompt(owner, words).await?);
+                fresh.push(self.marked_prompt(other, words).await?);
+            }
+            let mut primes = Vec::new();
+            for p in &owned {
+                primes.push(self.audit_request(owner, p, model).await);
+            }
+            // The batch in positions drawn at random: under isolation its order cannot tell
+            // which positions hold the owner's prompts.
+            let mut batch: Vec<(bool, &str)> = owned
+                .iter()
+                .map(|p| (true, p.as_str()))
+                .chain(fresh.iter().map(|p| (false, p.as_str())))
+                .collect();
+            batch.shuffle(&mut rand::rng());
+            let start = Instant::now();
+            let sent = futures::future::join_all(batch.iter().enumerate().map(
+                |(i, &(cross, prompt))| async move {
+                    tokio::time::sleep(ORDER_STAGGER * i as u32).await;
+                    let at = start.elapsed().as_secs_f64() * 1e3;
+                    let r = self.audit_request(other, prompt, model).await;
+                    r.map(|(ttft, a)| (cross, at + ttft, a))
+                },
+            ))
+            .await;
+            let (Some(primes), Some(sent)) = (
+                primes.into_iter().collect::<Option<Vec<_>>>(),
+                sent.into_iter().collect::<Option<Vec<_>>>(),
+            ) else {
+                missed.failed += 1;
+                continue;
+            };
+            let attributions: Vec<&http::Attribution> = primes
+                .iter()
+                .map(|p| &p.1)
+                .chain(sent.iter().map(|x| &x.2))
+                .collect();
+            let Some(worker) = missed.placed(self.placed(&attributions)) else {
+                continue;
+            };
+            let times = |want: bool| -> Vec<f64> {
+                sent.iter().filter(|x| x.0 == want).map(|x| x.1).collect()
+            };
+            let e = per_worker.entry(worker).or_default();
+            e.0 += 1;
+            e.1 += side_channel::cross_first(&times(true), &times(false));
+        }
+        let threshold = s.side_channel.threshold;
+        let (mut leaks, mut parts) = (Vec::new(), Vec::new());
+        let pairs = side_channel::ORDER_PAIRS;
+        let counted = per_worker.values().map(|&(rounds, _)| rounds).sum();
+        for (worker, (rounds, first)) in per_worker {
+            let p = side_channel::order_p(pairs, pairs, rounds, first);
+            let leak = p < threshold;
+            self.engine.metrics().isolation_order(&worker, p);
+            self.engine
+                .store()
+                .insert_isolation_audit(&NewIsolationAudit {
+                    run_id: run,
+                    worker: worker.clone(),
+                    channel: IsolationChannel::Order,
+                    rounds: rounds as i64,
+                    p,
+                    control_p: None,
+                    threshold,
+                    conclusive: true,
+                    leak,
+                    at: UnixMs::now(),
+                })
+                .await?;
+            let of = rounds * pairs * pairs;
+            parts.push(format!(
+                "worker {worker}: the cross request came first in {first} of {of} (cross, cold) \
+                 pairs over {rounds} rounds (chance: half), exact p = {p:.2e}"
+            ));
+            if leak {
+                leaks.push(json!({
+                    "worker": worker,
+                    "order_p": p,
+                    "cross_first_pairs": first,
+                    "pairs": of,
+                }));
+            }
+        }
+        let detail = format!(
+            "side channel, scheduling order: {}'s mixed batches, half on {}'s cached prompts \
+             (threshold {threshold:.0e}): {}{}",
+            other.tenant,
+            owner.tenant,
+            if parts.is_empty() {
+                "no round counted".to_string()
+            } else {
+                parts.join("; ")
+            },
+            missed.describe(),
+        );
+        let report = ChannelReport {
+            channel: IsolationChannel::Order,
+            words,
+            ttft_ms: None,
+            detail,
+            leaks,
+            counted,
+            failed: missed.failed,
+        };
+        self.channel_result(run, (owner, other), step, report).await
+    }
+
+    /// Records one channel's step; a leak opens one `side_channel` incident naming the workers
+    /// it was found on.
+    async fn channel_result(
+        &self,
+        run: ProbeRunId,
+        (owner, other): (&ProbeTenant, &ProbeTenant),
+        step: i64,
+        c: ChannelReport,
+    ) -> Result<ProbeResult, StoreError> {
+        let ChannelReport {
+            channel,
+            words,
+            ttft_ms,
+            detail,
+            leaks,
+            counted,
+            failed,
+        } = c;
+        let outcome = if !leaks.is_empty() {
             ProbeOutcome::Leak
-        } else if failed > 0 && t.cold.is_empty() {
+        } else if counted == 0 && failed > 0 {
             ProbeOutcome::TransportError
         } else {
             ProbeOutcome::Accepted
@@ -473,9 +810,9 @@ impl Prober {
             prompt_words: i64::from(words),
             expected_tokens: None,
             outcome,
-            http_status: (!t.cross.is_empty()).then_some(200),
+            http_status: (counted > 0).then_some(200),
             prompt_tokens: None,
-            ttft_ms: (!t.cross.is_empty()).then(|| median(&t.cross) as i64),
+            ttft_ms,
             detail: detail.clone(),
             at: UnixMs::now(),
         };
@@ -483,19 +820,16 @@ impl Prober {
             .store()
             .insert_probe_result(run, &result)
             .await?;
-        if v.leak {
+        if !leaks.is_empty() {
             let details = json!({
-                        "source": "probe",
-                        "check": "side_channel",
-                        "run_id": run.0,
-                        "step": step,
-                        "worker": worker,
-                        "detail": detail,
-                        "ks_d": v.cross_d,
-                        "ks_p": v.cross_p,
-                        "control_p": v.control_p,
-                        "threshold": s.side_channel.threshold,
-                "ttft_ms": {"warm": t.warm, "cross": t.cross, "cold": t.cold},
+                "source": "probe",
+                "check": "side_channel",
+                "channel": channel.as_str(),
+                "run_id": run.0,
+                "step": step,
+                "detail": detail,
+                "threshold": self.settings.side_channel.threshold,
+                "workers": leaks,
             });
             let (tenant, owner) = (&other.tenant, Some(owner.tenant.clone()));
             self.open_incident(IncidentKind::SideChannel, tenant, owner, details, result.at)

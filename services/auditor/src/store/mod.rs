@@ -9,10 +9,12 @@
 //! - `probes`: probe runs and their per-step results.
 //! - `erasures`: tenants' prefix-cache erasures and their certificates.
 //! - `recomputes`: the recompute audit's verdicts (digests, never tokens).
+//! - `isolation`: the side-channel audit's verdicts per worker and channel.
 
 mod erasures;
 mod events;
 mod incidents;
+mod isolation;
 mod probes;
 mod recomputes;
 mod records;
@@ -24,6 +26,7 @@ use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::{AnyPool, Row};
 
 pub use erasures::{ErasedWorker, ErasureRecord, NewErasure};
+pub use isolation::{IsolationAudit, NewIsolationAudit};
 pub use recomputes::{NewRecompute, RecomputeRecord};
 pub use records::*;
 

@@ -12,8 +12,8 @@ use super::{AppState, SignoffAction, WebError};
 use crate::accounts::Principal;
 use crate::domain::{IncidentId, SweepKind, UnixMs};
 use crate::store::{
-    CacheTotals, ErasureRecord, Incident, IncidentPoint, NodeStatus, ProbeResult, ProbeRun,
-    RecomputeRecord, RoutineCount, SamplePoint, SampleTotals, SeriesPoint,
+    CacheTotals, ErasureRecord, Incident, IncidentPoint, IsolationAudit, NodeStatus, ProbeResult,
+    ProbeRun, RecomputeRecord, RoutineCount, SamplePoint, SampleTotals, SeriesPoint,
 };
 
 /// How far back the prompt-length charts (probe steps, sampled traffic) look.
@@ -100,6 +100,20 @@ pub async fn recomputes(
 ) -> Result<Json<Vec<RecomputeRecord>>, WebError> {
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
     Ok(Json(st.engine.store().recomputes(limit).await?))
+}
+
+/// `GET /api/isolation?limit=`: the side-channel audit's newest verdicts of the last 24 h
+/// (default 200, at most 2000), oldest first: per worker and channel, the p-value, its
+/// threshold, whether it was conclusive and whether it found a leak.
+pub async fn isolation(
+    State(st): State<AppState>,
+    Query(q): Query<LimitQuery>,
+) -> Result<Json<Vec<IsolationAudit>>, WebError> {
+    let limit = q.limit.unwrap_or(200).clamp(1, 2000);
+    let since = UnixMs(UnixMs::now().0 - PROBE_CHART_WINDOW_MS);
+    Ok(Json(
+        st.engine.store().isolation_audits(since, limit).await?,
+    ))
 }
 
 /// A run with its steps.

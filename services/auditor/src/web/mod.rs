@@ -14,11 +14,13 @@
 //! - `html`: layout, escaping and small rendering helpers.
 //! - `chart`: counts over time as stacked-bar SVG (incidents, integrity events).
 //! - `scatter`: first-token latency against prompt length as SVG (probe steps, sampled traffic).
+//! - `isolation_chart`: the side-channel audit's p-values over time as SVG, per worker.
 
 mod api;
 mod chart;
 mod html;
 mod incident_pages;
+mod isolation_chart;
 mod login;
 mod pages;
 mod query;
@@ -264,6 +266,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/cache", get(api::cache))
         .route("/api/erasures", get(api::erasures))
         .route("/api/recomputes", get(api::recomputes))
+        .route("/api/isolation", get(api::isolation))
         .route("/api/probes", get(api::probes))
         .route("/api/probes/recent", get(api::recent_probe_steps))
         .route("/api/probes/run", post(api::run_probe))

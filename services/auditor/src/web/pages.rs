@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::api::{load_runs, start_sweep, SeriesQuery, PROBE_CHART_STEPS, PROBE_CHART_WINDOW_MS};
 use super::html::{csrf_input, esc, page, time};
 use super::session::SessionUser;
-use super::{chart, refresh, scatter, AppState, WebError};
+use super::{chart, isolation_chart, refresh, scatter, AppState, WebError};
 use crate::domain::{SweepKind, UnixMs};
 
 /// `GET /`: the incident list.
@@ -105,6 +105,11 @@ pub async fn probes(
         .store()
         .recent_samples(since, PROBE_CHART_STEPS)
         .await?;
+    let audits = st
+        .engine
+        .store()
+        .isolation_audits(since, PROBE_CHART_STEPS)
+        .await?;
     let limit = runs.iter().find_map(|r| r.run.context_limit);
     let mut b = sweep_forms(&st, &user);
     b.push_str(&refresh::marker(refresh_s, "/probes?refresh=0", "/probes"));
@@ -115,6 +120,16 @@ pub async fn probes(
          token sit under the axis.</p>{}",
         recent.len(),
         scatter::probes(&recent, limit)
+    );
+    let _ = write!(
+        b,
+        "<h2>Side-channel audit: p-values per worker</h2>\
+         <p class=\"muted\">The last {} verdicts of the last 24 h: whether another tenant's \
+         first-token times (circles) or the order of its mixed batches (squares) depend on a \
+         prompt one tenant cached. Low is bad: below the dashed threshold an incident opens; \
+         red is a leak, hollow an audit whose control saw no cache hit.</p>{}",
+        audits.len(),
+        isolation_chart::isolation(&audits)
     );
     let _ = write!(
         b,

@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use pagewarden_common::receipt::ReceiptKey;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -33,6 +34,12 @@ pub struct Faults {
     pub us_per_token: u64,
     /// A stall: a prompt of at least this many tokens takes ten times its time (once).
     pub stall_at: Option<u32>,
+    /// A prompt found in the cache gets its first token ten times sooner (the timing a real
+    /// prefix cache shows).
+    pub cache_speedup: bool,
+    /// Sign a receipt naming this prefill worker when a request asks for one (a request that
+    /// asks without it is refused with `receipts_not_configured`, as the router does).
+    pub receipts: Option<(Arc<ReceiptKey>, String)>,
 }
 
 #[derive(Clone)]
@@ -89,27 +96,46 @@ async fn completions(
     let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as u32;
     let mut prompt_tokens = prompt.split_whitespace().count() as u32 + 1;
     f.seen.lock().push((tenant.clone(), prompt_tokens as usize));
-    let wait = {
+    let wants_receipt = headers
+        .get("x-pagewarden-receipt")
+        .is_some_and(|v| v.as_bytes() == b"1");
+    let (wait, cached_tokens, receipt) = {
         let mut faults = f.faults.lock();
+        if wants_receipt && faults.receipts.is_none() {
+            return error(StatusCode::BAD_REQUEST, "receipts_not_configured");
+        }
+        let space = if faults.shared_prefix_cache {
+            String::new()
+        } else {
+            tenant
+        };
+        let cached_tokens = if f.cached.lock().insert((space, prompt.to_string())) {
+            0
+        } else {
+            prompt_tokens - 1
+        };
         let stalled = faults.stall_at.is_some_and(|at| prompt_tokens >= at);
         if stalled {
             faults.stall_at = None;
         }
-        let us = faults.us_per_token * u64::from(prompt_tokens);
-        std::time::Duration::from_micros(if stalled { 10 * us } else { us })
+        let mut us = faults.us_per_token * u64::from(prompt_tokens);
+        if stalled {
+            us *= 10;
+        }
+        if faults.cache_speedup && cached_tokens > 0 {
+            us /= 10;
+        }
+        let receipt = match (&faults.receipts, wants_receipt) {
+            (Some((key, worker)), true) => Some(
+                key.sign(json!({"choices": [{"index": 0, "prefill": {"worker": worker}}]}))
+                    .unwrap(),
+            ),
+            _ => None,
+        };
+        (std::time::Duration::from_micros(us), cached_tokens, receipt)
     };
     tokio::time::sleep(wait).await;
     let faults = f.faults.lock();
-    let space = if faults.shared_prefix_cache {
-        String::new()
-    } else {
-        tenant
-    };
-    let cached_tokens = if f.cached.lock().insert((space, prompt.to_string())) {
-        0
-    } else {
-        prompt_tokens - 1
-    };
     if prompt_tokens + max_tokens > f.limit && !faults.accept_overlength {
         return error(StatusCode::BAD_REQUEST, "context_length_exceeded");
     }
@@ -129,7 +155,12 @@ async fn completions(
     let usage = json!({"object": "text_completion", "choices": [],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2, "total_tokens": prompt_tokens + 2,
                   "prompt_tokens_details": {"cached_tokens": cached_tokens}}});
-    sse.push_str(&format!("data: {usage}\n\ndata: [DONE]\n\n"));
+    sse.push_str(&format!("data: {usage}\n\n"));
+    if let Some(r) = receipt {
+        let chunk = json!({"object": "text_completion", "choices": [], "pagewarden_receipt": r});
+        sse.push_str(&format!("data: {chunk}\n\n"));
+    }
+    sse.push_str("data: [DONE]\n\n");
     ([("content-type", "text/event-stream")], sse).into_response()
 }
 

@@ -1,7 +1,8 @@
 //! The canary prober against the fake router: a clean run passes and opens nothing; a leaked
 //! marker, an accepted over-length prompt, a miscounted prompt and an unreachable router each
 //! become incidents. A light sweep sends one short and one over-length step per tenant, on
-//! schedule (as under `pagewarden up`) or when an operator asks.
+//! schedule (as under `pagewarden up`) or when an operator asks. The side-channel audit, per
+//! worker and on both channels, against a fake whose cache hits are faster.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,12 +14,13 @@ use pagewarden_auditor::probe::side_channel::SideChannelSettings;
 use pagewarden_auditor::probe::{ProbeSettings, ProbeTenant, Prober, Schedule};
 use pagewarden_auditor::tokens::WordCounter;
 use pagewarden_auditor::Running;
+use pagewarden_common::receipt::{PublicKey, ReceiptKey};
 use pagewarden_common::TenantId;
 use pagewarden_testkit::eventually;
 
 use crate::auth::{api_post, Signed, OPERATOR, OPS_TOKEN, VIEWER, VIEWER_TOKEN};
 use crate::fake_router;
-use crate::ingest::{get_json, get_page, start};
+use crate::ingest::{get_json, get_page, get_text, start};
 
 pub fn settings(router: String) -> ProbeSettings {
     ProbeSettings {
@@ -45,8 +47,10 @@ pub fn settings(router: String) -> ProbeSettings {
         // The fake router has no cache to time: the audit's logic is tested on its own.
         side_channel: SideChannelSettings {
             rounds: 0,
+            order_rounds: 0,
             ..SideChannelSettings::default()
         },
+        receipt_key: None,
     }
 }
 
@@ -403,11 +407,12 @@ async fn operators_start_a_sweep_on_demand() {
     wait_finished_run(&r, SweepKind::Full).await;
     let api = get_json(format!("http://{}/api/probes", r.http_addr)).await;
     assert_eq!(api[0]["sweep"], "full");
-    // Every step of both tenants, the prefix-isolation check and the side-channel audit.
-    assert_eq!(api[0]["results"].as_array().unwrap().len(), 16);
+    // Every step of both tenants, the prefix-isolation check and the side-channel audit's two
+    // channels (timing, scheduling order).
+    assert_eq!(api[0]["results"].as_array().unwrap().len(), 17);
     let html = get_page(format!("http://{}/probes", r.http_addr)).await;
     assert!(html.contains("id=\"probe-chart\"") && html.contains("id=\"run-light\""));
-    assert_eq!(html.matches("class=\"step outcome-").count(), 16);
+    assert_eq!(html.matches("class=\"step outcome-").count(), 17);
 
     // The Probes page's buttons: a form post with the session's CSRF token, operators only.
     let base = format!("http://{}", r.http_addr);
@@ -469,5 +474,139 @@ async fn periodic_probing_waits_for_the_router_to_be_ready() {
     stop.cancel();
     task.await.unwrap();
     assert!(incident_kinds(&r).await.is_empty());
+    r.shutdown().await;
+}
+
+/// The fake as a suite whose prefix cache answers a hit ten times sooner and whose receipts
+/// (signed by `key`) name one prefill worker, `prefill-7`; a prober running both side-channel
+/// channels against it (8 timing rounds, 6 order rounds) and holding `expected` as the key.
+async fn side_channel_setup(
+    shared: bool,
+    key: &Arc<ReceiptKey>,
+    expected: PublicKey,
+    rounds: (u32, u32),
+) -> (Running, Prober) {
+    let r = start().await;
+    let (addr, fake) = fake_router::start(&[("key-a", "probe-a"), ("key-b", "probe-b")]).await;
+    {
+        let mut f = fake.faults.lock();
+        // 1 ms a token: the audit's 128-word prompts take 129 ms cold, 13 ms from the cache.
+        f.us_per_token = 1000;
+        f.cache_speedup = true;
+        f.shared_prefix_cache = shared;
+        f.receipts = Some((key.clone(), "prefill-7".into()));
+    }
+    let mut s = settings(format!("http://{addr}"));
+    s.side_channel = SideChannelSettings {
+        rounds: rounds.0,
+        order_rounds: rounds.1,
+        ..SideChannelSettings::default()
+    };
+    s.receipt_key = Some(expected);
+    let prober = Prober::new(r.engine.clone(), s).unwrap();
+    (r, prober)
+}
+
+fn new_key() -> Arc<ReceiptKey> {
+    Arc::new(ReceiptKey::from_pem(&ReceiptKey::generate_pem().unwrap()).unwrap())
+}
+
+/// A gauge's value for `worker` in the auditor's `/metrics`.
+async fn isolation_gauge(r: &Running, name: &str, worker: &str) -> Option<f64> {
+    let metrics = get_text(format!("http://{}/metrics", r.http_addr)).await;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}{{worker=\"{worker}\"}} ")))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+/// A cache shared by every tenant leaks on both channels: the other tenant's cross requests
+/// come back sooner than its cold ones (timing) and ahead of them in its mixed batches (order).
+/// Each is found under the worker the verified receipts name, in the metrics, in
+/// `/api/isolation`, on the probes page's chart and as a `side_channel` incident naming it. A
+/// cache per tenant passes both, while the positive control still sees the owner's hits.
+#[tokio::test]
+async fn the_side_channel_audit_names_the_worker_and_catches_a_shared_cache_on_both_channels() {
+    let key = new_key();
+    for shared in [true, false] {
+        let (r, prober) = side_channel_setup(shared, &key, key.public(), (8, 6)).await;
+        prober.run_once().await.unwrap();
+        let ks = isolation_gauge(&r, "pagewarden_auditor_isolation_ks_p", "prefill-7").await;
+        let order = isolation_gauge(&r, "pagewarden_auditor_isolation_order_p", "prefill-7").await;
+        let control =
+            isolation_gauge(&r, "pagewarden_auditor_isolation_control_ks_p", "prefill-7").await;
+        let (ks, order, control) = (ks.unwrap(), order.unwrap(), control.unwrap());
+        assert!(control < 0.05, "the control saw no cache hit: {control}");
+        let verdicts = get_json(format!("http://{}/api/isolation", r.http_addr)).await;
+        let verdicts = verdicts.as_array().unwrap();
+        assert_eq!(verdicts.len(), 2, "{verdicts:#?}");
+        assert!(
+            verdicts.iter().all(|v| v["worker"] == "prefill-7"),
+            "{verdicts:#?}"
+        );
+        let incidents = get_json(format!("http://{}/api/incidents", r.http_addr)).await;
+        let channels: Vec<String> = incidents
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["kind"] == "side_channel")
+            .map(|i| {
+                let d: serde_json::Value =
+                    serde_json::from_str(i["details"].as_str().unwrap()).unwrap();
+                assert_eq!(d["workers"][0]["worker"], "prefill-7", "{d}");
+                d["channel"].as_str().unwrap().to_string()
+            })
+            .collect();
+        let page = get_page(format!("http://{}/probes", r.http_addr)).await;
+        assert!(page.contains("id=\"isolation-chart\""));
+        if shared {
+            assert!(ks < 1e-3, "timing: {ks}");
+            assert!(order < 1e-3, "order: {order}");
+            assert!(verdicts.iter().all(|v| v["leak"] == true), "{verdicts:#?}");
+            let mut channels = channels;
+            channels.sort();
+            assert_eq!(channels, ["order", "timing"]);
+            assert!(page.contains("class=\"audit timing leak\""));
+            assert!(page.contains("class=\"audit order leak\""));
+        } else {
+            assert!(ks >= 1e-3, "timing: {ks}");
+            assert!(order >= 1e-3, "order: {order}");
+            assert!(verdicts.iter().all(|v| v["leak"] == false), "{verdicts:#?}");
+            assert!(channels.is_empty(), "{channels:?}");
+            assert!(page.contains("class=\"audit timing ok\""));
+        }
+        r.shutdown().await;
+    }
+}
+
+/// Receipts that do not verify against the auditor's key attribute no round to any worker:
+/// nothing is recorded under a worker, and the step says why.
+#[tokio::test]
+async fn receipts_signed_by_another_key_attribute_no_round() {
+    let (signer, expected) = (new_key(), new_key());
+    let (r, prober) = side_channel_setup(true, &signer, expected.public(), (1, 1)).await;
+    let run = prober.run_once().await.unwrap();
+    let results = r.engine.store().probe_results(run).await.unwrap();
+    let side: Vec<_> = results
+        .iter()
+        .filter(|s| s.detail.starts_with("side channel"))
+        .collect();
+    assert_eq!(side.len(), 2, "{results:#?}");
+    for s in side {
+        assert!(s.detail.contains("no round counted"), "{}", s.detail);
+        assert!(
+            s.detail.contains("1 not attributed to a worker"),
+            "{}",
+            s.detail
+        );
+        assert!(s.detail.contains("signed by key"), "{}", s.detail);
+    }
+    let verdicts = get_json(format!("http://{}/api/isolation", r.http_addr)).await;
+    assert_eq!(verdicts.as_array().unwrap().len(), 0);
+    assert!(
+        isolation_gauge(&r, "pagewarden_auditor_isolation_ks_p", "prefill-7")
+            .await
+            .is_none()
+    );
     r.shutdown().await;
 }

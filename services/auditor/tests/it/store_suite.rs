@@ -1,13 +1,14 @@
 //! One store suite, run against SQLite and against a real PostgreSQL the test starts itself.
 
 use pagewarden_auditor::domain::{
-    CacheEventKind, IncidentKind, IncidentStatus, IntegrityKind, NodeRole, ProbeOutcome,
-    ProbeRunStatus, RecomputeVerdict, SampleStatus, Severity, SweepKind, UnixMs,
+    CacheEventKind, IncidentKind, IncidentStatus, IntegrityKind, IsolationChannel, NodeRole,
+    ProbeOutcome, ProbeRunId, ProbeRunStatus, RecomputeVerdict, SampleStatus, Severity, SweepKind,
+    UnixMs,
 };
 use pagewarden_auditor::store::{
     Backend, CacheTotals, ErasedWorker, IncidentFilter, MarkerRecord, NewCacheEvent, NewErasure,
-    NewIncident, NewIntegrityEvent, NewPreflight, NewRecompute, NewSample, ProbeResult,
-    ProbeRunEnd, Store, StoreError, Window,
+    NewIncident, NewIntegrityEvent, NewIsolationAudit, NewPreflight, NewRecompute, NewSample,
+    ProbeResult, ProbeRunEnd, Store, StoreError, Window,
 };
 
 use crate::pg::TempPostgres;
@@ -357,7 +358,77 @@ async fn suite(store: Store) {
     cache_events(&store).await;
     erasures(&store).await;
     recomputes(&store).await;
+    isolation_audits(&store, run).await;
     store.close().await;
+}
+
+/// The side-channel audit's verdicts: stored per worker and channel and read back oldest
+/// first, p-values to three decimals of their log (an order verdict has no control).
+async fn isolation_audits(store: &Store, run: ProbeRunId) {
+    let verdict = |worker: &str, channel, p, control_p, at| NewIsolationAudit {
+        run_id: run,
+        worker: worker.into(),
+        channel,
+        rounds: 8,
+        p,
+        control_p,
+        threshold: 1e-3,
+        conclusive: true,
+        leak: p < 1e-3,
+        at: UnixMs(at),
+    };
+    let timing = verdict(
+        "prefill-0",
+        IsolationChannel::Timing,
+        2.1e-5,
+        Some(3e-4),
+        30_000,
+    );
+    let order = verdict("prefill-1", IsolationChannel::Order, 0.42, None, 31_000);
+    store.insert_isolation_audit(&timing).await.unwrap();
+    store.insert_isolation_audit(&order).await.unwrap();
+    let got = store.isolation_audits(UnixMs(29_000), 10).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let close = |a: f64, b: f64| (a / b - 1.0).abs() < 0.0012;
+    for (g, want) in got.iter().zip([&timing, &order]) {
+        let g = &g.audit;
+        assert_eq!(
+            (
+                &g.worker,
+                g.channel,
+                g.rounds,
+                g.leak,
+                g.conclusive,
+                g.run_id,
+                g.at
+            ),
+            (
+                &want.worker,
+                want.channel,
+                want.rounds,
+                want.leak,
+                want.conclusive,
+                want.run_id,
+                want.at
+            )
+        );
+        assert!(
+            close(g.p, want.p) && close(g.threshold, want.threshold),
+            "{g:?}"
+        );
+        assert_eq!(g.control_p.is_some(), want.control_p.is_some(), "{g:?}");
+    }
+    assert!(close(got[0].audit.control_p.unwrap(), 3e-4));
+    assert!(!got[1].audit.leak && got[0].audit.leak);
+    // Only what was recorded since.
+    assert_eq!(
+        store
+            .isolation_audits(UnixMs(30_500), 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 /// Recompute verdicts: stored with digests only and read back newest first, a NULL first
