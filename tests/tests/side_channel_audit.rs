@@ -15,9 +15,10 @@
 //! exported under that worker's name (not `all`), and `/api/isolation` lists one verdict per
 //! worker and channel. Each run also checks the scheduling-order channel (PromptPeek): the
 //! order in which the other tenant's mixed batch comes back must not favour the requests on
-//! the owner's cached prompts. Under isolation it does not (the exact p-value stays above the
-//! threshold); on the leaky build its p-value is printed, not asserted: each tenant's requests
-//! are served first come, first served, so even a shared cache need not reorder them.
+//! the owner's cached prompts. On the leaky build it does (a request whose prompt is cached
+//! needs one short pass and comes back ahead of cold ones sent before it): the exact p-value
+//! drops below the threshold and a second `side_channel` incident, channel `order`, opens.
+//! Under isolation the order does not depend on the owner's cache.
 
 use std::time::Duration;
 
@@ -245,6 +246,18 @@ async fn the_side_channel_audit_catches_a_shared_namespace_and_passes_isolation(
         a.worker.as_str(),
         "the incident names the worker: {incidents:?}"
     );
+    assert!(
+        a.order_p < THRESHOLD,
+        "a shared namespace passed the order audit: {}",
+        a.order_step
+    );
+    assert_eq!(a.order_step["outcome"], "leak", "{}", a.order_step);
+    let order: Vec<&Value> = incidents
+        .iter()
+        .filter(|i| details(i)["channel"] == "order")
+        .collect();
+    assert_eq!(order.len(), 1, "{incidents:?}");
+    assert_eq!(incidents.len(), 2, "{incidents:?}");
     drop(auditor);
     drop(leaky);
 
