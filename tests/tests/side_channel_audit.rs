@@ -53,8 +53,10 @@ struct Audit {
     verdicts: Vec<Value>,
 }
 
-/// One probe run of `auditor` (a light sweep and the audit).
-async fn audit(auditor: &Service) -> Audit {
+/// One probe run of `auditor` (a light sweep and the audit) on the `build` named, printed; its
+/// verdicts are checked against the metrics, and its positive control must have seen the
+/// owner's cache hits.
+async fn audit(build: &str, auditor: &Service) -> Audit {
     let http = reqwest::Client::new();
     let before = get_json(auditor, "/api/probes").await;
     let runs_before = before.as_array().map_or(0, Vec::len);
@@ -135,7 +137,7 @@ async fn audit(auditor: &Service) -> Audit {
         .as_array()
         .cloned()
         .unwrap_or_default();
-    Audit {
+    let a = Audit {
         step,
         order_step,
         worker,
@@ -144,7 +146,18 @@ async fn audit(auditor: &Service) -> Audit {
         order_p: order[0].1,
         incidents: side,
         verdicts,
-    }
+    };
+    eprintln!(
+        "{build} build, worker {}: p = {:.2e}, control p = {:.2e}, order p = {:.2e}; {}; {}",
+        a.worker, a.p, a.control, a.order_p, a.step["detail"], a.order_step["detail"]
+    );
+    check_verdicts(&a);
+    assert!(
+        a.control < 0.05,
+        "the positive control saw no cache hit: {}",
+        a.step
+    );
+    a
 }
 
 /// The verdicts of `/api/isolation` are one per channel, under the exported worker, with the
@@ -210,25 +223,12 @@ async fn the_side_channel_audit_catches_a_shared_namespace_and_passes_isolation(
     )
     .await;
     let auditor = start_auditing(&dir.path().join("leaky"), &leaky, &key);
-    let a = audit(&auditor).await;
-    let Audit {
-        step,
-        p,
-        control,
-        incidents,
-        ..
-    } = &a;
-    let (p, control) = (*p, *control);
-    eprintln!(
-        "leaky build, worker {}: p = {p:.2e}, control p = {control:.2e}, order p = {:.2e}; {}; {}",
-        a.worker, a.order_p, step["detail"], a.order_step["detail"]
-    );
-    check_verdicts(&a);
+    let a = audit("leaky", &auditor).await;
+    let (step, incidents) = (&a.step, &a.incidents);
     assert!(
-        control < 0.05,
-        "the positive control saw no cache hit: {step}"
+        a.p < THRESHOLD,
+        "a shared namespace passed the audit: {step}"
     );
-    assert!(p < THRESHOLD, "a shared namespace passed the audit: {step}");
     assert_eq!(step["outcome"], "leak", "{step}");
     // An incident's details are JSON text.
     let details = |i: &Value| -> Value {
@@ -264,26 +264,9 @@ async fn the_side_channel_audit_catches_a_shared_namespace_and_passes_isolation(
     // The normal router on the same workers.
     let router = start_router_with(&ModelArg::Real, &[&decode], &[&prefill], &signing).await;
     let auditor = start_auditing(&dir.path().join("normal"), &router, &key);
-    let a = audit(&auditor).await;
-    let Audit {
-        step,
-        p,
-        control,
-        incidents,
-        ..
-    } = &a;
-    let (p, control) = (*p, *control);
-    eprintln!(
-        "normal build, worker {}: p = {p:.2e}, control p = {control:.2e}, order p = {:.2e}; {}; \
-         {}",
-        a.worker, a.order_p, step["detail"], a.order_step["detail"]
-    );
-    check_verdicts(&a);
-    assert!(
-        control < 0.05,
-        "the positive control saw no cache hit: {step}"
-    );
-    assert!(p >= THRESHOLD, "isolation failed the audit: {step}");
+    let a = audit("normal", &auditor).await;
+    let (step, incidents) = (&a.step, &a.incidents);
+    assert!(a.p >= THRESHOLD, "isolation failed the audit: {step}");
     assert_eq!(step["outcome"], "accepted", "{step}");
     assert!(
         a.order_p >= THRESHOLD,

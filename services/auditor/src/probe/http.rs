@@ -126,27 +126,19 @@ async fn send(
     r: &Request<'_>,
     receipt_key: Option<&PublicKey>,
 ) -> Result<(Answer, Attribution), ProbeHttpError> {
-    let Request {
-        router,
-        api_key,
-        model,
-        prompt,
-        max_tokens,
-        timeout,
-    } = *r;
     let started = Instant::now();
     let mut req = http
-        .post(format!("{router}/v1/completions"))
-        .timeout(timeout)
-        .bearer_auth(api_key);
+        .post(format!("{}/v1/completions", r.router))
+        .timeout(r.timeout)
+        .bearer_auth(r.api_key);
     if receipt_key.is_some() {
         req = req.header("x-pagewarden-receipt", "1");
     }
     let resp = req
         .json(&json!({
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
+            "model": r.model,
+            "prompt": r.prompt,
+            "max_tokens": r.max_tokens,
             "temperature": 0.0,
             "stream": true,
             "stream_options": {"include_usage": true},

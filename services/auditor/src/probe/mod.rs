@@ -47,13 +47,14 @@ struct ChannelReport {
     words: u32,
     /// The step's first-token time (the timing channel's cross median).
     ttft_ms: Option<i64>,
-    detail: String,
+    /// What was tested, before the colon of the step's detail.
+    headline: String,
+    /// One finding per worker that rounds counted for (none: no round counted).
+    parts: Vec<String>,
     /// One object per worker it found a leak on.
     leaks: Vec<serde_json::Value>,
-    /// Rounds that counted.
-    counted: usize,
-    /// Rounds in which a request did not complete.
-    failed: u32,
+    /// The rounds that did not count.
+    missed: Missed,
 }
 
 /// The rounds of one side-channel channel that did not count, and why.
@@ -630,25 +631,17 @@ impl Prober {
                 }));
             }
         }
-        let detail = format!(
-            "side channel: {} on {}'s cached prompt vs cold (threshold {threshold:.0e}): {}{}",
-            other.tenant,
-            owner.tenant,
-            if parts.is_empty() {
-                "no round counted".to_string()
-            } else {
-                parts.join("; ")
-            },
-            missed.describe(),
-        );
         let report = ChannelReport {
             channel: IsolationChannel::Timing,
             words,
             ttft_ms: (!all_cross.is_empty()).then(|| median(&all_cross) as i64),
-            detail,
+            headline: format!(
+                "side channel: {} on {}'s cached prompt vs cold (threshold {threshold:.0e})",
+                other.tenant, owner.tenant
+            ),
+            parts,
             leaks,
-            counted: rounds.len(),
-            failed: missed.failed,
+            missed,
         };
         self.channel_result(run, (owner, other), step, report).await
     }
@@ -721,7 +714,6 @@ impl Prober {
         let threshold = s.side_channel.threshold;
         let (mut leaks, mut parts) = (Vec::new(), Vec::new());
         let pairs = side_channel::ORDER_PAIRS;
-        let counted = per_worker.values().map(|&(rounds, _)| rounds).sum();
         for (worker, (rounds, first)) in per_worker {
             let p = side_channel::order_p(pairs, pairs, rounds, first);
             let leak = p < threshold;
@@ -755,26 +747,18 @@ impl Prober {
                 }));
             }
         }
-        let detail = format!(
-            "side channel, scheduling order: {}'s mixed batches, half on {}'s cached prompts \
-             (threshold {threshold:.0e}): {}{}",
-            other.tenant,
-            owner.tenant,
-            if parts.is_empty() {
-                "no round counted".to_string()
-            } else {
-                parts.join("; ")
-            },
-            missed.describe(),
-        );
         let report = ChannelReport {
             channel: IsolationChannel::Order,
             words,
             ttft_ms: None,
-            detail,
+            headline: format!(
+                "side channel, scheduling order: {}'s mixed batches, half on {}'s cached prompts \
+                 (threshold {threshold:.0e})",
+                other.tenant, owner.tenant
+            ),
+            parts,
             leaks,
-            counted,
-            failed: missed.failed,
+            missed,
         };
         self.channel_result(run, (owner, other), step, report).await
     }
@@ -792,14 +776,24 @@ impl Prober {
             channel,
             words,
             ttft_ms,
-            detail,
+            headline,
+            parts,
             leaks,
-            counted,
-            failed,
+            missed,
         } = c;
+        let counted = !parts.is_empty();
+        let detail = format!(
+            "{headline}: {}{}",
+            if counted {
+                parts.join("; ")
+            } else {
+                "no round counted".to_string()
+            },
+            missed.describe(),
+        );
         let outcome = if !leaks.is_empty() {
             ProbeOutcome::Leak
-        } else if counted == 0 && failed > 0 {
+        } else if !counted && missed.failed > 0 {
             ProbeOutcome::TransportError
         } else {
             ProbeOutcome::Accepted
@@ -810,7 +804,7 @@ impl Prober {
             prompt_words: i64::from(words),
             expected_tokens: None,
             outcome,
-            http_status: (counted > 0).then_some(200),
+            http_status: counted.then_some(200),
             prompt_tokens: None,
             ttft_ms,
             detail: detail.clone(),
