@@ -164,13 +164,24 @@ pub fn isolation(audits: &[IsolationAudit]) -> String {
     for (i, (worker, channel)) in series.keys().enumerate() {
         let x = PAD_L + (i % 3) as f64 * 280.0;
         let y = axis_y + 24.0 + (i / 3) as f64 * 16.0;
+        let color = color_of(worker);
+        let _ = match channel {
+            IsolationChannel::Timing => write!(
+                svg,
+                "<circle cx=\"{}\" cy=\"{}\" r=\"5\" fill=\"{color}\"/>",
+                x + 5.0,
+                y + 5.0
+            ),
+            IsolationChannel::Order => write!(
+                svg,
+                "<rect x=\"{}\" y=\"{}\" width=\"9\" height=\"9\" fill=\"{color}\"/>",
+                x + 0.5,
+                y + 0.5
+            ),
+        };
         let _ = write!(
             svg,
-            "<circle cx=\"{}\" cy=\"{}\" r=\"5\" fill=\"{}\"/>\
-             <text x=\"{}\" y=\"{}\" font-size=\"11\">{} · {channel}</text>",
-            x + 5.0,
-            y + 5.0,
-            color_of(worker),
+            "<text x=\"{}\" y=\"{}\" font-size=\"11\">{} · {channel}</text>",
             x + 14.0,
             y + 9.0,
             esc(worker),
