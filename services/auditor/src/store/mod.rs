@@ -27,7 +27,7 @@ use sqlx::{AnyPool, Row};
 
 pub use erasures::{ErasedWorker, ErasureRecord, NewErasure};
 pub use isolation::{IsolationAudit, NewIsolationAudit};
-pub use recomputes::{NewRecompute, RecomputeRecord};
+pub use recomputes::{NewRecompute, RecomputeRecord, RecomputeTotals};
 pub use records::*;
 
 use crate::domain::{IncidentId, IncidentStatus, UnknownValue};

@@ -48,7 +48,46 @@ pub struct RecomputeRecord {
     pub recompute: NewRecompute,
 }
 
+/// One tenant's recompute verdicts, as the tenants page shows them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RecomputeTotals {
+    /// The tenant.
+    pub tenant: String,
+    /// Verdicts `match`.
+    pub matches: i64,
+    /// Verdicts `mismatch`.
+    pub mismatches: i64,
+    /// Verdicts `failed`.
+    pub failed: i64,
+    /// The newest.
+    pub last_at: UnixMs,
+}
+
 impl Store {
+    /// Verdicts per tenant, by tenant name.
+    pub async fn recompute_totals(&self) -> Result<Vec<RecomputeTotals>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT tenant, \
+             COUNT(CASE WHEN verdict = 'match' THEN 1 END) AS matches, \
+             COUNT(CASE WHEN verdict = 'mismatch' THEN 1 END) AS mismatches, \
+             COUNT(CASE WHEN verdict = 'failed' THEN 1 END) AS failed, \
+             MAX(at) AS last_at FROM recomputes GROUP BY tenant ORDER BY tenant",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(RecomputeTotals {
+                    tenant: r.try_get("tenant")?,
+                    matches: r.try_get("matches")?,
+                    mismatches: r.try_get("mismatches")?,
+                    failed: r.try_get("failed")?,
+                    last_at: UnixMs(r.try_get("last_at")?),
+                })
+            })
+            .collect()
+    }
+
     /// Records one recompute; its row id.
     pub async fn insert_recompute(&self, r: &NewRecompute) -> Result<i64, StoreError> {
         let row = sqlx::query(

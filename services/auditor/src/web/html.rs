@@ -122,6 +122,7 @@ const NAV: &[(&str, &str)] = &[
     ("/incidents", "Incidents"),
     ("/nodes", "Nodes"),
     ("/probes", "Probes"),
+    ("/tenants", "Tenants"),
     ("/integrity", "Over time"),
 ];
 

@@ -15,6 +15,7 @@
 //! - `chart`: counts over time as stacked-bar SVG (incidents, integrity events).
 //! - `scatter`: first-token latency against prompt length as SVG (probe steps, sampled traffic).
 //! - `isolation_chart`: the side-channel audit's p-values over time as SVG, per worker.
+//! - `tenants_page`: isolation per tenant (cache, recomputes, erasures) and per worker.
 
 mod api;
 mod chart;
@@ -27,6 +28,7 @@ mod query;
 mod refresh;
 mod scatter;
 pub mod session;
+mod tenants_page;
 pub mod throttle;
 
 use std::sync::Arc;
@@ -254,6 +256,7 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes", get(pages::nodes))
         .route("/probes", get(pages::probes))
         .route("/probes/run", post(pages::run_probe))
+        .route("/tenants", get(tenants_page::tenants))
         .route("/integrity", get(pages::integrity))
         .route("/logout", post(login::logout))
         .route_layer(from_fn_with_state(state.clone(), session::require_session));

@@ -559,6 +559,20 @@ async fn the_side_channel_audit_names_the_worker_and_catches_a_shared_cache_on_b
             .collect();
         let page = get_page(format!("http://{}/probes", r.http_addr)).await;
         assert!(page.contains("id=\"isolation-chart\""));
+        // The tenants page: the newest verdict of each channel, under the worker.
+        let tenants = get_page(format!("http://{}/tenants", r.http_addr)).await;
+        let verdict = if shared { "leak" } else { "isolated" };
+        for channel in ["timing", "order"] {
+            let row = format!("<tr><td>prefill-7</td><td>{channel}</td>");
+            let at = tenants
+                .find(&row)
+                .unwrap_or_else(|| panic!("no {row} in {tenants}"));
+            let row_end = at + tenants[at..].find("</tr>").unwrap();
+            assert!(
+                tenants[at..row_end].contains(&format!(">{verdict}</td>")),
+                "{tenants}"
+            );
+        }
         if shared {
             assert!(ks < 1e-3, "timing: {ks}");
             assert!(order < 1e-3, "order: {order}");

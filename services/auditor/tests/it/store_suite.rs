@@ -463,6 +463,16 @@ async fn recomputes(store: &Store) {
     assert!(store.insert_recompute(&negative).await.is_err());
     let got = store.recomputes(10).await.unwrap();
     assert_eq!(got.len(), 2);
+    let totals = store.recompute_totals().await.unwrap();
+    assert_eq!(totals.len(), 1, "{totals:?}");
+    assert_eq!(
+        (totals[0].matches, totals[0].mismatches, totals[0].failed),
+        (1, 1, 0)
+    );
+    assert_eq!(
+        (totals[0].tenant.as_str(), totals[0].last_at),
+        ("t", UnixMs(21_000))
+    );
     assert_eq!((got[1].id, &got[1].recompute), (m, &mismatch));
     assert_eq!(got[0].recompute, matched);
     let kind = IncidentKind::RecomputeMismatch;

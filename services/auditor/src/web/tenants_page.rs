@@ -1,0 +1,262 @@
+//! `GET /tenants`: isolation per tenant at a glance. Each tenant's prefix-cache lookups (hits,
+//! misses, tokens reused) and evictions per role, its recompute verdicts and its cache erasures;
+//! then the side-channel audit's newest verdict per prefill worker and channel, linked to the
+//! probe run it came from.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use axum::extract::State;
+use axum::response::Html;
+use axum::Extension;
+
+use super::api::PROBE_CHART_WINDOW_MS;
+use super::html::{esc, page, time};
+use super::session::SessionUser;
+use super::{AppState, WebError};
+use crate::domain::{IsolationChannel, UnixMs};
+use crate::store::{CacheTotals, ErasureRecord, IsolationAudit, RecomputeTotals};
+
+/// How far back the side-channel verdicts are read: a week of runs.
+const VERDICT_WINDOW_MS: i64 = 7 * PROBE_CHART_WINDOW_MS;
+
+/// `GET /tenants`
+pub async fn tenants(
+    State(st): State<AppState>,
+    Extension(user): Extension<SessionUser>,
+) -> Result<Html<String>, WebError> {
+    let store = st.engine.store();
+    let cache = store.cache_totals().await?;
+    let recomputes = store.recompute_totals().await?;
+    let erasures = store.erasures(500).await?;
+    let since = UnixMs(UnixMs::now().0 - VERDICT_WINDOW_MS);
+    let verdicts = store.isolation_audits(since, 2000).await?;
+    let body = render(&cache, &recomputes, &erasures, &verdicts);
+    Ok(page(
+        "Tenants and isolation",
+        "/tenants",
+        Some(&user),
+        &body,
+    ))
+}
+
+/// The page's body (pure: what the handler read, rendered).
+pub fn render(
+    cache: &[CacheTotals],
+    recomputes: &[RecomputeTotals],
+    erasures: &[ErasureRecord],
+    verdicts: &[IsolationAudit],
+) -> String {
+    let mut b = String::new();
+    b.push_str(
+        "<h2>Prefix cache per tenant</h2><p class=\"muted\">Lookups and evictions the workers \
+         reported, per tenant and role. A tenant's hits come only from its own namespace (I10); \
+         evictions with no known last user are under —.</p>\
+         <table id=\"tenant-cache\"><tr><th>tenant</th><th>role</th><th>hits</th><th>misses</th>\
+         <th>hit rate</th><th>prompt tokens</th><th>from cache</th><th>evictions</th>\
+         <th>pages evicted</th><th>namespaces</th></tr>",
+    );
+    for c in cache {
+        let lookups = c.hits + c.misses;
+        let rate = if lookups > 0 {
+            format!("{:.0}%", 100.0 * c.hits as f64 / lookups as f64)
+        } else {
+            "—".to_string()
+        };
+        let _ = write!(
+            b,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{rate}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            tenant_cell(&c.tenant),
+            c.role,
+            c.hits,
+            c.misses,
+            c.prompt_tokens,
+            c.cached_tokens,
+            c.evictions,
+            c.evicted_pages,
+            c.namespaces,
+        );
+    }
+    b.push_str("</table>");
+    if cache.is_empty() {
+        b.push_str("<p class=\"muted\" id=\"no-cache-events\">No prefix-cache events yet.</p>");
+    }
+
+    b.push_str(
+        "<h2>Recompute audit per tenant</h2><p class=\"muted\">Served answers scored again on a \
+         clean pass: a mismatch is an answer computed over something other than its own prompt \
+         (an incident).</p><table id=\"tenant-recomputes\"><tr><th>tenant</th><th>match</th>\
+         <th>mismatch</th><th>failed</th><th>newest</th></tr>",
+    );
+    for r in recomputes {
+        let _ = write!(
+            b,
+            "<tr><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
+            tenant_cell(&r.tenant),
+            r.matches,
+            if r.mismatches == 0 { "ok" } else { "bad" },
+            r.mismatches,
+            r.failed,
+            time(r.last_at),
+        );
+    }
+    b.push_str("</table>");
+
+    // Erasures per tenant: how many, cached pages erased (zeroed) in all, the newest.
+    let mut erased: BTreeMap<&str, (usize, i64, UnixMs)> = BTreeMap::new();
+    for e in erasures {
+        let t = erased.entry(e.tenant.as_str()).or_insert((0, 0, e.at));
+        t.0 += 1;
+        t.1 += e.workers.iter().map(|w| w.entries).sum::<i64>();
+        t.2 = t.2.max(e.at);
+    }
+    b.push_str(
+        "<h2>Cache erasures per tenant</h2><table id=\"tenant-erasures\"><tr><th>tenant</th>\
+         <th>erasures</th><th>pages erased</th><th>newest</th></tr>",
+    );
+    for (tenant, (n, pages, at)) in &erased {
+        let _ = write!(
+            b,
+            "<tr><td>{}</td><td>{n}</td><td>{pages}</td><td>{}</td></tr>",
+            tenant_cell(tenant),
+            time(*at),
+        );
+    }
+    b.push_str("</table>");
+
+    // The newest verdict of each (worker, channel).
+    let mut newest: BTreeMap<(&str, IsolationChannel), &IsolationAudit> = BTreeMap::new();
+    for v in verdicts {
+        newest.insert((v.audit.worker.as_str(), v.audit.channel), v);
+    }
+    b.push_str(
+        "<h2>Side-channel audit per worker</h2><p class=\"muted\">The newest verdict of each \
+         prefill worker and channel over the last 7 days: whether another tenant can tell, by \
+         first-token times (timing) or by the order its requests come back in (order), that a \
+         prompt was cached by someone else. History: the chart on \
+         <a href=\"/probes\">Probes</a>.</p><table id=\"worker-isolation\"><tr><th>worker</th>\
+         <th>channel</th><th>p</th><th>threshold</th><th>verdict</th><th>rounds</th>\
+         <th>when</th><th>run</th></tr>",
+    );
+    for ((worker, channel), v) in &newest {
+        let a = &v.audit;
+        let (class, verdict) = match (a.leak, a.conclusive) {
+            (true, _) => ("bad", "leak"),
+            (false, true) => ("ok", "isolated"),
+            (false, false) => ("muted", "inconclusive"),
+        };
+        let _ = write!(
+            b,
+            "<tr><td>{}</td><td>{channel}</td><td>{:.2e}</td><td>{:.0e}</td>\
+             <td class=\"{class}\">{verdict}</td><td>{}</td><td>{}</td>\
+             <td><a href=\"/probes#run-{run}\">{run}</a></td></tr>",
+            esc(worker),
+            a.p,
+            a.threshold,
+            a.rounds,
+            time(a.at),
+            run = a.run_id.0,
+        );
+    }
+    b.push_str("</table>");
+    if newest.is_empty() {
+        b.push_str(
+            "<p class=\"muted\" id=\"no-isolation-verdicts\">No side-channel audit yet (it needs \
+             two probe tenants).</p>",
+        );
+    }
+    b
+}
+
+/// A tenant's name, escaped; an unknown one as —.
+fn tenant_cell(tenant: &str) -> String {
+    if tenant.is_empty() {
+        "—".to_string()
+    } else {
+        esc(tenant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{NodeRole, ProbeRunId};
+    use crate::store::{ErasedWorker, NewIsolationAudit};
+
+    #[test]
+    fn each_tenant_and_each_worker_channel_gets_a_row_escaped() {
+        let cache = [CacheTotals {
+            role: NodeRole::Prefill,
+            tenant: "alice<b>".into(),
+            hits: 3,
+            misses: 1,
+            evictions: 0,
+            prompt_tokens: 400,
+            cached_tokens: 300,
+            evicted_pages: 0,
+            namespaces: 1,
+        }];
+        let recomputes = [RecomputeTotals {
+            tenant: "bob".into(),
+            matches: 12,
+            mismatches: 1,
+            failed: 0,
+            last_at: UnixMs(0),
+        }];
+        let erasures = [ErasureRecord {
+            id: 1,
+            tenant: "bob".into(),
+            namespace: "ns".into(),
+            digest: "00".into(),
+            at: UnixMs(0),
+            workers: vec![ErasedWorker {
+                node: "prefill-0".into(),
+                role: NodeRole::Prefill,
+                entries: 7,
+                pages_zeroed: 7,
+                pages_deferred: 0,
+                digest: "ab".repeat(32),
+            }],
+        }];
+        let verdict = |channel, p: f64, at, run| IsolationAudit {
+            id: at,
+            audit: NewIsolationAudit {
+                run_id: ProbeRunId(run),
+                worker: "prefill-0".into(),
+                channel,
+                rounds: 8,
+                p,
+                control_p: None,
+                threshold: 1e-3,
+                conclusive: true,
+                leak: p < 1e-3,
+                at: UnixMs(at),
+            },
+        };
+        let verdicts = [
+            verdict(IsolationChannel::Timing, 2e-5, 1, 4),
+            verdict(IsolationChannel::Timing, 0.6, 2, 5),
+            verdict(IsolationChannel::Order, 2e-5, 2, 5),
+        ];
+        let html = render(&cache, &recomputes, &erasures, &verdicts);
+        assert!(html
+            .contains("<td>alice&lt;b&gt;</td><td>prefill</td><td>3</td><td>1</td><td>75%</td>"));
+        assert!(html.contains("<td>bob</td><td>12</td><td class=\"bad\">1</td>"));
+        assert!(html.contains("<td>bob</td><td>1</td><td>7</td>"));
+        // The newest timing verdict (run 5, isolated) replaced the older leak; order leaks.
+        assert!(html.contains(
+            "<td>timing</td><td>6.00e-1</td><td>1e-3</td><td class=\"ok\">isolated</td>"
+        ));
+        assert!(
+            html.contains("<td>order</td><td>2.00e-5</td><td>1e-3</td><td class=\"bad\">leak</td>")
+        );
+        assert!(html.contains("<a href=\"/probes#run-5\">5</a>"));
+        assert!(!html.contains("run-4"));
+        let empty = render(&[], &[], &[], &[]);
+        assert!(
+            empty.contains("id=\"no-cache-events\"")
+                && empty.contains("id=\"no-isolation-verdicts\"")
+        );
+    }
+}
