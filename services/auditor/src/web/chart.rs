@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use super::axis;
 use super::html::{esc, time};
 use crate::domain::{IntegrityKind, Severity, UnixMs};
 use crate::store::{IncidentPoint, SeriesPoint};
@@ -119,12 +120,14 @@ fn stacked(f: &Frame<'_>, segments: &[Segment]) -> String {
             .or_default()
             .push(s);
     }
-    let max = stacks
-        .values()
-        .map(|v| v.iter().map(|s| s.count).sum::<i64>())
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
+    let y_ticks = axis::ticks(
+        stacks
+            .values()
+            .map(|v| v.iter().map(|s| s.count).sum::<i64>())
+            .max()
+            .unwrap_or(0),
+    );
+    let max = *y_ticks.last().unwrap_or(&1) as f64;
     let plot_w = W - PAD_L;
     let plot_h = H - PAD_B;
     let bar_w = (plot_w / n).max(1.0);
@@ -141,10 +144,20 @@ fn stacked(f: &Frame<'_>, segments: &[Segment]) -> String {
     );
     let _ = write!(
         svg,
-        "<line x1=\"{PAD_L}\" y1=\"{plot_h}\" x2=\"{W}\" y2=\"{plot_h}\" stroke=\"#566573\"/>\
-         <text x=\"2\" y=\"12\" font-size=\"11\">{max}</text>\
-         <text x=\"2\" y=\"{plot_h}\" font-size=\"11\">0</text>"
+        "<line x1=\"{PAD_L}\" y1=\"{plot_h}\" x2=\"{W}\" y2=\"{plot_h}\" stroke=\"#566573\"/>"
     );
+    // Counts: a labelled gridline at every round tick.
+    for &t in &y_ticks {
+        let y = plot_h - t as f64 / max * (plot_h - 16.0);
+        let _ = write!(
+            svg,
+            "<line x1=\"{PAD_L}\" y1=\"{y:.1}\" x2=\"{W}\" y2=\"{y:.1}\" stroke=\"#eaecee\"/>\
+             <text class=\"ytick\" x=\"{}\" y=\"{:.1}\" font-size=\"11\" \
+             text-anchor=\"end\">{t}</text>",
+            PAD_L - 4.0,
+            y + 4.0,
+        );
+    }
     for (bucket, segs) in &stacks {
         let x = PAD_L + (bucket - first) as f64 * bar_w;
         let mut y = plot_h;
@@ -212,7 +225,12 @@ mod tests {
         assert!(svg.contains("id=\"incidents-chart\""));
         assert!(svg.contains("critical: 2") && svg.contains("warning: 1"));
         assert!(svg.contains("info: 4"));
-        // The tallest stack (4) sets the scale.
-        assert!(svg.contains(">4</text>"));
+        // The tallest stack (4) sets the scale: labelled 0 to 4.
+        let labels: Vec<&str> = svg
+            .split("class=\"ytick\"")
+            .skip(1)
+            .map(|t| t.split('>').nth(1).unwrap().split('<').next().unwrap())
+            .collect();
+        assert_eq!(labels, ["0", "1", "2", "3", "4"]);
     }
 }

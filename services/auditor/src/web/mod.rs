@@ -12,12 +12,14 @@
 //! - `throttle`: sign-in back-off per client address and per account name.
 //! - `session`: sessions, CSRF, same-origin posts, bearer tokens, roles.
 //! - `html`: layout, escaping and small rendering helpers.
+//! - `axis`: round ticks and labels of the charts' value axes.
 //! - `chart`: counts over time as stacked-bar SVG (incidents, integrity events).
 //! - `scatter`: first-token latency against prompt length as SVG (probe steps, sampled traffic).
 //! - `isolation_chart`: the side-channel audit's p-values over time as SVG, per worker.
 //! - `tenants_page`: isolation per tenant (cache, recomputes, erasures) and per worker.
 
 mod api;
+mod axis;
 mod chart;
 mod html;
 mod incident_pages;

@@ -7,6 +7,7 @@
 
 use std::fmt::Write;
 
+use super::axis;
 use super::html::esc;
 use crate::domain::{ProbeOutcome, SampleStatus};
 use crate::store::{ProbeResult, SamplePoint};
@@ -135,12 +136,8 @@ pub fn samples(points: &[SamplePoint], limit: Option<i64>) -> String {
 fn render(chart: &Chart<'_>, dots: &[Dot], limit: Option<i64>) -> String {
     let lens = || dots.iter().map(|d| d.len).chain(limit);
     let max_x = lens().max().unwrap_or(0).max(1) as f64;
-    let max_y = dots
-        .iter()
-        .filter_map(|d| d.ttft_ms)
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
+    let y_ticks = axis::ticks(dots.iter().filter_map(|d| d.ttft_ms).max().unwrap_or(0));
+    let max_y = *y_ticks.last().unwrap_or(&1) as f64;
     let plot_w = W - PAD_L - PAD_R;
     let axis_y = PLOT_TOP + PLOT_H;
     // From half the shortest prompt, so the shortest does not sit on the y axis.
@@ -160,15 +157,10 @@ fn render(chart: &Chart<'_>, dots: &[Dot], limit: Option<i64>) -> String {
          height=\"{total_h}\" viewBox=\"0 0 {W} {total_h}\" role=\"img\" aria-label=\"{aria}\">\
          <line x1=\"{PAD_L}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#566573\"/>\
          <line x1=\"{PAD_L}\" y1=\"{PLOT_TOP}\" x2=\"{PAD_L}\" y2=\"{axis_y}\" stroke=\"#566573\"/>\
-         <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{max_y} ms</text>\
-         <text x=\"{}\" y=\"{axis_y}\" font-size=\"11\" text-anchor=\"end\">0</text>\
          <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">no TTFT</text>\
          <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">prompt tokens (log scale)\
          </text>",
         W - PAD_R,
-        PAD_L - 4.0,
-        PLOT_TOP + 10.0,
-        PAD_L - 4.0,
         PAD_L - 4.0,
         axis_y + STRIP / 2.0 + 4.0,
         W - PAD_R,
@@ -176,6 +168,20 @@ fn render(chart: &Chart<'_>, dots: &[Dot], limit: Option<i64>) -> String {
         id = esc(chart.id),
         aria = esc(chart.aria),
     );
+    // First-token time: a labelled gridline at every round tick.
+    for &t in &y_ticks {
+        let y = y_of(t);
+        let _ = write!(
+            svg,
+            "<line x1=\"{PAD_L}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#d5d8dc\"/>\
+             <text class=\"ytick\" x=\"{}\" y=\"{:.1}\" font-size=\"10\" \
+             text-anchor=\"end\">{}</text>",
+            W - PAD_R,
+            PAD_L - 4.0,
+            y + 3.5,
+            axis::ms_label(t),
+        );
+    }
     // Ticks at the powers of 4 between the ends of the axis.
     let mut tick: i64 = 1;
     while (tick as f64) < min_x {
@@ -285,9 +291,15 @@ mod tests {
             .map(|t| t.split('>').nth(1).unwrap().split('<').next().unwrap())
             .collect();
         assert_eq!(ticks, vec!["16", "64", "256"]);
-        // The slowest answer is at the top of the plot.
+        // The slowest answer is at the top of the plot, on its round tick; the axis is labelled
+        // every 20 ms.
         assert!(svg.contains(&format!("cy=\"{PLOT_TOP:.1}\"")));
-        assert!(svg.contains(">100 ms</text>"));
+        let labels: Vec<&str> = svg
+            .split("class=\"ytick\"")
+            .skip(1)
+            .map(|t| t.split('>').nth(1).unwrap().split('<').next().unwrap())
+            .collect();
+        assert_eq!(labels, ["0", "20 ms", "40 ms", "60 ms", "80 ms", "100 ms"]);
     }
 
     #[test]
