@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::html::{csrf_input, esc, opt, page, same_site_path, severity_badge, status_badge, time};
 use super::query::{IncidentQuery, ListView};
 use super::session::{sign_off_as, SessionUser};
-use super::{refresh, AppState, SignoffAction, WebError};
+use super::{incident_guide, refresh, AppState, SignoffAction, WebError};
 use crate::domain::{IncidentId, IncidentKind, IncidentStatus};
 use crate::store::{Incident, IncidentFilter, RoutineCount, Signoff, Window};
 
@@ -274,7 +274,7 @@ pub async fn incident(
          <tr><th>other tenant</th><td>{}</td></tr><tr><th>node</th><td>{}</td></tr>\
          <tr><th>page</th><td>{}</td></tr><tr><th>generation</th><td>{}</td></tr>\
          <tr><th>request</th><td>{}</td></tr><tr><th>acknowledged</th><td>{}</td></tr>\
-         <tr><th>resolved</th><td>{}</td></tr></table><h2>Details</h2><pre>{}</pre>{}",
+         <tr><th>resolved</th><td>{}</td></tr></table>{}<h2>Details</h2><pre>{}</pre>{}",
         i.kind,
         severity_badge(i.severity),
         status_badge(i.status),
@@ -287,6 +287,7 @@ pub async fn incident(
         opt(&i.request_id),
         signoff(&i.acknowledged),
         signoff(&i.resolved),
+        explained(&i),
         esc(&details),
         actions(&i, &format!("/incidents/{}", i.id), &user),
     );
@@ -347,6 +348,75 @@ pub async fn incident(
         Some(&user),
         &b,
     ))
+}
+
+/// What the incident means, the operator's next step, and links to what it came from and to
+/// its node's, tenant's and kind's other incidents.
+fn explained(i: &Incident) -> String {
+    let g = incident_guide::guide(i.kind);
+    let mut b = format!(
+        "<h2>What it means</h2><p id=\"meaning\">{}</p><h2>What to do</h2>\
+         <p id=\"next-step\">{}</p><h2>Related</h2><ul id=\"related\">",
+        esc(g.meaning),
+        esc(g.next)
+    );
+    let details: serde_json::Value = serde_json::from_str(&i.details).unwrap_or_default();
+    if let Some(run) = details["run_id"].as_i64() {
+        let _ = write!(
+            b,
+            "<li><a id=\"probe-run\" href=\"/probes#run-{run}\">probe run {run}</a></li>"
+        );
+    }
+    if let Some(trace) = details["trace_id"].as_str() {
+        let _ = write!(b, "<li>trace id <code>{}</code></li>", esc(trace));
+    }
+    let list = ListView {
+        filter: IncidentFilter::default(),
+        page_no: 1,
+        limit: super::query::DEFAULT_LIMIT,
+        refresh_s: refresh::DEFAULT_S,
+    };
+    let mut link = |id: &str, what: String, filter: IncidentFilter| {
+        let _ = write!(
+            b,
+            "<li><a id=\"{id}\" href=\"{}\">{}</a></li>",
+            esc(&list.href_of(&filter, 1)),
+            esc(&what)
+        );
+    };
+    if let Some(node) = &i.node {
+        let filter = IncidentFilter {
+            node: Some(node.clone()),
+            ..IncidentFilter::default()
+        };
+        link(
+            "node-incidents",
+            format!("every incident on {node}"),
+            filter,
+        );
+    }
+    if let Some(tenant) = &i.tenant {
+        let filter = IncidentFilter {
+            tenant: Some(tenant.clone()),
+            ..IncidentFilter::default()
+        };
+        link(
+            "tenant-incidents",
+            format!("every incident of tenant {tenant}"),
+            filter,
+        );
+    }
+    let filter = IncidentFilter {
+        kind: Some(i.kind),
+        ..IncidentFilter::default()
+    };
+    link(
+        "kind-incidents",
+        format!("every {} incident", i.kind),
+        filter,
+    );
+    b.push_str("</ul>");
+    b
 }
 
 /// A form post from the incident pages. The acting operator is the session's, not a field.

@@ -5,6 +5,7 @@
 //!
 //! - `api`: JSON endpoints (`/api/...`).
 //! - `incident_pages`: the incident list and detail pages, and their form posts.
+//! - `incident_guide`: what each incident kind means and the operator's next step.
 //! - `pages`: the other server-rendered pages (nodes, probes, charts over time).
 //! - `query`: the incident list's query string (filters, page tags, paging).
 //! - `refresh`: pages that reload themselves, and the script that does it.
@@ -22,6 +23,7 @@ mod api;
 mod axis;
 mod chart;
 mod html;
+mod incident_guide;
 mod incident_pages;
 mod isolation_chart;
 mod login;

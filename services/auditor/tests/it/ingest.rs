@@ -147,6 +147,16 @@ async fn cross_tenant_marker_in_a_sample_opens_an_incident() {
         detail.contains(&alice.marker),
         "detail page shows the leaked marker"
     );
+    // It explains itself and links to the node's, the tenant's and the kind's other incidents.
+    assert!(detail.contains("<p id=\"meaning\">A response to one tenant contained a canary"));
+    assert!(detail.contains("<p id=\"next-step\">Treat it as a data exposure"));
+    assert!(detail.contains("id=\"node-incidents\" href=\"/incidents?node=decode-1\""));
+    assert!(detail.contains("id=\"tenant-incidents\" href=\"/incidents?tenant=bob\""));
+    assert!(detail.contains("id=\"kind-incidents\" href=\"/incidents?kind=cross_tenant_marker\""));
+    assert!(
+        !detail.contains("id=\"probe-run\""),
+        "a sample's incident names no probe run"
+    );
     r.shutdown().await;
 }
 

@@ -545,6 +545,21 @@ async fn the_side_channel_audit_names_the_worker_and_catches_a_shared_cache_on_b
             "{verdicts:#?}"
         );
         let incidents = get_json(format!("http://{}/api/incidents", r.http_addr)).await;
+        if let Some(i) = incidents
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["kind"] == "side_channel")
+        {
+            // The incident page links back to the probe run that found it.
+            let id = i["id"].as_i64().unwrap();
+            let detail = get_page(format!("http://{}/incidents/{id}", r.http_addr)).await;
+            assert!(
+                detail.contains("id=\"probe-run\" href=\"/probes#run-"),
+                "{detail}"
+            );
+            assert!(detail.contains("<p id=\"meaning\">The side-channel audit found"));
+        }
         let channels: Vec<String> = incidents
             .as_array()
             .unwrap()
