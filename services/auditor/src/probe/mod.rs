@@ -237,6 +237,20 @@ impl Prober {
         Ok(())
     }
 
+    /// The router's `/health` as JSON (live workers of each half, effective context), or why
+    /// it could not be read; asked once, for at most [`READY_POLL`].
+    pub async fn router_health(&self) -> Result<serde_json::Value, String> {
+        let url = format!("{}/health", self.settings.router_url);
+        let resp = self
+            .http
+            .get(&url)
+            .timeout(READY_POLL)
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        resp.json().await.map_err(|e| format!("{url}: {e}"))
+    }
+
     /// Polls the router's `/ready` until it answers 200, for at most `grace`; whether it did.
     pub async fn wait_router_ready(&self, grace: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + grace;

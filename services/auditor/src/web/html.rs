@@ -119,6 +119,7 @@ pub fn severity_badge(s: Severity) -> String {
 }
 
 const NAV: &[(&str, &str)] = &[
+    ("/overview", "Overview"),
     ("/incidents", "Incidents"),
     ("/nodes", "Nodes"),
     ("/probes", "Probes"),

@@ -6,6 +6,7 @@
 //! - `api`: JSON endpoints (`/api/...`).
 //! - `incident_pages`: the incident list and detail pages, and their form posts.
 //! - `incident_guide`: what each incident kind means and the operator's next step.
+//! - `overview`: the home page, the suite at a glance over a chosen range.
 //! - `pages`: the other server-rendered pages (nodes, probes, charts over time).
 //! - `query`: the incident list's query string (filters, page tags, paging).
 //! - `refresh`: pages that reload themselves, and the script that does it.
@@ -27,6 +28,7 @@ mod incident_guide;
 mod incident_pages;
 mod isolation_chart;
 mod login;
+mod overview;
 mod pages;
 mod query;
 mod refresh;
@@ -257,6 +259,7 @@ pub fn router(state: AppState) -> Router {
         .route("/incidents", get(incident_pages::incidents))
         .route("/incidents/{id}", get(incident_pages::incident))
         .route("/incidents/{id}/{action}", post(incident_pages::sign_off))
+        .route("/overview", get(overview::overview))
         .route("/nodes", get(pages::nodes))
         .route("/probes", get(pages::probes))
         .route("/probes/run", post(pages::run_probe))

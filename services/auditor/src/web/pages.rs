@@ -16,9 +16,9 @@ use super::session::SessionUser;
 use super::{chart, isolation_chart, refresh, scatter, AppState, WebError};
 use crate::domain::{SweepKind, UnixMs};
 
-/// `GET /`: the incident list.
+/// `GET /`: the overview.
 pub async fn index() -> Redirect {
-    Redirect::to("/incidents")
+    Redirect::to("/overview")
 }
 
 /// `GET /nodes`

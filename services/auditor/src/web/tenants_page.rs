@@ -125,11 +125,7 @@ pub fn render(
     }
     b.push_str("</table>");
 
-    // The newest verdict of each (worker, channel).
-    let mut newest: BTreeMap<(&str, IsolationChannel), &IsolationAudit> = BTreeMap::new();
-    for v in verdicts {
-        newest.insert((v.audit.worker.as_str(), v.audit.channel), v);
-    }
+    let newest = newest_verdicts(verdicts);
     b.push_str(
         "<h2>Side-channel audit per worker</h2><p class=\"muted\">The newest verdict of each \
          prefill worker and channel over the last 7 days: whether another tenant can tell, by \
@@ -167,6 +163,17 @@ pub fn render(
         );
     }
     b
+}
+
+/// The newest verdict of each (worker, channel) of `verdicts` (oldest first).
+pub fn newest_verdicts(
+    verdicts: &[IsolationAudit],
+) -> BTreeMap<(&str, IsolationChannel), &IsolationAudit> {
+    let mut newest = BTreeMap::new();
+    for v in verdicts {
+        newest.insert((v.audit.worker.as_str(), v.audit.channel), v);
+    }
+    newest
 }
 
 /// A tenant's name, escaped; an unknown one as —.

@@ -71,6 +71,11 @@ async fn ready(State(f): State<Fake>) -> StatusCode {
     }
 }
 
+/// The router's `/health` body: one live worker of each half.
+async fn health(State(f): State<Fake>) -> Json<Value> {
+    Json(json!({"status": "ok", "live_prefill": 1, "live_decode": 1, "effective_context": f.limit}))
+}
+
 fn error(status: StatusCode, code: &str) -> Response {
     (
         status,
@@ -185,6 +190,7 @@ pub async fn start_with_limit(keys: &[(&str, &str)], limit: u32) -> (SocketAddr,
     };
     let app = Router::new()
         .route("/ready", get(ready))
+        .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .with_state(fake.clone());

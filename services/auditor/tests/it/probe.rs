@@ -412,6 +412,12 @@ async fn operators_start_a_sweep_on_demand() {
     assert_eq!(api[0]["results"].as_array().unwrap().len(), 17);
     let html = get_page(format!("http://{}/probes", r.http_addr)).await;
     assert!(html.contains("id=\"probe-chart\"") && html.contains("id=\"run-light\""));
+    // The overview asks the router for its health: one live worker of each half, its context.
+    let overview = get_page(format!("http://{}/overview", r.http_addr)).await;
+    assert!(
+        overview.contains("<td class=\"ok\">serving</td><td>1</td><td>1</td><td>256</td>"),
+        "{overview}"
+    );
     assert_eq!(html.matches("class=\"step outcome-").count(), 17);
 
     // The Probes page's buttons: a form post with the session's CSRF token, operators only.
@@ -574,6 +580,30 @@ async fn the_side_channel_audit_names_the_worker_and_catches_a_shared_cache_on_b
             .collect();
         let page = get_page(format!("http://{}/probes", r.http_addr)).await;
         assert!(page.contains("id=\"isolation-chart\""));
+        // The overview: the open side-channel incidents, the last run and the isolation
+        // verdicts at a glance (this auditor has no router of its own to ask for its health).
+        let overview = get_page(format!("http://{}/overview?range=15m", r.http_addr)).await;
+        assert!(overview.contains("<p id=\"suite\" class=\"muted\">No router configured"));
+        assert!(
+            overview.contains("id=\"last-probe\">Last probe run <a href=\"/probes#run-"),
+            "{overview}"
+        );
+        let leaking = if shared { "2 leaking" } else { "0 leaking" };
+        assert!(
+            overview.contains(&format!(
+                "2 worker/channel verdicts, <span class=\"{}\">{leaking}",
+                if shared { "bad" } else { "ok" }
+            )),
+            "{overview}"
+        );
+        assert_eq!(
+            overview.contains("href=\"/incidents?status=open&amp;kind=side_channel\""),
+            shared,
+            "{overview}"
+        );
+        let ops = Signed::sign_in(&format!("http://{}", r.http_addr), OPERATOR).await;
+        assert_eq!(ops.get("/overview?range=1y").await.status(), 400);
+        assert_eq!(ops.get("/").await.headers()["location"], "/overview");
         // The tenants page: the newest verdict of each channel, under the worker.
         let tenants = get_page(format!("http://{}/tenants", r.http_addr)).await;
         let verdict = if shared { "leak" } else { "isolated" };
