@@ -14,6 +14,7 @@
 //! - `hex`: the one hex rendering of bytes.
 //! - `seal_mode`: what a sealed KV transfer frame protects (integrity, or confidentiality too).
 //! - `unknown_value`: the error of parsing a text that names none of an enum's values.
+//! - `worker_status`: one worker as the router's `/health` lists it (liveness, load, device).
 #![warn(missing_docs)]
 
 pub mod admission;
@@ -27,6 +28,7 @@ pub mod reject_reason;
 pub mod sampling;
 pub mod seal_mode;
 pub mod unknown_value;
+pub mod worker_status;
 
 pub use finish_reason::FinishReason;
 pub use ids::{AttemptId, RequestId, TenantId};

@@ -194,7 +194,8 @@ pub async fn live() -> &'static str {
 }
 
 /// `GET /health` and `GET /ready`: 200 when at least one decode and one prefill worker are
-/// live, else 503 (readiness: send no traffic here until then).
+/// live, else 503 (readiness: send no traffic here until then). The body also lists every
+/// worker (`workers`: role, node id, liveness, load, device, version; no addresses).
 pub async fn health(State(state): State<AppState>) -> Response {
     let context = state.pool.effective_context();
     let body = json!({
@@ -202,6 +203,7 @@ pub async fn health(State(state): State<AppState>) -> Response {
         "live_decode": state.pool.live_count(Half::Decode),
         "live_prefill": state.pool.live_count(Half::Prefill),
         "effective_context": context.as_ref().ok(),
+        "workers": state.pool.statuses(),
     });
     match context {
         Ok(_) => (StatusCode::OK, Json(body)).into_response(),

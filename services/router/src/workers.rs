@@ -16,6 +16,7 @@ use pagewarden_common::tls::{self, SuiteRole};
 use pagewarden_proto::v1::decode_client::DecodeClient;
 use pagewarden_proto::v1::prefill_client::PrefillClient;
 use pagewarden_proto::v1::{InfoRequest, WorkerInfo};
+use pagewarden_types::worker_status::{WorkerState, WorkerStatus};
 use parking_lot::{Mutex, RwLock};
 use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
@@ -53,6 +54,10 @@ pub struct InfoSnapshot {
     pub queue_depth: u32,
     /// Its forward pass's arithmetic (`cpu:avx512`, `cuda`, ...).
     pub arithmetic: String,
+    /// Pages in its KV pool.
+    pub total_pages: u64,
+    /// Its build's version.
+    pub version: String,
 }
 
 impl InfoSnapshot {
@@ -72,6 +77,8 @@ impl From<WorkerInfo> for InfoSnapshot {
             active_requests: i.active_requests,
             queue_depth: i.queue_depth,
             arithmetic: i.arithmetic,
+            total_pages: i.total_pages,
+            version: i.version,
         }
     }
 }
@@ -106,6 +113,8 @@ pub struct Worker {
     url: String,
     channel: Channel,
     liveness: Mutex<Liveness>,
+    /// The node id of its last successful poll, kept while it is down.
+    known_as: Mutex<Option<String>>,
     /// Since when every Info poll has gone unanswered (a refusal, such as a draining
     /// worker's, is an answer).
     silent_since: Mutex<Option<Instant>>,
@@ -136,6 +145,7 @@ impl Worker {
             url,
             channel: endpoint.connect_lazy(),
             liveness: Mutex::new(Liveness::Unknown),
+            known_as: Mutex::new(None),
             silent_since: Mutex::new(None),
             in_flight: AtomicUsize::new(0),
         }))
@@ -172,6 +182,41 @@ impl Worker {
             Liveness::Live { info, .. } => Some(info.clone()),
             Liveness::Unknown | Liveness::Down { .. } => None,
         }
+    }
+
+    /// What `/health` says of it.
+    pub fn status(&self) -> WorkerStatus {
+        let mut s = WorkerStatus {
+            role: self.half.as_str().into(),
+            node_id: self.known_as.lock().clone(),
+            state: WorkerState::Unknown,
+            error: None,
+            context_length: None,
+            total_pages: None,
+            free_pages: None,
+            active_requests: None,
+            queue_depth: None,
+            arithmetic: None,
+            version: None,
+        };
+        match self.liveness() {
+            Liveness::Unknown => {}
+            Liveness::Down { error } => {
+                s.state = WorkerState::Down;
+                s.error = Some(error);
+            }
+            Liveness::Live { info, .. } => {
+                s.state = WorkerState::Live;
+                s.context_length = Some(info.context_length);
+                s.total_pages = Some(info.total_pages);
+                s.free_pages = Some(info.free_pages);
+                s.active_requests = Some(info.active_requests);
+                s.queue_depth = Some(info.queue_depth);
+                s.arithmetic = Some(info.arithmetic);
+                s.version = Some(info.version);
+            }
+        }
+        s
     }
 
     /// Marks the worker down until its next successful poll.
@@ -232,6 +277,9 @@ impl Worker {
                 error: format!("Info timed out after {timeout:?}"),
             },
         };
+        if let Liveness::Live { info, .. } = &next {
+            *self.known_as.lock() = Some(info.node_id.clone());
+        }
         if let Liveness::Down { error } = &next {
             tracing::debug!(url = %self.url, half = self.half.as_str(), %error, "worker not live");
         }
@@ -391,6 +439,15 @@ impl WorkerPool {
             .chain(self.workers(Half::Prefill))
             .collect();
         futures::future::join_all(all.iter().map(|w| w.poll(self.info_timeout))).await;
+    }
+
+    /// Every worker, decode first, as `/health` reports them.
+    pub fn statuses(&self) -> Vec<WorkerStatus> {
+        [Half::Decode, Half::Prefill]
+            .into_iter()
+            .flat_map(|half| self.workers(half))
+            .map(|w| w.status())
+            .collect()
     }
 
     /// Number of live workers of one half.

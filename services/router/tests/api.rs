@@ -482,6 +482,22 @@ async fn models_health_and_metrics() {
     assert_eq!(models["data"][0]["max_model_len"], 256);
     let health = h.client.get(h.url("/health")).send().await.unwrap();
     assert_eq!(health.status(), 200);
+    // Every worker with its liveness, load and device, and no address (the endpoint is public).
+    let health: Value = health.json().await.unwrap();
+    let workers = health["workers"].as_array().expect("workers");
+    assert_eq!(workers.len(), 2, "{health}");
+    assert_eq!(workers[0]["role"], "decode");
+    assert_eq!(workers[0]["node_id"], "fake-decode");
+    assert_eq!(workers[1]["node_id"], "fake-prefill");
+    for w in workers {
+        assert_eq!(w["state"], "live", "{w}");
+        assert_eq!(w["arithmetic"], "fake", "{w}");
+        assert_eq!(w["version"], "test", "{w}");
+        assert_eq!(w["context_length"], 256, "{w}");
+        assert_eq!(w["total_pages"], w["free_pages"], "{w}");
+        assert_eq!(w["queue_depth"], 0, "{w}");
+    }
+    assert!(!health.to_string().contains("127.0.0.1"), "{health}");
     let r = h
         .post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}))
         .await;

@@ -562,6 +562,17 @@ async fn no_live_worker_or_exhausted_pool_is_503_with_retry_after() {
     assert_eq!(h.total_reserves(), 0);
     let health = h.client.get(h.url("/health")).send().await.unwrap();
     assert_eq!(health.status(), 503);
+    // The refusing worker is listed down, with the reason, and no load.
+    let health: Value = health.json().await.unwrap();
+    let decode = &health["workers"][0];
+    assert_eq!(decode["role"], "decode", "{health}");
+    assert_eq!(decode["state"], "down", "{health}");
+    assert!(
+        decode["error"].as_str().unwrap().contains("info disabled"),
+        "{health}"
+    );
+    assert!(decode["free_pages"].is_null(), "{health}");
+    assert_eq!(health["workers"][1]["state"], "live", "{health}");
     let models: Value = h.get("/v1/models").await.json().await.unwrap();
     assert!(models["data"][0]["max_model_len"].is_null());
 

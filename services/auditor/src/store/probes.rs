@@ -3,7 +3,7 @@
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 
-use super::{get_enum, ProbeResult, ProbeRun, ProbeRunEnd, Store, StoreError};
+use super::{get_enum, ProbeResult, ProbeRun, ProbeRunEnd, Store, StoreError, Window};
 use crate::domain::{ProbeRunId, SweepKind, UnixMs};
 
 impl Store {
@@ -75,28 +75,37 @@ impl Store {
 
     /// The newest `limit` runs, newest first.
     pub async fn probe_runs(&self, limit: i64) -> Result<Vec<ProbeRun>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, started_at, finished_at, status, sweep, context_limit, steps, failures, \
-             message FROM probe_runs ORDER BY id DESC LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(ProbeRun {
-                    id: ProbeRunId(r.try_get("id")?),
-                    started_at: UnixMs(r.try_get("started_at")?),
-                    finished_at: r.try_get::<Option<i64>, _>("finished_at")?.map(UnixMs),
-                    status: get_enum(r, "status")?,
-                    sweep: get_enum(r, "sweep")?,
-                    context_limit: r.try_get("context_limit")?,
-                    steps: r.try_get("steps")?,
-                    failures: r.try_get("failures")?,
-                    message: r.try_get("message")?,
-                })
-            })
-            .collect()
+        self.probe_runs_in(Window { limit, offset: 0 }).await
+    }
+
+    /// One page of runs, newest first.
+    pub async fn probe_runs_in(&self, window: Window) -> Result<Vec<ProbeRun>, StoreError> {
+        let sql =
+            format!("SELECT {RUN_COLUMNS} FROM probe_runs ORDER BY id DESC LIMIT $1 OFFSET $2");
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(window.limit)
+            .bind(window.offset)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(run_from_row).collect()
+    }
+
+    /// One run, if there is one of that id.
+    pub async fn probe_run(&self, run: ProbeRunId) -> Result<Option<ProbeRun>, StoreError> {
+        let sql = format!("SELECT {RUN_COLUMNS} FROM probe_runs WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(run.0)
+            .fetch_optional(self.pool())
+            .await?;
+        row.as_ref().map(run_from_row).transpose()
+    }
+
+    /// How many runs there are.
+    pub async fn probe_run_count(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT COUNT(*) AS n FROM probe_runs")
+            .fetch_one(self.pool())
+            .await?;
+        Ok(row.try_get("n")?)
     }
 
     /// Every step of one run, in order.
@@ -145,5 +154,23 @@ fn result_from_row(r: &AnyRow) -> Result<ProbeResult, StoreError> {
         ttft_ms: r.try_get("ttft_ms")?,
         detail: r.try_get("detail")?,
         at: UnixMs(r.try_get("at")?),
+    })
+}
+
+/// The columns `run_from_row` reads.
+const RUN_COLUMNS: &str =
+    "id, started_at, finished_at, status, sweep, context_limit, steps, failures, message";
+
+fn run_from_row(r: &AnyRow) -> Result<ProbeRun, StoreError> {
+    Ok(ProbeRun {
+        id: ProbeRunId(r.try_get("id")?),
+        started_at: UnixMs(r.try_get("started_at")?),
+        finished_at: r.try_get::<Option<i64>, _>("finished_at")?.map(UnixMs),
+        status: get_enum(r, "status")?,
+        sweep: get_enum(r, "sweep")?,
+        context_limit: r.try_get("context_limit")?,
+        steps: r.try_get("steps")?,
+        failures: r.try_get("failures")?,
+        message: r.try_get("message")?,
     })
 }

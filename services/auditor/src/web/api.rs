@@ -10,7 +10,7 @@ use super::query::IncidentQuery;
 use super::session::{operator_as, sign_off_as};
 use super::{AppState, SignoffAction, WebError};
 use crate::accounts::Principal;
-use crate::domain::{IncidentId, SweepKind, UnixMs};
+use crate::domain::{IncidentId, ProbeRunId, SweepKind, UnixMs};
 use crate::store::{
     CacheTotals, ErasureRecord, Incident, IncidentPoint, IsolationAudit, NodeStatus, ProbeResult,
     ProbeRun, RecomputeRecord, RoutineCount, SamplePoint, SampleTotals, SeriesPoint,
@@ -150,6 +150,22 @@ pub async fn probes(
     Ok(Json(
         load_runs(&st, q.limit.unwrap_or(20).clamp(1, 200)).await?,
     ))
+}
+
+/// `GET /api/probes/runs/{id}`: one run with its steps.
+pub async fn probe_run(
+    State(st): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<RunWithResults>, WebError> {
+    let id = ProbeRunId(id);
+    let run = st
+        .engine
+        .store()
+        .probe_run(id)
+        .await?
+        .ok_or_else(|| WebError::NotFound(format!("no probe run {}", id.0)))?;
+    let results = st.engine.store().probe_results(id).await?;
+    Ok(Json(RunWithResults { run, results }))
 }
 
 /// `?window_s=&bucket_s=` for the series, as text so a bad value is a 400 naming it.

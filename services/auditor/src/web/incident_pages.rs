@@ -364,7 +364,7 @@ fn explained(i: &Incident) -> String {
     if let Some(run) = details["run_id"].as_i64() {
         let _ = write!(
             b,
-            "<li><a id=\"probe-run\" href=\"/probes#run-{run}\">probe run {run}</a></li>"
+            "<li><a id=\"probe-run\" href=\"/probes/runs/{run}\">probe run {run}</a></li>"
         );
     }
     if let Some(trace) = details["trace_id"].as_str() {

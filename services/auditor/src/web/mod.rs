@@ -29,6 +29,7 @@ mod incident_pages;
 mod isolation_chart;
 mod login;
 mod overview;
+mod pager;
 mod pages;
 mod query;
 mod refresh;
@@ -263,6 +264,7 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes", get(pages::nodes))
         .route("/probes", get(pages::probes))
         .route("/probes/run", post(pages::run_probe))
+        .route("/probes/runs/{id}", get(pages::probe_run))
         .route("/tenants", get(tenants_page::tenants))
         .route("/integrity", get(pages::integrity))
         .route("/logout", post(login::logout))
@@ -280,6 +282,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/probes", get(api::probes))
         .route("/api/probes/recent", get(api::recent_probe_steps))
         .route("/api/probes/run", post(api::run_probe))
+        .route("/api/probes/runs/{id}", get(api::probe_run))
         .route("/api/samples/recent", get(api::recent_samples))
         .route("/api/integrity/series", get(api::series))
         .route("/api/summary", get(api::summary))

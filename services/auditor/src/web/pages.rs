@@ -4,17 +4,20 @@
 
 use std::fmt::Write;
 
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 use serde::Deserialize;
 
-use super::api::{load_runs, start_sweep, SeriesQuery, PROBE_CHART_STEPS, PROBE_CHART_WINDOW_MS};
+use super::api::{start_sweep, SeriesQuery, PROBE_CHART_STEPS, PROBE_CHART_WINDOW_MS};
 use super::html::{csrf_input, esc, page, time};
+use super::pager::pager;
+use super::query::number;
 use super::session::SessionUser;
 use super::{chart, isolation_chart, refresh, scatter, AppState, WebError};
-use crate::domain::{SweepKind, UnixMs};
+use crate::domain::{ProbeRunId, ProbeRunStatus, SweepKind, UnixMs};
+use crate::store::Window;
 
 /// `GET /`: the overview.
 pub async fn index() -> Redirect {
@@ -86,31 +89,51 @@ fn sweep_forms(st: &AppState, user: &SessionUser) -> String {
     )
 }
 
-/// `GET /probes?refresh=`
+/// Runs listed per page of the run history.
+pub const RUNS_PER_PAGE: i64 = 20;
+
+/// The page of one probe run.
+pub fn run_href(id: ProbeRunId) -> String {
+    format!("/probes/runs/{}", id.0)
+}
+
+/// `?refresh=&runs_page=` of the probe page.
+#[derive(Debug, Default, Deserialize)]
+pub struct ProbesQuery {
+    #[serde(flatten)]
+    refresh: refresh::RefreshQuery,
+    runs_page: Option<String>,
+}
+
+/// `GET /probes?refresh=&runs_page=`: the charts, then the run history a page at a time (each
+/// run's steps on its own page, `/probes/runs/{id}`).
 pub async fn probes(
     State(st): State<AppState>,
     Extension(user): Extension<SessionUser>,
-    Query(q): Query<refresh::RefreshQuery>,
+    Query(q): Query<ProbesQuery>,
 ) -> Result<Html<String>, WebError> {
-    let refresh_s = q.seconds()?;
-    let runs = load_runs(&st, 20).await?;
+    let refresh_s = q.refresh.seconds()?;
+    let runs_page = number("runs_page", &q.runs_page, 1, i64::MAX / RUNS_PER_PAGE)?.unwrap_or(1);
+    let store = st.engine.store();
+    let total = store.probe_run_count().await?;
+    let runs = store
+        .probe_runs_in(Window {
+            limit: RUNS_PER_PAGE,
+            offset: (runs_page - 1) * RUNS_PER_PAGE,
+        })
+        .await?;
     let since = UnixMs(UnixMs::now().0 - PROBE_CHART_WINDOW_MS);
-    let recent = st
-        .engine
-        .store()
-        .recent_probe_results(since, PROBE_CHART_STEPS)
-        .await?;
-    let traffic = st
-        .engine
-        .store()
-        .recent_samples(since, PROBE_CHART_STEPS)
-        .await?;
-    let audits = st
-        .engine
-        .store()
-        .isolation_audits(since, PROBE_CHART_STEPS)
-        .await?;
-    let limit = runs.iter().find_map(|r| r.run.context_limit);
+    let recent = store.recent_probe_results(since, PROBE_CHART_STEPS).await?;
+    let traffic = store.recent_samples(since, PROBE_CHART_STEPS).await?;
+    let audits = store.isolation_audits(since, PROBE_CHART_STEPS).await?;
+    let limit = match runs.iter().find_map(|r| r.context_limit) {
+        Some(l) => Some(l),
+        None => store
+            .probe_runs(RUNS_PER_PAGE)
+            .await?
+            .iter()
+            .find_map(|r| r.context_limit),
+    };
     let mut b = sweep_forms(&st, &user);
     b.push_str(&refresh::marker(refresh_s, "/probes?refresh=0", "/probes"));
     let _ = write!(
@@ -140,66 +163,108 @@ pub async fn probes(
         scatter::samples(&traffic, limit)
     );
     b.push_str(
-        "<h2>Runs</h2><table id=\"probe-runs\"><tr><th>run</th><th>started (UTC)</th>\
-         <th>sweep</th><th>status</th><th>limit</th><th>steps</th><th>failures</th>\
-         <th>summary</th></tr>",
+        "<h2 id=\"runs\">Runs</h2><table id=\"probe-runs\"><tr><th>run</th>\
+         <th>started (UTC)</th><th>sweep</th><th>status</th><th>limit</th><th>steps</th>\
+         <th>failures</th><th>summary</th></tr>",
     );
     for r in &runs {
         let _ = write!(
             b,
-            "<tr><td><a href=\"#run-{id}\">{id}</a></td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>",
-            time(r.run.started_at),
-            r.run.sweep,
-            r.run.status,
-            r.run
-                .context_limit
+            "<tr id=\"run-{id}\"><td><a href=\"{href}\">{id}</a></td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>",
+            time(r.started_at),
+            r.sweep,
+            r.status,
+            r.context_limit
                 .map(|l| l.to_string())
                 .unwrap_or_else(|| "—".into()),
-            r.run.steps,
-            if r.run.failures == 0 { "ok" } else { "bad" },
-            r.run.failures,
-            esc(&r.run.message),
-            id = r.run.id.0,
+            match r.status {
+                ProbeRunStatus::Running => "running".to_string(),
+                _ => r.steps.to_string(),
+            },
+            if r.failures == 0 { "ok" } else { "bad" },
+            r.failures,
+            esc(&r.message),
+            id = r.id.0,
+            href = run_href(r.id),
         );
     }
     b.push_str("</table>");
     if runs.is_empty() {
-        b.push_str("<p id=\"no-runs\">No probe runs yet.</p>");
+        b.push_str("<p id=\"no-runs\">No probe runs on this page.</p>");
     }
-    for r in runs.iter().take(5) {
+    b.push_str(&pager(runs_page, RUNS_PER_PAGE, total, "run", |n| {
+        format!("/probes?runs_page={n}#runs")
+    }));
+    Ok(page("Probe history", "/probes", Some(&user), &b))
+}
+
+/// `GET /probes/runs/{id}`: one run, every step it has recorded (a run still going shows the
+/// steps so far, counted, beside the total it will record at its end).
+pub async fn probe_run(
+    State(st): State<AppState>,
+    Extension(user): Extension<SessionUser>,
+    Path(id): Path<i64>,
+) -> Result<Html<String>, WebError> {
+    let id = ProbeRunId(id);
+    let store = st.engine.store();
+    let run = store
+        .probe_run(id)
+        .await?
+        .ok_or_else(|| WebError::NotFound(format!("no probe run {}", id.0)))?;
+    let results = store.probe_results(id).await?;
+    let failed = results
+        .iter()
+        .filter(|s| s.outcome.incident_kind().is_some())
+        .count();
+    let mut b = String::new();
+    let _ = write!(
+        b,
+        "<table id=\"run\"><tr><th>sweep</th><th>status</th><th>started (UTC)</th>\
+         <th>finished (UTC)</th><th>limit</th><th>steps recorded</th><th>failed steps</th>\
+         <th>summary</th></tr><tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+         <td id=\"steps-recorded\">{}</td><td class=\"{}\">{failed}</td><td>{}</td></tr>\
+         </table>",
+        run.sweep,
+        run.status,
+        time(run.started_at),
+        run.finished_at.map_or_else(|| "—".to_string(), time),
+        run.context_limit
+            .map_or_else(|| "—".to_string(), |l| l.to_string()),
+        results.len(),
+        if failed == 0 { "ok" } else { "bad" },
+        esc(&run.message),
+    );
+    b.push_str(
+        "<table id=\"run-steps\"><tr><th>tenant</th><th>step</th><th>words</th>\
+         <th>expected tokens</th><th>HTTP</th><th>prompt tokens</th><th>TTFT ms</th>\
+         <th>outcome</th><th>detail</th></tr>",
+    );
+    for s in &results {
+        let num = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "—".into());
         let _ = write!(
             b,
-            "<h2 id=\"run-{}\">Run {} ({} sweep)</h2><table><tr><th>tenant</th><th>step</th>\
-             <th>words</th><th>expected tokens</th><th>HTTP</th><th>prompt tokens</th>\
-             <th>TTFT ms</th><th>outcome</th><th>detail</th></tr>",
-            r.run.id.0, r.run.id.0, r.run.sweep
+            "<tr class=\"step\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>",
+            esc(&s.tenant),
+            s.step,
+            s.prompt_words,
+            num(s.expected_tokens),
+            num(s.http_status),
+            num(s.prompt_tokens),
+            num(s.ttft_ms),
+            if s.outcome.incident_kind().is_none() {
+                "ok"
+            } else {
+                "bad"
+            },
+            s.outcome,
+            esc(&s.detail)
         );
-        for s in &r.results {
-            let num = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "—".into());
-            let _ = write!(
-                b,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-                 <td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>",
-                esc(&s.tenant),
-                s.step,
-                s.prompt_words,
-                num(s.expected_tokens),
-                num(s.http_status),
-                num(s.prompt_tokens),
-                num(s.ttft_ms),
-                if s.outcome.incident_kind().is_none() {
-                    "ok"
-                } else {
-                    "bad"
-                },
-                s.outcome,
-                esc(&s.detail)
-            );
-        }
-        b.push_str("</table>");
     }
-    Ok(page("Probe history", "/probes", Some(&user), &b))
+    b.push_str("</table><p><a href=\"/probes#runs\">All runs</a></p>");
+    let title = format!("Probe run {} ({} sweep)", id.0, run.sweep);
+    Ok(page(&title, "/probes", Some(&user), &b))
 }
 
 /// The on-demand sweep form.

@@ -46,7 +46,7 @@ fn some(v: &Option<String>) -> Option<&str> {
 }
 
 /// A whole number in `lo..=hi` for query field `name`.
-fn number(name: &str, v: &Option<String>, lo: i64, hi: i64) -> Result<Option<i64>, WebError> {
+pub fn number(name: &str, v: &Option<String>, lo: i64, hi: i64) -> Result<Option<i64>, WebError> {
     let Some(s) = some(v) else { return Ok(None) };
     match s.parse::<i64>() {
         Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),

@@ -146,7 +146,7 @@ pub fn render(
             b,
             "<tr><td>{}</td><td>{channel}</td><td>{:.2e}</td><td>{:.0e}</td>\
              <td class=\"{class}\">{verdict}</td><td>{}</td><td>{}</td>\
-             <td><a href=\"/probes#run-{run}\">{run}</a></td></tr>",
+             <td><a href=\"/probes/runs/{run}\">{run}</a></td></tr>",
             esc(worker),
             a.p,
             a.threshold,
@@ -258,7 +258,7 @@ mod tests {
         assert!(
             html.contains("<td>order</td><td>2.00e-5</td><td>1e-3</td><td class=\"bad\">leak</td>")
         );
-        assert!(html.contains("<a href=\"/probes#run-5\">5</a>"));
+        assert!(html.contains("<a href=\"/probes/runs/5\">5</a>"));
         assert!(!html.contains("run-4"));
         let empty = render(&[], &[], &[], &[]);
         assert!(

@@ -10,15 +10,19 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use pagewarden_auditor::domain::{IsolationChannel, UnixMs};
+use pagewarden_auditor::store::NewIsolationAudit;
 use pagewarden_proto::v1 as pb;
+use pagewarden_proto::v1::auditor_client::AuditorClient;
 use pagewarden_testkit::{eventually, Polling};
 use serde_json::json;
+use tonic::transport::Channel;
 
 use pagewarden_auditor::probe::Prober;
 use pagewarden_auditor::Running;
 
 use crate::auth::{OPERATOR, VIEWER};
-use crate::ingest::{get_json, grpc, open_incident_id, report_kinds, start};
+use crate::ingest::{get_json, grpc, open_incident_id, report_kinds};
 use crate::webdriver::{
     browser_wait, free_port, new_session, spawn_chromedriver, Session, CHROMEDRIVER, CHROMIUM,
     MISSING,
@@ -164,12 +168,261 @@ async fn pages_filters_refresh_and_charts(s: &Session, r: &Running, base: &str) 
     shoot(s, "over-time.png").await;
 }
 
+/// Prefix-cache events of two tenants, and two side-channel verdicts on the last probe run
+/// (a leak on the timing channel, a clean order audit), for the tenants page and the charts.
+async fn seed_tenants_and_isolation(r: &Running, g: &mut AuditorClient<Channel>) {
+    use pb::CacheEventKind::{Hit, Miss};
+    for (kind, tenant, namespace, cached) in [
+        (Miss, "alice", "a1b2c3d4", 0),
+        (Hit, "alice", "a1b2c3d4", 96),
+        (Miss, "bob", "0badcafe", 0),
+    ] {
+        g.report_cache(pb::CacheReport {
+            kind: kind as i32,
+            node: "prefill-0".into(),
+            role: "prefill".into(),
+            tenant: tenant.into(),
+            namespace: namespace.into(),
+            req: Some(pb::RequestRef {
+                request_id: vec![0xab; 16],
+                attempt: 1,
+            }),
+            prompt_tokens: 100,
+            cached_tokens: cached,
+            pages: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let store = r.engine.store();
+    let run = store.probe_runs(1).await.unwrap()[0].id;
+    for (channel, p, leak) in [
+        (IsolationChannel::Timing, 1.6e-4, true),
+        (IsolationChannel::Order, 0.44, false),
+    ] {
+        store
+            .insert_isolation_audit(&NewIsolationAudit {
+                run_id: run,
+                worker: "prefill-0".into(),
+                channel,
+                rounds: 24,
+                p,
+                control_p: (channel == IsolationChannel::Timing).then_some(1e-5),
+                threshold: 1e-3,
+                conclusive: true,
+                leak,
+                at: UnixMs::now(),
+            })
+            .await
+            .unwrap();
+    }
+}
+
+/// Every `<text>` of chart `svg` that reaches outside its drawing, and the labels of its
+/// value axis (`text.ytick`), read from the rendered page.
+async fn chart_labels(s: &Session, svg: &str) -> (Vec<String>, Vec<String>) {
+    let out = s
+        .run_async(&format!(
+            "const svg = document.querySelector('{svg}'); svg.scrollIntoView(); \
+             const vb = svg.viewBox.baseVal; \
+             const w = vb && vb.width ? vb.width : svg.width.baseVal.value; \
+             const h = vb && vb.height ? vb.height : svg.height.baseVal.value; \
+             const clipped = Array.from(svg.querySelectorAll('text')).filter(t => {{ \
+               const b = t.getBBox(); \
+               return b.x < -0.5 || b.y < -0.5 || b.x + b.width > w + 0.5 \
+                 || b.y + b.height > h + 0.5; }}).map(t => t.textContent); \
+             done([clipped, Array.from(svg.querySelectorAll('text.ytick')) \
+               .map(t => t.textContent)]);"
+        ))
+        .await;
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .expect("a list")
+            .iter()
+            .map(|t| t.as_str().expect("text").to_string())
+            .collect()
+    };
+    (strings(&out[0]), strings(&out[1]))
+}
+
+/// Whether `labels` read as a round axis: `0` first, then equal steps of 1, 2 or 5 times a
+/// power of ten, in one unit (`ms` or `s`) or none.
+fn round_axis(labels: &[String]) -> bool {
+    let value = |l: &str| -> Option<f64> {
+        let (n, scale) = match l.split_once(' ') {
+            Some((n, "ms")) => (n, 1.0),
+            Some((n, "s")) => (n, 1000.0),
+            None => (l, 1.0),
+            Some(_) => return None,
+        };
+        Some(n.parse::<f64>().ok()? * scale)
+    };
+    let Some(v) = labels
+        .iter()
+        .map(|l| value(l))
+        .collect::<Option<Vec<f64>>>()
+    else {
+        return false;
+    };
+    if v.len() < 2 || v[0] != 0.0 {
+        return false;
+    }
+    let step = v[1];
+    let mantissa = step / 10f64.powf(step.log10().floor());
+    [1.0, 2.0, 5.0].iter().any(|m| (mantissa - m).abs() < 1e-9)
+        && v.windows(2).all(|p| (p[1] - p[0] - step).abs() < 1e-9)
+}
+
+/// The console's pages as an operator reads them: the overview (workers with their device,
+/// build and KV use, links to open incidents and to the last probe run), a probe run's page,
+/// an incident's page (what it means, what to do, its related incidents), the tenants page
+/// (cache per tenant, side-channel verdicts linked to their run), and the probe page's charts
+/// (round value axes, no label outside its chart, the run history a page at a time).
+async fn console_pages(s: &Session, base: &str, incident: i64) {
+    s.goto(&format!("{base}/")).await;
+    wait_url(s, "/overview").await;
+    let suite = s.text(&s.find("#suite").await).await;
+    assert!(suite.contains("serving"), "{suite}");
+    let workers = s
+        .run_async(
+            "done(Array.from(document.querySelectorAll('#workers tr.worker')).map(r => \
+             Array.from(r.cells).map(c => c.textContent)));",
+        )
+        .await;
+    let listed = workers.as_array().expect("worker rows");
+    assert_eq!(listed.len(), 3, "{workers}");
+    let row = |node: &str| {
+        listed
+            .iter()
+            .find(|r| r[0] == node)
+            .unwrap_or_else(|| panic!("no row for {node}: {workers}"))
+    };
+    let decode = row("decode-0");
+    assert_eq!(decode[2], "live", "{workers}");
+    assert_eq!(decode[3], "cpu:avx512", "{workers}");
+    assert_eq!(decode[4], "0.1.0", "{workers}");
+    assert_eq!(decode[6], "25% (16 of 64 pages)", "{workers}");
+    assert_eq!(decode[9], "none", "no preflight from decode-0: {workers}");
+    let draining = row("decode-1");
+    assert!(
+        draining[2].as_str().unwrap().contains("decode is draining"),
+        "{workers}"
+    );
+    assert_eq!(draining[9], "ok", "decode-1's preflight: {workers}");
+    let ranges = s
+        .run_async("done(document.querySelectorAll('#ranges a').length);")
+        .await;
+    assert_eq!(ranges, 4, "four other ranges to pick");
+    let kinds = s
+        .run_async(
+            "done(Array.from(document.querySelectorAll('#open-incidents a')) \
+             .map(a => a.getAttribute('href')));",
+        )
+        .await;
+    assert!(
+        kinds
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h == "/incidents?status=open&kind=checksum_mismatch"),
+        "{kinds}"
+    );
+    shoot(s, "overview.png").await;
+
+    // The last probe run's own page: every step it recorded.
+    let last = s.find("#last-probe a").await;
+    let href = s.attr(&last, "href").await.expect("href");
+    assert!(href.starts_with("/probes/runs/"), "{href}");
+    s.click(&last).await;
+    wait_url(s, &href).await;
+    let steps = s
+        .run_async("done(document.querySelectorAll('#run-steps tr.step').length);")
+        .await;
+    assert_eq!(steps, 15, "the run's 15 steps");
+    assert_eq!(s.text(&s.find("#steps-recorded").await).await, "15");
+    shoot(s, "probe-run.png").await;
+
+    // An incident explains itself and links its node's, tenant's and kind's incidents.
+    s.goto(&format!("{base}/incidents/{incident}")).await;
+    let meaning = s.text(&s.find("#meaning").await).await;
+    assert!(meaning.len() > 40, "{meaning}");
+    assert!(!s.text(&s.find("#next-step").await).await.is_empty());
+    for (link, want) in [
+        ("#node-incidents", "node=decode-1"),
+        ("#tenant-incidents", "tenant=bob"),
+        ("#kind-incidents", "kind=cross_tenant_marker"),
+    ] {
+        let href = s.attr(&s.find(link).await, "href").await.expect("href");
+        assert!(href.contains(want), "{link}: {href}");
+    }
+    shoot(s, "incident.png").await;
+    s.click(&s.find("#node-incidents").await).await;
+    wait_url(s, "node=decode-1").await;
+    assert!(rows(s).await >= 3);
+
+    // Tenants: cache per tenant, and the side-channel verdicts linked to their run.
+    s.goto(&format!("{base}/tenants")).await;
+    let alice = s
+        .run_async(
+            "done(Array.from(document.querySelectorAll('#tenant-cache tr')) \
+             .filter(r => r.cells[0] && r.cells[0].textContent === 'alice') \
+             .map(r => r.cells[4].textContent));",
+        )
+        .await;
+    assert_eq!(alice, json!(["50%"]), "alice's hit rate");
+    let verdicts = s
+        .run_async(
+            "done(Array.from(document.querySelectorAll('#worker-isolation a')) \
+             .map(a => a.getAttribute('href')));",
+        )
+        .await;
+    assert_eq!(
+        verdicts,
+        json!([href.clone(), href.clone()]),
+        "both verdicts link their run"
+    );
+    shoot(s, "tenants.png").await;
+
+    // The probe page's charts: round value axes, nothing drawn outside a chart.
+    s.goto(&format!("{base}/probes")).await;
+    for chart in [
+        "svg#probe-chart",
+        "svg#isolation-chart",
+        "svg#traffic-chart",
+    ] {
+        let (clipped, yticks) = chart_labels(s, chart).await;
+        assert!(clipped.is_empty(), "{chart}: labels outside: {clipped:?}");
+        if chart != "svg#isolation-chart" {
+            assert!(round_axis(&yticks), "{chart}: value axis {yticks:?}");
+        }
+    }
+    assert!(!round_axis(&["0".into(), "3 ms".into()]));
+    assert!(!round_axis(&["0".into(), "2 ms".into(), "5 ms".into()]));
+    assert!(round_axis(&["0".into(), "500 ms".into(), "1 s".into()]));
+    let runs = s
+        .run_async("done(document.querySelectorAll('#probe-runs tr[id^=\"run-\"]').length);")
+        .await;
+    assert_eq!(runs, 1);
+    let of = s.text(&s.find("#page-of").await).await;
+    assert_eq!(of, "page 1 of 1 · 1 run");
+    s.find("svg#probe-chart").await;
+    shoot(s, "probes-charts.png").await;
+}
+
 #[tokio::test]
 async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     for bin in [CHROMIUM, CHROMEDRIVER] {
         assert!(Path::new(bin).exists(), "{bin} is missing: {MISSING}");
     }
-    let r = start().await;
+    // The fake router is the auditor's router too: the overview reads its workers.
+    let (router, _fake) =
+        crate::fake_router::start(&[("key-a", "probe-a"), ("key-b", "probe-b")]).await;
+    let mut cfg = crate::auth::config("sqlite::memory:");
+    cfg.router_url = Some(format!("http://{router}"));
+    cfg.probe_tenants = crate::probe::settings(String::new()).tenants;
+    let r = pagewarden_auditor::start(&cfg, None)
+        .await
+        .expect("auditor starts");
     let mut g = grpc(&r).await;
     let alice = g
         .issue_marker(pb::IssueMarkerRequest {
@@ -238,8 +491,6 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     })
     .await
     .unwrap();
-    let (router, _fake) =
-        crate::fake_router::start(&[("key-a", "probe-a"), ("key-b", "probe-b")]).await;
     Prober::new(
         r.engine.clone(),
         crate::probe::settings(format!("http://{router}")),
@@ -248,6 +499,7 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     .run_once()
     .await
     .unwrap();
+    seed_tenants_and_isolation(&r, &mut g).await;
     let base = format!("http://{}", r.http_addr);
     let api = format!("{base}/api/incidents/{id}");
 
@@ -308,6 +560,7 @@ async fn operator_acknowledges_and_resolves_an_incident_in_chromium() {
     assert!(text.contains("decode-1"), "node table: {text}");
 
     pages_filters_refresh_and_charts(&s, &r, &base).await;
+    console_pages(&s, &base, id).await;
 
     // A viewer: no buttons, and a post of theirs (with their own CSRF token) is a 403.
     s.click(&s.find("#sign-out").await).await;

@@ -71,9 +71,24 @@ async fn ready(State(f): State<Fake>) -> StatusCode {
     }
 }
 
-/// The router's `/health` body: one live worker of each half.
+/// The router's `/health` body: one live worker of each half, the decode one a quarter full,
+/// and a second decode draining.
 async fn health(State(f): State<Fake>) -> Json<Value> {
-    Json(json!({"status": "ok", "live_prefill": 1, "live_decode": 1, "effective_context": f.limit}))
+    let live = |role: &str, free: u64| {
+        json!({"role": role, "node_id": format!("{role}-0"), "state": "live",
+               "context_length": f.limit, "total_pages": 64, "free_pages": free,
+               "active_requests": 1, "queue_depth": 0, "arithmetic": "cpu:avx512",
+               "version": "0.1.0"})
+    };
+    Json(json!({
+        "status": "ok", "live_prefill": 1, "live_decode": 1, "effective_context": f.limit,
+        "workers": [
+            live("decode", 48),
+            {"role": "decode", "node_id": "decode-1", "state": "down",
+             "error": "Info failed: status: Unavailable, message: \"decode is draining\""},
+            live("prefill", 64),
+        ]
+    }))
 }
 
 fn error(status: StatusCode, code: &str) -> Response {

@@ -561,7 +561,7 @@ async fn the_side_channel_audit_names_the_worker_and_catches_a_shared_cache_on_b
             let id = i["id"].as_i64().unwrap();
             let detail = get_page(format!("http://{}/incidents/{id}", r.http_addr)).await;
             assert!(
-                detail.contains("id=\"probe-run\" href=\"/probes#run-"),
+                detail.contains("id=\"probe-run\" href=\"/probes/runs/"),
                 "{detail}"
             );
             assert!(detail.contains("<p id=\"meaning\">The side-channel audit found"));
@@ -585,7 +585,7 @@ async fn the_side_channel_audit_names_the_worker_and_catches_a_shared_cache_on_b
         let overview = get_page(format!("http://{}/overview?range=15m", r.http_addr)).await;
         assert!(overview.contains("<p id=\"suite\" class=\"muted\">No router configured"));
         assert!(
-            overview.contains("id=\"last-probe\">Last probe run <a href=\"/probes#run-"),
+            overview.contains("id=\"last-probe\">Last probe run <a href=\"/probes/runs/"),
             "{overview}"
         );
         let leaking = if shared { "2 leaking" } else { "0 leaking" };

@@ -341,6 +341,25 @@ async fn suite(store: Store) {
         (ProbeRunStatus::Passed, Some(256), Some(UnixMs(12)))
     );
     assert_eq!(runs[0].sweep, SweepKind::Light);
+    // Paged, newest first; one run by id; the count.
+    let second = store
+        .start_probe_run(UnixMs(20), SweepKind::Full)
+        .await
+        .unwrap();
+    assert_eq!(store.probe_run_count().await.unwrap(), 2);
+    let page = |offset| Window { limit: 1, offset };
+    let newest = store.probe_runs_in(page(0)).await.unwrap();
+    let older = store.probe_runs_in(page(1)).await.unwrap();
+    assert_eq!((newest.len(), newest[0].id), (1, second));
+    assert_eq!((older.len(), older[0].id), (1, run));
+    assert!(store.probe_runs_in(page(2)).await.unwrap().is_empty());
+    let one = store.probe_run(run).await.unwrap().expect("run by id");
+    assert_eq!((one.steps, one.message.as_str()), (2, "ok"));
+    assert!(store
+        .probe_run(ProbeRunId(second.0 + 1000))
+        .await
+        .unwrap()
+        .is_none());
     let recent = store.recent_probe_results(UnixMs(11), 1).await.unwrap();
     assert_eq!(recent.len(), 1, "at most `limit` steps");
     assert_eq!(recent[0].step, 1, "newest first");
