@@ -785,3 +785,196 @@ fn compose_ships_no_working_key() {
         path.display()
     );
 }
+
+/// The Dockerfile's stages: name (`FROM … AS name`) and the lines under it.
+fn dockerfile_stages(dockerfile: &str) -> BTreeMap<String, String> {
+    let mut stages = BTreeMap::new();
+    let mut current: Option<(String, String)> = None;
+    for line in dockerfile.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if let ["FROM", _, as_, name] = words.as_slice() {
+            if as_.eq_ignore_ascii_case("as") {
+                stages.extend(current.take());
+                current = Some((name.to_string(), String::new()));
+                continue;
+            }
+        }
+        if let Some((_, body)) = current.as_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    stages.extend(current);
+    stages
+}
+
+/// Why `gpu_yaml` (over `base_yaml`) does not run every worker of the base file on the
+/// Dockerfile's CUDA stage: a worker left on the CPU image, a target that is not the stage,
+/// no GPU reserved, a device that is not CUDA, an environment name the worker does not read;
+/// or the stage not carrying the workers built with their `cuda` feature.
+fn gpu_problems(
+    dockerfile: &str,
+    base_yaml: &str,
+    gpu_yaml: &str,
+    clis: &BTreeMap<&'static str, Cli>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let stages = dockerfile_stages(dockerfile);
+    match stages.get("runtime-cuda") {
+        None => problems.push("Dockerfile: no stage runtime-cuda".to_string()),
+        Some(body) => {
+            let from = body
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("COPY --from="))
+                .filter_map(|l| l.split_whitespace().next())
+                .collect::<BTreeSet<_>>();
+            if from.is_empty() {
+                problems.push("Dockerfile: runtime-cuda copies no binaries".into());
+            }
+            for stage in from {
+                let build = stages.get(stage).map(String::as_str).unwrap_or_default();
+                let features = build
+                    .split_whitespace()
+                    .skip_while(|w| *w != "--features")
+                    .nth(1)
+                    .unwrap_or_default();
+                for feature in ["pagewarden-prefill/cuda", "pagewarden-decode/cuda"] {
+                    if !features.split(',').any(|f| f == feature) {
+                        problems.push(format!(
+                            "Dockerfile: {stage} (copied into runtime-cuda) does not build \
+                             with {feature}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let load = |yaml: &str| -> serde_yaml::Value {
+        let mut doc: serde_yaml::Value = serde_yaml::from_str(yaml).expect("compose file is YAML");
+        doc.apply_merge().expect("merge keys");
+        doc
+    };
+    let (base, gpu) = (load(base_yaml), load(gpu_yaml));
+    let workers = base["services"]
+        .as_mapping()
+        .expect("compose has services")
+        .iter()
+        .filter_map(|(name, svc)| {
+            let bin = strs(&svc["command"]).first().cloned()?;
+            ["pagewarden-prefill", "pagewarden-decode"]
+                .contains(&bin.as_str())
+                .then(|| (name.as_str().unwrap_or_default().to_string(), bin))
+        });
+    for (name, bin) in workers {
+        let svc = &gpu["services"][name.as_str()];
+        if svc.is_null() {
+            problems.push(format!("gpu.yml: {name} stays on the CPU image"));
+            continue;
+        }
+        if svc["build"]["target"].as_str() != Some("runtime-cuda") {
+            problems.push(format!(
+                "gpu.yml: {name} does not build the runtime-cuda stage"
+            ));
+        }
+        let device = &svc["deploy"]["resources"]["reservations"]["devices"][0];
+        if device["driver"].as_str() != Some("nvidia")
+            || !strs(&device["capabilities"]).contains(&"gpu".to_string())
+        {
+            problems.push(format!("gpu.yml: {name} reserves no NVIDIA GPU"));
+        }
+        let env = svc["environment"].as_mapping().cloned().unwrap_or_default();
+        for (k, v) in &env {
+            let k = k.as_str().unwrap_or_default();
+            if !clis[bin.as_str()].envs.contains(k) && !COMMON_ENV.contains(&k) {
+                problems.push(format!(
+                    "gpu.yml: {name}: {bin} reads no environment variable {k}"
+                ));
+            }
+            if k == "PAGEWARDEN_DEVICE" && !v.as_str().unwrap_or_default().starts_with("cuda:") {
+                problems.push(format!("gpu.yml: {name} computes on {v:?}, not a GPU"));
+            }
+        }
+        if !env.contains_key("PAGEWARDEN_DEVICE") {
+            problems.push(format!("gpu.yml: {name} sets no PAGEWARDEN_DEVICE"));
+        }
+    }
+    problems
+}
+
+fn gpu_files() -> (String, String, String) {
+    let read = |p: &str| std::fs::read_to_string(repo().join(p)).unwrap();
+    (
+        read("deploy/compose/Dockerfile"),
+        read("deploy/compose/docker-compose.yml"),
+        read("deploy/compose/gpu.yml"),
+    )
+}
+
+#[test]
+fn the_gpu_override_runs_every_worker_on_the_cuda_build() {
+    let (dockerfile, base, gpu) = gpu_files();
+    let problems = gpu_problems(&dockerfile, &base, &gpu, &clis());
+    assert!(
+        problems.is_empty(),
+        "gpu.yml drifted:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_gpu_check_catches_drift() {
+    let clis = clis();
+    let (dockerfile, base, gpu) = gpu_files();
+    let mutate = |s: &str, from: &str, to: &str| {
+        let out = s.replacen(from, to, 1);
+        assert_ne!(out, s, "the mutation {from:?} must apply");
+        out
+    };
+    for (dockerfile, gpu, expected) in [
+        (
+            mutate(&dockerfile, "pagewarden-prefill/cuda,", ""),
+            gpu.clone(),
+            "builder-cuda (copied into runtime-cuda) does not build with pagewarden-prefill/cuda",
+        ),
+        (
+            mutate(&dockerfile, "AS runtime-cuda", "AS runtime-gpu"),
+            gpu.clone(),
+            "Dockerfile: no stage runtime-cuda",
+        ),
+        (
+            dockerfile.clone(),
+            mutate(
+                &gpu,
+                "  decode-1:\n    <<: *gpu\n",
+                "  decode-9:\n    <<: *gpu\n",
+            ),
+            "gpu.yml: decode-1 stays on the CPU image",
+        ),
+        (
+            dockerfile.clone(),
+            mutate(&gpu, "target: runtime-cuda", "target: runtime"),
+            "gpu.yml: prefill-0 does not build the runtime-cuda stage",
+        ),
+        (
+            dockerfile.clone(),
+            mutate(&gpu, "PAGEWARDEN_DEVICE: cuda:0", "PAGEWARDEN_GPU: cuda:0"),
+            "pagewarden-prefill reads no environment variable PAGEWARDEN_GPU",
+        ),
+        (
+            dockerfile.clone(),
+            mutate(&gpu, "PAGEWARDEN_DEVICE: cuda:0", "PAGEWARDEN_DEVICE: cpu"),
+            "gpu.yml: decode-0 computes on",
+        ),
+        (
+            dockerfile.clone(),
+            gpu.replace("driver: nvidia", "driver: amd"),
+            "gpu.yml: prefill-1 reserves no NVIDIA GPU",
+        ),
+    ] {
+        let problems = gpu_problems(&dockerfile, &base, &gpu, &clis).join("\n");
+        assert!(
+            problems.contains(expected),
+            "{expected:?} not reported in:\n{problems}"
+        );
+    }
+}
