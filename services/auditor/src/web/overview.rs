@@ -196,7 +196,9 @@ pub async fn overview(
          (all time).</p>",
         if mismatches == 0 { "ok" } else { "bad" },
     );
-    Ok(page("Overview", "/overview", Some(&user), &b))
+    Ok(Html(
+        page("Overview", "/overview", Some(&user), maud::PreEscaped(b)).into_string(),
+    ))
 }
 
 /// Sampled requests of the range by how they ended, and their first-token latency.

@@ -56,7 +56,9 @@ pub async fn nodes(
     if nodes.is_empty() {
         b.push_str("<p>No preflight reports yet.</p>");
     }
-    Ok(page("Nodes", "/nodes", Some(&user), &b))
+    Ok(Html(
+        page("Nodes", "/nodes", Some(&user), maud::PreEscaped(b)).into_string(),
+    ))
 }
 
 /// The on-demand sweep buttons (operators only), or why there are none.
@@ -74,7 +76,7 @@ fn sweep_forms(st: &AppState, user: &SessionUser) -> String {
             "<form class=\"inline\" method=\"post\" action=\"/probes/run\">{}\
              <input type=\"hidden\" name=\"sweep\" value=\"{sweep}\">\
              <button type=\"submit\" id=\"run-{sweep}\">{label}</button></form>",
-            csrf_input(user)
+            csrf_input(user).into_string()
         )
     };
     format!(
@@ -112,14 +114,14 @@ pub async fn probes(
         .await?;
     let limit = runs.iter().find_map(|r| r.run.context_limit);
     let mut b = sweep_forms(&st, &user);
-    b.push_str(&refresh::marker(refresh_s, "/probes?refresh=0", "/probes"));
+    b.push_str(&refresh::marker(refresh_s, "/probes?refresh=0", "/probes").into_string());
     let _ = write!(
         b,
         "<h2>Outcome and first-token latency against prompt length</h2>\
          <p class=\"muted\">The last {} steps of the last 24 h, every run; steps with no first \
          token sit under the axis.</p>{}",
         recent.len(),
-        scatter::probes(&recent, limit)
+        scatter::probes(&recent, limit).into_string()
     );
     let _ = write!(
         b,
@@ -129,7 +131,7 @@ pub async fn probes(
          prompt one tenant cached. Low is bad: below the dashed threshold an incident opens; \
          red is a leak, hollow an audit whose control saw no cache hit.</p>{}",
         audits.len(),
-        isolation_chart::isolation(&audits)
+        isolation_chart::isolation(&audits).into_string()
     );
     let _ = write!(
         b,
@@ -137,7 +139,7 @@ pub async fn probes(
          <p class=\"muted\">The last {} requests of every tenant the router sampled in the last \
          24 h, by how they ended.</p>{}",
         traffic.len(),
-        scatter::samples(&traffic, limit)
+        scatter::samples(&traffic, limit).into_string()
     );
     b.push_str(
         "<h2>Runs</h2><table id=\"probe-runs\"><tr><th>run</th><th>started (UTC)</th>\
@@ -199,7 +201,9 @@ pub async fn probes(
         }
         b.push_str("</table>");
     }
-    Ok(page("Probe history", "/probes", Some(&user), &b))
+    Ok(Html(
+        page("Probe history", "/probes", Some(&user), maud::PreEscaped(b)).into_string(),
+    ))
 }
 
 /// The on-demand sweep form.
@@ -232,7 +236,12 @@ pub async fn run_probe(
                  the probe history</a></p>",
                 esc(&why)
             );
-            let html = page("Probe history", "/probes", Some(&user), &body);
+            let html = page(
+                "Probe history",
+                "/probes",
+                Some(&user),
+                maud::PreEscaped(body),
+            );
             Ok((StatusCode::CONFLICT, html).into_response())
         }
         Err(e) => Err(e),
@@ -262,18 +271,20 @@ pub async fn integrity(
     let _ = write!(
         b,
         "<h2>Incidents opened, by severity</h2><p class=\"muted\">{opened} in the window.</p>{}",
-        chart::incidents(&incidents, since, now, bucket)
+        chart::incidents(&incidents, since, now, bucket).into_string()
     );
     let _ = write!(
         b,
         "<h2>Integrity events, by kind</h2><p class=\"muted\">{total} in the window, routine \
          ones (counted, no incident) included.</p>{}",
-        chart::integrity(&events, since, now, bucket)
+        chart::integrity(&events, since, now, bucket).into_string()
     );
     b.push_str(
         "<p class=\"muted\">KV pool pages over time are not charted here: workers report pool \
          usage on their own <code>/metrics</code> (<code>pagewarden_pool_pages</code>), not to \
          the auditor.</p>",
     );
-    Ok(page("Over time", "/integrity", Some(&user), &b))
+    Ok(Html(
+        page("Over time", "/integrity", Some(&user), maud::PreEscaped(b)).into_string(),
+    ))
 }
