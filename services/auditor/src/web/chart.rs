@@ -211,4 +211,30 @@ mod tests {
             .collect();
         assert_eq!(labels, ["0", "1", "2", "3", "4"]);
     }
+
+    #[test]
+    fn labels_and_names_are_escaped() {
+        let frame = Frame {
+            id: "x\"><script>",
+            label: "a <b> & \"c\"",
+            since: UnixMs(0),
+            now: UnixMs(60_000),
+            bucket_ms: 60_000,
+            legend: vec![("<i>kind</i>", "#000")],
+        };
+        let segments = [Segment {
+            bucket: UnixMs(0),
+            name: "</title><script>",
+            color: "#000",
+            count: 1,
+        }];
+        let svg = stacked(&frame, &segments).into_string();
+        for raw in ["<script>", "<b>", "<i>", "</title><script>"] {
+            assert!(!svg.contains(raw), "{raw} unescaped in {svg}");
+        }
+        assert!(svg.contains("id=\"x&quot;&gt;&lt;script&gt;\""));
+        assert!(svg.contains("aria-label=\"a &lt;b&gt; &amp; &quot;c&quot;\""));
+        assert!(svg.contains("<title>1970-01-01 00:00:00 &lt;/title&gt;&lt;script&gt;: 1</title>"));
+        assert!(svg.contains(">&lt;i&gt;kind&lt;/i&gt;</text>"));
+    }
 }

@@ -220,6 +220,32 @@ mod tests {
     }
 
     #[test]
+    fn the_layout_escapes_the_title_and_the_user() {
+        use crate::accounts::{Principal, Role};
+        let user = SessionUser {
+            who: Principal {
+                name: "<b>eve</b>".into(),
+                role: Role::Viewer,
+            },
+            csrf: "\"><i>".into(),
+        };
+        let html = page(
+            "a <title> & more",
+            "/tenants",
+            Some(&user),
+            html! { p { "body" } },
+        )
+        .into_string();
+        assert!(!html.contains("<b>eve") && !html.contains("<i>"), "{html}");
+        assert!(html.contains("<title>a &lt;title&gt; &amp; more · Pagewarden auditor</title>"));
+        assert!(html.contains("<h1>a &lt;title&gt; &amp; more</h1><p>body</p>"));
+        assert!(html.contains("id=\"signed-in\">&lt;b&gt;eve&lt;/b&gt; (viewer)</span>"));
+        assert!(html.contains("name=\"csrf\" value=\"&quot;&gt;&lt;i&gt;\""));
+        assert!(html.contains("<a href=\"/tenants\" class=\"active\">Tenants</a>"));
+        assert!(html.contains("<a href=\"/nodes\">Nodes</a>"));
+    }
+
+    #[test]
     fn formats_times_in_utc() {
         assert_eq!(time(UnixMs(0)), "1970-01-01 00:00:00");
         assert_eq!(time(UnixMs(1_709_210_096_000)), "2024-02-29 12:34:56");

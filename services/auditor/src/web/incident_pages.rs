@@ -391,3 +391,107 @@ pub async fn sign_off(
         .unwrap_or_else(|| format!("/incidents/{id}"));
     Ok(Redirect::to(&back).into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounts::{Principal, Role};
+    use crate::domain::{IncidentKind, Severity, UnixMs};
+
+    fn operator() -> SessionUser {
+        SessionUser {
+            who: Principal {
+                name: "ops".into(),
+                role: Role::Operator,
+            },
+            csrf: "tok\"><script>".into(),
+        }
+    }
+
+    fn incident(id: i64) -> Incident {
+        Incident {
+            id: IncidentId(id),
+            kind: IncidentKind::CrossTenantMarker,
+            severity: Severity::Critical,
+            status: IncidentStatus::Acknowledged,
+            node: Some("decode</td><b>1".into()),
+            request_id: Some("<script>alert(1)</script>".into()),
+            tenant: Some("\"bob\" & 'x'".into()),
+            other_tenant: None,
+            page: Some(7),
+            generation: Some(3),
+            details: r#"{"message":"</td><b>bold</b>","trace_id":"<i>t"}"#.into(),
+            created_at: UnixMs(0),
+            acknowledged: Some(Signoff {
+                by: "ops</td>".into(),
+                at: UnixMs(0),
+                note: "</td><b>seen".into(),
+            }),
+            resolved: None,
+        }
+    }
+
+    #[test]
+    fn the_detail_page_escapes_every_field_it_shows() {
+        let i = incident(1);
+        let same = (same_page(&i).unwrap(), vec![incident(2)]);
+        let html = detail(&i, Some(&same), &operator()).into_string();
+        for raw in ["</td><b>", "<b>bold", "<i>t", "<script>", "ops</td>"] {
+            assert!(!html.contains(raw), "{raw} unescaped in {html}");
+        }
+        assert!(
+            html.contains("<td>decode&lt;/td&gt;&lt;b&gt;1</td>"),
+            "{html}"
+        );
+        assert!(
+            html.contains("<td>&quot;bob&quot; &amp; 'x'</td>"),
+            "{html}"
+        );
+        assert!(html.contains("<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>"));
+        assert!(html.contains("by ops&lt;/td&gt; — &lt;/td&gt;&lt;b&gt;seen</td>"));
+        assert!(
+            html.contains("&quot;message&quot;: &quot;&lt;/td&gt;&lt;b&gt;bold&lt;/b&gt;&quot;")
+        );
+        assert!(html.contains("trace id <code>&lt;i&gt;t</code>"));
+        assert!(html.contains(">every incident on decode&lt;/td&gt;&lt;b&gt;1</a>"));
+        assert!(html.contains("<h2>Other incidents on page 7 of decode&lt;/td&gt;&lt;b&gt;1</h2>"));
+        // The acknowledged incident can still be resolved, with the session's token.
+        assert!(html.contains(
+            "<input type=\"hidden\" name=\"csrf\" value=\"tok&quot;&gt;&lt;script&gt;\">"
+        ));
+        assert!(html.contains("id=\"resolve-1\"") && !html.contains("id=\"ack-1\""));
+        assert!(html.contains("<a href=\"/incidents/2\">2</a>"));
+    }
+
+    #[test]
+    fn list_cells_and_forms_escape_what_they_link() {
+        let i = incident(5);
+        let view = ListView {
+            filter: IncidentFilter::default(),
+            page_no: 1,
+            limit: super::super::query::DEFAULT_LIMIT,
+            refresh_s: 0,
+        };
+        let (page_cell, _) = page_cells(&i, &view);
+        let page_cell = page_cell.into_string();
+        assert!(
+            page_cell.contains("title=\"incidents on this page of decode&lt;/td&gt;&lt;b&gt;1\""),
+            "{page_cell}"
+        );
+        let forms = actions(&i, "/incidents?node=\"><b>", &operator()).into_string();
+        assert!(!forms.contains("\"><b>"), "{forms}");
+        assert!(forms.contains("name=\"back\" value=\"/incidents?node=&quot;&gt;&lt;b&gt;\""));
+        let none = actions(
+            &i,
+            "/",
+            &SessionUser {
+                who: Principal {
+                    name: "v".into(),
+                    role: Role::Viewer,
+                },
+                csrf: String::new(),
+            },
+        );
+        assert!(none.into_string().is_empty());
+    }
+}

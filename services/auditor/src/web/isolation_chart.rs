@@ -228,4 +228,13 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
         assert!(!svg.contains("class=\"audit"));
     }
+
+    #[test]
+    fn a_worker_name_is_escaped_in_titles_and_the_legend() {
+        let svg = isolation(&[audit("<script>w</script>", IsolationChannel::Order, 0.5, 1)])
+            .into_string();
+        assert!(!svg.contains("<script>"), "{svg}");
+        assert!(svg.contains("<title>worker &lt;script&gt;w&lt;/script&gt;, order: p = 5.00e-1"));
+        assert!(svg.contains(">&lt;script&gt;w&lt;/script&gt; · order</text>"));
+    }
 }

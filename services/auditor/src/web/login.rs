@@ -129,3 +129,21 @@ pub async fn logout(
     )
         .into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_form_escapes_next_and_the_error() {
+        let html = form("/x\"><script>alert(1)</script>", Some("<b>no</b>")).into_string();
+        assert!(
+            !html.contains("<script>") && !html.contains("<b>no"),
+            "{html}"
+        );
+        assert!(html
+            .contains("name=\"next\" value=\"/x&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;\""));
+        assert!(html.contains("<p id=\"login-error\" class=\"bad\">&lt;b&gt;no&lt;/b&gt;</p>"));
+        assert!(html.contains("id=\"sign-in\"") && !html.contains("id=\"sign-out\""));
+    }
+}

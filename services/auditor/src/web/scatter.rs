@@ -298,4 +298,24 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
         assert!(!svg.contains("class=\"step "));
     }
+
+    #[test]
+    fn a_tenant_name_cannot_close_the_title() {
+        let point = SamplePoint {
+            tenant: "</title></circle><script>x</script>".into(),
+            prompt_tokens: 10,
+            ttft_ms: Some(5),
+            status: SampleStatus::Ok,
+            at: UnixMs(0),
+        };
+        let svg = samples(&[point], None).into_string();
+        assert!(
+            !svg.contains("<script>") && !svg.contains("</title></circle><script>"),
+            "{svg}"
+        );
+        assert!(svg.contains(
+            "<title>&lt;/title&gt;&lt;/circle&gt;&lt;script&gt;x&lt;/script&gt;: 10 prompt tokens"
+        ));
+        assert_eq!(svg.matches("</title>").count(), 1);
+    }
 }

@@ -261,4 +261,68 @@ mod tests {
                 && empty.contains("id=\"no-isolation-verdicts\"")
         );
     }
+
+    #[test]
+    fn tenant_and_worker_names_cannot_inject_markup() {
+        let script = "<script>alert(1)</script>";
+        let quoted = "\"quoted\" & 'x'";
+        let cache = [CacheTotals {
+            role: NodeRole::Decode,
+            tenant: script.into(),
+            hits: 0,
+            misses: 0,
+            evictions: 1,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            evicted_pages: 2,
+            namespaces: 1,
+        }];
+        let recomputes = [RecomputeTotals {
+            tenant: quoted.into(),
+            matches: 1,
+            mismatches: 0,
+            failed: 0,
+            last_at: UnixMs(0),
+        }];
+        let erasures = [ErasureRecord {
+            id: 1,
+            tenant: script.into(),
+            namespace: "ns".into(),
+            digest: "00".into(),
+            at: UnixMs(0),
+            workers: vec![],
+        }];
+        let verdicts = [IsolationAudit {
+            id: 1,
+            audit: NewIsolationAudit {
+                run_id: ProbeRunId(9),
+                worker: "</td><b>w".into(),
+                channel: IsolationChannel::Order,
+                rounds: 8,
+                p: 0.5,
+                control_p: None,
+                threshold: 1e-3,
+                conclusive: false,
+                leak: false,
+                at: UnixMs(0),
+            },
+        }];
+        let html = render(&cache, &recomputes, &erasures, &verdicts).into_string();
+        for raw in [script, quoted, "</td><b>"] {
+            assert!(!html.contains(raw), "{raw} unescaped in {html}");
+        }
+        let escaped = "<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>";
+        assert!(html.contains(&format!(
+            "{escaped}<td>decode</td><td>0</td><td>0</td><td>—</td>"
+        )));
+        assert!(
+            html.contains(&format!("{escaped}<td>1</td><td>0</td>")),
+            "{html}"
+        );
+        assert!(
+            html.contains("<td>&quot;quoted&quot; &amp; 'x'</td><td>1</td><td class=\"ok\">0</td>")
+        );
+        assert!(html.contains("<td>&lt;/td&gt;&lt;b&gt;w</td><td>order</td>"));
+        assert!(html.contains("<td class=\"muted\">inconclusive</td>"));
+    }
 }
