@@ -1,7 +1,7 @@
 //! Value axes of the UI's charts: round ticks (1, 2 or 5 times a power of ten, at most five
 //! intervals) from 0 up to the first tick at or above the largest value, so the top of an axis
 //! is a labelled round number and the largest mark sits at or under it; and the labels a
-//! latency axis writes (`500 ms`, `1.5 s`, `80 s`).
+//! latency axis writes (`500 ms`, `1.5 s`, `80 s`); and coordinates as the charts write them.
 
 /// The ticks of an axis from 0 to `max` (at least 1): every multiple of the step up to the
 /// first at or above `max`, which is the axis' top.
@@ -31,6 +31,11 @@ pub fn ms_label(ms: i64) -> String {
         ms if ms % 1000 == 0 => format!("{} s", ms / 1000),
         ms => format!("{} s", (ms as f64 / 1000.0 * 10.0).round() / 10.0),
     }
+}
+
+/// A chart coordinate as the SVG writes it: one decimal.
+pub fn coord(v: f64) -> String {
+    format!("{v:.1}")
 }
 
 #[cfg(test)]

@@ -1,11 +1,11 @@
 //! Counts over time as inline SVG: bars per time bucket, stacked by series. Two charts use it:
 //! integrity events stacked by kind, and incidents opened stacked by severity.
 
+use maud::{html, Markup};
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
-use super::axis;
-use super::html::{esc, time};
+use super::axis::{self, coord};
+use super::html::time;
 use crate::domain::{IntegrityKind, Severity, UnixMs};
 use crate::store::{IncidentPoint, SeriesPoint};
 
@@ -59,7 +59,7 @@ pub fn severity_color(s: Severity) -> &'static str {
 }
 
 /// Integrity events (bucketed at `bucket_ms` from `since` to `now`), stacked by kind.
-pub fn integrity(points: &[SeriesPoint], since: UnixMs, now: UnixMs, bucket_ms: i64) -> String {
+pub fn integrity(points: &[SeriesPoint], since: UnixMs, now: UnixMs, bucket_ms: i64) -> Markup {
     let segments: Vec<Segment> = points
         .iter()
         .map(|p| Segment {
@@ -84,7 +84,7 @@ pub fn integrity(points: &[SeriesPoint], since: UnixMs, now: UnixMs, bucket_ms: 
 }
 
 /// Incidents opened (bucketed at `bucket_ms` from `since` to `now`), stacked by severity.
-pub fn incidents(points: &[IncidentPoint], since: UnixMs, now: UnixMs, bucket_ms: i64) -> String {
+pub fn incidents(points: &[IncidentPoint], since: UnixMs, now: UnixMs, bucket_ms: i64) -> Markup {
     let segments: Vec<Segment> = points
         .iter()
         .map(|p| Segment {
@@ -108,7 +108,7 @@ pub fn incidents(points: &[IncidentPoint], since: UnixMs, now: UnixMs, bucket_ms
     stacked(&frame, &segments)
 }
 
-fn stacked(f: &Frame<'_>, segments: &[Segment]) -> String {
+fn stacked(f: &Frame<'_>, segments: &[Segment]) -> Markup {
     let bucket_ms = f.bucket_ms.max(1);
     let first = f.since.0.div_euclid(bucket_ms);
     let last = f.now.0.div_euclid(bucket_ms);
@@ -133,71 +133,48 @@ fn stacked(f: &Frame<'_>, segments: &[Segment]) -> String {
     let bar_w = (plot_w / n).max(1.0);
     let legend_rows = f.legend.len().div_ceil(5) as f64;
     let total_h = H + 8.0 + legend_rows * 16.0;
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"{id}\" width=\"{W}\" \
-         height=\"{total_h}\" viewBox=\"0 0 {W} {total_h}\" role=\"img\" \
-         aria-label=\"{label}\">",
-        id = esc(f.id),
-        label = esc(f.label),
-    );
-    let _ = write!(
-        svg,
-        "<line x1=\"{PAD_L}\" y1=\"{plot_h}\" x2=\"{W}\" y2=\"{plot_h}\" stroke=\"#566573\"/>"
-    );
-    // Counts: a labelled gridline at every round tick.
-    for &t in &y_ticks {
-        let y = plot_h - t as f64 / max * (plot_h - 16.0);
-        let _ = write!(
-            svg,
-            "<line x1=\"{PAD_L}\" y1=\"{y:.1}\" x2=\"{W}\" y2=\"{y:.1}\" stroke=\"#eaecee\"/>\
-             <text class=\"ytick\" x=\"{}\" y=\"{:.1}\" font-size=\"11\" \
-             text-anchor=\"end\">{t}</text>",
-            PAD_L - 4.0,
-            y + 4.0,
-        );
-    }
-    for (bucket, segs) in &stacks {
-        let x = PAD_L + (bucket - first) as f64 * bar_w;
-        let mut y = plot_h;
-        for s in segs {
-            let h = s.count as f64 / max * (plot_h - 16.0);
-            y -= h;
-            let _ = write!(
-                svg,
-                "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{}\">\
-                 <title>{} {}: {}</title></rect>",
-                (bar_w - 1.0).max(1.0),
-                s.color,
-                esc(&time(UnixMs(bucket * bucket_ms))),
-                s.name,
-                s.count,
-            );
+    html! {
+        svg xmlns="http://www.w3.org/2000/svg" id=(f.id) width=(W) height=(total_h)
+            viewBox={ "0 0 " (W) " " (total_h) } role="img" aria-label=(f.label) {
+            line x1=(PAD_L) y1=(plot_h) x2=(W) y2=(plot_h) stroke="#566573" {}
+            // Counts: a labelled gridline at every round tick.
+            @for &t in &y_ticks {
+                @let y = plot_h - t as f64 / max * (plot_h - 16.0);
+                line x1=(PAD_L) y1=(coord(y)) x2=(W) y2=(coord(y)) stroke="#eaecee" {}
+                text class="ytick" x=(PAD_L - 4.0) y=(coord(y + 4.0)) font-size="11"
+                    text-anchor="end" { (t) }
+            }
+            @for (bucket, segs) in &stacks {
+                @let x = PAD_L + (bucket - first) as f64 * bar_w;
+                @for (s, (y, h)) in segs.iter().zip(stacked_heights(segs, max, plot_h)) {
+                    rect x=(coord(x)) y=(coord(y)) width=(coord((bar_w - 1.0).max(1.0)))
+                        height=(coord(h)) fill=(s.color) {
+                        title { (time(UnixMs(bucket * bucket_ms))) " " (s.name) ": " (s.count) }
+                    }
+                }
+            }
+            text x=(PAD_L) y=(plot_h + 14.0) font-size="11" { (time(f.since)) }
+            text x=(W) y=(plot_h + 14.0) font-size="11" text-anchor="end" { (time(f.now)) }
+            @for (i, (name, color)) in f.legend.iter().enumerate() {
+                @let x = PAD_L + (i % 5) as f64 * 170.0;
+                @let y = H + 6.0 + (i / 5) as f64 * 16.0;
+                rect x=(x) y=(y) width="10" height="10" fill=(color) {}
+                text x=(x + 14.0) y=(y + 9.0) font-size="11" { (name) }
+            }
         }
     }
-    let _ = write!(
-        svg,
-        "<text x=\"{PAD_L}\" y=\"{}\" font-size=\"11\">{}</text>\
-         <text x=\"{W}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{}</text>",
-        plot_h + 14.0,
-        esc(&time(f.since)),
-        plot_h + 14.0,
-        esc(&time(f.now))
-    );
-    for (i, (name, color)) in f.legend.iter().enumerate() {
-        let x = PAD_L + (i % 5) as f64 * 170.0;
-        let y = H + 6.0 + (i / 5) as f64 * 16.0;
-        let _ = write!(
-            svg,
-            "<rect x=\"{x}\" y=\"{y}\" width=\"10\" height=\"10\" fill=\"{color}\"/>\
-             <text x=\"{}\" y=\"{}\" font-size=\"11\">{name}</text>",
-            x + 14.0,
-            y + 9.0
-        );
-    }
-    svg.push_str("</svg>");
-    svg
+}
+
+/// The top and height of each segment of one bar, stacked upwards from the axis at `plot_h`.
+fn stacked_heights(segs: &[&Segment], max: f64, plot_h: f64) -> Vec<(f64, f64)> {
+    let mut y = plot_h;
+    segs.iter()
+        .map(|s| {
+            let h = s.count as f64 / max * (plot_h - 16.0);
+            y -= h;
+            (y, h)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -220,7 +197,8 @@ mod tests {
             UnixMs(0),
             UnixMs(120_000),
             60_000,
-        );
+        )
+        .into_string();
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
         assert!(svg.contains("id=\"incidents-chart\""));
         assert!(svg.contains("critical: 2") && svg.contains("warning: 1"));
@@ -232,5 +210,31 @@ mod tests {
             .map(|t| t.split('>').nth(1).unwrap().split('<').next().unwrap())
             .collect();
         assert_eq!(labels, ["0", "1", "2", "3", "4"]);
+    }
+
+    #[test]
+    fn labels_and_names_are_escaped() {
+        let frame = Frame {
+            id: "x\"><script>",
+            label: "a <b> & \"c\"",
+            since: UnixMs(0),
+            now: UnixMs(60_000),
+            bucket_ms: 60_000,
+            legend: vec![("<i>kind</i>", "#000")],
+        };
+        let segments = [Segment {
+            bucket: UnixMs(0),
+            name: "</title><script>",
+            color: "#000",
+            count: 1,
+        }];
+        let svg = stacked(&frame, &segments).into_string();
+        for raw in ["<script>", "<b>", "<i>", "</title><script>"] {
+            assert!(!svg.contains(raw), "{raw} unescaped in {svg}");
+        }
+        assert!(svg.contains("id=\"x&quot;&gt;&lt;script&gt;\""));
+        assert!(svg.contains("aria-label=\"a &lt;b&gt; &amp; &quot;c&quot;\""));
+        assert!(svg.contains("<title>1970-01-01 00:00:00 &lt;/title&gt;&lt;script&gt;: 1</title>"));
+        assert!(svg.contains(">&lt;i&gt;kind&lt;/i&gt;</text>"));
     }
 }

@@ -1,27 +1,10 @@
-//! HTML building blocks: escaping, the page layout, times, status badges.
+//! HTML building blocks: the page layout, times, status badges, as `maud` markup (which
+//! escapes every text and attribute value it is given).
 
-use std::fmt::Write;
-
-use axum::response::Html;
+use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::session::SessionUser;
 use crate::domain::{IncidentStatus, Severity, UnixMs};
-
-/// Escapes text for element content and quoted attribute values.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// `path` when it is a path of this site: one leading `/`, then printable ASCII with no `\\`,
 /// no space or control character, and no second `/` right after the first, before or after
@@ -68,16 +51,13 @@ fn percent_decoded(p: &[u8]) -> Vec<u8> {
 }
 
 /// The hidden field carrying `user`'s CSRF token, for every form of a signed-in page.
-pub fn csrf_input(user: &SessionUser) -> String {
-    format!(
-        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
-        esc(&user.csrf)
-    )
+pub fn csrf_input(user: &SessionUser) -> Markup {
+    html! { input type="hidden" name="csrf" value=(user.csrf); }
 }
 
-/// `Option<String>` as escaped text, `—` when absent.
-pub fn opt(s: &Option<String>) -> String {
-    s.as_deref().map(esc).unwrap_or_else(|| "—".into())
+/// An optional text, `—` when absent (escaped where it is rendered).
+pub fn opt(s: &Option<String>) -> &str {
+    s.as_deref().unwrap_or("—")
 }
 
 /// A time as `YYYY-MM-DD HH:MM:SS` UTC.
@@ -103,19 +83,21 @@ pub fn time(t: UnixMs) -> String {
 }
 
 /// A colored badge for an incident status.
-pub fn status_badge(s: IncidentStatus) -> String {
+pub fn status_badge(s: IncidentStatus) -> Markup {
     let color = match s {
         IncidentStatus::Open => "#c0392b",
         IncidentStatus::Acknowledged => "#d68910",
         IncidentStatus::Resolved => "#1e8449",
     };
-    format!("<span class=\"badge status-{s}\" style=\"background:{color}\">{s}</span>")
+    html! {
+        span class={ "badge status-" (s) } style={ "background:" (color) } { (s) }
+    }
 }
 
 /// A colored badge for a severity.
-pub fn severity_badge(s: Severity) -> String {
+pub fn severity_badge(s: Severity) -> Markup {
     let color = super::chart::severity_color(s);
-    format!("<span class=\"badge\" style=\"background:{color}\">{s}</span>")
+    html! { span class="badge" style={ "background:" (color) } { (s) } }
 }
 
 const NAV: &[(&str, &str)] = &[
@@ -143,40 +125,43 @@ svg{max-width:100%;height:auto}";
 
 /// Wraps `body` in the layout, with `active` highlighted in the navigation and, when someone
 /// is signed in, their name, role and a sign-out button.
-pub fn page(title: &str, active: &str, user: Option<&SessionUser>, body: &str) -> Html<String> {
-    let mut out = String::with_capacity(body.len() + 2048);
-    let _ = write!(
-        out,
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <title>{} · Pagewarden auditor</title><style>{STYLE}</style></head><body><header>\
-         <strong>Pagewarden auditor</strong>",
-        esc(title)
-    );
-    for (href, label) in NAV.iter().filter(|_| user.is_some()) {
-        let class = if *href == active {
-            " class=\"active\""
-        } else {
-            ""
-        };
-        let _ = write!(out, "<a href=\"{href}\"{class}>{label}</a>");
+pub fn page(title: &str, active: &str, user: Option<&SessionUser>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { (title) " · Pagewarden auditor" }
+                // A constant of this file, not data.
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                header {
+                    strong { "Pagewarden auditor" }
+                    @if user.is_some() {
+                        @for (href, label) in NAV {
+                            a href=(href) class=[(*href == active).then_some("active")] {
+                                (label)
+                            }
+                        }
+                    }
+                    @if let Some(u) = user {
+                        span class="who" id="signed-in" {
+                            (u.who.name) " (" (u.who.role.as_str()) ")"
+                        }
+                        form class="inline" method="post" action="/logout" {
+                            (csrf_input(u))
+                            button type="submit" id="sign-out" { "Sign out" }
+                        }
+                    }
+                }
+                main {
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
     }
-    if let Some(u) = user {
-        let _ = write!(
-            out,
-            "<span class=\"who\" id=\"signed-in\">{} ({})</span>\
-             <form class=\"inline\" method=\"post\" action=\"/logout\">{}\
-             <button type=\"submit\" id=\"sign-out\">Sign out</button></form>",
-            esc(&u.who.name),
-            u.who.role.as_str(),
-            csrf_input(u)
-        );
-    }
-    let _ = write!(
-        out,
-        "</header><main><h1>{}</h1>{body}</main></body></html>",
-        esc(title)
-    );
-    Html(out)
 }
 
 #[cfg(test)]
@@ -210,11 +195,29 @@ mod tests {
     }
 
     #[test]
-    fn escapes_markup() {
-        assert_eq!(
-            esc("<a href=\"x\">&'"),
-            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
-        );
+    fn the_layout_escapes_the_title_and_the_user() {
+        use crate::accounts::{Principal, Role};
+        let user = SessionUser {
+            who: Principal {
+                name: "<b>eve</b>".into(),
+                role: Role::Viewer,
+            },
+            csrf: "\"><i>".into(),
+        };
+        let html = page(
+            "a <title> & more",
+            "/tenants",
+            Some(&user),
+            html! { p { "body" } },
+        )
+        .into_string();
+        assert!(!html.contains("<b>eve") && !html.contains("<i>"), "{html}");
+        assert!(html.contains("<title>a &lt;title&gt; &amp; more · Pagewarden auditor</title>"));
+        assert!(html.contains("<h1>a &lt;title&gt; &amp; more</h1><p>body</p>"));
+        assert!(html.contains("id=\"signed-in\">&lt;b&gt;eve&lt;/b&gt; (viewer)</span>"));
+        assert!(html.contains("name=\"csrf\" value=\"&quot;&gt;&lt;i&gt;\""));
+        assert!(html.contains("<a href=\"/tenants\" class=\"active\">Tenants</a>"));
+        assert!(html.contains("<a href=\"/nodes\">Nodes</a>"));
     }
 
     #[test]

@@ -3,10 +3,11 @@
 //! at the top and the threshold a dashed line. A leak is drawn filled red; an inconclusive
 //! timing audit (its positive control saw no cache hit) hollow.
 
+use maud::{html, Markup};
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
-use super::html::{esc, time};
+use super::axis::coord;
+use super::html::time;
 use crate::domain::IsolationChannel;
 use crate::store::IsolationAudit;
 
@@ -22,7 +23,7 @@ const PALETTE: [&str; 6] = [
 ];
 
 /// The chart of `audits` (oldest first).
-pub fn isolation(audits: &[IsolationAudit]) -> String {
+pub fn isolation(audits: &[IsolationAudit]) -> Markup {
     let neg_log = |p: f64| -p.max(1e-300).log10();
     let threshold = audits.last().map_or(1e-3, |a| a.audit.threshold);
     // Down to two decades below the threshold or the smallest p, in whole decades.
@@ -56,139 +57,105 @@ pub fn isolation(audits: &[IsolationAudit]) -> String {
         PALETTE[i % PALETTE.len()]
     };
     let total_h = axis_y + 30.0 + (series.len().div_ceil(3) as f64) * 16.0;
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"isolation-chart\" width=\"{W}\" \
-         height=\"{total_h}\" viewBox=\"0 0 {W} {total_h}\" role=\"img\" aria-label=\"Side-channel \
-         audit p-values over time, per worker\">\
-         <line x1=\"{PAD_L}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#566573\"/>\
-         <line x1=\"{PAD_L}\" y1=\"{PLOT_TOP}\" x2=\"{PAD_L}\" y2=\"{axis_y}\" stroke=\"#566573\"/>",
-        W - PAD_R,
-    );
     // A tick every decade (every other one past ten).
     let step = if deepest > 10.0 { 2 } else { 1 };
-    for d in (0..=deepest as i64).step_by(step) {
-        let y = PLOT_TOP + d as f64 / deepest * PLOT_H;
-        let _ = write!(
-            svg,
-            "<text class=\"tick\" x=\"{}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\">\
-             {}</text>",
-            PAD_L - 4.0,
-            y + 3.0,
-            if d == 0 {
-                "p = 1".to_string()
-            } else {
-                format!("1e-{d}")
-            },
-        );
-    }
     let ty = y_of(threshold);
-    let _ = write!(
-        svg,
-        "<line class=\"threshold\" x1=\"{PAD_L}\" y1=\"{ty:.1}\" x2=\"{}\" y2=\"{ty:.1}\" \
-         stroke=\"#922b21\" stroke-dasharray=\"4 3\"/>\
-         <text x=\"{}\" y=\"{:.1}\" font-size=\"11\" fill=\"#922b21\" text-anchor=\"end\">\
-         threshold {threshold:.0e}</text>",
-        W - PAD_R,
-        W - PAD_R,
-        ty - 3.0,
-    );
-    if let (Some(a), Some(b)) = (audits.first(), audits.last()) {
-        let _ = write!(
-            svg,
-            "<text x=\"{PAD_L}\" y=\"{}\" font-size=\"11\">{}</text>\
-             <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{}</text>",
-            axis_y + 14.0,
-            time(a.audit.at),
-            W - PAD_R,
-            axis_y + 14.0,
-            time(b.audit.at),
-        );
-    }
-    for ((worker, channel), points) in &series {
-        let color = color_of(worker);
-        let line: Vec<String> = points
-            .iter()
-            .map(|a| format!("{:.1},{:.1}", x_of(a.audit.at.0), y_of(a.audit.p)))
-            .collect();
-        let _ = write!(
-            svg,
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-opacity=\"0.5\" points=\"{}\"/>",
-            line.join(" ")
-        );
-        for a in points {
-            let (x, y) = (x_of(a.audit.at.0), y_of(a.audit.p));
-            let fill = match (a.audit.leak, a.audit.conclusive) {
-                (true, _) => "#c0392b",
-                (false, true) => color,
-                (false, false) => "none",
-            };
-            let title = format!(
-                "worker {worker}, {channel}: p = {:.2e} over {} rounds{} (run {}, {})",
-                a.audit.p,
-                a.audit.rounds,
-                match (a.audit.leak, a.audit.conclusive) {
-                    (true, _) => ", LEAK",
-                    (false, false) => ", inconclusive",
-                    (false, true) => "",
-                },
-                a.audit.run_id.0,
-                time(a.audit.at),
-            );
-            let class = format!(
-                "audit {} {}",
-                channel,
-                if a.audit.leak { "leak" } else { "ok" }
-            );
-            let shape = match channel {
-                IsolationChannel::Timing => format!("<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\""),
-                IsolationChannel::Order => format!(
-                    "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"8\" height=\"8\"",
-                    x - 4.0,
-                    y - 4.0
-                ),
-            };
-            let end = match channel {
-                IsolationChannel::Timing => "</circle>",
-                IsolationChannel::Order => "</rect>",
-            };
-            let _ = write!(
-                svg,
-                "{shape} class=\"{class}\" fill=\"{fill}\" stroke=\"{color}\"><title>{}</title>\
-                 {end}",
-                esc(&title)
-            );
+    html! {
+        svg xmlns="http://www.w3.org/2000/svg" id="isolation-chart" width=(W) height=(total_h)
+            viewBox={ "0 0 " (W) " " (total_h) } role="img"
+            aria-label="Side-channel audit p-values over time, per worker" {
+            line x1=(PAD_L) y1=(axis_y) x2=(W - PAD_R) y2=(axis_y) stroke="#566573" {}
+            line x1=(PAD_L) y1=(PLOT_TOP) x2=(PAD_L) y2=(axis_y) stroke="#566573" {}
+            @for d in (0..=deepest as i64).step_by(step) {
+                @let y = PLOT_TOP + d as f64 / deepest * PLOT_H;
+                text class="tick" x=(PAD_L - 4.0) y=(coord(y + 3.0)) font-size="10"
+                    text-anchor="end" {
+                    @if d == 0 { "p = 1" } @else { "1e-" (d) }
+                }
+            }
+            line class="threshold" x1=(PAD_L) y1=(coord(ty)) x2=(W - PAD_R) y2=(coord(ty))
+                stroke="#922b21" stroke-dasharray="4 3" {}
+            text x=(W - PAD_R) y=(coord(ty - 3.0)) font-size="11" fill="#922b21"
+                text-anchor="end" { "threshold " (format!("{threshold:.0e}")) }
+            @if let (Some(a), Some(b)) = (audits.first(), audits.last()) {
+                text x=(PAD_L) y=(axis_y + 14.0) font-size="11" { (time(a.audit.at)) }
+                text x=(W - PAD_R) y=(axis_y + 14.0) font-size="11" text-anchor="end" {
+                    (time(b.audit.at))
+                }
+            }
+            @for ((worker, channel), points) in &series {
+                @let color = color_of(worker);
+                @let line: Vec<String> = points
+                    .iter()
+                    .map(|a| format!("{},{}", coord(x_of(a.audit.at.0)), coord(y_of(a.audit.p))))
+                    .collect();
+                polyline fill="none" stroke=(color) stroke-opacity="0.5" points=(line.join(" ")) {}
+                @for a in points {
+                    (point(a, worker, *channel, color, (x_of(a.audit.at.0), y_of(a.audit.p))))
+                }
+            }
+            @for (i, (worker, channel)) in series.keys().enumerate() {
+                @let x = PAD_L + (i % 3) as f64 * 280.0;
+                @let y = axis_y + 24.0 + (i / 3) as f64 * 16.0;
+                @let color = color_of(worker);
+                @match channel {
+                    IsolationChannel::Timing => {
+                        circle cx=(x + 5.0) cy=(y + 5.0) r="5" fill=(color) {}
+                    }
+                    IsolationChannel::Order => {
+                        rect x=(x + 0.5) y=(y + 0.5) width="9" height="9" fill=(color) {}
+                    }
+                }
+                text x=(x + 14.0) y=(y + 9.0) font-size="11" { (worker) " · " (channel) }
+            }
         }
     }
-    for (i, (worker, channel)) in series.keys().enumerate() {
-        let x = PAD_L + (i % 3) as f64 * 280.0;
-        let y = axis_y + 24.0 + (i / 3) as f64 * 16.0;
-        let color = color_of(worker);
-        let _ = match channel {
-            IsolationChannel::Timing => write!(
-                svg,
-                "<circle cx=\"{}\" cy=\"{}\" r=\"5\" fill=\"{color}\"/>",
-                x + 5.0,
-                y + 5.0
-            ),
-            IsolationChannel::Order => write!(
-                svg,
-                "<rect x=\"{}\" y=\"{}\" width=\"9\" height=\"9\" fill=\"{color}\"/>",
-                x + 0.5,
-                y + 0.5
-            ),
-        };
-        let _ = write!(
-            svg,
-            "<text x=\"{}\" y=\"{}\" font-size=\"11\">{} · {channel}</text>",
-            x + 14.0,
-            y + 9.0,
-            esc(worker),
-        );
+}
+
+/// One verdict of `worker`'s `channel` series at `(x, y)`: filled red when it leaks, hollow
+/// when inconclusive, else in the series' `color`; its hover text says what it found.
+fn point(
+    a: &IsolationAudit,
+    worker: &str,
+    channel: IsolationChannel,
+    color: &str,
+    (x, y): (f64, f64),
+) -> Markup {
+    let fill = match (a.audit.leak, a.audit.conclusive) {
+        (true, _) => "#c0392b",
+        (false, true) => color,
+        (false, false) => "none",
+    };
+    let title = html! {
+        title {
+            "worker " (worker) ", " (channel) ": p = " (format!("{:.2e}", a.audit.p)) " over "
+            (a.audit.rounds) " rounds"
+            @match (a.audit.leak, a.audit.conclusive) {
+                (true, _) => ", LEAK",
+                (false, false) => ", inconclusive",
+                (false, true) => "",
+            }
+            " (run " (a.audit.run_id.0) ", " (time(a.audit.at)) ")"
+        }
+    };
+    let class = format!(
+        "audit {} {}",
+        channel,
+        if a.audit.leak { "leak" } else { "ok" }
+    );
+    match channel {
+        IsolationChannel::Timing => html! {
+            circle cx=(coord(x)) cy=(coord(y)) r="4" class=(class) fill=(fill) stroke=(color) {
+                (title)
+            }
+        },
+        IsolationChannel::Order => html! {
+            rect x=(coord(x - 4.0)) y=(coord(y - 4.0)) width="8" height="8" class=(class)
+                fill=(fill) stroke=(color) {
+                (title)
+            }
+        },
     }
-    svg.push_str("</svg>");
-    svg
 }
 
 #[cfg(test)]
@@ -222,7 +189,8 @@ mod tests {
             audit("prefill-a", IsolationChannel::Order, 0.7, 1_000),
             audit("prefill-b<", IsolationChannel::Timing, 2e-5, 2_000),
             audit("prefill-a", IsolationChannel::Timing, 0.2, 3_000),
-        ]);
+        ])
+        .into_string();
         assert_eq!(svg.matches("<polyline").count(), 3);
         assert_eq!(svg.matches("class=\"audit timing ok\"").count(), 2);
         assert_eq!(svg.matches("class=\"audit order ok\"").count(), 1);
@@ -256,8 +224,17 @@ mod tests {
 
     #[test]
     fn no_audits_still_render() {
-        let svg = isolation(&[]);
+        let svg = isolation(&[]).into_string();
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
         assert!(!svg.contains("class=\"audit"));
+    }
+
+    #[test]
+    fn a_worker_name_is_escaped_in_titles_and_the_legend() {
+        let svg = isolation(&[audit("<script>w</script>", IsolationChannel::Order, 0.5, 1)])
+            .into_string();
+        assert!(!svg.contains("<script>"), "{svg}");
+        assert!(svg.contains("<title>worker &lt;script&gt;w&lt;/script&gt;, order: p = 5.00e-1"));
+        assert!(svg.contains(">&lt;script&gt;w&lt;/script&gt; · order</text>"));
     }
 }

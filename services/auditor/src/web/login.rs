@@ -5,12 +5,13 @@ use std::time::Instant;
 
 use axum::http::header::{RETRY_AFTER, SET_COOKIE};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
+use maud::{html, Markup};
 use pagewarden_common::edge::Connection;
 use serde::Deserialize;
 
-use super::html::{esc, page, same_site_path};
+use super::html::{page, same_site_path};
 use super::session::{current, SessionUser};
 use super::{AppState, WebError};
 
@@ -21,24 +22,34 @@ pub struct NextQuery {
     next: String,
 }
 
-fn form(next: &str, error: Option<&str>) -> Html<String> {
-    let error = error
-        .map(|e| format!("<p id=\"login-error\" class=\"bad\">{}</p>", esc(e)))
-        .unwrap_or_default();
-    let body = format!(
-        "{error}<form id=\"login\" method=\"post\" action=\"/login\">\
-         <input type=\"hidden\" name=\"next\" value=\"{}\">\
-         <p><label>name <input name=\"name\" id=\"name\" autocomplete=\"username\" required></label></p>\
-         <p><label>password <input name=\"password\" id=\"password\" type=\"password\" \
-         autocomplete=\"current-password\" required></label></p>\
-         <p><button type=\"submit\" id=\"sign-in\">Sign in</button></p></form>",
-        esc(next)
-    );
-    page("Sign in", "", None, &body)
+fn form(next: &str, error: Option<&str>) -> Markup {
+    let body = html! {
+        @if let Some(e) = error {
+            p id="login-error" class="bad" { (e) }
+        }
+        form id="login" method="post" action="/login" {
+            input type="hidden" name="next" value=(next);
+            p {
+                label {
+                    "name "
+                    input name="name" id="name" autocomplete="username" required;
+                }
+            }
+            p {
+                label {
+                    "password "
+                    input name="password" id="password" type="password"
+                        autocomplete="current-password" required;
+                }
+            }
+            p { button type="submit" id="sign-in" { "Sign in" } }
+        }
+    };
+    page("Sign in", "", None, body)
 }
 
 /// `GET /login?next=`
-pub async fn login_page(Query(q): Query<NextQuery>) -> Html<String> {
+pub async fn login_page(Query(q): Query<NextQuery>) -> Markup {
     form(&q.next, None)
 }
 
@@ -117,4 +128,22 @@ pub async fn logout(
         Redirect::to("/login"),
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_form_escapes_next_and_the_error() {
+        let html = form("/x\"><script>alert(1)</script>", Some("<b>no</b>")).into_string();
+        assert!(
+            !html.contains("<script>") && !html.contains("<b>no"),
+            "{html}"
+        );
+        assert!(html
+            .contains("name=\"next\" value=\"/x&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;\""));
+        assert!(html.contains("<p id=\"login-error\" class=\"bad\">&lt;b&gt;no&lt;/b&gt;</p>"));
+        assert!(html.contains("id=\"sign-in\"") && !html.contains("id=\"sign-out\""));
+    }
 }

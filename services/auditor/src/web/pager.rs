@@ -1,8 +1,6 @@
 //! The pager under a long list: newer and older links around "page N of M · T things".
 
-use std::fmt::Write;
-
-use super::html::esc;
+use maud::{html, Markup};
 
 /// How many pages of `per_page` rows `total` rows fill (at least one).
 pub fn pages(total: i64, per_page: i64) -> i64 {
@@ -17,27 +15,22 @@ pub fn pager(
     total: i64,
     noun: &str,
     href: impl Fn(i64) -> String,
-) -> String {
+) -> Markup {
     let pages = pages(total, per_page);
-    let mut b = String::from("<nav class=\"pager\" id=\"pager\">");
-    if page_no > 1 {
-        let to = (page_no - 1).min(pages);
-        let _ = write!(b, "<a id=\"newer\" href=\"{}\">« newer</a>", esc(&href(to)));
+    html! {
+        nav class="pager" id="pager" {
+            @if page_no > 1 {
+                a id="newer" href=(href((page_no - 1).min(pages))) { "« newer" }
+            }
+            span id="page-of" {
+                "page " (page_no) " of " (pages) " · " (total) " " (noun)
+                @if total != 1 { "s" }
+            }
+            @if page_no < pages {
+                a id="older" href=(href(page_no + 1)) { "older »" }
+            }
+        }
     }
-    let _ = write!(
-        b,
-        "<span id=\"page-of\">page {page_no} of {pages} · {total} {noun}{}</span>",
-        if total == 1 { "" } else { "s" }
-    );
-    if page_no < pages {
-        let _ = write!(
-            b,
-            "<a id=\"older\" href=\"{}\">older »</a>",
-            esc(&href(page_no + 1))
-        );
-    }
-    b.push_str("</nav>");
-    b
 }
 
 #[cfg(test)]
@@ -47,14 +40,14 @@ mod tests {
     #[test]
     fn links_the_pages_around_this_one() {
         let href = |n| format!("/x?p={n}&a=1");
-        let first = pager(1, 20, 41, "run", href);
+        let first = pager(1, 20, 41, "run", href).into_string();
         assert!(first.contains("page 1 of 3 · 41 runs"), "{first}");
         assert!(!first.contains("newer"), "{first}");
         assert!(first.contains("href=\"/x?p=2&amp;a=1\">older"), "{first}");
-        let last = pager(3, 20, 41, "run", href);
+        let last = pager(3, 20, 41, "run", href).into_string();
         assert!(last.contains("href=\"/x?p=2&amp;a=1\">« newer"), "{last}");
         assert!(!last.contains("older"), "{last}");
-        let past = pager(9, 20, 1, "run", href);
+        let past = pager(9, 20, 1, "run", href).into_string();
         assert!(past.contains("page 9 of 1 · 1 run<"), "{past}");
         assert!(past.contains("href=\"/x?p=1&amp;a=1\">« newer"), "{past}");
         assert_eq!(pages(0, 20), 1);

@@ -112,11 +112,6 @@ impl ListView {
         }
     }
 
-    /// How many pages `total` matching incidents fill (at least one).
-    pub fn pages(&self, total: i64) -> i64 {
-        ((total + self.limit - 1) / self.limit).max(1)
-    }
-
     /// The list URL of `filter` (only the fields that filter), at `page_no`, keeping this
     /// view's page size and refresh period when they are not the defaults.
     pub fn href_of(&self, filter: &IncidentFilter, page_no: i64) -> String {
@@ -198,8 +193,6 @@ mod tests {
                 offset: 40
             }
         );
-        assert_eq!(v.pages(0), 1);
-        assert_eq!(v.pages(41), 3);
         assert_eq!(v.href(4), "/incidents?page_no=4&limit=20");
     }
 

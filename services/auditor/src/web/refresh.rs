@@ -4,6 +4,7 @@
 
 use axum::http::header;
 use axum::response::IntoResponse;
+use maud::{html, Markup};
 use serde::Deserialize;
 
 use super::WebError;
@@ -76,17 +77,18 @@ pub async fn script() -> impl IntoResponse {
 /// The marker and the script tag for a page refreshing every `seconds` (0: a note saying it
 /// does not, with `on` linking to the refreshing version); `off` links to the version that
 /// does not refresh.
-pub fn marker(seconds: u32, off: &str, on: &str) -> String {
+pub fn marker(seconds: u32, off: &str, on: &str) -> Markup {
     if seconds == 0 {
-        return format!(
-            "<p id=\"auto-refresh\" data-seconds=\"0\" class=\"muted\">Not refreshing · \
-             <a href=\"{}\">refresh automatically</a></p>",
-            super::html::esc(on)
-        );
+        return html! {
+            p id="auto-refresh" data-seconds="0" class="muted" {
+                "Not refreshing · " a href=(on) { "refresh automatically" }
+            }
+        };
     }
-    format!(
-        "<p id=\"auto-refresh\" data-seconds=\"{seconds}\" class=\"muted\">Refreshes every \
-         {seconds} s · <a href=\"{}\">stop</a></p><script src=\"{SCRIPT_PATH}\" defer></script>",
-        super::html::esc(off)
-    )
+    html! {
+        p id="auto-refresh" data-seconds=(seconds) class="muted" {
+            "Refreshes every " (seconds) " s · " a href=(off) { "stop" }
+        }
+        script src=(SCRIPT_PATH) defer {}
+    }
 }

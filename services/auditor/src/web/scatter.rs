@@ -5,10 +5,9 @@
 //! Prompt length is on a log₂ scale: a full sweep doubles its length each step, and a light
 //! sweep's short prompt would otherwise sit on the axis next to a context of thousands.
 
-use std::fmt::Write;
+use maud::{html, Markup};
 
-use super::axis;
-use super::html::esc;
+use super::axis::{self, coord};
 use crate::domain::{ProbeOutcome, SampleStatus};
 use crate::store::{ProbeResult, SamplePoint};
 
@@ -69,7 +68,7 @@ struct Chart<'a> {
 }
 
 /// Probe steps (`results`), with the context `limit` (when known) marked.
-pub fn probes(results: &[ProbeResult], limit: Option<i64>) -> String {
+pub fn probes(results: &[ProbeResult], limit: Option<i64>) -> Markup {
     let dots: Vec<Dot> = results
         .iter()
         .map(|r| {
@@ -103,7 +102,7 @@ pub fn probes(results: &[ProbeResult], limit: Option<i64>) -> String {
 }
 
 /// Sampled requests of every tenant, as the router reported them.
-pub fn samples(points: &[SamplePoint], limit: Option<i64>) -> String {
+pub fn samples(points: &[SamplePoint], limit: Option<i64>) -> Markup {
     let dots: Vec<Dot> = points
         .iter()
         .map(|p| Dot {
@@ -133,7 +132,7 @@ pub fn samples(points: &[SamplePoint], limit: Option<i64>) -> String {
     render(&chart, &dots, limit)
 }
 
-fn render(chart: &Chart<'_>, dots: &[Dot], limit: Option<i64>) -> String {
+fn render(chart: &Chart<'_>, dots: &[Dot], limit: Option<i64>) -> Markup {
     let lens = || dots.iter().map(|d| d.len).chain(limit);
     let max_x = lens().max().unwrap_or(0).max(1) as f64;
     let y_ticks = axis::ticks(dots.iter().filter_map(|d| d.ttft_ms).max().unwrap_or(0));
@@ -150,103 +149,70 @@ fn render(chart: &Chart<'_>, dots: &[Dot], limit: Option<i64>) -> String {
     let y_of = |v: i64| axis_y - v as f64 / max_y * PLOT_H;
     let legend_rows = chart.legend.len().div_ceil(4) as f64;
     let total_h = axis_y + STRIP + 30.0 + legend_rows * 16.0;
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"{id}\" width=\"{W}\" \
-         height=\"{total_h}\" viewBox=\"0 0 {W} {total_h}\" role=\"img\" aria-label=\"{aria}\">\
-         <line x1=\"{PAD_L}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#566573\"/>\
-         <line x1=\"{PAD_L}\" y1=\"{PLOT_TOP}\" x2=\"{PAD_L}\" y2=\"{axis_y}\" stroke=\"#566573\"/>\
-         <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">no TTFT</text>\
-         <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">prompt tokens (log scale)\
-         </text>",
-        W - PAD_R,
-        PAD_L - 4.0,
-        axis_y + STRIP / 2.0 + 4.0,
-        W - PAD_R,
-        axis_y + STRIP + 14.0,
-        id = esc(chart.id),
-        aria = esc(chart.aria),
-    );
-    // First-token time: a labelled gridline at every round tick.
-    for &t in &y_ticks {
-        let y = y_of(t);
-        let _ = write!(
-            svg,
-            "<line x1=\"{PAD_L}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#d5d8dc\"/>\
-             <text class=\"ytick\" x=\"{}\" y=\"{:.1}\" font-size=\"10\" \
-             text-anchor=\"end\">{}</text>",
-            W - PAD_R,
-            PAD_L - 4.0,
-            y + 3.5,
-            axis::ms_label(t),
-        );
-    }
     // Ticks at the powers of 4 between the ends of the axis.
+    let mut x_ticks = Vec::new();
     let mut tick: i64 = 1;
     while (tick as f64) < min_x {
         tick = tick.saturating_mul(4);
     }
     while tick as f64 <= max_x {
-        let x = x_of(tick);
-        let _ = write!(
-            svg,
-            "<line x1=\"{x:.1}\" y1=\"{axis_y}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#566573\"/>\
-             <text class=\"tick\" x=\"{x:.1}\" y=\"{}\" font-size=\"10\" \
-             text-anchor=\"middle\">{tick}</text>",
-            axis_y + 4.0,
-            axis_y + STRIP + 2.0,
-        );
+        x_ticks.push(tick);
         tick = tick.saturating_mul(4);
     }
-    if let Some(l) = limit {
-        let x = x_of(l);
-        // The label sits on whichever side of the line has room.
-        let (tx, anchor) = if x > PAD_L + plot_w / 2.0 {
-            (x - 3.0, "end")
-        } else {
-            (x + 3.0, "start")
-        };
-        let _ = write!(
-            svg,
-            "<line class=\"context-limit\" x1=\"{x:.1}\" y1=\"{PLOT_TOP}\" x2=\"{x:.1}\" \
-             y2=\"{}\" stroke=\"#922b21\" stroke-dasharray=\"4 3\"/>\
-             <text x=\"{tx:.1}\" y=\"{}\" font-size=\"11\" fill=\"#922b21\" \
-             text-anchor=\"{anchor}\">context limit {l}</text>",
-            axis_y + STRIP,
-            PLOT_TOP + 10.0,
-        );
+    html! {
+        svg xmlns="http://www.w3.org/2000/svg" id=(chart.id) width=(W) height=(total_h)
+            viewBox={ "0 0 " (W) " " (total_h) } role="img" aria-label=(chart.aria) {
+            line x1=(PAD_L) y1=(axis_y) x2=(W - PAD_R) y2=(axis_y) stroke="#566573" {}
+            line x1=(PAD_L) y1=(PLOT_TOP) x2=(PAD_L) y2=(axis_y) stroke="#566573" {}
+            text x=(PAD_L - 4.0) y=(axis_y + STRIP / 2.0 + 4.0) font-size="11"
+                text-anchor="end" { "no TTFT" }
+            text x=(W - PAD_R) y=(axis_y + STRIP + 14.0) font-size="11" text-anchor="end" {
+                "prompt tokens (log scale)"
+            }
+            // First-token time: a labelled gridline at every round tick.
+            @for &t in &y_ticks {
+                @let y = y_of(t);
+                line x1=(PAD_L) y1=(coord(y)) x2=(W - PAD_R) y2=(coord(y)) stroke="#d5d8dc" {}
+                text class="ytick" x=(PAD_L - 4.0) y=(coord(y + 3.5)) font-size="10"
+                    text-anchor="end" { (axis::ms_label(t)) }
+            }
+            @for &tick in &x_ticks {
+                @let x = coord(x_of(tick));
+                line x1=(x) y1=(axis_y) x2=(x) y2=(axis_y + 4.0) stroke="#566573" {}
+                text class="tick" x=(x) y=(axis_y + STRIP + 2.0) font-size="10"
+                    text-anchor="middle" { (tick) }
+            }
+            @if let Some(l) = limit {
+                @let x = x_of(l);
+                // The label sits on whichever side of the line has room.
+                @let (tx, anchor) = if x > PAD_L + plot_w / 2.0 {
+                    (x - 3.0, "end")
+                } else {
+                    (x + 3.0, "start")
+                };
+                line class="context-limit" x1=(coord(x)) y1=(PLOT_TOP) x2=(coord(x))
+                    y2=(axis_y + STRIP) stroke="#922b21" stroke-dasharray="4 3" {}
+                text x=(coord(tx)) y=(PLOT_TOP + 10.0) font-size="11" fill="#922b21"
+                    text-anchor=(anchor) { "context limit " (l) }
+            }
+            @for d in dots {
+                @let cy = match d.ttft_ms {
+                    Some(t) => y_of(t),
+                    None => axis_y + STRIP / 2.0,
+                };
+                circle class=(d.class) cx=(coord(x_of(d.len))) cy=(coord(cy)) r="4" fill=(d.color)
+                    fill-opacity="0.8" {
+                    title { (d.title) }
+                }
+            }
+            @for (i, (name, color)) in chart.legend.iter().enumerate() {
+                @let x = PAD_L + (i % 4) as f64 * 200.0;
+                @let y = axis_y + STRIP + 24.0 + (i / 4) as f64 * 16.0;
+                circle cx=(x + 5.0) cy=(y + 5.0) r="5" fill=(color) {}
+                text x=(x + 14.0) y=(y + 9.0) font-size="11" { (name) }
+            }
+        }
     }
-    for d in dots {
-        let cy = match d.ttft_ms {
-            Some(t) => y_of(t),
-            None => axis_y + STRIP / 2.0,
-        };
-        let _ = write!(
-            svg,
-            "<circle class=\"{}\" cx=\"{:.1}\" cy=\"{cy:.1}\" r=\"4\" fill=\"{}\" \
-             fill-opacity=\"0.8\"><title>{}</title></circle>",
-            esc(&d.class),
-            x_of(d.len),
-            d.color,
-            esc(&d.title),
-        );
-    }
-    for (i, (name, color)) in chart.legend.iter().enumerate() {
-        let x = PAD_L + (i % 4) as f64 * 200.0;
-        let y = axis_y + STRIP + 24.0 + (i / 4) as f64 * 16.0;
-        let _ = write!(
-            svg,
-            "<circle cx=\"{}\" cy=\"{}\" r=\"5\" fill=\"{color}\"/>\
-             <text x=\"{}\" y=\"{}\" font-size=\"11\">{name}</text>",
-            x + 5.0,
-            y + 5.0,
-            x + 14.0,
-            y + 9.0
-        );
-    }
-    svg.push_str("</svg>");
-    svg
 }
 
 #[cfg(test)]
@@ -278,7 +244,8 @@ mod tests {
                 step(300, None, ProbeOutcome::RejectedClean),
             ],
             Some(256),
-        );
+        )
+        .into_string();
         assert_eq!(svg.matches("class=\"step ").count(), 3);
         assert!(svg.contains("20 tokens, TTFT 50 ms, accepted"));
         assert!(svg.contains("300 tokens, HTTP 400, rejected_clean"));
@@ -317,7 +284,8 @@ mod tests {
                 p("bob<", 9000, None, SampleStatus::Rejected),
             ],
             None,
-        );
+        )
+        .into_string();
         assert!(svg.contains("id=\"traffic-chart\""));
         assert_eq!(svg.matches("class=\"sample status-").count(), 2);
         assert!(svg.contains("alice: 40 prompt tokens, TTFT 30 ms, ok"));
@@ -326,8 +294,28 @@ mod tests {
 
     #[test]
     fn an_empty_chart_still_renders() {
-        let svg = probes(&[], None);
+        let svg = probes(&[], None).into_string();
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
         assert!(!svg.contains("class=\"step "));
+    }
+
+    #[test]
+    fn a_tenant_name_cannot_close_the_title() {
+        let point = SamplePoint {
+            tenant: "</title></circle><script>x</script>".into(),
+            prompt_tokens: 10,
+            ttft_ms: Some(5),
+            status: SampleStatus::Ok,
+            at: UnixMs(0),
+        };
+        let svg = samples(&[point], None).into_string();
+        assert!(
+            !svg.contains("<script>") && !svg.contains("</title></circle><script>"),
+            "{svg}"
+        );
+        assert!(svg.contains(
+            "<title>&lt;/title&gt;&lt;/circle&gt;&lt;script&gt;x&lt;/script&gt;: 10 prompt tokens"
+        ));
+        assert_eq!(svg.matches("</title>").count(), 1);
     }
 }

@@ -4,14 +4,14 @@
 //! probe run it came from.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
 use axum::extract::State;
-use axum::response::Html;
 use axum::Extension;
+use maud::{html, Markup};
 
 use super::api::PROBE_CHART_WINDOW_MS;
-use super::html::{esc, page, time};
+use super::html::{page, time};
+use super::pages::run_href;
 use super::session::SessionUser;
 use super::{AppState, WebError};
 use crate::domain::{IsolationChannel, UnixMs};
@@ -24,7 +24,7 @@ const VERDICT_WINDOW_MS: i64 = 7 * PROBE_CHART_WINDOW_MS;
 pub async fn tenants(
     State(st): State<AppState>,
     Extension(user): Extension<SessionUser>,
-) -> Result<Html<String>, WebError> {
+) -> Result<Markup, WebError> {
     let store = st.engine.store();
     let cache = store.cache_totals().await?;
     let recomputes = store.recompute_totals().await?;
@@ -32,12 +32,7 @@ pub async fn tenants(
     let since = UnixMs(UnixMs::now().0 - VERDICT_WINDOW_MS);
     let verdicts = store.isolation_audits(since, 2000).await?;
     let body = render(&cache, &recomputes, &erasures, &verdicts);
-    Ok(page(
-        "Tenants and isolation",
-        "/tenants",
-        Some(&user),
-        &body,
-    ))
+    Ok(page("Tenants and isolation", "/tenants", Some(&user), body))
 }
 
 /// The page's body (pure: what the handler read, rendered).
@@ -46,63 +41,7 @@ pub fn render(
     recomputes: &[RecomputeTotals],
     erasures: &[ErasureRecord],
     verdicts: &[IsolationAudit],
-) -> String {
-    let mut b = String::new();
-    b.push_str(
-        "<h2>Prefix cache per tenant</h2><p class=\"muted\">Lookups and evictions the workers \
-         reported, per tenant and role. A tenant's hits come only from its own namespace (I10); \
-         evictions with no known last user are under —.</p>\
-         <table id=\"tenant-cache\"><tr><th>tenant</th><th>role</th><th>hits</th><th>misses</th>\
-         <th>hit rate</th><th>prompt tokens</th><th>from cache</th><th>evictions</th>\
-         <th>pages evicted</th><th>namespaces</th></tr>",
-    );
-    for c in cache {
-        let lookups = c.hits + c.misses;
-        let rate = if lookups > 0 {
-            format!("{:.0}%", 100.0 * c.hits as f64 / lookups as f64)
-        } else {
-            "—".to_string()
-        };
-        let _ = write!(
-            b,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{rate}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            tenant_cell(&c.tenant),
-            c.role,
-            c.hits,
-            c.misses,
-            c.prompt_tokens,
-            c.cached_tokens,
-            c.evictions,
-            c.evicted_pages,
-            c.namespaces,
-        );
-    }
-    b.push_str("</table>");
-    if cache.is_empty() {
-        b.push_str("<p class=\"muted\" id=\"no-cache-events\">No prefix-cache events yet.</p>");
-    }
-
-    b.push_str(
-        "<h2>Recompute audit per tenant</h2><p class=\"muted\">Served answers scored again on a \
-         clean pass: a mismatch is an answer computed over something other than its own prompt \
-         (an incident).</p><table id=\"tenant-recomputes\"><tr><th>tenant</th><th>match</th>\
-         <th>mismatch</th><th>failed</th><th>newest</th></tr>",
-    );
-    for r in recomputes {
-        let _ = write!(
-            b,
-            "<tr><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
-            tenant_cell(&r.tenant),
-            r.matches,
-            if r.mismatches == 0 { "ok" } else { "bad" },
-            r.mismatches,
-            r.failed,
-            time(r.last_at),
-        );
-    }
-    b.push_str("</table>");
-
+) -> Markup {
     // Erasures per tenant: how many, cached pages erased (zeroed) in all, the newest.
     let mut erased: BTreeMap<&str, (usize, i64, UnixMs)> = BTreeMap::new();
     for e in erasures {
@@ -111,58 +50,115 @@ pub fn render(
         t.1 += e.workers.iter().map(|w| w.entries).sum::<i64>();
         t.2 = t.2.max(e.at);
     }
-    b.push_str(
-        "<h2>Cache erasures per tenant</h2><table id=\"tenant-erasures\"><tr><th>tenant</th>\
-         <th>erasures</th><th>pages erased</th><th>newest</th></tr>",
-    );
-    for (tenant, (n, pages, at)) in &erased {
-        let _ = write!(
-            b,
-            "<tr><td>{}</td><td>{n}</td><td>{pages}</td><td>{}</td></tr>",
-            tenant_cell(tenant),
-            time(*at),
-        );
-    }
-    b.push_str("</table>");
-
     let newest = newest_verdicts(verdicts);
-    b.push_str(
-        "<h2>Side-channel audit per worker</h2><p class=\"muted\">The newest verdict of each \
-         prefill worker and channel over the last 7 days: whether another tenant can tell, by \
-         first-token times (timing) or by the order its requests come back in (order), that a \
-         prompt was cached by someone else. History: the chart on \
-         <a href=\"/probes\">Probes</a>.</p><table id=\"worker-isolation\"><tr><th>worker</th>\
-         <th>channel</th><th>p</th><th>threshold</th><th>verdict</th><th>rounds</th>\
-         <th>when</th><th>run</th></tr>",
-    );
-    for ((worker, channel), v) in &newest {
-        let a = &v.audit;
-        let (class, verdict) = match (a.leak, a.conclusive) {
-            (true, _) => ("bad", "leak"),
-            (false, true) => ("ok", "isolated"),
-            (false, false) => ("muted", "inconclusive"),
-        };
-        let _ = write!(
-            b,
-            "<tr><td>{}</td><td>{channel}</td><td>{:.2e}</td><td>{:.0e}</td>\
-             <td class=\"{class}\">{verdict}</td><td>{}</td><td>{}</td>\
-             <td><a href=\"/probes/runs/{run}\">{run}</a></td></tr>",
-            esc(worker),
-            a.p,
-            a.threshold,
-            a.rounds,
-            time(a.at),
-            run = a.run_id.0,
-        );
+    html! {
+        h2 { "Prefix cache per tenant" }
+        p class="muted" {
+            "Lookups and evictions the workers reported, per tenant and role. A tenant's hits \
+             come only from its own namespace (I10); evictions with no known last user are \
+             under —."
+        }
+        table id="tenant-cache" {
+            tr {
+                th { "tenant" } th { "role" } th { "hits" } th { "misses" } th { "hit rate" }
+                th { "prompt tokens" } th { "from cache" } th { "evictions" }
+                th { "pages evicted" } th { "namespaces" }
+            }
+            @for c in cache {
+                @let lookups = c.hits + c.misses;
+                tr {
+                    td { (tenant_cell(&c.tenant)) }
+                    td { (c.role) }
+                    td { (c.hits) }
+                    td { (c.misses) }
+                    td {
+                        @if lookups > 0 {
+                            (format!("{:.0}%", 100.0 * c.hits as f64 / lookups as f64))
+                        } @else {
+                            "—"
+                        }
+                    }
+                    td { (c.prompt_tokens) }
+                    td { (c.cached_tokens) }
+                    td { (c.evictions) }
+                    td { (c.evicted_pages) }
+                    td { (c.namespaces) }
+                }
+            }
+        }
+        @if cache.is_empty() {
+            p class="muted" id="no-cache-events" { "No prefix-cache events yet." }
+        }
+
+        h2 { "Recompute audit per tenant" }
+        p class="muted" {
+            "Served answers scored again on a clean pass: a mismatch is an answer computed over \
+             something other than its own prompt (an incident)."
+        }
+        table id="tenant-recomputes" {
+            tr { th { "tenant" } th { "match" } th { "mismatch" } th { "failed" } th { "newest" } }
+            @for r in recomputes {
+                tr {
+                    td { (tenant_cell(&r.tenant)) }
+                    td { (r.matches) }
+                    td class=(if r.mismatches == 0 { "ok" } else { "bad" }) { (r.mismatches) }
+                    td { (r.failed) }
+                    td { (time(r.last_at)) }
+                }
+            }
+        }
+
+        h2 { "Cache erasures per tenant" }
+        table id="tenant-erasures" {
+            tr { th { "tenant" } th { "erasures" } th { "pages erased" } th { "newest" } }
+            @for (tenant, (n, pages, at)) in &erased {
+                tr {
+                    td { (tenant_cell(tenant)) }
+                    td { (n) }
+                    td { (pages) }
+                    td { (time(*at)) }
+                }
+            }
+        }
+
+        h2 { "Side-channel audit per worker" }
+        p class="muted" {
+            "The newest verdict of each prefill worker and channel over the last 7 days: \
+             whether another tenant can tell, by first-token times (timing) or by the order its \
+             requests come back in (order), that a prompt was cached by someone else. History: \
+             the chart on "
+            a href="/probes" { "Probes" } "."
+        }
+        table id="worker-isolation" {
+            tr {
+                th { "worker" } th { "channel" } th { "p" } th { "threshold" } th { "verdict" }
+                th { "rounds" } th { "when" } th { "run" }
+            }
+            @for ((worker, channel), v) in &newest {
+                @let a = &v.audit;
+                @let (class, verdict) = match (a.leak, a.conclusive) {
+                    (true, _) => ("bad", "leak"),
+                    (false, true) => ("ok", "isolated"),
+                    (false, false) => ("muted", "inconclusive"),
+                };
+                tr {
+                    td { (worker) }
+                    td { (channel) }
+                    td { (format!("{:.2e}", a.p)) }
+                    td { (format!("{:.0e}", a.threshold)) }
+                    td class=(class) { (verdict) }
+                    td { (a.rounds) }
+                    td { (time(a.at)) }
+                    td { a href=(run_href(a.run_id)) { (a.run_id.0) } }
+                }
+            }
+        }
+        @if newest.is_empty() {
+            p class="muted" id="no-isolation-verdicts" {
+                "No side-channel audit yet (it needs two probe tenants)."
+            }
+        }
     }
-    b.push_str("</table>");
-    if newest.is_empty() {
-        b.push_str(
-            "<p class=\"muted\" id=\"no-isolation-verdicts\">No side-channel audit yet (it needs \
-             two probe tenants).</p>",
-        );
-    }
-    b
 }
 
 /// The newest verdict of each (worker, channel) of `verdicts` (oldest first).
@@ -176,12 +172,12 @@ pub fn newest_verdicts(
     newest
 }
 
-/// A tenant's name, escaped; an unknown one as —.
-fn tenant_cell(tenant: &str) -> String {
+/// A tenant's name; an unknown one as —.
+fn tenant_cell(tenant: &str) -> &str {
     if tenant.is_empty() {
-        "—".to_string()
+        "—"
     } else {
-        esc(tenant)
+        tenant
     }
 }
 
@@ -246,7 +242,7 @@ mod tests {
             verdict(IsolationChannel::Timing, 0.6, 2, 5),
             verdict(IsolationChannel::Order, 2e-5, 2, 5),
         ];
-        let html = render(&cache, &recomputes, &erasures, &verdicts);
+        let html = render(&cache, &recomputes, &erasures, &verdicts).into_string();
         assert!(html
             .contains("<td>alice&lt;b&gt;</td><td>prefill</td><td>3</td><td>1</td><td>75%</td>"));
         assert!(html.contains("<td>bob</td><td>12</td><td class=\"bad\">1</td>"));
@@ -260,10 +256,74 @@ mod tests {
         );
         assert!(html.contains("<a href=\"/probes/runs/5\">5</a>"));
         assert!(!html.contains("run-4"));
-        let empty = render(&[], &[], &[], &[]);
+        let empty = render(&[], &[], &[], &[]).into_string();
         assert!(
             empty.contains("id=\"no-cache-events\"")
                 && empty.contains("id=\"no-isolation-verdicts\"")
         );
+    }
+
+    #[test]
+    fn tenant_and_worker_names_cannot_inject_markup() {
+        let script = "<script>alert(1)</script>";
+        let quoted = "\"quoted\" & 'x'";
+        let cache = [CacheTotals {
+            role: NodeRole::Decode,
+            tenant: script.into(),
+            hits: 0,
+            misses: 0,
+            evictions: 1,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            evicted_pages: 2,
+            namespaces: 1,
+        }];
+        let recomputes = [RecomputeTotals {
+            tenant: quoted.into(),
+            matches: 1,
+            mismatches: 0,
+            failed: 0,
+            last_at: UnixMs(0),
+        }];
+        let erasures = [ErasureRecord {
+            id: 1,
+            tenant: script.into(),
+            namespace: "ns".into(),
+            digest: "00".into(),
+            at: UnixMs(0),
+            workers: vec![],
+        }];
+        let verdicts = [IsolationAudit {
+            id: 1,
+            audit: NewIsolationAudit {
+                run_id: ProbeRunId(9),
+                worker: "</td><b>w".into(),
+                channel: IsolationChannel::Order,
+                rounds: 8,
+                p: 0.5,
+                control_p: None,
+                threshold: 1e-3,
+                conclusive: false,
+                leak: false,
+                at: UnixMs(0),
+            },
+        }];
+        let html = render(&cache, &recomputes, &erasures, &verdicts).into_string();
+        for raw in [script, quoted, "</td><b>"] {
+            assert!(!html.contains(raw), "{raw} unescaped in {html}");
+        }
+        let escaped = "<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>";
+        assert!(html.contains(&format!(
+            "{escaped}<td>decode</td><td>0</td><td>0</td><td>—</td>"
+        )));
+        assert!(
+            html.contains(&format!("{escaped}<td>1</td><td>0</td>")),
+            "{html}"
+        );
+        assert!(
+            html.contains("<td>&quot;quoted&quot; &amp; 'x'</td><td>1</td><td class=\"ok\">0</td>")
+        );
+        assert!(html.contains("<td>&lt;/td&gt;&lt;b&gt;w</td><td>order</td>"));
+        assert!(html.contains("<td class=\"muted\">inconclusive</td>"));
     }
 }
