@@ -13,7 +13,7 @@
 //! - `login`: signing in and out (a `next` only of this site).
 //! - `throttle`: sign-in back-off per client address and per account name.
 //! - `session`: sessions, CSRF, same-origin posts, bearer tokens, roles.
-//! - `html`: layout, escaping and small rendering helpers.
+//! - `html`: layout and small rendering helpers, as `maud` markup (which escapes every value).
 //! - `axis`: round ticks and labels of the charts' value axes.
 //! - `chart`: counts over time as stacked-bar SVG (incidents, integrity events).
 //! - `scatter`: first-token latency against prompt length as SVG (probe steps, sampled traffic).
