@@ -85,6 +85,7 @@ impl From<&CacheEvent> for pb::CacheReport {
             CacheEventKind::Hit => pb::CacheEventKind::Hit,
             CacheEventKind::Miss => pb::CacheEventKind::Miss,
             CacheEventKind::Eviction => pb::CacheEventKind::Eviction,
+            CacheEventKind::Held => pb::CacheEventKind::Held,
         };
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         pb::CacheReport {

@@ -216,6 +216,27 @@ async fn a_tenant_reuses_its_cached_prefix_and_another_tenant_never_does() {
             "{role}'s events for tenant-1"
         );
     }
+    // And the pages each tenant's namespace holds on prefill now, as prefill last said: what
+    // its own gauge says.
+    let on_prefill = |tenant: &str| tenant_counter(&m, "pagewarden_prefix_cache_pages", tenant);
+    for tenant in ["tenant-0", "tenant-1"] {
+        let want = on_prefill(tenant);
+        assert!(want > 0.0, "{tenant} holds no pages on prefill");
+        let what = format!("{tenant}'s {want} pages held on prefill at the auditor");
+        eventually(Duration::from_secs(20), &what, || async {
+            let totals = get_json(&auditor, "/api/cache").await;
+            let held = totals.as_array().expect("a list").iter().find_map(|t| {
+                (t["role"] == "prefill" && t["tenant"] == tenant)
+                    .then(|| t["pages_held"].as_f64())
+                    .flatten()
+            });
+            match held {
+                Some(h) if h == want => Ok(()),
+                _ => Err(totals),
+            }
+        })
+        .await;
+    }
 }
 
 /// `n` choices share their prompt's pages only inside the tenant's namespace: a tenant's four

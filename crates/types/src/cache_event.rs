@@ -1,5 +1,6 @@
 //! Prefix-cache events (I10), as a worker reports them to the auditor: a prompt's lookup in
-//! its namespace (a hit, with how much was reused, or a miss) and cached pages given up. The
+//! its namespace (a hit, with how much was reused, or a miss), cached pages given up, and how
+//! many cached pages a namespace holds after a publish, an eviction or an erasure. The
 //! namespace travels as its tag only, never its key; the tenant names whose request it was.
 //! `pagewarden-proto` turns an event into the auditor's `CacheReport`.
 
@@ -16,18 +17,21 @@ pub enum CacheEventKind {
     /// `pages` cached pages of the namespace were given up (its quota, or an allocation that
     /// needed them).
     Eviction,
+    /// The namespace now holds `pages` cached pages on this worker.
+    Held,
 }
 
 /// One prefix-cache event on one worker.
 #[derive(Clone, Debug)]
 pub struct CacheEvent {
-    /// Hit, miss or eviction.
+    /// Hit, miss, eviction or held.
     pub kind: CacheEventKind,
     /// The worker's node id.
     pub node_id: String,
     /// `prefill` or `decode`.
     pub role: &'static str,
-    /// Hit, miss: whose prompt it was. Eviction: whose request last used the namespace here.
+    /// Hit, miss: whose prompt it was. Eviction, held: whose request last used the namespace
+    /// here.
     pub tenant: Option<TenantId>,
     /// The prefix namespace looked up or evicted.
     pub namespace: Namespace,
@@ -37,7 +41,7 @@ pub struct CacheEvent {
     pub prompt_tokens: usize,
     /// Of those, found cached.
     pub cached_tokens: usize,
-    /// Pages hit or evicted.
+    /// Eviction: pages given up. Held: pages held now.
     pub pages: usize,
 }
 
@@ -79,6 +83,27 @@ impl CacheEvent {
     ) -> Self {
         CacheEvent {
             kind: CacheEventKind::Eviction,
+            node_id: node_id.to_string(),
+            role,
+            tenant,
+            namespace,
+            request: None,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            pages,
+        }
+    }
+
+    /// `namespace` holds `pages` cached pages on this worker now; `tenant` last used it here.
+    pub fn held(
+        node_id: &str,
+        role: &'static str,
+        tenant: Option<TenantId>,
+        namespace: Namespace,
+        pages: usize,
+    ) -> Self {
+        CacheEvent {
+            kind: CacheEventKind::Held,
             node_id: node_id.to_string(),
             role,
             tenant,

@@ -1,5 +1,6 @@
 //! What a worker says about its prefix cache (I10): per-tenant metrics, and each hit, miss and
-//! eviction to the auditor, which keeps them per namespace. Prefill and decode both report
+//! eviction to the auditor, which keeps them per namespace, with the pages each namespace holds
+//! after every change (a publish, an eviction, an erasure). Prefill and decode both report
 //! through it, and erase a tenant's namespace through it (`DELETE /v1/cache`).
 
 use std::collections::HashMap;
@@ -75,9 +76,10 @@ impl PrefixCacheLog {
     /// A request of `tenant` published its pages under `namespace`.
     pub fn published(&self, tenant: &TenantId, namespace: &Namespace, published: &Published) {
         self.used_by(namespace, tenant);
-        self.metrics
-            .prefix_cached(tenant, self.pool.cached_pages(namespace));
+        let held = self.pool.cached_pages(namespace);
+        self.metrics.prefix_cached(tenant, held);
         self.evicted(Some(tenant.clone()), namespace, published.evicted);
+        self.held(Some(tenant.clone()), namespace, held);
         self.report_reclaimed();
     }
 
@@ -88,6 +90,7 @@ impl PrefixCacheLog {
         let erasure = self.pool.erase_namespace(namespace);
         self.metrics.prefix_cached(tenant, 0);
         self.evicted(Some(tenant.clone()), namespace, erasure.entries);
+        self.held(Some(tenant.clone()), namespace, 0);
         tracing::info!(
             tenant = %tenant,
             namespace = %namespace,
@@ -111,8 +114,20 @@ impl PrefixCacheLog {
     fn report_reclaimed(&self) {
         for (ns, pages) in self.pool.take_reclaimed() {
             let tenant = self.last_user.lock().get(&ns).cloned();
-            self.evicted(tenant, &ns, pages);
+            self.evicted(tenant.clone(), &ns, pages);
+            self.held(tenant, &ns, self.pool.cached_pages(&ns));
         }
+    }
+
+    /// Tells the auditor that `namespace` holds `pages` cached pages here now.
+    fn held(&self, tenant: Option<TenantId>, namespace: &Namespace, pages: usize) {
+        self.sink.cache(CacheEvent::held(
+            &self.node_id,
+            self.role,
+            tenant,
+            *namespace,
+            pages,
+        ));
     }
 
     fn evicted(&self, tenant: Option<TenantId>, namespace: &Namespace, pages: usize) {

@@ -288,6 +288,9 @@ sql_enum!(
         Miss => "miss",
         /// Cached pages of a namespace were given up.
         Eviction => "eviction",
+        /// How many cached pages a namespace holds on a worker now: a state, kept per worker
+        /// and namespace (`cache_held`), not an event row.
+        Held => "held",
     }
 );
 

@@ -7,15 +7,15 @@
 use pagewarden_common::TenantId;
 use serde_json::json;
 
-use crate::domain::{IncidentId, IncidentKind, IntegrityKind, UnixMs};
+use crate::domain::{CacheEventKind, IncidentId, IncidentKind, IntegrityKind, UnixMs};
 use crate::ingest::{
     SampleBody, ValidCacheEvent, ValidErasure, ValidIntegrity, ValidPreflight, ValidSample,
 };
 use crate::markers::{new_marker, ForeignMarker, MarkerRegistry};
 use crate::metrics::Metrics;
 use crate::store::{
-    ErasedWorker, MarkerRecord, NewCacheEvent, NewErasure, NewIncident, NewIntegrityEvent,
-    NewPreflight, NewSample, Store, StoreError,
+    CacheHeld, ErasedWorker, MarkerRecord, NewCacheEvent, NewErasure, NewIncident,
+    NewIntegrityEvent, NewPreflight, NewSample, Store, StoreError,
 };
 
 /// Shared state of a running auditor: the store, the marker index, the counters.
@@ -143,10 +143,22 @@ impl Engine {
         Ok(opened)
     }
 
-    /// Stores a prefix-cache event and counts it per role, kind and tenant. Isolation itself
-    /// is checked by the probes' prefix step; these say how each tenant's cache is used.
+    /// Stores a prefix-cache event and counts it per role, kind and tenant; a `held` report
+    /// replaces what its worker last said of its namespace. Isolation itself is checked by the
+    /// probes' prefix step; these say how each tenant's cache is used.
     pub async fn ingest_cache(&self, e: ValidCacheEvent) -> Result<(), StoreError> {
         let tenant = e.tenant.as_ref().map(|t| t.as_str().to_string());
+        if e.kind == CacheEventKind::Held {
+            let held = CacheHeld {
+                node: e.node,
+                role: e.role,
+                namespace: e.namespace,
+                tenant,
+                pages: i64::from(e.pages),
+                at: UnixMs::now(),
+            };
+            return self.store.set_cache_held(&held).await;
+        }
         self.metrics.cache_event(
             e.role,
             e.kind,

@@ -304,6 +304,7 @@ impl TryFrom<pb::CacheReport> for ValidCacheEvent {
             Ok(pb::CacheEventKind::Hit) => CacheEventKind::Hit,
             Ok(pb::CacheEventKind::Miss) => CacheEventKind::Miss,
             Ok(pb::CacheEventKind::Eviction) => CacheEventKind::Eviction,
+            Ok(pb::CacheEventKind::Held) => CacheEventKind::Held,
             Ok(pb::CacheEventKind::Unspecified) | Err(_) => {
                 return Err(bad("kind must be set to a known CacheEventKind"))
             }
@@ -312,6 +313,7 @@ impl TryFrom<pb::CacheReport> for ValidCacheEvent {
             CacheEventKind::Hit => 0 < m.cached_tokens && m.cached_tokens < m.prompt_tokens,
             CacheEventKind::Miss => m.cached_tokens == 0 && m.prompt_tokens > 0,
             CacheEventKind::Eviction => m.pages > 0,
+            CacheEventKind::Held => m.prompt_tokens == 0 && m.cached_tokens == 0,
         };
         if !consistent {
             return Err(bad(format!(

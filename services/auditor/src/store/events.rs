@@ -1,13 +1,15 @@
-//! Ingested records: samples, integrity events, preflight reports, markers, and the
-//! integrity-event series the dashboard charts.
+//! Ingested records: samples, integrity events, preflight reports, markers, prefix-cache
+//! events and the pages each namespace holds, and the integrity-event series the dashboard
+//! charts.
 
 use sqlx::Row;
 
 use super::{
-    get_enum, get_flag, CacheTotals, MarkerRecord, NewCacheEvent, NewIntegrityEvent, NewPreflight,
-    NewSample, NodeStatus, RoutineCount, SamplePoint, SampleTotals, SeriesPoint, Store, StoreError,
+    get_enum, get_flag, CacheHeld, CacheTotals, MarkerRecord, NewCacheEvent, NewIntegrityEvent,
+    NewPreflight, NewSample, NodeStatus, RoutineCount, SamplePoint, SampleTotals, SeriesPoint,
+    Store, StoreError,
 };
-use crate::domain::UnixMs;
+use crate::domain::{NodeRole, UnixMs};
 
 impl Store {
     /// Records a sampled response.
@@ -98,7 +100,8 @@ impl Store {
         Ok(row.try_get("id")?)
     }
 
-    /// Prefix-cache events per role and tenant, since the log began.
+    /// Per role and tenant: lookups, evictions and the pages its namespaces hold now (the
+    /// workers' last `held` reports).
     pub async fn cache_totals(&self) -> Result<Vec<CacheTotals>, StoreError> {
         let rows = sqlx::query(
             "SELECT role, COALESCE(tenant, '') AS tenant, \
@@ -114,7 +117,8 @@ impl Store {
         )
         .fetch_all(self.pool())
         .await?;
-        rows.iter()
+        let mut totals = rows
+            .iter()
             .map(|r| {
                 Ok(CacheTotals {
                     role: get_enum(r, "role")?,
@@ -126,9 +130,61 @@ impl Store {
                     cached_tokens: r.try_get("cached_tokens")?,
                     evicted_pages: r.try_get("evicted_pages")?,
                     namespaces: r.try_get("namespaces")?,
+                    pages_held: 0,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let held = sqlx::query(
+            "SELECT role, COALESCE(tenant, '') AS tenant, \
+             CAST(COALESCE(SUM(pages), 0) AS BIGINT) AS pages \
+             FROM cache_held GROUP BY role, COALESCE(tenant, '')",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        for r in &held {
+            let (role, tenant): (NodeRole, String) = (get_enum(r, "role")?, r.try_get("tenant")?);
+            let pages: i64 = r.try_get("pages")?;
+            match totals
+                .iter_mut()
+                .find(|t| t.role == role && t.tenant == tenant)
+            {
+                Some(t) => t.pages_held = pages,
+                None => totals.push(CacheTotals {
+                    role,
+                    tenant,
+                    hits: 0,
+                    misses: 0,
+                    evictions: 0,
+                    prompt_tokens: 0,
+                    cached_tokens: 0,
+                    evicted_pages: 0,
+                    namespaces: 0,
+                    pages_held: pages,
+                }),
+            }
+        }
+        totals.sort_by(|a, b| (a.role.as_str(), &a.tenant).cmp(&(b.role.as_str(), &b.tenant)));
+        Ok(totals)
+    }
+
+    /// Replaces what `h.node` last said of `h.namespace`'s cached pages (a tenant it no longer
+    /// names keeps the one it named before).
+    pub async fn set_cache_held(&self, h: &CacheHeld) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO cache_held (node, namespace, role, tenant, pages, at) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (node, namespace) DO UPDATE SET \
+             role = excluded.role, tenant = COALESCE(excluded.tenant, cache_held.tenant), \
+             pages = excluded.pages, at = excluded.at",
+        )
+        .bind(h.node.clone())
+        .bind(h.namespace.clone())
+        .bind(h.role.as_str())
+        .bind(h.tenant.clone())
+        .bind(h.pages)
+        .bind(h.at.0)
+        .execute(self.pool())
+        .await?;
+        Ok(())
     }
 
     /// Records an integrity event.

@@ -218,6 +218,25 @@ pub struct CacheTotals {
     pub evicted_pages: i64,
     /// Namespace tags it was seen in.
     pub namespaces: i64,
+    /// Cached pages its namespaces hold now, as the workers last said.
+    pub pages_held: i64,
+}
+
+/// How many cached pages a namespace holds on a worker, as the worker last said.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CacheHeld {
+    /// The worker.
+    pub node: String,
+    /// Its role.
+    pub role: NodeRole,
+    /// The namespace's tag.
+    pub namespace: String,
+    /// Who last used it there, if known.
+    pub tenant: Option<String>,
+    /// Pages held.
+    pub pages: i64,
+    /// When it was said.
+    pub at: UnixMs,
 }
 
 /// A preflight report to record.

@@ -54,15 +54,15 @@ pub fn render(
     html! {
         h2 { "Prefix cache per tenant" }
         p class="muted" {
-            "Lookups and evictions the workers reported, per tenant and role. A tenant's hits \
-             come only from its own namespace (I10); evictions with no known last user are \
-             under —."
+            "Lookups and evictions the workers reported, per tenant and role, and the cached \
+             pages its namespaces hold now (each worker's last word). A tenant's hits come only \
+             from its own namespace (I10); evictions with no known last user are under —."
         }
         table id="tenant-cache" {
             tr {
                 th { "tenant" } th { "role" } th { "hits" } th { "misses" } th { "hit rate" }
                 th { "prompt tokens" } th { "from cache" } th { "evictions" }
-                th { "pages evicted" } th { "namespaces" }
+                th { "pages evicted" } th { "pages held" } th { "namespaces" }
             }
             @for c in cache {
                 @let lookups = c.hits + c.misses;
@@ -82,6 +82,7 @@ pub fn render(
                     td { (c.cached_tokens) }
                     td { (c.evictions) }
                     td { (c.evicted_pages) }
+                    td class="held" { (c.pages_held) }
                     td { (c.namespaces) }
                 }
             }
@@ -199,6 +200,7 @@ mod tests {
             cached_tokens: 300,
             evicted_pages: 0,
             namespaces: 1,
+            pages_held: 6,
         }];
         let recomputes = [RecomputeTotals {
             tenant: "bob".into(),
@@ -245,6 +247,10 @@ mod tests {
         let html = render(&cache, &recomputes, &erasures, &verdicts).into_string();
         assert!(html
             .contains("<td>alice&lt;b&gt;</td><td>prefill</td><td>3</td><td>1</td><td>75%</td>"));
+        assert!(
+            html.contains("<td class=\"held\">6</td><td>1</td></tr>"),
+            "{html}"
+        );
         assert!(html.contains("<td>bob</td><td>12</td><td class=\"bad\">1</td>"));
         assert!(html.contains("<td>bob</td><td>1</td><td>7</td>"));
         // The newest timing verdict (run 5, isolated) replaced the older leak; order leaks.
@@ -277,6 +283,7 @@ mod tests {
             cached_tokens: 0,
             evicted_pages: 2,
             namespaces: 1,
+            pages_held: 0,
         }];
         let recomputes = [RecomputeTotals {
             tenant: quoted.into(),

@@ -171,11 +171,12 @@ async fn pages_filters_refresh_and_charts(s: &Session, r: &Running, base: &str) 
 /// Prefix-cache events of two tenants, and two side-channel verdicts on the last probe run
 /// (a leak on the timing channel, a clean order audit), for the tenants page and the charts.
 async fn seed_tenants_and_isolation(r: &Running, g: &mut AuditorClient<Channel>) {
-    use pb::CacheEventKind::{Hit, Miss};
-    for (kind, tenant, namespace, cached) in [
-        (Miss, "alice", "a1b2c3d4", 0),
-        (Hit, "alice", "a1b2c3d4", 96),
-        (Miss, "bob", "0badcafe", 0),
+    use pb::CacheEventKind::{Held, Hit, Miss};
+    for (kind, tenant, namespace, cached, pages) in [
+        (Miss, "alice", "a1b2c3d4", 0, 0),
+        (Hit, "alice", "a1b2c3d4", 96, 0),
+        (Miss, "bob", "0badcafe", 0, 0),
+        (Held, "alice", "a1b2c3d4", 0, 6),
     ] {
         g.report_cache(pb::CacheReport {
             kind: kind as i32,
@@ -187,9 +188,9 @@ async fn seed_tenants_and_isolation(r: &Running, g: &mut AuditorClient<Channel>)
                 request_id: vec![0xab; 16],
                 attempt: 1,
             }),
-            prompt_tokens: 100,
+            prompt_tokens: if kind == Held { 0 } else { 100 },
             cached_tokens: cached,
-            pages: 0,
+            pages,
         })
         .await
         .unwrap();
@@ -366,10 +367,14 @@ async fn console_pages(s: &Session, base: &str, incident: i64) {
         .run_async(
             "done(Array.from(document.querySelectorAll('#tenant-cache tr')) \
              .filter(r => r.cells[0] && r.cells[0].textContent === 'alice') \
-             .map(r => r.cells[4].textContent));",
+             .map(r => [r.cells[4].textContent, r.querySelector('td.held').textContent]));",
         )
         .await;
-    assert_eq!(alice, json!(["50%"]), "alice's hit rate");
+    assert_eq!(
+        alice,
+        json!([["50%", "6"]]),
+        "alice's hit rate and pages held"
+    );
     let verdicts = s
         .run_async(
             "done(Array.from(document.querySelectorAll('#worker-isolation a')) \

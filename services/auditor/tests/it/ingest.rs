@@ -474,7 +474,7 @@ async fn prefix_cache_events_are_kept_per_tenant() {
             pages,
         }
     };
-    use pb::CacheEventKind::{Eviction, Hit, Miss};
+    use pb::CacheEventKind::{Eviction, Held, Hit, Miss};
     for e in [
         event(Miss, "prefill", "alice", 0, 0),
         event(Hit, "prefill", "alice", 96, 0),
@@ -482,6 +482,9 @@ async fn prefix_cache_events_are_kept_per_tenant() {
         event(Miss, "prefill", "bob", 0, 0),
         event(Eviction, "prefill", "alice", 0, 6),
         event(Eviction, "decode", "", 0, 2),
+        // What alice's namespace holds on prefill-0: the last report counts.
+        event(Held, "prefill", "alice", 0, 9),
+        event(Held, "prefill", "alice", 0, 6),
     ] {
         let ack = g.report_cache(e).await.unwrap().into_inner();
         assert_eq!(ack.incidents_opened, 0);
@@ -505,6 +508,7 @@ async fn prefix_cache_events_are_kept_per_tenant() {
         (&alice["cached_tokens"], &alice["evicted_pages"]),
         (&json!(96), &json!(6))
     );
+    assert_eq!(alice["pages_held"], json!(6));
     assert_eq!(row("prefill", "bob")["hits"], json!(0));
     assert_eq!(row("decode", "")["evicted_pages"], json!(2));
     let m = get_text(format!("http://{}/metrics", r.http_addr)).await;
@@ -527,6 +531,8 @@ async fn prefix_cache_events_are_kept_per_tenant() {
             kind: 42,
             ..event(Miss, "prefill", "alice", 0, 0)
         },
+        // A held report is a count of pages, not a lookup.
+        event(Held, "prefill", "alice", 96, 0),
     ] {
         let err = g.report_cache(bad).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");

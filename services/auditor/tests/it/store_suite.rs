@@ -6,9 +6,9 @@ use pagewarden_auditor::domain::{
     UnixMs,
 };
 use pagewarden_auditor::store::{
-    Backend, CacheTotals, ErasedWorker, IncidentFilter, MarkerRecord, NewCacheEvent, NewErasure,
-    NewIncident, NewIntegrityEvent, NewIsolationAudit, NewPreflight, NewRecompute, NewSample,
-    ProbeResult, ProbeRunEnd, Store, StoreError, Window,
+    Backend, CacheHeld, CacheTotals, ErasedWorker, IncidentFilter, MarkerRecord, NewCacheEvent,
+    NewErasure, NewIncident, NewIntegrityEvent, NewIsolationAudit, NewPreflight, NewRecompute,
+    NewSample, ProbeResult, ProbeRunEnd, Store, StoreError, Window,
 };
 
 use crate::pg::TempPostgres;
@@ -573,6 +573,27 @@ async fn cache_events(store: &Store) {
     ] {
         store.insert_cache_event(&e).await.unwrap();
     }
+    // What each worker last said its namespaces hold: the latest per worker and namespace
+    // counts, a report naming no tenant keeps the one named before, and a tenant that only
+    // holds pages (no events) still gets its row.
+    let held = |node: &str, namespace: &str, tenant: Option<&str>, pages, at| CacheHeld {
+        node: node.into(),
+        role: NodeRole::Prefill,
+        namespace: namespace.into(),
+        tenant: tenant.map(str::to_string),
+        pages,
+        at: UnixMs(at),
+    };
+    for h in [
+        held("w-0", "a1b2c3d4", Some("t"), 4, 1),
+        held("w-0", "a1b2c3d4", None, 3, 2),
+        held("w-1", "a1b2c3d4", Some("t"), 2, 3),
+        held("w-1", "0badcafe", Some("u"), 5, 4),
+        held("w-1", "0badcafe", Some("u"), 0, 5),
+        held("w-1", "0badcafe", Some("v"), 7, 6),
+    ] {
+        store.set_cache_held(&h).await.unwrap();
+    }
     let totals = store.cache_totals().await.unwrap();
     assert_eq!(
         totals,
@@ -587,6 +608,7 @@ async fn cache_events(store: &Store) {
                 cached_tokens: 0,
                 evicted_pages: 3,
                 namespaces: 1,
+                pages_held: 0,
             },
             CacheTotals {
                 role: NodeRole::Prefill,
@@ -598,6 +620,19 @@ async fn cache_events(store: &Store) {
                 cached_tokens: 176,
                 evicted_pages: 0,
                 namespaces: 1,
+                pages_held: 5,
+            },
+            CacheTotals {
+                role: NodeRole::Prefill,
+                tenant: "v".into(),
+                hits: 0,
+                misses: 0,
+                evictions: 0,
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                evicted_pages: 0,
+                namespaces: 0,
+                pages_held: 7,
             },
         ]
     );
