@@ -104,14 +104,7 @@ impl CacheEvent {
     ) -> Self {
         CacheEvent {
             kind: CacheEventKind::Held,
-            node_id: node_id.to_string(),
-            role,
-            tenant,
-            namespace,
-            request: None,
-            prompt_tokens: 0,
-            cached_tokens: 0,
-            pages,
+            ..Self::eviction(node_id, role, tenant, namespace, pages)
         }
     }
 }
