@@ -60,6 +60,20 @@ pub fn opt(s: &Option<String>) -> &str {
     s.as_deref().unwrap_or("—")
 }
 
+/// An optional value as text, `—` when absent.
+pub fn dash_or<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "—".to_string(), |v| v.to_string())
+}
+
+/// `ok` or `bad`, the class of a cell that passed or failed.
+pub fn ok_class(ok: bool) -> &'static str {
+    if ok {
+        "ok"
+    } else {
+        "bad"
+    }
+}
+
 /// A time as `YYYY-MM-DD HH:MM:SS` UTC.
 pub fn time(t: UnixMs) -> String {
     let secs = t.0.div_euclid(1000);

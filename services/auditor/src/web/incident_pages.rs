@@ -8,7 +8,9 @@ use axum::{Extension, Form};
 use maud::{html, Markup};
 use serde::Deserialize;
 
-use super::html::{csrf_input, opt, page, same_site_path, severity_badge, status_badge, time};
+use super::html::{
+    csrf_input, dash_or, opt, page, same_site_path, severity_badge, status_badge, time,
+};
 use super::pager::pager;
 use super::pages::run_href;
 use super::query::{IncidentQuery, ListView};
@@ -248,7 +250,6 @@ fn detail(
         Some(s) => html! { (time(s.at)) " by " (s.by) " — " (s.note) },
         None => html! { "—" },
     };
-    let num = |v: Option<i64>| v.map_or_else(|| "—".to_string(), |v| v.to_string());
     html! {
         table id="incident" {
             tr { th { "kind" } td { (i.kind) } }
@@ -258,8 +259,8 @@ fn detail(
             tr { th { "tenant" } td { (opt(&i.tenant)) } }
             tr { th { "other tenant" } td { (opt(&i.other_tenant)) } }
             tr { th { "node" } td { (opt(&i.node)) } }
-            tr { th { "page" } td { (num(i.page)) } }
-            tr { th { "generation" } td { (num(i.generation)) } }
+            tr { th { "page" } td { (dash_or(i.page)) } }
+            tr { th { "generation" } td { (dash_or(i.generation)) } }
             tr { th { "request" } td { (opt(&i.request_id)) } }
             tr { th { "acknowledged" } td { (signoff(&i.acknowledged)) } }
             tr { th { "resolved" } td { (signoff(&i.resolved)) } }
@@ -283,7 +284,7 @@ fn detail(
                             td { a href={ "/incidents/" (o.id) } { (o.id) } }
                             td { (time(o.created_at)) }
                             td { (o.kind) }
-                            td { (num(o.generation)) }
+                            td { (dash_or(o.generation)) }
                             td { (status_badge(o.status)) }
                         }
                     }

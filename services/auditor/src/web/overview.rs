@@ -12,8 +12,8 @@ use maud::{html, Markup};
 use pagewarden_types::worker_status::{WorkerState, WorkerStatus};
 use serde::Deserialize;
 
-use super::html::{page, time};
-use super::pages::{ok_class, run_href};
+use super::html::{dash_or, ok_class, page, time};
+use super::pages::run_href;
 use super::session::SessionUser;
 use super::tenants_page::newest_verdicts;
 use super::{AppState, WebError};
@@ -158,8 +158,6 @@ pub fn suite(router: &RouterView, nodes: &[NodeStatus]) -> Markup {
                 .any(|w| w.node_id.as_deref() == Some(&n.last.node))
         })
         .collect();
-    let dash = || "—".to_string();
-    let num = |v: Option<u32>| v.map_or_else(dash, |v| v.to_string());
     html! {
         h2 { "Suite" }
         @match router {
@@ -177,7 +175,7 @@ pub fn suite(router: &RouterView, nodes: &[NodeStatus]) -> Markup {
                     tr {
                         td class=(ok_class(ok)) { @if ok { "serving" } @else { "unavailable" } }
                         td { (h["live_prefill"]) } td { (h["live_decode"]) }
-                        td { (h["effective_context"].as_u64().map_or_else(dash, |c| c.to_string())) }
+                        td { (dash_or(h["effective_context"].as_u64())) }
                     }
                 }
             },
@@ -193,7 +191,7 @@ pub fn suite(router: &RouterView, nodes: &[NodeStatus]) -> Markup {
             @for w in &listed {
                 @let report = w.node_id.as_deref().and_then(|id| nodes.iter().find(|n| n.last.node == id));
                 tr class="worker" data-state=(state_name(w.state)) {
-                    td { (w.node_id.clone().unwrap_or_else(dash)) }
+                    td { (dash_or(w.node_id.as_ref())) }
                     td { (w.role) }
                     @match w.state {
                         WorkerState::Live => td class="ok" { "live" },
@@ -202,12 +200,12 @@ pub fn suite(router: &RouterView, nodes: &[NodeStatus]) -> Markup {
                             "down: " (w.error.as_deref().unwrap_or("no answer"))
                         },
                     }
-                    td { (w.arithmetic.clone().unwrap_or_else(dash)) }
-                    td { (w.version.clone().unwrap_or_else(dash)) }
-                    td { (num(w.context_length)) }
+                    td { (dash_or(w.arithmetic.as_ref())) }
+                    td { (dash_or(w.version.as_ref())) }
+                    td { (dash_or(w.context_length)) }
                     td class="kv" { (kv_use(w)) }
-                    td { (num(w.active_requests)) }
-                    td { (num(w.queue_depth)) }
+                    td { (dash_or(w.active_requests)) }
+                    td { (dash_or(w.queue_depth)) }
                     (preflight_cells(report))
                 }
             }

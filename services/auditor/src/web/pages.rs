@@ -10,7 +10,7 @@ use maud::{html, Markup};
 use serde::Deserialize;
 
 use super::api::{start_sweep, SeriesQuery, PROBE_CHART_STEPS, PROBE_CHART_WINDOW_MS};
-use super::html::{csrf_input, page, time};
+use super::html::{csrf_input, dash_or, ok_class, page, time};
 use super::pager::pager;
 use super::query::number;
 use super::session::SessionUser;
@@ -50,15 +50,6 @@ pub async fn nodes(
         @if nodes.is_empty() { p { "No preflight reports yet." } }
     };
     Ok(page("Nodes", "/nodes", Some(&user), body))
-}
-
-/// `ok` or `bad`, the class of a cell that passed or failed.
-pub fn ok_class(ok: bool) -> &'static str {
-    if ok {
-        "ok"
-    } else {
-        "bad"
-    }
 }
 
 /// The on-demand sweep buttons (operators only), or why there are none.
@@ -185,11 +176,6 @@ pub async fn probes(
     Ok(page("Probe history", "/probes", Some(&user), body))
 }
 
-/// A number, or `—` when there is none.
-fn dash_or(v: Option<i64>) -> String {
-    v.map_or_else(|| "—".to_string(), |v| v.to_string())
-}
-
 /// `GET /probes/runs/{id}`: one run, every step it has recorded (a run still going shows the
 /// steps so far, counted, beside the total it will record at its end).
 pub async fn probe_run(
@@ -214,7 +200,7 @@ pub async fn probe_run(
             }
             tr {
                 td { (run.sweep) } td { (run.status) } td { (time(run.started_at)) }
-                td { (run.finished_at.map_or_else(|| "—".to_string(), time)) }
+                td { (dash_or(run.finished_at.map(time))) }
                 td { (dash_or(run.context_limit)) }
                 td id="steps-recorded" { (results.len()) }
                 td class=(ok_class(failures == 0)) { (failures) }

@@ -10,7 +10,7 @@ use axum::Extension;
 use maud::{html, Markup};
 
 use super::api::PROBE_CHART_WINDOW_MS;
-use super::html::{page, time};
+use super::html::{ok_class, page, time};
 use super::pages::run_href;
 use super::session::SessionUser;
 use super::{AppState, WebError};
@@ -102,7 +102,7 @@ pub fn render(
                 tr {
                     td { (tenant_cell(&r.tenant)) }
                     td { (r.matches) }
-                    td class=(if r.mismatches == 0 { "ok" } else { "bad" }) { (r.mismatches) }
+                    td class=(ok_class(r.mismatches == 0)) { (r.mismatches) }
                     td { (r.failed) }
                     td { (time(r.last_at)) }
                 }
