@@ -144,7 +144,6 @@ mod x86 {
             let mut acc = [[_mm512_setzero_ps(); 8]; NT];
             let mut msum = [_mm512_setzero_ps(); NT];
             let low = _mm512_set1_epi8(0x0F);
-            let ones = _mm256_set1_epi8(1);
             let mut qy = [a.qs.as_ptr(); NT];
             for (j, p) in qy.iter_mut().enumerate() {
                 *p = a.qs.as_ptr().add((t0 + j) * a.cols);
@@ -192,27 +191,21 @@ mod x86 {
                         msum[j] = _mm512_add_ps(msum[j], _mm512_mul_ps(mw, _mm512_set1_ps(s)));
                     }
                     // The lanes' starting values: 0, or `-offset * sum(y)` over the lane's four
-                    // activations for the offset-stored signed quants.
-                    let mut init = [0i32; 8];
-                    if TY != Q4_1 {
-                        let y = _mm256_loadu_si256(yb as *const __m256i);
-                        let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, y);
-                        let shift = match TY {
-                            Q4_0 => 3,
-                            Q5_0 => 4,
-                            _ => 7,
-                        };
-                        let c = _mm256_sub_epi32(
-                            _mm256_setzero_si256(),
-                            _mm256_sllv_epi32(sums, _mm256_set1_epi32(shift)),
-                        );
-                        _mm256_storeu_si256(init.as_mut_ptr() as *mut __m256i, c);
-                    }
+                    // activations for the offset-stored signed quants (the sums come with the
+                    // activations, negated, once per token and block).
+                    let lanes = a.neg_lane_sums.as_ptr().add(k * 8);
                     // Lane k takes the activations of elements 4k..4k + 4 (Q8_0: line k; Q4_x
                     // and Q5_0: the low nibbles of line k, or the high ones of line k - 4).
                     for (k, wk) in w.iter().enumerate() {
                         let y4 = _mm512_set1_epi32((yb.add(4 * k) as *const i32).read_unaligned());
-                        let p = _mm512_dpbusd_epi32(_mm512_set1_epi32(init[k]), *wk, y4);
+                        let neg = _mm512_set1_epi32(*lanes.add(k));
+                        let init = match TY {
+                            Q4_0 => _mm512_slli_epi32::<3>(neg),
+                            Q5_0 => _mm512_slli_epi32::<4>(neg),
+                            Q8_0 => _mm512_slli_epi32::<7>(neg),
+                            _ => _mm512_setzero_si512(),
+                        };
+                        let p = _mm512_dpbusd_epi32(init, *wk, y4);
                         acc[j][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[j][k]);
                     }
                 }
