@@ -47,7 +47,8 @@ pub use cpu::{
 use cpu::attention_tiled;
 use cpu::{attention_decode, attention_sums};
 
-pub use attention::{paged_attention, AttnGeometry, KvBlock};
+pub use attention::{paged_attention, paged_attention_decode_many, AttnGeometry, KvBlock};
+pub use attention_decode::DecodeQuery;
 pub use device::{Device, ParseDeviceError};
 pub use isa::Isa;
 pub use matmul::packed::PackedRows;

@@ -5,9 +5,9 @@ mod common;
 
 use common::{max_rel_err, Rng};
 use half::f16;
-use pagewarden_kernels::attention::paged_attention_with;
+use pagewarden_kernels::attention::{paged_attention_decode_many_with, paged_attention_with};
 use pagewarden_kernels::attention_flash::flash_attention;
-use pagewarden_kernels::{AttnGeometry, Isa, KvBlock, Parallel};
+use pagewarden_kernels::{AttnGeometry, DecodeQuery, Isa, KvBlock, Parallel};
 
 /// Dense reference: k, v are [tokens][kv_heads*hd] f32 (already f16-rounded).
 fn naive(geo: &AttnGeometry, q: &[f32], n: usize, first: usize, k: &[f32], v: &[f32]) -> Vec<f32> {
@@ -154,6 +154,87 @@ fn paged_matches_dense_for_prefill_chunks_and_decode() {
                     assert!(
                         same,
                         "{geo:?} first={first} n={n} {isa:?} x{threads} differs from portable"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A decode step's attention for several sequences at once (one parallel pass over all of
+/// them) gives each sequence the bits of its own one-token attention, with contexts of one
+/// score task and of several (their softmax a pass of its own), with and without a window.
+#[test]
+fn decode_of_a_batch_gives_each_sequence_its_own_bits() {
+    let mut rng = Rng::new(23);
+    for window in [None, Some(40), Some(300)] {
+        let geo = AttnGeometry {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 64,
+            page_size: 16,
+            window,
+            score_scale: None,
+        };
+        let (tw, qw) = (geo.token_width(), geo.heads * geo.head_dim);
+        let pe = geo.page_size * tw;
+        let keys = [1usize, 6, 300, 17, 611, 1000, 256, 257];
+        let kv: Vec<(Vec<f16>, Vec<f16>)> = keys
+            .iter()
+            .map(|&k| {
+                let n = k.div_ceil(geo.page_size) * pe;
+                let to_f16 = |v: Vec<f32>| v.iter().map(|x| f16::from_f32(*x)).collect();
+                (to_f16(rng.vec(n, 1.0)), to_f16(rng.vec(n, 1.0)))
+            })
+            .collect();
+        let blocks: Vec<Vec<KvBlock<'_>>> = kv
+            .iter()
+            .map(|(k, v)| {
+                k.chunks_exact(pe)
+                    .zip(v.chunks_exact(pe))
+                    .map(|(k, v)| KvBlock { k, v })
+                    .collect()
+            })
+            .collect();
+        let q = rng.vec(keys.len() * qw, 2.0);
+        for isa in Isa::available() {
+            for threads in [1, 2] {
+                let par = Parallel::new(threads);
+                let mut alone = vec![0f32; q.len()];
+                for (i, &k) in keys.iter().enumerate() {
+                    let r = i * qw..(i + 1) * qw;
+                    paged_attention_with(
+                        isa,
+                        &geo,
+                        &q[r.clone()],
+                        1,
+                        k - 1,
+                        &blocks[i],
+                        &mut alone[r],
+                        &par,
+                    );
+                }
+                let mut together = vec![0f32; q.len()];
+                let mut queries: Vec<DecodeQuery<'_, '_>> = together
+                    .chunks_exact_mut(qw)
+                    .enumerate()
+                    .map(|(i, out)| DecodeQuery {
+                        q: &q[i * qw..(i + 1) * qw],
+                        keys: keys[i],
+                        blocks: &blocks[i],
+                        out,
+                    })
+                    .collect();
+                paged_attention_decode_many_with(isa, &geo, &mut queries, &par);
+                for (i, k) in keys.iter().enumerate() {
+                    let r = i * qw..(i + 1) * qw;
+                    let same = together[r.clone()]
+                        .iter()
+                        .zip(&alone[r])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{window:?} {isa:?} x{threads}: sequence {i} ({k} keys) differs"
                     );
                 }
             }

@@ -19,6 +19,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use crate::activation::{softmax_padded, LANES};
+use crate::attention_decode::DecodeQuery;
 use crate::attention_sums::{
     dot_gemm, dot_vec, weighted_add, weighted_finish, weighted_start, Order, VEC_STEP,
 };
@@ -145,6 +146,34 @@ pub fn paged_attention(
     par: &Parallel,
 ) {
     paged_attention_with(Isa::detect(), geo, q, n, first_pos, blocks, out, par)
+}
+
+/// Decode attention of a batch: each query is one sequence's single new token
+/// ([`paged_attention`] with `n = 1` and `first_pos = keys - 1`, the same bits), all
+/// sequences' work in the same parallel passes.
+pub fn paged_attention_decode_many(
+    geo: &AttnGeometry,
+    queries: &mut [DecodeQuery<'_, '_>],
+    par: &Parallel,
+) {
+    paged_attention_decode_many_with(Isa::detect(), geo, queries, par)
+}
+
+/// [`paged_attention_decode_many`] with an explicit instruction set.
+pub fn paged_attention_decode_many_with(
+    isa: Isa,
+    geo: &AttnGeometry,
+    queries: &mut [DecodeQuery<'_, '_>],
+    par: &Parallel,
+) {
+    for d in queries.iter() {
+        assert!(
+            d.keys > 0,
+            "attention: a decode query attends over its own key"
+        );
+        geo.check_call(d.q, 1, d.keys - 1, d.blocks, d.out);
+    }
+    crate::attention_decode::decode_many(isa, geo, queries, par);
 }
 
 /// [`paged_attention`] with an explicit instruction set.

@@ -39,6 +39,19 @@ unsafe impl Send for Shared {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Shared {}
 
+/// One sequence's query for [`decode_many`]: its query row at position `keys - 1`, the pages
+/// of its keys `0..keys`, and its output row.
+pub struct DecodeQuery<'a, 'b> {
+    /// `heads * head_dim` query values.
+    pub q: &'a [f32],
+    /// Keys attended over (the query's position plus one).
+    pub keys: usize,
+    /// The sequence's K/V blocks of this layer, page by page.
+    pub blocks: &'a [KvBlock<'b>],
+    /// `heads * head_dim` output values.
+    pub out: &'a mut [f32],
+}
+
 /// Attention of one query token at position `keys - 1` over keys `0..keys`.
 pub(crate) fn decode(
     isa: Isa,
@@ -49,35 +62,88 @@ pub(crate) fn decode(
     out: &mut [f32],
     par: &Parallel,
 ) {
+    decode_many(
+        isa,
+        geo,
+        &mut [DecodeQuery {
+            q,
+            keys,
+            blocks,
+            out,
+        }],
+        par,
+    );
+}
+
+/// [`decode`] for every sequence of a batched decode step at once: each pass is one parallel
+/// region over the tasks of all the sequences (a step of 16 sequences ran 32 regions a layer
+/// one sequence after another, most of them shorter than the threads' hand-over). Every task
+/// is the one [`decode`] runs for its sequence alone, so each output has the same bits.
+pub fn decode_many(
+    isa: Isa,
+    geo: &AttnGeometry,
+    queries: &mut [DecodeQuery<'_, '_>],
+    par: &Parallel,
+) {
     let (hd, heads) = (geo.head_dim, geo.heads);
     let group = heads / geo.kv_heads;
+    let outs: Vec<Shared> = queries
+        .iter_mut()
+        .map(|d| {
+            assert_eq!(d.out.len(), heads * hd, "one output row");
+            Shared(d.out.as_mut_ptr())
+        })
+        .collect();
+    let queries: &[DecodeQuery<'_, '_>] = queries;
     // Like llama.cpp with an f16 KV cache, q is rounded to f16 before it meets K.
-    let mut qh = q.to_vec();
-    let mut tmp = vec![f16::ZERO; qh.len()];
-    round_f16(&mut qh, &mut tmp);
-
+    let qhs: Vec<Vec<f32>> = queries
+        .iter()
+        .map(|d| {
+            let mut qh = d.q.to_vec();
+            let mut tmp = vec![f16::ZERO; qh.len()];
+            round_f16(&mut qh, &mut tmp);
+            qh
+        })
+        .collect();
     // The fast paths visit a sliding window's keys only, from a multiple of `VEC_STEP` (the
     // weighted sums' lanes; `AttnGeometry::first_visited`); the reference scans every key.
-    let base = match isa {
-        Isa::Portable => 0,
-        Isa::Avx2 | Isa::Avx512 => geo.first_visited(keys, VEC_STEP),
-    };
-    let span = keys - base;
-    let mut scores = vec![0f32; heads * span];
-    let sp = Shared(scores.as_mut_ptr());
-    let runs = span.div_ceil(SCORE_KEYS);
-    par.for_each_index(geo.kv_heads * runs, |t| {
+    let bases: Vec<usize> = queries
+        .iter()
+        .map(|d| match isa {
+            Isa::Portable => 0,
+            Isa::Avx2 | Isa::Avx512 => geo.first_visited(d.keys, VEC_STEP),
+        })
+        .collect();
+    let spans: Vec<usize> = queries
+        .iter()
+        .zip(&bases)
+        .map(|(d, b)| d.keys - b)
+        .collect();
+    let runs: Vec<usize> = spans.iter().map(|s| s.div_ceil(SCORE_KEYS)).collect();
+    let mut scores: Vec<Vec<f32>> = spans.iter().map(|s| vec![0f32; heads * s]).collect();
+    let sps: Vec<Shared> = scores.iter_mut().map(|s| Shared(s.as_mut_ptr())).collect();
+
+    // Pass 1 (and the softmax of sequences whose keys one task scores): every sequence's
+    // (kv head, run of keys) tasks.
+    let score_tasks: Vec<(usize, usize)> = runs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &r)| (0..geo.kv_heads * r).map(move |t| (i, t)))
+        .collect();
+    par.for_each_index(score_tasks.len(), |k| {
+        let (i, t) = score_tasks[k];
+        let (d, base, span, runs, sp) = (&queries[i], bases[i], spans[i], runs[i], sps[i]);
         let (g, r) = (t / runs, t % runs);
         let (j0, j1) = (
             base + r * SCORE_KEYS,
-            (base + (r + 1) * SCORE_KEYS).min(keys),
+            (base + (r + 1) * SCORE_KEYS).min(d.keys),
         );
         let job = ScoreTask {
             geo,
-            qh: &qh,
+            qh: &qhs[i],
             base,
             span,
-            blocks,
+            blocks: d.blocks,
             g,
             j0,
             j1,
@@ -99,26 +165,39 @@ pub(crate) fn decode(
                 .for_each(|s| softmax_row(isa, geo, base, s));
         }
     });
-    if runs > 1 {
-        par.for_each_chunk(&mut scores, span, |_, s| softmax_row(isa, geo, base, s));
-    }
+    // Pass 2: the softmax of the other sequences' rows, a query head a task.
+    let softmax_tasks: Vec<(usize, usize)> = runs
+        .iter()
+        .enumerate()
+        .filter(|(_, &r)| r > 1)
+        .flat_map(|(i, _)| (0..heads).map(move |h| (i, h)))
+        .collect();
+    par.for_each_index(softmax_tasks.len(), |k| {
+        let (i, h) = softmax_tasks[k];
+        let span = spans[i];
+        // SAFETY: row h of sequence i's scores belongs to this task alone.
+        let row = unsafe { std::slice::from_raw_parts_mut(sps[i].0.add(h * span), span) };
+        softmax_row(isa, geo, bases[i], row);
+    });
 
+    // Pass 3: every sequence's (kv head, block of output columns) tasks.
     let cols = if hd.is_multiple_of(COLS) { COLS } else { hd };
     let cblocks = hd / cols;
-    let op = Shared(out.as_mut_ptr());
     let scores = &scores;
-    par.for_each_index(geo.kv_heads * cblocks, |t| {
+    let sum_tasks = queries.len() * geo.kv_heads * cblocks;
+    par.for_each_index(sum_tasks, |k| {
+        let (i, t) = (k / (geo.kv_heads * cblocks), k % (geo.kv_heads * cblocks));
         let job = SumTask {
             geo,
-            base,
-            keys,
-            blocks,
+            base: bases[i],
+            keys: queries[i].keys,
+            blocks: queries[i].blocks,
             g: t / cblocks,
             c0: (t % cblocks) * cols,
             cols,
             group,
-            scores,
-            out: op,
+            scores: &scores[i],
+            out: outs[i],
             isa,
         };
         match isa {

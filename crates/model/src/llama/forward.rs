@@ -11,7 +11,10 @@ use pagewarden_kernels::attention_flash::flash_attention;
 use pagewarden_kernels::norm::rms_norm;
 use pagewarden_kernels::quant::dequantize_row;
 use pagewarden_kernels::rope::Rope;
-use pagewarden_kernels::{matmul, matmul_many, paged_attention, AttnGeometry, KvBlock, QMatrix};
+use pagewarden_kernels::{
+    matmul, matmul_many, paged_attention, paged_attention_decode_many, AttnGeometry, DecodeQuery,
+    KvBlock, QMatrix,
+};
 use pagewarden_kvcache::{ReadablePages, SharedPages};
 
 use super::{Model, ModelError};
@@ -347,7 +350,9 @@ impl Model {
     }
 
     /// Attention of every live sequence over its own pages (writing this layer's K/V rows
-    /// first), then the output projection into `p.proj`.
+    /// first), then the output projection into `p.proj`. A decode step (one token per
+    /// sequence) attends for all its sequences in the same parallel passes; the arithmetic
+    /// per sequence is the same either way.
     pub(crate) fn attention(
         &self,
         l: usize,
@@ -356,9 +361,15 @@ impl Model {
         p: &mut Pass,
     ) {
         p.att.fill(0.0);
-        for s in seqs.iter_mut().filter(|s| s.ok()) {
-            if let Err(e) = self.attend(s, l, lw.attn.window, p) {
-                s.error = Some(e);
+        let window = lw.attn.window;
+        let one_token_each = seqs.iter().filter(|s| s.ok()).all(|s| s.tokens.len() == 1);
+        if one_token_each && !self.flash_attention() {
+            self.attend_decode(seqs, l, window, p);
+        } else {
+            for s in seqs.iter_mut().filter(|s| s.ok()) {
+                if let Err(e) = self.attend(s, l, window, p) {
+                    s.error = Some(e);
+                }
             }
         }
         self.mm(&lw.wo, &p.att, p.rows, &mut p.proj);
@@ -390,6 +401,46 @@ impl Model {
             .map(ModelError::from)
     }
 
+    /// The geometry of layer attention over pages of `page_size` tokens.
+    fn geometry(&self, page_size: usize, window: Option<usize>) -> AttnGeometry {
+        let cfg = &self.config;
+        AttnGeometry {
+            heads: cfg.heads,
+            kv_heads: cfg.kv_heads,
+            head_dim: cfg.head_dim,
+            page_size,
+            window,
+            // Gemma 3 and Phi-3 scale their queries before attention (llama.cpp's `kq_scale`
+            // is then 1).
+            score_scale: cfg.arch.recipe().q_prescaled.then_some(1.0),
+        }
+    }
+
+    /// Writes this sequence's K/V rows of layer `l` (its tokens' rows of `p.k`, `p.v`) into
+    /// its pages.
+    fn write_kv(&self, s: &mut SeqWork<'_>, l: usize, p: &Pass) -> Result<(), ModelError> {
+        let kvw = self.config.kv_width();
+        for i in 0..s.tokens.len() {
+            let r = s.row0 + i;
+            let (kr, vr) = s.pages.kv_row_mut(l, s.start + i - s.prefix_tokens())?;
+            to_f16(&p.k[r * kvw..(r + 1) * kvw], kr);
+            to_f16(&p.v[r * kvw..(r + 1) * kvw], vr);
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s blocks of every page of `s` up to its last token, each generation-checked
+    /// by `layer_block`.
+    fn blocks<'s>(
+        &self,
+        s: &'s SeqWork<'_>,
+        l: usize,
+        page_size: usize,
+    ) -> Result<Vec<KvBlock<'s>>, ModelError> {
+        let pages = (s.start + s.tokens.len()).div_ceil(page_size);
+        (0..pages).map(|pg| s.layer_block(l, pg)).collect()
+    }
+
     /// Writes this sequence's K/V rows for layer `l` into its pages, then attends over every
     /// page it owns up to its last token. Every read is generation-checked by `layer_block`.
     fn attend(
@@ -399,30 +450,11 @@ impl Model {
         window: Option<usize>,
         p: &mut Pass,
     ) -> Result<(), ModelError> {
-        let cfg = &self.config;
-        let (qw, kvw) = (cfg.q_width(), cfg.kv_width());
+        let qw = self.config.q_width();
         let n = s.tokens.len();
-        let geo = &AttnGeometry {
-            heads: cfg.heads,
-            kv_heads: cfg.kv_heads,
-            head_dim: cfg.head_dim,
-            page_size: s.pages.layout().page_size,
-            window,
-            // Gemma 3 and Phi-3 scale their queries before attention (llama.cpp's `kq_scale`
-            // is then 1).
-            score_scale: cfg.arch.recipe().q_prescaled.then_some(1.0),
-        };
-        for i in 0..n {
-            let r = s.row0 + i;
-            let (kr, vr) = s.pages.kv_row_mut(l, s.start + i - s.prefix_tokens())?;
-            to_f16(&p.k[r * kvw..(r + 1) * kvw], kr);
-            to_f16(&p.v[r * kvw..(r + 1) * kvw], vr);
-        }
-        let end = s.start + n;
-        let pages = end.div_ceil(geo.page_size);
-        let blocks = (0..pages)
-            .map(|pg| s.layer_block(l, pg))
-            .collect::<Result<Vec<_>, _>>()?;
+        let geo = &self.geometry(s.pages.layout().page_size, window);
+        self.write_kv(s, l, p)?;
+        let blocks = self.blocks(s, l, geo.page_size)?;
         let r0 = s.row0;
         let (q, out) = (
             &p.q[r0 * qw..(r0 + n) * qw],
@@ -434,6 +466,59 @@ impl Model {
             paged_attention(geo, q, n, s.start, &blocks, out, &self.par);
         }
         Ok(())
+    }
+
+    /// [`Self::attend`] for a decode step, every live sequence one token: the K/V rows are
+    /// written sequence by sequence, then all of them attend at once
+    /// ([`paged_attention_decode_many`]). A sequence whose write or read fails is marked
+    /// failed; the others attend.
+    fn attend_decode(
+        &self,
+        seqs: &mut [SeqWork<'_>],
+        l: usize,
+        window: Option<usize>,
+        p: &mut Pass,
+    ) {
+        for s in seqs.iter_mut().filter(|s| s.ok()) {
+            if let Err(e) = self.write_kv(s, l, p) {
+                s.error = Some(e);
+            }
+        }
+        let Some(page_size) = seqs
+            .iter()
+            .find(|s| s.ok())
+            .map(|s| s.pages.layout().page_size)
+        else {
+            return;
+        };
+        let geo = self.geometry(page_size, window);
+        let qw = self.config.q_width();
+        let mut failed = Vec::new();
+        {
+            let mut outs: Vec<Option<&mut [f32]>> = p.att.chunks_exact_mut(qw).map(Some).collect();
+            let mut live = Vec::new();
+            for (i, s) in seqs.iter().enumerate().filter(|(_, s)| s.ok()) {
+                match self.blocks(s, l, page_size) {
+                    Ok(blocks) => live.push((s.row0, s.start + 1, blocks)),
+                    Err(e) => failed.push((i, e)),
+                }
+            }
+            let mut queries: Vec<DecodeQuery<'_, '_>> = live
+                .iter()
+                .map(|(row, keys, blocks)| DecodeQuery {
+                    q: &p.q[row * qw..(row + 1) * qw],
+                    keys: *keys,
+                    blocks,
+                    out: outs[*row]
+                        .take()
+                        .expect("each sequence has rows of its own"),
+                })
+                .collect();
+            paged_attention_decode_many(&geo, &mut queries, &self.par);
+        }
+        for (i, e) in failed {
+            seqs[i].error = Some(e);
+        }
     }
 }
 
