@@ -18,7 +18,9 @@
 use std::arch::x86_64::*;
 
 use super::packed::{prefetch_ahead, PackedRows, GROUP};
-use super::packed_k::{Q4_K_LINES, Q4_K_QUANTS, Q6_K_HIGHS, Q6_K_LINES, Q6_K_NIBBLES, Q6_K_SCALES};
+use super::packed_k::{
+    q6_k_high_line, q6_k_nibble_line, Q4_K_LINES, Q4_K_QUANTS, Q6_K_LINES, Q6_K_SCALES,
+};
 use super::q4k_repacked::Route;
 use super::QMatrix;
 use crate::act_k::QuantizedActsK;
@@ -250,8 +252,7 @@ unsafe fn q6_k<const NT: usize>(
                 sc32[s] = x;
                 sc[s] = _mm512_or_si512(_mm512_and_si512(x, low16), _mm512_slli_epi32::<16>(x));
             }
-            let nibbles = rec.add(64 * Q6_K_NIBBLES) as *const __m512i;
-            let highs = rec.add(64 * Q6_K_HIGHS) as *const __m512i;
+            let lines = rec as *const __m512i;
             let mut dd = [_mm512_setzero_ps(); NT];
             for (j, v) in dd.iter_mut().enumerate() {
                 *v = _mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + j) * nb + b]), d);
@@ -260,13 +261,13 @@ unsafe fn q6_k<const NT: usize>(
             for m in 0..8 {
                 // Lane m: line 8 run + m of every 32-element run, scale `(8 run + m) / 4`.
                 let high = [
-                    _mm512_load_si512(highs.add(m)),
-                    _mm512_load_si512(highs.add(m + 8)),
+                    _mm512_load_si512(lines.add(q6_k_high_line(m))),
+                    _mm512_load_si512(lines.add(q6_k_high_line(m + 8))),
                 ];
                 let mut lane = [_mm512_setzero_si512(); NT];
                 for run in 0..QK_K / 32 {
                     let line = 8 * run + m;
-                    let w = q6_k_line(nibbles, &high, m, run, low4, two);
+                    let w = q6_k_line(lines, &high, m, run, low4, two);
                     let s = sc[line / 4];
                     for j in 0..NT {
                         let y = y4(ys[j].add(b * QK_K + 4 * line));
@@ -325,7 +326,7 @@ unsafe fn q6_k<const NT: usize>(
 /// (`high[run % 2]`); `low4` is 0x0F and `two` 0x30 in every byte.
 #[inline(always)]
 unsafe fn q6_k_line(
-    nibbles: *const __m512i,
+    lines: *const __m512i,
     high: &[__m512i; 2],
     m: usize,
     run: usize,
@@ -334,7 +335,7 @@ unsafe fn q6_k_line(
 ) -> __m512i {
     // SAFETY: the caller upholds this function's contract (its `# Safety`).
     unsafe {
-        let n = _mm512_load_si512(nibbles.add((8 * run + m) % 32));
+        let n = _mm512_load_si512(lines.add(q6_k_nibble_line((8 * run + m) % 32)));
         let n = if run < 4 {
             n
         } else {

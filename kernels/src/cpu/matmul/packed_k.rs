@@ -21,14 +21,20 @@
 //! - line 0: the sixteen f16 `d`;
 //! - lines 1-4: the i8 scales, byte `16s + r` (of line `1 + s / 4`) = row `r`'s scale `s`;
 //! - value line `L` (0..64) is elements `4L..4L + 4` of each row plus 32 (0..=63), bytes
-//!   `4r..4r + 4` row `r`'s; it is stored split:
-//!   - lines 5-36, nibble line `N` (0..32): value line `N`'s low four bits in each byte's low
-//!     nibble, value line `N + 32`'s in its high nibble;
-//!   - lines 37-52, high line `H` (0..16): bits `2i, 2i + 1` of each byte are bits 4 and 5 of
-//!     value line `H + 16i` (`i` in 0..4).
-//!
-//! All of one ggml lane's value lines (`8 run + m`, `kquant_avx512::q6_k`) come from nibble
-//! lines `m, m + 8, m + 16, m + 24` and high lines `m, m + 8`.
+//!   `4r..4r + 4` row `r`'s; it is stored split into nibble lines and high lines:
+//!   - nibble line `N` (0..32): value line `N`'s low four bits in each byte's low nibble,
+//!     value line `N + 32`'s in its high nibble;
+//!   - high line `H` (0..16): bits `2i, 2i + 1` of each byte are bits 4 and 5 of value line
+//!     `H + 16i` (`i` in 0..4).
+//! - lines 5-52: the nibble and high lines grouped by ggml lane, in the order the kernel reads
+//!   them: all of lane `m`'s value lines (`8 run + m`, `kquant_avx512::q6_k`) come from high
+//!   lines `m, m + 8` and nibble lines `m, m + 8, m + 16, m + 24`, which are lines
+//!   `5 + 6m ..= 10 + 6m` in that order ([`q6_k_high_line`], [`q6_k_nibble_line`]). Walked in
+//!   order, a record is read front to back: the hardware prefetchers follow that. Interleaved
+//!   by kind (all nibble lines, then all high lines), a lane's six lines lay 512 bytes apart,
+//!   and on a Zen 4 (family 25 model 17) a Q6_K product from memory ran at 9 GB/s on one core
+//!   beside 25 GB/s from cache, with the prefetch requests of `packed::prefetch_ahead` or
+//!   without.
 
 use super::packed::{Line, GROUP};
 use super::QMatrix;
@@ -41,10 +47,20 @@ pub(crate) const Q4_K_LINES: usize = 37;
 pub(crate) const Q6_K_LINES: usize = 53;
 /// First quant line of a Q4_K record.
 pub(crate) const Q4_K_QUANTS: usize = 5;
-/// First scale, nibble and high line of a Q6_K record.
+/// First scale line of a Q6_K record.
 pub(crate) const Q6_K_SCALES: usize = 1;
-pub(crate) const Q6_K_NIBBLES: usize = 5;
-pub(crate) const Q6_K_HIGHS: usize = 37;
+/// First line of a Q6_K record's lanes (six lines each).
+const Q6_K_LANES: usize = 5;
+
+/// The record line that holds nibble line `n` (0..32) of a Q6_K record.
+pub(crate) const fn q6_k_nibble_line(n: usize) -> usize {
+    Q6_K_LANES + 6 * (n % 8) + 2 + n / 8
+}
+
+/// The record line that holds high line `h` (0..16) of a Q6_K record.
+pub(crate) const fn q6_k_high_line(h: usize) -> usize {
+    Q6_K_LANES + 6 * (h % 8) + h / 8
+}
 
 /// Writes the record of super-block `b` of rows `g * GROUP..` of `w` into `out`.
 pub(crate) fn pack_record(w: &QMatrix<'_>, g: usize, b: usize, out: &mut [Line]) {
@@ -91,10 +107,10 @@ fn pack_q6_k(blk: &[u8], r: usize, rec: &mut [u8]) {
     let v = |line: usize, k: usize| q[4 * line + k];
     for k in 0..4 {
         for n in 0..32 {
-            rec[(Q6_K_NIBBLES + n) * 64 + 4 * r + k] = (v(n, k) & 0x0F) | (v(n + 32, k) << 4);
+            rec[q6_k_nibble_line(n) * 64 + 4 * r + k] = (v(n, k) & 0x0F) | (v(n + 32, k) << 4);
         }
         for h in 0..16 {
-            rec[(Q6_K_HIGHS + h) * 64 + 4 * r + k] =
+            rec[q6_k_high_line(h) * 64 + 4 * r + k] =
                 (0..4).fold(0, |b, i| b | ((v(h + 16 * i, k) >> 4) << (2 * i)));
         }
     }
