@@ -83,7 +83,8 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
     pub flash_attention: bool,
-    /// Most requests in flight at once (prefill: concurrent forward passes; decode: batch size).
+    /// Most requests in flight at once (prefill: concurrent forward passes, default 8; decode:
+    /// sequences per decode step, default 256).
     #[arg(long)]
     pub max_concurrency: Option<usize>,
     /// Prompt tokens per prefill chunk.
@@ -154,6 +155,8 @@ pub struct WorkerDefaults {
     pub metrics_addr: SocketAddr,
     /// Default transfer address.
     pub transfer_addr: SocketAddr,
+    /// Default `--max-concurrency`: prefill's prompts computing at once; decode's batch.
+    pub max_concurrency: usize,
 }
 
 impl WorkerDefaults {
@@ -165,6 +168,9 @@ impl WorkerDefaults {
             grpc_addr: ([127, 0, 0, 1], 7101).into(),
             metrics_addr: ([127, 0, 0, 1], 7102).into(),
             transfer_addr: ([127, 0, 0, 1], 0).into(),
+            // Admitted prompts take turns a chunk at a time on one engine; more of them only
+            // hold more pages.
+            max_concurrency: 8,
         }
     }
 
@@ -176,6 +182,11 @@ impl WorkerDefaults {
             grpc_addr: ([127, 0, 0, 1], 7201).into(),
             metrics_addr: ([127, 0, 0, 1], 7202).into(),
             transfer_addr: ([127, 0, 0, 1], 7203).into(),
+            // Every running sequence in one step, as vLLM's `max_num_seqs` (256): a step reads
+            // the weights once for its whole batch, so a bound below the streams served only
+            // makes them take turns; the pool bounds the batch before this does (a sequence
+            // that gets no page is preempted).
+            max_concurrency: 256,
         }
     }
 }
@@ -273,7 +284,10 @@ impl WorkerConfig {
             (None, None) => PoolSize::TwoContexts,
         };
         let page_size = nonzero("page_size", s.page_size.unwrap_or(16))?;
-        let max_concurrency = nonzero("max_concurrency", s.max_concurrency.unwrap_or(8))?;
+        let max_concurrency = nonzero(
+            "max_concurrency",
+            s.max_concurrency.unwrap_or(defaults.max_concurrency),
+        )?;
         let chunk_tokens = nonzero("chunk_tokens", s.chunk_tokens.unwrap_or(256))?;
         let metrics_token = match (s.metrics_token.as_deref(), &s.metrics_token_file) {
             (None, None) => None,
