@@ -19,8 +19,9 @@ pub struct QuantizedActs {
     pub d: Vec<f32>,
     /// `rows * cols / 32` block sums times scale (Q8_1's `s`).
     pub s: Vec<f32>,
-    /// `rows * cols / 4` negated sums of each four consecutive quants (one of ggml's eight
-    /// lanes of a block): the 512-bit kernels start a lane of an offset-stored weight type at
+    /// Empty, or (after [`QuantizedActs::add_lane_sums`]) `rows * cols / 4` negated sums of
+    /// each four consecutive quants (one of ggml's eight lanes of a block): the 512-bit
+    /// kernels start a lane of an offset-stored weight type (Q4_0, Q5_0, Q8_0) at
     /// `neg_lane_sums << log2(offset)` instead of summing the activations again for every
     /// group of sixteen weight rows.
     pub neg_lane_sums: Vec<i32>,
@@ -30,6 +31,17 @@ impl QuantizedActs {
     /// Blocks per row.
     pub fn blocks(&self) -> usize {
         self.cols / QK
+    }
+
+    /// Fills [`QuantizedActs::neg_lane_sums`] (once; only products that read them ask).
+    pub fn add_lane_sums(&mut self) {
+        if self.neg_lane_sums.is_empty() {
+            self.neg_lane_sums = self
+                .qs
+                .chunks_exact(LANE)
+                .map(|four| -four.iter().map(|&v| i32::from(v)).sum::<i32>())
+                .collect();
+        }
     }
 }
 
@@ -56,27 +68,21 @@ pub fn quantize_acts_with(
         qs: vec![0; rows * cols],
         d: vec![0.0; nb],
         s: vec![0.0; nb],
-        neg_lane_sums: vec![0; rows * cols / LANE],
+        neg_lane_sums: Vec::new(),
     };
     let bpr = cols / QK;
-    let ptrs = Ptrs(
-        q.qs.as_mut_ptr(),
-        q.d.as_mut_ptr(),
-        q.s.as_mut_ptr(),
-        q.neg_lane_sums.as_mut_ptr(),
-    );
+    let ptrs = Ptrs(q.qs.as_mut_ptr(), q.d.as_mut_ptr(), q.s.as_mut_ptr());
     par.for_each_index(rows.div_ceil(ROWS_PER_TASK), |c| {
         let ptrs = &ptrs;
         let (r0, r1) = (c * ROWS_PER_TASK, ((c + 1) * ROWS_PER_TASK).min(rows));
         let (e0, e1, b0, b1) = (r0 * cols, r1 * cols, r0 * bpr, r1 * bpr);
-        // SAFETY: task `c` alone writes rows r0..r1 of the four buffers, which outlive
+        // SAFETY: task `c` alone writes rows r0..r1 of the three buffers, which outlive
         // the region.
-        let (qs, d, s, lanes) = unsafe {
+        let (qs, d, s) = unsafe {
             (
                 std::slice::from_raw_parts_mut(ptrs.0.add(e0), e1 - e0),
                 std::slice::from_raw_parts_mut(ptrs.1.add(b0), b1 - b0),
                 std::slice::from_raw_parts_mut(ptrs.2.add(b0), b1 - b0),
-                std::slice::from_raw_parts_mut(ptrs.3.add(e0 / LANE), (e1 - e0) / LANE),
             )
         };
         let xs = &x[e0..e1];
@@ -91,9 +97,6 @@ pub fn quantize_acts_with(
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 | Isa::Avx512 => quantize_blocks(xs, qs, d, s),
         }
-        for (o, four) in lanes.iter_mut().zip(qs.chunks_exact(LANE)) {
-            *o = -four.iter().map(|&v| i32::from(v)).sum::<i32>();
-        }
     });
     q
 }
@@ -104,8 +107,8 @@ const LANE: usize = 4;
 /// Rows per parallel task (one decode row runs inline).
 const ROWS_PER_TASK: usize = 16;
 
-/// The four output buffers, written at disjoint rows by the tasks of one region.
-struct Ptrs(*mut i8, *mut f32, *mut f32, *mut i32);
+/// The three output buffers, written at disjoint rows by the tasks of one region.
+struct Ptrs(*mut i8, *mut f32, *mut f32);
 // SAFETY: see `quantize_acts_with`.
 unsafe impl Sync for Ptrs {}
 

@@ -6,6 +6,13 @@
 
 use super::{avx2, packed, Acts, QMatrix};
 
+/// Whether this ISA's product with `w` reads [`QuantizedActs::neg_lane_sums`]
+/// (`crate::act::QuantizedActs`): the interleaved kernel of an offset-stored type.
+pub(super) fn reads_lane_sums(w: &QMatrix<'_>) -> bool {
+    use crate::quant::WeightType;
+    w.packed.is_some() && matches!(w.ty, WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0)
+}
+
 pub(super) fn rows(
     w: &QMatrix<'_>,
     r0: usize,
@@ -149,6 +156,11 @@ mod x86 {
                 *p = a.qs.as_ptr().add((t0 + j) * a.cols);
             }
             let lines = record_lines(pk.ty()).expect("packed types have records");
+            // Read unchecked below: `matmul_many_with` adds them for these types.
+            assert!(
+                TY == Q4_1 || a.neg_lane_sums.len() == a.qs.len() / 4,
+                "the lane sums of the activations"
+            );
             for b in 0..nb {
                 let rec = pk.record(g, b);
                 prefetch_ahead(rec, lines);

@@ -173,7 +173,13 @@ pub fn matmul_many_with(
     }
     // Each activation format the weights need, prepared once for all of them.
     let needs = |k: ActKind| ws.iter().any(|w| w.ty.act_kind() == k);
-    let quant = needs(ActKind::Q8).then(|| quantize_acts_with(isa, x, tokens, cols, par));
+    let quant = needs(ActKind::Q8).then(|| {
+        let mut q = quantize_acts_with(isa, x, tokens, cols, par);
+        if isa == Isa::Avx512 && ws.iter().any(avx512::reads_lane_sums) {
+            q.add_lane_sums();
+        }
+        q
+    });
     let quant_k = needs(ActKind::Q8K).then(|| quantize_acts_k_with(x, tokens, cols, par));
     let total: usize = ws.iter().map(|w| w.rows).sum();
     // About eight jobs per thread, so the last ones even out the threads (an uneven split of
