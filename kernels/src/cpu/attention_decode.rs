@@ -79,7 +79,7 @@ pub(crate) fn decode(
 /// region over the tasks of all the sequences (a step of 16 sequences ran 32 regions a layer
 /// one sequence after another, most of them shorter than the threads' hand-over). Every task
 /// is the one [`decode`] runs for its sequence alone, so each output has the same bits.
-pub fn decode_many(
+pub(crate) fn decode_many(
     isa: Isa,
     geo: &AttnGeometry,
     queries: &mut [DecodeQuery<'_, '_>],
@@ -87,12 +87,10 @@ pub fn decode_many(
 ) {
     let (hd, heads) = (geo.head_dim, geo.heads);
     let group = heads / geo.kv_heads;
+    // Every entry point has checked each query's shapes (`AttnGeometry::check_call`).
     let outs: Vec<Shared> = queries
         .iter_mut()
-        .map(|d| {
-            assert_eq!(d.out.len(), heads * hd, "one output row");
-            Shared(d.out.as_mut_ptr())
-        })
+        .map(|d| Shared(d.out.as_mut_ptr()))
         .collect();
     let queries: &[DecodeQuery<'_, '_>] = queries;
     // Like llama.cpp with an f16 KV cache, q is rounded to f16 before it meets K.

@@ -208,13 +208,9 @@ const PREFETCH_BYTES: usize = 8192;
 fn software_prefetch() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        // CPUID leaf 0: the vendor string in EBX, EDX, ECX.
+        // CPUID leaf 0: the vendor string in EBX, EDX, ECX ("Auth", "enti", "cAMD").
         let id = std::arch::x86_64::__cpuid(0);
-        let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx]
-            .iter()
-            .flat_map(|r| r.to_le_bytes())
-            .collect();
-        vendor != b"AuthenticAMD"
+        [id.ebx, id.edx, id.ecx] != [0x6874_7541, 0x6974_6e65, 0x444d_4163]
     })
 }
 
