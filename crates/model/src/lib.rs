@@ -23,6 +23,8 @@
 //! - `gguf/tiny.rs`: `tiny_llama_gguf`, the seeded tiny random Llama for model-free tests
 //! - `config.rs`: `LlamaConfig` from GGUF `<arch>.*` metadata
 //! - `rope_scaling.rs`: `RopeScaling` (linear factor, Llama 3's `rope_freqs`; other kinds refused)
+//! - `backend/mod.rs`: `Backend`, the ops of the one forward pass, which each device implements
+//! - `backend/cpu.rs`: `Cpu`, the CPU's backend (the reference): the kernels of `pagewarden_kernels`, K/V in the host pool's pages
 //! - `engine.rs`: `Engine::generate`, single-process generation over a local `KvPool`
 //! - `weights.rs`: weights as zero-copy views into the GGUF mapping, per-layer attention
 //! - `cuda/`: `GpuModel`, the Llama forward pass on a GPU over a device KV pool (feature `cuda`)
@@ -45,6 +47,8 @@
 
 #[cfg(feature = "engine")]
 pub mod arch;
+#[cfg(feature = "engine")]
+mod backend;
 pub mod chat;
 mod chat_guard;
 #[cfg(feature = "engine")]

@@ -46,6 +46,7 @@ impl From<ModelError> for ComputeError {
         let what = e.to_string();
         match e {
             ModelError::KvRead(r) => ComputeError::KvRefused(what, page_tag(&r)),
+            ModelError::DevicePageFault(_) => ComputeError::KvRefused(what, None),
             _ => ComputeError::Failed(what),
         }
     }

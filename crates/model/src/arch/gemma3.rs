@@ -4,13 +4,11 @@
 //! attention with RoPE base 10000; every sixth is global with the file's RoPE base. The norm
 //! weights are used as stored: the GGUF converter already folded Gemma's `1 + w` into them.
 
-use pagewarden_kernels::activation::geglu;
-use pagewarden_kernels::norm::rms_norm;
-
 use super::{Recipe, RopeStyle};
 
+use crate::backend::{Backend, Glu};
 use crate::gguf::{GgufFile, Metadata};
-use crate::llama::forward::{add_into, Pass, SeqWork};
+use crate::llama::forward::{Pass, SeqWork};
 use crate::llama::{Model, ModelError};
 use crate::weights::{vector, LayerAttention, LayerWeights};
 
@@ -106,24 +104,23 @@ impl Gemma3Norms {
 
 impl Model {
     /// One Gemma 3 block over the batch's rows.
-    pub(crate) fn gemma3_block(
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemma3_block<B: Backend>(
         &self,
+        b: &B,
+        step: &mut B::Step,
         norms: &Gemma3Norms,
         l: usize,
         lw: &LayerWeights<'_>,
         seqs: &mut [SeqWork<'_>],
-        p: &mut Pass,
-    ) {
+        p: &mut Pass<B>,
+    ) -> Result<(), B::Error> {
         let cfg = self.config();
         let eps = cfg.rms_eps;
-        rms_norm(&p.x, &lw.attn_norm, eps, &mut p.xn);
-        self.project_qkv(lw, p);
-        rms_norm(&p.q, &norms.q_norm, eps, &mut p.att);
-        std::mem::swap(&mut p.q, &mut p.att);
-        let mut kn = vec![0f32; p.k.len()];
-        rms_norm(&p.k, &norms.k_norm, eps, &mut kn);
-        p.k = kn;
-        p.rope(cfg, lw.attn.rope_base, true);
+        b.rms_norm(&p.x, &lw.attn_norm, eps, &mut p.xn)?;
+        self.project_qkv(b, lw, p)?;
+        p.norm_heads(b, &norms.q_norm, &norms.k_norm, eps)?;
+        p.rope(b, cfg, lw.attn.rope_base, true)?;
         // llama.cpp scales Q before attention (its `kq_scale` is then 1: `Recipe::q_prescaled`),
         // and both attention paths round Q to f16 after that scale, as llama.cpp does.
         let scale = if cfg.layers == LAYERS_27B {
@@ -131,16 +128,16 @@ impl Model {
         } else {
             1.0 / (cfg.head_dim as f32).sqrt()
         };
-        p.q.iter_mut().for_each(|v| *v *= scale);
-        self.attention(l, lw, seqs, p);
-        rms_norm(&p.proj, &norms.post_attn, eps, &mut p.xn);
-        add_into(&mut p.x, &p.xn);
-        rms_norm(&p.x, &lw.ffn_norm, eps, &mut p.xn);
-        self.project_gate_up(lw, p);
-        geglu(&mut p.gate, &p.up);
-        self.project_down(lw, p);
-        rms_norm(&p.proj, &norms.post_ffn, eps, &mut p.xn);
-        add_into(&mut p.x, &p.xn);
+        b.scale(&mut p.q, scale)?;
+        self.attention(b, step, l, lw, seqs, p)?;
+        b.rms_norm(&p.proj, &norms.post_attn, eps, &mut p.xn)?;
+        b.add(&mut p.x, &p.xn)?;
+        b.rms_norm(&p.x, &lw.ffn_norm, eps, &mut p.xn)?;
+        self.project_gate_up(b, lw, p)?;
+        b.glu(Glu::Gelu, &mut p.gate, &p.up)?;
+        self.project_down(b, lw, p)?;
+        b.rms_norm(&p.proj, &norms.post_ffn, eps, &mut p.xn)?;
+        b.add(&mut p.x, &p.xn)
     }
 }
 

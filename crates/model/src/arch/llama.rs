@@ -10,12 +10,10 @@
 //! [`Recipe`] says how it ropes and whether Q and K are normed; biases and fused tensors are
 //! in the layer's weights.
 
-use pagewarden_kernels::activation::swiglu;
-use pagewarden_kernels::norm::rms_norm;
-
 use super::{Recipe, RopeStyle};
+use crate::backend::{Backend, Glu};
 use crate::gguf::Metadata;
-use crate::llama::forward::{add_into, Pass, SeqWork};
+use crate::llama::forward::{Pass, SeqWork};
 use crate::llama::{Model, ModelError};
 use crate::weights::LayerWeights;
 
@@ -43,32 +41,34 @@ pub(crate) fn check_metadata(md: &Metadata) -> Result<(), ModelError> {
 
 impl Model {
     /// One Llama-style block over the batch's rows, as `recipe` says.
-    pub(crate) fn llama_block(
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn llama_block<B: Backend>(
         &self,
+        b: &B,
+        step: &mut B::Step,
         recipe: &Recipe,
         l: usize,
         lw: &LayerWeights<'_>,
         seqs: &mut [SeqWork<'_>],
-        p: &mut Pass,
-    ) {
+        p: &mut Pass<B>,
+    ) -> Result<(), B::Error> {
         let cfg = self.config();
-        rms_norm(&p.x, &lw.attn_norm, cfg.rms_eps, &mut p.xn);
-        self.project_qkv(lw, p);
+        b.rms_norm(&p.x, &lw.attn_norm, cfg.rms_eps, &mut p.xn)?;
+        self.project_qkv(b, lw, p)?;
         if let Some(n) = &lw.qk_norm {
-            p.norm_heads(&n.q, &n.k, cfg.rms_eps);
+            p.norm_heads(b, &n.q, &n.k, cfg.rms_eps)?;
         }
-        p.rope(cfg, lw.attn.rope_base, recipe.rope == RopeStyle::Neox);
+        p.rope(b, cfg, lw.attn.rope_base, recipe.rope == RopeStyle::Neox)?;
         if recipe.q_prescaled {
             // Both attention paths round Q to f16: round it scaled, as llama.cpp does.
-            let s = 1.0 / (cfg.head_dim as f32).sqrt();
-            p.q.iter_mut().for_each(|v| *v *= s);
+            b.scale(&mut p.q, 1.0 / (cfg.head_dim as f32).sqrt())?;
         }
-        self.attention(l, lw, seqs, p);
-        add_into(&mut p.x, &p.proj);
-        rms_norm(&p.x, &lw.ffn_norm, cfg.rms_eps, &mut p.xn);
-        self.project_gate_up(lw, p);
-        swiglu(&mut p.gate, &p.up);
-        self.project_down(lw, p);
-        add_into(&mut p.x, &p.proj);
+        self.attention(b, step, l, lw, seqs, p)?;
+        b.add(&mut p.x, &p.proj)?;
+        b.rms_norm(&p.x, &lw.ffn_norm, cfg.rms_eps, &mut p.xn)?;
+        self.project_gate_up(b, lw, p)?;
+        b.glu(Glu::Silu, &mut p.gate, &p.up)?;
+        self.project_down(b, lw, p)?;
+        b.add(&mut p.x, &p.proj)
     }
 }

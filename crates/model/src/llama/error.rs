@@ -71,4 +71,12 @@ pub enum ModelError {
     /// More KV pages could not be allocated.
     #[error("kv allocation failed: {0}")]
     KvReserve(#[from] ReserveError),
+    /// The device running the pass failed (a GPU's driver error): every sequence of the pass
+    /// failed with it, each length unchanged.
+    #[error("device failed: {0}")]
+    Device(String),
+    /// The device refused the sequence's pages (a generation that is not the page's current
+    /// one, a page outside the pool, a table too short): no data of them was used (I1).
+    #[error("kv read refused on the device: {0}")]
+    DevicePageFault(String),
 }

@@ -1,40 +1,36 @@
 //! The transformer forward pass over a batch of sequences, each contributing one or more
-//! consecutive tokens. All sequences' rows go through each matmul together (weights are
-//! read once per batch); attention runs per sequence over that sequence's pages only. The
-//! layer recipe is the architecture's (`arch/`); this file holds what every recipe uses.
+//! consecutive tokens, written once for every [`Backend`] (the CPU's, the GPU's). All
+//! sequences' rows go through each matmul together (weights are read once per batch);
+//! attention runs per sequence over that sequence's pages only. The layer recipe is the
+//! architecture's (`arch/`); this file holds what every recipe uses.
 //!
 //! A sequence whose KV write or read fails (generation mismatch, pool exhausted) is marked
-//! failed: its rows stop contributing, its error is returned, and its `len` is unchanged.
+//! failed: its rows stop contributing, its error is returned, and its `len` is unchanged. A
+//! device failure fails every sequence of the pass ([`ModelError::Device`]).
 
-use half::f16;
-use pagewarden_kernels::attention_flash::flash_attention;
-use pagewarden_kernels::norm::rms_norm;
-use pagewarden_kernels::quant::dequantize_row;
 use pagewarden_kernels::rope::Rope;
-use pagewarden_kernels::{
-    matmul, matmul_many, paged_attention, paged_attention_decode_many, AttnGeometry, DecodeQuery,
-    KvBlock, QMatrix,
-};
+use pagewarden_kernels::{AttnGeometry, KvBlock};
 use pagewarden_kvcache::{ReadablePages, SharedPages};
 
 use super::{Model, ModelError};
 use crate::arch::{Arch, LayerExtra};
+use crate::backend::Backend;
 use crate::config::LlamaConfig;
 use crate::weights::LayerWeights;
 
 /// One sequence's share of a forward pass. Its KV is a cached prefix's read-only pages (none
 /// outside prefill's prefix cache), then its own pages, which this pass writes.
 pub(crate) struct SeqWork<'p> {
-    prefix: Option<&'p SharedPages>,
-    pages: &'p mut ReadablePages,
-    tokens: &'p [u32],
+    pub(crate) prefix: Option<&'p SharedPages>,
+    pub(crate) pages: &'p mut ReadablePages,
+    pub(crate) tokens: &'p [u32],
     /// Position of `tokens[0]` (the sequence's length before this pass, prefix included).
-    start: usize,
+    pub(crate) start: usize,
     /// First row of this sequence in the batch.
-    row0: usize,
+    pub(crate) row0: usize,
     /// Which rows' logits the pass returns.
     pub(crate) logits: Logits,
-    error: Option<ModelError>,
+    pub(crate) error: Option<ModelError>,
 }
 
 /// Which rows of a sequence's pass end in logits.
@@ -72,18 +68,18 @@ impl<'p> SeqWork<'p> {
         }
     }
 
-    fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.error.is_none()
     }
 
     /// Positions held by the prefix's pages (whole pages).
-    fn prefix_tokens(&self) -> usize {
+    pub(crate) fn prefix_tokens(&self) -> usize {
         self.prefix.map_or(0, SharedPages::len)
     }
 
     /// The K and V blocks of `layer` in the sequence's page `pg`, prefix pages first; every
     /// read is generation-checked (I1).
-    fn layer_block(&self, layer: usize, pg: usize) -> Result<KvBlock<'_>, ModelError> {
+    pub(crate) fn layer_block(&self, layer: usize, pg: usize) -> Result<KvBlock<'_>, ModelError> {
         let shared = self.prefix.map_or(0, |p| p.table().len());
         let (k, v) = match self.prefix {
             Some(p) if pg < shared => p.layer_block(layer, pg)?,
@@ -96,9 +92,9 @@ impl<'p> SeqWork<'p> {
 /// RoPE cos/sin per row of the batch for one frequency base.
 type RopeTable = (f32, Vec<Vec<(f32, f32)>>);
 
-/// The batch's residual stream and the scratch buffers of one forward pass (row-major,
-/// one row per token of the batch).
-pub(crate) struct Pass {
+/// The batch's residual stream and the scratch buffers of one forward pass on backend `B`
+/// (row-major, one row per token of the batch).
+pub(crate) struct Pass<B: Backend> {
     /// Rows in the batch.
     pub rows: usize,
     /// Position of each row in its sequence.
@@ -106,44 +102,44 @@ pub(crate) struct Pass {
     /// RoPE cos/sin per row, for each RoPE base the layers use.
     rope_tables: Vec<RopeTable>,
     /// Residual stream, `rows x dim`.
-    pub x: Vec<f32>,
+    pub x: B::Buf,
     /// Normalized rows, `rows x dim`.
-    pub xn: Vec<f32>,
+    pub xn: B::Buf,
     /// Queries, `rows x q_width`.
-    pub q: Vec<f32>,
+    pub q: B::Buf,
     /// Keys and values, `rows x kv_width`.
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    pub k: B::Buf,
+    pub v: B::Buf,
     /// Attention output, `rows x q_width`.
-    pub att: Vec<f32>,
+    pub att: B::Buf,
     /// Output of a projection back to the residual width, `rows x dim`.
-    pub proj: Vec<f32>,
+    pub proj: B::Buf,
     /// FFN gate and up, `rows x ffn`.
-    pub gate: Vec<f32>,
-    pub up: Vec<f32>,
+    pub gate: B::Buf,
+    pub up: B::Buf,
     /// The layer after whose attention only the rows whose logits are wanted go on, and those
     /// rows ([`Pass::keep_output_rows`]).
     keep: Option<(usize, Vec<usize>)>,
 }
 
-impl Pass {
-    fn new(cfg: &LlamaConfig, positions: Vec<usize>) -> Pass {
+impl<B: Backend> Pass<B> {
+    fn new(b: &B, cfg: &LlamaConfig, positions: Vec<usize>) -> Result<Pass<B>, B::Error> {
         let rows = positions.len();
-        Pass {
+        Ok(Pass {
             rows,
             positions,
             rope_tables: Vec::new(),
-            x: vec![0f32; rows * cfg.dim],
-            xn: vec![0f32; rows * cfg.dim],
-            q: vec![0f32; rows * cfg.q_width()],
-            k: vec![0f32; rows * cfg.kv_width()],
-            v: vec![0f32; rows * cfg.kv_width()],
-            att: vec![0f32; rows * cfg.q_width()],
-            proj: vec![0f32; rows * cfg.dim],
-            gate: vec![0f32; rows * cfg.ffn],
-            up: vec![0f32; rows * cfg.ffn],
+            x: b.zeros(rows * cfg.dim)?,
+            xn: b.zeros(rows * cfg.dim)?,
+            q: b.zeros(rows * cfg.q_width())?,
+            k: b.zeros(rows * cfg.kv_width())?,
+            v: b.zeros(rows * cfg.kv_width())?,
+            att: b.zeros(rows * cfg.q_width())?,
+            proj: b.zeros(rows * cfg.dim)?,
+            gate: b.zeros(rows * cfg.ffn)?,
+            up: b.zeros(rows * cfg.ffn)?,
             keep: None,
-        }
+        })
     }
 
     /// After layer `layer`'s attention output projection, drops every row but `rows`
@@ -151,31 +147,33 @@ impl Pass {
     /// as llama.cpp's graphs do (`inp_out_ids`). That saves the last FFN on every other row and
     /// gives those products llama.cpp's row count, which picks its kernel (a lone row takes
     /// `gemv`, not the tiled or `gemm` kernels).
-    fn keep_output_rows(&mut self, layer: usize, dim: usize) {
+    fn keep_output_rows(&mut self, b: &B, layer: usize, dim: usize) -> Result<(), B::Error> {
         if self.keep.as_ref().is_none_or(|(l, _)| *l != layer) {
-            return;
+            return Ok(());
         }
         let (_, rows) = self.keep.take().expect("checked");
         if rows.len() == self.rows {
-            return;
+            return Ok(());
         }
-        for (i, &r) in rows.iter().enumerate() {
-            // Ascending rows: a row only ever moves down, onto one already copied or dropped.
-            self.x.copy_within(r * dim..(r + 1) * dim, i * dim);
-            self.proj.copy_within(r * dim..(r + 1) * dim, i * dim);
-        }
+        b.keep_rows(&mut self.x, dim, &rows)?;
+        b.keep_rows(&mut self.proj, dim, &rows)?;
         let n = rows.len();
-        let ffn = self.gate.len() / self.rows;
-        self.x.truncate(n * dim);
-        self.proj.truncate(n * dim);
-        self.xn.truncate(n * dim);
-        self.gate.truncate(n * ffn);
-        self.up.truncate(n * ffn);
+        let ffn = B::len(&self.gate) / self.rows;
+        b.truncate(&mut self.xn, n * dim)?;
+        b.truncate(&mut self.gate, n * ffn)?;
+        b.truncate(&mut self.up, n * ffn)?;
         self.rows = n;
+        Ok(())
     }
 
     /// Rotates every row's Q and K by its position (NeoX pairs if `neox`).
-    pub(crate) fn rope(&mut self, cfg: &LlamaConfig, base: f32, neox: bool) {
+    pub(crate) fn rope(
+        &mut self,
+        b: &B,
+        cfg: &LlamaConfig,
+        base: f32,
+        neox: bool,
+    ) -> Result<(), B::Error> {
         let rope = Rope {
             base,
             n_dims: cfg.rope_dims,
@@ -197,65 +195,52 @@ impl Pass {
                 self.rope_tables.len() - 1
             }
         };
-        let table = &self.rope_tables[i].1;
-        let (qw, kvw) = (cfg.q_width(), cfg.kv_width());
-        for (r, cs) in table.iter().enumerate() {
-            let (q, k) = (
-                &mut self.q[r * qw..(r + 1) * qw],
-                &mut self.k[r * kvw..][..kvw],
-            );
-            if neox {
-                rope.apply_neox_with(q, cs);
-                rope.apply_neox_with(k, cs);
-            } else {
-                rope.apply_with(q, cs);
-                rope.apply_with(k, cs);
-            }
-        }
+        b.rope(
+            &rope,
+            &self.rope_tables[i].1,
+            neox,
+            &mut self.q,
+            &mut self.k,
+        )
     }
 
     /// Per-head RMSNorm of every row's Q and K (`q_norm`, `k_norm`: `head_dim` each).
-    pub(crate) fn norm_heads(&mut self, q_norm: &[f32], k_norm: &[f32], eps: f32) {
-        let (nq, nk) = (self.q.len(), self.k.len());
-        let mut out = vec![0f32; nq.max(nk)];
-        rms_norm(&self.q, q_norm, eps, &mut out[..nq]);
-        self.q.copy_from_slice(&out[..nq]);
-        rms_norm(&self.k, k_norm, eps, &mut out[..nk]);
-        self.k.copy_from_slice(&out[..nk]);
+    pub(crate) fn norm_heads(
+        &mut self,
+        b: &B,
+        q_norm: &[f32],
+        k_norm: &[f32],
+        eps: f32,
+    ) -> Result<(), B::Error> {
+        let mut qn = b.zeros(B::len(&self.q))?;
+        b.rms_norm(&self.q, q_norm, eps, &mut qn)?;
+        self.q = qn;
+        let mut kn = b.zeros(B::len(&self.k))?;
+        b.rms_norm(&self.k, k_norm, eps, &mut kn)?;
+        self.k = kn;
+        Ok(())
     }
 }
 
-/// `x += y`, elementwise (a residual connection).
-pub(crate) fn add_into(x: &mut [f32], y: &[f32]) {
-    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
-}
-
 impl Model {
-    /// Runs the batch; returns, per sequence, the logits its [`Logits`] asks for (rows one
-    /// after another; none for `Skip`) or its error.
+    /// Runs the batch on the CPU; returns, per sequence, the logits its [`Logits`] asks for
+    /// (rows one after another; none for `Skip`) or its error.
     pub(super) fn forward(&self, seqs: &mut [SeqWork<'_>]) -> Vec<Result<Vec<f32>, ModelError>> {
-        let cfg = &self.config;
-        let w = &self.weights;
-        let dim = cfg.dim;
+        self.forward_on(&self.cpu(), seqs)
+    }
+
+    /// [`Model::forward`] on backend `b`. A device failure fails every sequence of the pass
+    /// ([`ModelError::Device`]), each length unchanged.
+    pub(crate) fn forward_on<B: Backend>(
+        &self,
+        b: &B,
+        seqs: &mut [SeqWork<'_>],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
         let mut positions = Vec::new();
         for s in seqs.iter_mut() {
             s.row0 = positions.len();
             positions.extend(s.start..s.start + s.tokens.len());
             s.error = self.admit(s);
-        }
-        let mut p = Pass::new(cfg, positions);
-        let embed_scale = match &cfg.arch {
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => None,
-            Arch::Gemma3(_) => Some((dim as f32).sqrt()),
-        };
-        for s in seqs.iter().filter(|s| s.ok()) {
-            for (i, &t) in s.tokens.iter().enumerate() {
-                let x = &mut p.x[(s.row0 + i) * dim..][..dim];
-                dequantize_row(w.token_embd.ty, w.token_embd.row(t as usize), x);
-                if let Some(sc) = embed_scale {
-                    x.iter_mut().for_each(|v| *v *= sc);
-                }
-            }
         }
         // Logits for the last token of each live sequence (every token of a scored one); the
         // other rows leave the pass after the last layer's attention.
@@ -271,30 +256,17 @@ impl Model {
                 }
             })
             .collect();
-        if let Some(last) = w.layers.len().checked_sub(1) {
-            p.keep = Some((last, out_rows.iter().flat_map(Clone::clone).collect()));
-        }
-        let recipe = cfg.arch.recipe();
-        for (l, lw) in w.layers.iter().enumerate() {
-            match &lw.extra {
-                LayerExtra::Llama => self.llama_block(&recipe, l, lw, seqs, &mut p),
-                LayerExtra::Gemma3(norms) => self.gemma3_block(norms, l, lw, seqs, &mut p),
-            }
-        }
-        let rows: usize = out_rows.iter().map(ExactSizeIterator::len).sum();
-        let last = &p.x[..rows * dim];
-        let mut lastn = vec![0f32; last.len()];
-        rms_norm(last, &w.output_norm, cfg.rms_eps, &mut lastn);
-        let mut logits = vec![0f32; rows * cfg.vocab];
-        self.mm(&w.output, &lastn, rows, &mut logits);
-        if let Arch::Gemma3(g) = &cfg.arch {
-            if let Some(cap) = g.final_softcap {
-                // llama.cpp: scale by 1/cap, tanh, scale by cap.
-                logits
+        let logits = match self.pass(b, seqs, positions, &out_rows) {
+            Ok(logits) => logits,
+            Err(e) => {
+                let msg = e.to_string();
+                return seqs
                     .iter_mut()
-                    .for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
+                    .map(|s| Err(s.error.take().unwrap_or(ModelError::Device(msg.clone()))))
+                    .collect();
             }
-        }
+        };
+        let vocab = self.config.vocab;
         let mut taken = 0;
         seqs.iter_mut()
             .zip(out_rows)
@@ -306,74 +278,134 @@ impl Model {
                     None => {
                         s.pages
                             .set_len(s.start + s.tokens.len() - s.prefix_tokens());
-                        Ok(logits[(taken - n) * cfg.vocab..taken * cfg.vocab].to_vec())
+                        Ok(logits[(taken - n) * vocab..taken * vocab].to_vec())
                     }
                 }
             })
             .collect()
     }
 
-    fn mm(&self, w: &QMatrix<'_>, x: &[f32], rows: usize, out: &mut [f32]) {
-        matmul(w, x, rows, out, &self.par);
+    /// The layers and the output head over the admitted batch: the logits of `out_rows`,
+    /// one row after another, on the host.
+    fn pass<B: Backend>(
+        &self,
+        b: &B,
+        seqs: &mut [SeqWork<'_>],
+        positions: Vec<usize>,
+        out_rows: &[std::ops::Range<usize>],
+    ) -> Result<Vec<f32>, B::Error> {
+        let cfg = &self.config;
+        let w = &self.weights;
+        let dim = cfg.dim;
+        let mut step = b.begin(seqs)?;
+        let mut p = Pass::new(b, cfg, positions)?;
+        let embed_scale = match &cfg.arch {
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => None,
+            Arch::Gemma3(_) => Some((dim as f32).sqrt()),
+        };
+        let ids: Vec<(usize, u32)> = seqs
+            .iter()
+            .filter(|s| s.ok())
+            .flat_map(|s| s.tokens.iter().enumerate().map(|(i, &t)| (s.row0 + i, t)))
+            .collect();
+        b.embed(&w.token_embd, &ids, embed_scale, &mut p.x)?;
+        if let Some(last) = w.layers.len().checked_sub(1) {
+            p.keep = Some((last, out_rows.iter().flat_map(Clone::clone).collect()));
+        }
+        let recipe = cfg.arch.recipe();
+        for (l, lw) in w.layers.iter().enumerate() {
+            match &lw.extra {
+                LayerExtra::Llama => {
+                    self.llama_block(b, &mut step, &recipe, l, lw, seqs, &mut p)?
+                }
+                LayerExtra::Gemma3(norms) => {
+                    self.gemma3_block(b, &mut step, norms, l, lw, seqs, &mut p)?
+                }
+            }
+        }
+        let rows: usize = out_rows.iter().map(ExactSizeIterator::len).sum();
+        b.truncate(&mut p.x, rows * dim)?;
+        let mut lastn = b.zeros(rows * dim)?;
+        b.rms_norm(&p.x, &w.output_norm, cfg.rms_eps, &mut lastn)?;
+        let mut logits = b.zeros(rows * cfg.vocab)?;
+        b.matmul_many(&[w.output], &lastn, rows, &mut [&mut logits])?;
+        if let Arch::Gemma3(g) = &cfg.arch {
+            if let Some(cap) = g.final_softcap {
+                b.softcap(&mut logits, cap)?;
+            }
+        }
+        b.finish(step, seqs)?;
+        b.to_host(&logits)
     }
 
     /// Q, K and V of the normalized rows `p.xn`: quantized once, one parallel pass.
-    pub(crate) fn project_qkv(&self, lw: &LayerWeights<'_>, p: &mut Pass) {
-        matmul_many(
+    pub(crate) fn project_qkv<B: Backend>(
+        &self,
+        b: &B,
+        lw: &LayerWeights<'_>,
+        p: &mut Pass<B>,
+    ) -> Result<(), B::Error> {
+        b.matmul_many(
             &[lw.wq, lw.wk, lw.wv],
             &p.xn,
             p.rows,
             &mut [&mut p.q, &mut p.k, &mut p.v],
-            &self.par,
-        );
-        if let Some(b) = &lw.qkv_bias {
-            for (x, b) in [(&mut p.q, &b.q), (&mut p.k, &b.k), (&mut p.v, &b.v)] {
-                x.chunks_exact_mut(b.len()).for_each(|row| add_into(row, b));
-            }
+        )?;
+        if let Some(bias) = &lw.qkv_bias {
+            b.add_rows(&mut p.q, &bias.q)?;
+            b.add_rows(&mut p.k, &bias.k)?;
+            b.add_rows(&mut p.v, &bias.v)?;
         }
+        Ok(())
     }
 
     /// FFN gate and up of the normalized rows `p.xn`.
-    pub(crate) fn project_gate_up(&self, lw: &LayerWeights<'_>, p: &mut Pass) {
-        matmul_many(
+    pub(crate) fn project_gate_up<B: Backend>(
+        &self,
+        b: &B,
+        lw: &LayerWeights<'_>,
+        p: &mut Pass<B>,
+    ) -> Result<(), B::Error> {
+        b.matmul_many(
             &[lw.gate, lw.up],
             &p.xn,
             p.rows,
             &mut [&mut p.gate, &mut p.up],
-            &self.par,
-        );
+        )
     }
 
     /// FFN down of the activated `p.gate` into `p.proj`.
-    pub(crate) fn project_down(&self, lw: &LayerWeights<'_>, p: &mut Pass) {
-        self.mm(&lw.down, &p.gate, p.rows, &mut p.proj);
+    pub(crate) fn project_down<B: Backend>(
+        &self,
+        b: &B,
+        lw: &LayerWeights<'_>,
+        p: &mut Pass<B>,
+    ) -> Result<(), B::Error> {
+        b.matmul_many(&[lw.down], &p.gate, p.rows, &mut [&mut p.proj])
     }
 
     /// Attention of every live sequence over its own pages (writing this layer's K/V rows
-    /// first), then the output projection into `p.proj`. A decode step (one token per
-    /// sequence) attends for all its sequences in the same parallel passes; the arithmetic
-    /// per sequence is the same either way.
-    pub(crate) fn attention(
+    /// first), then the output projection into `p.proj`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention<B: Backend>(
         &self,
+        b: &B,
+        step: &mut B::Step,
         l: usize,
         lw: &LayerWeights<'_>,
         seqs: &mut [SeqWork<'_>],
-        p: &mut Pass,
-    ) {
-        p.att.fill(0.0);
-        let window = lw.attn.window;
-        let one_token_each = seqs.iter().filter(|s| s.ok()).all(|s| s.tokens.len() == 1);
-        if one_token_each && !self.flash_attention() {
-            self.attend_decode(seqs, l, window, p);
-        } else {
-            for s in seqs.iter_mut().filter(|s| s.ok()) {
-                if let Err(e) = self.attend(s, l, window, p) {
-                    s.error = Some(e);
-                }
-            }
+        p: &mut Pass<B>,
+    ) -> Result<(), B::Error> {
+        if let Some(page_size) = seqs
+            .iter()
+            .find(|s| s.ok())
+            .map(|s| s.pages.layout().page_size)
+        {
+            let geo = self.geometry(page_size, lw.attn.window);
+            b.attention(step, l, &geo, seqs, p)?;
         }
-        self.mm(&lw.wo, &p.att, p.rows, &mut p.proj);
-        p.keep_output_rows(l, self.config.dim);
+        b.matmul_many(&[lw.wo], &p.att, p.rows, &mut [&mut p.proj])?;
+        p.keep_output_rows(b, l, self.config.dim)
     }
 
     /// Checks a sequence can run: tokens in range, context not exceeded, pages grown.
@@ -415,114 +447,4 @@ impl Model {
             score_scale: cfg.arch.recipe().q_prescaled.then_some(1.0),
         }
     }
-
-    /// Writes this sequence's K/V rows of layer `l` (its tokens' rows of `p.k`, `p.v`) into
-    /// its pages.
-    fn write_kv(&self, s: &mut SeqWork<'_>, l: usize, p: &Pass) -> Result<(), ModelError> {
-        let kvw = self.config.kv_width();
-        for i in 0..s.tokens.len() {
-            let r = s.row0 + i;
-            let (kr, vr) = s.pages.kv_row_mut(l, s.start + i - s.prefix_tokens())?;
-            to_f16(&p.k[r * kvw..(r + 1) * kvw], kr);
-            to_f16(&p.v[r * kvw..(r + 1) * kvw], vr);
-        }
-        Ok(())
-    }
-
-    /// Layer `l`'s blocks of every page of `s` up to its last token, each generation-checked
-    /// by `layer_block`.
-    fn blocks<'s>(
-        &self,
-        s: &'s SeqWork<'_>,
-        l: usize,
-        page_size: usize,
-    ) -> Result<Vec<KvBlock<'s>>, ModelError> {
-        let pages = (s.start + s.tokens.len()).div_ceil(page_size);
-        (0..pages).map(|pg| s.layer_block(l, pg)).collect()
-    }
-
-    /// Writes this sequence's K/V rows for layer `l` into its pages, then attends over every
-    /// page it owns up to its last token. Every read is generation-checked by `layer_block`.
-    fn attend(
-        &self,
-        s: &mut SeqWork<'_>,
-        l: usize,
-        window: Option<usize>,
-        p: &mut Pass,
-    ) -> Result<(), ModelError> {
-        let qw = self.config.q_width();
-        let n = s.tokens.len();
-        let geo = &self.geometry(s.pages.layout().page_size, window);
-        self.write_kv(s, l, p)?;
-        let blocks = self.blocks(s, l, geo.page_size)?;
-        let r0 = s.row0;
-        let (q, out) = (
-            &p.q[r0 * qw..(r0 + n) * qw],
-            &mut p.att[r0 * qw..(r0 + n) * qw],
-        );
-        if self.flash_attention() {
-            flash_attention(geo, q, n, s.start, &blocks, out, geo.scale(), &self.par);
-        } else {
-            paged_attention(geo, q, n, s.start, &blocks, out, &self.par);
-        }
-        Ok(())
-    }
-
-    /// [`Self::attend`] for a decode step, every live sequence one token: the K/V rows are
-    /// written sequence by sequence, then all of them attend at once
-    /// ([`paged_attention_decode_many`]). A sequence whose write or read fails is marked
-    /// failed; the others attend.
-    fn attend_decode(
-        &self,
-        seqs: &mut [SeqWork<'_>],
-        l: usize,
-        window: Option<usize>,
-        p: &mut Pass,
-    ) {
-        for s in seqs.iter_mut().filter(|s| s.ok()) {
-            if let Err(e) = self.write_kv(s, l, p) {
-                s.error = Some(e);
-            }
-        }
-        let Some(page_size) = seqs
-            .iter()
-            .find(|s| s.ok())
-            .map(|s| s.pages.layout().page_size)
-        else {
-            return;
-        };
-        let geo = self.geometry(page_size, window);
-        let qw = self.config.q_width();
-        let mut failed = Vec::new();
-        {
-            let mut outs: Vec<Option<&mut [f32]>> = p.att.chunks_exact_mut(qw).map(Some).collect();
-            let mut live = Vec::new();
-            for (i, s) in seqs.iter().enumerate().filter(|(_, s)| s.ok()) {
-                match self.blocks(s, l, page_size) {
-                    Ok(blocks) => live.push((s.row0, s.start + 1, blocks)),
-                    Err(e) => failed.push((i, e)),
-                }
-            }
-            let mut queries: Vec<DecodeQuery<'_, '_>> = live
-                .iter()
-                .map(|(row, keys, blocks)| DecodeQuery {
-                    q: &p.q[row * qw..(row + 1) * qw],
-                    keys: *keys,
-                    blocks,
-                    out: outs[*row]
-                        .take()
-                        .expect("each sequence has rows of its own"),
-                })
-                .collect();
-            paged_attention_decode_many(&geo, &mut queries, &self.par);
-        }
-        for (i, e) in failed {
-            seqs[i].error = Some(e);
-        }
-    }
-}
-
-fn to_f16(src: &[f32], dst: &mut [f16]) {
-    use half::slice::HalfFloatSliceExt;
-    dst.convert_from_f32_slice(src);
 }

@@ -116,9 +116,12 @@ impl Model {
         self.par.urgent(f)
     }
 
-    /// Whether attention runs llama.cpp's flash-attention arithmetic ([`LoadOptions`]).
-    pub(crate) fn flash_attention(&self) -> bool {
-        self.opts.flash_attention
+    /// This model's CPU backend: its thread pool, its attention arithmetic.
+    pub(crate) fn cpu(&self) -> crate::backend::cpu::Cpu<'_> {
+        crate::backend::cpu::Cpu {
+            par: &self.par,
+            flash: self.opts.flash_attention,
+        }
     }
 
     /// The CPU forward pass's arithmetic: the instruction set its kernels use, and `:flash`
