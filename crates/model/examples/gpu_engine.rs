@@ -3,8 +3,9 @@
 //! 1. parity: for every reference case, GPU prefill vs llama.cpp's top-5 logits and top-1, GPU
 //!    vs CPU logits, and 24 greedy GPU tokens vs llama.cpp's and the CPU engine's (with
 //!    `--prompts`, a file whose llama.cpp figures are not this model's, only the CPU engine's);
-//! 2. a generation-mismatch step: one sequence's page is revoked behind its back, so the next
-//!    batched decode step must fail that sequence with an error while its batch mate proceeds;
+//! 2. a generation-mismatch step: one sequence's table presents a generation its page no longer
+//!    has, so the next batched decode step must fail that sequence with an error while its
+//!    batch mate proceeds;
 //! 3. prefill tok/s (512-token prompt) and decode tok/s at batch 1, 8 and 32.
 //!
 //! `gpu_engine --model PATH (--reference JSON | --prompts JSON) [--device cuda:N]`, or
@@ -16,11 +17,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use pagewarden_kernels::cuda::CudaBackend;
 use pagewarden_kernels::Device;
-use pagewarden_kvcache::{KvPool, Owner, PoolConfig, RequestId, TenantId};
-use pagewarden_model::cuda::{GpuError, GpuModel, GpuOptions, GpuSequence};
-use pagewarden_model::{argmax, LoadOptions, Model};
+use pagewarden_kvcache::{
+    Generation, KvPool, Owner, PoolConfig, ReadablePages, RequestId, TenantId,
+};
+use pagewarden_model::cuda::{GpuWorker, GpuWorkerOptions};
+use pagewarden_model::{argmax, LoadOptions, Model, ModelError};
+
+/// Pages of the host pool the GPU mirrors, and their size in tokens.
+const PAGES: usize = 2048;
+const PAGE_SIZE: usize = 16;
 
 /// Greedy tokens decoded per parity case.
 const GREEDY: usize = 24;
@@ -110,10 +116,30 @@ fn load_cases(path: &PathBuf) -> Result<Vec<Case>> {
         .collect())
 }
 
-/// Unwraps the two layers of a GPU step result.
-fn ok(r: Result<Result<Vec<f32>, GpuError>, GpuError>, what: &str) -> Result<Vec<f32>> {
-    r.with_context(|| format!("{what}: device failure"))?
-        .with_context(|| format!("{what}: sequence failed"))
+/// The GPU worker and the host pool whose pages it mirrors.
+struct Gpu {
+    worker: GpuWorker,
+    pool: KvPool,
+}
+
+impl Gpu {
+    /// A new, empty sequence of the host pool (pages are allocated as it grows).
+    fn new_sequence(&self) -> Result<ReadablePages> {
+        let owner = Owner {
+            request: RequestId::random(),
+            tenant: TenantId::new("gpu-engine"),
+        };
+        Ok(self.pool.allocate(owner, 0)?)
+    }
+
+    fn prefill(&mut self, seq: &mut ReadablePages, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.worker.prefill(seq, tokens).context("GPU prefill")
+    }
+
+    fn decode(&mut self, seq: &mut ReadablePages, token: u32) -> Result<Vec<f32>> {
+        let mut out = self.worker.decode_step(&mut [(seq, token)]);
+        out.pop().expect("one result").context("GPU decode")
+    }
 }
 
 /// The CPU engine's logits before each of its first `n` greedy tokens, and those tokens.
@@ -142,7 +168,7 @@ fn cpu_greedy(
     Ok((steps, tokens))
 }
 
-fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> Result<bool> {
+fn parity(model: &Model, gpu: &mut Gpu, cases: &[Case], cpu_only: bool) -> Result<bool> {
     let pool = KvPool::new(PoolConfig::with_pages(model.kv_layout(16), 256));
     if cpu_only {
         println!("== parity: GPU vs the CPU engine (the prompts' llama.cpp figures are not this model's)");
@@ -155,8 +181,8 @@ fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> 
     );
     let (mut top1_all, mut prefix_ok, mut worst, mut worst_cpu) = (true, 0, 0f32, 0f32);
     for (ci, c) in cases.iter().enumerate() {
-        let mut seq = gpu.new_sequence();
-        let mut logits = ok(gpu.prefill(&mut seq, &c.prompt), "prefill")?;
+        let mut seq = gpu.new_sequence()?;
+        let mut logits = gpu.prefill(&mut seq, &c.prompt)?;
         let n = if cpu_only {
             GREEDY
         } else {
@@ -188,14 +214,10 @@ fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> 
             let t = argmax(&logits);
             ours.push(t);
             if ours.len() < n {
-                logits = ok(
-                    gpu.decode_step(&mut [(&mut seq, t)])
-                        .map(|mut v| v.pop().expect("one result")),
-                    "decode",
-                )?;
+                logits = gpu.decode(&mut seq, t)?;
             }
         }
-        gpu.release(seq);
+        drop(seq);
         let run = |want: &[u32]| ours.iter().zip(want).take_while(|(a, b)| a == b).count();
         let (matched, matched_cpu) = (
             run(if cpu_only { &cpu_tokens } else { &c.greedy }),
@@ -239,25 +261,31 @@ fn parity(model: &Model, gpu: &mut GpuModel, cases: &[Case], cpu_only: bool) -> 
     Ok(pass)
 }
 
-fn mismatch_check(gpu: &mut GpuModel, prompt: &[u32]) -> Result<bool> {
-    println!("== generation mismatch: revoke a page of sequence A behind its back");
-    let (mut a, mut b) = (gpu.new_sequence(), gpu.new_sequence());
-    let la = ok(gpu.prefill(&mut a, prompt), "prefill A")?;
-    let lb = ok(gpu.prefill(&mut b, prompt), "prefill B")?;
-    let (ta, tb) = (argmax(&la), argmax(&lb));
-    let victim = a.pages()[0].0;
+fn mismatch_check(gpu: &mut Gpu, prompt: &[u32]) -> Result<bool> {
+    println!("== generation mismatch: A's table presents a generation its page no longer has");
+    let (mut a, mut b) = (gpu.new_sequence()?, gpu.new_sequence()?);
+    let ta = argmax(&gpu.prefill(&mut a, prompt)?);
+    let tb = argmax(&gpu.prefill(&mut b, prompt)?);
     let (len_a, len_b) = (a.len(), b.len());
-    let gen = gpu.revoke_page(victim)?;
+    let (page, g) = a.table()[0];
+    a.test_set_table_generation(0, Generation(g.0 + 1));
     println!(
-        "revoked page {} of A (A holds generation {}, pool now {})",
-        victim.0,
-        a.pages()[0].1 .0,
-        gen.0
+        "page {} of A: the pool's generation {}, A presents {}",
+        page.0,
+        g.0,
+        g.0 + 1
     );
-    let mut res = gpu.decode_step(&mut [(&mut a, ta), (&mut b, tb)])?;
+    let mut res = gpu.worker.decode_step(&mut [(&mut a, ta), (&mut b, tb)]);
     let rb = res.pop().expect("two results");
     let ra = res.pop().expect("two results");
-    let a_refused = matches!(&ra, Err(GpuError::PageFault(f)) if f.generation_mismatch());
+    // Refused on the device (the attention and K/V-store kernels' check) or, for a page the
+    // device does not hold at that generation, by the host pool before it is copied over.
+    let a_refused = matches!(
+        &ra,
+        Err(pagewarden_model::cuda::GpuError::Model(
+            ModelError::DevicePageFault(_)
+        )) | Err(pagewarden_model::cuda::GpuError::HostRead(_))
+    );
     let b_ok = matches!(&rb, Ok(l) if l.iter().all(|x| x.is_finite()));
     match &ra {
         Ok(_) => println!("A: returned logits (WRONG: a stale page table was accepted)"),
@@ -268,8 +296,6 @@ fn mismatch_check(gpu: &mut GpuModel, prompt: &[u32]) -> Result<bool> {
         Err(e) => println!("B: error: {e} (WRONG: its batch mate's fault leaked)"),
     }
     let lens = a.len() == len_a && b.len() == len_b + 1;
-    gpu.release(a);
-    gpu.release(b);
     let pass = a_refused && b_ok && lens;
     println!(
         "mismatch check: A refused {a_refused}, B proceeded {b_ok}, lengths right {lens} => {}",
@@ -285,51 +311,44 @@ fn prompt_of(base: &[u32], len: usize, shift: usize) -> Vec<u32> {
 /// Prefills `batch` sequences of `prompt_len` tokens, then runs `steps` greedy decode steps
 /// over all of them together. Returns decode tokens per second, all sequences together.
 fn decode_bench(
-    gpu: &mut GpuModel,
+    gpu: &mut Gpu,
     base: &[u32],
     batch: usize,
     prompt_len: usize,
     steps: usize,
 ) -> Result<f64> {
-    let mut seqs: Vec<GpuSequence> = Vec::with_capacity(batch);
+    let mut seqs: Vec<ReadablePages> = Vec::with_capacity(batch);
     let mut next = Vec::with_capacity(batch);
     for s in 0..batch {
-        let mut seq = gpu.new_sequence();
-        let l = ok(
-            gpu.prefill(&mut seq, &prompt_of(base, prompt_len, s)),
-            "bench prefill",
-        )?;
+        let mut seq = gpu.new_sequence()?;
+        let l = gpu.prefill(&mut seq, &prompt_of(base, prompt_len, s))?;
         next.push(argmax(&l));
         seqs.push(seq);
     }
-    gpu.backend().synchronize()?;
     let t0 = Instant::now();
     for _ in 0..steps {
-        let mut work: Vec<(&mut GpuSequence, u32)> =
+        let mut work: Vec<(&mut ReadablePages, u32)> =
             seqs.iter_mut().zip(next.iter().copied()).collect();
-        let res = gpu.decode_step(&mut work)?;
+        let res = gpu.worker.decode_step(&mut work);
         for (n, r) in next.iter_mut().zip(res) {
             *n = argmax(&r.context("bench decode")?);
         }
     }
-    let secs = t0.elapsed().as_secs_f64();
-    for s in seqs {
-        gpu.release(s);
-    }
-    Ok((batch * steps) as f64 / secs)
+    // Each step reads its logits back, so the device is idle here.
+    Ok((batch * steps) as f64 / t0.elapsed().as_secs_f64())
 }
 
-fn bench(gpu: &mut GpuModel, base: &[u32]) -> Result<()> {
+fn bench(gpu: &mut Gpu, base: &[u32]) -> Result<()> {
     println!("== throughput");
     let prompt = prompt_of(base, 512, 0);
-    let mut warm = gpu.new_sequence();
-    ok(gpu.prefill(&mut warm, &prompt[..64]), "warm-up")?;
-    gpu.release(warm);
-    let mut seq = gpu.new_sequence();
+    let mut warm = gpu.new_sequence()?;
+    gpu.prefill(&mut warm, &prompt[..64])?;
+    drop(warm);
+    let mut seq = gpu.new_sequence()?;
     let t0 = Instant::now();
-    ok(gpu.prefill(&mut seq, &prompt), "prefill bench")?;
+    gpu.prefill(&mut seq, &prompt)?;
     let secs = t0.elapsed().as_secs_f64();
-    gpu.release(seq);
+    drop(seq);
     println!(
         "prefill 512 tokens: {:.1} ms, {:.0} tok/s",
         secs * 1e3,
@@ -357,13 +376,6 @@ fn main() -> Result<()> {
         Device::Cuda(n) => n,
         Device::Cpu => bail!("gpu_engine runs on a GPU: pass --device cuda:N"),
     };
-    let backend = match CudaBackend::new(ordinal) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("gpu_engine: no CUDA device: {e}");
-            std::process::exit(2);
-        }
-    };
     let model_path = args.model.context("--model PATH is required")?;
     let ref_path = args
         .reference
@@ -373,29 +385,36 @@ fn main() -> Result<()> {
         bail!("{} has no cases", ref_path.display());
     }
     let t0 = Instant::now();
-    let model = Model::load(&model_path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", model_path.display()))?;
-    println!(
-        "device {}: {} ({}), PTX {:?}",
-        args.device,
-        backend.name()?,
-        backend.arch(),
-        backend.ptx_source()
-    );
-    let opts = GpuOptions {
-        pages: 2048,
-        page_size: 16,
+    let opts = LoadOptions {
         prefill_chunk: 512,
+        ..LoadOptions::default()
     };
-    let mut gpu = GpuModel::new(&model, Arc::new(backend), &opts)?;
+    let model = Arc::new(
+        Model::load(&model_path, &opts)
+            .with_context(|| format!("loading {}", model_path.display()))?,
+    );
+    let pool = KvPool::new(PoolConfig::with_pages(model.kv_layout(PAGE_SIZE), PAGES));
+    let gpu_opts = GpuWorkerOptions {
+        device: ordinal,
+        staging_pages: 64,
+        zero_new_pages: true,
+    };
+    let worker = match GpuWorker::new(model.clone(), pool.clone(), &gpu_opts) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("gpu_engine: cannot run on cuda:{ordinal}: {e}");
+            std::process::exit(2);
+        }
+    };
+    println!("device {}: {}", args.device, worker.describe());
+    let mut gpu = Gpu { worker, pool };
     println!(
-        "model loaded and uploaded in {:.0} ms ({} layers, dim {}, vocab {}; {} device pages of {} tokens)",
+        "model loaded and uploaded in {:.0} ms ({} layers, dim {}, vocab {}; {PAGES} pages of \
+         {PAGE_SIZE} tokens)",
         t0.elapsed().as_secs_f64() * 1e3,
         model.config().layers,
         model.config().dim,
         model.config().vocab,
-        opts.pages,
-        opts.page_size
     );
     let parity_ok = parity(&model, &mut gpu, &cases, args.cpu_only)?;
     let mismatch_ok = mismatch_check(&mut gpu, &cases[0].prompt)?;

@@ -27,7 +27,7 @@
 //! - `backend/cpu.rs`: `Cpu`, the CPU's backend (the reference): the kernels of `pagewarden_kernels`, K/V in the host pool's pages
 //! - `engine.rs`: `Engine::generate`, single-process generation over a local `KvPool`
 //! - `weights.rs`: weights as zero-copy views into the GGUF mapping, per-layer attention
-//! - `cuda/`: `GpuModel`, the Llama forward pass on a GPU over a device KV pool (feature `cuda`)
+//! - `cuda/`: `GpuWorker`, the one forward pass on a GPU over a device mirror of the host pool's pages (feature `cuda`)
 //! - `llama/`: `Model` (load, prefill, batched decode over paged KV), `ModelError`
 //! - `chat.rs`: `ChatTemplate` (minijinja, HF-compatible), `ChatMessage`
 //! - `chat_guard.rs`: message content is text: control-token texts in content are guarded through rendering

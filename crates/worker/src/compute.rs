@@ -57,8 +57,9 @@ impl From<pagewarden_model::cuda::GpuError> for ComputeError {
     fn from(e: pagewarden_model::cuda::GpuError) -> Self {
         use pagewarden_model::cuda::GpuError;
         match e {
-            GpuError::PageFault(_) | GpuError::HostRead(_) => {
-                ComputeError::KvRefused(e.to_string(), None)
+            GpuError::Model(m) => ComputeError::from(m),
+            GpuError::HostRead(r) => {
+                ComputeError::KvRefused(format!("host KV page check: {r}"), page_tag(&r))
             }
             other => ComputeError::Failed(other.to_string()),
         }

@@ -3,6 +3,8 @@
 
 use pagewarden_kernels::Device;
 use pagewarden_kvcache::KvPool;
+use std::sync::Arc;
+
 use pagewarden_model::Model;
 
 use crate::Role;
@@ -37,8 +39,6 @@ pub fn check_device(device: Device, role: &Role) -> Result<(), DeviceError> {
 /// What a worker asks of its GPU, when it runs on one.
 #[derive(Clone, Copy, Debug)]
 pub struct GpuOptions {
-    /// Largest number of prompt tokens run through one forward pass.
-    pub prefill_chunk: usize,
     /// Pages per pinned staging round between host and device.
     pub staging_pages: usize,
     /// Whether device pages are zeroed when they are taken for a new sequence.
@@ -85,7 +85,7 @@ pub enum OpenError {
 pub fn open_device(
     device: Device,
     role: &Role,
-    model: &Model,
+    model: &Arc<Model>,
     pool: &KvPool,
     gpu: &GpuOptions,
 ) -> Result<Opened, OpenError> {

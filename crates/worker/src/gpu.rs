@@ -3,6 +3,8 @@
 use pagewarden_kvcache::KvPool;
 use pagewarden_model::cuda::{GpuError, GpuWorker, GpuWorkerOptions};
 
+use std::sync::Arc;
+
 use crate::GpuOptions;
 use pagewarden_model::Model;
 
@@ -20,18 +22,17 @@ pub struct GpuOpenError {
 /// Puts `model` on GPU `device`, mirroring `pool`'s pages in device memory (the host pool
 /// still owns them), and logs which GPU it got.
 pub(crate) fn open_gpu(
-    model: &Model,
+    model: &Arc<Model>,
     pool: &KvPool,
     device: usize,
     gpu: &GpuOptions,
 ) -> Result<GpuWorker, GpuOpenError> {
     let opts = GpuWorkerOptions {
         device,
-        prefill_chunk: gpu.prefill_chunk,
         staging_pages: gpu.staging_pages,
         zero_new_pages: gpu.zero_new_pages,
     };
-    let worker = GpuWorker::new(model, pool.clone(), &opts)
+    let worker = GpuWorker::new(model.clone(), pool.clone(), &opts)
         .map_err(|source| GpuOpenError { device, source })?;
     tracing::info!(device = %format!("cuda:{device}"), gpu = %worker.describe(), "model on the GPU");
     Ok(worker)

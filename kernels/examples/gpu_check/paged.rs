@@ -114,6 +114,8 @@ pub fn attention(
         layer: LAYER,
         tables: &tables,
         queries: &queries,
+        window: None,
+        scale: None,
     };
     let dq = gpu.upload(&q)?;
     let mut dout = gpu.upload(&vec![SENTINEL; q.len()])?;
@@ -155,6 +157,8 @@ pub fn attention(
         layer: LAYER,
         tables: &tables,
         queries: &queries,
+        window: None,
+        scale: None,
     };
     let dq = gpu.upload(&q)?;
     let mut dout = gpu.upload(&vec![SENTINEL; q.len()])?;

@@ -30,8 +30,9 @@ fn gelu_f32(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
-/// ggml's GELU table: for every f16 bit pattern, `gelu` of that value rounded to f16.
-fn gelu_table() -> &'static [f16; 1 << 16] {
+/// ggml's GELU table: for every f16 bit pattern, `gelu` of that value rounded to f16 (the
+/// CUDA backend uploads it, so both compute [`geglu`]'s bits).
+pub fn gelu_table() -> &'static [f16; 1 << 16] {
     static TABLE: std::sync::OnceLock<Box<[f16; 1 << 16]>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
         let mut t = Box::new([f16::ZERO; 1 << 16]);

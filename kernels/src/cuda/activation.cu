@@ -44,3 +44,41 @@ extern "C" __global__ void add_f32(float* __restrict__ a, const float* __restric
     if (i >= n) return;
     a[i] += b[i];
 }
+
+// geglu_f32: gate[i] = gelu(gate[i]) * up[i] as the CPU's `geglu` (ggml's GGML_GELU_FP16):
+//   zero at or below -10, the identity at or above 10, otherwise the CPU's own f16 GELU table
+//   (uploaded from the host: 65,536 entries) at the f16 rounding of the input.
+extern "C" __global__ void geglu_f32(float* __restrict__ gate, const float* __restrict__ up,
+                                     const u16* __restrict__ table, u32 n) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = gate[i];
+    float g;
+    if (x <= -10.0f) g = 0.0f;
+    else if (x >= 10.0f) g = __fmul_rn(x, up[i]);
+    else g = __fmul_rn(h2f(table[f2h(x)]), up[i]);
+    gate[i] = g;
+}
+
+// scale_f32: x[i] *= s.
+extern "C" __global__ void scale_f32(float* __restrict__ x, float s, u32 n) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = __fmul_rn(x[i], s);
+}
+
+// softcap_f32: x[i] = tanh(x[i] * (1 / cap)) * cap, llama.cpp's order (the device's tanhf,
+//   not libm's: the last bit may differ from the CPU's).
+extern "C" __global__ void softcap_f32(float* __restrict__ x, float cap, u32 n) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = __fmul_rn(tanhf(__fmul_rn(x[i], 1.0f / cap)), cap);
+}
+
+// add_rows_f32: x[r, j] += bias[j] for every `width`-wide row r (a projection's bias).
+extern "C" __global__ void add_rows_f32(float* __restrict__ x, const float* __restrict__ bias,
+                                        u32 width, u32 n) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] += bias[i % width];
+}

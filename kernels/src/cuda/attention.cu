@@ -5,7 +5,8 @@
 // * head_dim` f16 each, laid out as KvLayout::block_offset says: [layer][K|V][slot][head][dim].
 //
 // Queries: q and out are f32 [n_q, heads, head_dim]. Query i belongs to sequence q_seq[i] and
-// sits at position q_pos[i]; it attends to keys 0..=q_pos[i] of that sequence.
+// sits at position q_pos[i]; it attends to keys 0..=q_pos[i] of that sequence, or with a
+// sliding window (window > 0) to the last `window` of them, itself included.
 //
 // Page table: sequence s owns table entries table_start[s] .. table_start[s + 1] of page_ids /
 // expected_gen (page index j of the sequence is page_ids[table_start[s] + j], presented with
@@ -33,7 +34,7 @@ extern "C" __global__ void paged_attention_f32(
     const u32* __restrict__ table_start, const u32* __restrict__ page_ids,
     const u64* __restrict__ expected_gen, const u64* __restrict__ current_gen, u32 n_pages,
     u32* __restrict__ flags, u32 layer, u32 layers, u32 heads, u32 kv_heads, u32 head_dim,
-    u32 page_size, float scale) {
+    u32 page_size, float scale, u32 window) {
     extern __shared__ float smem[];
     __shared__ u32 bad;
     __shared__ float scratch[32];
@@ -41,7 +42,9 @@ extern "C" __global__ void paged_attention_f32(
     const u32 head = blockIdx.x, qi = blockIdx.y, tid = threadIdx.x;
     const u32 seq = q_seq[qi], pos = q_pos[qi];
     const u32 t0 = table_start[seq], t1 = table_start[seq + 1];
-    const u32 n_tok = pos + 1;
+    // Keys lo..=pos: every earlier one, or the window's.
+    const u32 lo = (window > 0u && pos + 1 > window) ? pos + 1 - window : 0u;
+    const u32 n_tok = pos + 1 - lo;
 
     if (tid == 0) bad = (pos / page_size + 1 > t1 - t0) ? ATT_SHORT_TABLE : 0u;
     __syncthreads();
@@ -73,7 +76,8 @@ extern "C" __global__ void paged_attention_f32(
     // Scores: one warp per key, lanes over pairs of dims.
     const u32 lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     const u32 k_off = (layer * 2) * page_size * tw + kvh * head_dim;
-    for (u32 t = warp; t < n_tok; t += warps) {
+    for (u32 i = warp; i < n_tok; i += warps) {
+        const u32 t = lo + i;
         const u32 page = page_ids[t0 + t / page_size];
         const u16* k = kv + page * page_elems + k_off + (t % page_size) * tw;
         float s = 0.0f;
@@ -82,7 +86,7 @@ extern "C" __global__ void paged_attention_f32(
             s += qs[2 * d2] * h2f((u16)(two & 0xffff)) + qs[2 * d2 + 1] * h2f((u16)(two >> 16));
         }
         s = warp_sum(s);
-        if (lane == 0) scores[t] = s * scale;
+        if (lane == 0) scores[i] = s * scale;
     }
     __syncthreads();
 
@@ -118,10 +122,11 @@ extern "C" __global__ void paged_attention_f32(
     const u32 v_off = (layer * 2 + 1) * page_size * tw + kvh * head_dim;
     float acc = 0.0f;
     if (g < groups) {
-        for (u32 t = g; t < n_tok; t += groups) {
+        for (u32 i = g; i < n_tok; i += groups) {
+            const u32 t = lo + i;
             const u32 page = page_ids[t0 + t / page_size];
             const u16* v = kv + page * page_elems + v_off + (t % page_size) * tw;
-            acc += scores[t] * h2f(v[d]);
+            acc += scores[i] * h2f(v[d]);
         }
     }
     part[tid] = acc;

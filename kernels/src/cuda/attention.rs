@@ -64,8 +64,13 @@ pub struct AttentionBatch<'a> {
     /// Per sequence: its pages in order, each with the generation the owner presents.
     pub tables: &'a [&'a [(u32, u64)]],
     /// Per query row of `q`: (sequence index into `tables`, position). Row i attends to keys
-    /// `0..=position` of its sequence.
+    /// `0..=position` of its sequence (the last `window` of them with a window).
     pub queries: &'a [(u32, u32)],
+    /// Keys a query sees, itself included (a sliding-window layer); `None`: every earlier key.
+    pub window: Option<usize>,
+    /// The scores' scale; `None`: `1 / sqrt(head_dim)` (a model that scales its queries before
+    /// attention asks for 1).
+    pub scale: Option<f32>,
 }
 
 impl CudaBackend {
@@ -136,7 +141,10 @@ impl CudaBackend {
             .map(|&(_, p)| p as usize)
             .max()
             .unwrap_or(0);
-        let smem = (max_pos + 1 + hd + THREADS as usize) * 4;
+        let keys = batch
+            .window
+            .map_or(max_pos + 1, |w| w.clamp(1, max_pos + 1));
+        let smem = (keys + hd + THREADS as usize) * 4;
         ensure(smem <= SMEM_LIMIT, OP, || {
             format!("position {max_pos} needs {smem} bytes of shared memory (limit {SMEM_LIMIT})")
         })?;
@@ -164,7 +172,8 @@ impl CudaBackend {
         let n_pages = pool.pages as u32;
         let (layer, layers, heads) = (batch.layer as u32, s.layers as u32, batch.heads as u32);
         let (kvh, hd32, ps) = (s.kv_heads as u32, hd as u32, s.page_size as u32);
-        let scale = 1.0f32 / (hd as f32).sqrt();
+        let scale = batch.scale.unwrap_or(1.0f32 / (hd as f32).sqrt());
+        let window = u32::try_from(batch.window.unwrap_or(0)).unwrap_or(u32::MAX);
         let f = self.func(Module::Attention, "paged_attention_f32")?;
         let cfg = LaunchConfig {
             grid_dim: (heads, nq as u32, 1),
@@ -185,7 +194,8 @@ impl CudaBackend {
             .arg(&kvh)
             .arg(&hd32)
             .arg(&ps)
-            .arg(&scale);
+            .arg(&scale)
+            .arg(&window);
         // SAFETY: shapes checked above; page ids are checked against n_pages in the kernel
         // before any K/V read, and positions against each table's length.
         unsafe { b.launch(cfg) }.during("launching paged attention")?;

@@ -206,4 +206,159 @@ impl CudaBackend {
         unsafe { l.launch(flat(n32)) }.during("launching an elementwise kernel")?;
         Ok(())
     }
+
+    /// Rotates each row of `q` (`[rows, heads, head_dim]`) and of `k` (`[rows, kv_heads,
+    /// head_dim]`) in place by its own cosines and sines, `cs` = `[rows][n_dims / 2][cos, sin]`
+    /// (the host's [`Rope::cos_sin_scaled`] bits), normal or NeoX pairs, bit for bit as
+    /// [`Rope::apply_with`] and [`Rope::apply_neox_with`].
+    pub fn rope_rows(
+        &self,
+        rope: &Rope,
+        cs: &CudaSlice<f32>,
+        rows: usize,
+        neox: bool,
+        x: &mut CudaSlice<f32>,
+        heads: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "rope_rows";
+        let pairs = rope.n_dims / 2;
+        ensure(
+            rope.n_dims.is_multiple_of(2) && rope.n_dims <= rope.head_dim,
+            OP,
+            || {
+                format!(
+                    "n_dims {} must be even and <= head_dim {}",
+                    rope.n_dims, rope.head_dim
+                )
+            },
+        )?;
+        ensure(
+            x.len() >= rows * heads * rope.head_dim && cs.len() >= rows * pairs * 2,
+            OP,
+            || {
+                format!(
+                    "x {} / cs {} floats for {rows} rows of {heads} heads",
+                    x.len(),
+                    cs.len()
+                )
+            },
+        )?;
+        let n = u32_of(OP, rows * heads * pairs)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (r, h, hd, nd) = (
+            u32_of(OP, rows)?,
+            u32_of(OP, heads)?,
+            u32_of(OP, rope.head_dim)?,
+            u32_of(OP, rope.n_dims)?,
+        );
+        let neox = u32::from(neox);
+        let f = self.func(Module::Rope, "rope_rows_f32")?;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(x)
+            .arg(cs)
+            .arg(&r)
+            .arg(&h)
+            .arg(&hd)
+            .arg(&nd)
+            .arg(&neox);
+        // SAFETY: sizes checked above.
+        unsafe { b.launch(flat(n)) }.during("launching rope_rows")?;
+        Ok(())
+    }
+
+    /// GeGLU in place on the first `n` elements with `table`, the CPU's f16 GELU table on the
+    /// device ([`crate::activation::gelu_table`]): `gate = gelu(gate) * up`, the CPU's bits.
+    pub fn geglu(
+        &self,
+        gate: &mut CudaSlice<f32>,
+        up: &CudaSlice<f32>,
+        table: &CudaSlice<half::f16>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "geglu";
+        ensure(
+            gate.len() >= n && up.len() >= n && table.len() == 1 << 16,
+            OP,
+            || {
+                format!(
+                    "gate {} / up {} for {n}; table {}",
+                    gate.len(),
+                    up.len(),
+                    table.len()
+                )
+            },
+        )?;
+        if n == 0 {
+            return Ok(());
+        }
+        let n32 = u32_of(OP, n)?;
+        let f = self.func(Module::Activation, "geglu_f32")?;
+        let mut l = self.stream().launch_builder(&f);
+        l.arg(gate).arg(up).arg(table).arg(&n32);
+        // SAFETY: sizes checked above; every f16 bit pattern indexes inside the table.
+        unsafe { l.launch(flat(n32)) }.during("launching geglu")?;
+        Ok(())
+    }
+
+    /// `x *= s` on the first `n` elements.
+    pub fn scale(&self, x: &mut CudaSlice<f32>, s: f32, n: usize) -> Result<(), CudaError> {
+        self.unary("scale", "scale_f32", x, s, n)
+    }
+
+    /// `x = tanh(x / cap) * cap` on the first `n` elements (logit soft-capping; the device's
+    /// `tanhf`).
+    pub fn softcap(&self, x: &mut CudaSlice<f32>, cap: f32, n: usize) -> Result<(), CudaError> {
+        self.unary("softcap", "softcap_f32", x, cap, n)
+    }
+
+    /// `x[r] += bias` for every `bias.len()`-wide row among the first `n` elements.
+    pub fn add_rows(
+        &self,
+        x: &mut CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "add_rows";
+        let width = bias.len();
+        ensure(
+            x.len() >= n && width > 0 && n.is_multiple_of(width),
+            OP,
+            || format!("x {} floats, {n} in rows of {width}", x.len()),
+        )?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (w32, n32) = (u32_of(OP, width)?, u32_of(OP, n)?);
+        let f = self.func(Module::Activation, "add_rows_f32")?;
+        let mut l = self.stream().launch_builder(&f);
+        l.arg(x).arg(bias).arg(&w32).arg(&n32);
+        // SAFETY: sizes checked above.
+        unsafe { l.launch(flat(n32)) }.during("launching add_rows")?;
+        Ok(())
+    }
+
+    fn unary(
+        &self,
+        op: &'static str,
+        kernel: &'static str,
+        x: &mut CudaSlice<f32>,
+        s: f32,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        ensure(x.len() >= n, op, || {
+            format!("x holds {}, {n} needed", x.len())
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        let n32 = u32_of(op, n)?;
+        let f = self.func(Module::Activation, kernel)?;
+        let mut l = self.stream().launch_builder(&f);
+        l.arg(x).arg(&s).arg(&n32);
+        // SAFETY: sizes checked above.
+        unsafe { l.launch(flat(n32)) }.during("launching an elementwise kernel")?;
+        Ok(())
+    }
 }

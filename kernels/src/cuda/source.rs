@@ -11,9 +11,9 @@ pub enum Module {
     Matmul,
     /// RMSNorm and softmax (`norm.cu`).
     Norm,
-    /// Rotary embedding (`rope.cu`).
+    /// Rotary embedding, from a table of positions or per row (`rope.cu`).
     Rope,
-    /// SwiGLU and residual add (`activation.cu`).
+    /// SwiGLU, GeGLU, residual and bias adds, scaling, soft-capping (`activation.cu`).
     Activation,
     /// Paged attention with the generation check (`attention.cu`).
     Attention,
@@ -85,8 +85,15 @@ impl Module {
                 "matmul_q8_q8_0",
             ],
             Module::Norm => &["rmsnorm_f32", "softmax_f32"],
-            Module::Rope => &["rope_norm_f32"],
-            Module::Activation => &["swiglu_f32", "add_f32"],
+            Module::Rope => &["rope_norm_f32", "rope_rows_f32"],
+            Module::Activation => &[
+                "swiglu_f32",
+                "add_f32",
+                "geglu_f32",
+                "scale_f32",
+                "softcap_f32",
+                "add_rows_f32",
+            ],
             Module::Attention => &["paged_attention_f32"],
             Module::Pages => &["page_checksum", "page_zero", "guard_stamp", "guard_check"],
         }

@@ -107,7 +107,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let loaded = pagewarden_worker::load(&cfg, pool)?;
             let tokenizer = Tokenizer::from_gguf(loaded.model.gguf()).context("tokenizer")?;
             let gpu = GpuOptions {
-                prefill_chunk: 512,
                 staging_pages: STAGING_PAGES,
                 // Decode never prefills a prompt: committed pages arrive whole from the host
                 // pool (a recompute writes only rows it computes).

@@ -107,7 +107,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let loaded = pagewarden_worker::load(&cfg, pool)?;
             let gpu = GpuOptions {
-                prefill_chunk: cfg.chunk_tokens,
                 staging_pages: batch_pages,
                 zero_new_pages: cfg.zero_on_release,
             };

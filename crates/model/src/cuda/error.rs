@@ -1,19 +1,17 @@
 //! `GpuError`: why the GPU model could not load or why one sequence's step failed.
 
 use pagewarden_kernels::cuda::cudarc::driver::DriverError;
-use pagewarden_kernels::cuda::{CudaError, PageFault};
+use pagewarden_kernels::cuda::CudaError;
 use pagewarden_kvcache::{ReadError, ReserveError};
 use thiserror::Error;
 
-use super::pages::DevicePageId;
+use crate::llama::ModelError;
 
-/// A failure of [`super::GpuModel`] or of one sequence in a step.
+/// A failure of a [`super::GpuWorker`]: opening the GPU, a step of it, or one sequence's pass.
 #[derive(Debug, Error)]
 pub enum GpuError {
-    /// The GPU forward pass runs only the Llama architecture so far.
-    #[error("the CUDA backend runs only \"llama\" models; {0:?} runs on the CPU (--device cpu)")]
-    Architecture(&'static str),
-    /// A kernel wrapper of the CUDA backend failed (no GPU, no PTX, driver error, bad shape).
+    /// A kernel wrapper of the CUDA backend failed (no GPU, no PTX, driver error, bad shape, a
+    /// weight type with no CUDA kernel).
     #[error("cuda: {0}")]
     Cuda(#[from] CudaError),
     /// A driver call made by this module failed.
@@ -28,37 +26,10 @@ pub enum GpuError {
     /// The KV-store kernel's PTX is missing, stale, or did not compile.
     #[error("model KV-store kernel: {0}")]
     Ptx(String),
-    /// The kernels refused the sequence's page table (invariant I1): its step produced no
-    /// data, only this error.
-    #[error("sequence refused by the GPU page check: {0}")]
-    PageFault(PageFault),
-    /// The device pool has too few free pages for the sequence to grow.
-    #[error("device KV pool exhausted: {needed} more page(s) needed, {free} free")]
-    PoolExhausted {
-        /// Pages the sequence still needs.
-        needed: usize,
-        /// Free pages in the pool.
-        free: usize,
-    },
-    /// A step was asked to run no tokens.
-    #[error("no input tokens")]
-    EmptyInput,
-    /// A token id is not in the vocabulary.
-    #[error("token {token} is outside the vocabulary ({vocab})")]
-    TokenOutOfRange {
-        /// The token.
-        token: u32,
-        /// Vocabulary size.
-        vocab: usize,
-    },
-    /// The sequence would pass the model's context length.
-    #[error("{tokens} tokens exceed the context length {context}")]
-    ContextExceeded {
-        /// Tokens the sequence would hold.
-        tokens: usize,
-        /// The model's context.
-        context: usize,
-    },
+    /// The sequence's forward pass failed (refused by the page checks on the host or the
+    /// device, context or pool exhausted, or the device failed the pass).
+    #[error("{0}")]
+    Model(#[from] ModelError),
     /// The host pool refused a read of a sequence's page (its generation moved on, I1).
     #[error("host KV page check: {0}")]
     HostRead(#[from] ReadError),
@@ -71,9 +42,6 @@ pub enum GpuError {
     /// The device failed the whole step this sequence was part of.
     #[error("GPU step failed: {0}")]
     Step(String),
-    /// A page id that the host bookkeeping does not know.
-    #[error("page {0:?} is not in the device pool")]
-    UnknownPage(DevicePageId),
 }
 
 /// Adds the operation name to a driver error.

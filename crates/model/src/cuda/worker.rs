@@ -1,4 +1,5 @@
-//! `GpuWorker`: the GPU engine of a prefill or decode worker. Page ownership, grants, commit
+//! `GpuWorker`: the GPU engine of a prefill or decode worker. It runs the model's one forward
+//! pass (`llama/forward.rs`) on the device's [`Gpu`] backend. Page ownership, grants, commit
 //! verification and generations stay in the host [`KvPool`], the authority exactly as on the
 //! CPU path; the page *data* the model reads and writes lives in a device pool that mirrors the
 //! host pool page for page (device page `i` is host `PageId(i)`).
@@ -13,25 +14,28 @@
 //!   time a step needs it. Residency is keyed by `(page, generation)`, so a reallocated page is
 //!   never taken for resident.
 
+use std::cell::RefCell;
+use std::sync::Arc;
+
 use half::f16;
 use pagewarden_kernels::cuda::cudarc::driver::PinnedHostSlice;
-use pagewarden_kernels::cuda::CudaBackend;
+use pagewarden_kernels::cuda::{CudaBackend, DeviceKvPool, PageShape};
 use pagewarden_kvcache::{Generation, KvPool, PageId, ReadError, ReadablePages};
-use std::sync::Arc;
 
 use crate::llama::Model;
 
+use super::backend::{DeviceWeights, Gpu};
 use super::error::{driver, GpuError};
-use super::model::{GpuModel, GpuOptions};
-use super::pages::{DevicePageId, GpuSequence, PageGeneration};
+use super::kv_store::KvStore;
+
+/// Set to `1` to feed quantized matmuls f32 activations instead of the CPU's Q8-rounded ones.
+pub const FLOAT_ACTS_ENV: &str = "PAGEWARDEN_GPU_FLOAT_ACTS";
 
 /// How to open a [`GpuWorker`].
 #[derive(Clone, Debug)]
 pub struct GpuWorkerOptions {
     /// GPU ordinal (`cuda:N`).
     pub device: usize,
-    /// Largest number of prompt tokens run through one forward pass.
-    pub prefill_chunk: usize,
     /// Pages the pinned staging buffer holds (one transfer batch).
     pub staging_pages: usize,
     /// Zero a sequence's device pages before its prefill writes them (the device side of
@@ -48,14 +52,9 @@ enum Staging {
 }
 
 impl Staging {
-    fn new(model: &GpuModel, elems: usize) -> Staging {
+    fn new(cuda: &CudaBackend, elems: usize) -> Staging {
         // SAFETY: the buffer is only read back after a copy into it has filled that region.
-        let pinned = unsafe {
-            model
-                .backend
-                .context()
-                .alloc_pinned_with_flags::<f16>(elems, 0)
-        };
+        let pinned = unsafe { cuda.context().alloc_pinned_with_flags::<f16>(elems, 0) };
         match pinned {
             Ok(p) => Staging::Pinned(p),
             Err(e) => Staging::Pageable(vec![f16::ZERO; elems], e.to_string()),
@@ -74,7 +73,15 @@ impl Staging {
 
 /// A model on one GPU over a device mirror of a host [`KvPool`].
 pub struct GpuWorker {
-    model: GpuModel,
+    model: Arc<Model>,
+    cuda: Arc<CudaBackend>,
+    weights: DeviceWeights,
+    kv: KvStore,
+    /// The page data, page for page the host pool's.
+    device_pool: DeviceKvPool,
+    /// Quantized matmuls see activations through the CPU's Q8 rounding (off with
+    /// `PAGEWARDEN_GPU_FLOAT_ACTS=1`, to measure what that rounding is worth).
+    exact_acts: bool,
     pool: KvPool,
     staging: Staging,
     staging_pages: usize,
@@ -86,6 +93,7 @@ pub struct GpuWorker {
 impl std::fmt::Debug for GpuWorker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuWorker")
+            .field("cuda", &self.cuda)
             .field("model", &self.model)
             .field("staging_pages", &self.staging_pages)
             .finish()
@@ -107,7 +115,7 @@ impl GpuWorker {
     /// `pool.capacity_pages()` pages shaped like `pool.layout()`. Fails with a clear error (no
     /// panic) when there is no driver, no such GPU, or the kernels cannot be loaded.
     pub fn new(
-        model: &Model,
+        model: Arc<Model>,
         pool: KvPool,
         opts: &GpuWorkerOptions,
     ) -> Result<GpuWorker, GpuError> {
@@ -118,19 +126,28 @@ impl GpuWorker {
                 "host pool pages are {layout:?}, the model needs {want:?}"
             )));
         }
-        let backend = Arc::new(CudaBackend::new(opts.device)?);
+        let cuda = Arc::new(CudaBackend::new(opts.device)?);
+        let kv = KvStore::load(&cuda)?;
+        cuda.load_all()?;
+        let weights = DeviceWeights::upload(&cuda, model.weights())?;
         let pages = pool.capacity_pages();
-        let gpu_opts = GpuOptions {
-            pages,
+        let shape = PageShape {
+            layers: layout.layers,
+            kv_heads: layout.kv_heads,
+            head_dim: layout.head_dim,
             page_size: layout.page_size,
-            prefill_chunk: opts.prefill_chunk,
         };
-        let model = GpuModel::new_mirrored(model, backend, &gpu_opts)?;
+        let device_pool = cuda.kv_pool(shape, pages)?;
+        cuda.synchronize()?;
         let staging_pages = opts.staging_pages.max(1);
-        let elems = staging_pages * model.pool.shape.page_elems();
-        let staging = Staging::new(&model, elems);
+        let staging = Staging::new(&cuda, staging_pages * shape.page_elems());
         Ok(GpuWorker {
             model,
+            cuda,
+            weights,
+            kv,
+            device_pool,
+            exact_acts: std::env::var_os(FLOAT_ACTS_ENV).is_none_or(|v| v != "1"),
             pool,
             staging,
             staging_pages,
@@ -139,14 +156,14 @@ impl GpuWorker {
         })
     }
 
-    /// The GPU model.
-    pub fn model(&self) -> &GpuModel {
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
         &self.model
     }
 
     /// GPU name and architecture, for the start-up log.
     pub fn describe(&self) -> String {
-        let b = &self.model.backend;
+        let b = &self.cuda;
         let staging = match &self.staging {
             Staging::Pinned(_) => "pinned staging".to_string(),
             Staging::Pageable(_, why) => format!("pageable staging (pinned refused: {why})"),
@@ -172,12 +189,17 @@ impl GpuWorker {
         pages.grow(end)?;
         if self.zero_new_pages && pages.is_empty() {
             let ids: Vec<u32> = pages.table().iter().map(|(p, _)| p.0).collect();
-            self.model.backend.zero_pages(&mut self.model.pool, &ids)?;
+            self.cuda.zero_pages(&mut self.device_pool, &ids)?;
         }
         self.sync_generations(std::slice::from_ref(&&*pages))?;
-        let mut seq = sequence(pages);
-        let logits = self.model.prefill(&mut seq, tokens)??;
-        pages.set_len(seq.len());
+        let gpu = Gpu {
+            cuda: &self.cuda,
+            weights: &self.weights,
+            kv: &self.kv,
+            pool: RefCell::new(&mut self.device_pool),
+            exact_acts: self.exact_acts,
+        };
+        let logits = self.model.prefill_on(&gpu, None, pages, tokens)?;
         // The device holds these pages' K/V at their generations now: a decode step reads them
         // as they are (decode recomputing a preempted sequence; the host copy was never written).
         let ps = self.pool.layout().page_size;
@@ -219,34 +241,30 @@ impl GpuWorker {
                 .map(|_| Err(GpuError::Step(e.to_string())))
                 .collect();
         }
-        let mut seqs: Vec<GpuSequence> = live.iter().map(|&i| sequence(batch[i].0)).collect();
-        let mut work: Vec<(&mut GpuSequence, u32)> = seqs
+        let gpu = Gpu {
+            cuda: &self.cuda,
+            weights: &self.weights,
+            kv: &self.kv,
+            pool: RefCell::new(&mut self.device_pool),
+            exact_acts: self.exact_acts,
+        };
+        let mut work: Vec<(&mut ReadablePages, u32)> = batch
             .iter_mut()
-            .zip(&live)
-            .map(|(s, &i)| (s, batch[i].1))
+            .enumerate()
+            .filter(|(i, _)| out[*i].is_none())
+            .map(|(_, (pages, t))| (&mut **pages, *t))
             .collect();
-        match self.model.decode_step(&mut work) {
-            Ok(results) => {
-                for ((r, seq), &i) in results.into_iter().zip(&seqs).zip(&live) {
-                    if r.is_ok() {
-                        let pages = &mut *batch[i].0;
-                        pages.set_len(seq.len());
-                        for &(p, g) in pages.table() {
-                            self.resident[p.index()] = g.0;
-                        }
-                    }
-                    out[i] = Some(r);
+        let results = self.model.decode_step_on(&gpu, &mut work);
+        for ((r, (pages, _)), &i) in results.into_iter().zip(&work).zip(&live) {
+            if r.is_ok() {
+                for &(p, g) in pages.table() {
+                    self.resident[p.index()] = g.0;
                 }
             }
-            Err(e) => {
-                let msg = e.to_string();
-                for &i in &live {
-                    out[i] = Some(Err(GpuError::Step(msg.clone())));
-                }
-            }
+            out[i] = Some(r.map_err(GpuError::from));
         }
         out.into_iter()
-            .map(|r| r.unwrap_or(Err(GpuError::EmptyInput)))
+            .map(|r| r.unwrap_or(Err(GpuError::Step("not run".into()))))
             .collect()
     }
 
@@ -259,7 +277,7 @@ impl GpuWorker {
         indices: &[usize],
     ) -> Result<Vec<Vec<u8>>, GpuError> {
         self.bind()?;
-        let pe = self.model.pool.shape.page_elems();
+        let pe = self.device_pool.shape.page_elems();
         let mut ids = Vec::with_capacity(indices.len());
         for &i in indices {
             let &(page, expected) = pages.table().get(i).ok_or(ReadError::OutOfRange)?;
@@ -270,14 +288,13 @@ impl GpuWorker {
         for chunk in ids.chunks(self.staging_pages) {
             let buf = self.staging.as_mut_slice()?;
             for (j, &id) in chunk.iter().enumerate() {
-                let src = self.model.pool.data.slice(id * pe..(id + 1) * pe);
-                self.model
-                    .backend
+                let src = self.device_pool.data.slice(id * pe..(id + 1) * pe);
+                self.cuda
                     .stream()
                     .memcpy_dtoh(&src, &mut buf[j * pe..(j + 1) * pe])
                     .map_err(driver("copying a page to pinned memory"))?;
             }
-            self.model.backend.synchronize()?;
+            self.cuda.synchronize()?;
             for j in 0..chunk.len() {
                 frames.push(bytes_of(&buf[j * pe..(j + 1) * pe]).to_vec());
             }
@@ -288,8 +305,7 @@ impl GpuWorker {
     /// cudarc binds the context on most calls; bind once more for the calling thread (steps
     /// run on whichever blocking thread the runtime picks).
     fn bind(&self) -> Result<(), GpuError> {
-        self.model
-            .backend
+        self.cuda
             .context()
             .bind_to_thread()
             .map_err(driver("binding the CUDA context"))
@@ -318,7 +334,7 @@ impl GpuWorker {
                 self.resident[p.index()] != g.0
             })
             .collect();
-        let pe = self.model.pool.shape.page_elems();
+        let pe = self.device_pool.shape.page_elems();
         for chunk in missing.chunks(self.staging_pages) {
             let buf = self.staging.as_mut_slice()?;
             for (j, &i) in chunk.iter().enumerate() {
@@ -328,14 +344,13 @@ impl GpuWorker {
             }
             for (j, &i) in chunk.iter().enumerate() {
                 let id = pages.table()[i].0.index();
-                let mut dst = self.model.pool.data.slice_mut(id * pe..(id + 1) * pe);
-                self.model
-                    .backend
+                let mut dst = self.device_pool.data.slice_mut(id * pe..(id + 1) * pe);
+                self.cuda
                     .stream()
                     .memcpy_htod(&buf[j * pe..(j + 1) * pe], &mut dst)
                     .map_err(driver("copying a page to the device"))?;
             }
-            self.model.backend.synchronize()?;
+            self.cuda.synchronize()?;
             for &i in chunk {
                 let (p, g) = pages.table()[i];
                 self.resident[p.index()] = g.0;
@@ -356,21 +371,8 @@ impl GpuWorker {
                 }
             }
         }
-        self.model
-            .backend
-            .set_generations(&mut self.model.pool, &ids, &gens)?;
+        self.cuda
+            .set_generations(&mut self.device_pool, &ids, &gens)?;
         Ok(())
-    }
-}
-
-/// The device view of a host sequence: the same page ids and generations.
-fn sequence(pages: &ReadablePages) -> GpuSequence {
-    GpuSequence {
-        table: pages
-            .table()
-            .iter()
-            .map(|&(p, g)| (DevicePageId(p.0), PageGeneration(g.0)))
-            .collect(),
-        len: pages.len(),
     }
 }

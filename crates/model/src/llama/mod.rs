@@ -14,6 +14,7 @@ use pagewarden_kvcache::{KvLayout, ReadablePages, SharedPages};
 
 pub use error::ModelError;
 
+use crate::backend::Backend;
 use crate::chat::ChatTemplate;
 use crate::config::LlamaConfig;
 use crate::gguf::{Contents, GgufError, GgufFile};
@@ -202,7 +203,7 @@ impl Model {
         seq: &mut ReadablePages,
         tokens: &[u32],
     ) -> Result<Vec<f32>, ModelError> {
-        self.run_prefill(prefix, seq, tokens, None, None)
+        self.run_prefill(&self.cpu(), prefix, seq, tokens, None, None)
             .map(|(logits, _)| logits)
     }
 
@@ -218,7 +219,7 @@ impl Model {
         tokens: &[u32],
         prompt_end: usize,
     ) -> Result<Vec<f32>, ModelError> {
-        self.run_prefill(prefix, seq, tokens, Some(prompt_end), None)
+        self.run_prefill(&self.cpu(), prefix, seq, tokens, Some(prompt_end), None)
             .map(|(logits, _)| logits)
     }
 
@@ -234,13 +235,27 @@ impl Model {
         next: Option<u32>,
         top: usize,
     ) -> Result<(Vec<f32>, Vec<TokenLogprobs>), ModelError> {
-        self.run_prefill(prefix, seq, tokens, None, Some((next, top)))
+        self.run_prefill(&self.cpu(), prefix, seq, tokens, None, Some((next, top)))
     }
 
-    /// The prefill of both: the last position's logits, and with `score` (the token after
-    /// `tokens`, how many top logprobs) the scored positions.
-    fn run_prefill(
+    /// [`Model::prefill_after`] on backend `b` (a GPU's).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn prefill_on<B: Backend>(
         &self,
+        b: &B,
+        prefix: Option<&SharedPages>,
+        seq: &mut ReadablePages,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
+        self.run_prefill(b, prefix, seq, tokens, None, None)
+            .map(|(logits, _)| logits)
+    }
+
+    /// The prefill of all of them, on backend `b`: the last position's logits, and with
+    /// `score` (the token after `tokens`, how many top logprobs) the scored positions.
+    fn run_prefill<B: Backend>(
+        &self,
+        b: &B,
         prefix: Option<&SharedPages>,
         seq: &mut ReadablePages,
         tokens: &[u32],
@@ -296,7 +311,7 @@ impl Model {
                 // Only the prompt's last position's logits are returned.
                 (None, false) => Logits::Skip,
             };
-            let logits = self.forward(&mut work).pop().expect("one sequence")?;
+            let logits = self.forward_on(b, &mut work).pop().expect("one sequence")?;
             at += chunk.len();
             let Some((_, top)) = score else {
                 last = logits;
@@ -320,11 +335,20 @@ impl Model {
         &self,
         batch: &mut [(&mut ReadablePages, u32)],
     ) -> Vec<Result<Vec<f32>, ModelError>> {
+        self.decode_step_on(&self.cpu(), batch)
+    }
+
+    /// [`Model::decode_step`] on backend `b`.
+    pub(crate) fn decode_step_on<B: Backend>(
+        &self,
+        b: &B,
+        batch: &mut [(&mut ReadablePages, u32)],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
         let mut work: Vec<SeqWork<'_>> = batch
             .iter_mut()
             .map(|(pages, tok)| SeqWork::new(pages, std::slice::from_ref(tok)))
             .collect();
-        self.forward(&mut work)
+        self.forward_on(b, &mut work)
     }
 
     /// As [`Model::decode_step`], for sequences whose first positions are a cached prefix's
