@@ -1,7 +1,13 @@
 //! Forward-pass properties on the tiny random Llama (no real model needed):
 //! prefill(N) + decode == prefill(N+1); batched decode == one-by-one decode; chunked prefill
 //! == one-shot prefill; a changed page generation fails only that sequence, with an error.
+//! The bodies that every device runs are `device_test!`s (`tests/device/`): on the CPU here,
+//! on `cuda:0` too on a GPU host.
 
+mod device;
+
+use device::OnDevice;
+use pagewarden_kernels::Device;
 use pagewarden_kvcache::{
     Generation, KvPool, Owner, PoolConfig, ReadablePages, RequestId, TenantId,
 };
@@ -45,23 +51,23 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
 }
 
-#[test]
-fn prefill_then_decode_equals_longer_prefill() {
+device_test!(
+    prefill_then_decode_equals_longer_prefill,
+    decode_continues_prefill
+);
+fn decode_continues_prefill(dev: Device) {
     for (threads, page_size, tied) in [(1, 4, false), (2, 16, true), (1, 1, true)] {
         let m = model(threads, 256, tied);
         let p = pool(&m, page_size);
+        let mut m = OnDevice::open(dev, m, &p);
         let toks = prompt(21, 1);
         let mut a = seq(&p, 1);
         m.prefill(&mut a, &toks[..20]).unwrap();
-        let step = m
-            .decode_step(&mut [(&mut a, toks[20])])
-            .pop()
-            .unwrap()
-            .unwrap();
+        let step = m.decode(&mut a, toks[20]).unwrap();
         assert_eq!(a.len(), 21);
         let mut b = seq(&p, 2);
         let full = m.prefill(&mut b, &toks).unwrap();
-        assert_eq!(step.len(), m.config().vocab);
+        assert_eq!(step.len(), m.model().config().vocab);
         let d = max_diff(&step, &full);
         assert!(
             d < 1e-4,
@@ -70,14 +76,15 @@ fn prefill_then_decode_equals_longer_prefill() {
     }
 }
 
-#[test]
-fn chunked_prefill_equals_one_shot() {
+device_test!(chunked_prefill_equals_one_shot, chunked_prefill);
+fn chunked_prefill(dev: Device) {
     let toks = prompt(45, 2);
     let one = model(1, 1000, false);
     let p = pool(&one, 8);
+    let mut one = OnDevice::open(dev, one, &p);
     let mut a = seq(&p, 1);
     let want = one.prefill(&mut a, &toks).unwrap();
-    let chunked = model(2, 7, false);
+    let mut chunked = OnDevice::open(dev, model(2, 7, false), &p);
     let mut b = seq(&p, 2);
     let got = chunked.prefill(&mut b, &toks).unwrap();
     assert!(max_diff(&got, &want) < 1e-4);
@@ -88,10 +95,11 @@ fn chunked_prefill_equals_one_shot() {
     assert!(max_diff(&got, &want) < 1e-4);
 }
 
-#[test]
-fn batched_decode_equals_one_by_one() {
+device_test!(batched_decode_equals_one_by_one, batched_decode);
+fn batched_decode(dev: Device) {
     let m = model(2, 256, false);
     let p = pool(&m, 4);
+    let mut m = OnDevice::open(dev, m, &p);
     let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(5 + 6 * i, i as u32)).collect();
     let next = [7u32, 100, 42];
     let mut batch_seqs: Vec<ReadablePages> = Vec::new();
@@ -102,12 +110,7 @@ fn batched_decode_equals_one_by_one() {
         batch_seqs.push(s);
         let mut s = seq(&p, 20 + i as u64);
         m.prefill(&mut s, pr).unwrap();
-        single.push(
-            m.decode_step(&mut [(&mut s, next[i])])
-                .pop()
-                .unwrap()
-                .unwrap(),
-        );
+        single.push(m.decode(&mut s, next[i]).unwrap());
     }
     let mut refs: Vec<(&mut ReadablePages, u32)> = batch_seqs.iter_mut().zip(next).collect();
     let out = m.decode_step(&mut refs);
@@ -119,10 +122,14 @@ fn batched_decode_equals_one_by_one() {
     assert!(max_diff(&single[0], &single[1]) > 1e-3);
 }
 
-#[test]
-fn generation_mismatch_fails_only_that_sequence_with_an_error() {
+device_test!(
+    generation_mismatch_fails_only_that_sequence_with_an_error,
+    generation_mismatch
+);
+fn generation_mismatch(dev: Device) {
     let m = model(1, 256, false);
     let p = pool(&m, 4);
+    let mut m = OnDevice::open(dev, m, &p);
     let mut good = seq(&p, 1);
     let mut bad = seq(&p, 2);
     m.prefill(&mut good, &prompt(9, 1)).unwrap();
@@ -136,10 +143,7 @@ fn generation_mismatch_fails_only_that_sequence_with_an_error() {
     let out = m.decode_step(&mut batch);
     assert!(out[0].is_ok(), "the healthy sequence must still decode");
     match &out[1] {
-        Err(ModelError::KvRead(e)) => assert!(
-            e.to_string().contains("generation") || format!("{e:?}").contains("Generation"),
-            "{e}"
-        ),
+        Err(e) if e.is_kv_refusal() => {}
         other => panic!("expected a generation mismatch error for page {page}, got {other:?}"),
     }
     assert_eq!(
@@ -147,32 +151,33 @@ fn generation_mismatch_fails_only_that_sequence_with_an_error() {
         len_before,
         "a failed sequence's length is unchanged"
     );
+    // The host pool refused the read (on a GPU: before copying the page to the device).
     assert!(p.metrics().snapshot().generation_mismatches > before);
     // Prefill on the tampered sequence fails too and returns no logits.
-    assert!(matches!(
-        m.prefill(&mut bad, &[3, 4]),
-        Err(ModelError::KvRead(_))
-    ));
+    let refused = m.prefill(&mut bad, &[3, 4]).unwrap_err();
+    assert!(refused.is_kv_refusal(), "{refused:?}");
 }
 
-#[test]
-fn bad_inputs_are_errors() {
+device_test!(bad_inputs_are_errors, bad_inputs);
+fn bad_inputs(dev: Device) {
     let m = model(1, 256, false);
     let p = pool(&m, 4);
+    let mut m = OnDevice::open(dev, m, &p);
     let mut s = seq(&p, 1);
+    let err = |r: Result<Vec<f32>, device::RunError>| r.unwrap_err();
     assert!(matches!(
-        m.prefill(&mut s, &[]),
-        Err(ModelError::EmptyInput)
+        err(m.prefill(&mut s, &[])).model(),
+        Some(ModelError::EmptyInput)
     ));
-    let vocab = m.config().vocab as u32;
+    let vocab = m.model().config().vocab as u32;
     assert!(matches!(
-        m.prefill(&mut s, &[1, vocab]),
-        Err(ModelError::TokenOutOfRange { .. })
+        err(m.prefill(&mut s, &[1, vocab])).model(),
+        Some(ModelError::TokenOutOfRange { .. })
     ));
-    let long = prompt(m.context_length() + 1, 0);
+    let long = prompt(m.model().context_length() + 1, 0);
     assert!(matches!(
-        m.prefill(&mut s, &long),
-        Err(ModelError::ContextExceeded { .. })
+        err(m.prefill(&mut s, &long)).model(),
+        Some(ModelError::ContextExceeded { .. })
     ));
     assert_eq!(s.len(), 0);
 }

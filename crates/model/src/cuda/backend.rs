@@ -19,6 +19,7 @@ use pagewarden_kernels::cuda::{
 use pagewarden_kernels::quant::ActKind;
 use pagewarden_kernels::rope::Rope;
 use pagewarden_kernels::{AttnGeometry, QMatrix};
+use pagewarden_kvcache::KvPool;
 
 use super::error::{driver, GpuError};
 use super::kv_store::{KvRows, KvStore};
@@ -141,12 +142,45 @@ pub(crate) struct GpuStep {
     kv_rows: usize,
 }
 
+impl Gpu<'_> {
+    /// Before a pass: the device generation of every page the live sequences present (prefix
+    /// pages too) set to the host pool's current one, so a page revoked or reallocated on the
+    /// host fails its old owner on the device (I1); and, with `zero_new_pages`, the own pages
+    /// of a sequence nothing was written to yet zeroed.
+    fn sync_pages(&self, seqs: &[SeqWork<'_>]) -> Result<(), GpuError> {
+        let (mut ids, mut gens, mut fresh) = (Vec::new(), Vec::new(), Vec::new());
+        for s in seqs.iter().filter(|s| s.ok()) {
+            let own = s.pages.table().iter();
+            let prefix = s.prefix.map(|p| p.table().iter()).into_iter().flatten();
+            for &(p, _) in prefix.chain(own) {
+                if let Some(g) = self.host.generation(p) {
+                    ids.push(p.0);
+                    gens.push(g.0);
+                }
+            }
+            if self.zero_new_pages && s.pages.is_empty() {
+                fresh.extend(s.pages.table().iter().map(|(p, _)| p.0));
+            }
+        }
+        let mut pool = self.pool.borrow_mut();
+        self.cuda.zero_pages(&mut pool, &fresh)?;
+        self.cuda.set_generations(&mut pool, &ids, &gens)?;
+        Ok(())
+    }
+}
+
 /// One CUDA device running a model's forward pass.
 pub(crate) struct Gpu<'w> {
     pub(crate) cuda: &'w CudaBackend,
     pub(crate) weights: &'w DeviceWeights,
     pub(crate) kv: &'w KvStore,
     pub(crate) pool: RefCell<&'w mut DeviceKvPool>,
+    /// The host pool that owns the pages: each pass sets the device generation of every page
+    /// it touches to this pool's current one first.
+    pub(crate) host: &'w KvPool,
+    /// Zero a sequence's own pages before its first pass writes them (the device side of
+    /// `zero_on_release`: a page's unused tail never carries an earlier tenant's K/V).
+    pub(crate) zero_new_pages: bool,
     /// Quantized matmuls see activations through the CPU's Q8 rounding (off:
     /// [`super::FLOAT_ACTS_ENV`]).
     pub(crate) exact_acts: bool,
@@ -169,6 +203,7 @@ impl Backend for Gpu<'_> {
     }
 
     fn begin(&self, seqs: &[SeqWork<'_>]) -> Result<GpuStep, GpuError> {
+        self.sync_pages(seqs)?;
         let mut tables = Vec::with_capacity(seqs.len());
         let mut queries = Vec::new();
         let (mut seq, mut page, mut slot, mut gen) =

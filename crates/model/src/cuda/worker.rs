@@ -4,9 +4,10 @@
 //! CPU path; the page *data* the model reads and writes lives in a device pool that mirrors the
 //! host pool page for page (device page `i` is host `PageId(i)`).
 //!
-//! - Before every step, the device generation of every page the step touches is set to the
-//!   host pool's current one, so a page revoked or reallocated on the host fails its old
-//!   owner's step on the device (I1), as `ReadablePages::layer_block` does on the CPU.
+//! - Before every pass, the device generation of every page the pass touches is set to the
+//!   host pool's current one (`Gpu::sync_pages`), so a page revoked or reallocated on the host
+//!   fails its old owner's pass on the device (I1), as `ReadablePages::layer_block` does on
+//!   the CPU.
 //! - Prefill: [`GpuWorker::download_pages`] copies pages device → pinned host staging → owned
 //!   buffers (the transfer frames, whose checksums the sender computes as on the CPU).
 //! - Decode: frames land in the host pool and are verified there (I2: counts, checksums, guard
@@ -185,21 +186,8 @@ impl GpuWorker {
         tokens: &[u32],
     ) -> Result<Vec<f32>, GpuError> {
         self.bind()?;
-        let end = pages.len() + tokens.len();
-        pages.grow(end)?;
-        if self.zero_new_pages && pages.is_empty() {
-            let ids: Vec<u32> = pages.table().iter().map(|(p, _)| p.0).collect();
-            self.cuda.zero_pages(&mut self.device_pool, &ids)?;
-        }
-        self.sync_generations(std::slice::from_ref(&&*pages))?;
-        let gpu = Gpu {
-            cuda: &self.cuda,
-            weights: &self.weights,
-            kv: &self.kv,
-            pool: RefCell::new(&mut self.device_pool),
-            exact_acts: self.exact_acts,
-        };
-        let logits = self.model.prefill_on(&gpu, None, pages, tokens)?;
+        let model = self.model.clone();
+        let logits = model.prefill_on(&self.backend(), None, pages, tokens)?;
         // The device holds these pages' K/V at their generations now: a decode step reads them
         // as they are (decode recomputing a preempted sequence; the host copy was never written).
         let ps = self.pool.layout().page_size;
@@ -234,27 +222,16 @@ impl GpuWorker {
                 Err(e) => out[i] = Some(Err(e)),
             }
         }
-        let views: Vec<&ReadablePages> = live.iter().map(|&i| &*batch[i].0).collect();
-        if let Err(e) = self.sync_generations(&views) {
-            return batch
-                .iter()
-                .map(|_| Err(GpuError::Step(e.to_string())))
-                .collect();
-        }
-        let gpu = Gpu {
-            cuda: &self.cuda,
-            weights: &self.weights,
-            kv: &self.kv,
-            pool: RefCell::new(&mut self.device_pool),
-            exact_acts: self.exact_acts,
-        };
+        let model = self.model.clone();
+        let gpu = self.backend();
         let mut work: Vec<(&mut ReadablePages, u32)> = batch
             .iter_mut()
             .enumerate()
             .filter(|(i, _)| out[*i].is_none())
             .map(|(_, (pages, t))| (&mut **pages, *t))
             .collect();
-        let results = self.model.decode_step_on(&gpu, &mut work);
+        let results = model.decode_step_on(&gpu, &mut work);
+        drop(gpu);
         for ((r, (pages, _)), &i) in results.into_iter().zip(&work).zip(&live) {
             if r.is_ok() {
                 for &(p, g) in pages.table() {
@@ -300,6 +277,19 @@ impl GpuWorker {
             }
         }
         Ok(frames)
+    }
+
+    /// The forward pass's backend on this GPU.
+    fn backend(&mut self) -> Gpu<'_> {
+        Gpu {
+            cuda: &self.cuda,
+            weights: &self.weights,
+            kv: &self.kv,
+            pool: RefCell::new(&mut self.device_pool),
+            host: &self.pool,
+            zero_new_pages: self.zero_new_pages,
+            exact_acts: self.exact_acts,
+        }
     }
 
     /// cudarc binds the context on most calls; bind once more for the calling thread (steps
@@ -356,23 +346,6 @@ impl GpuWorker {
                 self.resident[p.index()] = g.0;
             }
         }
-        Ok(())
-    }
-
-    /// Sets the device generation of every page of `seqs` to the host pool's current one.
-    fn sync_generations(&mut self, seqs: &[&ReadablePages]) -> Result<(), GpuError> {
-        let mut ids = Vec::new();
-        let mut gens = Vec::new();
-        for s in seqs {
-            for &(p, _) in s.table() {
-                if let Some(g) = self.pool.generation(p) {
-                    ids.push(p.0);
-                    gens.push(g.0);
-                }
-            }
-        }
-        self.cuda
-            .set_generations(&mut self.device_pool, &ids, &gens)?;
         Ok(())
     }
 }
