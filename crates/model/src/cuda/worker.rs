@@ -231,7 +231,6 @@ impl GpuWorker {
             .map(|(_, (pages, t))| (&mut **pages, *t))
             .collect();
         let results = model.decode_step_on(&gpu, &mut work);
-        drop(gpu);
         for ((r, (pages, _)), &i) in results.into_iter().zip(&work).zip(&live) {
             if r.is_ok() {
                 for &(p, g) in pages.table() {
