@@ -19,7 +19,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use pagewarden_kernels::Device;
 use pagewarden_kvcache::{
-    Generation, KvPool, Owner, PoolConfig, ReadablePages, RequestId, TenantId,
+    Generation, KvPool, Owner, PoolConfig, ReadablePages, RequestId, SharedPages, TenantId,
 };
 use pagewarden_model::cuda::{GpuWorker, GpuWorkerOptions};
 use pagewarden_model::{argmax, LoadOptions, Model, ModelError};
@@ -133,11 +133,13 @@ impl Gpu {
     }
 
     fn prefill(&mut self, seq: &mut ReadablePages, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.worker.prefill(seq, tokens).context("GPU prefill")
+        self.worker
+            .prefill(None, seq, tokens)
+            .context("GPU prefill")
     }
 
     fn decode(&mut self, seq: &mut ReadablePages, token: u32) -> Result<Vec<f32>> {
-        let mut out = self.worker.decode_step(&mut [(seq, token)]);
+        let mut out = self.worker.decode_step(&mut [(None, seq, token)]);
         out.pop().expect("one result").context("GPU decode")
     }
 }
@@ -275,7 +277,9 @@ fn mismatch_check(gpu: &mut Gpu, prompt: &[u32]) -> Result<bool> {
         g.0,
         g.0 + 1
     );
-    let mut res = gpu.worker.decode_step(&mut [(&mut a, ta), (&mut b, tb)]);
+    let mut res = gpu
+        .worker
+        .decode_step(&mut [(None, &mut a, ta), (None, &mut b, tb)]);
     let rb = res.pop().expect("two results");
     let ra = res.pop().expect("two results");
     // Refused on the device (the attention and K/V-store kernels' check) or, for a page the
@@ -327,8 +331,11 @@ fn decode_bench(
     }
     let t0 = Instant::now();
     for _ in 0..steps {
-        let mut work: Vec<(&mut ReadablePages, u32)> =
-            seqs.iter_mut().zip(next.iter().copied()).collect();
+        let mut work: Vec<(Option<&SharedPages>, &mut ReadablePages, u32)> = seqs
+            .iter_mut()
+            .zip(next.iter().copied())
+            .map(|(s, t)| (None, s, t))
+            .collect();
         let res = gpu.worker.decode_step(&mut work);
         for (n, r) in next.iter_mut().zip(res) {
             *n = argmax(&r.context("bench decode")?);

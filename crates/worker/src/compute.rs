@@ -125,8 +125,7 @@ impl Compute {
         self.prefill_after(None, pages, tokens)
     }
 
-    /// As [`Compute::prefill`] after a cached prefix's pinned pages (prefix caching runs on the
-    /// CPU only: [`Compute::caches_prefixes`]).
+    /// As [`Compute::prefill`] after a cached prefix's pinned pages.
     pub fn prefill_after(
         &self,
         prefix: Option<&SharedPages>,
@@ -136,12 +135,7 @@ impl Compute {
         match self {
             Compute::Cpu(m) => Ok(m.prefill_after(prefix, pages, tokens)?),
             #[cfg(feature = "cuda")]
-            Compute::Cuda(g) => match prefix {
-                Some(p) if !p.is_empty() => Err(ComputeError::Failed(
-                    "a cached prefix cannot be attended over on the GPU".into(),
-                )),
-                _ => Ok(g.lock().prefill(pages, tokens)?),
-            },
+            Compute::Cuda(g) => Ok(g.lock().prefill(prefix, pages, tokens)?),
         }
     }
 
@@ -182,28 +176,33 @@ impl Compute {
         }
     }
 
-    /// Whether this engine attends over cached prefix pages (the CPU's; on a GPU the pool's
-    /// pages hold no data on the host).
-    pub fn caches_prefixes(&self) -> bool {
-        matches!(self, Compute::Cpu(_))
-    }
-
     /// The bytes of pinned prefix pages `indices` (full pages, generation-checked), one frame
-    /// each, for the transfer to decode.
+    /// each, for the transfer to decode: the host pool's bytes, or on a GPU the device's (the
+    /// pages a GPU pass wrote hold no data on the host).
     pub fn prefix_frames(
         &self,
         prefix: &SharedPages,
         indices: &[usize],
     ) -> Result<Vec<Bytes>, ComputeError> {
-        indices
-            .iter()
-            .map(|&i| {
-                prefix
-                    .page_bytes(i)
-                    .map(Bytes::copy_from_slice)
-                    .map_err(|e| refused(format!("reading cached KV page {i}: {e}"), e))
-            })
-            .collect()
+        match self {
+            Compute::Cpu(_) => indices
+                .iter()
+                .map(|&i| {
+                    prefix
+                        .page_bytes(i)
+                        .map(Bytes::copy_from_slice)
+                        .map_err(|e| refused(format!("reading cached KV page {i}: {e}"), e))
+                })
+                .collect(),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(g) => {
+                tokio::task::block_in_place(|| g.lock().download_pages(prefix.table(), indices))
+                    .map(|v| v.into_iter().map(Bytes::from).collect())
+                    .map_err(|e| {
+                        ComputeError::Failed(format!("reading cached device KV pages: {e}"))
+                    })
+            }
+        }
     }
 
     /// One batched decode step: per sequence, the logits of its next token or why it failed
@@ -219,18 +218,17 @@ impl Compute {
                 .map(|r| r.map_err(ComputeError::from))
                 .collect(),
             #[cfg(feature = "cuda")]
-            Compute::Cuda(g) => g
-                .lock()
-                .decode_step(batch)
-                .into_iter()
-                .map(|r| r.map_err(ComputeError::from))
-                .collect(),
+            Compute::Cuda(_) => {
+                let mut with: Vec<(Option<&SharedPages>, &mut ReadablePages, u32)> = batch
+                    .iter_mut()
+                    .map(|(pages, t)| (None, &mut **pages, *t))
+                    .collect();
+                self.decode_step_after(&mut with)
+            }
         }
     }
 
-    /// As [`Compute::decode_step`] for sequences after a cached prefix's pinned pages (the
-    /// CPU's only: [`Compute::caches_prefixes`]; elsewhere a non-empty prefix fails its
-    /// sequence).
+    /// As [`Compute::decode_step`] for sequences after a cached prefix's pinned pages.
     pub fn decode_step_after(
         &self,
         batch: &mut [(Option<&SharedPages>, &mut ReadablePages, u32)],
@@ -242,24 +240,12 @@ impl Compute {
                 .map(|r| r.map_err(ComputeError::from))
                 .collect(),
             #[cfg(feature = "cuda")]
-            Compute::Cuda(_) => {
-                if batch
-                    .iter()
-                    .any(|(p, _, _)| p.is_some_and(|p| !p.is_empty()))
-                {
-                    let refused = || {
-                        Err(ComputeError::Failed(
-                            "a cached prefix cannot be attended over on the GPU".into(),
-                        ))
-                    };
-                    return batch.iter().map(|_| refused()).collect();
-                }
-                let mut plain: Vec<(&mut ReadablePages, u32)> = batch
-                    .iter_mut()
-                    .map(|(_, pages, t)| (&mut **pages, *t))
-                    .collect();
-                self.decode_step(&mut plain)
-            }
+            Compute::Cuda(g) => g
+                .lock()
+                .decode_step(batch)
+                .into_iter()
+                .map(|r| r.map_err(ComputeError::from))
+                .collect(),
         }
     }
 
@@ -282,7 +268,7 @@ impl Compute {
                 .collect(),
             #[cfg(feature = "cuda")]
             Compute::Cuda(g) => {
-                tokio::task::block_in_place(|| g.lock().download_pages(pages, indices))
+                tokio::task::block_in_place(|| g.lock().download_pages(pages.table(), indices))
                     .map(|v| {
                         v.into_iter()
                             .zip(indices)

@@ -100,9 +100,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 device,
                 zero_on_release: cfg.zero_on_release,
                 commit_rehash: cfg.commit_rehash,
-                // Finished prompts' full pages stay cached (CPU only, as on prefill), so a
-                // later prompt of the namespace is granted, and sent, only after them.
-                prefix_cache: device == Device::Cpu,
+                // Finished prompts' full pages stay cached (as on prefill), so a later prompt
+                // of the namespace is granted, and sent, only after them.
+                prefix_cache: true,
             };
             let loaded = pagewarden_worker::load(&cfg, pool)?;
             let tokenizer = Tokenizer::from_gguf(loaded.model.gguf()).context("tokenizer")?;

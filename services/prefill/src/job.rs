@@ -99,11 +99,11 @@ fn beyond_the_pool(mut job: ValidPrefill, pool: &KvPool) -> ValidPrefill {
 }
 
 /// The longest cached prefix of the prompt in the request's namespace, pinned; `None` when
-/// the request has no namespace or this engine does not attend over cached pages. The last
-/// prompt token is always computed: its logits give the first token.
+/// the request has no namespace. The last prompt token is always computed: its logits give
+/// the first token.
 fn pin_prefix(deps: &JobDeps, job: &ValidPrefill) -> Option<Arc<SharedPages>> {
     let ns = job.namespace.as_ref()?;
-    if !deps.compute.caches_prefixes() || job.prompt.is_empty() {
+    if job.prompt.is_empty() {
         return None;
     }
     let prefix = deps

@@ -102,8 +102,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 zero_on_release: cfg.zero_on_release && device == Device::Cpu,
                 // Prefill allocates its pages locally: nothing is ever committed into them.
                 commit_rehash: false,
-                // Cached pages are attended over from host memory.
-                prefix_cache: device == Device::Cpu,
+                // Cached pages are attended over where they are: host memory, or a GPU's.
+                prefix_cache: true,
             };
             let loaded = pagewarden_worker::load(&cfg, pool)?;
             let gpu = GpuOptions {

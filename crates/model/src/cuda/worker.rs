@@ -9,10 +9,12 @@
 //!   fails its old owner's pass on the device (I1), as `ReadablePages::layer_block` does on
 //!   the CPU.
 //! - Prefill: [`GpuWorker::download_pages`] copies pages device → pinned host staging → owned
-//!   buffers (the transfer frames, whose checksums the sender computes as on the CPU).
+//!   buffers (the transfer frames, whose checksums the sender computes as on the CPU), a
+//!   sequence's own pages or a cached prefix's. A cached prefix's pages are the pages a GPU
+//!   pass wrote, at the same generation: resident, attended over where they are.
 //! - Decode: frames land in the host pool and are verified there (I2: counts, checksums, guard
-//!   words, generations); a committed page is copied host → pinned staging → device the first
-//!   time a step needs it. Residency is keyed by `(page, generation)`, so a reallocated page is
+//!   words, generations); a committed page (a sequence's or a cached prefix's) is copied host →
+//!   pinned staging → device the first time a step needs it. Residency is keyed by `(page, generation)`, so a reallocated page is
 //!   never taken for resident.
 
 use std::cell::RefCell;
@@ -21,7 +23,7 @@ use std::sync::Arc;
 use half::f16;
 use pagewarden_kernels::cuda::cudarc::driver::PinnedHostSlice;
 use pagewarden_kernels::cuda::{CudaBackend, DeviceKvPool, PageShape};
-use pagewarden_kvcache::{Generation, KvPool, PageId, ReadError, ReadablePages};
+use pagewarden_kvcache::{Generation, KvPool, PageId, ReadError, ReadablePages, SharedPages};
 
 use crate::llama::Model;
 
@@ -177,17 +179,21 @@ impl GpuWorker {
         )
     }
 
-    /// Runs `tokens` after the `pages.len()` tokens already in `pages`, writing their K/V into
-    /// the device mirror of `pages`; returns the logits of the last position. On success
-    /// `pages.len()` grows by `tokens.len()`.
+    /// Runs `tokens` after a cached prefix's pages (`prefix`, read-only) and the `pages.len()`
+    /// tokens already in `pages`, writing their K/V into the device mirror of `pages`; returns
+    /// the logits of the last position. On success `pages.len()` grows by `tokens.len()`.
     pub fn prefill(
         &mut self,
+        prefix: Option<&SharedPages>,
         pages: &mut ReadablePages,
         tokens: &[u32],
     ) -> Result<Vec<f32>, GpuError> {
         self.bind()?;
+        if let Some(p) = prefix {
+            self.make_resident(p.table(), p.len(), &|i| p.page_bytes(i))?;
+        }
         let model = self.model.clone();
-        let logits = model.prefill_on(&self.backend(), None, pages, tokens)?;
+        let logits = model.prefill_on(&self.backend(), prefix, pages, tokens)?;
         // The device holds these pages' K/V at their generations now: a decode step reads them
         // as they are (decode recomputing a preempted sequence; the host copy was never written).
         let ps = self.pool.layout().page_size;
@@ -197,12 +203,13 @@ impl GpuWorker {
         Ok(logits)
     }
 
-    /// One batched decode step: each sequence gets one token at position `pages.len()`. A
-    /// refused page table (host or device check) fails only that sequence; a device failure
-    /// fails every sequence of the step.
+    /// One batched decode step: each sequence, after its cached prefix's pages when it has
+    /// one, gets one token at position `prefix.len() + pages.len()`. A refused page table
+    /// (host or device check) fails only that sequence; a device failure fails every sequence
+    /// of the step.
     pub fn decode_step(
         &mut self,
-        batch: &mut [(&mut ReadablePages, u32)],
+        batch: &mut [(Option<&SharedPages>, &mut ReadablePages, u32)],
     ) -> Vec<Result<Vec<f32>, GpuError>> {
         let mut out: Vec<Option<Result<Vec<f32>, GpuError>>> = batch.iter().map(|_| None).collect();
         if let Err(e) = self.bind() {
@@ -212,11 +219,15 @@ impl GpuWorker {
                 .collect();
         }
         let mut live = Vec::new();
-        for (i, (pages, _)) in batch.iter_mut().enumerate() {
-            let ready = pages
-                .grow(pages.len() + 1)
-                .map_err(GpuError::from)
-                .and_then(|()| self.make_resident(pages));
+        for (i, (prefix, pages, _)) in batch.iter_mut().enumerate() {
+            let ready = match prefix {
+                Some(p) => self.make_resident(p.table(), p.len(), &|i| p.page_bytes(i)),
+                None => Ok(()),
+            }
+            .and_then(|()| {
+                let own = &**pages;
+                self.make_resident(own.table(), own.len(), &|i| own.page_bytes(i))
+            });
             match ready {
                 Ok(()) => live.push(i),
                 Err(e) => out[i] = Some(Err(e)),
@@ -224,14 +235,14 @@ impl GpuWorker {
         }
         let model = self.model.clone();
         let gpu = self.backend();
-        let mut work: Vec<(&mut ReadablePages, u32)> = batch
+        let mut work: Vec<(Option<&SharedPages>, &mut ReadablePages, u32)> = batch
             .iter_mut()
             .enumerate()
             .filter(|(i, _)| out[*i].is_none())
-            .map(|(_, (pages, t))| (&mut **pages, *t))
+            .map(|(_, (prefix, pages, t))| (*prefix, &mut **pages, *t))
             .collect();
-        let results = model.decode_step_on(&gpu, &mut work);
-        for ((r, (pages, _)), &i) in results.into_iter().zip(&work).zip(&live) {
+        let results = model.decode_step_after_on(&gpu, &mut work);
+        for ((r, (_, pages, _)), &i) in results.into_iter().zip(&work).zip(&live) {
             if r.is_ok() {
                 for &(p, g) in pages.table() {
                     self.resident[p.index()] = g.0;
@@ -244,20 +255,28 @@ impl GpuWorker {
             .collect()
     }
 
-    /// Copies pages `indices` of `pages` from the device through the pinned staging buffer into
-    /// owned buffers (`page_bytes` each, the host layout). Each page's generation is checked
-    /// against the host pool first, as `ReadablePages::page_bytes` does on the CPU.
+    /// Copies pages `indices` of `table` (a sequence's or a cached prefix's) from the device
+    /// through the pinned staging buffer into owned buffers (`page_bytes` each, the host
+    /// layout). Each page's generation is checked against the host pool first, as
+    /// `ReadablePages::page_bytes` does on the CPU, and the device must hold that page at that
+    /// generation.
     pub fn download_pages(
         &mut self,
-        pages: &ReadablePages,
+        table: &[(PageId, Generation)],
         indices: &[usize],
     ) -> Result<Vec<Vec<u8>>, GpuError> {
         self.bind()?;
         let pe = self.device_pool.shape.page_elems();
         let mut ids = Vec::with_capacity(indices.len());
         for &i in indices {
-            let &(page, expected) = pages.table().get(i).ok_or(ReadError::OutOfRange)?;
+            let &(page, expected) = table.get(i).ok_or(ReadError::OutOfRange)?;
             self.check_current(page, expected)?;
+            if self.resident[page.index()] != expected.0 {
+                return Err(GpuError::Step(format!(
+                    "page {} is not on the device at generation {}",
+                    page.0, expected.0
+                )));
+            }
             ids.push(page.0 as usize);
         }
         let mut frames = Vec::with_capacity(ids.len());
@@ -312,14 +331,20 @@ impl GpuWorker {
         }
     }
 
-    /// Copies the host's committed pages of a sequence (those holding its first `len` tokens)
-    /// to the device unless they are resident at this generation already.
-    fn make_resident(&mut self, pages: &ReadablePages) -> Result<(), GpuError> {
+    /// Copies the host's committed pages of a table (those holding its first `len` tokens;
+    /// `bytes(i)` reads page `i` of it, generation-checked) to the device unless they are
+    /// resident at this generation already.
+    fn make_resident<'a>(
+        &mut self,
+        table: &[(PageId, Generation)],
+        len: usize,
+        bytes: &dyn Fn(usize) -> Result<&'a [u8], ReadError>,
+    ) -> Result<(), GpuError> {
         let ps = self.pool.layout().page_size;
-        let filled = pages.len().div_ceil(ps);
+        let filled = len.div_ceil(ps).min(table.len());
         let missing: Vec<usize> = (0..filled)
             .filter(|&i| {
-                let (p, g) = pages.table()[i];
+                let (p, g) = table[i];
                 self.resident[p.index()] != g.0
             })
             .collect();
@@ -328,11 +353,10 @@ impl GpuWorker {
             let buf = self.staging.as_mut_slice()?;
             for (j, &i) in chunk.iter().enumerate() {
                 // Generation-checked host read of the verified page (I1 on the host side).
-                let src = pages.page_bytes(i)?;
-                bytes_of_mut(&mut buf[j * pe..(j + 1) * pe]).copy_from_slice(src);
+                bytes_of_mut(&mut buf[j * pe..(j + 1) * pe]).copy_from_slice(bytes(i)?);
             }
             for (j, &i) in chunk.iter().enumerate() {
-                let id = pages.table()[i].0.index();
+                let id = table[i].0.index();
                 let mut dst = self.device_pool.data.slice_mut(id * pe..(id + 1) * pe);
                 self.cuda
                     .stream()
@@ -341,7 +365,7 @@ impl GpuWorker {
             }
             self.cuda.synchronize()?;
             for &i in chunk {
-                let (p, g) = pages.table()[i];
+                let (p, g) = table[i];
                 self.resident[p.index()] = g.0;
             }
         }

@@ -223,14 +223,9 @@ impl<B: Backend> Pass<B> {
 }
 
 impl Model {
-    /// Runs the batch on the CPU; returns, per sequence, the logits its [`Logits`] asks for
-    /// (rows one after another; none for `Skip`) or its error.
-    pub(super) fn forward(&self, seqs: &mut [SeqWork<'_>]) -> Vec<Result<Vec<f32>, ModelError>> {
-        self.forward_on(&self.cpu(), seqs)
-    }
-
-    /// [`Model::forward`] on backend `b`. A device failure fails every sequence of the pass
-    /// ([`ModelError::Device`]), each length unchanged.
+    /// Runs the batch on backend `b`; returns, per sequence, the logits its [`Logits`] asks
+    /// for (rows one after another; none for `Skip`) or its error. A device failure fails
+    /// every sequence of the pass ([`ModelError::Device`]), each length unchanged.
     pub(crate) fn forward_on<B: Backend>(
         &self,
         b: &B,

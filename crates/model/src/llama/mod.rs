@@ -335,20 +335,11 @@ impl Model {
         &self,
         batch: &mut [(&mut ReadablePages, u32)],
     ) -> Vec<Result<Vec<f32>, ModelError>> {
-        self.decode_step_on(&self.cpu(), batch)
-    }
-
-    /// [`Model::decode_step`] on backend `b`.
-    pub(crate) fn decode_step_on<B: Backend>(
-        &self,
-        b: &B,
-        batch: &mut [(&mut ReadablePages, u32)],
-    ) -> Vec<Result<Vec<f32>, ModelError>> {
         let mut work: Vec<SeqWork<'_>> = batch
             .iter_mut()
             .map(|(pages, tok)| SeqWork::new(pages, std::slice::from_ref(tok)))
             .collect();
-        self.forward_on(b, &mut work)
+        self.forward_on(&self.cpu(), &mut work)
     }
 
     /// As [`Model::decode_step`], for sequences whose first positions are a cached prefix's
@@ -358,11 +349,20 @@ impl Model {
         &self,
         batch: &mut [(Option<&SharedPages>, &mut ReadablePages, u32)],
     ) -> Vec<Result<Vec<f32>, ModelError>> {
+        self.decode_step_after_on(&self.cpu(), batch)
+    }
+
+    /// [`Model::decode_step_after`] on backend `b`.
+    pub(crate) fn decode_step_after_on<B: Backend>(
+        &self,
+        b: &B,
+        batch: &mut [(Option<&SharedPages>, &mut ReadablePages, u32)],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
         let mut work: Vec<SeqWork<'_>> = batch
             .iter_mut()
             .map(|(prefix, pages, tok)| SeqWork::after(*prefix, pages, std::slice::from_ref(tok)))
             .collect();
-        self.forward(&mut work)
+        self.forward_on(b, &mut work)
     }
 }
 

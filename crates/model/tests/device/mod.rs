@@ -119,7 +119,7 @@ impl OnDevice {
     ) -> Result<Vec<f32>, RunError> {
         #[cfg(feature = "cuda")]
         if let Some(g) = &mut self.gpu {
-            return g.prefill(seq, tokens).map_err(RunError::Gpu);
+            return g.prefill(None, seq, tokens).map_err(RunError::Gpu);
         }
         self.model.prefill(seq, tokens).map_err(RunError::Cpu)
     }
@@ -131,8 +131,12 @@ impl OnDevice {
     ) -> Vec<Result<Vec<f32>, RunError>> {
         #[cfg(feature = "cuda")]
         if let Some(g) = &mut self.gpu {
+            let mut with: Vec<_> = batch
+                .iter_mut()
+                .map(|(pages, t)| (None, &mut **pages, *t))
+                .collect();
             return g
-                .decode_step(batch)
+                .decode_step(&mut with)
                 .into_iter()
                 .map(|r| r.map_err(RunError::Gpu))
                 .collect();

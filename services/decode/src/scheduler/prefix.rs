@@ -17,17 +17,13 @@ use super::SchedulerDeps;
 use crate::state::Running;
 
 /// Pins the longest cached prefix of `tokens` (whole pages) under `namespace`; `None` when the
-/// request has no namespace or this engine does not attend over cached pages.
+/// request has no namespace.
 pub(super) fn pin_prefix(
     deps: &SchedulerDeps,
     namespace: Option<&Namespace>,
     tokens: &[u32],
 ) -> Option<SharedPages> {
-    let ns = namespace?;
-    if !deps.compute.caches_prefixes() {
-        return None;
-    }
-    Some(deps.pool.pin_prefix(ns, tokens))
+    Some(deps.pool.pin_prefix(namespace?, tokens))
 }
 
 /// Pins the prefix a new prompt is granted after: every whole cached page but the one holding
