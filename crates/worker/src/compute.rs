@@ -141,7 +141,7 @@ impl Compute {
 
     /// As [`Compute::prefill_after`] for a part of a prompt whose positions end at
     /// `prompt_end` ([`Model::prefill_part`]): the logits are the last position's when the part
-    /// reaches that end, else empty on the CPU (the GPU computes them anyway).
+    /// reaches that end, else empty.
     pub fn prefill_part(
         &self,
         prefix: Option<&SharedPages>,
@@ -152,13 +152,13 @@ impl Compute {
         match self {
             Compute::Cpu(m) => Ok(m.prefill_part(prefix, pages, tokens, prompt_end)?),
             #[cfg(feature = "cuda")]
-            Compute::Cuda(_) => self.prefill_after(prefix, pages, tokens),
+            Compute::Cuda(g) => Ok(g.lock().prefill_part(prefix, pages, tokens, prompt_end)?),
         }
     }
 
     /// As [`Compute::prefill_after`], also scoring `tokens`: the logprob (and `top` top
     /// logprobs) of each after the first and of `next` after the last
-    /// ([`Model::prefill_scored`]). On the CPU only.
+    /// ([`Model::prefill_scored`]).
     pub fn prefill_scored(
         &self,
         prefix: Option<&SharedPages>,
@@ -170,9 +170,7 @@ impl Compute {
         match self {
             Compute::Cpu(m) => Ok(m.prefill_scored(prefix, pages, tokens, next, top)?),
             #[cfg(feature = "cuda")]
-            Compute::Cuda(_) => Err(ComputeError::Failed(
-                "prompt logprobs are computed on the CPU only".into(),
-            )),
+            Compute::Cuda(g) => Ok(g.lock().prefill_scored(prefix, pages, tokens, next, top)?),
         }
     }
 

@@ -285,6 +285,10 @@ impl Backend for Gpu<'_> {
         rows: usize,
         outs: &mut [&mut DeviceBuf],
     ) -> Result<(), GpuError> {
+        if rows == 0 {
+            // A pass whose rows all only fill the cache asks for no logits.
+            return Ok(());
+        }
         let quantized = ws.iter().any(|w| w.ty.act_kind() != ActKind::Float);
         // The activations quantized once, as the CPU quantizes them, for every quantized matrix.
         let xq = match self.exact_acts && quantized {

@@ -26,6 +26,7 @@ use pagewarden_kernels::cuda::{CudaBackend, DeviceKvPool, PageShape};
 use pagewarden_kvcache::{Generation, KvPool, PageId, ReadError, ReadablePages, SharedPages};
 
 use crate::llama::Model;
+use crate::logprobs::TokenLogprobs;
 
 use super::backend::{DeviceWeights, Gpu};
 use super::error::{driver, GpuError};
@@ -188,19 +189,57 @@ impl GpuWorker {
         pages: &mut ReadablePages,
         tokens: &[u32],
     ) -> Result<Vec<f32>, GpuError> {
+        self.run_prefill(prefix, pages, tokens, None, None)
+            .map(|(logits, _)| logits)
+    }
+
+    /// As [`GpuWorker::prefill`] for a part of a prompt whose positions end at `prompt_end`
+    /// (`Model::prefill_part`): the logits only when the part reaches that end, else empty.
+    pub fn prefill_part(
+        &mut self,
+        prefix: Option<&SharedPages>,
+        pages: &mut ReadablePages,
+        tokens: &[u32],
+        prompt_end: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        self.run_prefill(prefix, pages, tokens, Some(prompt_end), None)
+            .map(|(logits, _)| logits)
+    }
+
+    /// As [`GpuWorker::prefill`], scoring the prompt as it runs (`Model::prefill_scored`).
+    pub fn prefill_scored(
+        &mut self,
+        prefix: Option<&SharedPages>,
+        pages: &mut ReadablePages,
+        tokens: &[u32],
+        next: Option<u32>,
+        top: usize,
+    ) -> Result<(Vec<f32>, Vec<TokenLogprobs>), GpuError> {
+        self.run_prefill(prefix, pages, tokens, None, Some((next, top)))
+    }
+
+    /// The model's prefill on this GPU, after making the prefix's pages resident.
+    fn run_prefill(
+        &mut self,
+        prefix: Option<&SharedPages>,
+        pages: &mut ReadablePages,
+        tokens: &[u32],
+        prompt_end: Option<usize>,
+        score: Option<(Option<u32>, usize)>,
+    ) -> Result<(Vec<f32>, Vec<TokenLogprobs>), GpuError> {
         self.bind()?;
         if let Some(p) = prefix {
             self.make_resident(p.table(), p.len(), &|i| p.page_bytes(i))?;
         }
         let model = self.model.clone();
-        let logits = model.prefill_on(&self.backend(), prefix, pages, tokens)?;
+        let out = model.run_prefill(&self.backend(), prefix, pages, tokens, prompt_end, score)?;
         // The device holds these pages' K/V at their generations now: a decode step reads them
         // as they are (decode recomputing a preempted sequence; the host copy was never written).
         let ps = self.pool.layout().page_size;
         for &(p, g) in &pages.table()[..pages.len().div_ceil(ps)] {
             self.resident[p.index()] = g.0;
         }
-        Ok(logits)
+        Ok(out)
     }
 
     /// One batched decode step: each sequence, after its cached prefix's pages when it has

@@ -238,22 +238,9 @@ impl Model {
         self.run_prefill(&self.cpu(), prefix, seq, tokens, None, Some((next, top)))
     }
 
-    /// [`Model::prefill_after`] on backend `b` (a GPU's).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn prefill_on<B: Backend>(
-        &self,
-        b: &B,
-        prefix: Option<&SharedPages>,
-        seq: &mut ReadablePages,
-        tokens: &[u32],
-    ) -> Result<Vec<f32>, ModelError> {
-        self.run_prefill(b, prefix, seq, tokens, None, None)
-            .map(|(logits, _)| logits)
-    }
-
     /// The prefill of all of them, on backend `b`: the last position's logits, and with
     /// `score` (the token after `tokens`, how many top logprobs) the scored positions.
-    fn run_prefill<B: Backend>(
+    pub(crate) fn run_prefill<B: Backend>(
         &self,
         b: &B,
         prefix: Option<&SharedPages>,
