@@ -134,7 +134,7 @@ pub(crate) struct GpuStep {
     tables: Vec<Vec<(u32, u64)>>,
     /// Per row of the pass: (sequence, position).
     queries: Vec<(u32, u32)>,
-    /// The live rows' K/V destinations, uploaded once for every layer.
+    /// Each row's K/V destination, uploaded once for every layer.
     seq: CudaSlice<u32>,
     page: CudaSlice<u32>,
     slot: CudaSlice<u32>,
@@ -219,12 +219,13 @@ impl Backend for Gpu<'_> {
             for t in 0..s.tokens.len() {
                 let pos = s.start + t;
                 queries.push((i as u32, pos as u32));
-                if let Some(&(p, g)) = table.get(pos / ps) {
-                    seq.push(i as u32);
-                    page.push(p);
-                    slot.push((pos % ps) as u32);
-                    gen.push(g);
-                }
+                // One entry per row of the pass (the kernel's row is the K/V buffers' row); a
+                // refused sequence's rows name no page, which the kernel skips.
+                let (p, g) = table.get(pos / ps).copied().unwrap_or((u32::MAX, 0));
+                seq.push(i as u32);
+                page.push(p);
+                slot.push((pos % ps) as u32);
+                gen.push(g);
             }
             tables.push(table);
         }
