@@ -12,7 +12,8 @@
 #
 # Steps on the GPU host:
 #   1. kernels  every CUDA kernel against the CPU reference, the attention kernel's generation
-#               check, decode-shaped matvec speed (gpu_check)
+#               check, decode-shaped matvec speed (gpu_check); then the model's device tests
+#               (the forward pass's `device_test!` bodies on cuda:0)
 #   2. engine   the GPU forward pass against the CPU engine on the real-weight model (logits,
 #               greedy tokens), a revoked page failing one sequence of a batch, prefill and
 #               decode tok/s at batch 1, 8, 32 on the full-size random-weight model
@@ -38,6 +39,14 @@ if [ "${1:-}" = "bundle" ]; then
   rm -rf "$out" && mkdir -p "$out/bin"
   for b in pagewarden-router pagewarden-prefill pagewarden-decode; do cp "$target/release/$b" "$out/bin/"; done
   for b in gpu_check gpu_engine random_like; do cp "$target/release/examples/$b" "$out/bin/"; done
+  # The model's device tests (`device_test!`): the same bodies the CPU runs, on cuda:0.
+  device_tests=$(cargo test --release --no-run -p pagewarden-model --features cuda --test forward \
+    --message-format=json | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "forward":
+        print(m["executable"])')
+  cp "$device_tests" "$out/bin/device_forward"
   strip "$out"/bin/*
   PAGEWARDEN_PTX_DIR="$out/ptx" cargo test --release -p pagewarden-kernels --features cuda --test cuda_ptx
   "$out/bin/gpu_engine" --write-ptx "$out/ptx-model" --arch compute_90
@@ -71,6 +80,7 @@ step() { # NAME SECONDS COMMAND...: runs it under a time limit, output to the lo
 echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
 step kernels 90 "$out/bin/gpu_check" cuda:0
+step device-tests 60 "$out/bin/device_forward" --ignored --test-threads 1
 step random-model 30 "$out/bin/random_like" "$out/like.gguf" "$out/random-full.gguf" 7
 step engine-real 90 "$out/bin/gpu_engine" --model "$out/real-5l.gguf" --prompts "$out/prompts.json"
 step engine-full 75 "$out/bin/gpu_engine" --model "$out/random-full.gguf" --prompts "$out/prompts.json"
@@ -83,6 +93,6 @@ fi
 step services-gpu-full 60 env DEVICE=cuda:0 LOG_DIR="$logs/services-gpu-full" PARITY=0 scripts/gpu/services.sh "$out/random-full.gguf" "$out/prompts.json"
 step services-cpu-full 60 env DEVICE=cpu LOG_DIR="$logs/services-cpu-full" PARITY=0 scripts/gpu/services.sh "$out/random-full.gguf" "$out/prompts.json"
 echo "==== summary"
-for k in kernels random-model engine-real engine-full services-cpu services-gpu services-gpu-full services-cpu-full; do
+for k in kernels device-tests random-model engine-real engine-full services-cpu services-gpu services-gpu-full services-cpu-full; do
   echo "$k: ${verdict[$k]:-not run}"
 done
