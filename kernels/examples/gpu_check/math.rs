@@ -3,7 +3,7 @@
 //! activations to 8 bits and the GPU keeps them f32).
 
 use anyhow::Result;
-use pagewarden_kernels::activation::{softmax, swiglu};
+use pagewarden_kernels::activation::{geglu, gelu_table, softmax, swiglu};
 use pagewarden_kernels::cuda::CudaBackend;
 use pagewarden_kernels::norm::rms_norm;
 use pagewarden_kernels::quant::{dequantize_row, quantize_row, ActKind};
@@ -213,6 +213,87 @@ pub fn elementwise(gpu: &CudaBackend, rng: &mut Rng, rows_out: &mut Vec<Row>) ->
         let same = gpu.download(&dx)? == cpu;
         rows_out.push(verdict("rope (norm)", shape, same, String::new()));
     }
+    // RoPE from a per-row table (the forward pass's: scaled angles, normal and NeoX pairs),
+    // queries and keys with their own head counts.
+    for neox in [false, true] {
+        let rope = Rope {
+            base: 500_000.0,
+            n_dims: 64,
+            head_dim: 64,
+        };
+        let (rows, heads) = (17usize, 8usize);
+        let table: Vec<Vec<(f32, f32)>> = (0..rows)
+            .map(|r| rope.cos_sin_scaled(r * 97 % 4096, 0.25, None))
+            .collect();
+        let x = rng.vec(rows * heads * 64, 2.0);
+        let mut cpu = x.clone();
+        for (r, cs) in table.iter().enumerate() {
+            let row = &mut cpu[r * heads * 64..(r + 1) * heads * 64];
+            if neox {
+                rope.apply_neox_with(row, cs);
+            } else {
+                rope.apply_with(row, cs);
+            }
+        }
+        let flat: Vec<f32> = table.iter().flatten().flat_map(|&(c, s)| [c, s]).collect();
+        let mut dx = gpu.upload(&x)?;
+        gpu.rope_rows(&rope, &gpu.upload(&flat)?, rows, neox, &mut dx, heads)?;
+        let same = gpu.download(&dx)? == cpu;
+        let name = if neox {
+            "rope_rows (neox)"
+        } else {
+            "rope_rows (norm)"
+        };
+        rows_out.push(verdict(
+            name,
+            format!("{rows}x{heads}x64"),
+            same,
+            String::new(),
+        ));
+    }
+    // GeGLU through the CPU's f16 GELU table: the same bits.
+    let n = 32 * 1536;
+    let (g, u) = (rng.vec(n, 12.0), rng.vec(n, 2.0));
+    let mut cpu = g.clone();
+    geglu(&mut cpu, &u);
+    let (mut dg, du) = (gpu.upload(&g)?, gpu.upload(&u)?);
+    gpu.geglu(&mut dg, &du, &gpu.upload(&gelu_table()[..])?, n)?;
+    let same = gpu.download(&dg)? == cpu;
+    rows_out.push(verdict("geglu", format!("{n}"), same, String::new()));
+    // Scaling, bias rows, soft-capping (the device's tanhf: close, not the same bits).
+    let mut dx = gpu.upload(&g)?;
+    gpu.scale(&mut dx, 0.125, n)?;
+    let cpu: Vec<f32> = g.iter().map(|v| v * 0.125).collect();
+    rows_out.push(verdict(
+        "scale",
+        format!("{n}"),
+        gpu.download(&dx)? == cpu,
+        String::new(),
+    ));
+    let bias = rng.vec(1536, 1.0);
+    let mut dx = gpu.upload(&g)?;
+    gpu.add_rows(&mut dx, &gpu.upload(&bias)?, n)?;
+    let cpu: Vec<f32> = g
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + bias[i % 1536])
+        .collect();
+    rows_out.push(verdict(
+        "add_rows",
+        format!("{n}"),
+        gpu.download(&dx)? == cpu,
+        String::new(),
+    ));
+    let mut dx = gpu.upload(&g)?;
+    gpu.softcap(&mut dx, 30.0, n)?;
+    let cpu: Vec<f32> = g.iter().map(|v| (v * (1.0 / 30.0)).tanh() * 30.0).collect();
+    rows_out.push(compare(
+        "softcap",
+        format!("{n}"),
+        &gpu.download(&dx)?,
+        &cpu,
+        1e-6,
+    ));
     // SwiGLU and residual add.
     let n = 32 * 1536;
     let (g, u) = (rng.vec(n, 6.0), rng.vec(n, 2.0));

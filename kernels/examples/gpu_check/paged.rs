@@ -61,14 +61,22 @@ fn setup(rng: &mut Rng) -> Setup {
     }
 }
 
-/// CPU attention for one query row of sequence `seq` at `pos`.
-fn cpu_row(s: &Setup, seq: usize, pos: usize, q: &[f32], par: &Parallel) -> Vec<f32> {
+/// CPU attention for one query row of sequence `seq` at `pos` (over the last `window` keys
+/// with a window).
+fn cpu_row(
+    s: &Setup,
+    seq: usize,
+    pos: usize,
+    q: &[f32],
+    window: Option<usize>,
+    par: &Parallel,
+) -> Vec<f32> {
     let geo = AttnGeometry {
         heads: HEADS,
         kv_heads: SHAPE.kv_heads,
         head_dim: SHAPE.head_dim,
         page_size: SHAPE.page_size,
-        window: None,
+        window,
         score_scale: None,
     };
     let be = SHAPE.page_size * SHAPE.token_width();
@@ -109,39 +117,40 @@ pub fn attention(
     queries.extend((40..56).map(|p| (2u32, p)));
     let q = rng.vec(queries.len() * width, 1.0);
     let tables: Vec<&[(u32, u64)]> = s.tables.iter().map(|t| t.as_slice()).collect();
-    let batch = AttentionBatch {
-        heads: HEADS,
-        layer: LAYER,
-        tables: &tables,
-        queries: &queries,
-        window: None,
-        scale: None,
-    };
-    let dq = gpu.upload(&q)?;
-    let mut dout = gpu.upload(&vec![SENTINEL; q.len()])?;
-    let mut flags = gpu.zeros::<u32>(tables.len())?;
-    gpu.paged_attention(&pool, &batch, &dq, &mut dout, &mut flags)?;
-    let got = gpu.download(&dout)?;
-    let faults = gpu.read_faults(&flags)?;
-    let mut want = Vec::with_capacity(q.len());
-    for (i, &(seq, pos)) in queries.iter().enumerate() {
-        want.extend(cpu_row(
-            &s,
-            seq as usize,
-            pos as usize,
-            &q[i * width..][..width],
-            par,
-        ));
+    // Every earlier key, then a sliding window (Gemma 3's local layers).
+    for window in [None, Some(40)] {
+        let batch = AttentionBatch {
+            heads: HEADS,
+            layer: LAYER,
+            tables: &tables,
+            queries: &queries,
+            window,
+            scale: None,
+        };
+        let dq = gpu.upload(&q)?;
+        let mut dout = gpu.upload(&vec![SENTINEL; q.len()])?;
+        let mut flags = gpu.zeros::<u32>(tables.len())?;
+        gpu.paged_attention(&pool, &batch, &dq, &mut dout, &mut flags)?;
+        let got = gpu.download(&dout)?;
+        let faults = gpu.read_faults(&flags)?;
+        let mut want = Vec::with_capacity(q.len());
+        for (i, &(seq, pos)) in queries.iter().enumerate() {
+            let qi = &q[i * width..][..width];
+            want.extend(cpu_row(&s, seq as usize, pos as usize, qi, window, par));
+        }
+        let shape = format!(
+            "{} q, ctx<=700, window {window:?}, 9h/3kv x64",
+            queries.len()
+        );
+        // Both sides round q and the probabilities to f16; a probability whose CPU and GPU f32
+        // values straddle an f16 rounding boundary differs by one f16 ulp (2^-11 relative).
+        let mut row = compare("paged_attention", shape, &got, &want, 1e-3);
+        if faults.iter().any(|f| f.is_some()) {
+            row.pass = false;
+            row.note = format!("unexpected faults {faults:?}");
+        }
+        rows.push(row);
     }
-    let shape = format!("{} q, ctx<=700, 9h/3kv x64", queries.len());
-    // Both sides round q and the probabilities to f16; a probability whose CPU and GPU f32 values
-    // straddle an f16 rounding boundary differs by one f16 ulp (2^-11 relative), hence 1e-3.
-    let mut row = compare("paged_attention", shape, &got, &want, 1e-3);
-    if faults.iter().any(|f| f.is_some()) {
-        row.pass = false;
-        row.note = format!("unexpected faults {faults:?}");
-    }
-    rows.push(row);
 
     // Faults: seq 0 asks past its table, seq 2 presents a stale generation (its page was
     // reallocated), seq 3 names a page beyond the pool; seq 1 is healthy and must still match.
@@ -171,7 +180,7 @@ pub fn attention(
             .iter()
             .all(|&v| v == SENTINEL)
     };
-    let healthy = cpu_row(&s, 1, 16, &q[width..2 * width], par);
+    let healthy = cpu_row(&s, 1, 16, &q[width..2 * width], None, par);
     let healthy_ok = compare("", String::new(), &got[width..2 * width], &healthy, 1e-4).pass;
     let checks = [
         (
