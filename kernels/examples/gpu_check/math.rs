@@ -179,10 +179,12 @@ pub fn elementwise(gpu: &CudaBackend, rng: &mut Rng, rows_out: &mut Vec<Row>) ->
             1e-5,
         ));
     }
-    // RoPE (SmolLM2: 9 heads of 64, base 1e5) at positions up to the context length.
-    for (heads, head_dim, n_dims, base) in [
-        (9usize, 64usize, 64usize, 100_000f32),
-        (3, 64, 32, 10_000.0),
+    // RoPE from per-row angles (SmolLM2: 9 heads of 64, base 1e5; a partial rotation; Llama 3's
+    // scaled angles) at positions up to the context length, normal and NeoX pairs.
+    for (heads, head_dim, n_dims, base, scale) in [
+        (9usize, 64usize, 64usize, 100_000f32, 1.0f32),
+        (3, 64, 32, 10_000.0, 1.0),
+        (8, 64, 64, 500_000.0, 0.25),
     ] {
         let rope = Rope {
             base,
@@ -190,66 +192,38 @@ pub fn elementwise(gpu: &CudaBackend, rng: &mut Rng, rows_out: &mut Vec<Row>) ->
             head_dim,
         };
         let tokens = 24;
-        let pos: Vec<u32> = (0..tokens)
+        let pos: Vec<usize> = (0..tokens)
             .map(|i| {
                 if i < 8 {
-                    i as u32
+                    i
                 } else {
-                    (rng.next_u64() % 8192) as u32
+                    (rng.next_u64() % 8192) as usize
                 }
             })
             .collect();
-        let x = rng.vec(tokens * heads * head_dim, 2.0);
-        let mut cpu = x.clone();
-        for (t, chunk) in cpu.chunks_exact_mut(heads * head_dim).enumerate() {
-            rope.apply(chunk, pos[t] as usize);
-        }
-        let mut dx = gpu.upload(&x)?;
-        let dpos = gpu.upload(&pos)?;
-        let table = gpu.rope_table(&rope, 8192)?;
-        gpu.rope(&table, &mut dx, &dpos, heads)?;
-        let shape = format!("{tokens}x{heads}x{head_dim} nd{n_dims}");
-        // The CPU's angles and fused multiply-adds: the same bits.
-        let same = gpu.download(&dx)? == cpu;
-        rows_out.push(verdict("rope (norm)", shape, same, String::new()));
-    }
-    // RoPE from a per-row table (the forward pass's: scaled angles, normal and NeoX pairs),
-    // queries and keys with their own head counts.
-    for neox in [false, true] {
-        let rope = Rope {
-            base: 500_000.0,
-            n_dims: 64,
-            head_dim: 64,
-        };
-        let (rows, heads) = (17usize, 8usize);
-        let table: Vec<Vec<(f32, f32)>> = (0..rows)
-            .map(|r| rope.cos_sin_scaled(r * 97 % 4096, 0.25, None))
+        let table: Vec<Vec<(f32, f32)>> = pos
+            .iter()
+            .map(|&p| rope.cos_sin_scaled(p, scale, None))
             .collect();
-        let x = rng.vec(rows * heads * 64, 2.0);
-        let mut cpu = x.clone();
-        for (r, cs) in table.iter().enumerate() {
-            let row = &mut cpu[r * heads * 64..(r + 1) * heads * 64];
-            if neox {
-                rope.apply_neox_with(row, cs);
-            } else {
-                rope.apply_with(row, cs);
-            }
-        }
         let flat: Vec<f32> = table.iter().flatten().flat_map(|&(c, s)| [c, s]).collect();
-        let mut dx = gpu.upload(&x)?;
-        gpu.rope_rows(&rope, &gpu.upload(&flat)?, rows, neox, &mut dx, heads)?;
-        let same = gpu.download(&dx)? == cpu;
-        let name = if neox {
-            "rope_rows (neox)"
-        } else {
-            "rope_rows (norm)"
-        };
-        rows_out.push(verdict(
-            name,
-            format!("{rows}x{heads}x64"),
-            same,
-            String::new(),
-        ));
+        let x = rng.vec(tokens * heads * head_dim, 2.0);
+        for neox in [false, true] {
+            let mut cpu = x.clone();
+            for (row, cs) in cpu.chunks_exact_mut(heads * head_dim).zip(&table) {
+                if neox {
+                    rope.apply_neox_with(row, cs);
+                } else {
+                    rope.apply_with(row, cs);
+                }
+            }
+            let mut dx = gpu.upload(&x)?;
+            gpu.rope_rows(&rope, &gpu.upload(&flat)?, tokens, neox, &mut dx, heads)?;
+            let shape = format!("{tokens}x{heads}x{head_dim} nd{n_dims} scale {scale}");
+            // The CPU's angles and fused multiply-adds: the same bits.
+            let same = gpu.download(&dx)? == cpu;
+            let name = if neox { "rope (neox)" } else { "rope (norm)" };
+            rows_out.push(verdict(name, shape, same, String::new()));
+        }
     }
     // GeGLU through the CPU's f16 GELU table: the same bits.
     let n = 32 * 1536;

@@ -30,16 +30,6 @@ fn per_row(rows: u32) -> LaunchConfig {
     }
 }
 
-/// A [`Rope`]'s cosines and sines for every position up to a bound, on the device.
-#[derive(Debug)]
-pub struct DeviceRopeTable {
-    rope: Rope,
-    /// Positions `0..positions` are in the table.
-    pub positions: usize,
-    /// `[positions][n_dims / 2][cos, sin]`.
-    cs: CudaSlice<f32>,
-}
-
 impl CudaBackend {
     /// RMSNorm of `rows` rows of `w.len()` elements, as [`crate::norm::rms_norm`].
     pub fn rms_norm(
@@ -91,76 +81,6 @@ impl CudaBackend {
         b.arg(x).arg(&c);
         // SAFETY: sizes checked above.
         unsafe { b.launch(per_row(r)) }.during("launching softmax")?;
-        Ok(())
-    }
-
-    /// The cosines and sines of `rope` for positions `0..positions`, computed here (the CPU's
-    /// [`Rope::cos_sin`] bits) and kept on the device for [`CudaBackend::rope`].
-    pub fn rope_table(&self, rope: &Rope, positions: usize) -> Result<DeviceRopeTable, CudaError> {
-        ensure(
-            rope.n_dims.is_multiple_of(2) && rope.n_dims <= rope.head_dim,
-            "rope_table",
-            || {
-                format!(
-                    "n_dims {} must be even and <= head_dim {}",
-                    rope.n_dims, rope.head_dim
-                )
-            },
-        )?;
-        let mut cs = Vec::with_capacity(positions * rope.n_dims);
-        for p in 0..positions {
-            for (c, s) in rope.cos_sin(p) {
-                cs.extend([c, s]);
-            }
-        }
-        Ok(DeviceRopeTable {
-            rope: *rope,
-            positions,
-            cs: self.upload(&cs)?,
-        })
-    }
-
-    /// Rotates `x` (`[tokens, heads, head_dim]`) in place for each token's position in `pos`
-    /// (each below `table.positions`), bit for bit as [`Rope::apply`].
-    pub fn rope(
-        &self,
-        table: &DeviceRopeTable,
-        x: &mut CudaSlice<f32>,
-        pos: &CudaSlice<u32>,
-        heads: usize,
-    ) -> Result<(), CudaError> {
-        const OP: &str = "rope";
-        let rope = &table.rope;
-        let tokens = pos.len();
-        ensure(x.len() >= tokens * heads * rope.head_dim, OP, || {
-            format!(
-                "x holds {}, {tokens} x {heads} x {} needed",
-                x.len(),
-                rope.head_dim
-            )
-        })?;
-        let n = u32_of(OP, tokens * heads * (rope.n_dims / 2))?;
-        if n == 0 {
-            return Ok(());
-        }
-        let (t, h, hd, nd) = (
-            u32_of(OP, tokens)?,
-            u32_of(OP, heads)?,
-            u32_of(OP, rope.head_dim)?,
-            u32_of(OP, rope.n_dims)?,
-        );
-        let f = self.func(Module::Rope, "rope_norm_f32")?;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(x)
-            .arg(pos)
-            .arg(&table.cs)
-            .arg(&t)
-            .arg(&h)
-            .arg(&hd)
-            .arg(&nd);
-        // SAFETY: x's size checked above; every position is below the table's (the callers
-        // admit no sequence past it), so the kernel reads inside `cs`.
-        unsafe { b.launch(flat(n)) }.during("launching rope")?;
         Ok(())
     }
 

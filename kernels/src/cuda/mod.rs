@@ -38,7 +38,6 @@ mod source;
 pub use attention::{AttentionBatch, PageFault};
 pub use checksum::{fmix64, pwsum64};
 pub use context::{device_count, CudaBackend, PtxSource};
-pub use elementwise::DeviceRopeTable;
 pub use error::CudaError;
 pub use jit::{driver_version, load_ptx, lower_ptx_isa, max_ptx_isa, ptx_isa, PtxIsa};
 pub use loader::{driver_present, ensure_nvrtc, nvrtc_present};

@@ -1,35 +1,13 @@
-// Rotary position embedding, llama "normal" style (ggml GGML_ROPE_TYPE_NORM), bit for bit as
-// kernels/src/cpu/rope.rs rotates: pair (x[2i], x[2i+1]) of every head is turned by the angle
-// whose cosine and sine the host computed for (pos, i) with `Rope::cos_sin` (the CPU's own
-// bits: its angles come from libm, which the device's sincosf does not reproduce), with the
-// CPU's fused multiply-adds: x0*c - x1*s as fma(x0, c, -(x1*s)), x0*s + x1*c as
-// fma(x0, s, x1*c). Pairs at or past n_dims / 2 are left alone.
+// Rotary position embedding (ggml's GGML_ROPE_TYPE_NORM and _NEOX), bit for bit as
+// kernels/src/cpu/rope.rs rotates: each row's pairs are turned by the angles whose cosines and
+// sines the host computed for that row's position with `Rope::cos_sin_scaled` (the CPU's own
+// bits, RoPE scaling and frequency factors included: its angles come from libm, which the
+// device's sincosf does not reproduce), with the CPU's fused multiply-adds: x0*c - x1*s as
+// fma(x0, c, -(x1*s)), x0*s + x1*c as fma(x0, s, x1*c). Pairs at or past n_dims / 2 are left
+// alone.
 //
-// x: f32 [tokens, heads, head_dim], rotated in place; pos: u32 [tokens], each < the table's
-// positions (the host admits no longer sequence); cs: f32 [positions][n_dims / 2][2].
-// Launch: one thread per (token, head, pair < n_dims / 2): block (256), grid (ceil(n / 256)).
-
-extern "C" __global__ void rope_norm_f32(float* __restrict__ x, const u32* __restrict__ pos,
-                                         const float* __restrict__ cs, u32 tokens, u32 heads,
-                                         u32 head_dim, u32 n_dims) {
-    const u32 pairs = n_dims / 2;
-    const size_t n = (size_t)tokens * heads * pairs;
-    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n) return;
-    const u32 i = t % pairs;
-    const size_t th = t / pairs;  // token * heads + head
-    const u32 tok = th / heads;
-    const float* at = cs + ((size_t)pos[tok] * pairs + i) * 2;
-    const float c = at[0], s = at[1];
-    float* p = x + th * head_dim + 2 * i;
-    const float a = p[0], b = p[1];
-    p[0] = __fmaf_rn(a, c, -__fmul_rn(b, s));
-    p[1] = __fmaf_rn(a, s, __fmul_rn(b, c));
-}
-
-// rope_rows_f32: the same rotation with the cosines and sines given per row (the host's
-// `Rope::cos_sin_scaled` of each row's position: RoPE scaling and frequency factors included),
-// normal pairs (x[2i], x[2i+1]) or, with `neox`, pairs (x[i], x[i + n_dims / 2]).
+// rope_rows_f32: normal pairs (x[2i], x[2i+1]) or, with `neox`, pairs (x[i], x[i + n_dims / 2])
+// of every head.
 //
 // x: f32 [rows, heads, head_dim], rotated in place; cs: f32 [rows][n_dims / 2][2].
 // Launch: one thread per (row, head, pair < n_dims / 2): block (256), grid (ceil(n / 256)).

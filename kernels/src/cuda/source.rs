@@ -11,7 +11,7 @@ pub enum Module {
     Matmul,
     /// RMSNorm and softmax (`norm.cu`).
     Norm,
-    /// Rotary embedding, from a table of positions or per row (`rope.cu`).
+    /// Rotary embedding from per-row angles (`rope.cu`).
     Rope,
     /// SwiGLU, GeGLU, residual and bias adds, scaling, soft-capping (`activation.cu`).
     Activation,
@@ -85,7 +85,7 @@ impl Module {
                 "matmul_q8_q8_0",
             ],
             Module::Norm => &["rmsnorm_f32", "softmax_f32"],
-            Module::Rope => &["rope_norm_f32", "rope_rows_f32"],
+            Module::Rope => &["rope_rows_f32"],
             Module::Activation => &[
                 "swiglu_f32",
                 "add_f32",
