@@ -14,8 +14,8 @@
 //!   pass wrote, at the same generation: resident, attended over where they are.
 //! - Decode: frames land in the host pool and are verified there (I2: counts, checksums, guard
 //!   words, generations); a committed page (a sequence's or a cached prefix's) is copied host →
-//!   pinned staging → device the first time a step needs it. Residency is keyed by `(page, generation)`, so a reallocated page is
-//!   never taken for resident.
+//!   pinned staging → device the first time a step needs it. Residency is keyed by `(page,
+//!   generation)`, so a reallocated page is never taken for resident.
 
 use std::cell::RefCell;
 use std::sync::Arc;
