@@ -40,13 +40,12 @@ if [ "${1:-}" = "bundle" ]; then
   for b in pagewarden-router pagewarden-prefill pagewarden-decode; do cp "$target/release/$b" "$out/bin/"; done
   for b in gpu_check gpu_engine random_like; do cp "$target/release/examples/$b" "$out/bin/"; done
   # The model's device tests (`device_test!`): the same bodies the CPU runs, on cuda:0.
-  device_tests=$(cargo test --release --no-run -p pagewarden-model --features cuda --test forward \
-    --message-format=json | python3 -c 'import json,sys
+  cargo test --release --no-run -p pagewarden-model --features cuda --test forward --test arch_device \
+    --message-format=json | python3 -c 'import json, shutil, sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "forward":
-        print(m["executable"])')
-  cp "$device_tests" "$out/bin/device_forward"
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        shutil.copy(m["executable"], sys.argv[1] + "/device_" + m["target"]["name"])' "$out/bin"
   strip "$out"/bin/*
   PAGEWARDEN_PTX_DIR="$out/ptx" cargo test --release -p pagewarden-kernels --features cuda --test cuda_ptx
   "$out/bin/gpu_engine" --write-ptx "$out/ptx-model" --arch compute_90
@@ -80,7 +79,8 @@ step() { # NAME SECONDS COMMAND...: runs it under a time limit, output to the lo
 echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
 step kernels 90 "$out/bin/gpu_check" cuda:0
-step device-tests 60 "$out/bin/device_forward" --ignored --test-threads 1
+step device-forward 60 "$out/bin/device_forward" --ignored --test-threads 1
+step device-arch 60 "$out/bin/device_arch_device" --ignored --test-threads 1
 step random-model 30 "$out/bin/random_like" "$out/like.gguf" "$out/random-full.gguf" 7
 step engine-real 90 "$out/bin/gpu_engine" --model "$out/real-5l.gguf" --prompts "$out/prompts.json"
 step engine-full 75 "$out/bin/gpu_engine" --model "$out/random-full.gguf" --prompts "$out/prompts.json"
@@ -93,6 +93,6 @@ fi
 step services-gpu-full 60 env DEVICE=cuda:0 LOG_DIR="$logs/services-gpu-full" PARITY=0 scripts/gpu/services.sh "$out/random-full.gguf" "$out/prompts.json"
 step services-cpu-full 60 env DEVICE=cpu LOG_DIR="$logs/services-cpu-full" PARITY=0 scripts/gpu/services.sh "$out/random-full.gguf" "$out/prompts.json"
 echo "==== summary"
-for k in kernels device-tests random-model engine-real engine-full services-cpu services-gpu services-gpu-full services-cpu-full; do
+for k in kernels device-forward device-arch random-model engine-real engine-full services-cpu services-gpu services-gpu-full services-cpu-full; do
   echo "$k: ${verdict[$k]:-not run}"
 done

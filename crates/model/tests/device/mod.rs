@@ -4,6 +4,9 @@
 //! only compiles it). [`OnDevice`] is the model on that device over a host pool, as the
 //! workers run it: the CPU's forward pass, or a `GpuWorker` mirroring the pool's pages.
 
+// Each test target that includes this module uses part of it.
+#![allow(dead_code)]
+
 use std::sync::Arc;
 
 use pagewarden_kernels::Device;
