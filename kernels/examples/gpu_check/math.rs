@@ -6,18 +6,23 @@ use anyhow::Result;
 use pagewarden_kernels::activation::{geglu, gelu_table, softmax, swiglu};
 use pagewarden_kernels::cuda::CudaBackend;
 use pagewarden_kernels::norm::rms_norm;
-use pagewarden_kernels::quant::{dequantize_row, quantize_row, ActKind};
+use pagewarden_kernels::quant::{dequantize_row, quantize_row};
 use pagewarden_kernels::rope::Rope;
 use pagewarden_kernels::{matmul, Parallel, QMatrix, WeightType};
 
 use crate::report::{compare, verdict, Row};
 use crate::Rng;
 
-pub const TYPES: [WeightType; 5] = [
+pub const TYPES: [WeightType; 10] = [
     WeightType::Q4_0,
     WeightType::Q4_1,
+    WeightType::Q5_0,
     WeightType::Q8_0,
+    WeightType::Q4_K,
+    WeightType::Q5_K,
+    WeightType::Q6_K,
     WeightType::F16,
+    WeightType::BF16,
     WeightType::F32,
 ];
 
@@ -107,7 +112,7 @@ pub fn matmuls(
                 &cpu,
                 cpu_tol(ty),
             ));
-            if ty.act_kind() != ActKind::Float {
+            if dw.takes_q8_acts() {
                 // The integer kernel over the CPU's 8-bit activations: the CPU's function, up
                 // to the order of the blocks' sum.
                 let mut acts = gpu.q8_acts(tokens * cols)?;
@@ -122,8 +127,8 @@ pub fn matmuls(
                 ));
             }
         }
-        // Embedding rows: exact dequantization.
-        let (rows, cols) = (64, 576);
+        // Embedding rows: exact dequantization (K-quant rows are whole 256-element blocks).
+        let (rows, cols) = (64, if ty.block_size() == 256 { 1536 } else { 576 });
         let data = weights(ty, rows, cols, rng);
         let w = QMatrix::new(ty, rows, cols, &data).expect("shape");
         let ids = [5u32, 0, 63, 5, 17];

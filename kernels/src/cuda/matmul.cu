@@ -4,10 +4,16 @@
 //   Q4_0: 32 elements per 18-byte block {f16 d; u8 qs[16]}, x = (q - 8) * d
 //   Q4_1: 32 elements per 20-byte block {f16 d; f16 m; u8 qs[16]}, x = q * d + m
 //   Q8_0: 32 elements per 34-byte block {f16 d; i8 qs[32]}, x = q * d
+//   Q5_0: 32 elements per 22-byte block {f16 d; u8 qh[4]; u8 qs[16]}, x = (q | h << 4) - 16) * d
 //   (q4: element j < 16 is the low nibble of qs[j], element j + 16 its high nibble)
-//   F16 / F32: plain rows.
+//   Q4_K, Q5_K, Q6_K: 256-element super-blocks, unpacked as kernels/src/cpu/quant_k.rs does
+//   (ggml's dequantize_row_q{4,5,6}_K, the same roundings: d1 * q - m1, (d * sc) * q)
+//   F16 / BF16 / F32: plain rows.
 // x is f32 [batch, cols], y is f32 [batch, rows], both row-major and 16-byte aligned.
 // Quantized formats need cols % 32 == 0; dense formats take any cols.
+//
+// Q5_0, the K-quants and BF16 have float kernels only: the forward pass multiplies f32
+// activations with them (the CPU's 8-bit activations are not reproduced for these types).
 //
 // Decode-shaped (batch 1..32): one warp per weight row, each lane takes 16-element units of the
 // row, dequantizes them once into registers and dots them with up to 8 activation rows
@@ -86,6 +92,108 @@ struct FmtQ8_0 {
         }
         idx[0] = blk * 32 + 16 * half;
         idx[1] = blk * 32 + 16 * half + 8;
+    }
+};
+
+struct FmtQ5_0 {
+    static constexpr bool dense = false;
+    __device__ static void unit(const u8* w, u32 row, u32 unit, u32 cols, float* out, int* idx) {
+        const u32 blk = unit >> 1, half = unit & 1;
+        const u8* b = w + ((size_t)row * (cols / 32) + blk) * 22;
+        const float d = h2f((u16)(b[0] | (b[1] << 8)));
+        // Blocks are 22 bytes: the high bits are read byte by byte (no 4-byte alignment).
+        const u32 qh = b[2] | (b[3] << 8) | (b[4] << 16) | ((u32)b[5] << 24);
+        const u8* qs = b + 6 + 8 * half;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 j = 8 * half + i;
+            const int lo = (int)((qs[i] & 15) | (((qh >> j) & 1) << 4)) - 16;
+            const int hi = (int)((qs[i] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+            out[i] = __fmul_rn((float)lo, d);
+            out[8 + i] = __fmul_rn((float)hi, d);
+        }
+        idx[0] = blk * 32 + 8 * half;
+        idx[1] = blk * 32 + 16 + 8 * half;
+    }
+};
+
+// ggml's get_scale_min_k4: the 6-bit scale and minimum of sub-block j (0..8) from q[12].
+__device__ __forceinline__ void scale_min_k4(u32 j, const u8* q, u32* sc, u32* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Q4_K (FIVE false, 144 bytes {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}) and Q5_K (FIVE
+// true, 176 bytes, u8 qh[32] before qs): 16 elements of one 32-element sub-block.
+template <bool FIVE>
+struct FmtQ45_K {
+    static constexpr bool dense = false;
+    __device__ static void unit(const u8* w, u32 row, u32 unit, u32 cols, float* out, int* idx) {
+        const u32 bytes = FIVE ? 176 : 144;
+        const u32 blk = unit >> 4, o = (unit & 15) * 16;  // offset inside the super-block
+        const u8* b = w + ((size_t)row * (cols / 256) + blk) * bytes;
+        const float d = h2f(*(const u16*)b), dmin = h2f(*(const u16*)(b + 2));
+        const u32 s = o / 32, j = s / 2, hi = s & 1, l0 = o % 32;
+        u32 sc, m;
+        scale_min_k4(s, b + 4, &sc, &m);
+        const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)m);
+        const u8* qh = b + 16;
+        const u8* qs = b + (FIVE ? 48 : 16) + 32 * j;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const u32 l = l0 + i;
+            u32 q = hi ? (qs[l] >> 4) : (qs[l] & 15);
+            if (FIVE) q |= ((qh[l] >> (2 * j + hi)) & 1) << 4;
+            out[i] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+        }
+        const int base = blk * 256 + o;
+        idx[0] = base;
+        idx[1] = base + 8;
+    }
+};
+
+// Q6_K (210 bytes {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}): 16 elements, one scale.
+struct FmtQ6_K {
+    static constexpr bool dense = false;
+    __device__ static void unit(const u8* w, u32 row, u32 unit, u32 cols, float* out, int* idx) {
+        const u32 blk = unit >> 4, o = (unit & 15) * 16;
+        const u8* b = w + ((size_t)row * (cols / 256) + blk) * 210;
+        const float d = h2f(*(const u16*)(b + 208));
+        const float ds = __fmul_rn(d, (float)(i8)b[192 + o / 16]);
+        const u32 n = o / 128, r = o % 128, k = r / 32, l0 = r % 32;
+        const u8* ql = b + 64 * n;
+        const u8* qh = b + 128 + 32 * n;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const u32 l = l0 + i, h = qh[l];
+            u32 q;
+            if (k == 0) q = (ql[l] & 15) | ((h & 3) << 4);
+            else if (k == 1) q = (ql[l + 32] & 15) | (((h >> 2) & 3) << 4);
+            else if (k == 2) q = (ql[l] >> 4) | (((h >> 4) & 3) << 4);
+            else q = (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4);
+            out[i] = __fmul_rn(ds, (float)((int)q - 32));
+        }
+        const int base = blk * 256 + o;
+        idx[0] = base;
+        idx[1] = base + 8;
+    }
+};
+
+struct FmtBF16 {
+    static constexpr bool dense = true;
+    __device__ static void unit(const u8* w, u32 row, u32 unit, u32 cols, float* out, int* idx) {
+        const u16* r = (const u16*)w + (size_t)row * cols;
+        const u32 base = unit * 16;
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            out[i] = base + i < cols ? __int_as_float((int)((u32)r[base + i] << 16)) : 0.0f;
+        idx[0] = base;
+        idx[1] = base + 8;
     }
 };
 
@@ -200,6 +308,11 @@ PW_MATMUL(q4_1, FmtQ4_1)
 PW_MATMUL(q8_0, FmtQ8_0)
 PW_MATMUL(f16, FmtF16)
 PW_MATMUL(f32, FmtF32)
+PW_MATMUL(q5_0, FmtQ5_0)
+PW_MATMUL(q4_k, FmtQ45_K<false>)
+PW_MATMUL(q5_k, FmtQ45_K<true>)
+PW_MATMUL(q6_k, FmtQ6_K)
+PW_MATMUL(bf16, FmtBF16)
 
 // ---- 8-bit activations and the integer kernels ----
 

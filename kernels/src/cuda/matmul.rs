@@ -27,6 +27,14 @@ pub struct DeviceMatrix {
     pub data: CudaSlice<u8>,
 }
 
+impl DeviceMatrix {
+    /// Whether this type has a product over 8-bit activations ([`CudaBackend::matmul_q8`]),
+    /// the CPU's arithmetic; the others multiply f32 activations ([`CudaBackend::matmul`]).
+    pub fn takes_q8_acts(&self) -> bool {
+        kernels(self.ty).matmul_q8.is_some()
+    }
+}
+
 /// A batch of activation rows quantized per 32-element block on the device, bit for bit as
 /// [`crate::act::quantize_acts`] quantizes them on the CPU: what a quantized weight's
 /// [`CudaBackend::matmul_q8`] multiplies.
@@ -50,14 +58,12 @@ struct Kernels {
     get_rows: &'static str,
 }
 
-/// `ty`'s kernels; `None` for types with no CUDA kernel yet.
-fn kernels(ty: WeightType) -> Option<Kernels> {
-    let k = |matmul, matmul_q8, get_rows| {
-        Some(Kernels {
-            matmul,
-            matmul_q8,
-            get_rows,
-        })
+/// `ty`'s kernels (every weight type has one over f32 activations).
+fn kernels(ty: WeightType) -> Kernels {
+    let k = |matmul, matmul_q8, get_rows| Kernels {
+        matmul,
+        matmul_q8,
+        get_rows,
     };
     match ty {
         WeightType::Q4_0 => k("matmul_q4_0", Some("matmul_q8_q4_0"), "get_rows_q4_0"),
@@ -65,11 +71,11 @@ fn kernels(ty: WeightType) -> Option<Kernels> {
         WeightType::Q8_0 => k("matmul_q8_0", Some("matmul_q8_q8_0"), "get_rows_q8_0"),
         WeightType::F16 => k("matmul_f16", None, "get_rows_f16"),
         WeightType::F32 => k("matmul_f32", None, "get_rows_f32"),
-        WeightType::Q5_0
-        | WeightType::Q4_K
-        | WeightType::Q5_K
-        | WeightType::Q6_K
-        | WeightType::BF16 => None,
+        WeightType::BF16 => k("matmul_bf16", None, "get_rows_bf16"),
+        WeightType::Q5_0 => k("matmul_q5_0", None, "get_rows_q5_0"),
+        WeightType::Q4_K => k("matmul_q4_k", None, "get_rows_q4_k"),
+        WeightType::Q5_K => k("matmul_q5_k", None, "get_rows_q5_k"),
+        WeightType::Q6_K => k("matmul_q6_k", None, "get_rows_q6_k"),
     }
 }
 
@@ -140,12 +146,6 @@ fn as_u32(op: &'static str, what: &str, v: usize) -> Result<u32, CudaError> {
 impl CudaBackend {
     /// Copies a weight matrix to the device.
     pub fn upload_matrix(&self, w: &QMatrix<'_>) -> Result<DeviceMatrix, CudaError> {
-        ensure(kernels(w.ty).is_some(), "upload_matrix", || {
-            format!(
-                "{:?} weights have no CUDA kernel yet (run them on the CPU)",
-                w.ty
-            )
-        })?;
         Ok(DeviceMatrix {
             ty: w.ty,
             rows: w.rows,
@@ -177,10 +177,7 @@ impl CudaBackend {
         else {
             return Ok(());
         };
-        let f = self.func(
-            Module::Matmul,
-            kernels(w.ty).expect("checked at upload").matmul,
-        )?;
+        let f = self.func(Module::Matmul, kernels(w.ty).matmul)?;
         let mut b = self.stream().launch_builder(&f);
         b.arg(&w.data)
             .arg(x)
@@ -257,13 +254,10 @@ impl CudaBackend {
         out: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {
         const OP: &str = "matmul_q8";
-        let name = kernels(w.ty)
-            .expect("checked at upload")
-            .matmul_q8
-            .ok_or_else(|| CudaError::Shape {
-                op: OP,
-                why: format!("{:?} weights take f32 activations (use matmul)", w.ty),
-            })?;
+        let name = kernels(w.ty).matmul_q8.ok_or_else(|| CudaError::Shape {
+            op: OP,
+            why: format!("{:?} weights take f32 activations (use matmul)", w.ty),
+        })?;
         ensure(acts.qs.len() >= tokens * w.cols, OP, || {
             format!(
                 "acts hold {} values, {tokens} x {} needed",
@@ -324,10 +318,7 @@ impl CudaBackend {
         let cols = as_u32(OP, "cols", w.cols)?;
         let n = as_u32(OP, "ids", ids.len())?;
         let dev_ids = self.upload(ids)?;
-        let f = self.func(
-            Module::Matmul,
-            kernels(w.ty).expect("checked at upload").get_rows,
-        )?;
+        let f = self.func(Module::Matmul, kernels(w.ty).get_rows)?;
         let cfg = LaunchConfig {
             grid_dim: (cols.div_ceil(16).div_ceil(128), n, 1),
             block_dim: (128, 1, 1),

@@ -16,7 +16,6 @@ use pagewarden_kernels::cuda::cudarc::driver::CudaSlice;
 use pagewarden_kernels::cuda::{
     AttentionBatch, CudaBackend, CudaError, DeviceKvPool, DeviceMatrix,
 };
-use pagewarden_kernels::quant::ActKind;
 use pagewarden_kernels::rope::Rope;
 use pagewarden_kernels::{AttnGeometry, QMatrix};
 use pagewarden_kvcache::KvPool;
@@ -290,9 +289,13 @@ impl Backend for Gpu<'_> {
             // A pass whose rows all only fill the cache asks for no logits.
             return Ok(());
         }
-        let quantized = ws.iter().any(|w| w.ty.act_kind() != ActKind::Float);
-        // The activations quantized once, as the CPU quantizes them, for every quantized matrix.
-        let xq = match self.exact_acts && quantized {
+        let dws = ws
+            .iter()
+            .map(|w| self.weights.find_matrix(w))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The activations quantized once, as the CPU quantizes them, for every matrix whose
+        // type has the CPU's 8-bit product on the device; the others take them as f32.
+        let xq = match self.exact_acts && dws.iter().any(|d| d.takes_q8_acts()) {
             true => {
                 let n = rows * ws[0].cols;
                 let mut q = self.cuda.q8_acts(n)?;
@@ -301,12 +304,9 @@ impl Backend for Gpu<'_> {
             }
             false => None,
         };
-        for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            let dw = self.weights.find_matrix(w)?;
+        for (dw, out) in dws.iter().zip(outs.iter_mut()) {
             match &xq {
-                Some(q) if w.ty.act_kind() != ActKind::Float => {
-                    self.cuda.matmul_q8(dw, q, rows, &mut out.data)?
-                }
+                Some(q) if dw.takes_q8_acts() => self.cuda.matmul_q8(dw, q, rows, &mut out.data)?,
                 Some(_) | None => self.cuda.matmul(dw, &x.data, rows, &mut out.data)?,
             }
         }
