@@ -54,7 +54,20 @@ fn start(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Result<String, ()
             None => listening.is_finished().then_some(None),
         }
     });
-    if let Some(Some(status)) = outcome {
+    let (exited, listened) = match outcome {
+        Some(Some(status)) => (Some(status), false),
+        Some(None) => match listening.join().unwrap_or(false) {
+            true => (None, true),
+            // Its stdout closed without a word of listening: it is exiting (a process's output
+            // closes just before it can be reaped), so wait for its status.
+            false => (
+                poll_until_blocking(Duration::from_secs(10), || child.try_wait().expect("wait")),
+                false,
+            ),
+        },
+        None => (None, false),
+    };
+    if let Some(status) = exited {
         assert!(!status.success(), "{binary} exited 0 without serving");
         let mut err = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
@@ -63,10 +76,7 @@ fn start(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Result<String, ()
     }
     child.kill().ok();
     child.wait().ok();
-    assert!(
-        listening.join().unwrap_or(false),
-        "{binary} neither exited nor listened"
-    );
+    assert!(listened, "{binary} neither exited nor listened");
     Err(())
 }
 
