@@ -184,38 +184,28 @@ struct FmtQ6_K {
     }
 };
 
-struct FmtBF16 {
-    static constexpr bool dense = true;
-    __device__ static void unit(const u8* w, u32 row, u32 unit, u32 cols, float* out, int* idx) {
-        const u16* r = (const u16*)w + (size_t)row * cols;
-        const u32 base = unit * 16;
-#pragma unroll
-        for (int i = 0; i < 16; i++)
-            out[i] = base + i < cols ? __int_as_float((int)((u32)r[base + i] << 16)) : 0.0f;
-        idx[0] = base;
-        idx[1] = base + 8;
-    }
+// Dense rows: element i of a row is E::f(r[i]) (E: the storage type and its conversion).
+struct F32Elem {
+    typedef float T;
+    __device__ static float f(float v) { return v; }
+};
+struct F16Elem {
+    typedef u16 T;
+    __device__ static float f(u16 v) { return h2f(v); }
+};
+struct BF16Elem {
+    typedef u16 T;
+    __device__ static float f(u16 v) { return __int_as_float((int)((u32)v << 16)); }
 };
 
-struct FmtF16 {
+template <typename E>
+struct FmtDense {
     static constexpr bool dense = true;
     __device__ static void unit(const u8* w, u32 row, u32 unit, u32 cols, float* out, int* idx) {
-        const u16* r = (const u16*)w + (size_t)row * cols;
+        const typename E::T* r = (const typename E::T*)w + (size_t)row * cols;
         const u32 base = unit * 16;
 #pragma unroll
-        for (int i = 0; i < 16; i++) out[i] = base + i < cols ? h2f(r[base + i]) : 0.0f;
-        idx[0] = base;
-        idx[1] = base + 8;
-    }
-};
-
-struct FmtF32 {
-    static constexpr bool dense = true;
-    __device__ static void unit(const u8* w, u32 row, u32 unit, u32 cols, float* out, int* idx) {
-        const float* r = (const float*)w + (size_t)row * cols;
-        const u32 base = unit * 16;
-#pragma unroll
-        for (int i = 0; i < 16; i++) out[i] = base + i < cols ? r[base + i] : 0.0f;
+        for (int i = 0; i < 16; i++) out[i] = base + i < cols ? E::f(r[base + i]) : 0.0f;
         idx[0] = base;
         idx[1] = base + 8;
     }
@@ -306,13 +296,13 @@ __device__ void get_rows_body(const u8* __restrict__ w, const u32* __restrict__ 
 PW_MATMUL(q4_0, FmtQ4_0)
 PW_MATMUL(q4_1, FmtQ4_1)
 PW_MATMUL(q8_0, FmtQ8_0)
-PW_MATMUL(f16, FmtF16)
-PW_MATMUL(f32, FmtF32)
+PW_MATMUL(f16, FmtDense<F16Elem>)
+PW_MATMUL(f32, FmtDense<F32Elem>)
 PW_MATMUL(q5_0, FmtQ5_0)
 PW_MATMUL(q4_k, FmtQ45_K<false>)
 PW_MATMUL(q5_k, FmtQ45_K<true>)
 PW_MATMUL(q6_k, FmtQ6_K)
-PW_MATMUL(bf16, FmtBF16)
+PW_MATMUL(bf16, FmtDense<BF16Elem>)
 
 // ---- 8-bit activations and the integer kernels ----
 
