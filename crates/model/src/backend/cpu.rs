@@ -188,8 +188,8 @@ impl Backend for Cpu<'_> {
         Ok(())
     }
 
-    fn to_host(&self, x: &Vec<f32>) -> Result<Vec<f32>, Infallible> {
-        Ok(x.clone())
+    fn to_host(&self, x: Vec<f32>) -> Result<Vec<f32>, Infallible> {
+        Ok(x)
     }
 }
 

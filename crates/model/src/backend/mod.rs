@@ -111,6 +111,6 @@ pub(crate) trait Backend: Sized {
     ) -> Result<(), Self::Error>;
     /// Ends the pass: refusals found on the device become the sequences' errors.
     fn finish(&self, step: Self::Step, seqs: &mut [SeqWork<'_>]) -> Result<(), Self::Error>;
-    /// Copies `x` to the host.
-    fn to_host(&self, x: &Self::Buf) -> Result<Vec<f32>, Self::Error>;
+    /// `x` on the host (the CPU's buffer itself, no copy).
+    fn to_host(&self, x: Self::Buf) -> Result<Vec<f32>, Self::Error>;
 }

@@ -430,7 +430,7 @@ impl Backend for Gpu<'_> {
         Ok(())
     }
 
-    fn to_host(&self, x: &DeviceBuf) -> Result<Vec<f32>, GpuError> {
+    fn to_host(&self, x: DeviceBuf) -> Result<Vec<f32>, GpuError> {
         let mut v = self.cuda.download(&x.data)?;
         v.truncate(x.len);
         Ok(v)

@@ -330,7 +330,7 @@ impl Model {
             }
         }
         b.finish(step, seqs)?;
-        b.to_host(&logits)
+        b.to_host(logits)
     }
 
     /// Q, K and V of the normalized rows `p.xn`: quantized once, one parallel pass.
