@@ -366,7 +366,8 @@ fn k_activation_quantization_is_the_same_on_every_thread_count() {
 /// The interleaved packing changes only where the bytes sit: on every instruction set, a
 /// matrix with its packing gives the same bits as the plain rows on AVX2 (ggml's kernel), for
 /// one token and for tiles of several, alone and beside unpacked weights in one pass. Where the
-/// CPU has AVX-512, this runs the 16-row kernel; elsewhere the packing is ignored.
+/// CPU has AVX-512, this runs the 16-row kernel; on AVX2, the half-group kernels (one token, or
+/// a lane at a time for up to eight: `packed_avx2.rs`).
 #[test]
 fn packed_rows_give_the_bits_of_plain_rows_on_every_isa() {
     use pagewarden_kernels::{matmul_many_with, PackedRows};
@@ -377,7 +378,15 @@ fn packed_rows_give_the_bits_of_plain_rows_on_every_isa() {
         WeightType::Q5_0,
         WeightType::Q8_0,
     ] {
-        for &(rows, cols, tokens) in &[(16, 576, 1), (48, 1536, 1), (64, 576, 5), (160, 64, 3)] {
+        // Token counts that take every tile of the several-token kernels (AVX2: 8, 4, 2, 1).
+        for &(rows, cols, tokens) in &[
+            (16, 576, 1),
+            (48, 1536, 1),
+            (64, 576, 5),
+            (160, 64, 3),
+            (32, 640, 15),
+            (16, 64, 2),
+        ] {
             let data = make(&mut rng, ty, rows, cols);
             let w = QMatrix::new(ty, rows, cols, &data).unwrap();
             let pk = PackedRows::pack(&w).expect("whole groups of a packable type");

@@ -38,8 +38,14 @@ pub(super) fn rows(
         if let Acts::Quant(a) = acts {
             // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only selected when avx2, fma and f16c
             // were detected.
+            // Several tokens (prefill) take the kernel that unpacks a record once for up to
+            // eight of them; one token (decode) the one that keeps a group's lanes in registers.
             let done = unsafe {
-                super::packed::run_groups(x86::packed_group, None, w, r0, n, a, tokens, out)
+                if tokens > 1 && !vnni {
+                    super::packed_avx2::run_groups(w, r0, n, a, tokens, out)
+                } else {
+                    super::packed::run_groups(x86::packed_group, None, w, r0, n, a, tokens, out)
+                }
             };
             let (r0, n, out) = (r0 + done, n - done, &mut out[done * tokens..]);
             // SAFETY: as for the tiles below; shapes were checked above.

@@ -15,6 +15,8 @@ mod kquant_avx512;
 pub mod kquant_portable;
 pub mod kquant_tiled;
 pub mod packed;
+#[cfg(target_arch = "x86_64")]
+mod packed_avx2;
 mod packed_k;
 pub mod portable;
 pub mod q4k_repacked;

@@ -1,0 +1,352 @@
+//! Packed Q4_0/Q4_1/Q5_0/Q8_0 groups (`packed.rs`) against several tokens on AVX2: prefill's
+//! kernel where the CPU has no AVX-512.
+//!
+//! The one-token kernel (`avx2.rs`, `packed_half`) keeps a half group's eight ggml lanes in
+//! eight registers and unpacks every record again for every token: with sixteen registers
+//! there is no room for a second token's lanes. Here the loop runs lane by lane instead: each
+//! of ggml's eight lanes is its own chain of fused multiply-adds over the blocks, so one lane
+//! of one record is unpacked once and multiplied with up to [`TILE`] tokens, whose
+//! accumulators for that lane fill eight registers. The lane sums are kept and reduced at the
+//! end in ggml's order (lanes `k` and `k + 4`, then the pairs), so every output has the bits of
+//! the one-token kernel. What a lane needs from the activations alone (each token's block
+//! scale times the rows' scales, and the offset types' `-offset * sum(y)` start of a lane) is
+//! computed once per token tile and group half, not once per lane.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use super::packed::{record_lines, PackedRows, GROUP, Q5_0_HIGH_LINE};
+use super::QMatrix;
+use crate::act::QuantizedActs;
+use crate::quant::{WeightType, QK};
+
+/// Most tokens per pass over a lane: eight accumulators.
+const TILE: usize = 8;
+
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q8_0: u8 = 2;
+const Q5_0: u8 = 3;
+
+thread_local! {
+    /// A thread's per-tile tables, kept from job to job: lane starts (`[TILE][nb][8]` i32) and
+    /// scale products (`[TILE][nb][8]` f32).
+    static TABLES: RefCell<(Vec<i32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Rows `r0..r0 + n` of `w` through its packing, whole groups only, for every token, into
+/// `out[(r - r0) * tokens + t]`; returns how many rows it did (none unless `w` has a packing
+/// of one of these types and `r0` starts a group).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn run_groups(
+    w: &QMatrix<'_>,
+    r0: usize,
+    n: usize,
+    a: &QuantizedActs,
+    tokens: usize,
+    out: &mut [f32],
+) -> usize {
+    let Some(pk) = w.packed.filter(|p| {
+        r0.is_multiple_of(GROUP)
+            && matches!(
+                p.ty(),
+                WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q8_0
+            )
+    }) else {
+        return 0;
+    };
+    assert!(pk.packs(w), "packing of another matrix");
+    assert_eq!(a.qs.len(), tokens * w.cols, "activation shape");
+    assert_eq!(a.d.len(), tokens * a.blocks());
+    if pk.ty() == WeightType::Q4_1 {
+        assert_eq!(a.s.len(), tokens * a.blocks());
+    }
+    assert!(out.len() >= n * tokens);
+    let groups = n / GROUP;
+    let nb = a.blocks();
+    TABLES.with_borrow_mut(|(starts, scales)| {
+        starts.resize(TILE * nb * 8, 0);
+        scales.resize(TILE * nb * 8, 0.0);
+        let mut t0 = 0;
+        while t0 < tokens {
+            let nt = match tokens - t0 {
+                r if r >= 8 => 8,
+                r if r >= 4 => 4,
+                r if r >= 2 => 2,
+                _ => 1,
+            };
+            // SAFETY (all below): the caller vouches for the CPU; `pk` packs `w` (checked), so
+            // its groups `r0 / GROUP..` up to `n` rows exist, and the activations hold
+            // `tokens` rows (checked); the tables hold `TILE * nb * 8` elements.
+            unsafe {
+                match pk.ty() {
+                    WeightType::Q4_0 => lane_starts::<3>(a, t0, nt, starts),
+                    WeightType::Q5_0 => lane_starts::<4>(a, t0, nt, starts),
+                    _ => {}
+                }
+            }
+            for gi in 0..groups {
+                let g = r0 / GROUP + gi;
+                for h in 0..2 {
+                    let mut res = [[0f32; 8]; TILE];
+                    // SAFETY: see above.
+                    unsafe {
+                        match pk.ty() {
+                            WeightType::Q4_0 => {
+                                tile::<Q4_0>(pk, g, h, a, t0, nt, starts, scales, &mut res)
+                            }
+                            WeightType::Q4_1 => {
+                                tile::<Q4_1>(pk, g, h, a, t0, nt, starts, scales, &mut res)
+                            }
+                            WeightType::Q5_0 => {
+                                tile::<Q5_0>(pk, g, h, a, t0, nt, starts, scales, &mut res)
+                            }
+                            _ => tile::<Q8_0>(pk, g, h, a, t0, nt, starts, scales, &mut res),
+                        }
+                    }
+                    for (j, rows) in res.iter().take(nt).enumerate() {
+                        for (r, v) in rows.iter().enumerate() {
+                            out[(gi * GROUP + 8 * h + r) * tokens + t0 + j] = *v;
+                        }
+                    }
+                }
+            }
+            t0 += nt;
+        }
+    });
+    groups * GROUP
+}
+
+/// `starts[(j * nb + b) * 8 + k] = -(sum of lane k's four activations of block b of token
+/// t0 + j) << SHIFT`: where an offset-stored type's lane starts (Q4_0: offset 8, shift 3;
+/// Q5_0: 16, 4), computed as the one-token kernel does.
+#[inline(always)]
+unsafe fn lane_starts<const SHIFT: i32>(
+    a: &QuantizedActs,
+    t0: usize,
+    nt: usize,
+    starts: &mut [i32],
+) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        let nb = a.blocks();
+        assert!(starts.len() >= nt * nb * 8);
+        let ones8 = _mm256_set1_epi8(1);
+        let ones16 = _mm256_set1_epi16(1);
+        for j in 0..nt {
+            let qy = a.qs.as_ptr().add((t0 + j) * a.cols);
+            for b in 0..nb {
+                let y = _mm256_loadu_si256(qy.add(b * QK) as *const __m256i);
+                let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16);
+                let shifted = if SHIFT == 3 {
+                    _mm256_slli_epi32::<3>(sums)
+                } else {
+                    _mm256_slli_epi32::<4>(sums)
+                };
+                let c = _mm256_sub_epi32(_mm256_setzero_si256(), shifted);
+                _mm256_storeu_si256(starts.as_mut_ptr().add((j * nb + b) * 8) as *mut __m256i, c);
+            }
+        }
+    }
+}
+
+/// Rows `8h..8h + 8` of group `g` against tokens `t0..t0 + nt` (`nt` of 8, 4, 2, 1) into
+/// `res[j][r]`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tile<const TY: u8>(
+    pk: &PackedRows,
+    g: usize,
+    h: usize,
+    a: &QuantizedActs,
+    t0: usize,
+    nt: usize,
+    starts: &[i32],
+    scales: &mut [f32],
+    res: &mut [[f32; 8]; TILE],
+) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        match nt {
+            8 => tile_n::<TY, 8>(pk, g, h, a, t0, starts, scales, res),
+            4 => tile_n::<TY, 4>(pk, g, h, a, t0, starts, scales, res),
+            2 => tile_n::<TY, 2>(pk, g, h, a, t0, starts, scales, res),
+            _ => tile_n::<TY, 1>(pk, g, h, a, t0, starts, scales, res),
+        }
+    }
+}
+
+/// [`tile`] for `NT` tokens.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile_n<const TY: u8, const NT: usize>(
+    pk: &PackedRows,
+    g: usize,
+    h: usize,
+    a: &QuantizedActs,
+    t0: usize,
+    starts: &[i32],
+    scales: &mut [f32],
+    res: &mut [[f32; 8]; TILE],
+) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        let nb = a.blocks();
+        assert!(starts.len() >= NT * nb * 8 && scales.len() >= NT * nb * 8);
+        // A group's records lie one after another.
+        let per = 64 * record_lines(pk.ty()).expect("packed types have records");
+        let rec0 = pk.record(g, 0);
+        // Each token's scale products `dw * dy` for the eight rows (the one-token kernel's one
+        // multiply), and Q4_1's `sum(m * s)` in its order.
+        let mut msum = [_mm256_setzero_ps(); NT];
+        for b in 0..nb {
+            let rec = rec0.add(b * per);
+            let dw = _mm256_cvtph_ps(_mm_load_si128(rec.add(16 * h) as *const __m128i));
+            let mw = if TY == Q4_1 {
+                _mm256_cvtph_ps(_mm_load_si128(rec.add(32 + 16 * h) as *const __m128i))
+            } else {
+                _mm256_setzero_ps()
+            };
+            for j in 0..NT {
+                let k = (t0 + j) * nb + b;
+                let sc = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(k)));
+                _mm256_storeu_ps(scales.as_mut_ptr().add((j * nb + b) * 8), sc);
+                if TY == Q4_1 {
+                    let s = *a.s.get_unchecked(k);
+                    msum[j] = _mm256_add_ps(msum[j], _mm256_mul_ps(mw, _mm256_set1_ps(s)));
+                }
+            }
+        }
+        let qy: [*const u8; NT] =
+            std::array::from_fn(|j| a.qs.as_ptr().add((t0 + j) * a.cols) as *const u8);
+        let lp = LanePass {
+            rec0,
+            per,
+            h,
+            nb,
+            qy,
+            starts,
+            scales,
+        };
+        let lanes = [
+            lp.run::<TY, 0>(),
+            lp.run::<TY, 1>(),
+            lp.run::<TY, 2>(),
+            lp.run::<TY, 3>(),
+            lp.run::<TY, 4>(),
+            lp.run::<TY, 5>(),
+            lp.run::<TY, 6>(),
+            lp.run::<TY, 7>(),
+        ];
+        // ggml's horizontal sum for eight rows at once, as the one-token kernel.
+        for j in 0..NT {
+            let l = |k: usize| lanes[k][j];
+            let s0 = _mm256_add_ps(l(0), l(4));
+            let s1 = _mm256_add_ps(l(1), l(5));
+            let s2 = _mm256_add_ps(l(2), l(6));
+            let s3 = _mm256_add_ps(l(3), l(7));
+            let mut r = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+            if TY == Q4_1 {
+                r = _mm256_add_ps(r, msum[j]);
+            }
+            _mm256_storeu_ps(res[j].as_mut_ptr(), r);
+        }
+    }
+}
+
+/// One lane's pass over a group half's records: the tables of [`tile_n`] and where to read.
+struct LanePass<'a, const NT: usize> {
+    rec0: *const u8,
+    /// Bytes per record.
+    per: usize,
+    h: usize,
+    nb: usize,
+    qy: [*const u8; NT],
+    starts: &'a [i32],
+    scales: &'a [f32],
+}
+
+impl<const NT: usize> LanePass<'_, NT> {
+    /// Lane `K`'s accumulators of the eight rows for each token: its chain of fused
+    /// multiply-adds over the blocks, as in the one-token kernel.
+    #[inline(always)]
+    unsafe fn run<const TY: u8, const K: usize>(&self) -> [__m256; NT] {
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            let nb = self.nb;
+            let low = _mm256_set1_epi8(0x0F);
+            let ones16 = _mm256_set1_epi16(1);
+            let flip = _mm256_set1_epi8(0x80u8 as i8);
+            let mut acc = [_mm256_setzero_ps(); NT];
+            for b in 0..nb {
+                let q = self.rec0.add(b * self.per + 64 + 32 * self.h);
+                // Lane K's quants of the eight rows (Q8_0: line K; Q4_x and Q5_0: the low
+                // nibbles of line K, or the high ones of line K - 4, Q5_0 with its high bits).
+                let wk = if TY == Q8_0 {
+                    _mm256_xor_si256(_mm256_load_si256(q.add(64 * K) as *const __m256i), flip)
+                } else {
+                    let v = _mm256_load_si256(q.add(64 * (K % 4)) as *const __m256i);
+                    let nib = if K < 4 {
+                        _mm256_and_si256(v, low)
+                    } else {
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), low)
+                    };
+                    if TY == Q5_0 {
+                        let qh =
+                            _mm256_load_si256(q.add(64 * (Q5_0_HIGH_LINE - 1)) as *const __m256i);
+                        _mm256_or_si256(nib, high_bit(qh, 2 * (K % 4) + K / 4))
+                    } else {
+                        nib
+                    }
+                };
+                let aw = if TY == Q8_0 {
+                    _mm256_sign_epi8(wk, wk)
+                } else {
+                    wk
+                };
+                for j in 0..NT {
+                    let y4 = _mm256_set1_epi32(
+                        (self.qy[j].add(b * QK + 4 * K) as *const i32).read_unaligned(),
+                    );
+                    let y = if TY == Q8_0 {
+                        _mm256_sign_epi8(y4, wk)
+                    } else {
+                        y4
+                    };
+                    let mut p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, y), ones16);
+                    let at = (j * nb + b) * 8;
+                    if TY == Q4_0 || TY == Q5_0 {
+                        let start = *self.starts.get_unchecked(at + K);
+                        p = _mm256_add_epi32(p, _mm256_set1_epi32(start));
+                    }
+                    let sc = _mm256_loadu_ps(self.scales.as_ptr().add(at));
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
+                }
+            }
+            acc
+        }
+    }
+}
+
+/// Bit `s` of every byte of a Q5_0 high-bit line (`packed::q5_0_high_bits`) moved to bit 4,
+/// the rest cleared (as the one-token kernel's `high_bit`).
+#[inline(always)]
+unsafe fn high_bit(qh: __m256i, s: usize) -> __m256i {
+    // SAFETY: the caller upholds this function's contract (its `# Safety`).
+    unsafe {
+        let v = match s {
+            0 => _mm256_slli_epi16::<4>(qh),
+            1 => _mm256_slli_epi16::<3>(qh),
+            2 => _mm256_slli_epi16::<2>(qh),
+            3 => _mm256_slli_epi16::<1>(qh),
+            4 => qh,
+            5 => _mm256_srli_epi16::<1>(qh),
+            6 => _mm256_srli_epi16::<2>(qh),
+            _ => _mm256_srli_epi16::<3>(qh),
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(0x10))
+    }
+}
