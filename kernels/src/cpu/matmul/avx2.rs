@@ -58,6 +58,17 @@ pub(super) fn rows(
             };
             return;
         }
+        // A packed Q4_K matrix's whole groups take the half-group kernel (AVX2 only: the
+        // 512-bit kernels took them before a VNNI call gets here).
+        let (r0, n, out) = match acts {
+            Acts::QuantK(a) if !vnni => {
+                // SAFETY: `Isa::Avx2` is only selected when avx2, fma and f16c were detected;
+                // shapes were checked above.
+                let done = unsafe { super::packed_k_avx2::run_groups(w, r0, n, a, tokens, out) };
+                (r0 + done, n - done, &mut out[done * tokens..])
+            }
+            _ => (r0, n, out),
+        };
         // A whole tile takes one K-quant order (tiles start at multiples of four, so only the
         // last, short one of a repacked Q4_K matrix is gemv).
         let mut t0 = 0;

@@ -18,6 +18,8 @@ pub mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx2;
 mod packed_k;
+#[cfg(target_arch = "x86_64")]
+mod packed_k_avx2;
 pub mod portable;
 pub mod q4k_repacked;
 
