@@ -426,8 +426,8 @@ fn packed_rows_give_the_bits_of_plain_rows_on_every_isa() {
 }
 
 /// Q4_K and Q6_K packed at load (`packed_k.rs`) give the portable reference's bits on every
-/// instruction set (the 16-row kernels where the CPU has AVX-512; on AVX2 Q4_K's eight-row
-/// kernel, `packed_k_avx2.rs`, and Q6_K's rows as stored; the portable code reads the rows): Q4_K in llama.cpp's repacked order for token counts that mix its gemm and gemv
+/// instruction set (the 16-row kernels where the CPU has AVX-512, the eight-row ones of
+/// `packed_k_avx2.rs` on AVX2; the portable code reads the rows): Q4_K in llama.cpp's repacked order for token counts that mix its gemm and gemv
 /// rows, Q6_K in ggml's eight-lane order; beside a matrix whose rows are not whole groups.
 #[test]
 fn packed_k_quants_give_the_portable_bits_on_every_isa() {
@@ -482,17 +482,14 @@ fn only_whole_groups_of_packable_types_are_packed() {
     let mut rng = Rng::new(34);
     let q = make(&mut rng, WeightType::Q4_1, 24, 64);
     assert!(PackedRows::pack(&QMatrix::new(WeightType::Q4_1, 24, 64, &q).unwrap()).is_none());
-    // Q4_K is packed for the AVX2 and 512-bit kernels, Q6_K only for the 512-bit ones, and
-    // Q5_K not at all.
-    let k = random_k_blocks(&mut rng, WeightType::Q4_K, 16, 256);
-    let k = QMatrix::new(WeightType::Q4_K, 16, 256, &k).unwrap();
-    assert!(PackedRows::pack_for(Isa::Portable, &k).is_none());
-    assert!(PackedRows::pack_for(Isa::Avx2, &k).is_some());
-    assert!(PackedRows::pack_for(Isa::Avx512, &k).is_some());
-    let k6 = random_k_blocks(&mut rng, WeightType::Q6_K, 16, 256);
-    let k6 = QMatrix::new(WeightType::Q6_K, 16, 256, &k6).unwrap();
-    assert!(PackedRows::pack_for(Isa::Avx2, &k6).is_none());
-    assert!(PackedRows::pack_for(Isa::Avx512, &k6).is_some());
+    // Q4_K and Q6_K are packed for the AVX2 and 512-bit kernels, and Q5_K not at all.
+    for ty in [WeightType::Q4_K, WeightType::Q6_K] {
+        let k = random_k_blocks(&mut rng, ty, 16, 256);
+        let k = QMatrix::new(ty, 16, 256, &k).unwrap();
+        assert!(PackedRows::pack_for(Isa::Portable, &k).is_none());
+        assert!(PackedRows::pack_for(Isa::Avx2, &k).is_some());
+        assert!(PackedRows::pack_for(Isa::Avx512, &k).is_some());
+    }
     let k5 = random_k_blocks(&mut rng, WeightType::Q5_K, 16, 256);
     let k5 = QMatrix::new(WeightType::Q5_K, 16, 256, &k5).unwrap();
     assert!(PackedRows::pack_for(Isa::Avx512, &k5).is_none());

@@ -86,17 +86,12 @@ impl PackedRows {
     }
 
     /// Repacks `w` for `isa`'s kernels, or `None` when its type has no interleaved kernel
-    /// there (Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K have one on AVX2 and AVX-512, Q6_K on AVX-512:
-    /// `packed_k.rs`) or its rows are not whole groups.
+    /// there (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K have one on AVX2 and AVX-512: `packed_k.rs`
+    /// for the K-quants) or its rows are not whole groups.
     pub fn pack_for(isa: Isa, w: &QMatrix<'_>) -> Option<PackedRows> {
         let lines_per = record_lines(w.ty)?;
         let k_quant = matches!(w.ty, WeightType::Q4_K | WeightType::Q6_K);
-        let has_kernel = match w.ty {
-            WeightType::Q6_K => isa == Isa::Avx512,
-            WeightType::Q4_K => isa != Isa::Portable,
-            _ => true,
-        };
-        if !has_kernel {
+        if k_quant && isa == Isa::Portable {
             return None;
         }
         let bs = w.ty.block_size();
