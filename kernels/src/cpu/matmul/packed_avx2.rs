@@ -8,9 +8,10 @@
 //! of one record is unpacked once and multiplied with up to [`TILE`] tokens, whose
 //! accumulators for that lane fill eight registers. The lane sums are kept and reduced at the
 //! end in ggml's order (lanes `k` and `k + 4`, then the pairs), so every output has the bits of
-//! the one-token kernel. What a lane needs from the activations alone (each token's block
-//! scale times the rows' scales, and the offset types' `-offset * sum(y)` start of a lane) is
-//! computed once per token tile and group half, not once per lane.
+//! the one-token kernel. Each token's block scale times the rows' scales is computed once per
+//! token tile and group half, not once per lane. The signed types' quants are made signed
+//! once per lane and record and take ggml's sign trick per token (the integer sums are exact
+//! either way; an offset start per token and lane cost a load and an add more).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -29,9 +30,8 @@ const Q8_0: u8 = 2;
 const Q5_0: u8 = 3;
 
 thread_local! {
-    /// A thread's per-tile tables, kept from job to job: lane starts (`[TILE][nb][8]` i32) and
-    /// scale products (`[TILE][nb][8]` f32).
-    static TABLES: RefCell<(Vec<i32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A thread's scale products of a tile (`[TILE][nb][8]`), kept from job to job.
+    static SCALES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Rows `r0..r0 + n` of `w` through its packing, whole groups only, for every token, into
@@ -67,8 +67,7 @@ pub(super) unsafe fn run_groups(
     assert!(out.len() >= n * tokens);
     let groups = n / GROUP;
     let nb = a.blocks();
-    TABLES.with_borrow_mut(|(starts, scales)| {
-        starts.resize(TILE * nb * 8, 0);
+    SCALES.with_borrow_mut(|scales| {
         scales.resize(TILE * nb * 8, 0.0);
         let mut t0 = 0;
         while t0 < tokens {
@@ -78,33 +77,19 @@ pub(super) unsafe fn run_groups(
                 r if r >= 2 => 2,
                 _ => 1,
             };
-            // SAFETY (all below): the caller vouches for the CPU; `pk` packs `w` (checked), so
-            // its groups `r0 / GROUP..` up to `n` rows exist, and the activations hold
-            // `tokens` rows (checked); the tables hold `TILE * nb * 8` elements.
-            unsafe {
-                match pk.ty() {
-                    WeightType::Q4_0 => lane_starts::<3>(a, t0, nt, starts),
-                    WeightType::Q5_0 => lane_starts::<4>(a, t0, nt, starts),
-                    _ => {}
-                }
-            }
             for gi in 0..groups {
                 let g = r0 / GROUP + gi;
                 for h in 0..2 {
                     let mut res = [[0f32; 8]; TILE];
-                    // SAFETY: see above.
+                    // SAFETY: the caller vouches for the CPU; `pk` packs `w` (checked), so its
+                    // groups `r0 / GROUP..` up to `n` rows exist, and the activations hold
+                    // `tokens` rows (checked); the table holds `TILE * nb * 8` elements.
                     unsafe {
                         match pk.ty() {
-                            WeightType::Q4_0 => {
-                                tile::<Q4_0>(pk, g, h, a, t0, nt, starts, scales, &mut res)
-                            }
-                            WeightType::Q4_1 => {
-                                tile::<Q4_1>(pk, g, h, a, t0, nt, starts, scales, &mut res)
-                            }
-                            WeightType::Q5_0 => {
-                                tile::<Q5_0>(pk, g, h, a, t0, nt, starts, scales, &mut res)
-                            }
-                            _ => tile::<Q8_0>(pk, g, h, a, t0, nt, starts, scales, &mut res),
+                            WeightType::Q4_0 => tile::<Q4_0>(pk, g, h, a, t0, nt, scales, &mut res),
+                            WeightType::Q4_1 => tile::<Q4_1>(pk, g, h, a, t0, nt, scales, &mut res),
+                            WeightType::Q5_0 => tile::<Q5_0>(pk, g, h, a, t0, nt, scales, &mut res),
+                            _ => tile::<Q8_0>(pk, g, h, a, t0, nt, scales, &mut res),
                         }
                     }
                     for (j, rows) in res.iter().take(nt).enumerate() {
@@ -120,39 +105,6 @@ pub(super) unsafe fn run_groups(
     groups * GROUP
 }
 
-/// `starts[(j * nb + b) * 8 + k] = -(sum of lane k's four activations of block b of token
-/// t0 + j) << SHIFT`: where an offset-stored type's lane starts (Q4_0: offset 8, shift 3;
-/// Q5_0: 16, 4), computed as the one-token kernel does.
-#[inline(always)]
-unsafe fn lane_starts<const SHIFT: i32>(
-    a: &QuantizedActs,
-    t0: usize,
-    nt: usize,
-    starts: &mut [i32],
-) {
-    // SAFETY: the caller upholds this function's contract (its `# Safety`).
-    unsafe {
-        let nb = a.blocks();
-        assert!(starts.len() >= nt * nb * 8);
-        let ones8 = _mm256_set1_epi8(1);
-        let ones16 = _mm256_set1_epi16(1);
-        for j in 0..nt {
-            let qy = a.qs.as_ptr().add((t0 + j) * a.cols);
-            for b in 0..nb {
-                let y = _mm256_loadu_si256(qy.add(b * QK) as *const __m256i);
-                let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16);
-                let shifted = if SHIFT == 3 {
-                    _mm256_slli_epi32::<3>(sums)
-                } else {
-                    _mm256_slli_epi32::<4>(sums)
-                };
-                let c = _mm256_sub_epi32(_mm256_setzero_si256(), shifted);
-                _mm256_storeu_si256(starts.as_mut_ptr().add((j * nb + b) * 8) as *mut __m256i, c);
-            }
-        }
-    }
-}
-
 /// Rows `8h..8h + 8` of group `g` against tokens `t0..t0 + nt` (`nt` of 8, 4, 2, 1) into
 /// `res[j][r]`.
 #[allow(clippy::too_many_arguments)]
@@ -164,17 +116,16 @@ unsafe fn tile<const TY: u8>(
     a: &QuantizedActs,
     t0: usize,
     nt: usize,
-    starts: &[i32],
     scales: &mut [f32],
     res: &mut [[f32; 8]; TILE],
 ) {
     // SAFETY: the caller upholds this function's contract (its `# Safety`).
     unsafe {
         match nt {
-            8 => tile_n::<TY, 8>(pk, g, h, a, t0, starts, scales, res),
-            4 => tile_n::<TY, 4>(pk, g, h, a, t0, starts, scales, res),
-            2 => tile_n::<TY, 2>(pk, g, h, a, t0, starts, scales, res),
-            _ => tile_n::<TY, 1>(pk, g, h, a, t0, starts, scales, res),
+            8 => tile_n::<TY, 8>(pk, g, h, a, t0, scales, res),
+            4 => tile_n::<TY, 4>(pk, g, h, a, t0, scales, res),
+            2 => tile_n::<TY, 2>(pk, g, h, a, t0, scales, res),
+            _ => tile_n::<TY, 1>(pk, g, h, a, t0, scales, res),
         }
     }
 }
@@ -188,14 +139,13 @@ unsafe fn tile_n<const TY: u8, const NT: usize>(
     h: usize,
     a: &QuantizedActs,
     t0: usize,
-    starts: &[i32],
     scales: &mut [f32],
     res: &mut [[f32; 8]; TILE],
 ) {
     // SAFETY: the caller upholds this function's contract (its `# Safety`).
     unsafe {
         let nb = a.blocks();
-        assert!(starts.len() >= NT * nb * 8 && scales.len() >= NT * nb * 8);
+        assert!(scales.len() >= NT * nb * 8);
         // A group's records lie one after another.
         let per = 64 * record_lines(pk.ty()).expect("packed types have records");
         let rec0 = pk.record(g, 0);
@@ -228,7 +178,6 @@ unsafe fn tile_n<const TY: u8, const NT: usize>(
             h,
             nb,
             qy,
-            starts,
             scales,
         };
         let lanes = [
@@ -265,7 +214,6 @@ struct LanePass<'a, const NT: usize> {
     h: usize,
     nb: usize,
     qy: [*const u8; NT],
-    starts: &'a [i32],
     scales: &'a [f32],
 }
 
@@ -283,8 +231,9 @@ impl<const NT: usize> LanePass<'_, NT> {
             let mut acc = [_mm256_setzero_ps(); NT];
             for b in 0..nb {
                 let q = self.rec0.add(b * self.per + 64 + 32 * self.h);
-                // Lane K's quants of the eight rows (Q8_0: line K; Q4_x and Q5_0: the low
-                // nibbles of line K, or the high ones of line K - 4, Q5_0 with its high bits).
+                // Lane K's quants of the eight rows, signed (Q8_0: line K; Q4_x and Q5_0: the
+                // low nibbles of line K, or the high ones of line K - 4, Q5_0 with its high
+                // bits, less the offset; Q4_1's stay unsigned, its minimum is added apart).
                 let wk = if TY == Q8_0 {
                     _mm256_xor_si256(_mm256_load_si256(q.add(64 * K) as *const __m256i), flip)
                 } else {
@@ -294,35 +243,29 @@ impl<const NT: usize> LanePass<'_, NT> {
                     } else {
                         _mm256_and_si256(_mm256_srli_epi16::<4>(v), low)
                     };
-                    if TY == Q5_0 {
-                        let qh =
-                            _mm256_load_si256(q.add(64 * (Q5_0_HIGH_LINE - 1)) as *const __m256i);
-                        _mm256_or_si256(nib, high_bit(qh, 2 * (K % 4) + K / 4))
-                    } else {
-                        nib
+                    match TY {
+                        Q5_0 => {
+                            let qh = _mm256_load_si256(
+                                q.add(64 * (Q5_0_HIGH_LINE - 1)) as *const __m256i
+                            );
+                            let u = _mm256_or_si256(nib, high_bit(qh, 2 * (K % 4) + K / 4));
+                            _mm256_sub_epi8(u, _mm256_set1_epi8(16))
+                        }
+                        Q4_0 => _mm256_sub_epi8(nib, _mm256_set1_epi8(8)),
+                        _ => nib,
                     }
                 };
-                let aw = if TY == Q8_0 {
-                    _mm256_sign_epi8(wk, wk)
-                } else {
-                    wk
-                };
+                // ggml's sign trick for the signed types: |w| times y with w's sign, the same
+                // sums (activations never reach -128).
+                let signed = TY != Q4_1;
+                let aw = if signed { _mm256_sign_epi8(wk, wk) } else { wk };
                 for j in 0..NT {
                     let y4 = _mm256_set1_epi32(
                         (self.qy[j].add(b * QK + 4 * K) as *const i32).read_unaligned(),
                     );
-                    let y = if TY == Q8_0 {
-                        _mm256_sign_epi8(y4, wk)
-                    } else {
-                        y4
-                    };
-                    let mut p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, y), ones16);
-                    let at = (j * nb + b) * 8;
-                    if TY == Q4_0 || TY == Q5_0 {
-                        let start = *self.starts.get_unchecked(at + K);
-                        p = _mm256_add_epi32(p, _mm256_set1_epi32(start));
-                    }
-                    let sc = _mm256_loadu_ps(self.scales.as_ptr().add(at));
+                    let y = if signed { _mm256_sign_epi8(y4, wk) } else { y4 };
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, y), ones16);
+                    let sc = _mm256_loadu_ps(self.scales.as_ptr().add((j * nb + b) * 8));
                     acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
                 }
             }
