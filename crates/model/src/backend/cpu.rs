@@ -36,6 +36,21 @@ fn to_f16(src: &[f32], dst: &mut [f16]) {
     dst.convert_from_f32_slice(src);
 }
 
+/// Elementwise work smaller than this runs on the calling thread: a parallel region costs
+/// a hand-over, which a decode step's few rows do not repay.
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
+
+/// Elements per task when `len` elements, rows of `width`, are split over `par`'s threads in
+/// whole rows, about four tasks a thread; `None` (one task, on the caller) when the work is
+/// small or there is one thread.
+fn split(len: usize, width: usize, par: &Parallel) -> Option<usize> {
+    if len < PARALLEL_MIN_ELEMENTS || par.threads() < 2 || width == 0 {
+        return None;
+    }
+    let rows = len / width;
+    Some(rows.div_ceil(4 * par.threads()).max(1) * width)
+}
+
 impl Backend for Cpu<'_> {
     type Buf = Vec<f32>;
     type Error = Infallible;
@@ -78,7 +93,15 @@ impl Backend for Cpu<'_> {
         eps: f32,
         out: &mut Vec<f32>,
     ) -> Result<(), Infallible> {
-        rms_norm(x, w, eps, &mut out[..x.len()]);
+        let out = &mut out[..x.len()];
+        // A pass of many rows (prefill) normalizes its rows on every thread; each row's bits
+        // are the same either way.
+        match split(x.len(), w.len(), self.par) {
+            None => rms_norm(x, w, eps, out),
+            Some(len) => self.par.for_each_chunk(out, len, |i, o| {
+                rms_norm(&x[i * len..i * len + o.len()], w, eps, o)
+            }),
+        }
         Ok(())
     }
 
@@ -141,9 +164,17 @@ impl Backend for Cpu<'_> {
     }
 
     fn glu(&self, act: Glu, gate: &mut Vec<f32>, up: &Vec<f32>) -> Result<(), Infallible> {
-        match act {
-            Glu::Silu => swiglu(gate, up),
-            Glu::Gelu => geglu(gate, up),
+        assert_eq!(gate.len(), up.len(), "glu: shape");
+        // Elementwise: on every thread for a pass of many rows, the same bits.
+        let glu = |g: &mut [f32], u: &[f32]| match act {
+            Glu::Silu => swiglu(g, u),
+            Glu::Gelu => geglu(g, u),
+        };
+        match split(gate.len(), 64, self.par) {
+            None => glu(gate, up),
+            Some(len) => self
+                .par
+                .for_each_chunk(gate, len, |i, g| glu(g, &up[i * len..i * len + g.len()])),
         }
         Ok(())
     }

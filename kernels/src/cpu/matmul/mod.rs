@@ -225,8 +225,12 @@ pub fn matmul_many_with(
         // The kernel fills `n x tokens` (by weight row); scatter it into token-major rows.
         // The buffer is the thread's own, kept from job to job (no allocation per job).
         SCRATCH.with_borrow_mut(|buf| {
-            buf.clear();
-            buf.resize(n * tokens, 0.0);
+            // Every element is written by the kernel: grown when too short, never cleared
+            // (zeroing a 512-token job's 128 KiB was a memset per job).
+            if buf.len() < n * tokens {
+                buf.resize(n * tokens, 0.0);
+            }
+            let buf = &mut buf[..n * tokens];
             rows_kernel(isa, w, r0, n, &acts, tokens, buf);
             for t in 0..tokens {
                 for (r, v) in buf.iter().skip(t).step_by(tokens).enumerate() {
