@@ -220,6 +220,7 @@ struct LanePass<'a, const NT: usize> {
 impl<const NT: usize> LanePass<'_, NT> {
     /// Lane `K`'s accumulators of the eight rows for each token: its chain of fused
     /// multiply-adds over the blocks, as in the one-token kernel.
+    #[allow(clippy::needless_range_loop)] // `j` picks a token's pointer, scales and accumulator.
     #[inline(always)]
     unsafe fn run<const TY: u8, const K: usize>(&self) -> [__m256; NT] {
         // SAFETY: the caller upholds this function's contract (its `# Safety`).
