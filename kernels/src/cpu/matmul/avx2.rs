@@ -36,10 +36,10 @@ pub(super) fn rows(
             Acts::Float(_) => {}
         }
         if let Acts::Quant(a) = acts {
-            // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only selected when avx2, fma and f16c
-            // were detected.
             // Several tokens (prefill) take the kernel that unpacks a record once for up to
             // eight of them; one token (decode) the one that keeps a group's lanes in registers.
+            // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only selected when avx2, fma and f16c
+            // were detected.
             let done = unsafe {
                 if tokens > 1 && !vnni {
                     super::packed_avx2::run_groups(w, r0, n, a, tokens, out)
@@ -58,8 +58,8 @@ pub(super) fn rows(
             };
             return;
         }
-        // A packed Q4_K matrix's whole groups take the half-group kernel (AVX2 only: the
-        // 512-bit kernels took them before a VNNI call gets here).
+        // A packed Q4_K or Q6_K matrix's whole groups take the half-group kernels (AVX2 only:
+        // the 512-bit kernels took them before a VNNI call gets here).
         let (r0, n, out) = match acts {
             Acts::QuantK(a) if !vnni => {
                 // SAFETY: `Isa::Avx2` is only selected when avx2, fma and f16c were detected;

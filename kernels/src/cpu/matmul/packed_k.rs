@@ -1,5 +1,6 @@
 //! K-quant super-blocks of sixteen rows interleaved, for the 512-bit kernels
-//! (`kquant_avx512.rs`): [`PackedRows`](super::packed::PackedRows) records of Q4_K and Q6_K.
+//! (`kquant_avx512.rs`) and, half a group per register, the AVX2 ones (`packed_k_avx2.rs`):
+//! [`PackedRows`](super::packed::PackedRows) records of Q4_K and Q6_K.
 //!
 //! A record holds one super-block (256 elements) of each of the group's [`GROUP`] rows, as
 //! `packed.rs`'s do for 32-element blocks: per-row scales first, then the quants
