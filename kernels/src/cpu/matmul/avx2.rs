@@ -104,6 +104,7 @@ mod x86 {
     use super::*;
     use crate::matmul::kquant_avx2 as kquant;
     use crate::matmul::packed::PackedRows;
+    use crate::matmul::packed_avx2::high_bit;
     use std::arch::x86_64::*;
 
     /// Dispatches one row x `out.len()` tokens tile (AVX2).
@@ -393,27 +394,6 @@ mod x86 {
             let mut out = [0f32; 8];
             _mm256_storeu_ps(out.as_mut_ptr(), r);
             out
-        }
-    }
-
-    /// Bit `s` of every byte of a Q5_0 high-bit line (`packed::q5_0_high_bits`) moved to bit
-    /// 4, the rest cleared (as the 512-bit kernel's `high_bit`).
-    #[inline(always)]
-    unsafe fn high_bit(qh: __m256i, s: usize) -> __m256i {
-        // SAFETY: the caller upholds this function's contract (its `# Safety`).
-        unsafe {
-            // 16-bit shifts by at most 4: bit 4 of each byte comes from the same byte.
-            let v = match s {
-                0 => _mm256_slli_epi16::<4>(qh),
-                1 => _mm256_slli_epi16::<3>(qh),
-                2 => _mm256_slli_epi16::<2>(qh),
-                3 => _mm256_slli_epi16::<1>(qh),
-                4 => qh,
-                5 => _mm256_srli_epi16::<1>(qh),
-                6 => _mm256_srli_epi16::<2>(qh),
-                _ => _mm256_srli_epi16::<3>(qh),
-            };
-            _mm256_and_si256(v, _mm256_set1_epi8(0x10))
         }
     }
 

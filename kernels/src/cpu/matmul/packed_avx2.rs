@@ -276,9 +276,9 @@ impl<const NT: usize> LanePass<'_, NT> {
 }
 
 /// Bit `s` of every byte of a Q5_0 high-bit line (`packed::q5_0_high_bits`) moved to bit 4,
-/// the rest cleared (as the one-token kernel's `high_bit`).
+/// the rest cleared (as the 512-bit kernel's `high_bit`); the one-token kernel's too.
 #[inline(always)]
-unsafe fn high_bit(qh: __m256i, s: usize) -> __m256i {
+pub(super) unsafe fn high_bit(qh: __m256i, s: usize) -> __m256i {
     // SAFETY: the caller upholds this function's contract (its `# Safety`).
     unsafe {
         let v = match s {
