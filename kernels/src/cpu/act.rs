@@ -19,12 +19,12 @@ pub struct QuantizedActs {
     pub d: Vec<f32>,
     /// `rows * cols / 32` block sums times scale (Q8_1's `s`).
     pub s: Vec<f32>,
-    /// Empty, or (after [`QuantizedActs::add_lane_sums`]) `rows * cols / 4` negated sums of
-    /// each four consecutive quants (one of ggml's eight lanes of a block): the 512-bit
-    /// kernels start a lane of an offset-stored weight type (Q4_0, Q5_0, Q8_0) at
-    /// `neg_lane_sums << log2(offset)` instead of summing the activations again for every
-    /// group of sixteen weight rows.
-    pub neg_lane_sums: Vec<i32>,
+    /// For each offset-stored weight type asked for ([`QuantizedActs::add_lane_starts`]: Q4_0,
+    /// Q5_0, Q8_0, stored as `q + offset`), `rows * cols / 4` starting values of ggml's lanes:
+    /// `-offset * sum` of each four consecutive quants. The 512-bit kernels start a lane's
+    /// integer dot product there instead of summing the activations again for every group of
+    /// sixteen weight rows (or shifting one sum per type there: a port-0 instruction per lane).
+    pub lane_starts: Vec<(i32, Vec<i32>)>,
 }
 
 impl QuantizedActs {
@@ -33,15 +33,24 @@ impl QuantizedActs {
         self.cols / QK
     }
 
-    /// Fills [`QuantizedActs::neg_lane_sums`] (once; only products that read them ask).
-    pub fn add_lane_sums(&mut self) {
-        if self.neg_lane_sums.is_empty() {
-            self.neg_lane_sums = self
+    /// Adds the lanes' starting values for weights stored with `offset` (once per offset).
+    pub fn add_lane_starts(&mut self, offset: i32) {
+        if self.lane_starts(offset).is_none() {
+            let starts = self
                 .qs
                 .chunks_exact(LANE)
-                .map(|four| -four.iter().map(|&v| i32::from(v)).sum::<i32>())
+                .map(|four| -offset * four.iter().map(|&v| i32::from(v)).sum::<i32>())
                 .collect();
+            self.lane_starts.push((offset, starts));
         }
+    }
+
+    /// The lanes' starting values for weights stored with `offset`, when added.
+    pub fn lane_starts(&self, offset: i32) -> Option<&[i32]> {
+        self.lane_starts
+            .iter()
+            .find(|(o, _)| *o == offset)
+            .map(|(_, starts)| starts.as_slice())
     }
 }
 
@@ -68,7 +77,7 @@ pub fn quantize_acts_with(
         qs: vec![0; rows * cols],
         d: vec![0.0; nb],
         s: vec![0.0; nb],
-        neg_lane_sums: Vec::new(),
+        lane_starts: Vec::new(),
     };
     let bpr = cols / QK;
     let ptrs = Ptrs(q.qs.as_mut_ptr(), q.d.as_mut_ptr(), q.s.as_mut_ptr());
@@ -101,7 +110,7 @@ pub fn quantize_acts_with(
     q
 }
 
-/// Quants per ggml lane (`neg_lane_sums`).
+/// Quants per ggml lane (`lane_starts`).
 const LANE: usize = 4;
 
 /// Rows per parallel task (one decode row runs inline).

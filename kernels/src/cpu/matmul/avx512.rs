@@ -6,11 +6,23 @@
 
 use super::{avx2, packed, Acts, QMatrix};
 
-/// Whether this ISA's product with `w` reads [`QuantizedActs::neg_lane_sums`]
-/// (`crate::act::QuantizedActs`): the interleaved kernel of an offset-stored type.
-pub(super) fn reads_lane_sums(w: &QMatrix<'_>) -> bool {
+/// The offset of `w`'s stored quants when this ISA's product with it reads
+/// [`QuantizedActs::lane_starts`] (`crate::act::QuantizedActs`): the interleaved kernel of an
+/// offset-stored type.
+pub(super) fn lane_offset(w: &QMatrix<'_>) -> Option<i32> {
+    w.packed.as_ref()?;
+    offset(w.ty)
+}
+
+/// What the interleaved kernel adds to `ty`'s signed quants to store them unsigned.
+fn offset(ty: crate::quant::WeightType) -> Option<i32> {
     use crate::quant::WeightType;
-    w.packed.is_some() && matches!(w.ty, WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0)
+    match ty {
+        WeightType::Q4_0 => Some(8),
+        WeightType::Q5_0 => Some(16),
+        WeightType::Q8_0 => Some(128),
+        _ => None,
+    }
 }
 
 pub(super) fn rows(
@@ -157,10 +169,14 @@ mod x86 {
             }
             let lines = record_lines(pk.ty()).expect("packed types have records");
             // Read unchecked below: `matmul_many_with` adds them for these types.
-            assert!(
-                TY == Q4_1 || a.neg_lane_sums.len() == a.qs.len() / 4,
-                "the lane sums of the activations"
-            );
+            let starts = match super::offset(pk.ty()) {
+                Some(o) => {
+                    let starts = a.lane_starts(o).expect("the lanes' starting values");
+                    assert_eq!(starts.len(), a.qs.len() / 4, "the lanes' starting values");
+                    starts.as_ptr()
+                }
+                None => std::ptr::null(),
+            };
             for b in 0..nb {
                 let rec = pk.record(g, b);
                 prefetch_ahead(rec, lines);
@@ -203,19 +219,17 @@ mod x86 {
                         msum[j] = _mm512_add_ps(msum[j], _mm512_mul_ps(mw, _mm512_set1_ps(s)));
                     }
                     // The lanes' starting values: 0, or `-offset * sum(y)` over the lane's four
-                    // activations for the offset-stored signed quants (the sums come with the
-                    // activations, negated, once per token and block).
-                    let lanes = a.neg_lane_sums.as_ptr().add(k * 8);
+                    // activations for the offset-stored signed quants (they come with the
+                    // activations, once per token and block).
+                    let lanes = starts.wrapping_add(k * 8);
                     // Lane k takes the activations of elements 4k..4k + 4 (Q8_0: line k; Q4_x
                     // and Q5_0: the low nibbles of line k, or the high ones of line k - 4).
                     for (k, wk) in w.iter().enumerate() {
                         let y4 = _mm512_set1_epi32((yb.add(4 * k) as *const i32).read_unaligned());
-                        let neg = _mm512_set1_epi32(*lanes.add(k));
-                        let init = match TY {
-                            Q4_0 => _mm512_slli_epi32::<3>(neg),
-                            Q5_0 => _mm512_slli_epi32::<4>(neg),
-                            Q8_0 => _mm512_slli_epi32::<7>(neg),
-                            _ => _mm512_setzero_si512(),
+                        let init = if TY == Q4_1 {
+                            _mm512_setzero_si512()
+                        } else {
+                            _mm512_set1_epi32(*lanes.add(k))
                         };
                         let p = _mm512_dpbusd_epi32(init, *wk, y4);
                         acc[j][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[j][k]);

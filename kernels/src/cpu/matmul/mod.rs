@@ -179,8 +179,10 @@ pub fn matmul_many_with(
     let needs = |k: ActKind| ws.iter().any(|w| w.ty.act_kind() == k);
     let quant = needs(ActKind::Q8).then(|| {
         let mut q = quantize_acts_with(isa, x, tokens, cols, par);
-        if isa == Isa::Avx512 && ws.iter().any(avx512::reads_lane_sums) {
-            q.add_lane_sums();
+        if isa == Isa::Avx512 {
+            for offset in ws.iter().filter_map(avx512::lane_offset) {
+                q.add_lane_starts(offset);
+            }
         }
         q
     });
