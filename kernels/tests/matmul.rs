@@ -338,28 +338,49 @@ fn activation_quantization_is_the_same_on_every_isa_and_thread_count() {
     }
 }
 
-/// Q8_K activations split over threads by rows (ragged last task) are each row's own values.
+/// Q8_K activations on every instruction set, split over threads by rows (ragged last task),
+/// are the portable code's values of each row alone: with blocks of zeros, ties, a largest
+/// magnitude that comes twice with both signs, infinities and NaNs, and a largest magnitude
+/// so small that the scale overflows.
 #[test]
-fn k_activation_quantization_is_the_same_on_every_thread_count() {
-    use pagewarden_kernels::act_k::{quantize_acts_k, quantize_acts_k_with, QuantizedActsK};
+fn k_activation_quantization_is_the_same_on_every_isa_and_thread_count() {
+    use pagewarden_kernels::act_k::{quantize_acts_k_with, QuantizedActsK};
     let mut rng = Rng::new(24);
     let (rows, cols) = (37, 512);
     let mut x = rng.vec(rows * cols, 3.0);
     x[256..512].fill(0.0);
-    // Row by row: one row is one task.
+    // Row 2: halves of the scale's steps (ties), the largest magnitude first negative, then
+    // positive.
+    for (i, v) in x[2 * cols..2 * cols + 256].iter_mut().enumerate() {
+        *v = (i as f32 - 128.0) / 2.0;
+    }
+    x[2 * cols + 7] = -64.0;
+    x[2 * cols + 9] = 64.0;
+    // Row 3: an infinity and a NaN in one block, a NaN alone in the next.
+    x[3 * cols + 5] = f32::INFINITY;
+    x[3 * cols + 6] = f32::NAN;
+    x[3 * cols + 300] = f32::NAN;
+    // Row 4: subnormal values (the scale -127 / max is infinite) and one below 127 / f32::MAX.
+    for (i, v) in x[4 * cols..4 * cols + 256].iter_mut().enumerate() {
+        *v = f32::from_bits(1 + i as u32) * if i % 3 == 0 { -1.0 } else { 1.0 };
+    }
+    x[4 * cols + 256..5 * cols].fill(1e-37);
+    x[4 * cols + 300] = -2e-37;
     let mut want = QuantizedActsK::default();
     for row in x.chunks_exact(cols) {
-        let q = quantize_acts_k(row, 1, cols);
+        let q = quantize_acts_k_with(Isa::Portable, row, 1, cols, &Parallel::single());
         want.qs.extend(q.qs);
         want.d.extend(q.d);
         want.bsums.extend(q.bsums);
     }
-    for threads in [1, 2, 3] {
-        let got = quantize_acts_k_with(&x, rows, cols, &Parallel::new(threads));
-        assert_eq!(got.qs, want.qs, "x{threads}: values");
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got.d), bits(&want.d), "x{threads}: scales");
-        assert_eq!(got.bsums, want.bsums, "x{threads}: sums");
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for isa in Isa::available() {
+        for threads in [1, 2, 3] {
+            let got = quantize_acts_k_with(isa, &x, rows, cols, &Parallel::new(threads));
+            assert_eq!(got.qs, want.qs, "{isa:?} x{threads}: values");
+            assert_eq!(bits(&got.d), bits(&want.d), "{isa:?} x{threads}: scales");
+            assert_eq!(got.bsums, want.bsums, "{isa:?} x{threads}: sums");
+        }
     }
 }
 

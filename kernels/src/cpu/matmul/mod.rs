@@ -186,7 +186,7 @@ pub fn matmul_many_with(
         }
         q
     });
-    let quant_k = needs(ActKind::Q8K).then(|| quantize_acts_k_with(x, tokens, cols, par));
+    let quant_k = needs(ActKind::Q8K).then(|| quantize_acts_k_with(isa, x, tokens, cols, par));
     let total: usize = ws.iter().map(|w| w.rows).sum();
     // About eight jobs per thread, so the last ones even out the threads (an uneven split of
     // wo or ffn_down into nine jobs left one thread idle a tenth of the time), in whole
