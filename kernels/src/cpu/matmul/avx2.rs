@@ -4,6 +4,7 @@
 //! `maddubs` + `madd` on AVX2 and as one `vpdpbusd` with AVX-512 VNNI (u8 x i8, the sign trick
 //! for signed weights); both give the same 32-bit lane sums, so both paths have the same bits.
 
+use super::dest::Dest;
 use super::packed::{GROUP as PACKED_GROUP, Q5_0_HIGH_LINE as PACKED_Q5_0_HIGH_LINE};
 use super::{portable, Acts, KOrder, QMatrix};
 use crate::act::QuantizedActs;
@@ -11,6 +12,47 @@ use crate::quant::{WeightType, QK};
 
 /// Tokens per tile: each weight block is unpacked once for this many tokens.
 const TILE: usize = 4;
+
+/// Rows `r0..r0 + n` of `w`'s whole packed groups for every token into `out`; returns how
+/// many rows it did (none unless `w` is packed and `r0` starts a group). Several tokens
+/// (prefill) take the kernel that unpacks a record once for up to eight of them; one token
+/// (decode) the one that keeps a group's lanes in registers. A packed Q4_K or Q6_K matrix's
+/// groups take the half-group kernels (AVX2 only: the 512-bit kernels took them before a
+/// VNNI call gets here).
+pub(super) fn packed_rows(
+    vnni: bool,
+    w: &QMatrix<'_>,
+    r0: usize,
+    n: usize,
+    acts: &Acts<'_>,
+    tokens: usize,
+    out: Dest<'_>,
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only selected when avx2, fma and f16c
+        // were detected; the kernels check the shapes.
+        unsafe {
+            match acts {
+                Acts::Quant(a) if tokens > 1 && !vnni => {
+                    super::packed_avx2::run_groups(w, r0, n, a, tokens, out)
+                }
+                Acts::Quant(a) => {
+                    super::packed::run_groups(x86::packed_group, None, w, r0, n, a, tokens, out)
+                }
+                Acts::QuantK(a) if !vnni => {
+                    super::packed_k_avx2::run_groups(w, r0, n, a, tokens, out)
+                }
+                _ => 0,
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (vnni, w, r0, n, acts, tokens, out);
+        0
+    }
+}
 
 pub(super) fn rows(
     vnni: bool,
@@ -35,19 +77,9 @@ pub(super) fn rows(
             }
             Acts::Float(_) => {}
         }
+        let done = packed_rows(vnni, w, r0, n, acts, tokens, Dest::by_row(out, tokens));
+        let (r0, n, out) = (r0 + done, n - done, &mut out[done * tokens..]);
         if let Acts::Quant(a) = acts {
-            // Several tokens (prefill) take the kernel that unpacks a record once for up to
-            // eight of them; one token (decode) the one that keeps a group's lanes in registers.
-            // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only selected when avx2, fma and f16c
-            // were detected.
-            let done = unsafe {
-                if tokens > 1 && !vnni {
-                    super::packed_avx2::run_groups(w, r0, n, a, tokens, out)
-                } else {
-                    super::packed::run_groups(x86::packed_group, None, w, r0, n, a, tokens, out)
-                }
-            };
-            let (r0, n, out) = (r0 + done, n - done, &mut out[done * tokens..]);
             // SAFETY: as for the tiles below; shapes were checked above.
             unsafe {
                 if vnni {
@@ -58,17 +90,6 @@ pub(super) fn rows(
             };
             return;
         }
-        // A packed Q4_K or Q6_K matrix's whole groups take the half-group kernels (AVX2 only:
-        // the 512-bit kernels took them before a VNNI call gets here).
-        let (r0, n, out) = match acts {
-            Acts::QuantK(a) if !vnni => {
-                // SAFETY: `Isa::Avx2` is only selected when avx2, fma and f16c were detected;
-                // shapes were checked above.
-                let done = unsafe { super::packed_k_avx2::run_groups(w, r0, n, a, tokens, out) };
-                (r0 + done, n - done, &mut out[done * tokens..])
-            }
-            _ => (r0, n, out),
-        };
         // A whole tile takes one K-quant order (tiles start at multiples of four, so only the
         // last, short one of a repacked Q4_K matrix is gemv).
         let mut t0 = 0;

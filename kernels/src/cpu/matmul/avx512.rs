@@ -4,6 +4,7 @@
 //! `kquant_avx512.rs`. Everything else (unpacked rows, float weights, leftover rows) runs the
 //! AVX2 kernels with VNNI.
 
+use super::dest::Dest;
 use super::{avx2, packed, Acts, QMatrix};
 
 /// The offset of `w`'s stored quants when this ISA's product with it reads
@@ -25,6 +26,44 @@ fn offset(ty: crate::quant::WeightType) -> Option<i32> {
     }
 }
 
+/// Rows `r0..r0 + n` of `w`'s whole packed groups for every token into `out`; returns how
+/// many rows it did (none unless `w` is packed and `r0` starts a group).
+pub(super) fn packed_rows(
+    w: &QMatrix<'_>,
+    r0: usize,
+    n: usize,
+    acts: &Acts<'_>,
+    tokens: usize,
+    out: Dest<'_>,
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `Isa::Avx512` is only detected when avx2, fma, f16c and
+        // avx512f/bw/vl/vnni are.
+        unsafe {
+            match acts {
+                Acts::Quant(a) => packed::run_groups(
+                    x86::packed_group,
+                    Some(x86::packed_group2),
+                    w,
+                    r0,
+                    n,
+                    a,
+                    tokens,
+                    out,
+                ),
+                Acts::QuantK(a) => super::kquant_avx512::run_groups(w, r0, n, a, tokens, out),
+                Acts::Float(_) => 0,
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (w, r0, n, acts, tokens, out);
+        0
+    }
+}
+
 pub(super) fn rows(
     w: &QMatrix<'_>,
     r0: usize,
@@ -33,29 +72,7 @@ pub(super) fn rows(
     tokens: usize,
     out: &mut [f32],
 ) {
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if let Acts::Quant(a) = acts {
-        // SAFETY: `Isa::Avx512` is only detected when avx2, fma, f16c and
-        // avx512f/bw/vl/vnni are.
-        done = unsafe {
-            packed::run_groups(
-                x86::packed_group,
-                Some(x86::packed_group2),
-                w,
-                r0,
-                n,
-                a,
-                tokens,
-                out,
-            )
-        };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if let Acts::QuantK(a) = acts {
-        // SAFETY: as above.
-        done = unsafe { super::kquant_avx512::run_groups(w, r0, n, a, tokens, out) };
-    }
+    let done = packed_rows(w, r0, n, acts, tokens, Dest::by_row(out, tokens));
     if done < n {
         avx2::rows(
             true,

@@ -17,6 +17,7 @@
 
 use std::arch::x86_64::*;
 
+use super::dest::Dest;
 use super::packed::{prefetch_ahead, PackedRows, GROUP};
 use super::packed_k::{
     q6_k_high_line, q6_k_nibble_line, Q4_K_LINES, Q4_K_QUANTS, Q6_K_LINES, Q6_K_SCALES,
@@ -31,7 +32,7 @@ use crate::quant_k::QK_K;
 const TILE: usize = 4;
 
 /// Rows `r0..r0 + n` of `w` through its K-quant packing, whole groups only, for every token,
-/// into `out[(r - r0) * tokens + t]`; returns how many rows it did (none unless `w` has a
+/// into `out` (row `r - r0`, token `t`); returns how many rows it did (none unless `w` has a
 /// K-quant packing and `r0` starts a group).
 ///
 /// # Safety
@@ -42,7 +43,7 @@ pub(crate) unsafe fn run_groups(
     n: usize,
     a: &QuantizedActsK,
     tokens: usize,
-    out: &mut [f32],
+    mut out: Dest<'_>,
 ) -> usize {
     // SAFETY: the caller upholds this function's contract (its `# Safety`).
     unsafe {
@@ -88,9 +89,7 @@ pub(crate) unsafe fn run_groups(
                     },
                 }
                 for (j, row) in res.iter().take(nt).enumerate() {
-                    for (r, v) in row.iter().enumerate() {
-                        out[(done + r) * tokens + t0 + j] = *v;
-                    }
+                    out.put(done, t0 + j, row);
                 }
                 t0 += nt;
             }

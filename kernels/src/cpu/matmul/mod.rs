@@ -8,6 +8,7 @@
 mod avx2;
 mod avx512;
 pub mod bf16;
+mod dest;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
 #[cfg(target_arch = "x86_64")]
@@ -28,6 +29,7 @@ use crate::act_k::{quantize_acts_k_with, QuantizedActsK};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
 use crate::quant::{ActKind, WeightType};
+use dest::Dest;
 use packed::PackedRows;
 
 /// Which of llama.cpp's float orders a K-quant product takes for one activation row.
@@ -224,8 +226,18 @@ pub fn matmul_many_with(
             rows_kernel(isa, w, r0, n, &acts, 1, o);
             return;
         }
-        // The kernel fills `n x tokens` (by weight row); scatter it into token-major rows.
-        // The buffer is the thread's own, kept from job to job (no allocation per job).
+        // Whole packed groups go straight into the token-major output, a run of consecutive
+        // rows per token.
+        // SAFETY: the output holds `tokens * w.rows` elements (checked above) and outlives
+        // the pass; only this task touches rows r0..r0+n.
+        let direct = unsafe { Dest::by_token(out, tokens * w.rows, r0, w.rows) };
+        let done = packed_rows(isa, w, r0, n, &acts, tokens, direct);
+        let (r0, n) = (r0 + done, n - done);
+        if n == 0 {
+            return;
+        }
+        // The other kernels fill `n x tokens` (by weight row); scatter it into token-major
+        // rows. The buffer is the thread's own, kept from job to job (no allocation per job).
         SCRATCH.with_borrow_mut(|buf| {
             // Every element is written by the kernel: grown when too short, never cleared
             // (zeroing a 512-token job's 128 KiB was a memset per job).
@@ -248,6 +260,25 @@ pub fn matmul_many_with(
 thread_local! {
     /// A job's `rows x tokens` results before they are scattered (see `matmul_many_with`).
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Rows `r0..r0 + n` of `w`'s whole packed groups for all tokens into `out`, with the kernels
+/// that compute a group's rows of one token at once; returns how many rows it did (none
+/// unless `w` is packed for this ISA and `r0` starts a group).
+fn packed_rows(
+    isa: Isa,
+    w: &QMatrix<'_>,
+    r0: usize,
+    n: usize,
+    acts: &Acts<'_>,
+    tokens: usize,
+    out: Dest<'_>,
+) -> usize {
+    match isa {
+        Isa::Portable => 0,
+        Isa::Avx2 => avx2::packed_rows(false, w, r0, n, acts, tokens, out),
+        Isa::Avx512 => avx512::packed_rows(w, r0, n, acts, tokens, out),
+    }
 }
 
 /// Computes rows `r0..r0+n` for all tokens into `out[(r - r0) * tokens + t]`.

@@ -20,6 +20,7 @@
 use memmap2::MmapMut;
 use rayon::prelude::*;
 
+use super::dest::Dest;
 use super::{packed_k, QMatrix};
 use crate::act::QuantizedActs;
 use crate::isa::Isa;
@@ -276,7 +277,7 @@ pub(crate) type GroupKernel2 =
     unsafe fn(&PackedRows, usize, &QuantizedActs, usize) -> [[f32; GROUP]; 2];
 
 /// Rows `r0..r0 + n` of `w` through its packing, whole groups only, for every token, into
-/// `out[(r - r0) * tokens + t]`; returns how many rows it did (none unless `w` is packed and
+/// `out` (row `r - r0`, token `t`); returns how many rows it did (none unless `w` is packed and
 /// `r0` starts a group). Tokens go through `pair` two at a time where there is one.
 ///
 /// # Safety
@@ -290,7 +291,7 @@ pub(crate) unsafe fn run_groups(
     n: usize,
     a: &QuantizedActs,
     tokens: usize,
-    out: &mut [f32],
+    mut out: Dest<'_>,
 ) -> usize {
     let Some(pk) = w
         .packed
@@ -313,9 +314,7 @@ pub(crate) unsafe fn run_groups(
                 // SAFETY: see above.
                 let two = unsafe { pair(pk, g, a, t) };
                 for (j, group) in two.iter().enumerate() {
-                    for (r, v) in group.iter().enumerate() {
-                        out[(done + r) * tokens + t + j] = *v;
-                    }
+                    out.put(done, t + j, group);
                 }
                 t += 2;
             }
@@ -323,9 +322,7 @@ pub(crate) unsafe fn run_groups(
         for t in t..tokens {
             // SAFETY: see above.
             let group = unsafe { kernel(pk, g, a, t) };
-            for (r, v) in group.iter().enumerate() {
-                out[(done + r) * tokens + t] = *v;
-            }
+            out.put(done, t, &group);
         }
         done += GROUP;
     }

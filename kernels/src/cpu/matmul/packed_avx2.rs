@@ -16,6 +16,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use super::dest::Dest;
 use super::packed::{record_lines, PackedRows, GROUP, Q5_0_HIGH_LINE};
 use super::QMatrix;
 use crate::act::QuantizedActs;
@@ -35,7 +36,7 @@ thread_local! {
 }
 
 /// Rows `r0..r0 + n` of `w` through its packing, whole groups only, for every token, into
-/// `out[(r - r0) * tokens + t]`; returns how many rows it did (none unless `w` has a packing
+/// `out` (row `r - r0`, token `t`); returns how many rows it did (none unless `w` has a packing
 /// of one of these types and `r0` starts a group).
 ///
 /// # Safety
@@ -47,7 +48,7 @@ pub(super) unsafe fn run_groups(
     n: usize,
     a: &QuantizedActs,
     tokens: usize,
-    out: &mut [f32],
+    mut out: Dest<'_>,
 ) -> usize {
     let Some(pk) = w.packed.filter(|p| {
         r0.is_multiple_of(GROUP)
@@ -64,7 +65,6 @@ pub(super) unsafe fn run_groups(
     if pk.ty() == WeightType::Q4_1 {
         assert_eq!(a.s.len(), tokens * a.blocks());
     }
-    assert!(out.len() >= n * tokens);
     let groups = n / GROUP;
     let nb = a.blocks();
     SCALES.with_borrow_mut(|scales| {
@@ -93,9 +93,7 @@ pub(super) unsafe fn run_groups(
                         }
                     }
                     for (j, rows) in res.iter().take(nt).enumerate() {
-                        for (r, v) in rows.iter().enumerate() {
-                            out[(gi * GROUP + 8 * h + r) * tokens + t0 + j] = *v;
-                        }
+                        out.put(gi * GROUP + 8 * h, t0 + j, rows);
                     }
                 }
             }

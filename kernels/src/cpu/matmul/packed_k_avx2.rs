@@ -19,6 +19,7 @@
 
 use std::arch::x86_64::*;
 
+use super::dest::Dest;
 use super::kquant_tiled;
 use super::packed::{PackedRows, GROUP};
 use super::packed_k::{q6_k_high_line, q6_k_nibble_line, Q4_K_QUANTS, Q6_K_SCALES};
@@ -32,7 +33,7 @@ use crate::quant_k::QK_K;
 const TILE: usize = 4;
 
 /// Rows `r0..r0 + n` of `w` through its K-quant packing, whole groups only, for every token,
-/// into `out[(r - r0) * tokens + t]`; returns how many rows it did (none unless `w` is a packed
+/// into `out` (row `r - r0`, token `t`); returns how many rows it did (none unless `w` is a packed
 /// Q6_K matrix, or a packed Q4_K matrix that llama.cpp repacks, and `r0` starts a group).
 ///
 /// # Safety
@@ -44,7 +45,7 @@ pub(super) unsafe fn run_groups(
     n: usize,
     a: &QuantizedActsK,
     tokens: usize,
-    out: &mut [f32],
+    mut out: Dest<'_>,
 ) -> usize {
     let Some(pk) = w.packed.filter(|p| {
         r0.is_multiple_of(GROUP) && matches!(p.ty(), WeightType::Q4_K | WeightType::Q6_K)
@@ -60,7 +61,6 @@ pub(super) unsafe fn run_groups(
     assert_eq!(a.qs.len(), tokens * w.cols, "activation shape");
     assert_eq!(a.d.len(), tokens * a.blocks());
     assert_eq!(a.bsums.len(), tokens * a.blocks() * 16);
-    assert!(out.len() >= n * tokens);
     let groups = n / GROUP;
     for gi in 0..groups {
         let g = r0 / GROUP + gi;
@@ -85,9 +85,7 @@ pub(super) unsafe fn run_groups(
                     }
                 }
                 for (j, rows) in res.iter().take(nt).enumerate() {
-                    for (r, v) in rows.iter().enumerate() {
-                        out[(gi * GROUP + 8 * h + r) * tokens + t0 + j] = *v;
-                    }
+                    out.put(gi * GROUP + 8 * h, t0 + j, rows);
                 }
                 t0 += nt;
             }
