@@ -1,23 +1,24 @@
-//! Prefill attention on x86 (AVX2 + FMA, or AVX-512 with each 16-lane chain in one register), tiled over query rows and keys: the same sums as
-//! the reference task in `attention` (llama.cpp's non-flash path, tinyBLAS order), computed so
-//! that each K or V row is loaded once for two query rows and the accumulators stay in
-//! registers, instead of a reload and store of every accumulator per key and query.
+//! Prefill attention on x86 (AVX2 + FMA, or AVX-512 with each 16-lane chain in one
+//! register), tiled over query rows and keys: the same sums as the reference task in
+//! `attention` (llama.cpp's non-flash path, tinyBLAS order), computed so that each K or V row
+//! is loaded once for two query rows (four with 512-bit registers) and the accumulators stay
+//! in registers, instead of a reload and store of every accumulator per key and query.
 //!
 //! One task is a kv head and a block of query tokens; its rows are (token, query head of the
 //! group) pairs. Three passes, each over the task's keys:
 //!
-//! 1. scores: 2 rows x 2 keys per micro-tile, each score tinyBLAS's 16-lane fused
-//!    multiply-add chain over the head dimension (two 8-lane registers), the four chains
-//!    reduced together by a transposing tree that adds exactly the pairs
-//!    `_mm512_reduce_add_ps` adds (`expf::reduce16`);
+//! 1. scores: 2 rows x 2 keys per micro-tile (4 rows x 2 keys with 512-bit registers),
+//!    each score tinyBLAS's 16-lane fused multiply-add chain over the head dimension (two
+//!    8-lane registers, or one 16-lane), four chains reduced together by a transposing tree
+//!    that adds exactly the pairs `_mm512_reduce_add_ps` adds (`expf::reduce16`);
 //! 2. softmax per row (`softmax_padded`), probabilities rounded to f16, zero past the row's
 //!    last key;
 //! 3. weighted sum of V: accumulator lane `j % 16` of a row takes key `j`, keys ascending,
-//!    two rows sharing each V load, 16 keys of a lane between a load and a store of its
-//!    accumulators; the 16 lanes are reduced at the end (`weighted_finish`). A key past a
-//!    row's causal limit has probability +0 and adds nothing (an accumulator that starts at +0
-//!    never becomes -0), so rows of different tokens can share a key range, as they do in
-//!    llama.cpp's masked, padded cache.
+//!    two rows (four with 512-bit registers) sharing each V load, 16 keys of a lane between a
+//!    load and a store of its accumulators; the 16 lanes are reduced at the end
+//!    (`weighted_finish`). A key past a row's causal limit has probability +0 and adds
+//!    nothing (an accumulator that starts at +0 never becomes -0), so rows of different
+//!    tokens can share a key range, as they do in llama.cpp's masked, padded cache.
 //!
 //! Every score and output element is the reference's sum in the reference's order: the bits
 //! are `Isa::Portable`'s (tested in `kernels/tests/attention.rs`).
@@ -30,8 +31,12 @@ use crate::attention::{round_f16, AttnGeometry};
 use crate::attention_sums::{weighted_finish, Order};
 use crate::isa::Isa;
 
-/// Query rows per micro-tile.
+/// Query rows per score micro-tile and weighted-sum tile on AVX2.
 const RB: usize = 2;
+/// Query rows per tile with 512-bit registers: four rows share each K load (eight score
+/// chains) and each V load (16 accumulators of 64 columns); both passes stream K and V from
+/// L2, and with two rows the loads were their bound.
+const RB_512: usize = 4;
 /// Keys per score tile: 64 rows of a 64-wide head, 16 KiB of f32, L1-resident.
 const KEY_TILE: usize = 64;
 /// Keys per V tile: 16 per accumulator lane between a load and a store of the lane.
@@ -114,7 +119,7 @@ impl TiledTask<'_> {
             let group = geo.heads / geo.kv_heads;
             let qw = geo.heads * hd;
             let rows = (self.i1 - self.i0) * group;
-            let rows_pad = rows.next_multiple_of(RB);
+            let rows_pad = rows.next_multiple_of(RB_512);
             // Keys are counted from `base` below (scores, K and V rows, lanes): a multiple of 16,
             // so each key keeps its lane.
             let base = self.first(0);
@@ -140,22 +145,27 @@ impl TiledTask<'_> {
 
             let scale = geo.scale();
             let mut s = vec![0f32; rows_pad * stride];
+            let rows_sc = if W512 { RB_512 } else { RB };
             for kt in (0..kmax).step_by(KEY_TILE) {
-                for rb in (0..rows_pad).step_by(RB) {
-                    let lim = lim((rb + RB - 1).min(rows - 1));
+                for rb in (0..rows_pad).step_by(rows_sc) {
+                    let lim = lim((rb + rows_sc - 1).min(rows - 1));
                     let end = (kt + KEY_TILE).min(lim.next_multiple_of(2));
                     for j in (kt.max(first(rb))..end).step_by(2) {
                         let at = rb * stride + j;
-                        let (q2, k2) = (&qh[rb * hd..(rb + RB) * hd], &kr[j * hd..]);
-                        let sc = if W512 {
-                            scores_2x2_512(q2, k2, hd)
+                        let k2 = &kr[j * hd..];
+                        if W512 {
+                            let sc = scores_4x2_512(&qh[rb * hd..(rb + RB_512) * hd], k2, hd);
+                            for (r, pair) in sc.chunks_exact(2).enumerate() {
+                                s[at + r * stride] = pair[0] * scale;
+                                s[at + r * stride + 1] = pair[1] * scale;
+                            }
                         } else {
-                            scores_2x2(q2, k2, hd)
-                        };
-                        s[at] = sc[0] * scale;
-                        s[at + 1] = sc[1] * scale;
-                        s[at + stride] = sc[2] * scale;
-                        s[at + stride + 1] = sc[3] * scale;
+                            let sc = scores_2x2(&qh[rb * hd..(rb + RB) * hd], k2, hd);
+                            s[at] = sc[0] * scale;
+                            s[at + 1] = sc[1] * scale;
+                            s[at + stride] = sc[2] * scale;
+                            s[at + stride + 1] = sc[3] * scale;
+                        }
                     }
                 }
             }
@@ -173,9 +183,10 @@ impl TiledTask<'_> {
             }
 
             let mut acc = vec![0f32; rows_pad * 16 * hd];
+            let rows_pv = if W512 { RB_512 } else { RB };
             for vt in (0..kmax).step_by(V_TILE) {
-                for rb in (0..rows_pad).step_by(RB) {
-                    let lim = lim((rb + RB - 1).min(rows - 1));
+                for rb in (0..rows_pad).step_by(rows_pv) {
+                    let lim = lim((rb + rows_pv - 1).min(rows - 1));
                     let end = (vt + V_TILE).min(lim.next_multiple_of(16));
                     // A multiple of 16 at or after `vt`: every key keeps its accumulator lane.
                     let start = vt.max(first(rb));
@@ -195,15 +206,15 @@ impl TiledTask<'_> {
                         // Up to 64 columns per pass: 8 accumulators and 4 V registers.
                         if hd.is_multiple_of(64) {
                             for c0 in (0..hd).step_by(64) {
-                                pv.run512::<4>(c0, &mut acc);
+                                pv.run512::<4, RB_512>(c0, &mut acc);
                             }
                         } else if hd.is_multiple_of(32) {
                             for c0 in (0..hd).step_by(32) {
-                                pv.run512::<2>(c0, &mut acc);
+                                pv.run512::<2, RB_512>(c0, &mut acc);
                             }
                         } else {
                             for c0 in (0..hd).step_by(16) {
-                                pv.run512::<1>(c0, &mut acc);
+                                pv.run512::<1, RB_512>(c0, &mut acc);
                             }
                         }
                     } else if hd.is_multiple_of(32) {
@@ -257,35 +268,40 @@ unsafe fn scores_2x2(q: &[f32], k: &[f32], hd: usize) -> [f32; 4] {
     }
 }
 
-/// [`scores_2x2`] with each 16-lane chain in one 512-bit register; the halves then go
-/// through the same reduction, so the bits are the same.
+/// [`scores_2x2`] for query rows 0..4 of `q` with each 16-lane chain in one 512-bit register
+/// (four rows share each K load); the halves then go through the same reduction, so the bits
+/// are the same. Returns `[r0k0, r0k1, r1k0, r1k1, r2k0, r2k1, r3k0, r3k1]`.
 #[inline(always)]
-unsafe fn scores_2x2_512(q: &[f32], k: &[f32], hd: usize) -> [f32; 4] {
+unsafe fn scores_4x2_512(q: &[f32], k: &[f32], hd: usize) -> [f32; 8] {
     // SAFETY: the caller upholds this function's contract (its `# Safety`).
     unsafe {
-        assert!(q.len() >= 2 * hd && k.len() >= 2 * hd);
+        assert!(q.len() >= 4 * hd && k.len() >= 2 * hd);
         let (qp, kp) = (q.as_ptr(), k.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); 4];
+        // acc[s] is score s = 2 * row + key.
+        let mut acc = [_mm512_setzero_ps(); 8];
         for c in (0..hd).step_by(16) {
-            let q0 = _mm512_loadu_ps(qp.add(c));
-            let q1 = _mm512_loadu_ps(qp.add(hd + c));
             let k0 = _mm512_loadu_ps(kp.add(c));
             let k1 = _mm512_loadu_ps(kp.add(hd + c));
-            acc[0] = _mm512_fmadd_ps(k0, q0, acc[0]);
-            acc[1] = _mm512_fmadd_ps(k1, q0, acc[1]);
-            acc[2] = _mm512_fmadd_ps(k0, q1, acc[2]);
-            acc[3] = _mm512_fmadd_ps(k1, q1, acc[3]);
+            for r in 0..4 {
+                let q = _mm512_loadu_ps(qp.add(r * hd + c));
+                acc[2 * r] = _mm512_fmadd_ps(k0, q, acc[2 * r]);
+                acc[2 * r + 1] = _mm512_fmadd_ps(k1, q, acc[2 * r + 1]);
+            }
         }
-        // (No closure: it would not inherit the target features.)
-        let mut halves = [[_mm256_setzero_ps(); 2]; 4];
-        for (h, a) in halves.iter_mut().zip(acc) {
-            h[0] = _mm512_castps512_ps256(a);
-            h[1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+        let mut out = [0f32; 8];
+        for (quad, o) in acc.chunks_exact(4).zip(out.chunks_exact_mut(4)) {
+            // (No closure: it would not inherit the target features.)
+            let mut halves = [[_mm256_setzero_ps(); 2]; 4];
+            for (h, a) in halves.iter_mut().zip(quad) {
+                h[0] = _mm512_castps512_ps256(*a);
+                h[1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+            }
+            let f = reduce16x4(&halves);
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), f);
+            o.copy_from_slice(&[lanes[0], lanes[4], lanes[1], lanes[5]]);
         }
-        let f = reduce16x4(&halves);
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), f);
-        [lanes[0], lanes[4], lanes[1], lanes[5]]
+        out
     }
 }
 
@@ -323,8 +339,8 @@ pub(crate) unsafe fn reduce16x4(v: &[[__m256; 2]; 4]) -> __m256 {
     }
 }
 
-/// The weighted sum of V rows `vt..end` for rows `rb..rb + 2`, accumulated in
-/// `acc[row][key % 16][hd]`.
+/// The weighted sum of V rows `vt..end` for rows from `rb` (two, or four with 512-bit
+/// registers), accumulated in `acc[row][key % 16][hd]`.
 struct PvTile<'a> {
     s: &'a [f32],
     stride: usize,
@@ -336,20 +352,20 @@ struct PvTile<'a> {
 }
 
 impl PvTile<'_> {
-    /// [`PvTile::run`] for columns `c0..c0 + 16 * NZ` in 512-bit registers: every output
-    /// element takes the same fused multiply-adds in the same order.
+    /// [`PvTile::run`] for columns `c0..c0 + 16 * NZ` of `R` rows in 512-bit registers: every
+    /// output element takes the same fused multiply-adds in the same order.
     #[inline(always)]
-    unsafe fn run512<const NZ: usize>(&self, c0: usize, acc: &mut [f32]) {
+    unsafe fn run512<const NZ: usize, const R: usize>(&self, c0: usize, acc: &mut [f32]) {
         // SAFETY: the caller upholds this function's contract (its `# Safety`).
         unsafe {
             let hd = self.hd;
-            assert!(acc.len() >= (self.rb + RB) * 16 * hd);
+            assert!(acc.len() >= (self.rb + R) * 16 * hd);
             assert!(self.v.len() >= self.end * hd && c0 + 16 * NZ <= hd);
-            assert!(self.s.len() >= (self.rb + RB - 1) * self.stride + self.end);
+            assert!(self.s.len() >= (self.rb + R - 1) * self.stride + self.end);
             let (ap, vp, sp) = (acc.as_mut_ptr(), self.v.as_ptr(), self.s.as_ptr());
             for lane in 0..16 {
                 let at = |r: usize, c: usize| ((self.rb + r) * 16 + lane) * hd + c0 + 16 * c;
-                let mut a = [[_mm512_setzero_ps(); NZ]; RB];
+                let mut a = [[_mm512_setzero_ps(); NZ]; R];
                 for (r, ar) in a.iter_mut().enumerate() {
                     for (c, x) in ar.iter_mut().enumerate() {
                         *x = _mm512_loadu_ps(ap.add(at(r, c)));
