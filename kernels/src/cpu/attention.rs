@@ -207,9 +207,11 @@ pub fn paged_attention_with(
     } else {
         0
     };
-    // Each kv head's K and V rows `kbase..ctx` as f32 ([key][hd]), converted once for all
-    // its tasks.
-    let kv = par.map(geo.kv_heads, |g| gather(isa, geo, blocks, g, kbase, ctx));
+    // Each kv head's K and V rows `kbase..ctx` as f32, converted once for all its tasks: K as
+    // [key][hd]; V likewise, or for the tiled kernel in 16-column blocks ([hd / 16][key][16]).
+    let kv = par.map(geo.kv_heads, |g| {
+        gather(isa, geo, blocks, g, kbase, ctx, tiled)
+    });
     // The tiled kernel keeps a task's scores (rows x keys) in L2: fewer tokens per task.
     let q_block = if tiled { TILED_Q_BLOCK } else { Q_BLOCK };
     let qblocks = n.div_ceil(q_block);
@@ -278,6 +280,10 @@ fn tiled_supports(_: &AttnGeometry) -> bool {
 /// K and V of kv head `g` for keys `kbase..ctx` (`kbase` a multiple of 16), as f32 rows of
 /// `head_dim`, followed by zero rows up to a multiple of 16 keys (the tiled kernel reads
 /// whole tiles).
+///
+/// With `v_blocks`, V is laid out in 16-column blocks, `[hd / 16][key][16]` (the tiled kernel's
+/// weighted sum reads one block of a key at a time; in rows of a power-of-two size those reads
+/// would be a page apart and share a handful of cache sets).
 fn gather(
     isa: Isa,
     geo: &AttnGeometry,
@@ -285,26 +291,28 @@ fn gather(
     g: usize,
     kbase: usize,
     ctx: usize,
+    v_blocks: bool,
 ) -> (Vec<f32>, Vec<f32>) {
     let (hd, tw, ps) = (geo.head_dim, geo.token_width(), geo.page_size);
     let rows = ctx.next_multiple_of(16) - kbase;
     let mut k = vec![0f32; rows * hd];
     let mut v = vec![0f32; rows * hd];
+    let widen_into = |src: &[f16], dst: &mut [f32]| match isa {
+        Isa::Portable => src.convert_to_f32_slice(dst),
+        // SAFETY: Avx2 is only detected when the CPU has avx2, fma and f16c.
+        Isa::Avx2 | Isa::Avx512 => unsafe { widen_f16c(src, dst) },
+    };
     for j in kbase..ctx {
         let blk = &blocks[j / ps];
         let at = (j % ps) * tw + g * hd;
         let r = j - kbase;
-        let (kd, vd) = (&mut k[r * hd..(r + 1) * hd], &mut v[r * hd..(r + 1) * hd]);
-        match isa {
-            Isa::Portable => {
-                blk.k[at..at + hd].convert_to_f32_slice(kd);
-                blk.v[at..at + hd].convert_to_f32_slice(vd);
+        widen_into(&blk.k[at..at + hd], &mut k[r * hd..(r + 1) * hd]);
+        if v_blocks {
+            for (b, src) in blk.v[at..at + hd].chunks_exact(LANES).enumerate() {
+                widen_into(src, &mut v[(b * rows + r) * LANES..][..LANES]);
             }
-            // SAFETY: Avx2 is only detected when the CPU has avx2, fma and f16c.
-            Isa::Avx2 | Isa::Avx512 => unsafe {
-                widen_f16c(&blk.k[at..at + hd], kd);
-                widen_f16c(&blk.v[at..at + hd], vd);
-            },
+        } else {
+            widen_into(&blk.v[at..at + hd], &mut v[r * hd..(r + 1) * hd]);
         }
     }
     (k, v)
