@@ -398,7 +398,9 @@ impl PvTile<'_> {
         unsafe {
             let hd = self.hd;
             assert!(acc.len() == self.rows_pad * 16 * hd && self.rb + RB <= self.rows_pad);
-            assert!(self.voff + self.end <= self.vkeys && c0 + 16 * NZ <= hd && c0 % 16 == 0);
+            assert!(
+                self.voff + self.end <= self.vkeys && c0 + 16 * NZ <= hd && c0.is_multiple_of(16)
+            );
             assert!(self.s.len() >= (self.rb + RB - 1) * self.stride + self.end);
             let (ap, vp, sp) = (acc.as_mut_ptr(), self.v.as_ptr(), self.s.as_ptr());
             for lane in 0..16 {
@@ -439,7 +441,9 @@ impl PvTile<'_> {
         unsafe {
             let hd = self.hd;
             assert!(acc.len() == self.rows_pad * 16 * hd && self.rb + RB <= self.rows_pad);
-            assert!(self.voff + self.end <= self.vkeys && c0 + 8 * NC <= hd && c0 % 16 == 0);
+            assert!(
+                self.voff + self.end <= self.vkeys && c0 + 8 * NC <= hd && c0.is_multiple_of(16)
+            );
             assert!(self.s.len() >= (self.rb + RB - 1) * self.stride + self.end);
             let (ap, vp, sp) = (acc.as_mut_ptr(), self.v.as_ptr(), self.s.as_ptr());
             for lane in 0..16 {
