@@ -202,16 +202,36 @@ unsafe fn tile_n<const TY: u8, const NT: usize>(
             qy,
             scales,
         };
-        let lanes = [
-            lp.run::<TY, 0>(),
-            lp.run::<TY, 1>(),
-            lp.run::<TY, 2>(),
-            lp.run::<TY, 3>(),
-            lp.run::<TY, 4>(),
-            lp.run::<TY, 5>(),
-            lp.run::<TY, 6>(),
-            lp.run::<TY, 7>(),
-        ];
+        // Eight accumulators a pass: lanes 8 / NT at a time, so a pass reads that many
+        // consecutive lines of each record (a decode batch's records come from memory).
+        let mut lanes = [[_mm256_setzero_ps(); NT]; 8];
+        match NT {
+            1 => lanes.copy_from_slice(&lp.run::<TY, 0, 8>()),
+            2 => {
+                lanes[..4].copy_from_slice(&lp.run::<TY, 0, 4>());
+                lanes[4..].copy_from_slice(&lp.run::<TY, 4, 4>());
+            }
+            4 => {
+                for (k0, l) in lanes.chunks_exact_mut(2).enumerate() {
+                    l.copy_from_slice(&match k0 {
+                        0 => lp.run::<TY, 0, 2>(),
+                        1 => lp.run::<TY, 2, 2>(),
+                        2 => lp.run::<TY, 4, 2>(),
+                        _ => lp.run::<TY, 6, 2>(),
+                    });
+                }
+            }
+            _ => {
+                lanes[0] = lp.run::<TY, 0, 1>()[0];
+                lanes[1] = lp.run::<TY, 1, 1>()[0];
+                lanes[2] = lp.run::<TY, 2, 1>()[0];
+                lanes[3] = lp.run::<TY, 3, 1>()[0];
+                lanes[4] = lp.run::<TY, 4, 1>()[0];
+                lanes[5] = lp.run::<TY, 5, 1>()[0];
+                lanes[6] = lp.run::<TY, 6, 1>()[0];
+                lanes[7] = lp.run::<TY, 7, 1>()[0];
+            }
+        }
         // ggml's horizontal sum for eight rows at once, as the one-token kernel.
         for j in 0..NT {
             let l = |k: usize| lanes[k][j];
@@ -240,28 +260,45 @@ struct LanePass<'a, const NT: usize> {
 }
 
 impl<const NT: usize> LanePass<'_, NT> {
-    /// Lane `K`'s accumulators of the eight rows for each token: its chain of fused
-    /// multiply-adds over the blocks, as in the one-token kernel.
+    /// Lanes `K0..K0 + NL`'s accumulators of the eight rows for each token: each lane's chain
+    /// of fused multiply-adds over the blocks, as in the one-token kernel (the lanes are
+    /// separate chains; a pass takes several for fewer passes over the records).
     #[allow(clippy::needless_range_loop)] // `j` picks a token's pointer, scales and accumulator.
     #[inline(always)]
-    unsafe fn run<const TY: u8, const K: usize>(&self) -> [__m256; NT] {
+    unsafe fn run<const TY: u8, const K0: usize, const NL: usize>(&self) -> [[__m256; NT]; NL] {
+        // SAFETY: the caller upholds this function's contract (its `# Safety`).
+        unsafe {
+            let nb = self.nb;
+            let mut acc = [[_mm256_setzero_ps(); NT]; NL];
+            for b in 0..nb {
+                for (kk, acc) in acc.iter_mut().enumerate() {
+                    self.lane_block::<TY>(K0 + kk, b, acc);
+                }
+            }
+            acc
+        }
+    }
+
+    /// Block `b` of lane `k` for every token, into `acc`.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn lane_block<const TY: u8>(&self, k: usize, b: usize, acc: &mut [__m256; NT]) {
         // SAFETY: the caller upholds this function's contract (its `# Safety`).
         unsafe {
             let nb = self.nb;
             let low = _mm256_set1_epi8(0x0F);
             let ones16 = _mm256_set1_epi16(1);
             let flip = _mm256_set1_epi8(0x80u8 as i8);
-            let mut acc = [_mm256_setzero_ps(); NT];
-            for b in 0..nb {
+            {
                 let q = self.rec0.add(b * self.per + 64 + 32 * self.h);
-                // Lane K's quants of the eight rows, signed (Q8_0: line K; Q4_x and Q5_0: the
-                // low nibbles of line K, or the high ones of line K - 4, Q5_0 with its high
+                // Lane k's quants of the eight rows, signed (Q8_0: line k; Q4_x and Q5_0: the
+                // low nibbles of line k, or the high ones of line k - 4, Q5_0 with its high
                 // bits, less the offset; Q4_1's stay unsigned, its minimum is added apart).
                 let wk = if TY == Q8_0 {
-                    _mm256_xor_si256(_mm256_load_si256(q.add(64 * K) as *const __m256i), flip)
+                    _mm256_xor_si256(_mm256_load_si256(q.add(64 * k) as *const __m256i), flip)
                 } else {
-                    let v = _mm256_load_si256(q.add(64 * (K % 4)) as *const __m256i);
-                    let nib = if K < 4 {
+                    let v = _mm256_load_si256(q.add(64 * (k % 4)) as *const __m256i);
+                    let nib = if k < 4 {
                         _mm256_and_si256(v, low)
                     } else {
                         _mm256_and_si256(_mm256_srli_epi16::<4>(v), low)
@@ -271,7 +308,7 @@ impl<const NT: usize> LanePass<'_, NT> {
                             let qh = _mm256_load_si256(
                                 q.add(64 * (Q5_0_HIGH_LINE - 1)) as *const __m256i
                             );
-                            let u = _mm256_or_si256(nib, high_bit(qh, 2 * (K % 4) + K / 4));
+                            let u = _mm256_or_si256(nib, high_bit(qh, 2 * (k % 4) + k / 4));
                             _mm256_sub_epi8(u, _mm256_set1_epi8(16))
                         }
                         Q4_0 => _mm256_sub_epi8(nib, _mm256_set1_epi8(8)),
@@ -284,7 +321,7 @@ impl<const NT: usize> LanePass<'_, NT> {
                 let aw = if signed { _mm256_sign_epi8(wk, wk) } else { wk };
                 for j in 0..NT {
                     let y4 = _mm256_set1_epi32(
-                        (self.qy[j].add(b * QK + 4 * K) as *const i32).read_unaligned(),
+                        (self.qy[j].add(b * QK + 4 * k) as *const i32).read_unaligned(),
                     );
                     let y = if signed { _mm256_sign_epi8(y4, wk) } else { y4 };
                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, y), ones16);
@@ -292,7 +329,6 @@ impl<const NT: usize> LanePass<'_, NT> {
                     acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
                 }
             }
-            acc
         }
     }
 }
