@@ -1,8 +1,8 @@
 //! Prefill attention on x86 (AVX2 + FMA, or AVX-512 with each 16-lane chain in one
 //! register), tiled over query rows and keys: the same sums as the reference task in
 //! `attention` (llama.cpp's non-flash path, tinyBLAS order), computed so that each K or V row
-//! is loaded once for four query rows and the accumulators stay
-//! in registers, instead of a reload and store of every accumulator per key and query.
+//! is loaded once for four query rows and the accumulators stay in registers, instead of a
+//! reload and store of every accumulator per key and query.
 //!
 //! One task is a kv head and a block of query tokens; its rows are (token, query head of the
 //! group) pairs. Three passes, each over the task's keys:
@@ -32,9 +32,9 @@ use crate::attention_sums::{weighted_finish, Order};
 use crate::isa::Isa;
 
 /// Query rows per score micro-tile and weighted-sum tile: four rows share each K load (eight
-/// score chains) and each V load. Both passes stream K and V from L2 (a 256-wide head's key
-/// tile is 64 KiB), and with two rows the loads were their bound. With 16 AVX2 registers a
-/// tile takes one 8-lane half of its chains at a time (the halves are separate chains).
+/// score chains) and each V load (with two rows the loads were both passes' bound). With 16
+/// AVX2 registers a tile takes one 8-lane half of its chains at a time (the halves are
+/// separate chains).
 const RB: usize = 4;
 /// Bytes of K per score tile: 64 rows of a 64-wide head, 16 rows of a 256-wide one, 16 KiB
 /// of f32 that stay in L1 while every row block of the task passes over them.
@@ -200,8 +200,8 @@ impl TiledTask<'_> {
                 16
             };
             for vt in (0..kmax).step_by(V_TILE) {
-                // Every row block passes over a tile's column block (16 KiB of V) while it is
-                // in L1.
+                // Every row block passes over a tile's column blocks (16 KiB of V per 16
+                // columns) while they are in L1.
                 for c0 in (0..hd).step_by(cols) {
                     for rb in (0..rows_pad).step_by(RB) {
                         let lim = lim((rb + RB - 1).min(rows - 1));
