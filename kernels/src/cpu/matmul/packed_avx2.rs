@@ -289,45 +289,42 @@ impl<const NT: usize> LanePass<'_, NT> {
             let low = _mm256_set1_epi8(0x0F);
             let ones16 = _mm256_set1_epi16(1);
             let flip = _mm256_set1_epi8(0x80u8 as i8);
-            {
-                let q = self.rec0.add(b * self.per + 64 + 32 * self.h);
-                // Lane k's quants of the eight rows, signed (Q8_0: line k; Q4_x and Q5_0: the
-                // low nibbles of line k, or the high ones of line k - 4, Q5_0 with its high
-                // bits, less the offset; Q4_1's stay unsigned, its minimum is added apart).
-                let wk = if TY == Q8_0 {
-                    _mm256_xor_si256(_mm256_load_si256(q.add(64 * k) as *const __m256i), flip)
+            let q = self.rec0.add(b * self.per + 64 + 32 * self.h);
+            // Lane k's quants of the eight rows, signed (Q8_0: line k; Q4_x and Q5_0: the
+            // low nibbles of line k, or the high ones of line k - 4, Q5_0 with its high
+            // bits, less the offset; Q4_1's stay unsigned, its minimum is added apart).
+            let wk = if TY == Q8_0 {
+                _mm256_xor_si256(_mm256_load_si256(q.add(64 * k) as *const __m256i), flip)
+            } else {
+                let v = _mm256_load_si256(q.add(64 * (k % 4)) as *const __m256i);
+                let nib = if k < 4 {
+                    _mm256_and_si256(v, low)
                 } else {
-                    let v = _mm256_load_si256(q.add(64 * (k % 4)) as *const __m256i);
-                    let nib = if k < 4 {
-                        _mm256_and_si256(v, low)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), low)
-                    };
-                    match TY {
-                        Q5_0 => {
-                            let qh = _mm256_load_si256(
-                                q.add(64 * (Q5_0_HIGH_LINE - 1)) as *const __m256i
-                            );
-                            let u = _mm256_or_si256(nib, high_bit(qh, 2 * (k % 4) + k / 4));
-                            _mm256_sub_epi8(u, _mm256_set1_epi8(16))
-                        }
-                        Q4_0 => _mm256_sub_epi8(nib, _mm256_set1_epi8(8)),
-                        _ => nib,
-                    }
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), low)
                 };
-                // ggml's sign trick for the signed types: |w| times y with w's sign, the same
-                // sums (activations never reach -128).
-                let signed = TY != Q4_1;
-                let aw = if signed { _mm256_sign_epi8(wk, wk) } else { wk };
-                for j in 0..NT {
-                    let y4 = _mm256_set1_epi32(
-                        (self.qy[j].add(b * QK + 4 * k) as *const i32).read_unaligned(),
-                    );
-                    let y = if signed { _mm256_sign_epi8(y4, wk) } else { y4 };
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, y), ones16);
-                    let sc = _mm256_loadu_ps(self.scales.as_ptr().add((j * nb + b) * 8));
-                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
+                match TY {
+                    Q5_0 => {
+                        let qh =
+                            _mm256_load_si256(q.add(64 * (Q5_0_HIGH_LINE - 1)) as *const __m256i);
+                        let u = _mm256_or_si256(nib, high_bit(qh, 2 * (k % 4) + k / 4));
+                        _mm256_sub_epi8(u, _mm256_set1_epi8(16))
+                    }
+                    Q4_0 => _mm256_sub_epi8(nib, _mm256_set1_epi8(8)),
+                    _ => nib,
                 }
+            };
+            // ggml's sign trick for the signed types: |w| times y with w's sign, the same
+            // sums (activations never reach -128).
+            let signed = TY != Q4_1;
+            let aw = if signed { _mm256_sign_epi8(wk, wk) } else { wk };
+            for j in 0..NT {
+                let y4 = _mm256_set1_epi32(
+                    (self.qy[j].add(b * QK + 4 * k) as *const i32).read_unaligned(),
+                );
+                let y = if signed { _mm256_sign_epi8(y4, wk) } else { y4 };
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, y), ones16);
+                let sc = _mm256_loadu_ps(self.scales.as_ptr().add((j * nb + b) * 8));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[j]);
             }
         }
     }
