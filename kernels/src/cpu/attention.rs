@@ -209,8 +209,13 @@ pub fn paged_attention_with(
     };
     // Each kv head's K and V rows `kbase..ctx` as f32, converted once for all its tasks: K as
     // [key][hd]; V likewise, or for the tiled kernel in 16-column blocks ([hd / 16][key][16]).
+    let v_layout = if tiled {
+        VLayout::Blocks
+    } else {
+        VLayout::Rows
+    };
     let kv = par.map(geo.kv_heads, |g| {
-        gather(isa, geo, blocks, g, kbase, ctx, tiled)
+        gather(isa, geo, blocks, g, kbase, ctx, v_layout)
     });
     // The tiled kernel keeps a task's scores (rows x keys) in L2: fewer tokens per task.
     let q_block = if tiled { TILED_Q_BLOCK } else { Q_BLOCK };
@@ -277,13 +282,20 @@ fn tiled_supports(_: &AttnGeometry) -> bool {
     false
 }
 
-/// K and V of kv head `g` for keys `kbase..ctx` (`kbase` a multiple of 16), as f32 rows of
-/// `head_dim`, followed by zero rows up to a multiple of 16 keys (the tiled kernel reads
-/// whole tiles).
-///
-/// With `v_blocks`, V is laid out in 16-column blocks, `[hd / 16][key][16]` (the tiled kernel's
-/// weighted sum reads one block of a key at a time; in rows of a power-of-two size those reads
-/// would be a page apart and share a handful of cache sets).
+/// How [`gather`] lays out V.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum VLayout {
+    /// Rows of `head_dim`, `[key][hd]`, as K (the reference task's).
+    Rows,
+    /// 16-column blocks, `[hd / 16][key][16]` (the tiled kernel's: its weighted sum reads one
+    /// block of a key at a time; in rows of a power-of-two size those reads would be a page
+    /// apart and share a handful of cache sets).
+    Blocks,
+}
+
+/// K and V of kv head `g` for keys `kbase..ctx` (`kbase` a multiple of 16), K as f32 rows of
+/// `head_dim` and V as `v_layout` says, each followed by zeros up to a multiple of 16 keys (the
+/// tiled kernel reads whole tiles).
 fn gather(
     isa: Isa,
     geo: &AttnGeometry,
@@ -291,7 +303,7 @@ fn gather(
     g: usize,
     kbase: usize,
     ctx: usize,
-    v_blocks: bool,
+    v_layout: VLayout,
 ) -> (Vec<f32>, Vec<f32>) {
     let (hd, tw, ps) = (geo.head_dim, geo.token_width(), geo.page_size);
     let rows = ctx.next_multiple_of(16) - kbase;
@@ -307,7 +319,7 @@ fn gather(
         let at = (j % ps) * tw + g * hd;
         let r = j - kbase;
         widen_into(&blk.k[at..at + hd], &mut k[r * hd..(r + 1) * hd]);
-        if v_blocks {
+        if v_layout == VLayout::Blocks {
             for (b, src) in blk.v[at..at + hd].chunks_exact(LANES).enumerate() {
                 widen_into(src, &mut v[(b * rows + r) * LANES..][..LANES]);
             }

@@ -194,17 +194,29 @@ impl PackedRows {
     }
 }
 
-/// How far ahead of the record being read the kernels ask for lines, in bytes. A group's
-/// records lie one after another and the groups too, so this is the matrix's next few
-/// kilobytes. On Intel the hardware prefetcher alone left a one-token product at about 70% of
-/// the stream rate from memory (`examples/gemv_from_memory.rs`: Q4_K at 7.7 GB/s beside an
-/// 11 GB/s plain sum on one core; 9-11 GB/s with this).
+// Prefetch requests. The kernels ask for lines themselves in two cases, and only there:
+//
+// - A one-token product walks a matrix record after record ([`prefetch_ahead`]). On Intel the
+//   hardware prefetcher alone left it at about 70% of the stream rate from memory
+//   (`examples/gemv_from_memory.rs`: Q4_K at 7.7 GB/s beside an 11 GB/s plain sum on one core;
+//   9-11 GB/s with the requests). AMD's prefetchers keep up with that walk on their own, and
+//   the requests only take load slots: on a Zen 4 (family 25 model 17) the same timer read Q4_K
+//   at 24 GB/s without them and 17 GB/s with them, Q8_0 30 against 25; on a Zen 3 Q6_K 11.1-11.7
+//   without, 9.3-9.6 with. So these are asked for on Intel only ([`software_prefetch`]).
+// - A decode batch on AVX2 walks a group lane by lane, one line of each record at a time,
+//   lines a few hundred bytes apart that no hardware prefetcher foresees
+//   ([`PackedRows::prefetch_group`]): from memory (Gemma 3's output head, 178 MB, against a
+//   batch of four on a Zen 3) a pass took as long as four one-token passes before the
+//   requests. These are asked for on every vendor, by `packed_avx2.rs`, for batches of up to
+//   sixteen tokens (prefill's chunks pass over a matrix once per tile of tokens, from cache
+//   after the first, where the requests would only take slots).
+
+/// How far ahead of the record being read [`prefetch_ahead`] asks for lines, in bytes. A
+/// group's records lie one after another and the groups too, so this is the matrix's next few
+/// kilobytes.
 const PREFETCH_BYTES: usize = 8192;
 
-/// Whether the kernels ask for lines ahead themselves ([`prefetch_ahead`]): on Intel, yes
-/// (above). AMD's prefetchers keep up with the kernels' walk on their own, and the requests
-/// only take load slots: on a Zen 4 (family 25 model 17) the same timer read Q4_K at 24 GB/s
-/// without them and 17 GB/s with them, Q8_0 30 against 25.
+/// Whether [`prefetch_ahead`] asks for anything: on Intel, not on AMD (see above).
 #[cfg(target_arch = "x86_64")]
 fn software_prefetch() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -215,21 +227,37 @@ fn software_prefetch() -> bool {
     })
 }
 
+/// Asks for `lines` consecutive lines from `at` into every cache level. Past the matrix's end
+/// a prefetch does nothing (it never faults).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn request_lines(at: *const u8, lines: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for l in 0..lines {
+        // SAFETY: a prefetch reads nothing the program sees and does not fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * l) as *const i8) };
+    }
+}
+
 /// Asks for the `lines` lines [`PREFETCH_BYTES`] after `rec`, a record of `lines` lines: as
 /// every record of a pass asks for its own distance ahead, the whole matrix is asked for once.
-/// Past the matrix's end a prefetch does nothing (it never faults). Nothing on a CPU whose
-/// prefetchers do without ([`software_prefetch`]).
+/// Nothing on a CPU whose prefetchers do without ([`software_prefetch`]).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_ahead(rec: *const u8, lines: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    if !software_prefetch() {
-        return;
+    if software_prefetch() {
+        request_lines(rec.wrapping_add(PREFETCH_BYTES), lines);
     }
-    let ahead = rec.wrapping_add(PREFETCH_BYTES);
-    for l in 0..lines {
-        // SAFETY: a prefetch reads nothing the program sees and does not fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8) };
+}
+
+#[cfg(target_arch = "x86_64")]
+impl PackedRows {
+    /// Asks for every line of group `g`'s records (a decode batch's next group, see above).
+    #[inline(always)]
+    pub(crate) fn prefetch_group(&self, g: usize) {
+        let per = record_lines(self.ty).expect("packed types have records");
+        let nb = self.cols / self.ty.block_size();
+        request_lines(self.record(g, 0), per * nb);
     }
 }
 

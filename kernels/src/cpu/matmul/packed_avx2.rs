@@ -68,8 +68,9 @@ pub(super) unsafe fn run_groups(
     let groups = n / GROUP;
     let nb = a.blocks();
     // A decode batch: every matrix comes from memory once or twice per step, so each group asks
-    // for its successor's lines ([`prefetch_group`]). Prefill's chunks pass over a matrix once
-    // per tile of tokens, from cache after the first, and the requests would only take slots.
+    // for its successor's lines ([`PackedRows::prefetch_group`]). Prefill's chunks pass over a
+    // matrix once per tile of tokens, from cache after the first, and the requests would only
+    // take slots.
     let stream = tokens <= 2 * TILE;
     SCALES.with_borrow_mut(|scales| {
         scales.resize(TILE * nb * 8, 0.0);
@@ -84,8 +85,7 @@ pub(super) unsafe fn run_groups(
             for gi in 0..groups {
                 let g = r0 / GROUP + gi;
                 if stream && gi + 1 < groups {
-                    // SAFETY: group `g + 1` exists (`gi + 1 < groups`).
-                    unsafe { prefetch_group(pk, g + 1, nb) };
+                    pk.prefetch_group(g + 1);
                 }
                 for h in 0..2 {
                     let mut res = [[0f32; 8]; TILE];
@@ -109,22 +109,6 @@ pub(super) unsafe fn run_groups(
         }
     });
     groups * GROUP
-}
-
-/// Asks for every line of group `g`'s records (`nb` blocks), the group after the one being
-/// computed. The lane passes read one line of each record at a time, a few hundred bytes
-/// apart, each line's first touch a miss the hardware prefetchers do not foresee: from memory
-/// (Gemma 3's output head, 178 MB, against a decode batch of four on a Zen 3) a pass took as
-/// long as four one-token passes. The sixteen passes over a group leave time for its
-/// successor's lines to arrive.
-#[inline(always)]
-unsafe fn prefetch_group(pk: &PackedRows, g: usize, nb: usize) {
-    let lines = record_lines(pk.ty()).expect("packed types have records");
-    let rec = pk.record(g, 0);
-    for l in 0..lines * nb {
-        // SAFETY: a prefetch reads nothing the program sees and does not fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(64 * l) as *const i8) };
-    }
 }
 
 /// Rows `8h..8h + 8` of group `g` against tokens `t0..t0 + nt` (`nt` of 8, 4, 2, 1) into
