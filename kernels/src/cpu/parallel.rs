@@ -19,9 +19,12 @@
 //! and decode workers side by side) a worker is often descheduled holding an item, and the
 //! caller then waits out the worker's turn of the scheduler, milliseconds, for a region of a
 //! few microseconds: two threads ran decode at half the speed of one. The caller notices such
-//! a stall (it waited far longer than its own items took) and runs the next regions alone,
-//! a window that doubles while stalls recur and shrinks again while regions run clean, and
-//! that ends after `SOLO_TIME` in any case (a long prefill's regions take milliseconds each).
+//! a stall (it waited far longer than its own items took) and, when the stall follows another
+//! within `RECUR` regions, runs the next regions alone, a window that doubles while stalls
+//! recur and shrinks again while regions run clean, and that ends after `SOLO_TIME` in any case
+//! (a long prefill's regions take milliseconds each). A lone stall opens no window: on a
+//! virtual machine with nothing else to run, the hypervisor takes a vCPU for a moment now and
+//! then, and a window per such hiccup ran a tenth of a decode alone.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -35,8 +38,8 @@ use crossbeam_utils::CachePadded;
 /// How long an idle worker spins before it parks (decode steps follow each other within this).
 const SPIN: Duration = Duration::from_millis(2);
 
-/// Regions run on the caller alone after a first stall (about one decode step of a small
-/// model), and the most after repeated ones.
+/// Regions run on the caller alone after a first recurring stall (about one decode step of a
+/// small model), and the most after repeated ones.
 const SOLO_BASE: usize = 256;
 const SOLO_MAX: usize = 16 * 1024;
 /// A window also ends after this long, whatever regions it has left: regions of a long
@@ -47,6 +50,11 @@ const SOLO_TIME: Duration = Duration::from_millis(100);
 /// items, plus `STALL_SLACK`.
 const STALL_ITEMS: u32 = 8;
 const STALL_SLACK: Duration = Duration::from_micros(200);
+/// A stall opens a window only when another came at most this many parallel regions before it
+/// (half a decode step of a 1B model). Two threads decoding Llama 3.2 1B's shapes on an idle
+/// Zen 4 (2 vCPUs) met 7-12 lone stalls in 256 tokens, each of which had cost a window of 256
+/// regions run alone; an oversubscribed machine stalls region after region.
+const RECUR: usize = 64;
 
 /// How many threads a kernel may use. With one thread, work runs inline on the caller.
 #[derive(Clone)]
@@ -129,6 +137,9 @@ struct Backoff {
     window: usize,
     /// Regions run in parallel without a stall since the window last changed.
     clean: usize,
+    /// Parallel regions recorded so far, and the count at the last stall.
+    regions: usize,
+    last_stall: Option<usize>,
 }
 
 impl Backoff {
@@ -138,6 +149,8 @@ impl Backoff {
             solo_since: Instant::now(),
             window: SOLO_BASE,
             clean: 0,
+            regions: 0,
+            last_stall: None,
         }
     }
 
@@ -156,7 +169,14 @@ impl Backoff {
 
     /// Records how a parallel region went.
     fn record(&mut self, stalled: bool) {
+        self.regions += 1;
         if stalled {
+            let recurs = self.last_stall.is_some_and(|at| self.regions - at <= RECUR);
+            self.last_stall = Some(self.regions);
+            if !recurs {
+                // A hiccup, or the first of a series: the next stall tells.
+                return;
+            }
             self.solo_left = self.window;
             self.solo_since = Instant::now();
             self.window = (self.window * 2).min(SOLO_MAX);
@@ -568,8 +588,9 @@ mod tests {
         let solo_left = || pool.dispatch.lock().unwrap().solo_left;
         let caller = std::thread::current().id();
         // Two items that meet at a barrier run on two threads; the worker's then holds its
-        // item for a long time, as a descheduled worker would. (Tried again if the caller
-        // itself waited so long at the barrier that the worker's delay looked ordinary.)
+        // item for a long time, as a descheduled worker would. A stall opens a window when it
+        // recurs: two such regions in a row. (Tried again if the caller itself waited so long
+        // at the barrier that the worker's delay looked ordinary.)
         let stall = || {
             let meet = std::sync::Barrier::new(2);
             par.for_each_index(2, |_| {
@@ -580,7 +601,7 @@ mod tests {
                 }
             });
         };
-        for _ in 0..5 {
+        for _ in 0..8 {
             stall();
             if solo_left() > 0 {
                 break;
@@ -618,6 +639,8 @@ mod tests {
         let mut b = Backoff::new();
         assert!(!b.take_solo());
         b.record(true);
+        assert_eq!(b.solo_left, 0, "a lone stall opens no window");
+        b.record(true);
         assert_eq!(b.solo_left, SOLO_BASE);
         b.solo_left = 0;
         b.record(true);
@@ -643,8 +666,28 @@ mod tests {
     }
 
     #[test]
+    fn lone_stalls_open_no_window() {
+        let mut b = Backoff::new();
+        for _ in 0..10 {
+            b.record(true);
+            assert_eq!(b.solo_left, 0);
+            for _ in 0..RECUR {
+                b.record(false);
+            }
+        }
+        // One within `RECUR` regions of the last opens one.
+        b.record(true);
+        for _ in 0..RECUR - 1 {
+            b.record(false);
+        }
+        b.record(true);
+        assert_eq!(b.solo_left, SOLO_BASE);
+    }
+
+    #[test]
     fn a_window_ends_after_its_time_with_regions_left() {
         let mut b = Backoff::new();
+        b.record(true);
         b.record(true);
         assert!(b.take_solo());
         b.solo_since -= SOLO_TIME + Duration::from_millis(1);
