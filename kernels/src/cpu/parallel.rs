@@ -50,8 +50,8 @@ const SOLO_TIME: Duration = Duration::from_millis(100);
 /// items, plus `STALL_SLACK`.
 const STALL_ITEMS: u32 = 8;
 const STALL_SLACK: Duration = Duration::from_micros(200);
-/// A stall opens a window only when another came at most this many parallel regions before it
-/// (half a decode step of a 1B model). Two threads decoding Llama 3.2 1B's shapes on an idle
+/// A stall opens a window only when fewer than this many parallel regions ran clean since the
+/// last one (half a decode step of a 1B model). Two threads decoding Llama 3.2 1B's shapes on an idle
 /// Zen 4 (2 vCPUs) met 7-12 lone stalls in 256 tokens, each of which had cost a window of 256
 /// regions run alone; an oversubscribed machine stalls region after region.
 const RECUR: usize = 64;
@@ -137,9 +137,8 @@ struct Backoff {
     window: usize,
     /// Regions run in parallel without a stall since the window last changed.
     clean: usize,
-    /// Parallel regions recorded so far, and the count at the last stall.
-    regions: usize,
-    last_stall: Option<usize>,
+    /// Parallel regions run clean since the last stall (`usize::MAX` before the first).
+    since_stall: usize,
 }
 
 impl Backoff {
@@ -149,8 +148,7 @@ impl Backoff {
             solo_since: Instant::now(),
             window: SOLO_BASE,
             clean: 0,
-            regions: 0,
-            last_stall: None,
+            since_stall: usize::MAX,
         }
     }
 
@@ -169,10 +167,9 @@ impl Backoff {
 
     /// Records how a parallel region went.
     fn record(&mut self, stalled: bool) {
-        self.regions += 1;
         if stalled {
-            let recurs = self.last_stall.is_some_and(|at| self.regions - at <= RECUR);
-            self.last_stall = Some(self.regions);
+            let recurs = self.since_stall < RECUR;
+            self.since_stall = 0;
             if !recurs {
                 // A hiccup, or the first of a series: the next stall tells.
                 return;
@@ -182,6 +179,7 @@ impl Backoff {
             self.window = (self.window * 2).min(SOLO_MAX);
             self.clean = 0;
         } else {
+            self.since_stall = self.since_stall.saturating_add(1);
             self.clean += 1;
             if self.clean >= 4 * SOLO_BASE {
                 self.window = (self.window / 2).max(SOLO_BASE);
