@@ -196,13 +196,20 @@ impl PackedRows {
 
 // Prefetch requests. The kernels ask for lines themselves in two cases, and only there:
 //
-// - A one-token product walks a matrix record after record ([`prefetch_ahead`]). On Intel the
-//   hardware prefetcher alone left it at about 70% of the stream rate from memory
-//   (`examples/gemv_from_memory.rs`: Q4_K at 7.7 GB/s beside an 11 GB/s plain sum on one core;
-//   9-11 GB/s with the requests). AMD's prefetchers keep up with that walk on their own, and
-//   the requests only take load slots: on a Zen 4 (family 25 model 17) the same timer read Q4_K
-//   at 24 GB/s without them and 17 GB/s with them, Q8_0 30 against 25; on a Zen 3 Q6_K 11.1-11.7
-//   without, 9.3-9.6 with. So these are asked for on Intel only ([`software_prefetch`]).
+// - A one-token product walks a matrix record after record ([`prefetch_ahead`]). Whether the
+//   hardware prefetchers keep up with that walk alone depends on the core
+//   ([`prefetch_distance`]), measured with `examples/gemv_from_memory.rs`:
+//   - Intel: the hardware prefetcher alone left it at about 70% of the stream rate from memory
+//     (Q4_K at 7.7 GB/s beside an 11 GB/s plain sum on one core; 9-11 GB/s with requests 8 KiB
+//     ahead).
+//   - AMD Zen 3 and Zen 4: the prefetchers keep up on their own and the requests only take load
+//     slots: on a Zen 4 (family 25 model 17) Q4_K read 24 GB/s without them and 17 GB/s with
+//     them, Q8_0 30 against 25; on a Zen 3 Q6_K 11.1-11.7 without, 9.3-9.6 with.
+//   - AMD Zen 5 (family 26 model 2): Q6_K, whose records take the longest to compute, fell
+//     behind without them: on one core 18.5 GB/s without, 29-31 with requests 4 KiB ahead
+//     (27-29 with 8 KiB, 22 with 32 KiB; every locality hint alike), beside a 37-40 GB/s plain
+//     sum; Q8_0 30 against 35-38, Q4_K 31 either way; on two cores Q6_K 33.5 against 41.3. A
+//     decode of Llama 3.2 1B's shapes (Q4_K_M) went from 30.2 to 35.1 tok/s on one thread.
 // - A decode batch on AVX2 walks a group lane by lane, one line of each record at a time,
 //   lines a few hundred bytes apart that no hardware prefetcher foresees
 //   ([`PackedRows::prefetch_group`]): from memory (Gemma 3's output head, 178 MB, against a
@@ -211,19 +218,28 @@ impl PackedRows {
 //   sixteen tokens (prefill's chunks pass over a matrix once per tile of tokens, from cache
 //   after the first, where the requests would only take slots).
 
-/// How far ahead of the record being read [`prefetch_ahead`] asks for lines, in bytes. A
-/// group's records lie one after another and the groups too, so this is the matrix's next few
-/// kilobytes.
-const PREFETCH_BYTES: usize = 8192;
-
-/// Whether [`prefetch_ahead`] asks for anything: on Intel, not on AMD (see above).
+/// How far ahead of the record being read [`prefetch_ahead`] asks for lines, in bytes, on
+/// this CPU; `None` where the hardware prefetchers do without (see above). A group's records
+/// lie one after another and the groups too, so this is the matrix's next few kilobytes.
 #[cfg(target_arch = "x86_64")]
-fn software_prefetch() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
+fn prefetch_distance() -> Option<usize> {
+    static DISTANCE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *DISTANCE.get_or_init(|| {
+        use std::arch::x86_64::__cpuid;
         // CPUID leaf 0: the vendor string in EBX, EDX, ECX ("Auth", "enti", "cAMD").
-        let id = std::arch::x86_64::__cpuid(0);
-        [id.ebx, id.edx, id.ecx] != [0x6874_7541, 0x6974_6e65, 0x444d_4163]
+        let id = __cpuid(0);
+        if [id.ebx, id.edx, id.ecx] != [0x6874_7541, 0x6974_6e65, 0x444d_4163] {
+            return Some(8192);
+        }
+        // Leaf 1, EAX: base family in bits 8-11, extended family (added to 15) in 20-27.
+        let eax = __cpuid(1).eax;
+        let base = (eax >> 8) & 0xF;
+        let family = if base == 0xF {
+            base + ((eax >> 20) & 0xFF)
+        } else {
+            base
+        };
+        (family >= 0x1A).then_some(4096)
     })
 }
 
@@ -239,14 +255,14 @@ fn request_lines(at: *const u8, lines: usize) {
     }
 }
 
-/// Asks for the `lines` lines [`PREFETCH_BYTES`] after `rec`, a record of `lines` lines: as
+/// Asks for the `lines` lines [`prefetch_distance`] after `rec`, a record of `lines` lines: as
 /// every record of a pass asks for its own distance ahead, the whole matrix is asked for once.
-/// Nothing on a CPU whose prefetchers do without ([`software_prefetch`]).
+/// Nothing on a CPU whose prefetchers do without.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_ahead(rec: *const u8, lines: usize) {
-    if software_prefetch() {
-        request_lines(rec.wrapping_add(PREFETCH_BYTES), lines);
+    if let Some(ahead) = prefetch_distance() {
+        request_lines(rec.wrapping_add(ahead), lines);
     }
 }
 
