@@ -260,7 +260,7 @@ fn request_lines(at: *const u8, lines: usize) {
 /// Nothing on a CPU whose prefetchers do without. Only the pass over a group for its first
 /// tokens asks (the callers check): the passes for the group's later tokens find its records
 /// in cache, and requests there only take load slots (on the Zen 5 above, `prefill_matmul
-/// q4_k 8192 2048 512 1 15`, three runs each: 44.4-48.6 ms with requests on every pass,
+/// q4_k 8192 2048 512 1 15`, three runs each: 45.1-48.6 ms with requests on every pass,
 /// 40.0-48.2 on the first only, 44.8-45.5 with none; the host's noise is as large).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
