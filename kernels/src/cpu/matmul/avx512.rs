@@ -196,9 +196,7 @@ mod x86 {
             };
             for b in 0..nb {
                 let rec = pk.record(g, b);
-                if t0 == 0 {
-                    prefetch_ahead(rec, lines);
-                }
+                prefetch_ahead(rec, lines, t0);
                 let dw = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
                 let q = rec.add(64) as *const __m512i;
                 // The record's quants as unsigned lanes, once for every token: Q8_0's eight

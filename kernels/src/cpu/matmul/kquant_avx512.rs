@@ -133,9 +133,7 @@ unsafe fn q4_k<const NT: usize>(
         let ys: [*const i8; NT] = std::array::from_fn(|j| a.qs.as_ptr().add((t0 + j) * a.cols));
         for b in 0..nb {
             let rec = pk.record(g, b);
-            if t0 == 0 {
-                prefetch_ahead(rec, Q4_K_LINES);
-            }
+            prefetch_ahead(rec, Q4_K_LINES, t0);
             let d = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_load_si256(rec.add(32) as *const __m256i));
             // (No closures with intrinsics: they would not inherit the target features.)
@@ -241,9 +239,7 @@ unsafe fn q6_k<const NT: usize>(
         let ys: [*const i8; NT] = std::array::from_fn(|j| a.qs.as_ptr().add((t0 + j) * a.cols));
         for b in 0..nb {
             let rec = pk.record(g, b);
-            if t0 == 0 {
-                prefetch_ahead(rec, Q6_K_LINES);
-            }
+            prefetch_ahead(rec, Q6_K_LINES, t0);
             let d = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
             // Each scale as an i16 pair per row, the form `vpdpwssd` multiplies by.
             let mut sc = [_mm512_setzero_si512(); 16];
