@@ -47,13 +47,14 @@ fn main() {
     let par = Parallel::new(threads);
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     // Llama 3.2 1B: attention q (2048), ffn gate (8192), ffn_down in Q6_K, the tied head;
-    // Gemma 3 270M's Q8_0 head; SmolLM2-135M's Q4_1 ffn gate.
+    // Gemma 3 270M's Q8_0 head and Q5_0 ffn gate; SmolLM2-135M's Q4_1 ffn gate.
     let shapes = [
         ("q4_k 2048x2048", WeightType::Q4_K, 2048, 2048),
         ("q4_k 8192x2048", WeightType::Q4_K, 8192, 2048),
         ("q6_k 2048x8192", WeightType::Q6_K, 2048, 8192),
         ("q6_k 128256x2048", WeightType::Q6_K, 128_256, 2048),
         ("q8_0 262144x640", WeightType::Q8_0, 262_144, 640),
+        ("q5_0 2048x640", WeightType::Q5_0, 2048, 640),
         ("q4_1 1536x576", WeightType::Q4_1, 1536, 576),
     ];
     for (name, ty, rows, cols) in shapes {

@@ -961,13 +961,15 @@ fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
     // frozen prefill opened but could not finish within decode's handshake deadline (reported
     // as a refusal, docs/security.md). Never a marker across tenants, a corrupt page, another
     // refusal or a probe that failed.
-    let incidents = stack.sql(
-        "SELECT kind, details, count(*) FROM incidents GROUP BY kind, details ORDER BY kind",
-    );
+    let incidents = stack
+        .sql("SELECT kind, details, count(*) FROM incidents GROUP BY kind, details ORDER BY kind");
     eprintln!("   the auditor's incidents after the faults: {incidents:?}");
     for row in &incidents {
         let mut cols = row.split('|');
-        let (kind, details) = (cols.next().unwrap_or_default(), cols.next().unwrap_or_default());
+        let (kind, details) = (
+            cols.next().unwrap_or_default(),
+            cols.next().unwrap_or_default(),
+        );
         let frozen_handshake =
             kind == "stale_message" && details.ends_with(": TLS handshake timed out");
         assert!(
