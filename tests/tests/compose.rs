@@ -36,6 +36,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use pagewarden_common::tenants::ClientKeys;
 use pagewarden_system_tests::{bin, bin_dir, model_path};
 use pagewarden_testkit::{eventually, eventually_blocking, Polling};
+use pagewarden_transfer::RefusedReason;
 use serde_json::{json, Value};
 
 /// The model file name the compose file's commands name under `/models`.
@@ -970,8 +971,8 @@ fn the_compose_stack_serves_probes_clean_and_logs_no_false_incident() {
             cols.next().unwrap_or_default(),
             cols.next().unwrap_or_default(),
         );
-        let frozen_handshake =
-            kind == "stale_message" && details.ends_with(": TLS handshake timed out");
+        let frozen_handshake = kind == "stale_message"
+            && details.ends_with(&format!(": {}", RefusedReason::HandshakeTimeout));
         assert!(
             ["write_rejected", "quarantine", "deferred_release_timed_out"].contains(&kind)
                 || frozen_handshake,

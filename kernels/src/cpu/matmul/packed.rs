@@ -259,9 +259,10 @@ fn request_lines(at: *const u8, lines: usize) {
 /// every record of a pass asks for its own distance ahead, the whole matrix is asked for once.
 /// Nothing on a CPU whose prefetchers do without. `t0` is the first token of the caller's
 /// pass over the group: only the pass from token 0 asks; the passes for the group's later
-/// tokens find its records in cache, and requests there only take load slots (on the Zen 5 above, `prefill_matmul
-/// q4_k 8192 2048 512 1 15`, three runs each: 45.1-48.6 ms with requests on every pass,
-/// 40.0-48.2 on the first only, 44.8-45.5 with none; the host's noise is as large).
+/// tokens find its records in cache, and requests there only take load slots (on the Zen 5
+/// above, `prefill_matmul q4_k 8192 2048 512 1 15`, three runs each: 45.1-48.6 ms with
+/// requests on every pass, 40.0-48.2 on the first only, 44.8-45.5 with none; the host's
+/// noise is as large).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_ahead(rec: *const u8, lines: usize, t0: usize) {
