@@ -75,6 +75,28 @@ proptest! {
     }
 
     #[test]
+    fn argmax_is_the_first_largest_non_nan(
+        logits in prop::collection::vec(
+            prop_oneof![
+                8 => (-4i8..4).prop_map(|v| f32::from(v) * 0.5),
+                1 => Just(f32::NAN),
+                1 => Just(f32::NEG_INFINITY),
+                1 => Just(-0.0f32),
+            ],
+            0..300,
+        )
+    ) {
+        // The plain loop: across the vectorized passes' chunks of 16 and 64, ties, NaN and -inf.
+        let mut want = None::<(usize, f32)>;
+        for (i, &v) in logits.iter().enumerate() {
+            if !v.is_nan() && want.is_none_or(|(_, b)| v > b) {
+                want = Some((i, v));
+            }
+        }
+        prop_assert_eq!(argmax(&logits) as usize, want.map_or(0, |(i, _)| i));
+    }
+
+    #[test]
     fn top_k_one_is_greedy(logits in logits_strategy(), seed in any::<u64>(), t in 0.1f32..2.0) {
         let mut s = Sampler::new(&params(t, 1, 1.0, seed));
         prop_assert_eq!(s.sample(&logits), argmax(&logits));
