@@ -45,7 +45,7 @@ pub use cpu::{
 // The private CPU modules keep their crate-root paths too (`crate::attention_sums`, ...).
 #[cfg(target_arch = "x86_64")]
 use cpu::attention_tiled;
-use cpu::{attention_decode, attention_sums};
+use cpu::{attention_decode, attention_sums, scratch};
 
 pub use attention::{paged_attention, paged_attention_decode_many, AttnGeometry, KvBlock};
 pub use attention_decode::DecodeQuery;

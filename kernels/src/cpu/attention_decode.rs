@@ -21,6 +21,7 @@ use crate::attention_sums::{dot_vec, weighted_add, weighted_finish, weighted_sta
 use crate::attention_sums::{dot_vec_avx2, weighted_add_avx2, weighted_add_vec_lanes_avx2};
 use crate::isa::Isa;
 use crate::parallel::Parallel;
+use crate::scratch;
 
 /// Keys per score task (and per widened chunk inside it: 64 x 64-wide rows = 16 KiB).
 const SCORE_KEYS: usize = 256;
@@ -30,6 +31,13 @@ const COLS: usize = 16;
 /// Keys widened at a time by a weighted-sum task (16 columns: 32 KiB): each accumulator lane
 /// takes eight of them between a load and a store.
 const SUM_KEYS: usize = 8 * VEC_STEP;
+
+thread_local! {
+    /// A thread's buffers for the score and sum tasks (one task at a time): the widened keys
+    /// or values, and the sums' accumulators.
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
 
 /// A buffer written at disjoint indices by the tasks of one pass.
 #[derive(Clone, Copy)]
@@ -260,10 +268,16 @@ impl ScoreTask<'_, '_> {
 
     #[inline(always)]
     fn run_hd(&self, hd: usize) {
+        SCRATCH.with_borrow_mut(|(buf, _)| self.run_hd_in(hd, scratch::prefix(buf, CHUNK * hd)));
+    }
+
+    /// [`Self::run_hd`] with a thread's buffer for the widened keys (`widen` writes every
+    /// element read).
+    #[inline(always)]
+    fn run_hd_in(&self, hd: usize, buf: &mut [f32]) {
         let geo = self.geo;
         let group = geo.heads / geo.kv_heads;
         let scale = geo.scale();
-        let mut buf = vec![0f32; CHUNK * hd];
         for c0 in (self.j0..self.j1).step_by(CHUNK) {
             let nc = CHUNK.min(self.j1 - c0);
             let kb = &mut buf[..nc * hd];
@@ -320,14 +334,22 @@ impl SumTask<'_, '_> {
 
     #[inline(always)]
     fn run_cols(&self, cols: usize) {
+        SCRATCH.with_borrow_mut(|(buf, acc)| self.run_cols_in(cols, acc, buf));
+    }
+
+    /// [`Self::run_cols`] on a thread's scratch: `weighted_start` writes every accumulator
+    /// and `widen` every value it reads (zeroing them per task was a memset of several
+    /// hundred KiB per sequence, layer and head group).
+    #[inline(always)]
+    fn run_cols_in(&self, cols: usize, acc: &mut Vec<f32>, buf: &mut Vec<f32>) {
         let (group, keys, base) = (self.group, self.keys, self.base);
         let span = keys - base;
         let hd = self.geo.head_dim;
-        let mut acc = vec![0f32; group * VEC_STEP * cols];
+        let acc = scratch::prefix(acc, group * VEC_STEP * cols);
         for a in acc.chunks_exact_mut(VEC_STEP * cols) {
             weighted_start(Order::Vec, cols, a);
         }
-        let mut buf = vec![0f32; SUM_KEYS * cols];
+        let buf = scratch::prefix(buf, SUM_KEYS * cols);
         for j0 in (base..keys).step_by(SUM_KEYS) {
             let nc = SUM_KEYS.min(keys - j0);
             let vb = &mut buf[..nc * cols];

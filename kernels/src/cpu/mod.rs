@@ -19,4 +19,5 @@ pub mod parallel;
 pub mod quant;
 pub mod quant_k;
 pub mod rope;
+pub(crate) mod scratch;
 pub mod vec;

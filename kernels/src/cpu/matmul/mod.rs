@@ -239,12 +239,9 @@ pub fn matmul_many_with(
         // The other kernels fill `n x tokens` (by weight row); scatter it into token-major
         // rows. The buffer is the thread's own, kept from job to job (no allocation per job).
         SCRATCH.with_borrow_mut(|buf| {
-            // Every element is written by the kernel: grown when too short, never cleared
-            // (zeroing a 512-token job's 128 KiB was a memset per job).
-            if buf.len() < n * tokens {
-                buf.resize(n * tokens, 0.0);
-            }
-            let buf = &mut buf[..n * tokens];
+            // Every element is written by the kernel (zeroing a 512-token job's 128 KiB was a
+            // memset per job).
+            let buf = crate::scratch::prefix(buf, n * tokens);
             rows_kernel(isa, w, r0, n, &acts, tokens, buf);
             for t in 0..tokens {
                 for (r, v) in buf.iter().skip(t).step_by(tokens).enumerate() {
