@@ -268,7 +268,11 @@ impl ScoreTask<'_, '_> {
 
     #[inline(always)]
     fn run_hd(&self, hd: usize) {
-        SCRATCH.with_borrow_mut(|(buf, _)| self.run_hd_in(hd, scratch::prefix(buf, CHUNK * hd)));
+        // Taken out and put back, not borrowed in a closure: called directly, the task keeps
+        // its constant width (inside `with_borrow_mut`'s closure it was compiled for any).
+        let (mut buf, acc) = SCRATCH.take();
+        self.run_hd_in(hd, scratch::prefix(&mut buf, CHUNK * hd));
+        SCRATCH.set((buf, acc));
     }
 
     /// [`Self::run_hd`] with a thread's buffer for the widened keys (`widen` writes every
@@ -334,7 +338,10 @@ impl SumTask<'_, '_> {
 
     #[inline(always)]
     fn run_cols(&self, cols: usize) {
-        SCRATCH.with_borrow_mut(|(buf, acc)| self.run_cols_in(cols, acc, buf));
+        // As in `ScoreTask::run_hd`: taken and put back, so `cols` stays a constant.
+        let (mut buf, mut acc) = SCRATCH.take();
+        self.run_cols_in(cols, &mut acc, &mut buf);
+        SCRATCH.set((buf, acc));
     }
 
     /// [`Self::run_cols`] on a thread's scratch: `weighted_start` writes every accumulator
