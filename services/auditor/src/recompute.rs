@@ -20,8 +20,9 @@
 //! Temperature does not matter: the raw logprob of each served token is scored, nothing is
 //! regenerated.
 //!
-//! Scoring runs on one thread of its own at the lowest CPU priority (`SCHED_IDLE`), behind a bounded queue
-//! (full: the report is dropped and counted, never waited for), so it never delays serving.
+//! Scoring runs on one thread of its own at the lowest CPU priority (`SCHED_IDLE`), behind a
+//! bounded queue (full: the report is dropped and counted, never waited for), so it never
+//! delays serving.
 //! Tokens live only in that queue until their recompute is done; the store keeps digests and
 //! the verdict.
 
