@@ -5,7 +5,7 @@
 //! `cargo run --release -p pagewarden-kernels --example prefill_matmul -- TYPE ROWS COLS TOKENS THREADS REPS`
 //! (TYPE: q4_0, q4_1, q5_0, q8_0, q4_k, q6_k).
 use pagewarden_kernels::quant::quantize_row;
-use pagewarden_kernels::{matmul, PackedRows, Parallel, QMatrix, WeightType};
+use pagewarden_kernels::{matmul, Isa, PackedRows, Packing, Parallel, QMatrix, WeightType};
 use std::time::Instant;
 
 fn rnd(seed: &mut u64, n: usize) -> Vec<f32> {
@@ -56,10 +56,15 @@ fn main() {
     let mut seed = 0x1234_5678_9abc_def1u64;
     let data = rows(&mut seed, ty, r, c);
     let plain = QMatrix::new(ty, r, c, &data).expect("shape");
-    // UNPACKED=1: the rows as stored (the kernels for a matrix the loader did not pack).
+    // UNPACKED=1: the rows as stored (the kernels for a matrix the loader did not pack);
+    // COMPUTE=1: packed as a prefill worker packs them (`Packing::Compute`).
+    let packing = match std::env::var_os("COMPUTE") {
+        Some(_) => Packing::Compute,
+        None => Packing::Bandwidth,
+    };
     let pk = match std::env::var_os("UNPACKED") {
         Some(_) => None,
-        None => PackedRows::pack(&plain),
+        None => PackedRows::pack_as(Isa::detect(), &plain, packing),
     };
     let w = match &pk {
         Some(p) => plain.with_packed(p),

@@ -51,7 +51,7 @@ pub use attention::{paged_attention, paged_attention_decode_many, AttnGeometry, 
 pub use attention_decode::DecodeQuery;
 pub use device::{Device, ParseDeviceError};
 pub use isa::Isa;
-pub use matmul::packed::PackedRows;
+pub use matmul::packed::{PackedRows, Packing};
 pub use matmul::{matmul, matmul_many, matmul_many_with, matmul_with, QMatrix};
 pub use parallel::Parallel;
 pub use quant::WeightType;

@@ -388,10 +388,11 @@ fn k_activation_quantization_is_the_same_on_every_isa_and_thread_count() {
 /// matrix with its packing gives the same bits as the plain rows on AVX2 (ggml's kernel), for
 /// one token and for tiles of several, alone and beside unpacked weights in one pass. Where the
 /// CPU has AVX-512, this runs the 16-row kernel; on AVX2, the half-group kernels (one token, or
-/// a lane at a time for up to eight: `packed_avx2.rs`).
+/// a lane at a time for up to eight: `packed_avx2.rs`). Packed for compute (Q5_0 widened for
+/// the 512-bit kernels, which the AVX2 kernels leave to the plain rows), the same bits again.
 #[test]
 fn packed_rows_give_the_bits_of_plain_rows_on_every_isa() {
-    use pagewarden_kernels::{matmul_many_with, PackedRows};
+    use pagewarden_kernels::{matmul_many_with, PackedRows, Packing};
     let mut rng = Rng::new(33);
     for ty in [
         WeightType::Q4_0,
@@ -408,38 +409,48 @@ fn packed_rows_give_the_bits_of_plain_rows_on_every_isa() {
             (32, 640, 15),
             (16, 64, 2),
         ] {
-            let data = make(&mut rng, ty, rows, cols);
-            let w = QMatrix::new(ty, rows, cols, &data).unwrap();
-            let pk = PackedRows::pack(&w).expect("whole groups of a packable type");
-            assert_eq!(pk.bytes() % 64, 0);
-            let packed = w.with_packed(&pk);
-            // Large activations: every activation byte reaches +-127.
-            let x = rng.vec(tokens * cols, 50.0);
-            let mut want = vec![0f32; tokens * rows];
-            matmul_with(Isa::Avx2, &w, &x, tokens, &mut want, &Parallel::new(1));
-            let other = make(&mut rng, WeightType::Q4_1, 20, cols);
-            let other = QMatrix::new(WeightType::Q4_1, 20, cols, &other).unwrap();
-            for isa in Isa::available().into_iter().filter(|i| *i != Isa::Portable) {
-                for threads in [1, 2] {
-                    let par = Parallel::new(threads);
-                    let mut got = vec![f32::NAN; tokens * rows];
-                    let mut beside = vec![f32::NAN; tokens * 20];
-                    matmul_many_with(
-                        isa,
-                        &[packed, other],
-                        &x,
-                        tokens,
-                        &mut [&mut got, &mut beside],
-                        &par,
-                    );
-                    let same = got
-                        .iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{ty:?} {rows}x{cols}x{tokens} {isa:?} t{threads}");
-                    let mut alone = vec![0f32; tokens * 20];
-                    matmul_with(Isa::Avx2, &other, &x, tokens, &mut alone, &par);
-                    assert_eq!(beside, alone, "{ty:?} {isa:?}: the unpacked neighbour");
+            for packing in [Packing::Bandwidth, Packing::Compute] {
+                let data = make(&mut rng, ty, rows, cols);
+                let w = QMatrix::new(ty, rows, cols, &data).unwrap();
+                let pk = PackedRows::pack_as(Isa::detect(), &w, packing)
+                    .expect("whole groups of a packable type");
+                let wide = Isa::detect() == Isa::Avx512
+                    && ty == WeightType::Q5_0
+                    && packing == Packing::Compute;
+                assert_eq!(pk.wide(), wide, "{ty:?} {packing:?}");
+                assert_eq!(pk.bytes() % 64, 0);
+                let packed = w.with_packed(&pk);
+                // Large activations: every activation byte reaches +-127.
+                let x = rng.vec(tokens * cols, 50.0);
+                let mut want = vec![0f32; tokens * rows];
+                matmul_with(Isa::Avx2, &w, &x, tokens, &mut want, &Parallel::new(1));
+                let other = make(&mut rng, WeightType::Q4_1, 20, cols);
+                let other = QMatrix::new(WeightType::Q4_1, 20, cols, &other).unwrap();
+                for isa in Isa::available().into_iter().filter(|i| *i != Isa::Portable) {
+                    for threads in [1, 2] {
+                        let par = Parallel::new(threads);
+                        let mut got = vec![f32::NAN; tokens * rows];
+                        let mut beside = vec![f32::NAN; tokens * 20];
+                        matmul_many_with(
+                            isa,
+                            &[packed, other],
+                            &x,
+                            tokens,
+                            &mut [&mut got, &mut beside],
+                            &par,
+                        );
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{ty:?} {packing:?} {rows}x{cols}x{tokens} {isa:?} t{threads}"
+                        );
+                        let mut alone = vec![0f32; tokens * 20];
+                        matmul_with(Isa::Avx2, &other, &x, tokens, &mut alone, &par);
+                        assert_eq!(beside, alone, "{ty:?} {isa:?}: the unpacked neighbour");
+                    }
                 }
             }
         }

@@ -92,6 +92,8 @@ pub use gguf::{
 #[cfg(feature = "engine")]
 pub use llama::{LoadOptions, Model, ModelError};
 pub use logprobs::{Logprob, TokenLogprobs, LOGPROB_FLOOR};
+#[cfg(feature = "engine")]
+pub use pagewarden_kernels::Packing;
 pub use pagewarden_types::sampling::{
     Grammar, SamplingError, SamplingParams, GREEDY_BELOW, LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS,
     MAX_STOP, MAX_STOP_BYTES, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS,

@@ -11,7 +11,7 @@ use pagewarden_common::vllm_metrics::CacheConfig;
 use pagewarden_common::worker_config::{PoolSize, WorkerConfig};
 use pagewarden_kernels::Device;
 use pagewarden_kvcache::{KvPool, PoolConfig};
-use pagewarden_model::{GgufFile, LoadOptions, Model, ModelError};
+use pagewarden_model::{GgufFile, LoadOptions, Model, ModelError, Packing};
 
 /// What start-up produced.
 pub struct Loaded {
@@ -76,8 +76,13 @@ pub enum StartupError {
     FlashAttentionOffCpu(Device),
 }
 
-/// Loads the model and builds a preflighted pool.
-pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupError> {
+/// Loads the model, its weights repacked for `packing` (a prefill worker's for compute), and
+/// builds a preflighted pool.
+pub fn load(
+    cfg: &WorkerConfig,
+    opts: PoolOptions,
+    packing: Packing,
+) -> Result<Loaded, StartupError> {
     if cfg.flash_attention && opts.device != Device::Cpu {
         return Err(StartupError::FlashAttentionOffCpu(opts.device));
     }
@@ -85,6 +90,7 @@ pub fn load(cfg: &WorkerConfig, opts: PoolOptions) -> Result<Loaded, StartupErro
         threads: cfg.threads,
         prefill_chunk: cfg.chunk_tokens,
         flash_attention: cfg.flash_attention,
+        packing,
     };
     let (model, model_name) = match &cfg.model {
         ModelSource::File(path) => {

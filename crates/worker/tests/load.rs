@@ -4,7 +4,7 @@
 use std::error::Error;
 
 use pagewarden_common::worker_config::{WorkerConfig, WorkerDefaults, WorkerFlags};
-use pagewarden_kernels::Device;
+use pagewarden_kernels::{Device, Packing};
 use pagewarden_worker::{load, PoolOptions, StartupError};
 
 const OPTS: PoolOptions = PoolOptions {
@@ -26,7 +26,7 @@ fn tiny(pool_tokens: Option<usize>) -> WorkerConfig {
 #[test]
 fn the_pool_is_the_one_the_preflight_sized() {
     let cfg = tiny(Some(1024));
-    let loaded = load(&cfg, OPTS).expect("tiny model loads");
+    let loaded = load(&cfg, OPTS, Packing::Bandwidth).expect("tiny model loads");
     assert_eq!(loaded.model_name, "tiny-test-3");
     assert_eq!(loaded.preflight.pool_tokens, 1024);
     assert_eq!(loaded.pool.stats().free * cfg.page_size, 1024);
@@ -38,7 +38,7 @@ fn the_pool_is_the_one_the_preflight_sized() {
 
 #[test]
 fn a_pool_under_the_context_is_refused_by_the_preflight() {
-    let Err(e) = load(&tiny(Some(128)), OPTS) else {
+    let Err(e) = load(&tiny(Some(128)), OPTS, Packing::Bandwidth) else {
         panic!("a 128-token pool passed the preflight of a 256-token context");
     };
     assert!(matches!(e, StartupError::Preflight(_)), "{e:?}");

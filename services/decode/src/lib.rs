@@ -30,7 +30,7 @@ use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown;
 use pagewarden_common::worker_config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_kernels::Device;
-use pagewarden_model::Tokenizer;
+use pagewarden_model::{Packing, Tokenizer};
 use pagewarden_proto::v1::decode_server::DecodeServer;
 use pagewarden_transfer::{PageSink, ReceiverCounters, TcpReceiver};
 use pagewarden_worker::{
@@ -104,7 +104,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 // of the namespace is granted, and sent, only after them.
                 prefix_cache: true,
             };
-            let loaded = pagewarden_worker::load(&cfg, pool)?;
+            // A decode step reads every weight once a token: the fewest bytes.
+            let loaded = pagewarden_worker::load(&cfg, pool, Packing::Bandwidth)?;
             let tokenizer = Tokenizer::from_gguf(loaded.model.gguf()).context("tokenizer")?;
             let gpu = GpuOptions {
                 staging_pages: STAGING_PAGES,

@@ -1,6 +1,8 @@
 //! `pagewarden bench engine`: engine throughput (tok/s) for llama-bench's tests: prefill of a
 //! 512- and a 4,096-token prompt (`pp512`, `pp4096`), 128 decoded tokens from an empty context
-//! (`tg128`) and after 4,096 tokens (`tg128@d4096`), per thread count.
+//! (`tg128`) and after 4,096 tokens (`tg128@d4096`), per thread count. Prefill runs on the
+//! weights packed as a prefill worker packs them (`Packing::Compute`), decode as a decode
+//! worker does (`Packing::Bandwidth`).
 //!
 //! With `--llama-bench PATH` each measurement alternates with llama.cpp's `llama-bench` on the
 //! same model, test and thread count (ours, theirs, ours, theirs, ...), and the ratio printed is
@@ -15,7 +17,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use pagewarden_kernels::Isa;
 use pagewarden_kvcache::{KvPool, Owner, PoolConfig, RequestId, TenantId, DEFAULT_PAGE_SIZE};
-use pagewarden_model::{argmax, LoadOptions, Model};
+use pagewarden_model::{argmax, LoadOptions, Model, Packing};
 
 /// Arguments of `pagewarden bench engine`.
 #[derive(Debug, Args)]
@@ -150,17 +152,27 @@ pub fn run(a: BenchEngineArgs) -> anyhow::Result<()> {
         "test", "threads", "round", "ours tok/s", "l.cpp tok/s", "ratio"
     );
     for &threads in &a.threads {
-        let opts = LoadOptions {
-            prefill_chunk: a.chunk,
-            threads,
-            ..LoadOptions::default()
+        // Each test on the weights as its worker packs them: prefill's for compute, decode's
+        // for the fewest bytes.
+        let load = |packing| {
+            let opts = LoadOptions {
+                prefill_chunk: a.chunk,
+                threads,
+                packing,
+                ..LoadOptions::default()
+            };
+            Model::load(&a.model, &opts)
+                .with_context(|| format!("loading model {}", a.model.display()))
         };
-        let model = Model::load(&a.model, &opts)
-            .with_context(|| format!("loading model {}", a.model.display()))?;
+        let (prefill, decode) = (load(Packing::Compute)?, load(Packing::Bandwidth)?);
         for test in &tests {
+            let model = match test {
+                Test::Prefill { .. } => &prefill,
+                Test::Decode { .. } => &decode,
+            };
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
             for round in 1..=a.rounds {
-                let o = measure(&model, *test)?;
+                let o = measure(model, *test)?;
                 let t = match &a.llama_bench {
                     Some(p) => Some(llama_bench(p, &a.model, *test, threads)?),
                     None => None,

@@ -33,6 +33,7 @@ use pagewarden_common::metrics::WorkerMetrics;
 use pagewarden_common::shutdown;
 use pagewarden_common::worker_config::{WorkerConfig, WorkerDefaults, WorkerFlags};
 use pagewarden_kernels::Device;
+use pagewarden_model::Packing;
 use pagewarden_proto::v1::prefill_server::PrefillServer;
 use pagewarden_transfer::{EngineConfig, ListenOptions, TcpBackend};
 use pagewarden_worker::{
@@ -105,7 +106,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 // Cached pages are attended over where they are: host memory, or a GPU's.
                 prefix_cache: true,
             };
-            let loaded = pagewarden_worker::load(&cfg, pool)?;
+            // Prefill's products are compute-bound: weights packed for compute, at more bytes.
+            let loaded = pagewarden_worker::load(&cfg, pool, Packing::Compute)?;
             let gpu = GpuOptions {
                 staging_pages: batch_pages,
                 zero_new_pages: cfg.zero_on_release,

@@ -9,7 +9,7 @@ pub(crate) mod forward;
 
 use std::path::Path;
 
-use pagewarden_kernels::{Isa, PackedRows, Parallel};
+use pagewarden_kernels::{Isa, PackedRows, Packing, Parallel};
 use pagewarden_kvcache::{KvLayout, ReadablePages, SharedPages};
 
 pub use error::ModelError;
@@ -34,6 +34,9 @@ pub struct LoadOptions {
     /// accumulation, online softmax; `attention_flash`) instead of its default CPU attention.
     /// A reference path for parity with runs that used it; slower.
     pub flash_attention: bool,
+    /// How the weights are repacked at load: for decode's memory-bound steps (the default),
+    /// or for compute, at more bytes, in a model that only runs prefill (a prefill worker).
+    pub packing: Packing,
 }
 
 impl Default for LoadOptions {
@@ -42,6 +45,7 @@ impl Default for LoadOptions {
             threads: 0,
             prefill_chunk: 256,
             flash_attention: false,
+            packing: Packing::Bandwidth,
         }
     }
 }
@@ -95,7 +99,7 @@ impl Model {
         // order), and `weights()` hands out borrows no longer than `&self`.
         let file_ref: &'static GgufFile = unsafe { &*(file.as_ref() as *const GgufFile) };
         let mut weights = LlamaWeights::from_gguf(file_ref, &config)?;
-        let packed = pack_for_cpu(&mut weights, file_ref);
+        let packed = pack_for_cpu(&mut weights, file_ref, opts.packing);
         let mut opts = opts.clone();
         opts.prefill_chunk = opts.prefill_chunk.max(1);
         Ok(Model {
@@ -359,8 +363,13 @@ impl Model {
 ///
 /// A packed matrix is read from its packing from then on, so its file pages are released as
 /// soon as it is packed: they need not stay resident beside it (SmolLM2: 95 MB per process).
-fn pack_for_cpu(weights: &mut LlamaWeights<'static>, file: &GgufFile) -> Vec<PackedRows> {
-    if Isa::detect() == Isa::Portable {
+fn pack_for_cpu(
+    weights: &mut LlamaWeights<'static>,
+    file: &GgufFile,
+    packing: Packing,
+) -> Vec<PackedRows> {
+    let isa = Isa::detect();
+    if isa == Isa::Portable {
         return Vec::new();
     }
     let mut at = Vec::new();
@@ -368,7 +377,7 @@ fn pack_for_cpu(weights: &mut LlamaWeights<'static>, file: &GgufFile) -> Vec<Pac
         .products_mut()
         .enumerate()
         .filter_map(|(i, m)| {
-            let p = PackedRows::pack(m)?;
+            let p = PackedRows::pack_as(isa, m, packing)?;
             file.release(m.data);
             at.push(i);
             Some(p)

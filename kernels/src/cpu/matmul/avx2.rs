@@ -28,6 +28,10 @@ pub(super) fn packed_rows(
     tokens: usize,
     out: Dest<'_>,
 ) -> usize {
+    // A wide packing is the 512-bit kernels' alone: its rows take the plain-row kernels here.
+    if w.packed.is_some_and(|p| p.wide()) {
+        return 0;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only selected when avx2, fma and f16c

@@ -90,8 +90,7 @@ pub(super) fn rows(
 mod x86 {
     use crate::act::QuantizedActs;
     use crate::matmul::packed::{
-        prefetch_ahead, record_lines, PackedRows, GROUP as PACKED_GROUP,
-        Q5_0_HIGH_LINE as PACKED_Q5_0_HIGH_LINE,
+        prefetch_ahead, PackedRows, GROUP as PACKED_GROUP, Q5_0_HIGH_LINE as PACKED_Q5_0_HIGH_LINE,
     };
     use crate::quant::{WeightType, QK};
     use std::arch::x86_64::*;
@@ -100,6 +99,8 @@ mod x86 {
     const Q4_1: u8 = 1;
     const Q8_0: u8 = 2;
     const Q5_0: u8 = 3;
+    /// Q5_0 packed wide (`Packing::Compute`): loaded as Q8_0's lines, started as Q5_0's.
+    const Q5_0_WIDE: u8 = 4;
 
     /// Group `g` of `pk` (sixteen rows) against token `t`'s activations.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -115,6 +116,7 @@ mod x86 {
                 WeightType::Q4_0 => packed_ty::<Q4_0, 1>(pk, g, a, t),
                 WeightType::Q4_1 => packed_ty::<Q4_1, 1>(pk, g, a, t),
                 WeightType::Q8_0 => packed_ty::<Q8_0, 1>(pk, g, a, t),
+                WeightType::Q5_0 if pk.wide() => packed_ty::<Q5_0_WIDE, 1>(pk, g, a, t),
                 WeightType::Q5_0 => packed_ty::<Q5_0, 1>(pk, g, a, t),
                 other => unreachable!("{other:?} is never packed"),
             };
@@ -137,6 +139,7 @@ mod x86 {
                 WeightType::Q4_0 => packed_ty::<Q4_0, 2>(pk, g, a, t),
                 WeightType::Q4_1 => packed_ty::<Q4_1, 2>(pk, g, a, t),
                 WeightType::Q8_0 => packed_ty::<Q8_0, 2>(pk, g, a, t),
+                WeightType::Q5_0 if pk.wide() => packed_ty::<Q5_0_WIDE, 2>(pk, g, a, t),
                 WeightType::Q5_0 => packed_ty::<Q5_0, 2>(pk, g, a, t),
                 other => unreachable!("{other:?} is never packed"),
             }
@@ -184,7 +187,7 @@ mod x86 {
             for (j, p) in qy.iter_mut().enumerate() {
                 *p = a.qs.as_ptr().add((t0 + j) * a.cols);
             }
-            let lines = record_lines(pk.ty()).expect("packed types have records");
+            let lines = pk.record_lines();
             // Read unchecked below: `matmul_many_with` adds them for these types.
             let starts = match super::offset(pk.ty()) {
                 Some(o) => {
@@ -199,10 +202,11 @@ mod x86 {
                 prefetch_ahead(rec, lines, t0);
                 let dw = _mm512_cvtph_ps(_mm256_load_si256(rec as *const __m256i));
                 let q = rec.add(64) as *const __m512i;
-                // The record's quants as unsigned lanes, once for every token: Q8_0's eight
-                // lines, or the low and high nibbles (Q5_0: with their high bits) of four.
+                // The record's quants as unsigned lanes, once for every token: Q8_0's (and a
+                // wide Q5_0's) eight lines, or the low and high nibbles (Q5_0: with their high
+                // bits) of four.
                 let mut w = [_mm512_setzero_si512(); 8];
-                if TY == Q8_0 {
+                if TY == Q8_0 || TY == Q5_0_WIDE {
                     for (k, x) in w.iter_mut().enumerate() {
                         *x = _mm512_load_si512(q.add(k));
                     }

@@ -16,6 +16,14 @@
 //! `-offset * sum(y)` over the same four activations, so the integer lane is `sum(w * y)`,
 //! exact: no sign trick per row. (AVX2's `maddubs` would saturate on Q8_0's offset bytes, so
 //! that kernel flips them back and takes ggml's sign trick.)
+//!
+//! [`Packing::Compute`] widens Q5_0 for the 512-bit kernels: each element's `w + 16` in a
+//! byte of its own, in eight quant lines laid out as Q8_0's, and no high-bit line. The kernel
+//! then loads what it would have unpacked (the same bytes, so the same integer lanes and the
+//! same bits) for 1.5x the bytes of the compact record: a trade for a model that only runs
+//! prefill, whose products are compute-bound (`prefill_matmul q5_0 2048 640 64 1`: 58.5
+//! GMAC/s compact, against Q8_0's 101 on a Zen 4), and never for decode, whose one-token steps
+//! are bound by the bytes they read.
 
 use memmap2::MmapMut;
 use rayon::prelude::*;
@@ -62,11 +70,24 @@ impl LineBuf {
     }
 }
 
+/// What a packing is laid out for (see the module doc).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Packing {
+    /// The fewest bytes: what decode's memory-bound steps want.
+    #[default]
+    Bandwidth,
+    /// The fewest instructions where the kernels gain by more bytes (Q5_0 widened on
+    /// [`Isa::Avx512`]): for a model that only runs prefill.
+    Compute,
+}
+
 /// A matrix repacked into groups of [`GROUP`] interleaved rows (see the module doc).
 pub struct PackedRows {
     ty: WeightType,
     rows: usize,
     cols: usize,
+    /// Q5_0 one byte an element, without a high-bit line ([`Packing::Compute`]).
+    wide: bool,
     lines: LineBuf,
 }
 
@@ -90,7 +111,13 @@ impl PackedRows {
     /// there (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K have one on AVX2 and AVX-512: `packed_k.rs`
     /// for the K-quants) or its rows are not whole groups.
     pub fn pack_for(isa: Isa, w: &QMatrix<'_>) -> Option<PackedRows> {
-        let lines_per = record_lines(w.ty)?;
+        PackedRows::pack_as(isa, w, Packing::Bandwidth)
+    }
+
+    /// As [`PackedRows::pack_for`], laid out for `packing`.
+    pub fn pack_as(isa: Isa, w: &QMatrix<'_>, packing: Packing) -> Option<PackedRows> {
+        let wide = packing == Packing::Compute && isa == Isa::Avx512 && w.ty == WeightType::Q5_0;
+        let lines_per = record_lines(w.ty, wide)?;
         let k_quant = matches!(w.ty, WeightType::Q4_K | WeightType::Q6_K);
         if k_quant && isa == Isa::Portable {
             return None;
@@ -119,6 +146,20 @@ impl PackedRows {
                         WeightType::Q4_1 => {
                             bytes[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&blk[2..4]);
                             &blk[4..]
+                        }
+                        WeightType::Q5_0 if wide => {
+                            let qh = u32::from_le_bytes(blk[2..6].try_into().expect("4 bytes"));
+                            // Element e's byte where Q8_0 keeps it: line 1 + e / 4, lane r.
+                            for e in 0..32 {
+                                let nibble = if e < 16 {
+                                    blk[6 + e] & 0x0F
+                                } else {
+                                    blk[6 + e - 16] >> 4
+                                };
+                                let high = ((qh >> e) & 1) as u8;
+                                bytes[64 + (e / 4) * 64 + 4 * r + e % 4] = nibble | (high << 4);
+                            }
+                            continue;
                         }
                         WeightType::Q5_0 => {
                             let qh = u32::from_le_bytes(blk[2..6].try_into().expect("4 bytes"));
@@ -157,8 +198,20 @@ impl PackedRows {
             ty: w.ty,
             rows: w.rows,
             cols: w.cols,
+            wide,
             lines,
         })
+    }
+
+    /// Whether Q5_0's elements are a byte each ([`Packing::Compute`]): only the 512-bit
+    /// kernels read such a record.
+    pub fn wide(&self) -> bool {
+        self.wide
+    }
+
+    /// Lines per (group, block) record.
+    pub(crate) fn record_lines(&self) -> usize {
+        record_lines(self.ty, self.wide).expect("packed types have records")
     }
 
     /// Storage type of the source rows.
@@ -188,7 +241,7 @@ impl PackedRows {
 
     /// The record of group `g`, block `b`: `record_lines(ty)` lines.
     pub(crate) fn record(&self, g: usize, b: usize) -> *const u8 {
-        let per = record_lines(self.ty).expect("packed types have records");
+        let per = self.record_lines();
         let nb = self.cols / self.ty.block_size();
         self.lines.as_slice()[(g * nb + b) * per..].as_ptr() as *const u8
     }
@@ -279,7 +332,7 @@ impl PackedRows {
     /// Asks for every line of group `g`'s records (a decode batch's next group, see above).
     #[inline(always)]
     pub(crate) fn prefetch_group(&self, g: usize) {
-        let per = record_lines(self.ty).expect("packed types have records");
+        let per = self.record_lines();
         let nb = self.cols / self.ty.block_size();
         request_lines(self.record(g, 0), per * nb);
     }
@@ -289,11 +342,12 @@ impl PackedRows {
 const MAX_LINES: usize = 9;
 
 /// Lines per (group, block) record: one of scales (and Q4_1's minimums), then 64 bytes per
-/// four quant bytes of a row (Q4_x and Q5_0: 16 bytes a row, Q8_0: 32), then Q5_0's high bits
-/// (four bytes a row).
-pub(crate) fn record_lines(ty: WeightType) -> Option<usize> {
+/// four quant bytes of a row (Q4_x and Q5_0: 16 bytes a row, Q8_0 and a `wide` Q5_0: 32), then
+/// a compact Q5_0's high bits (four bytes a row).
+pub(crate) fn record_lines(ty: WeightType, wide: bool) -> Option<usize> {
     match ty {
         WeightType::Q4_0 | WeightType::Q4_1 => Some(1 + 4),
+        WeightType::Q5_0 if wide => Some(1 + 8),
         WeightType::Q5_0 => Some(1 + 4 + 1),
         WeightType::Q8_0 => Some(1 + 8),
         WeightType::Q4_K => Some(packed_k::Q4_K_LINES),
@@ -347,7 +401,7 @@ pub(crate) unsafe fn run_groups(
 ) -> usize {
     let Some(pk) = w
         .packed
-        .filter(|p| r0.is_multiple_of(GROUP) && record_lines(p.ty()).is_some())
+        .filter(|p| r0.is_multiple_of(GROUP) && record_lines(p.ty(), p.wide()).is_some())
         .filter(|p| !matches!(p.ty(), WeightType::Q4_K | WeightType::Q6_K))
     else {
         return 0;

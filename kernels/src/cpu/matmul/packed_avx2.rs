@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::dest::Dest;
-use super::packed::{record_lines, PackedRows, GROUP, Q5_0_HIGH_LINE};
+use super::packed::{PackedRows, GROUP, Q5_0_HIGH_LINE};
 use super::QMatrix;
 use crate::act::QuantizedActs;
 use crate::quant::{WeightType, QK};
@@ -156,7 +156,7 @@ unsafe fn tile_n<const TY: u8, const NT: usize>(
         let nb = a.blocks();
         assert!(scales.len() >= NT * nb * 8);
         // A group's records lie one after another.
-        let per = 64 * record_lines(pk.ty()).expect("packed types have records");
+        let per = 64 * pk.record_lines();
         let rec0 = pk.record(g, 0);
         // Each token's scale products `dw * dy` for the eight rows (the one-token kernel's one
         // multiply), and Q4_1's `sum(m * s)` in its order.
