@@ -179,12 +179,12 @@ enum Failure {
 /// The forward pass, one chunk at a time, each chunk in its turn on the engine ([`Turns`]: a
 /// long prompt does not hold the engine until it ends, and a short one behind it waits a chunk
 /// per tenant ahead of it, not whole prompts). A chunk runs in passes of
-/// [`Compute::yield_tokens`] while another tenant's job waits, and of an eighth of the context
-/// so far (at least that) while none does; the turn ends after the pass during which another
-/// tenant's job started waiting, or after the first pass when one was already waiting: that
-/// job waits for the pass under way, never for the rest of the prompt, and a rest that fits
-/// one short pass, of a tenant with nothing else at the engine, does not wait even for that:
-/// it overtakes (`turns.rs`). Between
+/// [`Compute::yield_tokens`] while another tenant's job waits, and in one pass while none
+/// does; the turn ends after the pass during which another tenant's job started waiting, or
+/// after the first pass when one was already waiting: that job waits for the pass under way
+/// (at most a chunk), never for the rest of the prompt, and a rest that fits one short pass,
+/// of a tenant with nothing else at the engine, does not wait even for that: it overtakes
+/// (`turns.rs`). Between
 /// turns: the pages completed so far go to decode, and a cancel stops the job (within one
 /// chunk).
 async fn compute(
@@ -236,7 +236,7 @@ async fn compute(
                     prefix.as_deref(),
                     &mut pages,
                     &chunk,
-                    (done, prompt_end),
+                    prompt_end,
                     pass,
                     score,
                 )
@@ -277,17 +277,17 @@ async fn compute(
     Ok((pages, first, scored))
 }
 
-/// The passes of one turn over `chunk` (the prompt's tokens from `done`). Each pass re-reads
-/// every earlier key of the prompt, so passes are not made small for nothing: while nobody
-/// waits, a pass covers an eighth of the context so far (at least `pass`), which keeps that
-/// overhead bounded while a job that starts waiting waits for at most that many tokens; while
-/// one waits, one pass of `pass` tokens, then the turn ends. `at` is where `chunk` starts in
-/// the prompt and where the prompt ends. How many tokens ran, and the last pass's logits (empty
-/// unless that pass reached the prompt's end, or scored).
 /// What passes computed: the last position's logits, and the positions scored
 /// (`prompt_logprobs`).
 type Computed = (Vec<f32>, Vec<TokenLogprobs>);
 
+/// The passes of one turn over `chunk` (the prompt's next tokens). Each pass re-reads every
+/// weight and every earlier key of the prompt, so passes are not made small for nothing: while
+/// nobody waits, the rest of the chunk in one pass (a lone 260-token prompt of Gemma 3 took
+/// 4-8% longer in 64-token passes than in one on a Zen 4, `bench engine --chunk`), and a job
+/// that starts waiting waits for at most that chunk; while one waits, one pass of `pass`
+/// tokens, then the turn ends. `prompt_end`: where the prompt ends. How many tokens ran, and
+/// the last pass's logits (empty unless that pass reached the prompt's end, or scored).
 #[allow(clippy::too_many_arguments)]
 fn passes(
     d: &JobDeps,
@@ -295,11 +295,10 @@ fn passes(
     prefix: Option<&SharedPages>,
     pages: &mut ReadablePages,
     chunk: &[u32],
-    at: (usize, usize),
+    prompt_end: usize,
     pass: usize,
     score: Option<(usize, Option<u32>)>,
 ) -> (usize, Result<Computed, ComputeError>) {
-    let (done, prompt_end) = at;
     let mut ran = 0;
     let mut result = Ok((Vec::new(), Vec::new()));
     let mut scored = Vec::new();
@@ -307,7 +306,7 @@ fn passes(
         let n = if d.turns.contended(tenant) {
             pass
         } else {
-            pass.max((done + ran) / 8)
+            chunk.len() - ran
         };
         let part = &chunk[ran..(ran + n).min(chunk.len())];
         result = match score {
