@@ -4,7 +4,7 @@
 mod common;
 
 use common::Rng;
-use pagewarden_kernels::activation::{geglu, silu, softmax_with, swiglu, swiglu_with};
+use pagewarden_kernels::activation::{geglu, geglu_with, silu, softmax_with, swiglu, swiglu_with};
 use pagewarden_kernels::expf::{expf, reduce16};
 use pagewarden_kernels::isa::Isa;
 use pagewarden_kernels::norm::rms_norm_with;
@@ -76,7 +76,7 @@ fn swiglu_blocks_use_ggml_exp_and_the_tail_uses_libm() {
 /// The elementwise kernels give the portable path's bits on every instruction set this CPU
 /// has, over lengths with and without a tail and inputs that reach `exp`'s far ranges.
 #[test]
-fn swiglu_softmax_and_norm_give_the_same_bits_on_every_isa() {
+fn glus_softmax_and_norm_give_the_same_bits_on_every_isa() {
     let isas = Isa::available();
     eprintln!("instruction sets: {isas:?}");
     let mut rng = Rng::new(11);
@@ -95,9 +95,20 @@ fn swiglu_softmax_and_norm_give_the_same_bits_on_every_isa() {
                 *x = v;
             }
         }
+        // GeGLU's ends, exactly and an f16 rounding away.
+        for (i, v) in [-10.0f32, 10.0, -9.996, 9.996, -10.004, 10.004]
+            .into_iter()
+            .enumerate()
+        {
+            if let Some(x) = g.get_mut(i * 3 + 1) {
+                *x = v;
+            }
+        }
         let w = rng.vec(n, 1.5);
         let mut want_g = g.clone();
         swiglu_with(Isa::Portable, &mut want_g, &u);
+        let mut want_ge = g.clone();
+        geglu_with(Isa::Portable, &mut want_ge, &u);
         let mut want_s = logits.clone();
         softmax_with(Isa::Portable, &mut want_s);
         let mut want_n = vec![0f32; n];
@@ -106,12 +117,38 @@ fn swiglu_softmax_and_norm_give_the_same_bits_on_every_isa() {
             let mut got = g.clone();
             swiglu_with(isa, &mut got, &u);
             assert_eq!(bits(&got), bits(&want_g), "swiglu, {isa}, n = {n}");
+            let mut got = g.clone();
+            geglu_with(isa, &mut got, &u);
+            assert_eq!(bits(&got), bits(&want_ge), "geglu, {isa}, n = {n}");
             let mut got = logits.clone();
             softmax_with(isa, &mut got);
             assert_eq!(bits(&got), bits(&want_s), "softmax, {isa}, n = {n}");
             let mut got = vec![0f32; n];
             rms_norm_with(isa, &g, &w, 1e-5, &mut got);
             assert_eq!(bits(&got), bits(&want_n), "rms_norm, {isa}, n = {n}");
+        }
+    }
+}
+
+/// GeGLU's vector kernels round each input to f16 as `half` does: a sweep of f32 bit patterns
+/// over the whole line (NaNs only need to stay NaN).
+#[test]
+fn geglu_gives_the_portable_bits_across_the_f32_line() {
+    let g: Vec<f32> = (0..1u64 << 20)
+        .map(|i| f32::from_bits((i * 4093) as u32))
+        .collect();
+    let u: Vec<f32> = (0..g.len()).map(|i| 0.5 + (i % 7) as f32).collect();
+    let mut want = g.clone();
+    geglu_with(Isa::Portable, &mut want, &u);
+    for isa in Isa::available() {
+        let mut got = g.clone();
+        geglu_with(isa, &mut got, &u);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "{isa}: geglu({:e}) = {a:e}, portable {b:e}",
+                g[i]
+            );
         }
     }
 }

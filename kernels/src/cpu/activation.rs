@@ -43,11 +43,47 @@ pub fn gelu_table() -> &'static [f16; 1 << 16] {
     })
 }
 
+/// [`gelu_table`] widened to f32, for the vector kernels' gathers (256 KiB).
+fn gelu_table_f32() -> &'static [f32; 1 << 16] {
+    static TABLE: std::sync::OnceLock<Box<[f32; 1 << 16]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new([0f32; 1 << 16]);
+        for (v, h) in t.iter_mut().zip(gelu_table().iter()) {
+            *v = h.to_f32();
+        }
+        t
+    })
+}
+
 /// GeGLU in place: `gate[i] = gelu(gate[i]) * up[i]`, rounded as ggml's CPU backend does
 /// (`GGML_GELU_FP16`): zero below -10, identity above 10, otherwise the f16 table looked up
 /// at the f16 rounding of the input.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    geglu_with(Isa::detect(), gate, up)
+}
+
+/// [`geglu`] on an explicit instruction set: the same bits on every one (the vector kernels
+/// round to f16 with F16C, to nearest even as `half` does, and gather the same table's
+/// values), but for the payload of a NaN.
+pub fn geglu_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "geglu: shape");
+    let body = gate.len() / LANES * LANES;
+    let (g, u) = (&mut gate[..body], &up[..body]);
+    match isa {
+        Isa::Portable => geglu_scalar(g, u),
+        // SAFETY: Avx2 is only detected when the CPU has avx2, fma and f16c.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { geglu_avx2(g, u) },
+        // SAFETY: Avx512 is only detected when the CPU has avx512f, avx2, fma and f16c.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { geglu_avx512(g, u) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => geglu_scalar(g, u),
+    }
+    geglu_scalar(&mut gate[body..], &up[body..]);
+}
+
+fn geglu_scalar(gate: &mut [f32], up: &[f32]) {
     let table = gelu_table();
     for (g, u) in gate.iter_mut().zip(up) {
         let x = *g;
@@ -58,6 +94,53 @@ pub fn geglu(gate: &mut [f32], up: &[f32]) {
         } else {
             table[f16::from_f32(x).to_bits() as usize].to_f32() * u
         };
+    }
+}
+
+/// [`geglu_scalar`] sixteen lanes at a time: the f16 bits from `vcvtps2ph`, the table's value
+/// gathered, the two ends masked in.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn geglu_avx512(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety`); every gathered
+    // index is a u16, inside the 65,536-entry table.
+    unsafe {
+        use std::arch::x86_64::*;
+        debug_assert_eq!(gate.len() % LANES, 0);
+        let table = gelu_table_f32().as_ptr();
+        let (lo, hi) = (_mm512_set1_ps(-10.0), _mm512_set1_ps(10.0));
+        for (g, u) in gate.chunks_exact_mut(LANES).zip(up.chunks_exact(LANES)) {
+            let x = _mm512_loadu_ps(g.as_ptr());
+            let u = _mm512_loadu_ps(u.as_ptr());
+            let bits = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            let t = _mm512_i32gather_ps::<4>(_mm512_cvtepu16_epi32(bits), table);
+            let big = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, hi);
+            let kept = !_mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, lo);
+            let r = _mm512_mask_mov_ps(_mm512_mul_ps(t, u), big, _mm512_mul_ps(x, u));
+            _mm512_storeu_ps(g.as_mut_ptr(), _mm512_maskz_mov_ps(kept, r));
+        }
+    }
+}
+
+/// [`geglu_avx512`] eight lanes at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn geglu_avx2(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: as in `geglu_avx512`.
+    unsafe {
+        use std::arch::x86_64::*;
+        let table = gelu_table_f32().as_ptr();
+        let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+        for (g, u) in gate.chunks_exact_mut(8).zip(up.chunks_exact(8)) {
+            let x = _mm256_loadu_ps(g.as_ptr());
+            let u = _mm256_loadu_ps(u.as_ptr());
+            let bits = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            let t = _mm256_i32gather_ps::<4>(table, _mm256_cvtepu16_epi32(bits));
+            let big = _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi);
+            let low = _mm256_cmp_ps::<_CMP_LE_OQ>(x, lo);
+            let r = _mm256_blendv_ps(_mm256_mul_ps(t, u), _mm256_mul_ps(x, u), big);
+            _mm256_storeu_ps(g.as_mut_ptr(), _mm256_andnot_ps(low, r));
+        }
     }
 }
 
