@@ -150,17 +150,26 @@ unsafe fn q4_k<const NT: usize>(
             let mut sum = [zero; NT];
             let mut mins = [zero; NT];
             for c in 0..4 {
-                let mut lo_dot = [zero; NT];
-                let mut hi_dot = [zero; NT];
+                // One token alone has only two chains of `vpdpbusd`, each waiting on the last:
+                // it keeps two of each, on alternate lines (integer sums: the same bits).
+                let mut lo_dot = [[zero; NT]; 2];
+                let mut hi_dot = [[zero; NT]; 2];
                 for i in 0..8 {
+                    let s = if NT == 1 { i % 2 } else { 0 };
                     let v = _mm512_load_si512(q.add(8 * c + i));
                     let lo = _mm512_and_si512(v, m4);
                     let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
                     for j in 0..NT {
                         let y = ys[j].add(b * QK_K + 64 * c + 4 * i);
-                        lo_dot[j] = _mm512_dpbusd_epi32(lo_dot[j], lo, y4(y));
-                        hi_dot[j] = _mm512_dpbusd_epi32(hi_dot[j], hi, y4(y.add(32)));
+                        lo_dot[s][j] = _mm512_dpbusd_epi32(lo_dot[s][j], lo, y4(y));
+                        hi_dot[s][j] = _mm512_dpbusd_epi32(hi_dot[s][j], hi, y4(y.add(32)));
                     }
+                }
+                let [mut lo_dot, lo_odd] = lo_dot;
+                let [mut hi_dot, hi_odd] = hi_dot;
+                if NT == 1 {
+                    lo_dot[0] = _mm512_add_epi32(lo_dot[0], lo_odd[0]);
+                    hi_dot[0] = _mm512_add_epi32(hi_dot[0], hi_odd[0]);
                 }
                 // Sub-blocks 2c and 2c + 1: their scales and minimums.
                 let (sc_lo, sc_hi) = (
