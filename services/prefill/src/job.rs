@@ -263,7 +263,6 @@ async fn compute(
         logits = last;
         scored.extend(part_scored);
         deps.metrics.prefill_chunk();
-        deps.metrics.iteration(ran);
         done += ran;
         if cancel.is_cancelled() {
             return Err(Failure::Compute(cancelled()));
@@ -320,6 +319,7 @@ fn passes(
             }
         };
         ran += part.len();
+        d.metrics.iteration(part.len());
         if let Ok((_, s)) = &mut result {
             scored.append(s);
         }

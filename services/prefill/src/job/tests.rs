@@ -16,7 +16,7 @@ use pagewarden_transfer::{EngineConfig, ReceiverCounters, TcpBackend, TcpReceive
 use pagewarden_worker::{Compute, PrefixCacheLog};
 use tokio_util::sync::CancellationToken;
 
-use super::{run, JobDeps};
+use super::{passes, run, JobDeps};
 use crate::gate::{Gate, GateConfig};
 use crate::grant::{ReceivedGrant, ValidPrefill};
 use crate::segments::Segments;
@@ -49,6 +49,11 @@ async fn decode(model: &Model) -> Decode {
 
 /// A prefill worker's job dependencies over `model`, its prefix cache on.
 fn deps(model: Arc<Model>) -> Arc<JobDeps> {
+    deps_chunked(model, 64)
+}
+
+/// [`deps`] with `chunk_tokens` prompt tokens a turn.
+fn deps_chunked(model: Arc<Model>, chunk_tokens: usize) -> Arc<JobDeps> {
     let mut cfg = PoolConfig::with_pages(model.kv_layout(PAGE), 32);
     cfg.prefix_pages_per_namespace = 32;
     let pool = KvPool::new(cfg);
@@ -78,7 +83,7 @@ fn deps(model: Arc<Model>) -> Arc<JobDeps> {
             integrity,
         ),
         metrics,
-        chunk_tokens: 64,
+        chunk_tokens,
         batch_pages: 4,
         turns: Turns::default(),
         model,
@@ -166,4 +171,62 @@ async fn a_repeated_prompt_names_the_first_request_as_producer_of_what_it_reused
     let want: Vec<(u32, u64)> = pinned.table().iter().map(|(p, g)| (p.0, g.0)).collect();
     let got: Vec<(u32, u64)> = run.pages.iter().map(|p| (p.page, p.generation)).collect();
     assert_eq!((got.len(), got), (3, want));
+}
+
+/// Engine steps counted so far (`vllm:iteration_tokens_total`'s count: one a pass).
+fn passes_counted(deps: &JobDeps) -> f64 {
+    deps.metrics
+        .render()
+        .lines()
+        .find(|l| l.starts_with("vllm:iteration_tokens_total_count"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A lone prompt runs its turn's chunk in one pass; while another tenant's job waits for the
+/// engine, the turn runs one short pass and ends.
+#[tokio::test]
+async fn a_lone_chunk_runs_in_one_pass_and_a_waiting_tenant_gets_a_short_one() {
+    let deps = deps_chunked(model(), 200);
+    let pass = deps.compute.yield_tokens(deps.chunk_tokens);
+    assert!(pass < 200, "a short pass is shorter than the chunk");
+    let prompt: Vec<u32> = (0..200u32).map(|i| 3 + i % 40).collect();
+    let (t, u) = (TenantId::new("t"), TenantId::new("u"));
+    let owner = |r| Owner {
+        request: RequestId([r; 16]),
+        tenant: t.clone(),
+    };
+
+    let mut pages = deps.pool.allocate(owner(1), prompt.len()).unwrap();
+    let (ran, result) = passes(&deps, &t, None, &mut pages, &prompt, 200, pass, None);
+    assert_eq!(ran, 200);
+    assert_eq!(
+        result.unwrap().0.len(),
+        deps.model.config().vocab,
+        "the last logits"
+    );
+    assert_eq!(passes_counted(&deps), 1.0, "one pass for the lone chunk");
+
+    // `t` holds the turn and `u` waits for it.
+    let turn = deps.turns.take(&t, 1).await;
+    let waiter = tokio::spawn({
+        let deps = deps.clone();
+        async move {
+            drop(deps.turns.take(&u, 1).await);
+        }
+    });
+    while !deps.turns.contended(&t) {
+        tokio::task::yield_now().await;
+    }
+    let mut pages = deps.pool.allocate(owner(2), prompt.len()).unwrap();
+    let (ran, result) = passes(&deps, &t, None, &mut pages, &prompt, 200, pass, None);
+    assert_eq!(ran, pass, "one short pass, then the turn ends");
+    assert!(
+        result.unwrap().0.is_empty(),
+        "no logits before the prompt's end"
+    );
+    assert_eq!(passes_counted(&deps), 2.0);
+    drop(turn);
+    waiter.await.unwrap();
 }
