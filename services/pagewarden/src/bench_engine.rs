@@ -153,23 +153,33 @@ pub fn run(a: BenchEngineArgs) -> anyhow::Result<()> {
     );
     for &threads in &a.threads {
         // Each test on the weights as its worker packs them: prefill's for compute, decode's
-        // for the fewest bytes.
-        let load = |packing| {
+        // for the fewest bytes; a packing is loaded only when some test runs on it.
+        let load = |packing, wanted: bool| {
             let opts = LoadOptions {
                 prefill_chunk: a.chunk,
                 threads,
                 packing,
                 ..LoadOptions::default()
             };
-            Model::load(&a.model, &opts)
-                .with_context(|| format!("loading model {}", a.model.display()))
+            wanted
+                .then(|| {
+                    Model::load(&a.model, &opts)
+                        .with_context(|| format!("loading model {}", a.model.display()))
+                })
+                .transpose()
         };
-        let (prefill, decode) = (load(Packing::Compute)?, load(Packing::Bandwidth)?);
+        let prefills = tests.iter().any(|t| matches!(t, Test::Prefill { .. }));
+        let decodes = tests.iter().any(|t| matches!(t, Test::Decode { .. }));
+        let (prefill, decode) = (
+            load(Packing::Compute, prefills)?,
+            load(Packing::Bandwidth, decodes)?,
+        );
         for test in &tests {
             let model = match test {
-                Test::Prefill { .. } => &prefill,
-                Test::Decode { .. } => &decode,
-            };
+                Test::Prefill { .. } => prefill.as_ref(),
+                Test::Decode { .. } => decode.as_ref(),
+            }
+            .expect("loaded for its tests");
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
             for round in 1..=a.rounds {
                 let o = measure(model, *test)?;
