@@ -28,7 +28,7 @@
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -82,20 +82,18 @@ thread_local! {
 #[derive(Clone, Copy)]
 struct JobRef {
     f: *const (dyn Fn(usize) + Sync),
-    n: usize,
 }
 
-/// State shared by the caller and the workers. The three counters that change within a
-/// region each have their own cache line: `next` takes a write per item from every thread,
-/// and sharing its line with the epoch that idle workers spin on, or with `active`, which the
-/// caller spins on, cost a line transfer per item claimed.
+/// State shared by the caller and the workers. The counters that change within a region each
+/// have their own cache line: sharing a claim line with the epoch that idle workers spin on,
+/// or with `active`, which the caller spins on, cost a line transfer per item claimed.
 struct Shared {
     /// Bumped (Release) when a job is published; `u64`-like wrap is harmless.
     epoch: CachePadded<AtomicUsize>,
     /// The current job; written only while no worker is inside a region.
     job: Mutex<Option<JobRef>>,
-    /// Next item to claim.
-    next: CachePadded<AtomicUsize>,
+    /// Each participant's share of the items (the caller's first, then each worker's).
+    shares: Vec<Share>,
     /// Workers inside the current region (entered and not yet left).
     active: CachePadded<AtomicUsize>,
     /// Whether the current region still admits workers.
@@ -189,6 +187,61 @@ impl Backoff {
     }
 }
 
+/// One participant's share of a region's items, a run of consecutive indices `front..back`:
+/// the owner claims from the front, the others, once out of their own, from the back.
+///
+/// Consecutive items are consecutive memory in the products (a job is a run of weight rows),
+/// so each thread streams through one stretch of a matrix, which the hardware prefetchers
+/// follow, where items claimed in turn from one counter had each thread jump a job ahead of
+/// the other's at every claim (on a Zen 5, a C loop read 48 GB/s over two halves of a buffer
+/// and 38 over 288 KiB chunks handed to two threads in turn). A thread that the OS does not
+/// schedule leaves its share to be taken from the back, so no item waits for it; and the
+/// owner's claims touch a line no other thread writes until it steals.
+#[derive(Default)]
+struct Share(CachePadded<AtomicU64>);
+
+impl Share {
+    /// Packs `front..back` (each below 2^32) into one word, front high.
+    fn set(&self, front: usize, back: usize) {
+        let (f, b) = (
+            u32::try_from(front).expect("items fit 32 bits"),
+            u32::try_from(back).expect("items fit 32 bits"),
+        );
+        self.0
+            .store((u64::from(f) << 32) | u64::from(b), Ordering::Relaxed);
+    }
+
+    /// Takes the first item left, if any.
+    fn take_front(&self) -> Option<usize> {
+        self.take(|f, b| (f + 1, b, f))
+    }
+
+    /// Takes the last item left, if any.
+    fn take_back(&self) -> Option<usize> {
+        self.take(|f, b| (f, b - 1, b - 1))
+    }
+
+    /// Applies `step(front, back) -> (front', back', taken)` while the share is not empty.
+    fn take(&self, step: impl Fn(u32, u32) -> (u32, u32, u32)) -> Option<usize> {
+        let mut cur = self.0.load(Ordering::Relaxed);
+        loop {
+            let (f, b) = ((cur >> 32) as u32, cur as u32);
+            if f >= b {
+                return None;
+            }
+            let (nf, nb, taken) = step(f, b);
+            let new = (u64::from(nf) << 32) | u64::from(nb);
+            match self
+                .0
+                .compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(taken as usize),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Release);
@@ -203,15 +256,16 @@ impl Drop for Pool {
 }
 
 impl Shared {
-    /// Claims and runs items of `job` until none is left; returns how many it ran.
-    fn work(&self, job: JobRef) -> usize {
+    /// Claims and runs items of `job` until none is left, its own share's first (participant
+    /// `me`); returns how many it ran.
+    fn work(&self, job: JobRef, me: usize) -> usize {
         IN_REGION.with(|r| r.set(true));
         let mut done = 0;
-        loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            if i >= job.n {
-                break;
-            }
+        let p = self.shares.len();
+        let claims = std::iter::from_fn(|| self.shares[me].take_front()).chain(
+            (1..p).flat_map(|k| std::iter::from_fn(move || self.shares[(me + k) % p].take_back())),
+        );
+        for i in claims {
             if self.panicked.load(Ordering::Relaxed) {
                 continue;
             }
@@ -228,7 +282,8 @@ impl Shared {
         done
     }
 
-    fn worker_loop(&self) {
+    /// The loop of worker `me` (participant `me`; the caller is 0).
+    fn worker_loop(&self, me: usize) {
         // The epoch at the pool's creation, not at this thread's start: a region published
         // before this thread first ran must still count on it.
         let mut seen = 0;
@@ -266,7 +321,7 @@ impl Shared {
             if self.open.load(Ordering::SeqCst) && self.epoch.load(Ordering::SeqCst) == seen {
                 let job = *self.job.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(job) = job {
-                    self.work(job);
+                    self.work(job, me);
                 }
             }
             self.active.fetch_sub(1, Ordering::Release);
@@ -279,7 +334,7 @@ impl Pool {
         let shared = Arc::new(Shared {
             epoch: CachePadded::new(AtomicUsize::new(0)),
             job: Mutex::new(None),
-            next: CachePadded::new(AtomicUsize::new(0)),
+            shares: (0..=workers).map(|_| Share::default()).collect(),
             active: CachePadded::new(AtomicUsize::new(0)),
             open: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
@@ -293,7 +348,7 @@ impl Pool {
                 let s = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("pw-kernel-{}", i + 1))
-                    .spawn(move || s.worker_loop())
+                    .spawn(move || s.worker_loop(i + 1))
                     .expect("spawning a kernel worker thread")
             })
             .collect();
@@ -342,10 +397,12 @@ impl Pool {
             f: unsafe {
                 std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
             },
-            n,
         };
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
-        s.next.store(0, Ordering::Relaxed);
+        let p = s.shares.len();
+        for (k, share) in s.shares.iter().enumerate() {
+            share.set(k * n / p, (k + 1) * n / p);
+        }
         s.panicked.store(false, Ordering::Relaxed);
         s.open.store(true, Ordering::SeqCst);
         s.epoch.fetch_add(1, Ordering::Release);
@@ -353,7 +410,7 @@ impl Pool {
             s.wake.notify_all();
         }
         let start = Instant::now();
-        let mine = s.work(job);
+        let mine = s.work(job, 0);
         let worked = start.elapsed();
         let mut spins = 0u32;
         s.open.store(false, Ordering::SeqCst);
@@ -709,5 +766,48 @@ mod tests {
             n.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(n.load(Ordering::Relaxed), 1000);
+    }
+
+    #[test]
+    fn a_share_is_taken_from_the_front_by_its_owner_and_from_the_back_by_others() {
+        let share = Share::default();
+        share.set(3, 8);
+        assert_eq!(share.take_front(), Some(3));
+        assert_eq!(share.take_back(), Some(7));
+        assert_eq!(share.take_front(), Some(4));
+        assert_eq!(share.take_back(), Some(6));
+        assert_eq!(share.take_back(), Some(5));
+        assert_eq!((share.take_front(), share.take_back()), (None, None));
+        share.set(2, 2);
+        assert_eq!(share.take_front(), None);
+    }
+
+    #[test]
+    fn each_thread_walks_consecutive_items() {
+        // Each thread's items are at most two runs of consecutive indices: its own share from
+        // the front, then what it took from the back of the other's. (Claims from one shared
+        // counter interleave the threads item by item.)
+        let par = Parallel::new(2);
+        let n = 1000;
+        let mut both = 0;
+        for _ in 0..10 {
+            let who: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            par.for_each_index(n, |i| {
+                let worker = std::thread::current().name() == Some("pw-kernel-1");
+                let me = if worker { 2 } else { 1 };
+                who[i].store(me, Ordering::Relaxed);
+                // Long enough that both threads take part.
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_micros(5) {
+                    std::hint::spin_loop();
+                }
+            });
+            let who: Vec<usize> = who.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+            assert!(who.iter().all(|&w| w != 0), "every item ran");
+            let runs = 1 + who.windows(2).filter(|p| p[0] != p[1]).count();
+            assert!(runs <= 3, "{runs} runs of one thread's items");
+            both += usize::from(runs > 1);
+        }
+        assert!(both > 0, "the worker never took part");
     }
 }
