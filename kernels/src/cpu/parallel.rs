@@ -8,10 +8,10 @@
 //! park, so back-to-back regions start in well under a microsecond.
 //!
 //! Lifecycle of one region (`run`): the caller takes the dispatch lock, publishes the job
-//! (`n` items, an item counter), opens the region and bumps the epoch, claims items itself
-//! until none is left, closes the region, then waits until no worker is inside. A worker enters
-//! only while the region is open (it counts itself in `active`, then checks), so a worker that
-//! the OS did not schedule in time (an oversubscribed machine) is not waited for: the caller
+//! (`n` items, a share of consecutive ones per participant, see `Share`), opens the region
+//! and bumps the epoch, claims items itself until none is left, closes the region, then
+//! waits until no worker is inside. A worker enters only while the region is open (it counts
+//! itself in `active`, then checks), so a worker that the OS did not schedule in time (an oversubscribed machine) is not waited for: the caller
 //! has done its items. Only then does the borrowed closure go out of scope. A panic in any
 //! item is caught, the region still completes, and the panic is resumed on the caller.
 //!
@@ -523,7 +523,8 @@ impl Parallel {
     }
 
     /// Runs `f(i)` for every `i` in `0..n` (in parallel when the pool has more than one
-    /// thread). Items are claimed dynamically, so uneven items balance themselves.
+    /// thread). Each thread takes consecutive items of its own share, then what is left of the
+    /// others' (from their ends), so uneven items balance themselves.
     pub fn for_each_index<F>(&self, n: usize, f: F)
     where
         F: Fn(usize) + Send + Sync,
