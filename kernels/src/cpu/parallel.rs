@@ -7,13 +7,14 @@
 //! work and the workers spin on an epoch counter for a while after each region before they
 //! park, so back-to-back regions start in well under a microsecond.
 //!
-//! Lifecycle of one region (`run`): the caller takes the dispatch lock, publishes the job
-//! (`n` items, a share of consecutive ones per participant, see `Share`), opens the region
-//! and bumps the epoch, claims items itself until none is left, closes the region, then
-//! waits until no worker is inside. A worker enters only while the region is open (it counts
-//! itself in `active`, then checks), so a worker that the OS did not schedule in time (an
-//! oversubscribed machine) is not waited for: the caller has done its items. Only then does the borrowed closure go out of scope. A panic in any
-//! item is caught, the region still completes, and the panic is resumed on the caller.
+//! Lifecycle of one region (`run`): the caller takes the dispatch lock, publishes the job (`n`
+//! items, a share of consecutive ones per participant, see `Share`), opens the region and bumps the
+//! epoch, claims items itself until none is left, closes the region, then waits until no worker is
+//! inside. A worker enters only while the region is open (it counts itself in `active`, then
+//! checks), so a worker that the OS did not schedule in time (an oversubscribed machine) is not
+//! waited for: the caller has done its items. Only then does the borrowed closure go out of scope.
+//! A panic in any item is caught, the region still completes, and the panic is resumed on the
+//! caller.
 //!
 //! On an oversubscribed machine (more runnable threads than CPUs: other processes, the prefill
 //! and decode workers side by side) a worker is often descheduled holding an item, and the
