@@ -531,7 +531,10 @@ impl Parallel {
         F: Fn(usize) + Send + Sync,
     {
         match &self.pool {
-            Some(pool) if n > 1 && !IN_REGION.with(|r| r.get()) => pool.run(n, &f),
+            // (A share's bounds are 32-bit: more items than that run inline.)
+            Some(pool) if n > 1 && u32::try_from(n).is_ok() && !IN_REGION.with(|r| r.get()) => {
+                pool.run(n, &f)
+            }
             _ => (0..n).for_each(f),
         }
     }
