@@ -96,6 +96,30 @@ pub(super) unsafe fn run_groups(
     groups * GROUP
 }
 
+/// Runs `$first` (the first half's work on record `b`) and `$second` (the second half's) for
+/// every record `b < $nb`, in the order that suits `$nt` tokens: one token takes each record's
+/// two halves one after the other, so the record is read from memory once; several tokens,
+/// whose tiles after the first read the group from cache, go half by half, with fewer
+/// accumulators live at once. (A macro: closures would not inherit the target features.)
+macro_rules! by_halves {
+    ($nt:expr, $nb:expr, |$b:ident| $first:expr, |$b2:ident| $second:expr) => {
+        if $nt == 1 {
+            for $b in 0..$nb {
+                $first;
+                let $b2 = $b;
+                $second;
+            }
+        } else {
+            for $b in 0..$nb {
+                $first;
+            }
+            for $b2 in 0..$nb {
+                $second;
+            }
+        }
+    };
+}
+
 /// Eight bytes at `p` as eight i32 lanes, each value in both 16-bit halves of its lane (a
 /// `vpmaddwd` factor that multiplies both products of a pair).
 #[inline(always)]
@@ -108,9 +132,8 @@ unsafe fn both_halves(p: *const u8) -> __m256i {
 }
 
 /// Q4_K, group `g`, tokens `t0..t0 + NT`, in `route`'s float order: rows `8h..8h + 8` into
-/// `res[h]`. The two halves of each record are taken one after the other, so the record is read
-/// from memory once and its second half from L1 (a pass over the whole group for each half
-/// read the group's lines twice, the second time without the memory streaming beside it).
+/// `res[h]`, the records' halves in `by_halves!`'s order (one pass over the whole group for
+/// each half had one token read the group's lines twice, the second time with the memory idle).
 #[inline(always)]
 unsafe fn q4_k<const NT: usize>(
     pk: &PackedRows,
@@ -128,21 +151,12 @@ unsafe fn q4_k<const NT: usize>(
         let (mut acc0, mut min0, mut acc1, mut min1) =
             ([zero; NT], [zero; NT], [zero; NT], [zero; NT]);
         let nb = a.blocks();
-        if NT == 1 {
-            for b in 0..nb {
-                q4_k_record::<NT>(pk, g, 0, b, a, t0, route, &mut acc0, &mut min0);
-                q4_k_record::<NT>(pk, g, 1, b, a, t0, route, &mut acc1, &mut min1);
-            }
-        } else {
-            // Several tokens read the group from cache (after the first tile): half by half,
-            // fewer accumulators live at once.
-            for b in 0..nb {
-                q4_k_record::<NT>(pk, g, 0, b, a, t0, route, &mut acc0, &mut min0);
-            }
-            for b in 0..nb {
-                q4_k_record::<NT>(pk, g, 1, b, a, t0, route, &mut acc1, &mut min1);
-            }
-        }
+        by_halves!(
+            NT,
+            nb,
+            |b| q4_k_record::<NT>(pk, g, 0, b, a, t0, route, &mut acc0, &mut min0),
+            |b| q4_k_record::<NT>(pk, g, 1, b, a, t0, route, &mut acc1, &mut min1)
+        );
         for (half, (acc, min)) in res.iter_mut().zip([(acc0, min0), (acc1, min1)]) {
             for j in 0..NT {
                 _mm256_storeu_ps(half[j].as_mut_ptr(), _mm256_sub_ps(acc[j], min[j]));
@@ -248,8 +262,8 @@ unsafe fn q4_k_record<const NT: usize>(
 }
 
 /// Q6_K, group `g`, tokens `t0..t0 + NT`, in `KAcc`'s float order, or with `tiled` in
-/// `kquant_tiled`'s: rows `8h..8h + 8` into `res[h]`. One token takes the two halves of each
-/// record one after the other, as `q4_k` does.
+/// `kquant_tiled`'s: rows `8h..8h + 8` into `res[h]`, the records' halves in `by_halves!`'s
+/// order.
 #[inline(always)]
 unsafe fn q6_k<const NT: usize>(
     pk: &PackedRows,
@@ -267,19 +281,12 @@ unsafe fn q6_k<const NT: usize>(
         let (mut acc0, mut acc1) = ([[zero; 8]; NT], [[zero; 8]; NT]);
         let (mut tacc0, mut tacc1) = ([zero; NT], [zero; NT]);
         let nb = a.blocks();
-        if NT == 1 {
-            for b in 0..nb {
-                q6_k_record::<NT>(pk, g, 0, b, a, t0, tiled, &mut acc0, &mut tacc0);
-                q6_k_record::<NT>(pk, g, 1, b, a, t0, tiled, &mut acc1, &mut tacc1);
-            }
-        } else {
-            for b in 0..nb {
-                q6_k_record::<NT>(pk, g, 0, b, a, t0, tiled, &mut acc0, &mut tacc0);
-            }
-            for b in 0..nb {
-                q6_k_record::<NT>(pk, g, 1, b, a, t0, tiled, &mut acc1, &mut tacc1);
-            }
-        }
+        by_halves!(
+            NT,
+            nb,
+            |b| q6_k_record::<NT>(pk, g, 0, b, a, t0, tiled, &mut acc0, &mut tacc0),
+            |b| q6_k_record::<NT>(pk, g, 1, b, a, t0, tiled, &mut acc1, &mut tacc1)
+        );
         let (acc, tacc) = ([acc0, acc1], [tacc0, tacc1]);
         for h in 0..2 {
             for j in 0..NT {
